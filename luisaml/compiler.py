@@ -1,0 +1,372 @@
+"""From a prepared Model to the generated module: kernel tensors, one Operator per node, storage
+for every tensor (inputs, weights, literals, pooled slots), and the two functions' source."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import dtypes, registry
+from .codegen import KernelContext, Module, identifier, render_module
+from .dtypes import DType
+from .model import Model, ModelError, Node, Variable, shape_str
+from .operator import CompileError, Operator
+from .passes import PROBE_A, PROBE_B, Prepared
+from .regalloc import Allocation, Request, Step, allocate
+from .storage import Buffer, Local, Storage, Tensor, Weight, constant_storage
+
+# Intermediates up to this many elements live in registers (local arrays); larger ones would
+# spill anyway and go to device scratch memory.
+LOCAL_LIMIT = 16384
+BLOB_ALIGN = 16
+
+
+@dataclass
+class IOSpec:
+    """A graph input or output as the runtime binds it."""
+
+    name: str
+    ident: str  # parameter name in the generated functions
+    dtype: DType
+    shape: tuple  # the ONNX shape; the batch dimension is the symbol
+    kernel_shape: tuple[int, ...]  # per sample (batch dimension 1)
+    batched: bool
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.kernel_shape, dtype=np.int64))
+
+
+class Blob:
+    """The weight blob: constants appended on first use, aligned, recorded by name."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.layout: dict[str, tuple[int, int, DType, tuple[int, ...]]] = {}
+
+    def add(self, t: Tensor) -> int:
+        """Return the byte offset of t's data, appending it on first use."""
+        if t.name in self.layout:
+            return self.layout[t.name][0]
+        pad = -self.size % BLOB_ALIGN
+        if pad:
+            self.parts.append(b"\0" * pad)
+            self.size += pad
+        data = dtypes.to_kernel(t.value, t.dtype, f"constant '{t.name}'").tobytes()
+        self.layout[t.name] = (self.size, len(data), t.dtype, tuple(t.shape))
+        self.parts.append(data)
+        self.size += len(data)
+        return self.layout[t.name][0]
+
+    def bytes(self) -> bytes:
+        """Return the blob, padded to a multiple of 4 bytes and at least 4 bytes long."""
+        raw = b"".join(self.parts)
+        return raw + b"\0" * ((-len(raw) % 4) or (4 if not raw else 0))
+
+
+@dataclass
+class BlobWeight(Storage):
+    """A constant placed in the blob the first time code reads it."""
+
+    tensor: Tensor
+    blob: Blob
+
+    def load(self, i: str) -> str:
+        return Weight(self.blob.add(self.tensor), self.tensor.dtype).load(i)
+
+
+@dataclass
+class Plan:
+    """Everything compile() decided, kept for inspect and the runtime."""
+
+    model: Model
+    symbol: str | None
+    tensors: dict[str, Tensor]
+    ops: list[tuple[Node, Operator]]
+    inputs: list[IOSpec]
+    outputs: list[IOSpec]
+    allocation: Allocation
+    blob: Blob
+    views: dict[str, str]
+    source: str = ""
+
+    @property
+    def host_outputs(self) -> list[str]:
+        """Graph outputs no node writes (an input or a constant passed straight out)."""
+        written = {s.name for s in self.outputs}
+        return [o for o in self.model.graph.outputs if o not in written]
+
+
+# ---- kernel tensors --------------------------------------------------------------------------
+
+
+def _producer_note(name: str, producers: dict[str, Node]) -> str:
+    n = producers.get(name)
+    return f" (output of {n.describe()})" if n else ""
+
+
+def _kernel_shape(v: Variable, prep: Prepared, producers) -> tuple[tuple[int, ...], bool, tuple]:
+    """Return (per-sample shape, batched, ONNX shape with the symbol) of a variable."""
+    where = f"tensor '{v.name}'{_producer_note(v.name, producers)}"
+    if v.shape is None:
+        raise ModelError(f"{where}: its shape could not be inferred")
+    other = prep.shapes_b.get(v.name)
+    dims, onnx_dims, batched = [], [], False
+    for k, a in enumerate(v.shape):
+        b = other[k] if (other is not None and k < len(other)) else a
+        if not isinstance(a, int):
+            raise ModelError(f"{where}: dimension {k} of {shape_str(v.shape)} could not be inferred")
+        if prep.symbol is None or a == b:
+            dims.append(a)
+            onnx_dims.append(a)
+            continue
+        if (a, b) == (PROBE_A, PROBE_B):
+            if k != 0:
+                raise ModelError(
+                    f"{where}: the batch dimension '{prep.symbol}' moved to axis {k}; per-sample execution "
+                    "needs it at axis 0 (compile with batch_axis=None for one instance of the graph)"
+                )
+            batched = True
+            dims.append(1)
+            onnx_dims.append(prep.symbol)
+            continue
+        if b is not None and a % PROBE_A == 0 and b % PROBE_B == 0 and a // PROBE_A == b // PROBE_B:
+            desc = f"{a // PROBE_A}*{prep.symbol}"
+        else:
+            desc = "dynamic"
+        raise ModelError(
+            f"{where}: dimension {k} is {desc}; it mixes samples across the batch dimension "
+            f"'{prep.symbol}' (compile with batch_axis=None for one instance of the graph)"
+        )
+    return tuple(dims), batched, tuple(onnx_dims)
+
+
+def _constant_value(v: Variable, prep: Prepared, batched: bool) -> tuple[np.ndarray | None, bool]:
+    """Return (the per-sample value, batch-dependent?) of a folded constant."""
+    if v.value is None:
+        return None, False
+    other = prep.values_b.get(v.name)
+    if other is None or (other.shape == v.value.shape and np.array_equal(other, v.value, equal_nan=True)):
+        return v.value, False
+    if batched and v.value.ndim and np.all(v.value == v.value[:1]) and np.all(other == other[:1]):
+        return v.value[:1], False  # the same row for every sample
+    return None, True
+
+
+def build_tensors(prep: Prepared) -> dict[str, Tensor]:
+    """Return the kernel Tensor of every variable the main graph's nodes and interface use."""
+    g = prep.model.graph
+    producers = g.producers()
+    names = list(dict.fromkeys(g.inputs + [i for n in g.nodes for i in n.inputs + n.outputs if i] + g.outputs))
+    tensors: dict[str, Tensor] = {}
+    for name in names:
+        v = g.var(name)
+        if v.dtype is None:
+            raise ModelError(
+                f"tensor '{name}'{_producer_note(name, producers)}: element type "
+                f"{dtypes.onnx_name(v.elem_type) if v.elem_type else 'unknown'} is not supported"
+            )
+        shape, batched, _ = _kernel_shape(v, prep, producers)
+        value, dependent = _constant_value(v, prep, batched)
+        t = Tensor(name, v.dtype, shape, batched, value)
+        t.batch_dependent = dependent
+        tensors[name] = t
+    return tensors
+
+
+def io_spec(t: Tensor, v: Variable, prep: Prepared, prefix: str, producers) -> IOSpec:
+    _, _, onnx_shape = _kernel_shape(v, prep, producers)
+    return IOSpec(t.name, identifier(t.name, prefix), t.dtype, onnx_shape, t.shape, t.batched)
+
+
+# ---- operators -------------------------------------------------------------------------------
+
+
+def build_operators(model: Model, tensors: dict[str, Tensor]) -> list[tuple[Node, Operator]]:
+    """Return one Operator per node; every unsupported node is named in one error."""
+    registry._load_builtin()
+    missing, ops = [], []
+    for node in model.graph.nodes:
+        opset = model.opset(node.domain)
+        cls = registry.resolve(node.op_type, node.domain, opset)
+        if cls is None:
+            dom = node.domain or "ai.onnx"
+            have = registry.versions(node.op_type, node.domain)
+            why = f"registered from opset {have[0]}, model uses {opset}" if have else "not implemented"
+            missing.append(f"{node.describe()} [{dom} opset {opset}]: {why}")
+            continue
+        ins = [tensors[i] if i else None for i in node.inputs]
+        outs = [tensors[o] if o else None for o in node.outputs]
+        for t in ins:
+            if t is not None and getattr(t, "batch_dependent", False) and not getattr(cls, "shape_inputs_ok", False):
+                raise CompileError(
+                    f"{node.describe()}: input '{t.name}' is computed from the batch size; per-sample "
+                    "execution cannot use it as data (compile with batch_axis=None)"
+                )
+        ops.append((node, cls(node, ins, outs, opset)))
+    if missing:
+        raise CompileError(f"{len(missing)} unsupported node(s):\n  " + "\n  ".join(missing))
+    return ops
+
+
+def check_batch_mixing(ops: list[tuple[Node, Operator]]) -> None:
+    """Raise for a node that reads a per-sample tensor and writes a shared one."""
+    for node, op in ops:
+        if any(t is not None and t.batched for t in op.inputs) and any(
+            t is not None and not t.batched and t.value is None for t in op.outputs
+        ):
+            bad = next(t for t in op.outputs if t is not None and not t.batched)
+            raise CompileError(
+                f"{node.describe()}: output '{bad.name}' {shape_str(bad.shape)} no longer has the batch "
+                "dimension: this node mixes samples across the batch (compile with batch_axis=None)"
+            )
+
+
+# ---- storage ---------------------------------------------------------------------------------
+
+
+def plan_storage(
+    model: Model, tensors: dict[str, Tensor], ops: list[tuple[Node, Operator]], blob: Blob
+) -> tuple[Allocation, dict[str, str], set[str]]:
+    """Give constants and intermediates their storage; return the allocation, the view map, and
+    the graph outputs that are copied from elsewhere."""
+    g = model.graph
+    io = set(g.inputs) | set(g.outputs)
+    for t in tensors.values():
+        if t.value is not None and t.name not in io:
+            t.storage = constant_storage(t.value, t.dtype) or BlobWeight(t, blob)
+    steps, views = [], {}
+    for node, op in ops:
+        out0 = op.outputs[0] if op.outputs else None
+        st = Step(node.name, [i for i in node.inputs if i], [o for o in node.outputs if o])
+        if op.view and out0 is not None and out0.name not in io and op.inputs[0] is not None:
+            views[out0.name] = op.inputs[0].name
+            st.views.append((out0.name, op.inputs[0].name))
+        for k in op.inplace:
+            t = op.inputs[k] if k < len(op.inputs) else None
+            if t is not None and out0 is not None and t.shape == out0.shape and t.dtype == out0.dtype:
+                st.inplace.append((out0.name, t.name))
+        steps.append(st)
+    requests = []
+    for st in steps:
+        for name in st.writes:
+            t = tensors[name]
+            if name in io or t.value is not None or (name in views and views[name] not in _allocatable(tensors, io)):
+                continue
+            space = "local" if t.numel <= LOCAL_LIMIT else "scratch"
+            requests.append(Request(name, space, t.dtype.dsl, max(t.numel, 1), t.dtype.itemsize))
+    for r in requests:
+        if r.space == "scratch":
+            raise CompileError(
+                f"tensor '{r.name}' has {r.size} elements, more than the {LOCAL_LIMIT} a kernel keeps in "
+                "registers; device scratch memory for large intermediates is not implemented yet"
+            )
+    return allocate(steps, requests), views, set()
+
+
+def _allocatable(tensors: dict[str, Tensor], io: set[str]) -> set[str]:
+    return {n for n, t in tensors.items() if n not in io and t.value is None}
+
+
+def bind_views(tensors: dict[str, Tensor], views: dict[str, str]) -> None:
+    """Give each view output the storage of the tensor it views (after slots are bound)."""
+    for out, src in views.items():
+        root = src
+        while root in views:
+            root = views[root]
+        tensors[out].storage = tensors[root].storage
+
+
+# ---- the two functions -------------------------------------------------------------------------
+
+
+def emit_body(ctx: KernelContext, plan: Plan, io_storage: dict[str, Storage], slots: list[str]) -> None:
+    """Emit the graph's code with graph inputs and outputs bound to io_storage."""
+    for name, t in plan.tensors.items():
+        if name in io_storage:
+            t.storage = io_storage[name]
+    for sid, slot in enumerate(plan.allocation.slots):
+        ctx.line(f"{slots[sid]} = {ctx.module.array_type(slot.dtype, slot.size)}()")
+        for m in slot.members:
+            plan.tensors[m].storage = Local(slots[sid])
+    bind_views(plan.tensors, plan.views)
+    for node, op in plan.ops:
+        if op.view and node.outputs[0] in plan.views:
+            ctx.comment(f"{node.name}: {node.op_type} is a view of '{node.inputs[0]}'")
+            continue
+        ctx.comment(f"{node.name}: {node.op_type}")
+        op.forward(ctx)
+
+
+def generate(plan: Plan, model_name: str) -> str:
+    """Return the source of the generated module for a plan."""
+    module = Module()
+    slots = [f"s{k}" for k in range(len(plan.allocation.slots))]
+    # forward: per-sample inputs and outputs are arrays, shared inputs are buffers
+    fwd = KernelContext(module)
+    fwd_io: dict[str, Storage] = {}
+    fwd_params = []
+    symbol = plan.symbol
+    for s in plan.inputs:
+        fwd_params.append(s.ident)
+        fwd_io[s.name] = Local(s.ident) if (s.batched or symbol is None) else Buffer(s.ident)
+    for s in plan.outputs:
+        fwd_params.append(s.ident)
+        fwd_io[s.name] = Local(s.ident)
+    fwd_params.append("weights")
+    emit_body(fwd, plan, fwd_io, slots)
+    # the batch kernel: everything in buffers, one thread per sample
+    ker = KernelContext(module)
+    ker.line("sample = int(dispatch_id().x)")
+    ker_io: dict[str, Storage] = {}
+    shared_out: list[tuple[IOSpec, Tensor]] = []
+    for s in plan.inputs:
+        ker_io[s.name] = Buffer(s.ident, f"sample * {s.numel}" if s.batched and s.numel else "0")
+    for s in plan.outputs:
+        if s.batched or symbol is None:
+            ker_io[s.name] = Buffer(s.ident, f"sample * {s.numel}" if s.batched and s.numel else "0")
+        else:  # shared output: computed by every thread, written by thread 0
+            tmp = ker.local_array(s.dtype.dsl, s.numel, "shared_out")
+            ker_io[s.name] = Local(tmp)
+            shared_out.append((s, plan.tensors[s.name]))
+    emit_body(ker, plan, ker_io, slots)
+    if shared_out:
+        ker.line("if sample == 0:")
+        with ker.indent():
+            for s, t in shared_out:
+                with ker.loop(s.numel) as i:
+                    ker.line(Buffer(s.ident).store(i, t.storage.load(i)))
+    params = [s.ident for s in plan.inputs] + [s.ident for s in plan.outputs]
+    summary = (
+        f"{len(plan.ops)} nodes, {len(plan.allocation.slots)} register slots, "
+        f"weight blob {plan.blob.size} bytes, batch axis: {plan.symbol or 'none'}"
+    )
+    return render_module(
+        model_name=model_name,
+        summary=summary,
+        helpers=sorted(module.helpers),
+        array_types=[(name, dsl, n) for (dsl, n), name in sorted(module.array_types.items(), key=lambda kv: kv[1])],
+        forward_params=fwd_params,
+        forward_doc=", ".join(p for p in fwd_params),
+        forward_body="\n".join(fwd.out) or "    pass",
+        kernel_params=params + ["weights"],
+        kernel_body="\n".join(ker.out),
+    )
+
+
+def build_plan(prep: Prepared, model_name: str = "model") -> Plan:
+    """Return the full compile plan of a prepared model, generated source included."""
+    g = prep.model.graph
+    tensors = build_tensors(prep)
+    ops = build_operators(prep.model, tensors)
+    check_batch_mixing(ops)
+    blob = Blob()
+    allocation, views, _ = plan_storage(prep.model, tensors, ops, blob)
+    producers = g.producers()
+    written = {o for n in g.nodes for o in n.outputs if o}
+    inputs = [io_spec(tensors[n], g.var(n), prep, "x", producers) for n in g.inputs]
+    outputs = [io_spec(tensors[n], g.var(n), prep, "y", producers) for n in dict.fromkeys(g.outputs) if n in written]
+    plan = Plan(prep.model, prep.symbol, tensors, ops, inputs, outputs, allocation, blob, views)
+    plan.source = generate(plan, model_name)
+    return plan

@@ -1,0 +1,113 @@
+"""The one LuisaCompute device of the process: backend choice, and the system libraries each
+backend needs checked *before* luisa.init (a backend that fails to load aborts the process)."""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+
+# shared library -> the Debian package that provides it
+_COMMON_LIBS = {
+    "libvulkan.so.1": "libvulkan1",
+    "libX11.so.6": "libx11-6",
+    "libXext.so.6": "libxext6",
+    "libSM.so.6": "libsm6",
+    "libICE.so.6": "libice6",
+}
+_BACKENDS = ("cpu", "cuda")
+_current: str | None = None
+
+
+class BackendUnavailable(RuntimeError):
+    """A backend that cannot run here; the message says what to install."""
+
+
+def _can_load(soname: str) -> bool:
+    try:
+        ctypes.CDLL(soname)
+        return True
+    except OSError:
+        return False
+
+
+def missing_libraries() -> list[str]:
+    """Return 'library (package)' for each shared library the backends link that is missing."""
+    return [f"{lib} (Debian package {pkg})" for lib, pkg in _COMMON_LIBS.items() if not _can_load(lib)]
+
+
+def clang_path() -> str | None:
+    """Return the clang++ the CPU backend will run, or None."""
+    env = os.environ.get("LUISA_CLANG_PATH")
+    if env:
+        return env if os.path.exists(env) else None
+    return shutil.which("clang++")
+
+
+def cuda_device_count() -> int:
+    """Return the number of CUDA devices the driver reports (0 without a driver)."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    if cuda.cuInit(0) != 0:
+        return 0
+    count = ctypes.c_int(0)
+    if cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
+
+
+def check_backend(backend: str) -> None:
+    """Raise BackendUnavailable naming what is missing for `backend`."""
+    missing = missing_libraries()
+    if backend == "cpu" and clang_path() is None:
+        missing.append("clang++ (Debian package clang, or set LUISA_CLANG_PATH)")
+    if backend == "cuda" and cuda_device_count() == 0:
+        missing.append("a CUDA driver with at least one device (libcuda.so.1)")
+    if missing:
+        raise BackendUnavailable(
+            f"the LuisaCompute {backend} backend cannot start; missing: " + ", ".join(missing)
+            + ". On Debian/Ubuntu: apt-get install -y libvulkan1 clang libx11-6 libxext6 libsm6 libice6"
+        )
+
+
+def choose_backend(backend: str = "auto") -> str:
+    """Return the backend to use: 'auto' is CUDA where a CUDA device works, else CPU."""
+    backend = (backend or "auto").lower()
+    if backend == "auto":
+        backend = os.environ.get("LUISAML_BACKEND", "auto").lower()
+    if backend == "auto":
+        return "cuda" if cuda_device_count() > 0 and not missing_libraries() else "cpu"
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be 'auto', 'cpu' or 'cuda', not {backend!r}")
+    return backend
+
+
+def init(backend: str = "auto") -> str:
+    """Start the process's LuisaCompute device (once) and return its backend name."""
+    global _current
+    want = choose_backend(backend)
+    if _current is not None:
+        if want != _current:
+            raise BackendUnavailable(
+                f"this process already runs the {_current} backend; LuisaCompute allows one device per "
+                f"process, so backend='{want}' needs a new process"
+            )
+        return _current
+    check_backend(want)
+    import luisa
+    from luisa import lcapi
+
+    from . import luisa_compat
+
+    if not os.environ.get("LUISAML_VERBOSE"):
+        lcapi.log_level_warning()
+    luisa.init(want, support_gui=False)
+    luisa_compat.apply()
+    _current = want
+    return want
+
+
+def current() -> str | None:
+    """Return the running backend, or None before init."""
+    return _current

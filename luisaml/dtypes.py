@@ -1,0 +1,101 @@
+"""The element types luisaml knows: ONNX enum, numpy dtype, and how a kernel holds them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import TensorProto
+
+
+@dataclass(frozen=True)
+class DType:
+    """One ONNX element type and its representation inside a kernel."""
+
+    name: str  # ONNX TensorProto name, e.g. "FLOAT"
+    onnx: int  # TensorProto enum value
+    numpy: np.dtype  # host dtype, exactly as ONNX says
+    dsl: str  # luisa-python scalar type that holds it inside the kernel
+    kernel_numpy: np.dtype  # host dtype of the kernel's buffers and blob entries
+
+    @property
+    def is_float(self) -> bool:
+        return self.dsl in ("float", "half")
+
+    @property
+    def is_int(self) -> bool:
+        return self.dsl in ("int", "uint")
+
+    @property
+    def is_bool(self) -> bool:
+        return self.dsl == "bool"
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes of one element inside the kernel."""
+        return self.kernel_numpy.itemsize
+
+    def __repr__(self) -> str:
+        return self.name.lower()
+
+
+def _dt(name: str, np_dtype, dsl: str, kernel_np=None) -> DType:
+    return DType(name, getattr(TensorProto, name), np.dtype(np_dtype), dsl, np.dtype(kernel_np or np_dtype))
+
+
+# int64 lives in 32-bit registers inside a kernel: luisa-python's 64-bit integer arithmetic
+# is unusable (long+long is typed uint). Every int64 that enters a kernel is range-checked on
+# the host, so a value that does not fit is an error, never a silent truncation.
+FLOAT = _dt("FLOAT", np.float32, "float")
+FLOAT16 = _dt("FLOAT16", np.float16, "half")
+INT32 = _dt("INT32", np.int32, "int")
+INT64 = _dt("INT64", np.int64, "int", np.int32)
+BOOL = _dt("BOOL", np.bool_, "bool")
+UINT32 = _dt("UINT32", np.uint32, "uint")
+
+SUPPORTED: dict[int, DType] = {d.onnx: d for d in (FLOAT, FLOAT16, INT32, INT64, BOOL, UINT32)}
+_BY_NUMPY: dict[np.dtype, DType] = {d.numpy: d for d in SUPPORTED.values()}
+
+
+class UnsupportedDType(TypeError):
+    """An element type the kernel cannot hold."""
+
+
+def onnx_name(elem_type: int) -> str:
+    """Return the TensorProto name of an ONNX element type number."""
+    try:
+        return TensorProto.DataType.Name(elem_type)
+    except ValueError:
+        return f"<elem_type {elem_type}>"
+
+
+def from_onnx(elem_type: int) -> DType:
+    """Return the DType of an ONNX element type, or raise UnsupportedDType naming it."""
+    try:
+        return SUPPORTED[elem_type]
+    except KeyError:
+        raise UnsupportedDType(
+            f"element type {onnx_name(elem_type)} is not supported "
+            f"(supported: {', '.join(d.name for d in SUPPORTED.values())})"
+        ) from None
+
+
+def from_numpy(dtype) -> DType:
+    """Return the DType of a numpy dtype, or raise UnsupportedDType naming it."""
+    try:
+        return _BY_NUMPY[np.dtype(dtype)]
+    except KeyError:
+        raise UnsupportedDType(f"numpy dtype {np.dtype(dtype)} is not supported") from None
+
+
+def to_kernel(array: np.ndarray, dtype: DType, what: str) -> np.ndarray:
+    """Return `array` converted to the kernel's representation of `dtype`; int64 is range-checked."""
+    array = np.asarray(array)
+    if dtype is INT64:
+        info = np.iinfo(np.int32)
+        if array.size and (array.min() < info.min or array.max() > info.max):
+            bad = array[(array < info.min) | (array > info.max)].flat[0]
+            raise OverflowError(
+                f"{what}: int64 value {int(bad)} does not fit the kernel's 32-bit integers "
+                f"(range {info.min}..{info.max})"
+            )
+    return np.ascontiguousarray(array, dtype=dtype.kernel_numpy)

@@ -1,0 +1,61 @@
+"""Every workaround for a luisa-python 0.3.7 bug lives here, each with a test that fails the day
+the bug is fixed upstream (tests/test_luisa_compat.py)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def apply() -> None:
+    """Install the process-wide shims (idempotent)."""
+
+
+def byte_buffer(data: bytes | np.ndarray):
+    """Return a luisa.ByteBuffer holding `data` (padded to 4 bytes), usable as a kernel argument.
+
+    Two bugs: passing a ByteBuffer to a kernel fails because to_lctype looks for `__name__` on the
+    ByteBufferType instance; ByteBuffer.from_array cannot take numpy scalar types."""
+    import luisa
+
+    raw = np.frombuffer(bytes(data) if not isinstance(data, np.ndarray) else data.tobytes(), dtype=np.uint8)
+    if raw.size % 4:
+        raw = np.concatenate([raw, np.zeros(-raw.size % 4, np.uint8)])
+    if raw.size == 0:
+        raw = np.zeros(4, np.uint8)
+    buf = luisa.ByteBuffer(raw.size)
+    fix_byte_buffer(buf)
+    buf.copy_from_array(raw.view(np.uint32), sync=True)
+    return buf
+
+
+def fix_byte_buffer(buf) -> None:
+    """Make a ByteBuffer passable to a kernel (its type instance lacks __name__)."""
+    buf.bufferType.__name__ = "ByteBufferType"
+
+
+def read_buffer(buf, dtype: np.dtype, count: int) -> np.ndarray:
+    """Return a device buffer's contents; Buffer.numpy() fails for uint/half/bool and ByteBuffer."""
+    out = np.empty(count, dtype=dtype)
+    if count:
+        buf.copy_to(out, sync=True)
+    return out
+
+
+def upload(array: np.ndarray, dsl: str):
+    """Return a new luisa.Buffer of DSL type `dsl` holding `array` (Buffer.from_array infers the
+    element type from the first element, which is wrong for half, uint and bool)."""
+    import luisa
+    from luisa.types import half, uint
+
+    kind = {"float": float, "int": int, "uint": uint, "half": half, "bool": bool}[dsl]
+    buf = luisa.Buffer(max(array.size, 1), kind)
+    if array.size:
+        buf.copy_from_array(np.ascontiguousarray(array).reshape(-1), sync=False)
+    return buf
+
+
+def buffer_type(dsl: str):
+    """Return luisa.BufferType for a DSL scalar type name."""
+    import luisa
+    from luisa.types import half, uint
+
+    return luisa.BufferType({"float": float, "int": int, "uint": uint, "half": half, "bool": bool}[dsl])

@@ -1,0 +1,273 @@
+"""The in-memory model: Model, Graph, Node and Variable, built once from an onnx ModelProto."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from . import dtypes
+from .dtypes import DType
+
+# A dimension is a known int, or a symbol (str) such as the batch dimension's name.
+Dim = int | str
+Shape = tuple[Dim, ...]
+
+
+class ModelError(ValueError):
+    """A model that cannot be loaded or compiled; the message names what failed."""
+
+
+@dataclass
+class Variable:
+    """A named tensor of a graph: its type, and its value when it is known on the host."""
+
+    name: str
+    dtype: DType | None = None
+    shape: Shape | None = None  # None: rank unknown
+    value: np.ndarray | None = None  # constant data (initializers, folded nodes)
+    # Shape arithmetic whose value is known only up to symbols: a 1-D list of int | str.
+    symbolic: list[Dim] | None = None
+    elem_type: int = 0  # the ONNX element type, kept even when DType does not support it
+
+    @property
+    def is_constant(self) -> bool:
+        return self.value is not None
+
+    @property
+    def is_static(self) -> bool:
+        return self.shape is not None and all(isinstance(d, int) for d in self.shape)
+
+    @property
+    def numel(self) -> int:
+        """Number of elements of a static shape."""
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    def describe(self) -> str:
+        """Return 'name: dtype[shape]' for messages."""
+        return f"'{self.name}': {type_str(self.elem_type)}{shape_str(self.shape)}"
+
+
+def shape_str(shape: Shape | None) -> str:
+    """Return a shape as '[2, B, 3]', or '[?]' for unknown rank."""
+    return "[?]" if shape is None else "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def type_str(elem_type: int) -> str:
+    """Return the lower-case ONNX name of an element type."""
+    return dtypes.onnx_name(elem_type).lower() if elem_type else "?"
+
+
+@dataclass
+class Node:
+    """One operator application."""
+
+    name: str
+    op_type: str
+    domain: str
+    inputs: list[str]  # "" marks an absent optional input
+    outputs: list[str]
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """Return "node 'name' (Domain::OpType)" for messages."""
+        op = f"{self.domain}::{self.op_type}" if self.domain not in ("", "ai.onnx") else self.op_type
+        return f"node '{self.name}' ({op})"
+
+
+@dataclass
+class Graph:
+    """Nodes, the graph's interface, and every variable they name; subgraphs link their parent."""
+
+    name: str
+    nodes: list[Node]
+    inputs: list[str]
+    outputs: list[str]
+    vars: dict[str, Variable]
+    parent: Graph | None = None
+
+    def var(self, name: str) -> Variable:
+        """Return the variable of that name here or in an enclosing graph."""
+        g: Graph | None = self
+        while g is not None:
+            if name in g.vars:
+                return g.vars[name]
+            g = g.parent
+        raise ModelError(f"graph '{self.name}': no variable named '{name}'")
+
+    def has_var(self, name: str) -> bool:
+        g: Graph | None = self
+        while g is not None:
+            if name in g.vars:
+                return True
+            g = g.parent
+        return False
+
+    def producers(self) -> dict[str, Node]:
+        """Return a map from each node output name to the node that writes it."""
+        return {o: n for n in self.nodes for o in n.outputs if o}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        """Return a map from a variable name to the nodes that read it (subgraph reads included)."""
+        out: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for name in dict.fromkeys(list(n.inputs) + sorted(outer_reads(n))):
+                if name:
+                    out.setdefault(name, []).append(n)
+        return out
+
+
+@dataclass
+class Model:
+    """A loaded model: its main graph and the opset version of each domain."""
+
+    graph: Graph
+    opsets: dict[str, int]
+    producer: str = ""
+    ir_version: int = 0
+
+    def opset(self, domain: str) -> int:
+        return self.opsets.get("" if domain == "ai.onnx" else domain, 0)
+
+    def all_nodes(self) -> Iterator[tuple[Graph, Node]]:
+        """Yield (graph, node) for the main graph and every subgraph, depth first."""
+        yield from _walk(self.graph)
+
+
+def _walk(graph: Graph) -> Iterator[tuple[Graph, Node]]:
+    for node in graph.nodes:
+        yield graph, node
+        for sub in subgraphs(node):
+            yield from _walk(sub)
+
+
+def subgraphs(node: Node) -> list[Graph]:
+    """Return the graphs held in a node's attributes."""
+    out = []
+    for v in node.attrs.values():
+        if isinstance(v, Graph):
+            out.append(v)
+        elif isinstance(v, list):
+            out.extend(g for g in v if isinstance(g, Graph))
+    return out
+
+
+def outer_reads(node: Node) -> set[str]:
+    """Return the names a node's subgraphs read from enclosing graphs."""
+    names: set[str] = set()
+    for g in subgraphs(node):
+        local = set(g.inputs) | {o for n in g.nodes for o in n.outputs} | {
+            k for k, v in g.vars.items() if v.value is not None
+        }
+        for n in g.nodes:
+            names |= {i for i in n.inputs if i and i not in local}
+            names |= {i for i in outer_reads(n) if i not in local}
+        names |= {o for o in g.outputs if o not in local}
+    return names
+
+
+# ---------------------------------------------------------------------------------------------
+# From onnx protobuf
+
+
+def tensor_to_array(t: onnx.TensorProto, where: str) -> np.ndarray:
+    """Return the data of a TensorProto as numpy, checking its byte length against its dims."""
+    dims = tuple(int(d) for d in t.dims)
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        raise ModelError(f"{where} '{t.name}': external data was not loaded (load the model from its path)")
+    if t.HasField("raw_data") and t.data_type in dtypes.SUPPORTED:
+        want = int(np.prod(dims, dtype=np.int64)) * dtypes.SUPPORTED[t.data_type].numpy.itemsize
+        if len(t.raw_data) != want:
+            raise ModelError(
+                f"{where} '{t.name}': raw_data has {len(t.raw_data)} bytes, expected {want} "
+                f"for {type_str(t.data_type)}{shape_str(dims)}"
+            )
+    try:
+        return numpy_helper.to_array(t)
+    except Exception as e:  # onnx raises ValueError/TypeError with little context
+        raise ModelError(f"{where} '{t.name}': cannot decode {type_str(t.data_type)}{shape_str(dims)}: {e}") from e
+
+
+def _shape_of(tp: onnx.TypeProto) -> Shape | None:
+    if not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):
+        return None
+    dims: list[Dim] = []
+    for i, d in enumerate(tp.tensor_type.shape.dim):
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param") and d.dim_param:
+            dims.append(d.dim_param)
+        else:
+            dims.append(f"?{i}")  # unknown and unnamed
+    return tuple(dims)
+
+
+def _var_from_type(name: str, tp: onnx.TypeProto) -> Variable:
+    elem = tp.tensor_type.elem_type if tp.HasField("tensor_type") else 0
+    dt = dtypes.SUPPORTED.get(elem)
+    return Variable(name, dt, _shape_of(tp), elem_type=elem)
+
+
+def _attr_value(a: onnx.AttributeProto, parent: Graph, where: str) -> Any:
+    A = onnx.AttributeProto
+    if a.type == A.FLOAT:
+        return float(a.f)
+    if a.type == A.INT:
+        return int(a.i)
+    if a.type == A.STRING:
+        return a.s.decode("utf-8", errors="replace")
+    if a.type == A.TENSOR:
+        return tensor_to_array(a.t, f"{where} attribute '{a.name}'")
+    if a.type == A.GRAPH:
+        return graph_from_proto(a.g, parent)
+    if a.type == A.FLOATS:
+        return [float(x) for x in a.floats]
+    if a.type == A.INTS:
+        return [int(x) for x in a.ints]
+    if a.type == A.STRINGS:
+        return [s.decode("utf-8", errors="replace") for s in a.strings]
+    if a.type == A.TENSORS:
+        return [tensor_to_array(t, f"{where} attribute '{a.name}'") for t in a.tensors]
+    if a.type == A.GRAPHS:
+        return [graph_from_proto(g, parent) for g in a.graphs]
+    if a.type == A.SPARSE_TENSOR:
+        return numpy_helper.to_array(a.sparse_tensor.values)  # dense values only; checked by ops
+    if a.type == A.TYPE_PROTO:
+        return a.tp
+    raise ModelError(f"{where}: attribute '{a.name}' has unknown type {a.type}")
+
+
+def graph_from_proto(g: onnx.GraphProto, parent: Graph | None = None) -> Graph:
+    """Return a Graph for a GraphProto; initializer data wins over a value_info of the same name."""
+    graph = Graph(g.name or "graph", [], [i.name for i in g.input], [o.name for o in g.output], {}, parent)
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        if vi.name not in graph.vars:
+            graph.vars[vi.name] = _var_from_type(vi.name, vi.type)
+    for t in g.initializer:
+        arr = tensor_to_array(t, f"graph '{graph.name}' initializer")
+        v = graph.vars.get(t.name) or Variable(t.name)
+        v.elem_type = t.data_type
+        v.dtype = dtypes.SUPPORTED.get(t.data_type)
+        v.shape = tuple(int(d) for d in t.dims)
+        v.value = arr
+        graph.vars[t.name] = v
+    # an initializer listed among the inputs (old exporters) is a constant, not a feed
+    graph.inputs = [i for i in graph.inputs if graph.vars[i].value is None]
+    for k, n in enumerate(g.node):
+        name = n.name or f"{n.op_type}_{k}"
+        node = Node(name, n.op_type, n.domain or "", list(n.input), list(n.output))
+        for a in n.attribute:
+            node.attrs[a.name] = _attr_value(a, graph, node.describe())
+        graph.nodes.append(node)
+        for o in node.outputs:
+            if o and o not in graph.vars:
+                graph.vars[o] = Variable(o)
+    return graph
+
+
+def model_from_proto(m: onnx.ModelProto) -> Model:
+    """Return the Model of a ModelProto (types as annotated; run the passes for the rest)."""
+    opsets = {(o.domain if o.domain != "ai.onnx" else ""): int(o.version) for o in m.opset_import}
+    return Model(graph_from_proto(m.graph), opsets, m.producer_name, int(m.ir_version))

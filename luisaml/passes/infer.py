@@ -1,0 +1,146 @@
+"""Shape and dtype inference. onnx.shape_inference does the standard ops on a model whose
+dimensions are all numbers; the batch dimension is found by specialising the model to two batch
+sizes and comparing the results."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..model import ModelError, shape_str
+from .fold import fold_to_fixpoint
+
+# The two batch sizes a batched model is specialised to: a dimension that is 2 in the first and
+# 3 in the second is the batch dimension; one that is equal in both is static.
+PROBE_A, PROBE_B = 2, 3
+
+
+def infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Return the model with value_info for every tensor onnx can type."""
+    try:
+        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+    except Exception as e:  # onnx raises InferenceError for a model that is inconsistent
+        raise ModelError(f"shape inference failed: {e}") from e
+
+
+def _dims(vi: onnx.ValueInfoProto):
+    return vi.type.tensor_type.shape.dim
+
+
+def input_shapes(proto: onnx.ModelProto) -> dict[str, list[int | str | None]]:
+    """Return each real graph input's dims: int, a dim_param name, or None when unnamed."""
+    inits = {t.name for t in proto.graph.initializer}
+    out = {}
+    for vi in proto.graph.input:
+        if vi.name in inits:
+            continue
+        out[vi.name] = [
+            int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None) for d in _dims(vi)
+        ]
+    return out
+
+
+def find_batch_symbol(proto: onnx.ModelProto, batch_axis) -> str | None:
+    """Return the symbol of the batch axis, or None for single-instance mode."""
+    if batch_axis is None:
+        return None
+    if batch_axis not in ("auto", 0):
+        raise ValueError(f"batch_axis must be 'auto', 0 or None, not {batch_axis!r}")
+    ins = input_shapes(proto)
+    leading_in = [s[0] for s in ins.values() if s and isinstance(s[0], str)]
+    leading_out = {
+        d.dim_param for o in proto.graph.output for d in list(_dims(o))[:1] if d.HasField("dim_param") and d.dim_param
+    }
+    for sym in leading_in:
+        if sym in leading_out:
+            return sym
+    if batch_axis == 0:
+        if leading_in:
+            return leading_in[0]
+        raise ModelError(
+            "batch_axis=0 needs an input whose first dimension is symbolic; inputs are "
+            + ", ".join(f"'{k}' {shape_str(v)}" for k, v in ins.items())
+        )
+    return None
+
+
+def set_symbols(proto: onnx.ModelProto, values: dict[str, int]) -> onnx.ModelProto:
+    """Return a copy whose graph inputs and outputs have the named symbolic dims set to numbers."""
+    m = onnx.ModelProto()
+    m.CopyFrom(proto)
+    del m.graph.value_info[:]  # stale once the inputs change; inference recomputes it
+    for vi in list(m.graph.input) + list(m.graph.output):
+        for d in _dims(vi):
+            if d.HasField("dim_param") and d.dim_param in values:
+                d.dim_value = values[d.dim_param]
+    return m
+
+
+def set_input_shapes(proto: onnx.ModelProto, shapes: dict[str, list]) -> None:
+    """Overwrite the dims of named graph inputs in place (None keeps a dim as it is)."""
+    by_name = {vi.name: vi for vi in proto.graph.input}
+    for name, shape in shapes.items():
+        if name not in by_name:
+            raise ModelError(f"input_shapes names '{name}', which is not a graph input ({', '.join(by_name)})")
+        dims = _dims(by_name[name])
+        if len(dims) != len(shape):
+            raise ModelError(f"input_shapes['{name}'] has rank {len(shape)}, the model's input has rank {len(dims)}")
+        for d, v in zip(dims, shape):
+            if v is None:
+                continue
+            if isinstance(v, str):
+                d.dim_param = v
+            else:
+                d.dim_value = int(v)
+
+
+def unresolved_inputs(proto: onnx.ModelProto) -> dict[str, list]:
+    """Return the graph inputs that still have a non-numeric dim."""
+    return {k: v for k, v in input_shapes(proto).items() if any(not isinstance(d, int) for d in v)}
+
+
+@dataclass
+class Specialised:
+    """The model at batch PROBE_A, plus what differs at PROBE_B: batch dims and batch-dependent data."""
+
+    proto: onnx.ModelProto
+    symbol: str | None
+    shapes_b: dict[str, list[int | None]]
+    values_b: dict[str, np.ndarray]
+
+
+def _all_shapes(proto: onnx.ModelProto) -> dict[str, list[int | None]]:
+    g = proto.graph
+    out = {}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            out[vi.name] = [int(d.dim_value) if d.HasField("dim_value") else None for d in _dims(vi)]
+    for t in g.initializer:
+        out[t.name] = [int(d) for d in t.dims]
+    return out
+
+
+def specialise(proto: onnx.ModelProto, symbol: str | None) -> Specialised:
+    """Fold and infer the model with every dim numeric; with a batch symbol, at two batch sizes."""
+    unresolved = unresolved_inputs(proto)
+    if symbol is None:
+        if unresolved:
+            raise ModelError(
+                "inputs with dynamic dimensions: "
+                + ", ".join(f"'{k}' {shape_str(v)}" for k, v in unresolved.items())
+                + "; give input_shapes={name: [...]} or compile with batch_axis='auto' for a batch dimension"
+            )
+        return Specialised(fold_to_fixpoint(proto, infer_shapes), None, {}, {})
+    others = {k: v for k, v in unresolved.items() if any(not isinstance(d, int) and d != symbol for d in v)}
+    if others:
+        raise ModelError(
+            f"only the batch dimension '{symbol}' may be dynamic, but "
+            + ", ".join(f"'{k}' is {shape_str(v)}" for k, v in others.items())
+            + "; fix the other dimensions with input_shapes={name: [...]}"
+        )
+    a = fold_to_fixpoint(set_symbols(proto, {symbol: PROBE_A}), infer_shapes)
+    b = fold_to_fixpoint(set_symbols(proto, {symbol: PROBE_B}), infer_shapes)
+    values_b = {t.name: numpy_helper.to_array(t) for t in b.graph.initializer}
+    return Specialised(a, symbol, _all_shapes(b), values_b)

@@ -1,0 +1,359 @@
+"""compile(), CompiledNetwork and NetworkInstance: from a model file to results on the device."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from . import codegen, compiler, device, dtypes, loaders, passes
+from .compiler import IOSpec, Plan
+from .model import ModelError, shape_str
+
+
+def _model_name(model) -> str:
+    if isinstance(model, (str, os.PathLike)):
+        return os.path.basename(os.fspath(model))
+    return getattr(getattr(model, "graph", None), "name", None) or "model"
+
+
+def analyze(model, weights=None, *, batch_axis="auto", input_shapes=None) -> Plan:
+    """Return the compile plan of a model without starting a device (what `inspect` shows)."""
+    proto = loaders.load_proto(model, weights)
+    prep = passes.prepare(proto, batch_axis=batch_axis, input_shapes=input_shapes)
+    return compiler.build_plan(prep, _model_name(model))
+
+
+def compile(
+    model,
+    weights=None,
+    *,
+    backend: str = "auto",
+    batch_axis="auto",
+    input_shapes: Mapping[str, list] | None = None,
+    verbose: bool = False,
+) -> "CompiledNetwork":
+    """Return the model compiled into one kernel on the chosen backend.
+
+    model: a path (.onnx or LuisaML .json), or an onnx.ModelProto.
+    weights: a safetensors file, a header-less blob, bytes, or a dict of arrays (optional).
+    batch_axis: "auto" (the symbolic dimension leading an input and an output: one thread per
+    sample), 0, or None (one instance of the graph as its shapes say).
+    input_shapes: fix dynamic dimensions, e.g. {"x": [None, 16, 3]} (None keeps a dimension)."""
+    t0 = time.perf_counter()
+    name = device.init(backend)
+    plan = analyze(model, weights, batch_axis=batch_axis, input_shapes=input_shapes)
+    path = codegen.write_module(plan.source)
+    module = codegen.import_module(path)
+    if verbose:
+        print(f"luisaml: compiled {_model_name(model)} in {time.perf_counter() - t0:.2f} s -> {path}", file=sys.stderr)
+    return CompiledNetwork(plan, module, str(path), name)
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _to_numpy(x, name: str) -> np.ndarray:
+    if _is_torch(x):
+        return x.detach().cpu().numpy()
+    if isinstance(x, np.ndarray):
+        return x
+    if np.isscalar(x) or isinstance(x, (list, tuple)):
+        return np.asarray(x)
+    raise TypeError(f"input '{name}': expected a numpy array or torch tensor, got {type(x).__name__}")
+
+
+def _expected(spec: IOSpec) -> str:
+    return shape_str(spec.shape)
+
+
+class CompiledNetwork:
+    """A model compiled into one generated module: run it, or call `forward` from your own kernel."""
+
+    def __init__(self, plan: Plan, module, path: str, backend: str):
+        self.plan = plan
+        self.module = module
+        self.path = path
+        self.backend = backend
+        self.forward = module.forward  # the @luisa.func of one sample
+        self.kernel = module.batch_kernel
+        self._weights = None
+        self._buffers: dict[tuple[str, int], Any] = {}
+
+    # ---- what it is ----------------------------------------------------------------------
+    @property
+    def source(self) -> str:
+        """The generated module's source."""
+        return self.plan.source
+
+    @property
+    def allocation(self):
+        """The register allocator's plan (slots, sizes, sharing, bytes)."""
+        return self.plan.allocation
+
+    @property
+    def inputs(self) -> list[IOSpec]:
+        return self.plan.inputs
+
+    @property
+    def outputs(self) -> list[IOSpec]:
+        return [s for s in self.plan.outputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.plan.model.graph.outputs)
+
+    @property
+    def batch_symbol(self) -> str | None:
+        return self.plan.symbol
+
+    @property
+    def weight_layout(self) -> dict[str, tuple[int, int, str, tuple[int, ...]]]:
+        """Name -> (byte offset, byte length, dtype, shape) of each constant in the weight blob."""
+        return {k: (o, n, d.name.lower(), s) for k, (o, n, d, s) in self.plan.blob.layout.items()}
+
+    def weight_bytes(self) -> bytes:
+        """The weight blob the kernel reads (upload it yourself, or use `weights`)."""
+        return self.plan.blob.bytes()
+
+    @property
+    def weights(self):
+        """The weight blob as a luisa.ByteBuffer (uploaded once)."""
+        if self._weights is None:
+            from .luisa_compat import byte_buffer
+
+            self._weights = byte_buffer(self.weight_bytes())
+        return self._weights
+
+    def _spec(self, name: str) -> IOSpec:
+        for s in self.plan.inputs + self.plan.outputs:
+            if s.name == name:
+                return s
+        raise KeyError(f"'{name}' is not an input or output of the compiled network")
+
+    def input_type(self, name: str):
+        """The luisa type `forward` takes for an input: an array per sample, a buffer if shared."""
+        return self._io_type(self._spec(name), name in self.plan.model.graph.inputs)
+
+    def output_type(self, name: str):
+        """The luisa array type `forward` fills for an output."""
+        return self._io_type(self._spec(name), False)
+
+    def _io_type(self, s: IOSpec, is_input: bool):
+        import luisa
+
+        from .luisa_compat import buffer_type
+
+        if is_input and self.plan.symbol is not None and not s.batched:
+            return buffer_type(s.dtype.dsl)
+        return getattr(self.module, self.plan_array_type(s))
+
+    def plan_array_type(self, s: IOSpec) -> str:
+        name = f"Arr_{s.dtype.dsl}_{max(s.numel, 1)}"
+        if not hasattr(self.module, name):
+            import luisa
+            from luisa.types import half, uint
+
+            kind = {"float": float, "int": int, "uint": uint, "half": half, "bool": bool}[s.dtype.dsl]
+            setattr(self.module, name, luisa.ArrayType(max(s.numel, 1), kind))
+        return name
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{s.name}: {s.dtype.name.lower()}{_expected(s)}" for s in self.plan.inputs)
+        outs = ", ".join(f"{s.name}: {s.dtype.name.lower()}{_expected(s)}" for s in self.plan.outputs)
+        return f"<CompiledNetwork ({ins}) -> ({outs}) on {self.backend}>"
+
+    # ---- running ---------------------------------------------------------------------------
+    def check_feeds(self, feeds: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int, bool]:
+        """Return (numpy feeds, batch size, any torch input), checking names, dtypes and shapes."""
+        names = [s.name for s in self.plan.inputs]
+        unknown = [k for k in feeds if k not in names]
+        if unknown:
+            raise KeyError(f"unknown input(s) {unknown}; the network's inputs are {names}")
+        missing = [k for k in names if k not in feeds]
+        if missing:
+            raise KeyError(f"missing input(s) {missing}; the network's inputs are {names}")
+        arrays: dict[str, np.ndarray] = {}
+        torch_in = False
+        batch = None
+        for s in self.plan.inputs:
+            x = feeds[s.name]
+            torch_in |= _is_torch(x)
+            a = _to_numpy(x, s.name)
+            if a.dtype != s.dtype.numpy:
+                raise TypeError(f"input '{s.name}': expected dtype {s.dtype.numpy}, got {a.dtype}")
+            if s.batched:
+                want = tuple(s.kernel_shape[1:])
+                if a.ndim != len(s.kernel_shape) or tuple(a.shape[1:]) != want:
+                    raise ValueError(
+                        f"input '{s.name}': expected shape {_expected(s)}, got {shape_str(a.shape)}"
+                    )
+                if batch is not None and a.shape[0] != batch[1]:
+                    raise ValueError(
+                        f"input '{s.name}': batch dimension '{self.plan.symbol}' is {a.shape[0]}, but input "
+                        f"'{batch[0]}' has {batch[1]}"
+                    )
+                batch = batch or (s.name, a.shape[0])
+            elif tuple(a.shape) != tuple(s.kernel_shape):
+                raise ValueError(f"input '{s.name}': expected shape {_expected(s)}, got {shape_str(a.shape)}")
+            arrays[s.name] = a
+        return arrays, (batch[1] if batch else 1), torch_in
+
+    def _buffer(self, ident: str, dsl: str, count: int):
+        key = (ident, count)
+        if key not in self._buffers:
+            from .luisa_compat import buffer_type  # noqa: F401
+
+            import luisa
+            from luisa.types import half, uint
+
+            kind = {"float": float, "int": int, "uint": uint, "half": half, "bool": bool}[dsl]
+            self._buffers = {k: v for k, v in self._buffers.items() if k[0] != ident}
+            self._buffers[key] = luisa.Buffer(max(count, 1), kind)
+        return self._buffers[key]
+
+    def run(self, feeds: Mapping[str, Any], outputs: list[str] | None = None) -> dict[str, Any]:
+        """Return {output name: array} for the feeds; torch tensors in give torch tensors out."""
+        import luisa
+
+        arrays, batch, torch_in = self.check_feeds(feeds)
+        wanted = list(outputs) if outputs is not None else self.output_names
+        bad = [o for o in wanted if o not in self.output_names]
+        if bad:
+            raise KeyError(f"unknown output(s) {bad}; the network's outputs are {self.output_names}")
+        n = batch if self.plan.symbol is not None else 1
+        args = []
+        for s in self.plan.inputs:
+            k = dtypes.to_kernel(arrays[s.name], s.dtype, f"input '{s.name}'")
+            buf = self._buffer(s.ident, s.dtype.dsl, k.size)
+            if k.size:
+                buf.copy_from_array(k.reshape(-1))
+            args.append(buf)
+        out_bufs = []
+        for s in self.plan.outputs:
+            count = s.numel * (n if s.batched else 1)
+            buf = self._buffer(s.ident, s.dtype.dsl, count)
+            out_bufs.append((s, buf, count))
+            args.append(buf)
+        if n > 0:
+            self.kernel(*args, self.weights, dispatch_size=n)
+        luisa.synchronize()
+        results: dict[str, Any] = {}
+        for s, buf, count in out_bufs:
+            if s.name not in wanted:
+                continue
+            from .luisa_compat import read_buffer
+
+            raw = read_buffer(buf, s.dtype.kernel_numpy, count)
+            shape = ((n,) + tuple(s.kernel_shape[1:])) if s.batched else tuple(s.kernel_shape)
+            results[s.name] = raw.astype(s.dtype.numpy, copy=False).reshape(shape)
+        for name in self.plan.host_outputs:
+            if name in wanted:
+                results[name] = arrays[name] if name in arrays else np.asarray(self.plan.model.graph.var(name).value)
+        results = {k: results[k] for k in wanted}
+        if torch_in:
+            import torch
+
+            results = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in results.items()}
+        return results
+
+    def __call__(self, **feeds):
+        """Run and return the output (one) or a tuple of outputs in graph order."""
+        res = self.run(feeds)
+        vals = list(res.values())
+        return vals[0] if len(vals) == 1 else tuple(vals)
+
+
+@dataclass
+class _Binding:
+    value: Any
+
+
+class NetworkInstance:
+    """The C++ LuisaML API on luisaml's machinery: bind inputs, outputs and weights, then forward()."""
+
+    def __init__(self, model=None, weights=None, **options):
+        self.net: CompiledNetwork | None = None
+        self._inputs: dict[str, Any] = {}
+        self._outputs: dict[str, Any] = {}
+        self._weights = None
+        self.warp_size = 32
+        if model is not None:
+            self.set_model(model, weights, **options)
+
+    def set_model(self, model, weights=None, **options) -> None:
+        """Compile (or adopt a CompiledNetwork) and clear the bindings."""
+        self.net = model if isinstance(model, CompiledNetwork) else compile(model, weights, **options)
+        self._inputs.clear()
+        self._outputs.clear()
+        self._weights = None
+
+    def _need_model(self) -> CompiledNetwork:
+        if self.net is None:
+            raise RuntimeError("no model: call set_model first")
+        return self.net
+
+    def set_input(self, name: str, tensor) -> None:
+        """Bind a graph input to an array or torch tensor (checked at forward)."""
+        net = self._need_model()
+        if name not in [s.name for s in net.inputs]:
+            raise KeyError(f"'{name}' is not an input; inputs are {[s.name for s in net.inputs]}")
+        self._inputs[name] = tensor
+
+    def set_output(self, name: str, tensor=None) -> None:
+        """Bind a graph output to a numpy array written in place (or None to allocate one)."""
+        net = self._need_model()
+        if name not in net.output_names:
+            raise KeyError(f"'{name}' is not an output; outputs are {net.output_names}")
+        self._outputs[name] = tensor
+
+    def set_weight_buffer(self, buffer) -> None:
+        """Use another weight blob laid out as `net.weight_layout` (bytes or a luisa.ByteBuffer)."""
+        net = self._need_model()
+        want = len(net.weight_bytes())
+        if isinstance(buffer, (bytes, bytearray, np.ndarray)):
+            raw = bytes(buffer) if not isinstance(buffer, np.ndarray) else buffer.tobytes()
+            if len(raw) < want:
+                raise ValueError(f"weight buffer has {len(raw)} bytes, the network's layout needs {want}")
+            from .luisa_compat import byte_buffer
+
+            buffer = byte_buffer(raw)
+        elif getattr(buffer, "bytesize", want) < want:
+            raise ValueError(f"weight buffer has {buffer.bytesize} bytes, the network's layout needs {want}")
+        self._weights = buffer
+
+    def set_warp_size(self, warp_size: int) -> None:
+        """Set how many threads may cooperate on one sample group (<= 1 disables cooperation)."""
+        if int(warp_size) < 0:
+            raise ValueError("warp size must be >= 0")
+        self.warp_size = int(warp_size)
+
+    def forward(self) -> dict[str, np.ndarray]:
+        """Run the bound inputs through the network; fill bound outputs in place; return all outputs."""
+        net = self._need_model()
+        unbound = [s.name for s in net.inputs if s.name not in self._inputs]
+        if unbound:
+            raise RuntimeError(f"input(s) {unbound} are not bound: call set_input for each")
+        saved = net._weights
+        if self._weights is not None:
+            net._weights = self._weights
+        try:
+            results = net.run(self._inputs)
+        finally:
+            net._weights = saved
+        for name, target in self._outputs.items():
+            if target is None:
+                continue
+            value = results[name]
+            arr = target.detach().numpy() if _is_torch(target) else target
+            if tuple(arr.shape) != tuple(value.shape) or arr.dtype != np.asarray(value).dtype:
+                raise ValueError(
+                    f"output '{name}': bound array is {arr.dtype}{shape_str(arr.shape)}, "
+                    f"the network produces {np.asarray(value).dtype}{shape_str(np.asarray(value).shape)}"
+                )
+            arr[...] = value if not _is_torch(value) else value.numpy()
+        return results

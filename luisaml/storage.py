@@ -1,0 +1,190 @@
+"""Where a tensor lives inside the kernel, and how a load or a store of one element is written.
+
+Operators never write a place directly: they ask a Tensor's storage for the DSL of element `i`,
+so one operator template serves weights in the blob, inputs in a buffer, intermediates in
+registers and constants folded into the code."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .dtypes import DType
+
+
+def literal(value, dtype: DType) -> str:
+    """Return the DSL literal of one value of `dtype`."""
+    if dtype.is_bool:
+        return "True" if bool(value) else "False"
+    if dtype.is_float:
+        v = float(np.float32(value)) if dtype.dsl == "float" else float(np.float16(value))
+        if math.isnan(v):
+            text = "NAN"
+        elif math.isinf(v):
+            text = "INF" if v > 0 else "(-INF)"
+        else:
+            text = repr(v)
+            if v < 0:
+                text = f"({text})"
+        return text if dtype.dsl == "float" else f"half({text})"
+    v = int(value)
+    if dtype.dsl == "uint":
+        return f"uint({v})"
+    return f"({v})" if v < 0 else str(v)
+
+
+def add_index(offset: int | str, i: str) -> str:
+    """Return the DSL of `offset + i`, leaving out a zero offset."""
+    if offset in (0, "0"):
+        return i
+    if i == "0":
+        return str(offset)
+    return f"{offset} + {i}"
+
+
+class Storage:
+    """Base: renders loads and stores of element `i` (a DSL int expression)."""
+
+    writable = False
+
+    def load(self, i: str) -> str:
+        raise NotImplementedError
+
+    def store(self, i: str, value: str) -> str:
+        raise TypeError(f"{type(self).__name__} storage is read-only")
+
+
+@dataclass
+class Local(Storage):
+    """A local array (a register slot of the allocator, or an array parameter)."""
+
+    array: str
+    offset: int = 0
+    writable = True
+
+    def load(self, i: str) -> str:
+        return f"{self.array}[{add_index(self.offset, i)}]"
+
+    def store(self, i: str, value: str) -> str:
+        return f"{self.array}[{add_index(self.offset, i)}] = {value}"
+
+
+@dataclass
+class Buffer(Storage):
+    """A typed device buffer; `base` is this sample's first element (a DSL expression)."""
+
+    buffer: str
+    base: str = "0"
+    writable = True
+
+    def load(self, i: str) -> str:
+        return f"{self.buffer}.read({add_index(self.base, i)})"
+
+    def store(self, i: str, value: str) -> str:
+        return f"{self.buffer}.write({add_index(self.base, i)}, {value})"
+
+
+@dataclass
+class Weight(Storage):
+    """A tensor in the weight blob, read from the ByteBuffer `weights` by byte offset."""
+
+    byte_offset: int
+    dtype: DType
+    blob: str = "weights"
+
+    def load(self, i: str) -> str:
+        size = self.dtype.itemsize
+        scaled = i if size == 1 else (f"({i}) * {size}" if not i.isdigit() else str(int(i) * size))
+        if i.isdigit():
+            return f"{self.blob}.read({self.dtype.dsl}, {self.byte_offset + int(i) * size})"
+        return f"{self.blob}.read({self.dtype.dsl}, {add_index(self.byte_offset, scaled)})"
+
+
+@dataclass
+class Scalar(Storage):
+    """A constant whose elements are all equal: a literal."""
+
+    value: object
+    dtype: DType
+
+    def load(self, i: str) -> str:
+        return literal(self.value, self.dtype)
+
+
+@dataclass
+class Linear(Storage):
+    """A constant arithmetic progression start + step * i, computed instead of stored."""
+
+    start: object
+    step: object
+    dtype: DType
+
+    def load(self, i: str) -> str:
+        if self.dtype.is_float:
+            conv = f"{self.dtype.dsl}({i})"
+        else:
+            conv = i
+        return f"({literal(self.start, self.dtype)} + {literal(self.step, self.dtype)} * {conv})"
+
+
+@dataclass
+class Tensor:
+    """A tensor as the kernel sees it: per-sample shape (the batch dimension is 1), dtype, storage."""
+
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    batched: bool = False
+    value: np.ndarray | None = None  # known on the host (constants)
+    storage: Storage | None = None
+    strides: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.strides = row_major_strides(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def load(self, i: str) -> str:
+        return self.storage.load(i)
+
+    def store(self, i: str, value: str) -> str:
+        return self.storage.store(i, value)
+
+
+def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Return the element strides of a C-ordered array of that shape."""
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+def constant_storage(value: np.ndarray, dtype: DType) -> Storage | None:
+    """Return a Scalar or Linear storage when a constant has that pattern, else None."""
+    flat = np.asarray(value).reshape(-1)
+    if flat.size == 0:
+        return Scalar(0, dtype)
+    if np.all(flat == flat[0]) and not (dtype.is_float and np.isnan(flat[0])) or (
+        dtype.is_float and np.all(np.isnan(flat))
+    ):
+        return Scalar(flat[0].item(), dtype)
+    if flat.size >= 3 and not dtype.is_bool:
+        kernel = flat.astype(dtype.kernel_numpy)
+        if not np.all(np.isfinite(kernel.astype(np.float64))):
+            return None
+        # exact in real arithmetic, so a fused multiply-add and separate ops give the same values
+        start, step = kernel[0].astype(np.float64), kernel[1].astype(np.float64) - kernel[0].astype(np.float64)
+        products = step * np.arange(flat.size, dtype=np.float64)
+        rebuilt = start + products
+        exact = np.array_equal(products.astype(kernel.dtype).astype(np.float64), products)
+        if exact and np.array_equal(rebuilt, kernel.astype(np.float64)) and step == step.astype(kernel.dtype):
+            return Linear(kernel[0].item(), kernel.dtype.type(step).item(), dtype)
+    return None

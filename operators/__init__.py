@@ -1,0 +1,2 @@
+"""The shipped operators, one module per op family; importing this registers them all."""
+from . import elementwise, gemm, shape  # noqa: F401
