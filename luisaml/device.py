@@ -2,9 +2,12 @@
 backend needs checked *before* luisa.init (a backend that fails to load aborts the process)."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
+import sys
+import tempfile
 
 # shared library -> the Debian package that provides it
 _COMMON_LIBS = {
@@ -102,10 +105,29 @@ def init(backend: str = "auto") -> str:
 
     if not os.environ.get("LUISAML_VERBOSE"):
         lcapi.log_level_warning()
-    luisa.init(want, support_gui=False)
+    with _filtered_stderr("failed to load swapchain"):
+        luisa.init(want, support_gui=False)
     luisa_compat.apply()
     _current = want
     return want
+
+
+@contextlib.contextmanager
+def _filtered_stderr(noise: str):
+    """Drop lines containing `noise` that native code writes to stderr (fd 2) inside the block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [ln for ln in tmp.read().decode(errors="replace").splitlines(True) if noise not in ln]
+            if kept:
+                sys.stderr.write("".join(kept))
 
 
 def current() -> str | None:

@@ -172,8 +172,8 @@ def outer_reads(node: Node) -> set[str]:
 # From onnx protobuf
 
 
-def tensor_to_array(t: onnx.TensorProto, where: str) -> np.ndarray:
-    """Return the data of a TensorProto as numpy, checking its byte length against its dims."""
+def check_tensor(t: onnx.TensorProto, where: str) -> None:
+    """Raise ModelError if a TensorProto's raw data does not match its dims and type."""
     dims = tuple(int(d) for d in t.dims)
     if t.data_location == onnx.TensorProto.EXTERNAL:
         raise ModelError(f"{where} '{t.name}': external data was not loaded (load the model from its path)")
@@ -184,6 +184,12 @@ def tensor_to_array(t: onnx.TensorProto, where: str) -> np.ndarray:
                 f"{where} '{t.name}': raw_data has {len(t.raw_data)} bytes, expected {want} "
                 f"for {type_str(t.data_type)}{shape_str(dims)}"
             )
+
+
+def tensor_to_array(t: onnx.TensorProto, where: str) -> np.ndarray:
+    """Return the data of a TensorProto as numpy, checking its byte length against its dims."""
+    dims = tuple(int(d) for d in t.dims)
+    check_tensor(t, where)
     try:
         return numpy_helper.to_array(t)
     except Exception as e:  # onnx raises ValueError/TypeError with little context

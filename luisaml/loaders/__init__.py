@@ -7,8 +7,8 @@ import numpy as np
 import onnx
 
 from .. import dtypes
-from ..model import ModelError, shape_str
-from .json_model import _fill_from_array, parse_json_model
+from ..model import ModelError, check_tensor, shape_str
+from .json_model import _fill_from_array, parse_json_model, to_json_model
 from .weights import WeightSource, read_weights
 
 
@@ -24,7 +24,9 @@ def load_proto(model, weights=None) -> onnx.ModelProto:
             raise ModelError(f"model file '{path}' does not exist")
         if path.endswith(".json"):
             with open(path, "rb") as f:
-                return parse_json_model(f.read(), src, origin=path)
+                proto = parse_json_model(f.read(), src, origin=path)
+            check_references(proto.graph)
+            return proto
         try:
             proto = onnx.load(path)
         except Exception as e:
@@ -33,7 +35,48 @@ def load_proto(model, weights=None) -> onnx.ModelProto:
         raise TypeError(f"model must be a path or an onnx.ModelProto, not {type(model).__name__}")
     if src is not None:
         bind_weights(proto, src)
+    check_references(proto.graph)
     return proto
+
+
+def check_references(g: onnx.GraphProto, outer: frozenset[str] = frozenset()) -> None:
+    """Raise ModelError naming the node and input for a name nothing defines; put nodes listed out
+    of order into topological order."""
+    for t in g.initializer:
+        check_tensor(t, f"graph '{g.name}' initializer")
+    defined = set(outer) | {i.name for i in g.input} | {t.name for t in g.initializer} | {""}
+    produced = {o: k for k, n in enumerate(g.node) for o in n.output if o}
+    for k, n in enumerate(g.node):
+        for i in n.input:
+            if i not in defined and i not in produced:
+                kind = f"{n.domain}::{n.op_type}" if n.domain else n.op_type
+                raise ModelError(
+                    f"node '{n.name or f'#{k}'}' ({kind}) input '{i}': no graph input, initializer or node "
+                    "output of that name (a missing initializer? pass the weights file)"
+                )
+        for a in n.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                check_references(sub, frozenset(defined | set(produced)))
+    if any(produced.get(i, -1) > k for k, n in enumerate(g.node) for i in n.input):
+        _toposort(g, defined)
+
+
+def _toposort(g: onnx.GraphProto, defined: set[str]) -> None:
+    """Reorder g.node topologically (stable), raising for a cycle."""
+    ready = set(defined)
+    todo = list(g.node)
+    order = []
+    while todo:
+        rest = [n for n in todo if not all(i in ready for i in n.input)]
+        done = [n for n in todo if all(i in ready for i in n.input)]
+        if not done:
+            raise ModelError(f"the graph has a cycle through node '{rest[0].name}' ({rest[0].op_type})")
+        for n in done:
+            ready |= set(n.output)
+        order += done
+        todo = rest
+    del g.node[:]
+    g.node.extend(order)
 
 
 def _is_empty(t: onnx.TensorProto) -> bool:
@@ -81,4 +124,4 @@ def bind_weights(proto: onnx.ModelProto, src: WeightSource) -> None:
         raise ModelError(f"{src.origin}: {len(src.data)} bytes, but the model's initializers take {offset}")
 
 
-__all__ = ["load_proto", "read_weights", "WeightSource", "parse_json_model", "bind_weights"]
+__all__ = ["load_proto", "read_weights", "WeightSource", "parse_json_model", "to_json_model", "bind_weights"]

@@ -123,3 +123,51 @@ def _fill_from_array(t: onnx.TensorProto, arr: np.ndarray, origin: str) -> None:
     t.ClearField("float_data")
     t.ClearField("int32_data")
     t.ClearField("int64_data")
+
+
+def to_json_model(proto: onnx.ModelProto, weights: str = "blob") -> tuple[dict, bytes]:
+    """Return (LuisaML JSON document, weight bytes) for a ModelProto, as the C++ exporter writes
+    them: initializers of the main graph get `data_offsets` into the weights, which are either a
+    header-less blob of the name-sorted tensors (weights="blob") or a safetensors file
+    (weights="safetensors", offsets relative to its data section)."""
+    from google.protobuf.json_format import MessageToDict
+
+    doc = MessageToDict(proto, preserving_proto_field_name=True)
+    doc.pop("metadata_props", None)
+    inits = sorted(proto.graph.initializer, key=lambda t: t.name)
+    arrays = {t.name: onnx.numpy_helper.to_array(t) for t in inits}
+    if weights == "safetensors":
+        from safetensors.numpy import save
+
+        raw = save({k: np.ascontiguousarray(v) for k, v in arrays.items()})
+        header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
+        offsets = {k: header[k]["data_offsets"] for k in arrays}
+    elif weights == "blob":
+        parts, offsets, pos = [], {}, 0
+        for k, v in arrays.items():
+            b = np.ascontiguousarray(v).tobytes()
+            offsets[k] = [pos, pos + len(b)]
+            parts.append(b)
+            pos += len(b)
+        raw = b"".join(parts)
+    else:
+        raise ValueError(f"weights must be 'blob' or 'safetensors', not {weights!r}")
+    for init in doc["graph"].get("initializer", []):
+        for key in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "data_location"):
+            init.pop(key, None)
+        init["data_offsets"] = offsets[init["name"]]
+    _name_types(doc)
+    return doc, raw
+
+
+def _name_types(obj) -> None:
+    """Write elem_type/data_type as enum names, as the C++ exporter does."""
+    if isinstance(obj, dict):
+        for key in ("elem_type", "data_type"):
+            if isinstance(obj.get(key), int):
+                obj[key] = onnx.TensorProto.DataType.Name(obj[key])
+        for v in obj.values():
+            _name_types(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            _name_types(v)

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
-from ..model import ModelError, shape_str
+from .. import dtypes
+from ..model import ModelError, Node, Variable, _attr_value, _var_from_type, shape_str
 from .fold import fold_to_fixpoint
 
 # The two batch sizes a batched model is specialised to: a dimension that is 2 in the first and
@@ -17,12 +18,72 @@ from .fold import fold_to_fixpoint
 PROBE_A, PROBE_B = 2, 3
 
 
-def infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """Return the model with value_info for every tensor onnx can type."""
+def _onnx_infer(proto: onnx.ModelProto) -> onnx.ModelProto:
     try:
         return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     except Exception as e:  # onnx raises InferenceError for a model that is inconsistent
         raise ModelError(f"shape inference failed: {e}") from e
+
+
+def infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Return the model with value_info for every tensor onnx can type; nodes of other domains are
+    typed by their operator's own `infer` rule, and inference resumes after them."""
+    m = _onnx_infer(proto)
+    for _ in range(len(m.graph.node) + 1):
+        if not _infer_custom(m):
+            break
+        m = _onnx_infer(m)
+    return m
+
+
+def _known_types(g: onnx.GraphProto) -> dict[str, Variable]:
+    out: dict[str, Variable] = {}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            v = _var_from_type(vi.name, vi.type)
+            if v.shape is not None:
+                out[vi.name] = v
+    for t in g.initializer:
+        out[t.name] = Variable(t.name, dtypes.SUPPORTED.get(t.data_type), tuple(int(d) for d in t.dims),
+                               numpy_helper.to_array(t), elem_type=t.data_type)
+    return out
+
+
+def _infer_custom(m: onnx.ModelProto) -> bool:
+    """Type the outputs of non-standard-domain nodes by their operators' rules; return if any."""
+    from .. import registry
+
+    registry._load_builtin()
+    g = m.graph
+    opsets = {o.domain: o.version for o in m.opset_import}
+    known = _known_types(g)
+    added = False
+    for node in g.node:
+        if node.domain in ("", "ai.onnx") or all(o in known for o in node.output if o):
+            continue
+        cls = registry.resolve(node.op_type, node.domain, opsets.get(node.domain, 0))
+        if cls is None or any(i and i not in known for i in node.input):
+            continue
+        n = Node(node.name, node.op_type, node.domain, list(node.input), list(node.output),
+                 {a.name: _attr_value(a, None, node.name) for a in node.attribute})
+        result = cls.infer(n, [known.get(i) if i else None for i in node.input])
+        if not result:
+            continue
+        by_name = {vi.name: vi for vi in g.value_info}
+        for name, (elem, shape) in zip(node.output, result):
+            if not name:
+                continue
+            vi = helper.make_tensor_value_info(name, elem, list(shape) if shape is not None else None)
+            if name in by_name:
+                g.value_info.remove(by_name[name])
+            if name not in {o.name for o in g.output}:
+                g.value_info.append(vi)
+            else:
+                out = next(o for o in g.output if o.name == name)
+                out.type.CopyFrom(vi.type)
+            known[name] = _var_from_type(name, vi.type)
+            added = True
+    return added
 
 
 def _dims(vi: onnx.ValueInfoProto):

@@ -1,0 +1,77 @@
+"""The registry: opset resolution, and a user's own operator registered from their own module."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import luisaml
+from luisaml import registry
+from luisaml.operator import CompileError
+
+
+def test_highest_since_not_above_opset():
+    class A(luisaml.Operator):
+        pass
+
+    class B(luisaml.Operator):
+        pass
+
+    luisaml.register("TestOp", domain="test.domain", since=3)(A)
+    luisaml.register("TestOp", domain="test.domain", since=7)(B)
+    assert registry.resolve("TestOp", "test.domain", 6) is A
+    assert registry.resolve("TestOp", "test.domain", 7) is B
+    assert registry.resolve("TestOp", "test.domain", 20) is B
+    assert registry.resolve("TestOp", "test.domain", 2) is None
+
+
+def _model(domain_version=1):
+    # the custom node's output feeds a standard op, so its type must come from the plugin's infer
+    nodes = [helper.make_node("Swish2", ["x"], ["h"], domain="my.ops", beta=1.5), helper.make_node("Neg", ["h"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("my.ops", domain_version)])
+
+
+def test_user_operator_from_own_module(tmp_path, monkeypatch):
+    """A plugin in a user's module registers an op of a custom domain without touching luisaml."""
+    (tmp_path / "my_ops.py").write_text('''
+import luisaml
+from luisaml.storage import literal
+
+@luisaml.register("Swish2", domain="my.ops", since=1)
+class Swish2(luisaml.Operator):
+    inplace = (0,)
+
+    @classmethod
+    def infer(cls, node, inputs):
+        return [(inputs[0].elem_type, inputs[0].shape)]
+
+    def forward(self, ctx):
+        x, y = self.input(0), self.output()
+        beta = literal(self.attr("beta", 1.0), x.dtype)
+        with ctx.loop(y.numel) as i:
+            v = ctx.fresh("v")
+            ctx.line(f"{v} = {x.load(i)}")
+            ctx.store(y, i, f"{v} / (1.0 + exp(-{beta} * {v}))")
+''')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import my_ops  # noqa: F401
+
+    net = luisaml.compile(_model())
+    x = np.random.default_rng(0).standard_normal((7, 5)).astype(np.float32)
+    np.testing.assert_allclose(net.run({"x": x})["y"], -x / (1 + np.exp(-1.5 * x)), rtol=1e-6)
+
+
+def test_unsupported_operator_names_every_node():
+    nodes = [helper.make_node("NoSuchOp", ["x"], ["h"], name="first_bad"),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("AlsoMissing", ["r"], ["y"], name="second_bad", domain="nowhere")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("nowhere", 1)])
+    m.graph.value_info.extend([helper.make_tensor_value_info("h", TensorProto.FLOAT, [2]),
+                               helper.make_tensor_value_info("r", TensorProto.FLOAT, [2])])
+    with pytest.raises(CompileError) as e:
+        luisaml.compile(m, batch_axis=None)
+    msg = str(e.value)
+    assert "2 unsupported node(s)" in msg
+    assert "node 'first_bad' (NoSuchOp)" in msg and "node 'second_bad' (nowhere::AlsoMissing)" in msg
