@@ -127,7 +127,10 @@ class GridBatchMetadata:
 
 
 def _per_grid_vec3(value: float | Iterable, count: int, what: str, positive: bool) -> np.ndarray:
-    """Return value broadcast to float64 [count, 3] (a scalar, one 3-vector, or one per grid)."""
+    """Return value broadcast to float64 [count, 3] (a scalar, one 3-vector, [count] scalars or [count, 3]).
+
+    A length-3 vector is always one 3-vector, even for a batch of three grids.
+    """
     arr = np.asarray(value, np.float64)
     if arr.ndim == 2:
         if arr.shape != (count, 3):
@@ -157,7 +160,7 @@ class GridBatch:
     """A batch of validated fVDB OnIndex grids in one read-only byte blob, with their transforms."""
 
     grid_blob: np.ndarray = field(repr=False)
-    grids: tuple[NanoGrid, ...]
+    grids: tuple[NanoGrid, ...] = field(repr=False)
     voxel_sizes: np.ndarray
     origins: np.ndarray
 

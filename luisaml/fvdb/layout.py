@@ -202,4 +202,4 @@ def align_up(n: int, alignment: int = DATA_ALIGNMENT) -> int:
 def magic_name(magic: int) -> str:
     """Return the 8 magic bytes as printable text (non-printable bytes escaped)."""
     raw = int(magic).to_bytes(8, "little")
-    return raw.decode("ascii", errors="backslashreplace") if raw.isascii() else repr(raw)
+    return raw.decode("ascii") if all(32 <= c < 127 for c in raw) else repr(raw)

@@ -555,10 +555,9 @@ def _parse_headers(buf: np.ndarray, pos: int, where: str) -> dict:
         "<QQIIIIQ", buf, pos
     )
     if magic not in L.GRID_MAGICS:
+        hint = " (this is a .nvdb file header: read it with read_nvdb)" if magic == L.MAGIC_FILE else ""
         raise _fail(
-            where,
-            f"bad magic {L.magic_name(magic)} (0x{magic:016x}), expected NanoVDB1 or NanoVDB0 "
-            "(a .nvdb file? read it with read_nvdb)",
+            where, f"bad magic {L.magic_name(magic)} (0x{magic:016x}), expected NanoVDB1 or NanoVDB0{hint}"
         )
     major, minor, patch = L.unpack_version(version)
     if major != L.ABI_MAJOR:

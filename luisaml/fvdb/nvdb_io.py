@@ -181,12 +181,21 @@ def _file_metadata(grid: NanoGrid, file_size: int, codec: int) -> bytes:
     return bytes(meta) + name + b"\0"
 
 
-def encode_nvdb(grids: bytes | np.ndarray | list[NanoGrid], codec: str = "none") -> bytes:
+GridsLike = bytes | np.ndarray | NanoGrid | list[bytes | np.ndarray | NanoGrid]
+
+
+def _grid_list(grids: GridsLike) -> list[NanoGrid]:
+    """Return the parsed grids of a raw buffer, a NanoGrid, or a list of either."""
+    items = grids if isinstance(grids, list) else [grids]
+    return [g for item in items for g in ([item] if isinstance(item, NanoGrid) else read_grids(item))]
+
+
+def encode_nvdb(grids: GridsLike, codec: str = "none") -> bytes:
     """Return the bytes of a one-segment .nvdb file holding the given grids (codec "none" or "zip")."""
     if codec not in CODECS:
         raise ValueError(f"codec must be one of {sorted(CODECS)}, got {codec!r}")
     c = CODECS[codec]
-    parsed = list(grids) if isinstance(grids, list) else read_grids(grids)
+    parsed = _grid_list(grids)
     if not parsed:
         raise NanoVDBError("cannot write a .nvdb file without grids")
     if len(parsed) > 0xFFFF:
@@ -214,9 +223,9 @@ def write_nvdb(
     return out
 
 
-def write_raw(path: str | os.PathLike, grids: bytes | np.ndarray | list[NanoGrid]) -> Path:
-    """Write grids to path as a raw grid buffer (what GridHandle::write does); return the path."""
-    data = concat_grids(grids) if isinstance(grids, list) else concat_grids([grids])
+def write_raw(path: str | os.PathLike, grids: GridsLike) -> Path:
+    """Write grids to path as a raw grid buffer, renumbered (what GridHandle::write does); return the path."""
+    data = concat_grids(_grid_list(grids))
     out = Path(path)
     out.write_bytes(data)
     return out

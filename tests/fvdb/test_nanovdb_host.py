@@ -295,6 +295,15 @@ def test_nvdb_round_trip(tmp_path):
     assert [(g.grid_index, g.grid_count) for g in grids] == [(i, 6) for i in range(6)]
 
 
+def test_legacy_32_6_magic():
+    # NanoVDB 32.6 grids carry "NanoVDB0" in mMagic and "NanoVDB1" in mData2; files may start "NanoVDB0" too.
+    blob = build_grid([[1, 2, 3], [-9, 0, 9]])
+    legacy = patch(patch(blob, L.GRID_OFF_MAGIC, "<Q", L.MAGIC_NUMB), L.GRID_OFF_DATA2, "<Q", L.MAGIC_GRID)
+    for source in (legacy, patch(encode_nvdb(legacy), 0, "<Q", L.MAGIC_NUMB)):
+        (grid,) = read_nvdb(source)
+        np.testing.assert_array_equal(ijk_to_index(grid, [[-9, 0, 9], [1, 2, 3], [0, 0, 0]]), [0, 1, -1])
+
+
 def test_file_metadata_fields():
     blob = build_grid([[1, 2, 3], [4000, 5, 6]], 0.5, (1, 1, 1), name="ab")
     data = encode_nvdb(blob)
@@ -356,7 +365,7 @@ MALFORMED = {
     ),
     "file magic": (
         lambda b: b"NanoVDB2" + b[8:],
-        "bad magic NanoVDB2 .*a .nvdb file\\? read it with read_nvdb",
+        "bad magic NanoVDB2 .*a .nvdb file header: read it with read_nvdb",
     ),
     "wrong type": (
         lambda b: patch(b, L.GRID_OFF_GRID_TYPE, "<I", 1),
