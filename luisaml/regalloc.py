@@ -64,7 +64,7 @@ class Allocation:
     def report(self) -> str:
         """Return a human-readable table of the plan."""
         lines = [
-            f"{len(self.slots)} slots, {self.bytes_pooled} bytes "
+            f"{len(self.slots)} slot{'' if len(self.slots) == 1 else 's'}, {self.bytes_pooled} bytes "
             f"(one array per tensor: {self.bytes_unpooled} bytes); "
             f"{len(self.inplace)} in-place, {len(self.views)} views"
         ]
