@@ -214,9 +214,7 @@ def _zip_chunk(raw: bytes) -> bytes:
     return struct.pack("<Q", len(comp)) + comp
 
 
-def write_nvdb(
-    path: str | os.PathLike, grids: bytes | np.ndarray | list[NanoGrid], codec: str = "none"
-) -> Path:
+def write_nvdb(path: str | os.PathLike, grids: GridsLike, codec: str = "none") -> Path:
     """Write grids to path as a .nvdb file (codec "none" or "zip"); return the path."""
     out = Path(path)
     out.write_bytes(encode_nvdb(grids, codec))
