@@ -13,7 +13,7 @@ from .model import Model, ModelError, Node, Variable, shape_str
 from .operator import CompileError, Operator
 from .passes import PROBE_A, PROBE_B, Prepared
 from .regalloc import Allocation, Request, Step, allocate
-from .storage import Buffer, Local, Storage, Tensor, Weight, constant_storage
+from .storage import Buffer, Bytes, Local, Storage, Tensor, Weight, constant_storage
 
 # Intermediates up to this many elements live in registers (local arrays); larger ones would
 # spill anyway and go to device scratch memory.
@@ -74,6 +74,9 @@ class BlobWeight(Storage):
 
     def load(self, i: str) -> str:
         return Weight(self.blob.add(self.tensor), self.tensor.dtype).load(i)
+
+    def byte_address(self) -> tuple[str, str]:
+        return Weight(self.blob.add(self.tensor), self.tensor.dtype).byte_address()
 
 
 @dataclass
@@ -310,7 +313,10 @@ def generate(plan: Plan, model_name: str) -> str:
     symbol = plan.symbol
     for s in plan.inputs:
         fwd_params.append(s.ident)
-        fwd_io[s.name] = Local(s.ident) if (s.batched or symbol is None) else Buffer(s.ident)
+        if s.dtype.is_byte:
+            fwd_io[s.name] = Bytes(s.ident)
+        else:
+            fwd_io[s.name] = Local(s.ident) if (s.batched or symbol is None) else Buffer(s.ident)
     for s in plan.outputs:
         fwd_params.append(s.ident)
         fwd_io[s.name] = Local(s.ident)
@@ -322,7 +328,8 @@ def generate(plan: Plan, model_name: str) -> str:
     ker_io: dict[str, Storage] = {}
     shared_out: list[tuple[IOSpec, Tensor]] = []
     for s in plan.inputs:
-        ker_io[s.name] = Buffer(s.ident, f"sample * {s.numel}" if s.batched and s.numel else "0")
+        base = f"sample * {s.numel}" if s.batched and s.numel else "0"
+        ker_io[s.name] = Bytes(s.ident, base) if s.dtype.is_byte else Buffer(s.ident, base)
     for s in plan.outputs:
         if s.batched or symbol is None:
             ker_io[s.name] = Buffer(s.ident, f"sample * {s.numel}" if s.batched and s.numel else "0")
@@ -367,6 +374,9 @@ def build_plan(prep: Prepared, model_name: str = "model") -> Plan:
     written = {o for n in g.nodes for o in n.outputs if o}
     inputs = [io_spec(tensors[n], g.var(n), prep, "x", producers) for n in g.inputs]
     outputs = [io_spec(tensors[n], g.var(n), prep, "y", producers) for n in dict.fromkeys(g.outputs) if n in written]
+    for s in outputs:
+        if s.dtype.is_byte:
+            raise CompileError(f"output '{s.name}': uint8 outputs are not supported")
     plan = Plan(prep.model, prep.symbol, tensors, ops, inputs, outputs, allocation, blob, views)
     plan.source = generate(plan, model_name)
     return plan

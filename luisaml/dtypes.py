@@ -19,11 +19,17 @@ class DType:
 
     @property
     def is_float(self) -> bool:
-        return self.dsl in ("float", "half")
+        """float or float16: the types generic arithmetic accepts (float64 is not one of them)."""
+        return self.name in ("FLOAT", "FLOAT16")
+
+    @property
+    def is_byte(self) -> bool:
+        """uint8: held in a ByteBuffer and read with 32-bit loads."""
+        return self.dsl == "ubyte"
 
     @property
     def is_int(self) -> bool:
-        return self.dsl in ("int", "uint")
+        return self.dsl in ("int", "uint") and self.name != "DOUBLE"
 
     @property
     def is_bool(self) -> bool:
@@ -51,8 +57,13 @@ INT32 = _dt("INT32", np.int32, "int")
 INT64 = _dt("INT64", np.int64, "int", np.int32)
 BOOL = _dt("BOOL", np.bool_, "bool")
 UINT32 = _dt("UINT32", np.uint32, "uint")
+# Bytes (a NanoVDB grid, say) stay packed in a ByteBuffer; operators that take them read words.
+UINT8 = _dt("UINT8", np.uint8, "ubyte")
+# float64 is held as float32 inside kernels. Only operators that define their arithmetic in
+# float32 accept it (fVDB's transforms); generic arithmetic rejects it (is_float is False).
+DOUBLE = _dt("DOUBLE", np.float64, "float", np.float32)
 
-SUPPORTED: dict[int, DType] = {d.onnx: d for d in (FLOAT, FLOAT16, INT32, INT64, BOOL, UINT32)}
+SUPPORTED: dict[int, DType] = {d.onnx: d for d in (FLOAT, FLOAT16, INT32, INT64, BOOL, UINT32, UINT8, DOUBLE)}
 _BY_NUMPY: dict[np.dtype, DType] = {d.numpy: d for d in SUPPORTED.values()}
 
 

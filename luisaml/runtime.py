@@ -148,6 +148,8 @@ class CompiledNetwork:
 
         from .luisa_compat import buffer_type
 
+        if is_input and s.dtype.is_byte:
+            return luisa.ByteBufferType()
         if is_input and self.plan.symbol is not None and not s.batched:
             return buffer_type(s.dtype.dsl)
         return getattr(self.module, self.plan_array_type(s))
@@ -229,6 +231,11 @@ class CompiledNetwork:
         args = []
         for s in self.plan.inputs:
             k = dtypes.to_kernel(arrays[s.name], s.dtype, f"input '{s.name}'")
+            if s.dtype.is_byte:
+                from .luisa_compat import byte_buffer
+
+                args.append(byte_buffer(k))
+                continue
             buf = self._buffer(s.ident, s.dtype.dsl, k.size)
             if k.size:
                 buf.copy_from_array(k.reshape(-1))

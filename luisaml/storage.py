@@ -17,7 +17,7 @@ def literal(value, dtype: DType) -> str:
     """Return the DSL literal of one value of `dtype`."""
     if dtype.is_bool:
         return "True" if bool(value) else "False"
-    if dtype.is_float:
+    if dtype.dsl in ("float", "half"):
         v = float(np.float32(value)) if dtype.dsl == "float" else float(np.float16(value))
         if math.isnan(v):
             text = "NAN"
@@ -43,6 +43,12 @@ def add_index(offset: int | str, i: str) -> str:
     return f"{offset} + {i}"
 
 
+def byte_load(buffer: str, address: str) -> str:
+    """Return the DSL of the byte at `address` of a ByteBuffer, read with an aligned 32-bit load."""
+    a = address if address.replace("_", "").isalnum() else f"({address})"
+    return f"(({buffer}.read(uint, ({a} // 4) * 4) >> uint(({a} % 4) * 8)) & uint(255))"
+
+
 class Storage:
     """Base: renders loads and stores of element `i` (a DSL int expression)."""
 
@@ -50,6 +56,10 @@ class Storage:
 
     def load(self, i: str) -> str:
         raise NotImplementedError
+
+    def byte_address(self) -> tuple[str, str]:
+        """Return (ByteBuffer name, byte offset expression) of element 0, for word-wise readers."""
+        raise TypeError(f"{type(self).__name__} storage is not byte-addressable")
 
     def store(self, i: str, value: str) -> str:
         raise TypeError(f"{type(self).__name__} storage is read-only")
@@ -93,12 +103,31 @@ class Weight(Storage):
     dtype: DType
     blob: str = "weights"
 
+    def byte_address(self) -> tuple[str, str]:
+        return self.blob, str(self.byte_offset)
+
     def load(self, i: str) -> str:
         size = self.dtype.itemsize
+        if self.dtype.is_byte:
+            return byte_load(self.blob, add_index(self.byte_offset, i))
         scaled = i if size == 1 else (f"({i}) * {size}" if not i.isdigit() else str(int(i) * size))
         if i.isdigit():
             return f"{self.blob}.read({self.dtype.dsl}, {self.byte_offset + int(i) * size})"
         return f"{self.blob}.read({self.dtype.dsl}, {add_index(self.byte_offset, scaled)})"
+
+
+@dataclass
+class Bytes(Storage):
+    """A uint8 tensor in a ByteBuffer argument; `base` is this sample's first byte."""
+
+    buffer: str
+    base: str = "0"
+
+    def byte_address(self) -> tuple[str, str]:
+        return self.buffer, self.base
+
+    def load(self, i: str) -> str:
+        return byte_load(self.buffer, add_index(self.base, i))
 
 
 @dataclass
@@ -121,7 +150,7 @@ class Linear(Storage):
     dtype: DType
 
     def load(self, i: str) -> str:
-        if self.dtype.is_float:
+        if self.dtype.dsl in ("float", "half"):
             conv = f"{self.dtype.dsl}({i})"
         else:
             conv = i
@@ -170,6 +199,8 @@ def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 def constant_storage(value: np.ndarray, dtype: DType) -> Storage | None:
     """Return a Scalar or Linear storage when a constant has that pattern, else None."""
     flat = np.asarray(value).reshape(-1)
+    if dtype.is_byte:
+        return None  # bytes are read word-wise from the blob
     if flat.size == 0:
         return Scalar(0, dtype)
     if np.all(flat == flat[0]) and not (dtype.is_float and np.isnan(flat[0])) or (
