@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import dtypes, registry
+from . import indexing as ix
 from .codegen import KernelContext, Module, identifier, render_module
 from .dtypes import DType
 from .model import Model, ModelError, Node, Variable, shape_str
@@ -16,8 +17,9 @@ from .regalloc import Allocation, Request, Step, allocate
 from .storage import Buffer, Bytes, Local, Storage, Tensor, Weight, constant_storage
 
 # Intermediates up to this many elements live in registers (local arrays); larger ones would
-# spill anyway and go to device scratch memory.
-LOCAL_LIMIT = 16384
+# spill anyway (and overflow a CPU thread's stack), so they go to device scratch memory: one
+# buffer per element type, a region per sample, pooled by the same allocator.
+LOCAL_LIMIT = 4096
 BLOB_ALIGN = 16
 
 
@@ -93,6 +95,22 @@ class Plan:
     blob: Blob
     views: dict[str, str]
     source: str = ""
+
+    @property
+    def scratch(self) -> dict[str, tuple[int, dict[int, int]]]:
+        """DSL type -> (elements per sample, {slot id: offset}) of the scratch buffers."""
+        out: dict[str, tuple[int, dict[int, int]]] = {}
+        for slot in self.allocation.slots:
+            if slot.space != "scratch":
+                continue
+            size, offsets = out.get(slot.dtype, (0, {}))
+            offsets[slot.id] = size
+            out[slot.dtype] = (size + slot.size, offsets)
+        return out
+
+    @property
+    def scratch_params(self) -> list[str]:
+        return [f"scratch_{dsl}" for dsl in sorted(self.scratch)]
 
     @property
     def host_outputs(self) -> list[str]:
@@ -259,12 +277,6 @@ def plan_storage(
                 continue
             space = "local" if t.numel <= LOCAL_LIMIT else "scratch"
             requests.append(Request(name, space, t.dtype.dsl, max(t.numel, 1), t.dtype.itemsize))
-    for r in requests:
-        if r.space == "scratch":
-            raise CompileError(
-                f"tensor '{r.name}' has {r.size} elements, more than the {LOCAL_LIMIT} a kernel keeps in "
-                "registers; device scratch memory for large intermediates is not implemented yet"
-            )
     return allocate(steps, requests), views, set()
 
 
@@ -289,10 +301,16 @@ def emit_body(ctx: KernelContext, plan: Plan, io_storage: dict[str, Storage], sl
     for name, t in plan.tensors.items():
         if name in io_storage:
             t.storage = io_storage[name]
+    scratch = plan.scratch
     for sid, slot in enumerate(plan.allocation.slots):
-        ctx.line(f"{slots[sid]} = {ctx.module.array_type(slot.dtype, slot.size)}()")
+        if slot.space == "scratch":
+            per_sample, offsets = scratch[slot.dtype]
+            storage = Buffer(f"scratch_{slot.dtype}", ix.add(ix.mul("scratch_region", per_sample), str(offsets[sid])))
+        else:
+            ctx.line(f"{slots[sid]} = {ctx.module.array_type(slot.dtype, slot.size)}()")
+            storage = Local(slots[sid])
         for m in slot.members:
-            plan.tensors[m].storage = Local(slots[sid])
+            plan.tensors[m].storage = storage
     bind_views(plan.tensors, plan.views)
     for node, op in plan.ops:
         if op.view and node.outputs[0] in plan.views:
@@ -321,10 +339,14 @@ def generate(plan: Plan, model_name: str) -> str:
         fwd_params.append(s.ident)
         fwd_io[s.name] = Local(s.ident)
     fwd_params.append("weights")
+    if plan.scratch:  # the caller gives the buffers and which per-sample region to use
+        fwd_params += plan.scratch_params + ["scratch_region"]
     emit_body(fwd, plan, fwd_io, slots)
     # the batch kernel: everything in buffers, one thread per sample
     ker = KernelContext(module)
     ker.line("sample = int(dispatch_id().x)")
+    if plan.scratch:
+        ker.line("scratch_region = sample")
     ker_io: dict[str, Storage] = {}
     shared_out: list[tuple[IOSpec, Tensor]] = []
     for s in plan.inputs:
@@ -357,7 +379,7 @@ def generate(plan: Plan, model_name: str) -> str:
         forward_params=fwd_params,
         forward_doc=", ".join(p for p in fwd_params),
         forward_body="\n".join(fwd.out) or "    pass",
-        kernel_params=params + ["weights"],
+        kernel_params=params + ["weights"] + plan.scratch_params,
         kernel_body="\n".join(ker.out),
     )
 

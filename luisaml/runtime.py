@@ -246,8 +246,12 @@ class CompiledNetwork:
             buf = self._buffer(s.ident, s.dtype.dsl, count)
             out_bufs.append((s, buf, count))
             args.append(buf)
+        scratch = [
+            self._buffer(f"scratch_{dsl}", dsl, per_sample * max(n, 1))
+            for dsl, (per_sample, _) in sorted(self.plan.scratch.items())
+        ]
         if n > 0:
-            self.kernel(*args, self.weights, dispatch_size=n)
+            self.kernel(*args, self.weights, *scratch, dispatch_size=n)
         luisa.synchronize()
         results: dict[str, Any] = {}
         for s, buf, count in out_bufs:
