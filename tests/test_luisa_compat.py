@@ -1,0 +1,51 @@
+"""Each luisa-python 0.3.7 workaround in luisaml/luisa_compat.py, with a test that fails the day the
+bug is fixed upstream (then the shim and its test can go)."""
+import luisa
+import numpy as np
+import pytest
+
+from luisaml import luisa_compat
+
+
+def test_bytebuffer_type_lacks_name_upstream():
+    """Bug: passing a ByteBuffer to a kernel fails: to_lctype looks for __name__ on the instance."""
+    from luisa.types import to_lctype
+
+    buf = luisa.ByteBuffer(16)
+    with pytest.raises(TypeError, match="is not a valid data type"):
+        to_lctype(buf.bufferType)
+    luisa_compat.fix_byte_buffer(buf)
+    assert to_lctype(buf.bufferType).description() == "buffer<void>"
+
+
+def test_bytebuffer_numpy_is_broken_upstream():
+    """Bug: ByteBuffer.numpy() reads a dtype the class never sets; read_buffer copies instead."""
+    buf = luisa_compat.byte_buffer(np.arange(8, dtype=np.uint8))
+    with pytest.raises(AttributeError):
+        buf.numpy()
+    np.testing.assert_array_equal(luisa_compat.read_buffer(buf, np.uint8, 8), np.arange(8, dtype=np.uint8))
+
+
+def test_uint_buffer_numpy_is_broken_upstream():
+    """Bug: Buffer.numpy() maps only int/float/bool element types."""
+    buf = luisa_compat.upload(np.array([1, 2, 3], np.uint32), "uint")
+    with pytest.raises(KeyError):
+        buf.numpy()
+    np.testing.assert_array_equal(luisa_compat.read_buffer(buf, np.uint32, 3), [1, 2, 3])
+
+
+def test_from_array_infers_the_wrong_type_upstream():
+    """Bug: Buffer.from_array takes the element type of arr[0].item(), so float16 becomes float."""
+    half = np.array([1.5, -2.0], np.float16)
+    with pytest.raises(AssertionError):  # 2 halves are 4 bytes, a 2-float buffer is 8
+        luisa.Buffer.from_array(half)
+    buf = luisa_compat.upload(half, "half")
+    np.testing.assert_array_equal(luisa_compat.read_buffer(buf, np.float16, 2), half)
+
+
+def test_bytebuffer_from_uint64_is_broken_upstream():
+    """Bug: ByteBuffer.from_array cannot take numpy scalar types (np.uint64 here)."""
+    with pytest.raises(Exception):
+        luisa.ByteBuffer.from_array(np.arange(4, dtype=np.uint64))
+    buf = luisa_compat.byte_buffer(np.arange(4, dtype=np.uint64))
+    np.testing.assert_array_equal(luisa_compat.read_buffer(buf, np.uint64, 4), np.arange(4, dtype=np.uint64))
