@@ -10,7 +10,7 @@ from . import dtypes, registry
 from . import indexing as ix
 from .codegen import KernelContext, Module, identifier, render_module
 from .dtypes import DType
-from .model import Model, ModelError, Node, Variable, shape_str
+from .model import Graph, Model, ModelError, Node, Variable, shape_str, subgraphs
 from .operator import CompileError, Operator
 from .passes import PROBE_A, PROBE_B, Prepared
 from .regalloc import Allocation, Request, Step, allocate
@@ -82,31 +82,48 @@ class BlobWeight(Storage):
 
 
 @dataclass
+class GraphCode:
+    """One graph ready to emit: its tensors (outer ones it reads included), operators, storage plan."""
+
+    graph: Graph
+    tensors: dict[str, Tensor]
+    ops: list[tuple[Node, Operator]]
+    allocation: Allocation
+    views: dict[str, str]
+
+
+@dataclass
 class Plan:
     """Everything compile() decided, kept for inspect and the runtime."""
 
     model: Model
     symbol: str | None
-    tensors: dict[str, Tensor]
-    ops: list[tuple[Node, Operator]]
+    main: GraphCode
     inputs: list[IOSpec]
     outputs: list[IOSpec]
-    allocation: Allocation
     blob: Blob
-    views: dict[str, str]
     source: str = ""
+
+    @property
+    def tensors(self) -> dict[str, Tensor]:
+        return self.main.tensors
+
+    @property
+    def ops(self) -> list[tuple[Node, Operator]]:
+        return self.main.ops
+
+    @property
+    def allocation(self) -> Allocation:
+        return self.main.allocation
+
+    @property
+    def views(self) -> dict[str, str]:
+        return self.main.views
 
     @property
     def scratch(self) -> dict[str, tuple[int, dict[int, int]]]:
         """DSL type -> (elements per sample, {slot id: offset}) of the scratch buffers."""
-        out: dict[str, tuple[int, dict[int, int]]] = {}
-        for slot in self.allocation.slots:
-            if slot.space != "scratch":
-                continue
-            size, offsets = out.get(slot.dtype, (0, {}))
-            offsets[slot.id] = size
-            out[slot.dtype] = (size + slot.size, offsets)
-        return out
+        return scratch_layout(self.main.allocation)
 
     @property
     def scratch_params(self) -> list[str]:
@@ -175,13 +192,16 @@ def _constant_value(v: Variable, prep: Prepared, batched: bool) -> tuple[np.ndar
     return None, True
 
 
-def build_tensors(prep: Prepared) -> dict[str, Tensor]:
-    """Return the kernel Tensor of every variable the main graph's nodes and interface use."""
-    g = prep.model.graph
+def build_tensors(g: Graph, prep: Prepared, outer: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+    """Return the kernel Tensor of every variable a graph's nodes and interface use; names a
+    subgraph reads from enclosing graphs map to the enclosing graphs' tensors."""
     producers = g.producers()
     names = list(dict.fromkeys(g.inputs + [i for n in g.nodes for i in n.inputs + n.outputs if i] + g.outputs))
     tensors: dict[str, Tensor] = {}
     for name in names:
+        if outer and name in outer and name not in g.vars:
+            tensors[name] = outer[name]
+            continue
         v = g.var(name)
         if v.dtype is None:
             raise ModelError(
@@ -204,11 +224,14 @@ def io_spec(t: Tensor, v: Variable, prep: Prepared, prefix: str, producers) -> I
 # ---- operators -------------------------------------------------------------------------------
 
 
-def build_operators(model: Model, tensors: dict[str, Tensor]) -> list[tuple[Node, Operator]]:
-    """Return one Operator per node; every unsupported node is named in one error."""
+def build_operators(
+    g: Graph, model: Model, tensors: dict[str, Tensor], prep: Prepared, blob: "Blob"
+) -> list[tuple[Node, Operator]]:
+    """Return one Operator per node (subgraphs compiled for the nodes that hold them); every
+    unsupported node is named in one error."""
     registry._load_builtin()
     missing, ops = [], []
-    for node in model.graph.nodes:
+    for node in g.nodes:
         opset = model.opset(node.domain)
         cls = registry.resolve(node.op_type, node.domain, opset)
         if cls is None:
@@ -225,7 +248,12 @@ def build_operators(model: Model, tensors: dict[str, Tensor]) -> list[tuple[Node
                     f"{node.describe()}: input '{t.name}' is computed from the batch size; per-sample "
                     "execution cannot use it as data (compile with batch_axis=None)"
                 )
-        ops.append((node, cls(node, ins, outs, opset)))
+        subs = {
+            name: build_graph_code(v, prep, blob, tensors)
+            for name, v in node.attrs.items()
+            if isinstance(v, Graph)
+        }
+        ops.append((node, cls(node, ins, outs, opset, subgraphs=subs)))
     if missing:
         raise CompileError(f"{len(missing)} unsupported node(s):\n  " + "\n  ".join(missing))
     return ops
@@ -248,12 +276,13 @@ def check_batch_mixing(ops: list[tuple[Node, Operator]]) -> None:
 
 
 def plan_storage(
-    model: Model, tensors: dict[str, Tensor], ops: list[tuple[Node, Operator]], blob: Blob
-) -> tuple[Allocation, dict[str, str], set[str]]:
-    """Give constants and intermediates their storage; return the allocation, the view map, and
-    the graph outputs that are copied from elsewhere."""
-    g = model.graph
-    io = set(g.inputs) | set(g.outputs)
+    g: Graph, tensors: dict[str, Tensor], ops: list[tuple[Node, Operator]], blob: Blob, main: bool = True
+) -> tuple[Allocation, dict[str, str]]:
+    """Give constants and intermediates their storage; return the allocation and the view map.
+    The main graph's inputs and outputs are bound by the caller; a subgraph's outputs are
+    ordinary intermediates that stay live to its end (its parent copies them out)."""
+    io = set(g.inputs) | (set(g.outputs) if main else set())
+    io |= {n for n, t in tensors.items() if n not in g.vars}  # outer tensors: not ours to place
     for t in tensors.values():
         if t.value is not None and t.name not in io:
             t.storage = constant_storage(t.value, t.dtype) or BlobWeight(t, blob)
@@ -269,15 +298,17 @@ def plan_storage(
             if t is not None and out0 is not None and t.shape == out0.shape and t.dtype == out0.dtype:
                 st.inplace.append((out0.name, t.name))
         steps.append(st)
+    if not main:
+        steps.append(Step("outputs", [o for o in g.outputs if o], []))
     requests = []
     for st in steps:
         for name in st.writes:
             t = tensors[name]
             if name in io or t.value is not None or (name in views and views[name] not in _allocatable(tensors, io)):
                 continue
-            space = "local" if t.numel <= LOCAL_LIMIT else "scratch"
+            space = "local" if (t.numel <= LOCAL_LIMIT or not main) else "scratch"
             requests.append(Request(name, space, t.dtype.dsl, max(t.numel, 1), t.dtype.itemsize))
-    return allocate(steps, requests), views, set()
+    return allocate(steps, requests), views
 
 
 def _allocatable(tensors: dict[str, Tensor], io: set[str]) -> set[str]:
@@ -296,24 +327,36 @@ def bind_views(tensors: dict[str, Tensor], views: dict[str, str]) -> None:
 # ---- the two functions -------------------------------------------------------------------------
 
 
-def emit_body(ctx: KernelContext, plan: Plan, io_storage: dict[str, Storage], slots: list[str]) -> None:
-    """Emit the graph's code with graph inputs and outputs bound to io_storage."""
-    for name, t in plan.tensors.items():
-        if name in io_storage:
-            t.storage = io_storage[name]
-    scratch = plan.scratch
-    for sid, slot in enumerate(plan.allocation.slots):
+def scratch_layout(allocation: Allocation) -> dict[str, tuple[int, dict[int, int]]]:
+    """Return DSL type -> (elements per sample, {slot id: offset}) of the scratch buffers."""
+    out: dict[str, tuple[int, dict[int, int]]] = {}
+    for slot in allocation.slots:
+        if slot.space != "scratch":
+            continue
+        size, offsets = out.get(slot.dtype, (0, {}))
+        offsets[slot.id] = size
+        out[slot.dtype] = (size + slot.size, offsets)
+    return out
+
+
+def emit_graph(ctx: KernelContext, code: GraphCode, io_storage: dict[str, Storage]) -> None:
+    """Emit a graph's code; its inputs (and, for the main graph, outputs) bound to io_storage."""
+    for name, st in io_storage.items():
+        code.tensors[name].storage = st
+    scratch = scratch_layout(code.allocation)
+    for sid, slot in enumerate(code.allocation.slots):
         if slot.space == "scratch":
             per_sample, offsets = scratch[slot.dtype]
             storage = Buffer(f"scratch_{slot.dtype}", ix.add(ix.mul("scratch_region", per_sample), str(offsets[sid])))
         else:
-            ctx.line(f"{slots[sid]} = {ctx.module.array_type(slot.dtype, slot.size)}()")
-            storage = Local(slots[sid])
+            name = ctx.fresh("s")
+            ctx.line(f"{name} = {ctx.module.array_type(slot.dtype, slot.size)}()")
+            storage = Local(name)
         for m in slot.members:
-            plan.tensors[m].storage = storage
-    bind_views(plan.tensors, plan.views)
-    for node, op in plan.ops:
-        if op.view and node.outputs[0] in plan.views:
+            code.tensors[m].storage = storage
+    bind_views(code.tensors, code.views)
+    for node, op in code.ops:
+        if op.view and node.outputs[0] in code.views:
             ctx.comment(f"{node.name}: {node.op_type} is a view of '{node.inputs[0]}'")
             continue
         ctx.comment(f"{node.name}: {node.op_type}")
@@ -323,7 +366,6 @@ def emit_body(ctx: KernelContext, plan: Plan, io_storage: dict[str, Storage], sl
 def generate(plan: Plan, model_name: str) -> str:
     """Return the source of the generated module for a plan."""
     module = Module()
-    slots = [f"s{k}" for k in range(len(plan.allocation.slots))]
     # forward: per-sample inputs and outputs are arrays, shared inputs are buffers
     fwd = KernelContext(module)
     fwd_io: dict[str, Storage] = {}
@@ -341,7 +383,7 @@ def generate(plan: Plan, model_name: str) -> str:
     fwd_params.append("weights")
     if plan.scratch:  # the caller gives the buffers and which per-sample region to use
         fwd_params += plan.scratch_params + ["scratch_region"]
-    emit_body(fwd, plan, fwd_io, slots)
+    emit_graph(fwd, plan.main, fwd_io)
     # the batch kernel: everything in buffers, one thread per sample
     ker = KernelContext(module)
     ker.line("sample = int(dispatch_id().x)")
@@ -359,7 +401,7 @@ def generate(plan: Plan, model_name: str) -> str:
             tmp = ker.local_array(s.dtype.dsl, s.numel, "shared_out")
             ker_io[s.name] = Local(tmp)
             shared_out.append((s, plan.tensors[s.name]))
-    emit_body(ker, plan, ker_io, slots)
+    emit_graph(ker, plan.main, ker_io)
     if shared_out:
         ker.line("if sample == 0:")
         with ker.indent():
@@ -387,11 +429,9 @@ def generate(plan: Plan, model_name: str) -> str:
 def build_plan(prep: Prepared, model_name: str = "model") -> Plan:
     """Return the full compile plan of a prepared model, generated source included."""
     g = prep.model.graph
-    tensors = build_tensors(prep)
-    ops = build_operators(prep.model, tensors)
-    check_batch_mixing(ops)
     blob = Blob()
-    allocation, views, _ = plan_storage(prep.model, tensors, ops, blob)
+    main = build_graph_code(g, prep, blob)
+    tensors = main.tensors
     producers = g.producers()
     written = {o for n in g.nodes for o in n.outputs if o}
     inputs = [io_spec(tensors[n], g.var(n), prep, "x", producers) for n in g.inputs]
@@ -399,6 +439,15 @@ def build_plan(prep: Prepared, model_name: str = "model") -> Plan:
     for s in outputs:
         if s.dtype.is_byte:
             raise CompileError(f"output '{s.name}': uint8 outputs are not supported")
-    plan = Plan(prep.model, prep.symbol, tensors, ops, inputs, outputs, allocation, blob, views)
+    plan = Plan(prep.model, prep.symbol, main, inputs, outputs, blob)
     plan.source = generate(plan, model_name)
     return plan
+
+
+def build_graph_code(g: Graph, prep: Prepared, blob: Blob, outer: dict[str, Tensor] | None = None) -> GraphCode:
+    """Return the tensors, operators and storage plan of a graph (a subgraph when outer is given)."""
+    tensors = build_tensors(g, prep, outer)
+    ops = build_operators(g, prep.model, tensors, prep, blob)
+    check_batch_mixing(ops)
+    allocation, views = plan_storage(g, tensors, ops, blob, main=outer is None)
+    return GraphCode(g, tensors, ops, allocation, views)

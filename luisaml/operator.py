@@ -26,11 +26,20 @@ class Operator:
     # output 0 is input 0 with another shape: same elements in the same order
     view: ClassVar[bool] = False
 
-    def __init__(self, node: Node, inputs: list[Tensor | None], outputs: list[Tensor | None], opset: int):
+    def __init__(
+        self,
+        node: Node,
+        inputs: list[Tensor | None],
+        outputs: list[Tensor | None],
+        opset: int,
+        subgraphs: dict | None = None,
+    ):
         self.node = node
         self.inputs = inputs
         self.outputs = outputs
         self.opset = opset
+        # attribute name -> compiled subgraph (luisaml.compiler.GraphCode), for If, Loop, Scan
+        self.subgraphs = subgraphs or {}
         self.check()
 
     # ---- attributes and inputs ----------------------------------------------------------

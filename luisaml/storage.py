@@ -219,3 +219,13 @@ def constant_storage(value: np.ndarray, dtype: DType) -> Storage | None:
         if exact and np.array_equal(rebuilt, kernel.astype(np.float64)) and step == step.astype(kernel.dtype):
             return Linear(kernel[0].item(), kernel.dtype.type(step).item(), dtype)
     return None
+
+
+@dataclass
+class Value(Storage):
+    """A one-element tensor held in a DSL variable (a loop counter, a condition)."""
+
+    name: str
+
+    def load(self, i: str) -> str:
+        return self.name

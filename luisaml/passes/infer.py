@@ -173,8 +173,16 @@ class Specialised:
 
 
 def _all_shapes(proto: onnx.ModelProto) -> dict[str, list[int | None]]:
-    g = proto.graph
+    return _graph_shapes(proto.graph)
+
+
+def _graph_shapes(g: onnx.GraphProto) -> dict[str, list[int | None]]:
+    """Return the dims of every typed tensor of a graph and its subgraphs."""
     out = {}
+    for n in g.node:
+        for a in n.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                out.update(_graph_shapes(sub))
     for vi in list(g.input) + list(g.value_info) + list(g.output):
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
             out[vi.name] = [int(d.dim_value) if d.HasField("dim_value") else None for d in _dims(vi)]

@@ -1,0 +1,83 @@
+"""If and Loop run their subgraphs inside the kernel; compared with onnxruntime."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from util import assert_matches_ort
+
+F = TensorProto.FLOAT
+
+
+def _branch(name, op, const):
+    c = numpy_helper.from_array(np.array(const, np.float32), f"{name}_c")
+    return helper.make_graph([helper.make_node(op, ["x", f"{name}_c"], [f"{name}_y"])], name, [],
+                             [helper.make_tensor_value_info(f"{name}_y", F, [3])], [c])
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_if_reads_outer_tensor(cond):
+    node = helper.make_node("If", ["c"], ["y"], then_branch=_branch("then", "Add", [1, 2, 3]),
+                            else_branch=_branch("else", "Mul", [-1, 0.5, 2]))
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                                        helper.make_tensor_value_info("x", F, [3])],
+                          [helper.make_tensor_value_info("y", F, [3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"c": np.array(cond), "x": np.array([0.5, -1.5, 2.0], np.float32)}
+    assert_matches_ort(m, feeds, batch_axis=None)
+
+
+def test_if_per_sample_in_batch_mode():
+    """Each thread takes its own branch: the condition is computed from the sample."""
+    then_g = _branch("then", "Add", [10, 20, 30])
+    else_g = _branch("else", "Sub", [1, 1, 1])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [3])],
+                          [helper.make_tensor_value_info("y", F, [3])], [numpy_helper.from_array(np.float32(0), "zero")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.array([1.0, -0.5, 0.25], np.float32)
+    for sign in (1, -1):
+        assert_matches_ort(m, {"x": sign * x}, batch_axis=None)
+
+
+def test_loop_carried_and_scan_outputs():
+    """y = x; for i in range(M): y = y * 2 + i; scan collects y each iteration."""
+    body = helper.make_graph(
+        [helper.make_node("Cast", ["i"], ["i_f"], to=F),
+         helper.make_node("Mul", ["y_in", "two"], ["y2"]),
+         helper.make_node("Add", ["y2", "i_f"], ["y_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Identity", ["y_out"], ["scan"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("y_in", F, [2])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("y_out", F, [2]),
+         helper.make_tensor_value_info("scan", F, [2])],
+        [numpy_helper.from_array(np.float32(2), "two")],
+    )
+    node = helper.make_node("Loop", ["M", "", "x"], ["y", "ys"], body=body)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", F, [2])],
+                          [helper.make_tensor_value_info("y", F, [2]), helper.make_tensor_value_info("ys", F, [4, 2])],
+                          [numpy_helper.from_array(np.int64(4), "M")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    assert_matches_ort(m, {"x": np.array([1.5, -0.25], np.float32)}, batch_axis=None)
+
+
+def test_loop_with_condition():
+    """while sum(y) < 100: y = y * 3 (no trip count; the body's condition stops it)."""
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["y_in", "three"], ["y_out"]),
+         helper.make_node("ReduceSum", ["y_out"], ["s"], keepdims=0),
+         helper.make_node("Less", ["s", "limit"], ["cond_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("y_in", F, [3])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("y_out", F, [3])],
+        [numpy_helper.from_array(np.float32(3), "three"), numpy_helper.from_array(np.float32(100), "limit")],
+    )
+    node = helper.make_node("Loop", ["", "go", "x"], ["y"], body=body)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", F, [3])],
+                          [helper.make_tensor_value_info("y", F, [3])], [numpy_helper.from_array(np.array(True), "go")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    assert_matches_ort(m, {"x": np.array([0.5, 1.0, 0.25], np.float32)}, batch_axis=None)
