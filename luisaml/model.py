@@ -201,7 +201,7 @@ def _shape_of(tp: onnx.TypeProto) -> Shape | None:
         return None
     dims: list[Dim] = []
     for i, d in enumerate(tp.tensor_type.shape.dim):
-        if d.HasField("dim_value"):
+        if d.HasField("dim_value") and d.dim_value >= 0:
             dims.append(int(d.dim_value))
         elif d.HasField("dim_param") and d.dim_param:
             dims.append(d.dim_param)

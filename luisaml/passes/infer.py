@@ -97,8 +97,10 @@ def input_shapes(proto: onnx.ModelProto) -> dict[str, list[int | str | None]]:
     for vi in proto.graph.input:
         if vi.name in inits:
             continue
+        # a negative dim_value (some exporters write -1) is as dynamic as an unnamed dim
         out[vi.name] = [
-            int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None) for d in _dims(vi)
+            int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or None)
+            for d in _dims(vi)
         ]
     return out
 
