@@ -48,12 +48,16 @@ class Module:
 
     def __init__(self) -> None:
         self.array_types: dict[tuple[str, int], str] = {}
-        self.helpers: set[str] = set()
+        self.helpers: dict[str, set[str]] = {}  # shaders module -> DSL functions imported from it
         self._counter = 0
 
     def fresh(self, prefix: str) -> str:
         self._counter += 1
         return f"{prefix}{self._counter}"
+
+    def imports(self) -> list[tuple[str, list[str]]]:
+        """Return (shaders module, sorted names) of every helper import, sorted by module."""
+        return [(m, sorted(names)) for m, names in sorted(self.helpers.items())]
 
     def array_type(self, dsl: str, n: int) -> str:
         """Return the module-level name of luisa.ArrayType(n, dsl), declaring it once."""
@@ -135,9 +139,9 @@ class KernelContext:
         name = self.local_array(like.dtype.dsl, like.numel, prefix)
         return Tensor(name, like.dtype, like.shape, like.batched, None, Local(name))
 
-    def use_helper(self, name: str) -> str:
-        """Import a DSL function from luisaml.shaders.dsl_lib into the module; return its name."""
-        self.module.helpers.add(name)
+    def use_helper(self, name: str, module: str = "dsl_lib") -> str:
+        """Import a DSL function from luisaml.shaders.<module> into the module; return its name."""
+        self.module.helpers.setdefault(module, set()).add(name)
         return name
 
     def render(self, template: str, **values) -> None:

@@ -11,7 +11,7 @@ from . import indexing as ix
 from .codegen import KernelContext, Module, identifier, render_module
 from .dtypes import DType
 from .model import Graph, Model, ModelError, Node, Variable, shape_str, subgraphs
-from .operator import CompileError, Operator
+from .operator import CompileError, Derived, Operator
 from .passes import PROBE_A, PROBE_B, Prepared
 from .regalloc import Allocation, Request, Step, allocate
 from .storage import Buffer, Bytes, Local, Storage, Tensor, Weight, constant_storage
@@ -33,10 +33,32 @@ class IOSpec:
     shape: tuple  # the ONNX shape; the batch dimension is the symbol
     kernel_shape: tuple[int, ...]  # per sample (batch dimension 1)
     batched: bool
+    accumulated: bool = False  # every sample adds into it (a buffer the runtime zeroes first)
 
     @property
     def numel(self) -> int:
         return int(np.prod(self.kernel_shape, dtype=np.int64))
+
+
+@dataclass
+class DerivedInput:
+    """A host-derived shared kernel argument (operator.Derived) computed from graph inputs."""
+
+    ident: str
+    dtype: DType
+    shape: tuple[int, ...]
+    compute: object
+    sources: tuple[str, ...]  # graph inputs (or constants), in compute()'s argument order
+    params: dict
+    constants: dict[str, np.ndarray]  # the sources that are constants
+
+    def value(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        """Return the derived array for the graph inputs' host arrays."""
+        args = (self.constants[s] if s in self.constants else arrays[s] for s in self.sources)
+        out = np.asarray(self.compute(*args, **self.params))
+        if out.shape != self.shape:
+            raise ValueError(f"derived input {self.ident}: computed shape {out.shape}, expected {self.shape}")
+        return out
 
 
 class Blob:
@@ -103,6 +125,7 @@ class Plan:
     outputs: list[IOSpec]
     blob: Blob
     source: str = ""
+    derived: list[DerivedInput] = field(default_factory=list)
 
     @property
     def tensors(self) -> dict[str, Tensor]:
@@ -262,10 +285,10 @@ def build_operators(
 def check_batch_mixing(ops: list[tuple[Node, Operator]]) -> None:
     """Raise for a node that reads a per-sample tensor and writes a shared one."""
     for node, op in ops:
-        if any(t is not None and t.batched for t in op.inputs) and any(
-            t is not None and not t.batched and t.value is None for t in op.outputs
-        ):
-            bad = next(t for t in op.outputs if t is not None and not t.batched)
+        shared = [t for k, t in enumerate(op.outputs) if t is not None and not t.batched and t.value is None
+                  and not op.cooperative(k)]
+        if any(t is not None and t.batched for t in op.inputs) and shared:
+            bad = shared[0]
             raise CompileError(
                 f"{node.describe()}: output '{bad.name}' {shape_str(bad.shape)} no longer has the batch "
                 "dimension: this node mixes samples across the batch (compile with batch_axis=None)"
@@ -379,7 +402,8 @@ def generate(plan: Plan, model_name: str) -> str:
             fwd_io[s.name] = Local(s.ident) if (s.batched or symbol is None) else Buffer(s.ident)
     for s in plan.outputs:
         fwd_params.append(s.ident)
-        fwd_io[s.name] = Local(s.ident)
+        fwd_io[s.name] = Buffer(s.ident) if s.accumulated else Local(s.ident)
+    fwd_params += [d.ident for d in plan.derived]
     fwd_params.append("weights")
     if plan.scratch:  # the caller gives the buffers and which per-sample region to use
         fwd_params += plan.scratch_params + ["scratch_region"]
@@ -395,7 +419,9 @@ def generate(plan: Plan, model_name: str) -> str:
         base = f"sample * {s.numel}" if s.batched and s.numel else "0"
         ker_io[s.name] = Bytes(s.ident, base) if s.dtype.is_byte else Buffer(s.ident, base)
     for s in plan.outputs:
-        if s.batched or symbol is None:
+        if s.accumulated:  # every thread adds into the zeroed output buffer itself
+            ker_io[s.name] = Buffer(s.ident)
+        elif s.batched or symbol is None:
             ker_io[s.name] = Buffer(s.ident, f"sample * {s.numel}" if s.batched and s.numel else "0")
         else:  # shared output: computed by every thread, written by thread 0
             tmp = ker.local_array(s.dtype.dsl, s.numel, "shared_out")
@@ -416,12 +442,12 @@ def generate(plan: Plan, model_name: str) -> str:
     return render_module(
         model_name=model_name,
         summary=summary,
-        helpers=sorted(module.helpers),
+        imports=module.imports(),
         array_types=[(name, dsl, n) for (dsl, n), name in sorted(module.array_types.items(), key=lambda kv: kv[1])],
         forward_params=fwd_params,
         forward_doc=", ".join(p for p in fwd_params),
         forward_body="\n".join(fwd.out) or "    pass",
-        kernel_params=params + ["weights"] + plan.scratch_params,
+        kernel_params=params + [d.ident for d in plan.derived] + ["weights"] + plan.scratch_params,
         kernel_body="\n".join(ker.out),
     )
 
@@ -440,8 +466,78 @@ def build_plan(prep: Prepared, model_name: str = "model") -> Plan:
         if s.dtype.is_byte:
             raise CompileError(f"output '{s.name}': uint8 outputs are not supported")
     plan = Plan(prep.model, prep.symbol, main, inputs, outputs, blob)
+    mark_accumulated(plan)
+    bind_derived(plan)
     plan.source = generate(plan, model_name)
     return plan
+
+
+def _all_ops(code: GraphCode):
+    """Yield (node, op) of a graph and, depth first, of the subgraphs its nodes hold."""
+    for node, op in code.ops:
+        yield node, op
+        for sub in op.subgraphs.values():
+            yield from _all_ops(sub)
+
+
+def mark_accumulated(plan: Plan) -> None:
+    """Flag the graph outputs every sample adds into; such an output must be a graph output, since
+    no node of the same kernel can read it before every sample is done."""
+    by_name = {s.name: s for s in plan.outputs}
+    main_ops = {id(op) for _, op in plan.main.ops}
+    for node, op in _all_ops(plan.main):
+        for k, t in enumerate(op.outputs):
+            if t is None or not op.cooperative(k):
+                continue
+            if t.name not in by_name or id(op) not in main_ops or any(t.name in n.inputs for n, _ in plan.ops):
+                raise CompileError(
+                    f"{node.describe()}: output '{t.name}' gathers contributions from every sample of the "
+                    "batch, so it must be a graph output that no other node reads (or compile with "
+                    "batch_axis=None)"
+                )
+            by_name[t.name].accumulated = True
+
+
+def bind_derived(plan: Plan) -> None:
+    """Give every node's derived inputs (Operator.derived_inputs) their tensors, one per distinct
+    (computation, sources, parameters): constants are computed now and stored like any constant;
+    those of graph inputs become shared kernel arguments (plan.derived) computed by the runtime."""
+    by_key: dict[tuple, Tensor] = {}
+    graph_inputs = set(plan.model.graph.inputs)
+    for node, op in _all_ops(plan.main):
+        op.derived = []
+        for d in op.derived_inputs():
+            srcs = [op.input(k) for k in d.sources]
+            key = (d.compute.__module__, d.compute.__qualname__, tuple(t.name for t in srcs), d.params)
+            if key not in by_key:
+                by_key[key] = _derived_tensor(node, op, d, srcs, plan, graph_inputs, len(by_key))
+            op.derived.append(by_key[key])
+
+
+def _derived_tensor(node: Node, op: Operator, d: Derived, srcs: list[Tensor], plan: Plan, graph_inputs: set[str],
+                    k: int) -> Tensor:
+    name = f"derived{k}_{d.compute.__name__}"
+    dtype = d.dtype
+    if all(t.value is not None for t in srcs):
+        try:
+            value = np.asarray(d.compute(*(t.value for t in srcs), **dict(d.params)))
+        except (ValueError, TypeError, OverflowError) as e:
+            raise op.error(str(e)) from e
+        if value.shape != tuple(d.shape):
+            raise op.error(f"derived input {name} has shape {list(value.shape)}, expected {list(d.shape)}")
+        t = Tensor(name, dtype, tuple(d.shape), False, value)
+        t.storage = constant_storage(value, dtype) or BlobWeight(t, plan.blob)
+        return t
+    bad = [t.name for t in srcs if t.value is None and t.name not in graph_inputs]
+    if bad:
+        raise op.error(
+            f"input(s) {bad} must be graph inputs or constants: {d.compute.__name__} is derived from "
+            "them on the host when they are bound"
+        )
+    spec = DerivedInput(identifier(name, "d"), dtype, tuple(d.shape), d.compute, tuple(t.name for t in srcs),
+                        dict(d.params), {t.name: t.value for t in srcs if t.value is not None})
+    plan.derived.append(spec)
+    return Tensor(name, dtype, tuple(d.shape), False, None, Buffer(spec.ident))
 
 
 def build_graph_code(g: Graph, prep: Prepared, blob: Blob, outer: dict[str, Tensor] | None = None) -> GraphCode:

@@ -1,10 +1,12 @@
 """The Operator base class: one instance per node, parsed at compile time, emitting DSL in forward()."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import numpy as np
 
+from .dtypes import DType
 from .model import ModelError, Node, shape_str
 from .storage import Tensor
 
@@ -18,6 +20,20 @@ class CompileError(ModelError):
     """A node that cannot be compiled; the message names the node, its op type and what failed."""
 
 
+@dataclass(frozen=True)
+class Derived:
+    """An input a node reads that the host computes from some of the node's inputs, once when they
+    are bound rather than per node or per sample (fVDB's grid metadata): compute(*arrays, **params)
+    returns an array of `dtype` and `shape`. From constants it is a compile-time constant; from
+    graph inputs it is an extra shared kernel argument, recomputed when their contents change."""
+
+    compute: Callable[..., np.ndarray]
+    sources: tuple[int, ...]  # the node's input indices whose host arrays compute() takes
+    dtype: DType
+    shape: tuple[int, ...]
+    params: tuple[tuple[str, Any], ...] = ()  # keyword arguments, part of the identity
+
+
 class Operator:
     """Base of every operator. Subclasses set `inplace`/`view` and implement forward(ctx)."""
 
@@ -25,6 +41,9 @@ class Operator:
     inplace: ClassVar[tuple[int, ...]] = ()
     # output 0 is input 0 with another shape: same elements in the same order
     view: ClassVar[bool] = False
+    # outputs every sample adds into when the node reads per-sample inputs in batch mode (atomics
+    # into a buffer the runtime zeroes first); such an output must be a graph output
+    accumulates: ClassVar[tuple[int, ...]] = ()
 
     def __init__(
         self,
@@ -40,6 +59,8 @@ class Operator:
         self.opset = opset
         # attribute name -> compiled subgraph (luisaml.compiler.GraphCode), for If, Loop, Scan
         self.subgraphs = subgraphs or {}
+        # tensors of derived_inputs(), in order, bound by the compiler before forward()
+        self.derived: list[Tensor] = []
         self.check()
 
     # ---- attributes and inputs ----------------------------------------------------------
@@ -119,7 +140,21 @@ class Operator:
         """Return a short note on how this node is compiled (shown by inspect)."""
         return ""
 
+    def derived_inputs(self) -> list[Derived]:
+        """Return the host-derived inputs this node reads (bound to self.derived, in order)."""
+        return []
+
+    def cooperative(self, k: int = 0) -> bool:
+        """Return whether every sample of a batch adds into output k (see `accumulates`)."""
+        return k in self.accumulates and any(t is not None and t.batched for t in self.inputs)
+
     @classmethod
     def infer(cls, node: Node, inputs: list) -> list | None:
         """Return [(elem_type, shape)] per output for ops onnx cannot infer (custom domains)."""
+        return None
+
+    @classmethod
+    def evaluate(cls, node: Node, inputs: list) -> list | None:
+        """Return the outputs (numpy arrays) of a custom-domain node whose inputs are all constant,
+        folding it on the host, or None to leave it to the kernel."""
         return None

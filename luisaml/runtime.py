@@ -1,6 +1,7 @@
 """compile(), CompiledNetwork and NetworkInstance: from a model file to results on the device."""
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import time
@@ -83,6 +84,7 @@ class CompiledNetwork:
         self.kernel = module.batch_kernel
         self._weights = None
         self._buffers: dict[tuple[str, int], Any] = {}
+        self._derived: dict[str, tuple[bytes, Any]] = {}  # ident -> (digest of its sources, buffer)
 
     # ---- what it is ----------------------------------------------------------------------
     @property
@@ -150,7 +152,7 @@ class CompiledNetwork:
 
         if is_input and s.dtype.is_byte:
             return luisa.ByteBufferType()
-        if is_input and self.plan.symbol is not None and not s.batched:
+        if (is_input and self.plan.symbol is not None and not s.batched) or s.accumulated:
             return buffer_type(s.dtype.dsl)
         return getattr(self.module, self.plan_array_type(s))
 
@@ -218,6 +220,37 @@ class CompiledNetwork:
             self._buffers[key] = luisa.Buffer(max(count, 1), kind)
         return self._buffers[key]
 
+    def _derived_buffers(self, arrays: dict[str, np.ndarray]) -> list:
+        """Return the buffers of the host-derived inputs, recomputed only when their sources change."""
+        from .luisa_compat import upload
+
+        out = []
+        for d in self.plan.derived:
+            h = hashlib.blake2b(digest_size=16)
+            for name in d.sources:
+                if name in d.constants:
+                    continue
+                a = np.ascontiguousarray(arrays[name])
+                h.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
+                h.update(memoryview(a).cast("B"))
+            key = h.digest()
+            cached = self._derived.get(d.ident)
+            if cached is None or cached[0] != key:
+                value = dtypes.to_kernel(d.value(arrays), d.dtype, f"derived input {d.ident}")
+                cached = (key, upload(value.reshape(-1), d.dtype.dsl))
+                self._derived[d.ident] = cached
+            out.append(cached[1])
+        return out
+
+    def derived_arguments(self, feeds: Mapping[str, Any]) -> list:
+        """Return the buffers `forward` takes after the outputs (the host-derived inputs, such as fVDB
+        grid metadata) for these graph inputs; empty when every derived input is a constant."""
+        arrays = {k: _to_numpy(v, k) for k, v in feeds.items()}
+        missing = sorted({s for d in self.plan.derived for s in d.sources if s not in arrays and s not in d.constants})
+        if missing:
+            raise KeyError(f"derived inputs need the input(s) {missing}")
+        return self._derived_buffers(arrays)
+
     def run(self, feeds: Mapping[str, Any], outputs: list[str] | None = None) -> dict[str, Any]:
         """Return {output name: array} for the feeds; torch tensors in give torch tensors out."""
         import luisa
@@ -244,8 +277,11 @@ class CompiledNetwork:
         for s in self.plan.outputs:
             count = s.numel * (n if s.batched else 1)
             buf = self._buffer(s.ident, s.dtype.dsl, count)
+            if s.accumulated and count:  # every sample adds into it
+                buf.copy_from_array(np.zeros(count, s.dtype.kernel_numpy))
             out_bufs.append((s, buf, count))
             args.append(buf)
+        args += self._derived_buffers(arrays)
         scratch = [
             self._buffer(f"scratch_{dsl}", dsl, per_sample * max(n, 1))
             for dsl, (per_sample, _) in sorted(self.plan.scratch.items())

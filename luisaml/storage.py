@@ -64,6 +64,10 @@ class Storage:
     def store(self, i: str, value: str) -> str:
         raise TypeError(f"{type(self).__name__} storage is read-only")
 
+    def atomic_add(self, i: str, value: str) -> str:
+        """Return the DSL expression adding value to element i atomically (it yields the old value)."""
+        raise TypeError(f"{type(self).__name__} storage has no atomic operations")
+
 
 @dataclass
 class Local(Storage):
@@ -93,6 +97,9 @@ class Buffer(Storage):
 
     def store(self, i: str, value: str) -> str:
         return f"{self.buffer}.write({add_index(self.base, i)}, {value})"
+
+    def atomic_add(self, i: str, value: str) -> str:
+        return f"{self.buffer}.atomic_fetch_add({add_index(self.base, i)}, {value})"
 
 
 @dataclass

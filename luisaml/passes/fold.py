@@ -79,8 +79,29 @@ def fold_constants(proto: onnx.ModelProto) -> int:
     return folded
 
 
+def _evaluate_custom(node: onnx.NodeProto, inputs: list[np.ndarray | None], opsets) -> list[np.ndarray] | None:
+    """Return the outputs of a custom-domain node by its operator's `evaluate`, or None."""
+    from .. import registry
+    from ..model import Node, _attr_value
+
+    registry._load_builtin()
+    version = next((o.version for o in opsets if o.domain == node.domain), 0)
+    cls = registry.resolve(node.op_type, node.domain, version)
+    if cls is None:
+        return None
+    n = Node(node.name, node.op_type, node.domain, list(node.input), list(node.output),
+             {a.name: _attr_value(a, None, node.name) for a in node.attribute})
+    outs = cls.evaluate(n, inputs)
+    return None if outs is None else [np.asarray(o) for o in outs]
+
+
 def _fold_one(node: onnx.NodeProto, known: dict[str, np.ndarray], types, opsets) -> list[np.ndarray] | None:
-    if node.domain not in ("", "ai.onnx") or node.op_type in NOT_FOLDED:
+    if node.domain not in ("", "ai.onnx"):
+        inputs = [known.get(i) if i else None for i in node.input]
+        if not node.input or any(i and known.get(i) is None for i in node.input):
+            return None
+        return _evaluate_custom(node, inputs, opsets)
+    if node.op_type in NOT_FOLDED:
         return None
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
         return None
