@@ -1,0 +1,299 @@
+"""What every `fvdb` operator shares: the bundle and JaggedTensor checks, the grid metadata the host
+derives once when a grid is bound, and the loop over points that finds each point's grid.
+
+Metadata (int32 [B, META_FIELDS]) holds what the shader needs per grid and cannot read cheaply or
+exactly from the bundle: where the grid's root tiles are, how many there are, its voxel offset in
+the batch, and fVDB's float32 world-to-voxel transform (s = 1/h, t = -origin/h, computed in
+float64 and rounded once, as fVDB's VoxelCoordTransform does; the kernel only sees float32 h and
+origin). Computing it validates the whole bundle against the blob, so a kernel never follows an
+offset the host has not checked.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import ClassVar, Iterator
+
+import numpy as np
+
+from luisaml import dtypes
+from luisaml import indexing as ix
+from luisaml.fvdb import layout as L
+from luisaml.fvdb.grid_batch import MAX_GRIDS_PER_BATCH
+from luisaml.fvdb.jagged import offsets_from_counts
+from luisaml.fvdb.layout import NanoVDBError
+from luisaml.fvdb.nanovdb import as_byte_buffer, read_grids, require_fvdb_index_grid
+from luisaml.model import shape_str
+from luisaml.operator import CompileError, Derived, Operator
+from luisaml.opsets import fvdb as schema
+from luisaml.storage import Tensor
+
+MAX_BLOB_BYTES = 2**31 - 1  # byte offsets are 32-bit ints inside kernels
+
+
+class Meta(IntEnum):
+    """Columns of the per-grid metadata table."""
+
+    TILES = 0  # byte position of the grid's first root tile in grid_blob
+    TILE_COUNT = 1
+    VOXEL_OFFSET = 2  # batch_offsets[b]: the grid's first index in the batch
+    VOXEL_COUNT = 3
+    SCALE_X = 4  # float32 bits of 1/h
+    SCALE_Y = 5
+    SCALE_Z = 6
+    TRANSLATE_X = 7  # float32 bits of -origin/h
+    TRANSLATE_Y = 8
+    TRANSLATE_Z = 9
+
+
+META_FIELDS = len(Meta)
+
+
+def fvdb_transform(voxel_sizes: np.ndarray, origins: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return fVDB's float32 primal world-to-voxel (scale, translate) per grid: x_vox = x * s + t."""
+    h = np.asarray(voxel_sizes, np.float64).reshape(-1, 3)
+    o = np.asarray(origins, np.float64).reshape(-1, 3)
+    return (1.0 / h).astype(np.float32), (-o / h).astype(np.float32)
+
+
+def grid_metadata(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch_indices, batch_offsets,
+                  expect_voxels: int | None = None) -> np.ndarray:
+    """Return the metadata table (int32 [B, META_FIELDS]) of a GridBatch bundle after checking the
+    bundle against its blob: every grid valid, offsets, voxel and leaf numbering consistent."""
+    blob = as_byte_buffer(np.asarray(grid_blob))
+    if blob.size > MAX_BLOB_BYTES:
+        raise NanoVDBError(f"grid_blob has {blob.size} bytes; kernels address at most {MAX_BLOB_BYTES}")
+    grids = {g.offset: g for g in read_grids(blob)}
+    offsets = np.asarray(grid_byte_offsets).reshape(-1)
+    chosen = []
+    for b, off in enumerate(offsets.tolist()):
+        if off not in grids:
+            starts = sorted(grids)
+            raise NanoVDBError(
+                f"grid_byte_offsets[{b}] = {off} is not the start of a grid in grid_blob (grids start at "
+                f"{starts[:8]}{' ...' if len(starts) > 8 else ''})"
+            )
+        require_fvdb_index_grid(grids[off], where=f"grid {b} (at byte {off})")
+        chosen.append(grids[off])
+    n = len(chosen)
+    h = np.asarray(voxel_sizes, np.float64)
+    o = np.asarray(origins, np.float64)
+    for name, arr in (("voxel_sizes", h), ("origins", o)):
+        if arr.shape != (n, 3):
+            raise NanoVDBError(f"{name} has shape {list(arr.shape)}, expected [{n}, 3]")
+        if not np.isfinite(arr).all():
+            raise NanoVDBError(f"{name} must be finite, got {arr.tolist()}")
+    if (h <= 0).any():
+        raise NanoVDBError(f"voxel_sizes must be positive, got {h.tolist()}")
+    counts = np.array([g.voxel_count for g in chosen], np.int64)
+    want = offsets_from_counts(counts)
+    got = np.asarray(batch_offsets).reshape(-1)
+    if got.shape != want.shape or (got != want).any():
+        raise NanoVDBError(f"batch_offsets are {got.tolist()}, but the grids' voxel counts give {want.tolist()}")
+    leaves = np.repeat(np.arange(n, dtype=np.int32), [g.leaf_count for g in chosen])
+    got_leaves = np.asarray(leaf_batch_indices).reshape(-1)
+    if got_leaves.shape != leaves.shape or (got_leaves != leaves).any():
+        raise NanoVDBError(
+            f"leaf_batch_indices do not match the grids' leaves: expected {len(leaves)} entries "
+            f"repeat(arange(B), leaf counts {[g.leaf_count for g in chosen]}), got {len(got_leaves)}"
+        )
+    if expect_voxels is not None and int(want[-1]) != int(expect_voxels):
+        raise NanoVDBError(
+            f"the grids have {int(want[-1])} active voxels in all, but the voxel data has {expect_voxels} rows"
+        )
+    meta = np.zeros((n, META_FIELDS), np.int32)
+    meta[:, Meta.TILES] = [g.root_offset + L.ROOT_DATA_SIZE for g in chosen]
+    meta[:, Meta.TILE_COUNT] = [g.root_tile_count for g in chosen]
+    meta[:, Meta.VOXEL_OFFSET] = want[:-1]
+    meta[:, Meta.VOXEL_COUNT] = counts
+    scale, translate = fvdb_transform(h, o)
+    meta[:, Meta.SCALE_X : Meta.SCALE_Z + 1] = scale.view(np.int32)
+    meta[:, Meta.TRANSLATE_X : Meta.TRANSLATE_Z + 1] = translate.view(np.int32)
+    return meta
+
+
+@dataclass
+class Jagged:
+    """A JaggedTensor input as its four tensors."""
+
+    name: str
+    jdata: Tensor
+    joffsets: Tensor
+    jidx: Tensor
+    jlidx: Tensor
+
+
+class GridRef:
+    """One point's grid inside the point loop: DSL names of what the shader reads, its transform
+    loaded from the metadata on first use."""
+
+    def __init__(self, ctx, blob: str, tiles: str, tile_count: str, field) -> None:
+        self.ctx = ctx
+        self.blob = blob  # the ByteBuffer holding grid_blob
+        self.tiles = tiles  # byte position of the grid's first root tile in that ByteBuffer
+        self.tile_count = tile_count
+        self.voxel_offset = field(Meta.VOXEL_OFFSET)
+        self._field = field
+        self._transform: tuple[list[str], list[str]] | None = None
+
+    def lookup(self, ijk: list[str]) -> str:
+        """Return the DSL of NanoVDB getValue at ijk (1-based index of an active voxel, else 0)."""
+        return f"nvdb_value({self.blob}, {self.tiles}, {self.tile_count}, {', '.join(ijk)})"
+
+    def transform(self) -> tuple[list[str], list[str]]:
+        """Return the names of fVDB's float32 (scale, translate) of this grid, loading them once."""
+        if self._transform is None:
+            f = self.ctx.use_helper("nvdb_float", "nanovdb")
+            let = self.ctx.let
+            self._transform = (
+                [let(f"{f}({self._field(Meta.SCALE_X + a)})", "s") for a in range(3)],
+                [let(f"{f}({self._field(Meta.TRANSLATE_X + a)})", "t") for a in range(3)],
+            )
+        return self._transform
+
+
+class GridOp(Operator):
+    """Base of the operators that read a GridBatch bundle and JaggedTensors (schema.OPS)."""
+
+    # jagged inputs whose jdata is shared by every sample (voxel data), by position
+    shared_jagged: ClassVar[tuple[int, ...]] = ()
+
+    def check(self) -> None:
+        spec = schema.OPS[self.node.op_type]
+        names = spec.input_names()
+        self.expect(
+            len(self.inputs) == len(names),
+            f"takes {len(names)} inputs ({', '.join(names)}), got {len(self.inputs)}",
+        )
+        for k, name in enumerate(names):
+            self.input(k)  # all required
+        self.B = self.check_bundle()
+        self.jagged = [
+            Jagged(jname, *self.inputs[len(schema.BUNDLE) + 4 * j : len(schema.BUNDLE) + 4 * j + 4])
+            for j, (jname, _) in enumerate(spec.jagged)
+        ]
+        for j, jt in enumerate(self.jagged):
+            self.check_jagged(jt, shared=j in self.shared_jagged)
+        self.check_inputs()
+
+    def check_inputs(self) -> None:
+        """Check the op's own jdata types and shapes (subclasses)."""
+
+    # ---- checks -----------------------------------------------------------------------------
+    def check_bundle(self) -> int:
+        """Check the bundle's types and static shapes; return the grid count B."""
+        t = {n: self.input(k) for k, n in enumerate(schema.BUNDLE)}
+        for name, kind in (("grid_blob", "UINT8"), ("grid_byte_offsets", "INT64"), ("leaf_batch_indices", "INT32"),
+                           ("batch_offsets", "INT64"), ("list_indices", "INT32")):
+            self.expect_dtype(t[name], (kind,), name)
+        for name in ("voxel_sizes", "origins"):
+            self.expect_dtype(t[name], ("DOUBLE", "FLOAT"), name)
+        for name, x in t.items():
+            self.expect(not x.batched, f"{name} '{x.name}' {shape_str(x.shape)} follows the batch axis; the "
+                        "GridBatch bundle is shared by every sample (give it static shapes)")
+        self.expect(t["grid_blob"].rank == 1, f"grid_blob '{t['grid_blob'].name}' must be 1-D, got "
+                    f"{shape_str(t['grid_blob'].shape)}")
+        off = t["grid_byte_offsets"]
+        self.expect(off.rank == 1 and 1 <= off.shape[0] <= MAX_GRIDS_PER_BATCH,
+                    f"grid_byte_offsets '{off.name}' must be [B] with 1 <= B <= {MAX_GRIDS_PER_BATCH}, got "
+                    f"{shape_str(off.shape)}")
+        b = off.shape[0]
+        self.expect_shape(t["voxel_sizes"], (b, 3), "voxel_sizes")
+        self.expect_shape(t["origins"], (b, 3), "origins")
+        self.expect_shape(t["batch_offsets"], (b + 1,), "batch_offsets")
+        self.expect(t["leaf_batch_indices"].rank == 1, f"leaf_batch_indices '{t['leaf_batch_indices'].name}' "
+                    f"must be 1-D, got {shape_str(t['leaf_batch_indices'].shape)}")
+        return b
+
+    def check_jagged(self, jt: Jagged, shared: bool) -> None:
+        """Check one JaggedTensor's four tensors: ldim 1, B tensors, jidx per element (or empty)."""
+        d = jt.jdata
+        self.expect(d.rank >= 1, f"{jt.name}_jdata '{d.name}' needs a leading element axis, got {shape_str(d.shape)}")
+        self.expect_dtype(jt.joffsets, ("INT64",), f"{jt.name}_joffsets")
+        self.expect_shape(jt.joffsets, (self.B + 1,), f"{jt.name}_joffsets (one tensor per grid)")
+        self.expect_dtype(jt.jidx, ("INT32",), f"{jt.name}_jidx")
+        self.expect_dtype(jt.jlidx, ("INT32",), f"{jt.name}_jlidx")
+        self.expect(jt.jlidx.numel == 0, f"{jt.name}_jlidx '{jt.jlidx.name}' has shape {shape_str(jt.jlidx.shape)}: "
+                    "list-of-lists JaggedTensors (ldim 2) are not supported, expected an empty [0, 1]")
+        if shared:
+            self.expect(not d.batched, f"{jt.name}_jdata '{d.name}' follows the batch axis; voxel data is shared "
+                        "by every sample (give it a static first dimension)")
+            return
+        i = jt.jidx
+        rows = d.shape[0]
+        ok = (i.rank == 1 and i.shape[0] == rows and i.batched == d.batched) or (i.numel == 0 and not i.batched)
+        self.expect(ok, f"{jt.name}_jidx '{i.name}' has shape {shape_str(i.shape)}, expected one grid id per "
+                    f"element of {jt.name}_jdata {shape_str(d.shape)} (or [0] for a single grid)")
+        self.expect(i.numel > 0 or self.B == 1, f"{jt.name}_jidx '{i.name}' is empty, which means one tensor, but "
+                    f"the batch has {self.B} grids")
+
+    def expect_points(self, jt: Jagged, dtypes_: tuple[str, ...] = ("FLOAT",)) -> None:
+        """Check that a jdata is [N, 3] of one of dtypes_."""
+        d = jt.jdata
+        self.expect_dtype(d, dtypes_, f"{jt.name}_jdata")
+        self.expect(d.rank == 2 and d.shape[1] == 3,
+                    f"{jt.name}_jdata '{d.name}' must have shape [N, 3], got {shape_str(d.shape)}")
+
+    # ---- metadata ---------------------------------------------------------------------------
+    def metadata_params(self) -> tuple:
+        """Return grid_metadata's keyword arguments for this node (voxel data size checks)."""
+        return ()
+
+    def derived_inputs(self) -> list[Derived]:
+        return [Derived(grid_metadata, tuple(range(6)), dtypes.INT32, (self.B, META_FIELDS), self.metadata_params())]
+
+    # ---- code ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def point_loop(self, ctx, jt: Jagged, defaults) -> Iterator[tuple[str, GridRef]]:
+        """Emit the loop over jt's elements; per element call defaults(n) (the outputs of a point
+        without a grid), find its grid b = jidx[n] and yield (n, its GridRef) inside `if 0 <= b < B`."""
+        meta = self.derived[0]
+        ctx.use_helper("nvdb_value", "nanovdb")
+        blob, base = self.input(0).storage.byte_address()
+        with ctx.loop(jt.jdata.shape[0], "p") as n:
+            defaults(n)
+            if jt.jidx.numel == 0:
+                b, guard = "0", None
+            else:
+                b = ctx.let(jt.jidx.load(n), "b")
+                guard = f"{b} >= 0 and {b} < {self.B}"
+            with _maybe_if(ctx, guard):
+                m = ctx.let(ix.mul(b, META_FIELDS), "m")
+
+                def field(f: Meta) -> str:
+                    return meta.load(ix.add(m, str(int(f))))
+
+                tiles = ctx.let(ix.add(base, field(Meta.TILES)) if base != "0" else field(Meta.TILES), "tiles")
+                yield n, GridRef(ctx, blob, tiles, ctx.let(field(Meta.TILE_COUNT), "ntiles"), field)
+
+    def world_to_voxel(self, ctx, jt: Jagged, n: str, g: GridRef) -> list[str]:
+        """Emit fVDB's float32 primal transform of point n of jt: x * s + t per axis."""
+        scale, translate = g.transform()
+        return [ctx.let(f"{jt.jdata.load(ix.add(ix.mul(n, 3), str(a)))} * {scale[a]} + {translate[a]}", "x")
+                for a in range(3)]
+
+
+@contextlib.contextmanager
+def _maybe_if(ctx, cond: str | None) -> Iterator[None]:
+    if cond is None:
+        yield
+        return
+    ctx.line(f"if {cond}:")
+    with ctx.indent():
+        yield
+
+
+def infer_rule(node, inputs) -> list:
+    """Return Operator.infer's [(elem_type, shape)] from opsets.fvdb.output_rule (a splat's row count
+    from a constant batch_offsets when the node has no total_voxels attribute)."""
+    ins = [None if v is None or v.shape is None else (v.elem_type, list(v.shape)) for v in inputs]
+    attrs = dict(node.attrs)
+    offsets = inputs[5] if len(inputs) > 5 else None
+    if "total_voxels" not in attrs and offsets is not None and offsets.value is not None and offsets.value.size:
+        attrs["total_voxels"] = int(np.asarray(offsets.value).reshape(-1)[-1])
+    try:
+        elem, dims = schema.output_rule(node.op_type, ins, attrs)[0]
+    except ValueError as e:
+        raise CompileError(f"{node.describe()}: {e}") from None
+    return [(elem, None if dims is None else tuple(dims))]

@@ -1,0 +1,136 @@
+"""SampleTrilinear and SampleBezier (fVDB's ops/SampleTrilinear.cu with utils/TrilinearStencil.h,
+ops/SampleBezier.cu with utils/BezierInterpolationIterator.h), in float32 like fVDB's float path."""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import numpy as np
+
+from luisaml import indexing as ix
+from luisaml.registry import register
+
+from .common import GridOp, Jagged, infer_rule
+
+# fVDB's trilinear corner order (di, dj, dk): (0,0,0) (0,0,1) (0,1,1) (0,1,0) (1,0,0) (1,0,1) (1,1,1) (1,1,0),
+# i.e. di = c >> 2, dj = (c >> 1) & 1, dk = (c & 1) ^ dj.
+TRILINEAR_CORNERS = np.array([[c >> 2, (c >> 1) & 1, (c & 1) ^ ((c >> 1) & 1)] for c in range(8)], np.int32)
+
+
+class _Interpolation(GridOp):
+    """Points (jagged input 0) and per-voxel data or values (jagged input 1)."""
+
+    infer = classmethod(infer_rule)
+
+    def check_inputs(self):
+        pts, data = self.jagged
+        self.expect_points(pts)
+        self.expect_dtype(data.jdata, ("FLOAT",), f"{data.name}_jdata")
+        self.channels = int(np.prod(data.jdata.shape[1:], dtype=np.int64))
+
+    def trilinear_stencil(self, ctx, x: list[str], g, inactive_row: int = 0) -> tuple[str, str, str]:
+        """Emit fVDB's resolveTrilinearStencil at voxel-space x: return the names of (row array,
+        weight array, any-active flag); an inactive corner has row `inactive_row` and weight 0."""
+        f = [ctx.let(f"floor({c})", "f") for c in x]
+        ijk = [ctx.let(f"int({c})", "c") for c in f]
+        u = [ctx.let(f"{c} - {fl}", "u") for c, fl in zip(x, f)]
+        one_minus = [ctx.let(f"1.0 - {c}", "U") for c in u]
+        rows = ctx.local_array("int", 8, "rows")
+        weights = ctx.local_array("float", 8, "w")
+        active = ctx.fresh("active")
+        ctx.line(f"{active} = False")
+        with ctx.loop(8, "corner") as c:
+            d = [f"({c} >> 2)", f"(({c} >> 1) & 1)", f"(({c} & 1) ^ (({c} >> 1) & 1))"]
+            v = ctx.let(g.lookup([f"{ijk[a]} + {d[a]}" for a in range(3)]), "v")
+            factors = [f"({u[a]} if {d[a]} == 1 else {one_minus[a]})" for a in range(3)]
+            ctx.line(f"{rows}[{c}] = {inactive_row}")
+            ctx.line(f"{weights}[{c}] = 0.0")
+            ctx.line(f"if {v} > 0:")
+            with ctx.indent():
+                ctx.line(f"{rows}[{c}] = {g.voxel_offset} + {v} - 1")
+                ctx.line(f"{weights}[{c}] = {factors[0]} * {factors[1]} * {factors[2]}")
+                ctx.line(f"{active} = True")
+        return rows, weights, active
+
+    @contextlib.contextmanager
+    def bezier_taps(self, ctx, x: list[str], g) -> Iterator[tuple[str, str, str]]:
+        """Emit the loop over fVDB's 27 Bezier taps around round(x) (dz fastest) and yield inside it
+        (v: getValue of the tap, w: its weight, row: its data row when v > 0)."""
+        rnd = ctx.use_helper("nvdb_round", "nanovdb")
+        bz = ctx.use_helper("bezier_weight", "nanovdb")
+        c = [ctx.let(f"{rnd}({v})", "c") for v in x]
+        u = [ctx.let(f"{v} - float({cc})", "u") for v, cc in zip(x, c)]
+        with ctx.loop(27, "tap") as tap:
+            d = [ctx.let(f"{tap} // 9 - 1", "dx"), ctx.let(f"({tap} // 3) % 3 - 1", "dy"),
+                 ctx.let(f"{tap} % 3 - 1", "dz")]
+            w = ctx.let(" * ".join(f"{bz}({u[a]} - float({d[a]}))" for a in range(3)), "wb")
+            v = ctx.let(g.lookup([f"{c[a]} + {d[a]}" for a in range(3)]), "v")
+            yield v, w, f"({g.voxel_offset} + {v} - 1)"
+
+
+def _zero_rows(ctx, y, C: int):
+    def zero(n):
+        with ctx.loop(C, "ch") as ch:
+            ctx.store(y, ix.add(ix.mul(n, C), ch), "0.0")
+    return zero
+
+
+class _Sample(_Interpolation):
+    """features[n] = sum over taps of w * data[row] (shared data), zero for points without a grid."""
+
+    def check_inputs(self):
+        super().check_inputs()
+        pts, data = self.jagged
+        self.voxels = data.jdata.shape[0]
+
+    def metadata_params(self):
+        return (("expect_voxels", self.voxels),)
+
+
+@register("SampleTrilinear", domain="fvdb", since=1)
+class SampleTrilinear(_Sample):
+    """fVDB sample_trilinear: 8 corners, inactive ones weigh 0 with no renormalisation."""
+
+    shared_jagged = (1,)
+
+    def forward(self, ctx):
+        pts, data = self.jagged
+        y, C = self.output(), self.channels
+        with self.point_loop(ctx, pts, _zero_rows(ctx, y, C)) as (n, g):
+            x = self.world_to_voxel(ctx, pts, n, g)
+            rows, w, active = self.trilinear_stencil(ctx, x, g)
+            ctx.line(f"if {active}:")
+            with ctx.indent(), ctx.loop(C, "ch") as ch:
+                acc = ctx.fresh("acc")
+                ctx.line(f"{acc} = 0.0")
+                with ctx.loop(8, "corner") as c:
+                    ctx.line(f"{acc} += {w}[{c}] * {data.jdata.load(ix.add(ix.mul(f'{rows}[{c}]', C), ch))}")
+                ctx.store(y, ix.add(ix.mul(n, C), ch), acc)
+
+    def describe(self):
+        return f"8 NanoVDB lookups per point, {self.channels} channels"
+
+
+@register("SampleBezier", domain="fvdb", since=1)
+class SampleBezier(_Sample):
+    """fVDB sample_bezier: 27 taps around round(x), weights that sum to 8, inactive taps skipped."""
+
+    shared_jagged = (1,)
+
+    def forward(self, ctx):
+        pts, data = self.jagged
+        y, C = self.output(), self.channels
+        with self.point_loop(ctx, pts, _zero_rows(ctx, y, C)) as (n, g):
+            x = self.world_to_voxel(ctx, pts, n, g)
+            acc = ctx.local_array("float", C, "acc")
+            with ctx.loop(C, "ch") as ch:
+                ctx.line(f"{acc}[{ch}] = 0.0")
+            with self.bezier_taps(ctx, x, g) as (v, w, row):
+                ctx.line(f"if {v} > 0:")
+                with ctx.indent(), ctx.loop(C, "ch") as ch:
+                    ctx.line(f"{acc}[{ch}] += {w} * {data.jdata.load(ix.add(ix.mul(row, C), ch))}")
+            with ctx.loop(C, "ch") as ch:
+                ctx.store(y, ix.add(ix.mul(n, C), ch), f"{acc}[{ch}]")
+
+    def describe(self):
+        return f"27 NanoVDB lookups per point, {self.channels} channels"

@@ -1,0 +1,202 @@
+"""A numpy reference of fVDB's per-point ops, written from fVDB's sources (shared/reference/fvdb-ops.md):
+the float32 arithmetic of its CPU path, with C++'s promotions where fVDB mixes in double literals.
+Voxel lookups use the host reader (luisaml.fvdb.ijk_to_index), which tests/fvdb checks against warp.
+Also: model builders for fvdb.* nodes."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from luisaml.fvdb import GridBatch, JaggedTensor, ijk_to_index
+from luisaml.opsets import fvdb as schema
+
+F32 = np.float32
+
+# fVDB's corner order (utils/TrilinearStencil.h)
+CORNERS = [(0, 0, 0), (0, 0, 1), (0, 1, 1), (0, 1, 0), (1, 0, 0), (1, 0, 1), (1, 1, 1), (1, 1, 0)]
+
+
+def grid_ids(points: JaggedTensor) -> np.ndarray:
+    """Return each element's tensor id (fVDB's jidx; all 0 when jidx is empty)."""
+    return points.jidx.astype(np.int64) if points.jidx.size else np.zeros(len(points.jdata), np.int64)
+
+
+def transform32(gb: GridBatch) -> tuple[np.ndarray, np.ndarray]:
+    """fVDB's VoxelCoordTransform in float32: scale = float(1/h), translate = float(-o/h) (double math)."""
+    return (1.0 / gb.voxel_sizes).astype(F32), (-gb.origins / gb.voxel_sizes).astype(F32)
+
+
+def world_to_voxel(gb: GridBatch, points: JaggedTensor) -> np.ndarray:
+    """x * s + t in float32 per point, with the point's grid."""
+    s, t = transform32(gb)
+    b = grid_ids(points)
+    return (points.jdata.astype(F32) * s[b]) + t[b]
+
+
+def voxel_to_world(gb: GridBatch, coords: JaggedTensor) -> np.ndarray:
+    """(x - t) / s in float32 per point."""
+    s, t = transform32(gb)
+    b = grid_ids(coords)
+    return (coords.jdata.astype(F32) - t[b]) / s[b]
+
+
+def lookup(gb: GridBatch, ijk: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Return the batch-global index (int64) of each ijk in grid b[n], -1 where inactive."""
+    out = np.full(len(ijk), -1, np.int64)
+    offsets = gb.batch_offsets
+    for g in range(gb.grid_count):
+        sel = np.flatnonzero(b == g)
+        if len(sel):
+            idx = ijk_to_index(gb.grids[g], np.asarray(ijk)[sel])
+            out[sel] = np.where(idx >= 0, idx + offsets[g], -1)
+    return out
+
+
+def nanovdb_round(x: np.ndarray) -> np.ndarray:
+    """NanoVDB's Vec3<float>::round(): Floor(x + 0.5) with the 0.5 a double literal."""
+    return np.floor(x.astype(np.float64) + 0.5).astype(np.int64)
+
+
+def sample_trilinear(gb: GridBatch, points: JaggedTensor, data: np.ndarray) -> np.ndarray:
+    """fVDB's SampleTrilinear.cu on the CPU: weights U*V*W (float32), inactive corners weigh 0 and
+    read row 0; accumulate in corner order; zero when no corner is active."""
+    x = world_to_voxel(gb, points)
+    b = grid_ids(points)
+    base = np.floor(x)
+    u = x - base
+    one_minus = F32(1) - u
+    d2 = data.reshape(len(data), -1).astype(F32)
+    acc = np.zeros((len(x), d2.shape[1]), F32)
+    any_active = np.zeros(len(x), bool)
+    for di, dj, dk in CORNERS:
+        ijk = base.astype(np.int64) + np.array([di, dj, dk])
+        idx = lookup(gb, ijk.astype(np.int32), b)
+        f = [u[:, a] if d else one_minus[:, a] for a, d in enumerate((di, dj, dk))]
+        w = np.where(idx >= 0, (f[0] * f[1]) * f[2], F32(0))
+        acc = acc + w[:, None] * d2[np.maximum(idx, 0)]
+        any_active |= idx >= 0
+    acc[~any_active] = 0
+    return acc.reshape((len(x),) + data.shape[1:])
+
+
+def bezier(t: np.ndarray) -> np.ndarray:
+    """fVDB's BezierInterpolationIterator::bezier for float t, with C++'s promotions: the 1.5 literals
+    are doubles, `-2 * x * x` stays float."""
+    t = t.astype(F32)
+    t64 = t.astype(np.float64)
+    r1, r2, r3, r4 = t < -1.5, t < -0.5, t < 0.5, t < 1.5
+    out = np.zeros(t.shape, F32)
+    a = ~r1 & r2
+    out[a] = ((t64[a] + 1.5) * (t64[a] + 1.5)).astype(F32)
+    c = ~r2 & r3
+    out[c] = ((F32(-2) * t[c] * t[c]).astype(np.float64) + 1.5).astype(F32)
+    e = ~r3 & r4
+    out[e] = ((t64[e] - 1.5) * (t64[e] - 1.5)).astype(F32)
+    return out
+
+
+def bezier_taps(gb: GridBatch, points: JaggedTensor):
+    """Yield (global index or -1, float32 weight) of each of the 27 taps (dz fastest) per point."""
+    x = world_to_voxel(gb, points)
+    b = grid_ids(points)
+    c = nanovdb_round(x)
+    u = x - c.astype(F32)
+    for t in range(27):
+        d = np.array([t // 9 - 1, (t // 3) % 3 - 1, t % 3 - 1])
+        w = bezier(u[:, 0] - F32(d[0])) * bezier(u[:, 1] - F32(d[1])) * bezier(u[:, 2] - F32(d[2]))
+        yield lookup(gb, (c + d).astype(np.int32), b), w
+
+
+def sample_bezier(gb: GridBatch, points: JaggedTensor, data: np.ndarray) -> np.ndarray:
+    """fVDB's SampleBezier.cu: out += w * data[index] over the active taps, in tap order."""
+    d2 = data.reshape(len(data), -1).astype(F32)
+    acc = np.zeros((len(points.jdata), d2.shape[1]), F32)
+    for idx, w in bezier_taps(gb, points):
+        on = idx >= 0
+        acc[on] = acc[on] + w[on, None] * d2[idx[on]]
+    return acc.reshape((len(acc),) + data.shape[1:])
+
+
+def splat_trilinear(gb: GridBatch, points: JaggedTensor, values: np.ndarray) -> np.ndarray:
+    """fVDB's SplatTrilinear.cu: each active corner += w * value (float32 products, summed in float64)."""
+    x = world_to_voxel(gb, points)
+    b = grid_ids(points)
+    base = np.floor(x)
+    u = x - base
+    one_minus = F32(1) - u
+    v2 = values.reshape(len(values), -1).astype(F32)
+    out = np.zeros((gb.total_voxels, v2.shape[1]), np.float64)
+    for di, dj, dk in CORNERS:
+        idx = lookup(gb, (base.astype(np.int64) + np.array([di, dj, dk])).astype(np.int32), b)
+        f = [u[:, a] if d else one_minus[:, a] for a, d in enumerate((di, dj, dk))]
+        w = (f[0] * f[1]) * f[2]
+        on = idx >= 0
+        np.add.at(out, idx[on], (w[on, None] * v2[on]).astype(np.float64))
+    return out.reshape((gb.total_voxels,) + values.shape[1:])
+
+
+def splat_bezier(gb: GridBatch, points: JaggedTensor, values: np.ndarray) -> np.ndarray:
+    """fVDB's SplatBezier.cu: each active tap += w * value."""
+    v2 = values.reshape(len(values), -1).astype(F32)
+    out = np.zeros((gb.total_voxels, v2.shape[1]), np.float64)
+    for idx, w in bezier_taps(gb, points):
+        on = idx >= 0
+        np.add.at(out, idx[on], (w[on, None] * v2[on]).astype(np.float64))
+    return out.reshape((gb.total_voxels,) + values.shape[1:])
+
+
+def points_in_grid(gb: GridBatch, points: JaggedTensor) -> np.ndarray:
+    """fVDB's PointsInGrid.cu: isActive(round(world_to_voxel(p)))."""
+    return lookup(gb, nanovdb_round(world_to_voxel(gb, points)).astype(np.int32), grid_ids(points)) >= 0
+
+
+# ---- models ------------------------------------------------------------------------------------
+
+_ELEM = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.int64): TensorProto.INT64,
+         np.dtype(np.float64): TensorProto.DOUBLE, np.dtype(np.int32): TensorProto.INT32,
+         np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.bool_): TensorProto.BOOL}
+
+
+def bundle_feeds(gb: GridBatch, **jagged: JaggedTensor | np.ndarray) -> dict[str, np.ndarray]:
+    """Return {input name: array} for the bundle and each named JaggedTensor (name_jdata, ...); a plain
+    array is a single-tensor JaggedTensor."""
+    feeds = dict(zip(schema.BUNDLE, gb.bundle()))
+    for name, jt in jagged.items():
+        if not isinstance(jt, JaggedTensor):
+            jt = JaggedTensor.from_list([np.asarray(jt)])
+        feeds.update({f"{name}_{part}": arr for part, arr in zip(schema.JAGGED, jt.bundle())})
+    return feeds
+
+
+def fvdb_node(op_type: str, output: str, name: str | None = None, **attrs) -> onnx.NodeProto:
+    """Return an fvdb.<op_type> node reading the standard input names (bundle, then jagged parts)."""
+    return helper.make_node(op_type, schema.OPS[op_type].input_names(), [output], name=name or output,
+                            domain=schema.DOMAIN, **attrs)
+
+
+def fvdb_model(nodes, feeds: dict[str, np.ndarray], batched=(), constants=(), outputs=None,
+               extra_inputs: dict | None = None) -> onnx.ModelProto:
+    """Return a model of nodes: feeds named in `constants` become initializers, the others graph inputs
+    (first dimension the symbol N for those in `batched`); outputs typed by onnx's inference."""
+    read = {i for n in nodes for i in n.input}
+    ins, inits = [], []
+    for name, arr in feeds.items():
+        if name not in read:
+            continue
+        if name in constants:
+            inits.append(numpy_helper.from_array(arr, name))
+            continue
+        shape = list(arr.shape)
+        if name in batched:
+            shape[0] = "N"
+        ins.append(helper.make_tensor_value_info(name, _ELEM[arr.dtype], shape))
+    if outputs is None:
+        outputs = [o for n in nodes for o in n.output if o not in read]
+    g = helper.make_graph(list(nodes), "fvdb_test", ins, [], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+    inferred = onnx.shape_inference.infer_shapes(m)
+    types = {vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    m.graph.output.extend([types[o] for o in outputs])
+    onnx.checker.check_model(m)
+    return m
