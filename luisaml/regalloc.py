@@ -136,7 +136,8 @@ def allocate(steps: list[Step], requests: list[Request]) -> Allocation:
                 continue
             ri, ro = groups.find(inp), groups.find(out)
             # the input's whole group must be dead after this step, and the output not yet merged
-            if ri == ro or span[ri][1] != k or req[out].size > size[ri]:
+            # (an output that took one dying input's storage must not take a second one's too)
+            if ri == ro or ro != out or span[ri][1] != k or req[out].size > size[ri]:
                 continue
             if any(groups.find(o) == ri for o in st.writes if o != out and o in req):
                 continue
