@@ -40,7 +40,12 @@ def template_env() -> jinja2.Environment:
 def identifier(name: str, prefix: str) -> str:
     """Return a DSL-safe identifier derived from a tensor name."""
     s = re.sub(r"\W", "_", name)
-    return f"{prefix}_{s}"[:60]
+    full = f"{prefix}_{s}"
+    if len(full) <= 60:
+        return full
+    # long names often share their first 60 characters (onnx's expanded function tensors): keep
+    # a hash of the whole name so that two of them never become the same parameter
+    return f"{full[:51]}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 class Module:
