@@ -109,7 +109,7 @@ class Operator:
         a %= rank
         if batched and a == 0:
             raise self.error(
-                f"{what} {axis} is the batch axis: this operator would mix samples across the batch "
+                f"{what} {axis} is the batch axis: this operator mixes samples across the batch "
                 "(compile with batch_axis=None to run the graph as one instance)"
             )
         return a
