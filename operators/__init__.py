@@ -1,4 +1,5 @@
 """The shipped operators, one module per op family; importing this registers them all."""
 from . import elementwise, gemm, shape  # noqa: F401
 from . import control  # noqa: E402,F401
+from . import constant, indexing, reduce, softmax  # noqa: E402,F401
 from . import fvdb  # noqa: E402,F401

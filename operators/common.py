@@ -1,7 +1,10 @@
-"""Pieces several operator families share."""
+"""Pieces several operator families share: the elementwise map, Cast conversion, strided copies
+over coalesced loop nests, and the dtype arithmetic is done in."""
 from __future__ import annotations
 
-from luisaml.codegen import KernelContext
+from luisaml import dtypes
+from luisaml.codegen import KernelContext, template_env
+from luisaml.dtypes import DType
 from luisaml.indexing import broadcast_index
 from luisaml.storage import Tensor
 
@@ -22,15 +25,91 @@ def bload(t: Tensor, out: Tensor, i: str) -> str:
     return t.load(broadcast_index(i, out.shape, t.shape))
 
 
-def convert(expr: str, src, dst) -> str:
+_ZERO = {"float": "0.0", "half": "half(0.0)", "int": "0", "uint": "uint(0)"}
+_ONE = {"float": "1.0", "half": "half(1.0)", "int": "1", "uint": "uint(1)"}
+
+
+def convert(expr: str, src: DType, dst: DType) -> str:
     """Return the DSL converting a value of DType src to DType dst (ONNX Cast semantics)."""
     if src.dsl == dst.dsl:
         return expr
     if dst.is_bool:
-        zero = "0.0" if src.dsl == "float" else ("half(0.0)" if src.dsl == "half" else "0")
-        return f"({expr} != {zero})"
+        return f"({expr} != {_ZERO[src.dsl]})"
     if src.is_bool:
-        one = {"float": "1.0", "half": "half(1.0)", "int": "1", "uint": "uint(1)"}[dst.dsl]
-        zero = {"float": "0.0", "half": "half(0.0)", "int": "0", "uint": "uint(0)"}[dst.dsl]
-        return f"({one} if {expr} else {zero})"
+        return f"({_ONE[dst.dsl]} if {expr} else {_ZERO[dst.dsl]})"
     return f"{dst.dsl}({expr})"
+
+
+def compute_dtype(dt: DType) -> DType:
+    """Return the dtype arithmetic on dt is done in: float for half (rounded once at the end,
+    as onnxruntime does), the type itself otherwise."""
+    return dtypes.FLOAT if dt.dsl == "half" else dt
+
+
+def upcast(expr: str, dt: DType) -> str:
+    """Return expr (of dtype dt) converted to compute_dtype(dt)."""
+    return convert(expr, dt, compute_dtype(dt))
+
+
+def coalesce(sizes, *strides) -> tuple[list[int], list[list[int]]]:
+    """Return (sizes, strides per set) with size-1 dims dropped and neighbouring dims merged where
+    every stride set walks them as one: fewer loops for the same element order."""
+    out_sizes: list[int] = []
+    out_strides: list[list[int]] = [[] for _ in strides]
+    for d, n in enumerate(sizes):
+        if n == 1:
+            continue
+        if out_sizes and all(s[-1] == st[d] * n for s, st in zip(out_strides, strides)):
+            out_sizes[-1] *= n
+            for s, st in zip(out_strides, strides):
+                s[-1] = st[d]
+            continue
+        out_sizes.append(int(n))
+        for s, st in zip(out_strides, strides):
+            s.append(int(st[d]))
+    return out_sizes, out_strides
+
+
+def loop_vars(ctx: KernelContext, sizes: list[int], prefix: str = "i") -> list[tuple[str, int]]:
+    """Return fresh (variable, size) pairs for a loop nest over sizes."""
+    return [(ctx.fresh(prefix), int(n)) for n in sizes]
+
+
+def affine(base, loops: list[tuple[str, int]], strides: list[int]) -> str:
+    """Return the DSL of base + sum(var * stride) over a loop nest."""
+    from luisaml import indexing as ix
+
+    return ix.add(str(base), *(ix.mul(v, s) for (v, _), s in zip(loops, strides)))
+
+
+def emit_copy(ctx: KernelContext, sizes, dst_strides, dst_base, src_strides, src_base, load, store) -> None:
+    """Emit store(dst_base + c.dst_strides, load(src_base + c.src_strides)) for every coordinate c
+    of `sizes` (shaders/copy.py.j2): the body of transposes, slices, concats and splits."""
+    sizes, (dst_s, src_s) = coalesce(sizes, dst_strides, src_strides)
+    loops = loop_vars(ctx, sizes)
+    ctx.render(
+        "copy.py.j2",
+        loops=loops,
+        dst=affine(dst_base, loops, dst_s),
+        src=affine(src_base, loops, src_s),
+        load=load,
+        store=store,
+    )
+
+
+def render_str(template: str, **values) -> str:
+    """Return a rendered template from shaders/ as a string (for bodies nested in another)."""
+    return template_env().get_template(template).render(**values)
+
+
+def reduction_loops(ctx: KernelContext, x: Tensor, axes: list[int]):
+    """Return (kept loops, their x strides, their out strides, reduced loops, their x strides) for
+    reducing x over `axes`: the output is x's kept dims in order, row-major (with or without
+    size-1 dims for the reduced ones: they do not change flat indices)."""
+    from luisaml.storage import row_major_strides
+
+    kept = [d for d in range(x.rank) if d not in axes]
+    kept_sizes = [x.shape[d] for d in kept]
+    ksizes, (kx, ky) = coalesce(kept_sizes, [x.strides[d] for d in kept], row_major_strides(tuple(kept_sizes)))
+    rsizes, (rx,) = coalesce([x.shape[d] for d in sorted(axes)], [x.strides[d] for d in sorted(axes)])
+    return loop_vars(ctx, ksizes, "o"), kx, ky, loop_vars(ctx, rsizes, "r"), rx

@@ -1,66 +1,127 @@
 """Elementwise operators: unary math and activations, binary arithmetic and comparison with
-numpy broadcasting, variadic Min/Max/Sum/Mean, Where, Clip and Cast."""
+numpy broadcasting, variadic Min/Max/Sum/Mean, Where, Clip, Cast and Identity.
+
+Half inputs are computed in float and rounded to half once at the end (what onnxruntime does for
+float16 kernels); ops that only select or negate values are exact in half and stay there."""
 from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from luisaml import dtypes
+from luisaml.dtypes import DType
 from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import literal
 
-from .common import convert, emit_map
+from .common import compute_dtype, convert, emit_map
+
+FLOAT = ("float",)
+NUM = ("float", "int")
+ANY = ("float", "int", "bool")
 
 
 class Map(Operator):
-    """out = f(inputs...) per element, inputs broadcast to the output."""
+    """out = expr(inputs...) per element, inputs broadcast to the output (numpy rules).
+
+    Subclasses set `kinds` (allowed dtypes of the typed inputs) and write expr() over input
+    element names already converted to the compute dtype; lit() gives literals of that dtype."""
 
     inplace = (0, 1, 2)
-    kinds: tuple[str, ...] = ("float",)  # allowed input dtypes
+    kinds: tuple[str, ...] = FLOAT
+    exact_in_half = False  # selection/negation only: no need to compute half in float
+    same_type = True  # the typed inputs must all have the same dtype (ONNX type constraint T)
+    result_bool = False  # the element expression is a bool (comparisons)
 
     def check(self) -> None:
-        for k, t in enumerate(self.inputs):
-            if t is not None and k < self.typed_inputs():
-                self.expect_dtype(t, self.kinds, f"input {k}")
+        typed = self.typed()
+        for k, t in typed:
+            self.expect_dtype(t, self.kinds, f"input {k}")
+        if self.same_type and typed:
+            k0, t0 = typed[0]
+            for k, t in typed[1:]:
+                self.expect(
+                    t.dtype == t0.dtype,
+                    f"input {k} '{t.name}' has type {t.dtype.name.lower()}, but input {k0} '{t0.name}' "
+                    f"has {t0.dtype.name.lower()}; they must match",
+                )
 
-    def typed_inputs(self) -> int:
-        return len(self.inputs)
+    def typed_inputs(self) -> range:
+        """Return the input indices whose dtype `kinds` constrains."""
+        return range(len(self.inputs))
+
+    def typed(self) -> list:
+        return [(k, self.inputs[k]) for k in self.typed_inputs() if k < len(self.inputs) and self.inputs[k] is not None]
+
+    @property
+    def dtype(self) -> DType:
+        """The dtype the element expression computes in."""
+        dt = self.typed()[0][1].dtype
+        return dt if self.exact_in_half else compute_dtype(dt)
 
     def lit(self, v) -> str:
-        """Return a literal of the first input's dtype."""
-        return literal(v, self.input(0).dtype)
+        """Return a literal of the compute dtype."""
+        return literal(v, self.dtype)
+
+    def up(self, v: str, t, k: int) -> str:
+        """Return element v of operand k (tensor t) in the compute dtype (half goes to float)."""
+        return convert(v, t.dtype, self.dtype) if t.dtype.dsl == "half" and not self.exact_in_half else v
 
     def expr(self, *v: str) -> str:
         raise NotImplementedError
 
+    def operands(self) -> list:
+        """Return the tensors the map reads, in the order expr() takes them."""
+        return [t for t in self.inputs if t is not None]
+
     def forward(self, ctx) -> None:
-        emit_map(ctx, self.output(), [t for t in self.inputs if t is not None], self.expr)
+        out, ins = self.output(), self.operands()
+        res = dtypes.BOOL if self.result_bool else self.dtype
+
+        def combine(*names):
+            return convert(self.expr(*(self.up(n, t, k) for k, (n, t) in enumerate(zip(names, ins)))), res, out.dtype)
+
+        emit_map(ctx, out, ins, combine)
 
 
-def _unary(op_type: str, since: int, fn, kinds=("float",)):
-    """Register a unary op whose element expression is fn(self, x)."""
-    cls = type(op_type, (Map,), {"kinds": kinds, "expr": lambda self, x: fn(self, x)})
+def _map(op_type: str, since: int, fn, kinds=FLOAT, base=None, **attrs) -> type:
+    """Register a Map op whose element expression is fn(self, *inputs)."""
+    cls = type(op_type, (base or Map,), {"kinds": kinds, "expr": lambda self, *v: fn(self, *v), **attrs})
     register(op_type, since=since)(cls)
     return cls
 
 
-NUM = ("float", "int")
-_unary("Relu", 6, lambda s, x: f"max({x}, {s.lit(0)})", NUM)
-_unary("Neg", 6, lambda s, x: f"-{x}", NUM)
-_unary("Abs", 6, lambda s, x: f"abs({x})", NUM)
-_unary("Exp", 6, lambda s, x: f"exp({x})")
-_unary("Log", 6, lambda s, x: f"log({x})")
-_unary("Sqrt", 6, lambda s, x: f"sqrt({x})")
-_unary("Reciprocal", 6, lambda s, x: f"{s.lit(1)} / {x}")
-_unary("Sin", 7, lambda s, x: f"sin({x})")
-_unary("Cos", 7, lambda s, x: f"cos({x})")
-_unary("Tanh", 6, lambda s, x: f"tanh({x})")
-# 1 / (1 + e^-x) overflows gracefully: e^-x = inf gives 0
-_unary("Sigmoid", 6, lambda s, x: f"{s.lit(1)} / ({s.lit(1)} + exp(-{x}))")
+# ---- unary ---------------------------------------------------------------------------------
+# `since` is the first version with these semantics (earlier ones differ only in the legacy
+# consumed_inputs attribute or in the types they allow).
+_map("Relu", 6, lambda s, x: f"max({x}, {s.lit(0)})", NUM, exact_in_half=True)
+_map("Neg", 6, lambda s, x: f"(-{x})", NUM, exact_in_half=True)
+_map("Abs", 6, lambda s, x: f"abs({x})", NUM, exact_in_half=True)
+_map("Exp", 6, lambda s, x: f"exp({x})")
+_map("Log", 6, lambda s, x: f"log({x})")
+_map("Sqrt", 6, lambda s, x: f"sqrt({x})")
+_map("Reciprocal", 6, lambda s, x: f"({s.lit(1)} / {x})")
+_map("Sin", 7, lambda s, x: f"sin({x})")
+_map("Cos", 7, lambda s, x: f"cos({x})")
+_map("Tanh", 6, lambda s, x: f"tanh({x})")
+_map("Floor", 6, lambda s, x: f"floor({x})")
+_map("Ceil", 6, lambda s, x: f"ceil({x})")
+# 1 / (1 + e^-x): e^-x = inf for very negative x gives 0, as it should
+_map("Sigmoid", 6, lambda s, x: f"({s.lit(1)} / ({s.lit(1)} + exp(-{x})))")
 # log(1 + e^x) without overflow: max(x, 0) + log(1 + e^-|x|)
-_unary("Softplus", 1, lambda s, x: f"max({x}, {s.lit(0)}) + log({s.lit(1)} + exp(-abs({x})))")
+_map("Softplus", 1, lambda s, x: f"(max({x}, {s.lit(0)}) + log({s.lit(1)} + exp(-abs({x}))))")
+_map("Not", 1, lambda s, x: f"(not {x})", ("bool",))
+
+
+@register("Erf", since=9)
+class Erf(Map):
+    """erf through shaders/dsl_lib.py::erf_f32 (float; half goes through float)."""
+
+    def forward(self, ctx):
+        self.erf = ctx.use_helper("erf_f32")
+        super().forward(ctx)
+
+    def expr(self, x):
+        return f"{self.erf}({x})"
 
 
 @register("LeakyRelu", since=6)
@@ -81,15 +142,26 @@ class Selu(Map):
     def expr(self, x):
         alpha = self.lit(self.attr("alpha", 1.67326319217681884765625))
         gamma = self.lit(self.attr("gamma", 1.05070102214813232421875))
-        return f"{gamma} * ({x} if {x} > {self.lit(0)} else {alpha} * exp({x}) - {alpha})"
+        return f"({gamma} * ({x} if {x} > {self.lit(0)} else {alpha} * exp({x}) - {alpha}))"
+
+
+@register("HardSigmoid", since=6)
+class HardSigmoid(Map):
+    def expr(self, x):
+        a, b = self.lit(self.attr("alpha", 0.2)), self.lit(self.attr("beta", 0.5))
+        return f"clamp({a} * {x} + {b}, {self.lit(0)}, {self.lit(1)})"
 
 
 @register("Gelu", since=20)
 class Gelu(Map):
+    """0.5 x (1 + erf(x / sqrt 2)), or the tanh approximation."""
+
     def check(self):
         super().check()
         self.approximate = self.attr("approximate", "none")
-        self.expect(self.approximate in ("none", "tanh"), f"approximate must be 'none' or 'tanh', not {self.approximate!r}")
+        self.expect(
+            self.approximate in ("none", "tanh"), f"attribute approximate must be 'none' or 'tanh', not {self.approximate!r}"
+        )
 
     def forward(self, ctx):
         if self.approximate == "none":
@@ -100,26 +172,15 @@ class Gelu(Map):
         c = self.lit
         if self.approximate == "tanh":
             inner = f"{c(math.sqrt(2 / math.pi))} * ({x} + {c(0.044715)} * {x} * {x} * {x})"
-            return f"{c(0.5)} * {x} * ({c(1)} + tanh({inner}))"
-        xf = x if self.input(0).dtype.dsl == "float" else f"float({x})"
-        e = f"{self.erf}({xf} * {literal(1 / math.sqrt(2), dtypes.FLOAT)})"
-        if self.input(0).dtype.dsl != "float":
-            e = f"half({e})"
-        return f"{c(0.5)} * {x} * ({c(1)} + {e})"
+            return f"({c(0.5)} * {x} * ({c(1)} + tanh({inner})))"
+        return f"({c(0.5)} * {x} * ({c(1)} + {self.erf}({x} * {c(1 / math.sqrt(2))})))"
 
 
-# ---- binary -------------------------------------------------------------------------------
-
-
-def _binary(op_type: str, since: int, fn, kinds=NUM):
-    cls = type(op_type, (Map,), {"kinds": kinds, "expr": lambda self, a, b: fn(self, a, b)})
-    register(op_type, since=since)(cls)
-    return cls
-
-
-_binary("Add", 7, lambda s, a, b: f"{a} + {b}")
-_binary("Sub", 7, lambda s, a, b: f"{a} - {b}")
-_binary("Mul", 7, lambda s, a, b: f"{a} * {b}")
+# ---- binary ------------------------------------------------------------------------------------
+# Since opset 7 these broadcast the numpy way (opsets 1-6 had `broadcast`/`axis` attributes).
+_map("Add", 7, lambda s, a, b: f"{a} + {b}", NUM)
+_map("Sub", 7, lambda s, a, b: f"{a} - {b}", NUM)
+_map("Mul", 7, lambda s, a, b: f"{a} * {b}", NUM)
 
 
 @register("Div", since=7)
@@ -127,45 +188,98 @@ class Div(Map):
     kinds = NUM
 
     def expr(self, a, b):
-        # integer division truncates toward zero (ONNX reference: numpy divide cast back)
-        return f"{a} / {b}" if self.input(0).dtype.is_float else f"{a} // {b}"
+        # integer division truncates toward zero, like onnxruntime (C division); DSL // does that
+        return f"{a} / {b}" if self.dtype.is_float else f"{a} // {b}"
+
+
+@register("Mod", since=10)
+class Mod(Map):
+    """Integer Mod: fmod=0 gives the divisor's sign (Python %), fmod=1 the dividend's (C %)."""
+
+    kinds = ("int",)
+
+    def expr(self, a, b):
+        r = f"({a} % {b})"
+        if int(self.attr("fmod", 0)):
+            return r
+        return f"({r} + {b} if ({r} < 0 and {b} > 0) or ({r} > 0 and {b} < 0) else {r})"
 
 
 @register("Pow", since=7)
 class Pow(Map):
-    kinds = NUM
+    """X ** Y with the type of X. A constant exponent of 2 is a multiplication (exact, as
+    onnxruntime does); integer X with integer Y uses exact repeated squaring; integer X with a
+    float Y truncates pow(X, Y) (C conversion, as onnxruntime does)."""
 
-    def typed_inputs(self) -> int:
-        return 1
+    kinds = NUM
+    same_type = False  # Y may have another numeric type than X (opset 12)
+
+    def check(self):
+        super().check()
+        self.expect_dtype(self.input(1), NUM, "input 1 (Y)")
+
+    def typed_inputs(self) -> range:
+        return range(1)
 
     def forward(self, ctx):
         y = self.input(1)
         self.square = y.value is not None and y.value.size == 1 and float(y.value.reshape(-1)[0]) == 2.0
+        self.ipow = self.input(0).dtype.is_int and y.dtype.is_int
+        if self.ipow and not self.square:
+            self.pow_i32 = ctx.use_helper("pow_i32")
         super().forward(ctx)
 
+    def up(self, v, t, k):
+        if k == 0:
+            return super().up(v, t, k)
+        return v if self.ipow else convert(v, t.dtype, dtypes.FLOAT)
+
     def expr(self, a, b):
-        x, y, out = self.input(0), self.input(1), self.output()
         if self.square:
-            return f"{a} * {a}"  # exact, like pow(x, 2)
-        af = a if x.dtype.dsl == "float" else f"float({a})"
-        bf = b if y.dtype.dsl == "float" else f"float({b})"
-        return convert(f"pow({af}, {bf})", dtypes.FLOAT, out.dtype)
+            return f"{a} * {a}"
+        if self.ipow:
+            return f"{self.pow_i32}({a}, {b})"
+        if self.dtype.is_int:
+            return convert(f"pow({convert(a, self.dtype, dtypes.FLOAT)}, {b})", dtypes.FLOAT, self.dtype)
+        return f"pow({a}, {b})"
 
 
-def _compare(op_type: str, since: int, sym: str):
-    cls = type(op_type, (Map,), {"kinds": NUM + ("bool",), "inplace": (), "expr": lambda self, a, b: f"{a} {sym} {b}"})
-    register(op_type, since=since)(cls)
+class Compare(Map):
+    """A comparison: bool out, inputs of one numeric (or bool) type."""
+
+    kinds = ANY
+    inplace = ()
+    exact_in_half = True
+    result_bool = True
+    sym = "=="
+
+    def expr(self, a, b):
+        if self.dtype.is_bool:  # the DSL compares numbers only
+            a, b = convert(a, dtypes.BOOL, dtypes.INT32), convert(b, dtypes.BOOL, dtypes.INT32)
+        return f"({a} {self.sym} {b})"
 
 
-_compare("Equal", 11, "==")
-_compare("Less", 9, "<")
-_compare("Greater", 9, ">")
-_compare("LessOrEqual", 12, "<=")
-_compare("GreaterOrEqual", 12, ">=")
+for _name, _since, _sym in (
+    ("Equal", 7, "=="),
+    ("Less", 7, "<"),
+    ("Greater", 7, ">"),
+    ("LessOrEqual", 12, "<="),
+    ("GreaterOrEqual", 12, ">="),
+):
+    register(_name, since=_since)(type(_name, (Compare,), {"sym": _sym}))
+
+
+def _logic(op_type: str, sym: str) -> None:
+    _map(op_type, 7, lambda s, a, b: f"({a} {sym} {b})", ("bool",), result_bool=True)
+
+
+_logic("And", "and")
+_logic("Or", "or")
+_map("Xor", 7, lambda s, a, b: f"(({a} or {b}) and not ({a} and {b}))", ("bool",), result_bool=True)
 
 
 class Variadic(Map):
-    """Min/Max/Sum/Mean over any number of broadcast inputs."""
+    """Min/Max/Sum/Mean over any number of broadcast inputs (numpy broadcasting since opset 8)."""
 
     kinds = NUM
 
@@ -181,12 +295,16 @@ class Variadic(Map):
 
 @register("Max", since=8)
 class Max(Variadic):
+    exact_in_half = True
+
     def combine(self, a, b):
         return f"max({a}, {b})"
 
 
 @register("Min", since=8)
 class Min(Variadic):
+    exact_in_half = True
+
     def combine(self, a, b):
         return f"min({a}, {b})"
 
@@ -199,7 +317,7 @@ class Sum(Variadic):
 
 @register("Mean", since=8)
 class Mean(Variadic):
-    kinds = ("float",)
+    kinds = FLOAT
 
     def combine(self, a, b):
         return f"{a} + {b}"
@@ -210,11 +328,18 @@ class Mean(Variadic):
 
 @register("Where", since=9)
 class Where(Map):
+    """cond ? X : Y with the three broadcast together."""
+
     inplace = (1, 2)
+    kinds = ANY
+    exact_in_half = True
 
     def check(self):
-        self.expect_dtype(self.input(0), ("bool",), "condition")
-        self.expect(self.input(1).dtype == self.input(2).dtype, "X and Y must have the same type")
+        self.expect_dtype(self.input(0), ("bool",), "input 0 (condition)")
+        super().check()
+
+    def typed_inputs(self) -> range:
+        return range(1, 3)
 
     def expr(self, c, a, b):
         return f"({a} if {c} else {b})"
@@ -222,18 +347,21 @@ class Where(Map):
 
 @register("Clip", since=11)
 class Clip(Map):
-    """Clip with optional min and max inputs (absent or empty: unbounded)."""
+    """Clip with optional min and max inputs (absent: unbounded); min > max gives max, as ONNX says."""
 
     inplace = (0,)
     kinds = NUM
+    exact_in_half = True
 
-    def typed_inputs(self) -> int:
-        return 1
+    def check(self):
+        super().check()
+        for k, what in ((1, "min"), (2, "max")):
+            if self.has_input(k):
+                self.expect(self.input(k).numel == 1, f"input {k} ({what}) must be a scalar, got shape {list(self.input(k).shape)}")
 
-    def forward(self, ctx):
-        x = self.input(0)
+    def operands(self):
         self.bounds = [k for k in (1, 2) if self.has_input(k)]
-        emit_map(ctx, self.output(), [x] + [self.input(k) for k in self.bounds], self.expr)
+        return [self.input(0)] + [self.input(k) for k in self.bounds]
 
     def expr(self, x, *b):
         bound = dict(zip(self.bounds, b))
@@ -245,18 +373,34 @@ class Clip(Map):
         return e
 
 
+@register("Clip", since=6)
+class ClipAttr(Map):
+    """Clip-6: min and max as float attributes."""
+
+    inplace = (0,)
+    exact_in_half = True
+
+    def expr(self, x):
+        lo, hi = self.attr("min", -3.4028234663852886e38), self.attr("max", 3.4028234663852886e38)
+        return f"min(max({x}, {self.lit(lo)}), {self.lit(hi)})"
+
+
 @register("Cast", since=6)
 class Cast(Map):
+    """Cast between float, half, int32, int64 (held as int32), uint32 and bool."""
+
     inplace = ()
-    kinds = NUM + ("bool",)
+    kinds = ANY
+    exact_in_half = True
 
     def check(self):
         super().check()
         to = self.attr("to")
         self.expect(to in dtypes.SUPPORTED, f"cannot cast to {dtypes.onnx_name(to)}: unsupported type")
 
-    def expr(self, x):
-        return convert(x, self.input(0).dtype, self.output().dtype)
+    def forward(self, ctx):
+        x, y = self.input(0), self.output()
+        emit_map(ctx, y, [x], lambda v: convert(v, x.dtype, y.dtype))
 
 
 @register("Identity", since=1)
@@ -264,7 +408,19 @@ class Identity(Map):
     """A copy; Identity nodes that are not graph outputs are removed before compiling."""
 
     view = True
-    kinds = NUM + ("bool",)
+    kinds = ANY
+    exact_in_half = True
 
     def expr(self, x):
         return x
+
+
+@register("CastLike", since=15)
+class CastLike(Cast):
+    """Cast to the type of input 1."""
+
+    def check(self):
+        Map.check(self)
+
+    def typed_inputs(self) -> range:
+        return range(1)

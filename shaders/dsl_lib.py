@@ -1,3 +1,74 @@
 """DSL functions shared by operators; a generated module imports the ones it uses."""
 import luisa
 from luisa.types import half  # noqa: F401
+
+# erf_f32: piecewise polynomial fits by tests/operators/fit_erf.py (which reproduces them and
+# reports the float32 error: under 1 ulp against scipy's erf when exp is correctly rounded).
+#   |x| < 0.84375:     x + x * R(x^2)
+#   [0.84375, 1.25):   E + P(|x| - 1), E = erf(1) rounded to float32
+#   [1.25, 4):         1 - exp(-x^2) * G(1/|x|), G approximates erfcx(x) = exp(x^2) erfc(x)
+#   [4, inf]:          1 (erf(x) rounds to 1.0 in float32)
+# The sign is copied from x; NaN falls through every comparison and is returned as it is.
+
+
+@luisa.func
+def erf_f32(x):
+    """erf(x) for a float x, within about one ulp."""
+    a = abs(x)
+    r = x
+    if a < 0.84375:
+        t = x * x
+        p = -0.0006314516649581492
+        p = p * t + 0.00504771713167429
+        p = p * t + -0.02679784595966339
+        p = p * t + 0.11282509565353394
+        p = p * t + -0.37612542510032654
+        p = p * t + 0.12837915122509003
+        r = x + x * p
+    elif a < 1.25:
+        s = a - 1.0
+        q = 0.01310824230313301
+        q = q * s + 0.004531008191406727
+        q = q * s + -0.06909216195344925
+        q = q * s + 0.06918270885944366
+        q = q * s + 0.1383678913116455
+        q = q * s + -0.41510745882987976
+        q = q * s + 0.41510748863220215
+        q = q * s + 1.3474187099404844e-08
+        r = copysign(0.8427007794380188 + q, x)
+    elif a < 4.0:
+        w = 1.0 / a
+        g = -0.045652810484170914
+        g = g * w + 0.18442876636981964
+        g = g * w + -0.2637253403663635
+        g = g * w + 0.05425279214978218
+        g = g * w + 0.31081056594848633
+        g = g * w + -0.39862191677093506
+        g = g * w + 0.024557236582040787
+        g = g * w + 0.5613656044006348
+        g = g * w + 0.000138443720061332
+        r = copysign(1.0 - exp(-(a * a)) * g, x)
+    elif a >= 4.0:
+        r = copysign(1.0, x)
+    return r
+
+
+@luisa.func
+def pow_i32(x, y):
+    """x ** y for ints by repeated squaring, wrapping like int32; y < 0 truncates 1 / x ** -y."""
+    r = 1
+    if y < 0:
+        r = 0
+        if x == 1:
+            r = 1
+        if x == -1:
+            r = 1 - 2 * ((-y) % 2)
+    else:
+        b = x
+        e = y
+        while e > 0:
+            if e % 2 == 1:
+                r = r * b
+            b = b * b
+            e = e // 2
+    return r

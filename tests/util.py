@@ -87,3 +87,49 @@ def assert_matches_ort(model, feeds, rtol=1e-5, atol=1e-6, batch_axis="auto", **
         else:
             np.testing.assert_array_equal(g, w, err_msg=name)
     return net, got
+
+
+def graph_model(nodes, inputs: dict[str, np.ndarray], initializers: dict[str, np.ndarray] | None = None,
+                opset: int = 18, batch: str | None = None, outputs: list[str] | None = None) -> onnx.ModelProto:
+    """Return a model of several nodes: `inputs` are graph inputs (dtype/shape from the arrays; with
+    `batch`, their first dimension is that symbol), `initializers` constants; the outputs (default:
+    every node output no node reads) are typed by shape inference."""
+    initializers = initializers or {}
+    read = {i for n in nodes for i in n.input}
+    if outputs is None:
+        outputs = [o for n in nodes for o in n.output if o and o not in read]
+    ins = []
+    for k, v in inputs.items():
+        shape = list(v.shape)
+        if batch and shape:
+            shape[0] = batch
+        ins.append(value_info(k, v.dtype, shape))
+    outs = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs]
+    inits = [numpy_helper.from_array(v, k) for k, v in initializers.items()]
+    graph = helper.make_graph(list(nodes), "graph_test", ins, outs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    inferred = onnx.shape_inference.infer_shapes(model)
+    del model.graph.output[:]
+    model.graph.output.extend(inferred.graph.output)
+    return model
+
+
+def per_shape_model(op_type: str, arrays: list[dict[str, np.ndarray]], opset: int = 18, n_outputs: int = 1,
+                    initializers: dict[str, np.ndarray] | None = None, **attrs):
+    """Return (model, feeds): one op_type node per entry of `arrays` (its inputs, in order; names are
+    suffixed with the entry's index), so one compiled kernel checks the op on several shapes.
+    A None value is an absent optional input; `initializers` are shared constant inputs by name."""
+    nodes, feeds = [], {}
+    for k, ins in enumerate(arrays):
+        names = []
+        for name, v in ins.items():
+            if v is None:
+                names.append("")
+            elif initializers and name in initializers:
+                names.append(name)
+            else:
+                names.append(f"{name}{k}")
+                feeds[f"{name}{k}"] = v
+        outs = [f"out{k}" if j == 0 else f"out{k}_{j}" for j in range(n_outputs)]
+        nodes.append(helper.make_node(op_type, names, outs, name=f"{op_type}_{k}", **attrs))
+    return graph_model(nodes, feeds, initializers, opset=opset), feeds

@@ -1,0 +1,166 @@
+"""Reductions (ReduceSum/Mean/Max/Min/Prod/L1/L2/SumSquare/LogSum/LogSumExp) and ArgMax/ArgMin,
+over coalesced kept and reduced loop nests (shaders/reduce.py.j2). Float and half accumulate in
+float (half is rounded once at the end); integers accumulate in int."""
+from __future__ import annotations
+
+import numpy as np
+
+from luisaml import dtypes
+from luisaml.operator import Operator
+from luisaml.registry import register
+from luisaml.storage import literal
+
+from .common import affine, compute_dtype, convert, reduction_loops, upcast
+
+
+class Reduce(Operator):
+    """Reduce over `axes` (an attribute, or from `axes_input` on, an optional constant input
+    with noop_with_empty_axes); no axes reduces everything; keepdims keeps size-1 dims."""
+
+    kinds: tuple[str, ...] = ("float", "int")
+    axes_input = False  # opset 13 (ReduceSum) / 18 (the others): axes is input 1
+
+    def given_axes(self) -> list[int]:
+        if self.axes_input:
+            if not self.has_input(1):
+                return []
+            return [int(a) for a in np.asarray(self.const(1, "axes")).reshape(-1)]
+        return [int(a) for a in self.attr("axes", [])]
+
+    def check(self):
+        x, y = self.input(0), self.output()
+        self.expect_dtype(x, self.kinds, "input 0 (data)")
+        axes = self.given_axes()
+        noop = self.axes_input and int(self.attr("noop_with_empty_axes", 0))
+        if not axes:
+            axes = [] if noop else list(range(x.rank))
+        norm = [self.axis(a, x.rank, batched=x.batched, what="reduced axis") for a in axes]
+        self.expect(len(set(norm)) == len(norm), f"axes {axes} name an axis twice")
+        self.axes = sorted(norm)
+        self.count = int(np.prod([x.shape[a] for a in self.axes], dtype=np.int64))
+        self.expect(self.count > 0 or x.numel == 0, f"reducing over an empty axis of '{x.name}' {list(x.shape)} is not supported")
+        want = int(np.prod([d for k, d in enumerate(x.shape) if k not in self.axes], dtype=np.int64))
+        self.expect(y.numel == want, f"output '{y.name}' has shape {list(y.shape)}, expected {want} elements")
+
+    # ---- what each reduction does, in the accumulator dtype ------------------------------------
+    def passes(self, ctx, first: str, load: str) -> tuple[list[dict], str]:
+        """Return (passes for shaders/reduce.py.j2, the result expression)."""
+        raise NotImplementedError
+
+    def forward(self, ctx):
+        x, y = self.input(0), self.output()
+        if y.numel == 0:
+            return
+        self.acc = compute_dtype(x.dtype)
+        kept, kx, ky, red, rx = reduction_loops(ctx, x, self.axes)
+        src = affine(0, kept + red, kx + rx)
+        first = upcast(x.load(affine(0, kept, kx)), x.dtype)
+        self.red = red
+        passes, result = self.passes(ctx, first, upcast(x.load(src), x.dtype))
+        ctx.render(
+            "reduce.py.j2",
+            kept=kept,
+            red=red,
+            passes=passes,
+            dst=affine(0, kept, ky),
+            result=convert(result, self.result_dtype(), y.dtype),
+            store=y.store,
+        )
+
+    def result_dtype(self):
+        return self.acc
+
+    def lit(self, v) -> str:
+        return literal(v, self.acc)
+
+
+class Fold(Reduce):
+    """One pass: acc = init; acc = step(acc, x) for each element; result = finish(acc)."""
+
+    init = "0"
+    step = "{acc} + {x}"
+    bool_step = ""  # the step for bool data (ReduceMax/Min from opset 20), where kinds allows it
+    finish = "{acc}"
+
+    def init_expr(self, first: str) -> str:
+        return self.lit(0) if self.init == "0" else self.lit(1) if self.init == "1" else first
+
+    def passes(self, ctx, first, load):
+        acc, x = ctx.fresh("acc"), ctx.fresh("x")
+        step = self.bool_step if self.acc.is_bool else self.step
+        p = {"init": [f"{acc} = {self.init_expr(first)}"], "x": x, "load": load, "update": [f"{acc} = " + step.format(acc=acc, x=x)]}
+        return [p], self.finish_expr(acc)
+
+    def finish_expr(self, acc: str) -> str:
+        return self.finish.format(acc=acc)
+
+
+class Mean(Fold):
+    def finish_expr(self, acc):
+        # integer means truncate, as onnxruntime's integer ReduceMean does
+        return f"{acc} / {self.lit(self.count)}" if self.acc.is_float else f"{acc} // {self.count}"
+
+
+class LogSumExp(Reduce):
+    """log(sum(exp(x))) as m + log(sum(exp(x - m))), m the maximum: no overflow."""
+
+    kinds = ("float",)
+
+    def passes(self, ctx, first, load):
+        m, s, x1, x2 = ctx.fresh("m"), ctx.fresh("s"), ctx.fresh("x"), ctx.fresh("x")
+        return [
+            {"init": [f"{m} = {first}"], "x": x1, "load": load, "update": [f"{m} = max({m}, {x1})"]},
+            {"init": [f"{s} = {self.lit(0)}"], "x": x2, "load": load, "update": [f"{s} = {s} + exp({x2} - {m})"]},
+        ], f"{m} + log({s})"
+
+
+def _fold(name: str, init: str, step: str, finish: str = "{acc}", kinds=("float", "int"), base=Fold, bool_step="") -> type:
+    kinds = kinds + ("bool",) if bool_step else kinds
+    return type(name, (base,), {"init": init, "step": step, "finish": finish, "kinds": kinds, "bool_step": bool_step})
+
+
+_FOLDS = {
+    "ReduceSum": _fold("ReduceSum", "0", "{acc} + {x}"),
+    "ReduceMean": _fold("ReduceMean", "0", "{acc} + {x}", base=Mean),
+    "ReduceMax": _fold("ReduceMax", "first", "max({acc}, {x})", bool_step="({acc} or {x})"),
+    "ReduceMin": _fold("ReduceMin", "first", "min({acc}, {x})", bool_step="({acc} and {x})"),
+    "ReduceProd": _fold("ReduceProd", "1", "{acc} * {x}"),
+    "ReduceL1": _fold("ReduceL1", "0", "{acc} + abs({x})"),
+    "ReduceL2": _fold("ReduceL2", "0", "{acc} + {x} * {x}", "sqrt({acc})", ("float",)),
+    "ReduceSumSquare": _fold("ReduceSumSquare", "0", "{acc} + {x} * {x}"),
+    "ReduceLogSum": _fold("ReduceLogSum", "0", "{acc} + {x}", "log({acc})", ("float",)),
+    "ReduceLogSumExp": type("ReduceLogSumExp", (LogSumExp,), {}),
+}
+
+# axes moved from an attribute to an input: ReduceSum in opset 13, the others in opset 18
+for _name, _cls in _FOLDS.items():
+    register(_name, since=1)(_cls)
+    register(_name, since=13 if _name == "ReduceSum" else 18)(type(_name, (_cls,), {"axes_input": True}))
+
+
+class ArgReduce(Reduce):
+    """ArgMax/ArgMin along one axis: int64 indices, the first extreme unless select_last_index."""
+
+    better = ">"
+
+    def given_axes(self):
+        return [int(self.attr("axis", 0))]
+
+    def check(self):
+        super().check()
+        self.expect(self.output().dtype is dtypes.INT64, f"output '{self.output().name}' must be int64")
+        self.last = int(self.attr("select_last_index", 0))
+
+    def result_dtype(self):
+        return dtypes.INT64
+
+    def passes(self, ctx, first, load):
+        best, at, x = ctx.fresh("best"), ctx.fresh("at"), ctx.fresh("x")
+        r = self.red[0][0] if self.red else "0"
+        cmp = self.better + ("=" if self.last else "")
+        update = [f"if {x} {cmp} {best}:", f"    {best} = {x}", f"    {at} = {r}"]
+        return [{"init": [f"{best} = {first}", f"{at} = 0"], "x": x, "load": load, "update": update}], at
+
+
+register("ArgMax", since=1)(type("ArgMax", (ArgReduce,), {"better": ">"}))
+register("ArgMin", since=1)(type("ArgMin", (ArgReduce,), {"better": "<"}))

@@ -1,0 +1,142 @@
+"""Reductions and ArgMax/ArgMin against onnxruntime: axes as attribute (opset 13) and as input
+(opset 18, ReduceSum 13), keepdims, noop_with_empty_axes, negative axes, float/half/int, and the
+batch rules."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from util import assert_matches_ort, graph_model, rand, single_node_model  # noqa: E402
+
+import luisaml  # noqa: E402
+
+# (axes or None, keepdims); None: every axis
+AXES = [([1], 1), ([-1], 0), ([0, 2], 1), ([2, 0], 0), (None, 0), (None, 1), ([0, 1, 2], 1)]
+FLOAT_OPS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+             "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"]
+
+
+def _data(op, dtype, shape=(3, 4, 5), seed=0):
+    if op in ("ReduceLogSum", "ReduceL2") or dtype == np.float16 and op == "ReduceProd":
+        return rand(shape, dtype, seed=seed, low=0.2, high=2.0)
+    if op == "ReduceProd":
+        return rand(shape, dtype, seed=seed, low=0.5, high=1.5) * np.where(rand(shape, seed=seed + 1) > 0, 1, -1).astype(dtype)
+    return rand(shape, dtype, seed=seed)
+
+
+def _reduce_model(op, x, opset, axes_as_input):
+    nodes, inits = [], {}
+    for k, (axes, keep) in enumerate(AXES):
+        ins, attrs = ["x"], {"keepdims": keep}
+        if axes is not None:
+            if axes_as_input:
+                inits[f"axes{k}"] = np.array(axes, np.int64)
+                ins.append(f"axes{k}")
+            else:
+                attrs["axes"] = axes
+        nodes.append(helper.make_node(op, ins, [f"y{k}"], name=f"{op}_{k}", **attrs))
+    return graph_model(nodes, {"x": x}, inits, opset=opset)
+
+
+@pytest.mark.parametrize("op", FLOAT_OPS)
+def test_reduce_float_axes_attribute(op):
+    """axes as an attribute: opset 13 (ReduceSum: opset 11, upgraded to an axes input on loading)."""
+    x = _data(op, np.float32)
+    opset = 11 if op == "ReduceSum" else 13
+    assert_matches_ort(_reduce_model(op, x, opset, axes_as_input=False), {"x": x}, batch_axis=None, rtol=2e-5)
+
+
+@pytest.mark.parametrize("op", FLOAT_OPS)
+def test_reduce_float_axes_input(op):
+    x = _data(op, np.float32, shape=(2, 3, 6), seed=3)
+    assert_matches_ort(_reduce_model(op, x, 18, axes_as_input=True), {"x": x}, batch_axis=None, rtol=2e-5)
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd"])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_reduce_int(op, dtype):
+    x = rand((3, 4, 5), dtype, seed=4, low=-9, high=9) if op != "ReduceProd" else rand((3, 4, 5), dtype, seed=4, low=-1, high=0)
+    assert_matches_ort(_reduce_model(op, x, 18, axes_as_input=True), {"x": x}, batch_axis=None)
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2", "ReduceLogSumExp"])
+def test_reduce_half(op):
+    x = _data(op, np.float16, seed=5)
+    # accumulated in float, rounded to half once
+    assert_matches_ort(_reduce_model(op, x, 18, axes_as_input=True), {"x": x}, batch_axis=None, rtol=1e-3, atol=1e-3)
+
+
+def test_reduce_empty_axes_input():
+    """An empty axes input reduces everything, or nothing with noop_with_empty_axes=1; a missing
+    one reduces everything."""
+    x = rand((3, 4), seed=6)
+    empty = np.zeros((0,), np.int64)
+    nodes = [
+        helper.make_node("ReduceSum", ["x", "empty"], ["all"], keepdims=0),
+        helper.make_node("ReduceSum", ["x", "empty"], ["noop"], noop_with_empty_axes=1),
+        helper.make_node("ReduceMax", ["x"], ["missing"], keepdims=1),
+        helper.make_node("ReduceMean", ["x", "empty"], ["noop_mean"], noop_with_empty_axes=1),
+    ]
+    assert_matches_ort(graph_model(nodes, {"x": x}, {"empty": empty}, opset=18), {"x": x}, batch_axis=None)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.float16])
+def test_argmax_argmin(dtype):
+    x = rand((3, 4, 5), np.int32, seed=7, low=-3, high=3).astype(dtype)  # small ints: many ties
+    nodes = []
+    for op in ("ArgMax", "ArgMin"):
+        for axis in (0, 1, -1):
+            for keep in (0, 1):
+                for last in (0, 1):
+                    nodes.append(helper.make_node(op, ["x"], [f"{op}_{axis}_{keep}_{last}"], axis=axis, keepdims=keep,
+                                                  select_last_index=last))
+    _, got = assert_matches_ort(graph_model(nodes, {"x": x}, opset=13), {"x": x}, batch_axis=None)
+    assert all(v.dtype == np.int64 for v in got.values())
+
+
+def test_reduce_per_sample():
+    """Batch mode: ReduceMean over the last axis with keepdims, ReduceSum (axes input) over axis 1,
+    ArgMax over axis -1; batches of several sizes."""
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["mean"], axes=[-1], keepdims=1),
+        helper.make_node("ReduceSum", ["x", "ax1"], ["sum"], keepdims=0),
+        helper.make_node("ArgMax", ["x"], ["arg"], axis=-1, keepdims=0),
+        helper.make_node("Sub", ["x", "mean"], ["centred"]),
+    ]
+    model = graph_model(nodes, {"x": rand((2, 3, 5))}, {"ax1": np.array([1], np.int64)}, opset=13, batch="N")
+    for n in (1, 6):
+        net, _ = assert_matches_ort(model, {"x": rand((n, 3, 5), seed=n)})
+        assert net.batch_symbol == "N"
+
+
+@pytest.mark.parametrize("axes", [[0], [-3], None])
+def test_reduce_over_batch_axis_is_an_error(axes):
+    x = rand((2, 3, 5))
+    attrs = {"keepdims": 1} if axes is None else {"axes": axes, "keepdims": 1}
+    m = single_node_model("ReduceMean", {"x": x}, opset=13, batch="N", **attrs)
+    with pytest.raises(luisaml.CompileError, match=r"node 'ReduceMean_0' \(ReduceMean\): reduced axis (0|-3) is the batch axis"):
+        luisaml.compile(m, batch_axis=0)
+
+
+def test_reduce_errors():
+    x = rand((2, 3))
+    with pytest.raises(luisaml.CompileError, match="axes"):
+        luisaml.compile(single_node_model("ReduceSum", {"x": x}, initializers={"a": np.array([1, -1], np.int64)}), batch_axis=None)
+    with pytest.raises(luisaml.ModelError, match="ReduceMax_0"):  # shape inference already fails
+        luisaml.compile(single_node_model("ReduceMax", {"x": x}, initializers={"a": np.array([2], np.int64)}), batch_axis=None)
+
+
+def test_reduce_max_min_bool():
+    """Opset 20: ReduceMax/ReduceMin of bool data are any/all."""
+    x = rand((3, 4, 5), np.bool_, seed=8)
+    nodes = [
+        helper.make_node("ReduceMax", ["x", "ax"], ["any"], keepdims=0),
+        helper.make_node("ReduceMin", ["x", "ax"], ["all"], keepdims=1),
+        helper.make_node("ReduceMax", ["x"], ["any_all_axes"], keepdims=0),
+    ]
+    model = graph_model(nodes, {"x": x}, {"ax": np.array([0, 2], np.int64)}, opset=20)
+    _, got = assert_matches_ort(model, {"x": x}, batch_axis=None)
+    np.testing.assert_array_equal(got["any"], x.any(axis=(0, 2)))

@@ -1,0 +1,73 @@
+"""Softmax and LogSoftmax against onnxruntime: every axis (opset 13), the 2-D coercion of opset
+11, large inputs (the maximum is subtracted), half, and per-sample execution."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from util import assert_matches_ort, graph_model, rand, single_node_model  # noqa: E402
+
+import luisaml  # noqa: E402
+
+
+def _all_axes_model(op, x, opset, axes):
+    nodes = [helper.make_node(op, ["x"], [f"y{k}"], axis=a) for k, a in enumerate(axes)]
+    nodes.append(helper.make_node(op, ["x"], ["y_default"]))
+    return graph_model(nodes, {"x": x}, opset=opset)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_softmax_axes(op):
+    x = rand((2, 3, 4), seed=1, low=-5, high=5)
+    x[0, 0, :] += 80.0  # exp(85) overflows float: stable only with the maximum subtracted
+    assert_matches_ort(_all_axes_model(op, x, 13, [0, 1, 2, -1, -2]), {"x": x}, batch_axis=None)
+
+
+@pytest.fixture(params=["upgraded", "as is"])
+def opset11(request, monkeypatch):
+    """Old models are upgraded to opset 17 on loading; "as is" switches that off, so that the
+    opset-1 operators themselves are compiled."""
+    if request.param == "as is":
+        import luisaml.passes.upgrade as upgrade
+
+        monkeypatch.setattr(upgrade, "MIN_OPSET", 0)
+    return request.param
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_softmax_opset11_coerces_to_2d(op, opset11):
+    """Opset 11: normalised over all dims from axis on (the input seen as 2-D); default axis 1."""
+    x = rand((2, 3, 4), seed=2, low=-3, high=3)
+    net, _ = assert_matches_ort(_all_axes_model(op, x, 11, [0, 1, 2, -1]), {"x": x}, batch_axis=None)
+    assert net.plan.model.opset("") == (11 if opset11 == "as is" else 17)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_softmax_half(op):
+    x = rand((3, 7), np.float16, seed=3, low=-4, high=4)
+    assert_matches_ort(_all_axes_model(op, x, 13, [0, 1]), {"x": x}, batch_axis=None, rtol=2e-3, atol=2e-3)
+
+
+def test_softmax_per_sample():
+    x = rand((2, 4, 6), seed=4)
+    nodes = [
+        helper.make_node("Softmax", ["x"], ["sm"], axis=-1),
+        helper.make_node("LogSoftmax", ["x"], ["lsm"], axis=1),
+    ]
+    model = graph_model(nodes, {"x": x}, opset=13, batch="N")
+    for n in (1, 5):
+        net, _ = assert_matches_ort(model, {"x": rand((n, 4, 6), seed=n, low=-9, high=9)})
+        assert net.batch_symbol == "N"
+
+
+@pytest.mark.parametrize("opset,axis", [(13, 0), (13, -3), (11, 0)])
+def test_softmax_over_batch_axis_is_an_error(opset, axis, monkeypatch):
+    import luisaml.passes.upgrade as upgrade
+
+    monkeypatch.setattr(upgrade, "MIN_OPSET", 0)  # keep opset 11 (upgraded, the compiler would catch it)
+    m = single_node_model("Softmax", {"x": rand((2, 4, 6))}, opset=opset, batch="N", axis=axis)
+    with pytest.raises(luisaml.CompileError, match=rf"node 'Softmax_0' \(Softmax\): axis {axis} is the batch axis"):
+        luisaml.compile(m, batch_axis=0)
