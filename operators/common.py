@@ -46,6 +46,12 @@ def compute_dtype(dt: DType) -> DType:
     return dtypes.FLOAT if dt.dsl == "half" else dt
 
 
+def abs_expr(x: str, dt: DType) -> str:
+    """Return |x|; for ints a select, since luisa-python's integer abs aborts the CUDA backend's
+    compile (0.3.7)."""
+    return f"abs({x})" if dt.is_float else f"({x} if {x} >= 0 else -{x})"
+
+
 def upcast(expr: str, dt: DType) -> str:
     """Return expr (of dtype dt) converted to compute_dtype(dt)."""
     return convert(expr, dt, compute_dtype(dt))

@@ -13,7 +13,7 @@ from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import literal
 
-from .common import compute_dtype, convert, emit_map
+from .common import abs_expr, compute_dtype, convert, emit_map
 
 FLOAT = ("float",)
 NUM = ("float", "int")
@@ -95,7 +95,7 @@ def _map(op_type: str, since: int, fn, kinds=FLOAT, base=None, **attrs) -> type:
 # consumed_inputs attribute or in the types they allow).
 _map("Relu", 6, lambda s, x: f"max({x}, {s.lit(0)})", NUM, exact_in_half=True)
 _map("Neg", 6, lambda s, x: f"(-{x})", NUM, exact_in_half=True)
-_map("Abs", 6, lambda s, x: f"abs({x})", NUM, exact_in_half=True)
+_map("Abs", 6, lambda s, x: abs_expr(x, s.dtype), NUM, exact_in_half=True)
 _map("Exp", 6, lambda s, x: f"exp({x})")
 _map("Log", 6, lambda s, x: f"log({x})")
 _map("Sqrt", 6, lambda s, x: f"sqrt({x})")

@@ -10,7 +10,7 @@ from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import literal
 
-from .common import affine, compute_dtype, convert, reduction_loops, upcast
+from .common import abs_expr, affine, compute_dtype, convert, reduction_loops, upcast
 
 
 class Reduce(Operator):
@@ -88,7 +88,8 @@ class Fold(Reduce):
     def passes(self, ctx, first, load):
         acc, x = ctx.fresh("acc"), ctx.fresh("x")
         step = self.bool_step if self.acc.is_bool else self.step
-        p = {"init": [f"{acc} = {self.init_expr(first)}"], "x": x, "load": load, "update": [f"{acc} = " + step.format(acc=acc, x=x)]}
+        update = step.format(acc=acc, x=x, abs_x=abs_expr(x, self.acc))
+        p = {"init": [f"{acc} = {self.init_expr(first)}"], "x": x, "load": load, "update": [f"{acc} = {update}"]}
         return [p], self.finish_expr(acc)
 
     def finish_expr(self, acc: str) -> str:
@@ -125,7 +126,7 @@ _FOLDS = {
     "ReduceMax": _fold("ReduceMax", "first", "max({acc}, {x})", bool_step="({acc} or {x})"),
     "ReduceMin": _fold("ReduceMin", "first", "min({acc}, {x})", bool_step="({acc} and {x})"),
     "ReduceProd": _fold("ReduceProd", "1", "{acc} * {x}"),
-    "ReduceL1": _fold("ReduceL1", "0", "{acc} + abs({x})"),
+    "ReduceL1": _fold("ReduceL1", "0", "{acc} + {abs_x}"),
     "ReduceL2": _fold("ReduceL2", "0", "{acc} + {x} * {x}", "sqrt({acc})", ("float",)),
     "ReduceSumSquare": _fold("ReduceSumSquare", "0", "{acc} + {x} * {x}"),
     "ReduceLogSum": _fold("ReduceLogSum", "0", "{acc} + {x}", "log({acc})", ("float",)),

@@ -55,7 +55,7 @@ def test_reduce_float_axes_input(op):
     assert_matches_ort(_reduce_model(op, x, 18, axes_as_input=True), {"x": x}, batch_axis=None, rtol=2e-5)
 
 
-@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd"])
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceSumSquare"])
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
 def test_reduce_int(op, dtype):
     x = rand((3, 4, 5), dtype, seed=4, low=-9, high=9) if op != "ReduceProd" else rand((3, 4, 5), dtype, seed=4, low=-1, high=0)
