@@ -23,7 +23,7 @@ from luisaml.fvdb import layout as L
 from luisaml.fvdb.grid_batch import MAX_GRIDS_PER_BATCH
 from luisaml.fvdb.jagged import offsets_from_counts
 from luisaml.fvdb.layout import NanoVDBError
-from luisaml.fvdb.nanovdb import as_byte_buffer, read_grids, require_fvdb_index_grid
+from luisaml.fvdb.nanovdb import NanoGrid, as_byte_buffer, read_grids, require_fvdb_index_grid
 from luisaml.model import shape_str
 from luisaml.operator import CompileError, Derived, Operator
 from luisaml.opsets import fvdb as schema
@@ -57,10 +57,10 @@ def fvdb_transform(voxel_sizes: np.ndarray, origins: np.ndarray) -> tuple[np.nda
     return (1.0 / h).astype(np.float32), (-o / h).astype(np.float32)
 
 
-def grid_metadata(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch_indices, batch_offsets,
-                  expect_voxels: int | None = None) -> np.ndarray:
-    """Return the metadata table (int32 [B, META_FIELDS]) of a GridBatch bundle after checking the
-    bundle against its blob: every grid valid, offsets, voxel and leaf numbering consistent."""
+def bundle_grids(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch_indices, batch_offsets,
+                 expect_voxels: int | None = None) -> list[NanoGrid]:
+    """Return grid b of a GridBatch bundle for each b, after checking the bundle against its blob:
+    every grid valid, offsets, voxel and leaf numbering consistent (and expect_voxels voxels in all)."""
     blob = as_byte_buffer(np.asarray(grid_blob))
     if blob.size > MAX_BLOB_BYTES:
         raise NanoVDBError(f"grid_blob has {blob.size} bytes; kernels address at most {MAX_BLOB_BYTES}")
@@ -102,6 +102,19 @@ def grid_metadata(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch
         raise NanoVDBError(
             f"the grids have {int(want[-1])} active voxels in all, but the voxel data has {expect_voxels} rows"
         )
+    return chosen
+
+
+def grid_metadata(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch_indices, batch_offsets,
+                  expect_voxels: int | None = None) -> np.ndarray:
+    """Return the metadata table (int32 [B, META_FIELDS]) of a checked GridBatch bundle (bundle_grids)."""
+    chosen = bundle_grids(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch_indices, batch_offsets,
+                          expect_voxels)
+    n = len(chosen)
+    counts = np.array([g.voxel_count for g in chosen], np.int64)
+    want = offsets_from_counts(counts)
+    h = np.asarray(voxel_sizes, np.float64)
+    o = np.asarray(origins, np.float64)
     meta = np.zeros((n, META_FIELDS), np.int32)
     meta[:, Meta.TILES] = [g.root_offset + L.ROOT_DATA_SIZE for g in chosen]
     meta[:, Meta.TILE_COUNT] = [g.root_tile_count for g in chosen]

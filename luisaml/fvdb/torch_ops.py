@@ -1,0 +1,503 @@
+"""The `fvdb` operators as torch functions: CPU implementations with fVDB's semantics (differentiable
+where fVDB's are: samplers and splats with respect to their data, transforms with respect to the
+points), which ``torch.onnx.export(..., dynamo=False)`` turns into ``fvdb.*`` nodes.
+
+A grid enters as the seven GridBatch bundle tensors (:func:`bundle_tensors`), a JaggedTensor as its
+four tensors (:func:`jagged_tensors`), in the order of opsets/fvdb.py; per-point functions return the
+jdata of their result. Exported, the bundle is whatever the tensors are in the traced model: graph
+inputs when they are forward() arguments, initializers when they are buffers of the module.
+
+    bundle = bundle_tensors(GridBatch.from_points(pts, voxel_sizes=0.05))
+    feats = sample_trilinear(bundle, jagged_tensors(x), jagged_tensors(features))
+    export_onnx(model, (x,), "model.onnx", input_names=["x"], dynamic_axes={"x": {0: "N"}})
+
+Lookups run on the host (luisaml.fvdb's reader, checked against warp) with the grids parsed and
+validated once per bundle; the arithmetic is fVDB's float32 arithmetic, so these functions and the
+compiled kernels agree to the last bit where the kernel runs the same operations.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import warnings
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from ..opsets import fvdb as schema
+from .grid_batch import GridBatch
+from .jagged import JaggedTensor
+from .nanovdb import NanoGrid, active_voxels
+from .nanovdb import ijk_to_index as _host_ijk_to_index
+
+# fVDB's trilinear corner order (utils/TrilinearStencil.h)
+_CORNERS = ((0, 0, 0), (0, 0, 1), (0, 1, 1), (0, 1, 0), (1, 0, 0), (1, 0, 1), (1, 1, 1), (1, 1, 0))
+
+
+def bundle_tensors(grid: GridBatch) -> tuple[torch.Tensor, ...]:
+    """Return the seven GridBatch bundle arrays as torch tensors (grid_blob, grid_byte_offsets, ...)."""
+    return tuple(torch.from_numpy(np.array(a)) for a in grid.bundle())
+
+
+def jagged_tensors(x: JaggedTensor | torch.Tensor | np.ndarray | Sequence) -> tuple[torch.Tensor, ...]:
+    """Return (jdata, joffsets, jidx, jlidx) as torch tensors for a JaggedTensor, one tensor (a single-element
+    list: empty jidx, as fVDB leaves it) or a list of tensors (one per grid)."""
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        data = torch.as_tensor(x)
+        n = data.shape[0]
+        return (data, torch.tensor([0, n], dtype=torch.int64), torch.zeros(0, dtype=torch.int32),
+                torch.zeros((0, 1), dtype=torch.int32))
+    if not isinstance(x, JaggedTensor):
+        parts = [torch.as_tensor(t) for t in x]
+        counts = torch.tensor([0] + [len(t) for t in parts], dtype=torch.int64)
+        offsets = torch.cumsum(counts, 0)
+        jidx = (torch.repeat_interleave(torch.arange(len(parts), dtype=torch.int32), counts[1:])
+                if len(parts) > 1 else torch.zeros(0, dtype=torch.int32))
+        return torch.cat(parts), offsets, jidx, torch.zeros((0, 1), dtype=torch.int32)
+    return tuple(torch.from_numpy(np.array(a)) for a in x.bundle())
+
+
+# ---- the grids behind a bundle, parsed once -------------------------------------------------------
+
+
+# A grid whose active bounding box has at most this many cells is looked up through a dense table
+# built once from its validated tree (one gather per query instead of a tree walk).
+DENSE_TABLE_CELLS = 1 << 24
+
+
+class _Index:
+    """ijk -> index (-1 inactive) of one grid: a dense table over its bounding box, or the tree walk."""
+
+    def __init__(self, grid: NanoGrid):
+        self.grid = grid
+        self.lo = grid.root_bbox[0].astype(np.int64)
+        dims = grid.root_bbox[1].astype(np.int64) - self.lo + 1
+        self.table = None
+        if grid.voxel_count and int(np.prod(dims)) <= DENSE_TABLE_CELLS:
+            ijk = active_voxels(grid).astype(np.int64)  # ordered by index
+            self.dims = dims
+            self.table = np.full(int(np.prod(dims)), -1, np.int64)
+            self.table[self._flat(ijk - self.lo)] = np.arange(len(ijk))
+
+    def _flat(self, rel: np.ndarray) -> np.ndarray:
+        return (rel[:, 0] * self.dims[1] + rel[:, 1]) * self.dims[2] + rel[:, 2]
+
+    def __call__(self, ijk: np.ndarray) -> np.ndarray:
+        if self.table is None:
+            return _host_ijk_to_index(self.grid, ijk) if self.grid.voxel_count else np.full(len(ijk), -1, np.int64)
+        rel = ijk.astype(np.int64) - self.lo
+        inside = ((rel >= 0) & (rel < self.dims)).all(1)
+        out = np.full(len(ijk), -1, np.int64)
+        out[inside] = self.table[self._flat(rel[inside])]
+        return out
+
+
+class _Grids(NamedTuple):
+    index: list[_Index]
+    voxel_offsets: np.ndarray  # int64 [B]
+    total_voxels: int
+    scale: torch.Tensor  # float32 [B, 3], fVDB's 1/h
+    translate: torch.Tensor  # float32 [B, 3], fVDB's -origin/h
+
+
+_CACHE: OrderedDict = OrderedDict()
+_CACHE_SIZE = 8
+
+
+def _key(bundle: Sequence[torch.Tensor]) -> tuple:
+    """Return the cache key of a bundle: the blob tensor's identity and version (in-place writes bump
+    it), and the contents of the small tensors."""
+    blob = bundle[0]
+    small = hashlib.blake2b(digest_size=16)
+    for t in bundle[1:6]:
+        a = np.ascontiguousarray(t.detach().cpu().numpy())
+        small.update(f"{a.dtype.str}{a.shape};".encode())
+        small.update(memoryview(a).cast("B"))
+    return (id(blob), blob.data_ptr(), blob.numel(), blob._version, small.digest())
+
+
+def _grids(bundle: Sequence[torch.Tensor]) -> _Grids:
+    """Return the bundle's grids (validated against the blob as the shader side does), cached per bundle."""
+    if len(bundle) != len(schema.BUNDLE):
+        raise ValueError(f"a grid bundle has {len(schema.BUNDLE)} tensors ({', '.join(schema.BUNDLE)}), got {len(bundle)}")
+    key = _key(bundle)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0]() is bundle[0]:  # the very tensor, still alive: its bytes are the same
+        _CACHE.move_to_end(key)
+        return hit[1]
+    from ..operators.fvdb.common import bundle_grids, fvdb_transform
+
+    arrays = [t.detach().cpu().numpy() for t in bundle]
+    grids = bundle_grids(*arrays[:6])  # every check the kernels rely on
+    offsets = np.asarray(arrays[5], np.int64).reshape(-1)
+    scale, translate = fvdb_transform(arrays[2], arrays[3])
+    out = _Grids([_Index(g) for g in grids], offsets[:-1], int(offsets[-1]), torch.from_numpy(scale),
+                 torch.from_numpy(translate))
+    _CACHE[key] = (weakref.ref(bundle[0]), out)
+    while len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return out
+
+
+def _grid_ids(jagged: Sequence[torch.Tensor]) -> torch.Tensor:
+    jdata, _, jidx, _ = jagged
+    return jidx.long() if jidx.numel() else torch.zeros(jdata.shape[0], dtype=torch.long)
+
+
+def _lookup(g: _Grids, ijk: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Return the batch-global index (int64) of each ijk in its grid b, -1 where inactive."""
+    ijk_np = ijk.detach().cpu().numpy().astype(np.int32)
+    b_np = b.cpu().numpy()
+    out = np.full(len(ijk_np), -1, np.int64)
+    for k, index in enumerate(g.index):
+        sel = np.flatnonzero(b_np == k) if len(g.index) > 1 else np.arange(len(ijk_np))
+        if len(sel):
+            idx = index(ijk_np[sel])
+            out[sel] = np.where(idx >= 0, idx + g.voxel_offsets[k], -1)
+    return torch.from_numpy(out)
+
+
+def _world_to_voxel(g: _Grids, pts: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return pts * g.scale[b] + g.translate[b]
+
+
+def _trilinear(g: _Grids, pts: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return (index [N, 8] (-1 inactive), weight [N, 8] (0 inactive)) of fVDB's trilinear stencil."""
+    x = _world_to_voxel(g, pts.detach(), b)
+    base = torch.floor(x)
+    u = x - base
+    one_minus = 1.0 - u
+    ijk = base.to(torch.int64)
+    corners = torch.tensor(_CORNERS)
+    idx = _lookup(g, (ijk[:, None, :] + corners).reshape(-1, 3), b.repeat_interleave(8)).reshape(-1, 8)
+    w = []
+    for k, corner in enumerate(_CORNERS):
+        f = [u[:, a] if d else one_minus[:, a] for a, d in enumerate(corner)]
+        w.append(torch.where(idx[:, k] >= 0, f[0] * f[1] * f[2], torch.zeros(())))
+    return idx, torch.stack(w, 1)
+
+
+def _bezier(t: torch.Tensor) -> torch.Tensor:
+    """fVDB's Bezier kernel (twice the quadratic B-spline), with its double-precision 1.5 literals."""
+    t64 = t.double()
+    a = ((t64 + 1.5) * (t64 + 1.5)).float()
+    c = ((-2.0 * t * t).double() + 1.5).float()
+    e = ((t64 - 1.5) * (t64 - 1.5)).float()
+    zero = torch.zeros_like(t)
+    return torch.where((t >= -1.5) & (t < -0.5), a, torch.where((t >= -0.5) & (t < 0.5), c,
+                                                                 torch.where((t >= 0.5) & (t < 1.5), e, zero)))
+
+
+def _bezier_stencil(g: _Grids, pts: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return (index [N, 27], weight [N, 27]) of fVDB's Bezier taps (dz fastest), -1 / 0 where inactive."""
+    x = _world_to_voxel(g, pts.detach(), b)
+    c = torch.floor(x.double() + 0.5)  # NanoVDB's round: floor(double(x) + 0.5)
+    u = x - c.float()
+    c = c.to(torch.int64)
+    taps = [(t // 9 - 1, (t // 3) % 3 - 1, t % 3 - 1) for t in range(27)]
+    idx = _lookup(g, (c[:, None, :] + torch.tensor(taps)).reshape(-1, 3), b.repeat_interleave(27)).reshape(-1, 27)
+    w = []
+    for k, d in enumerate(taps):
+        wt = _bezier(u[:, 0] - d[0]) * _bezier(u[:, 1] - d[1]) * _bezier(u[:, 2] - d[2])
+        w.append(torch.where(idx[:, k] >= 0, wt, torch.zeros(())))
+    return idx, torch.stack(w, 1)
+
+
+def _gather(idx: torch.Tensor, w: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
+    """Return sum over taps k of w[:, k] * data[idx[:, k]] (tap order, float32), data [V, C]."""
+    out = torch.zeros((idx.shape[0], data.shape[1]), dtype=data.dtype)
+    if data.shape[0] == 0:
+        return out
+    for k in range(idx.shape[1]):
+        out = out + w[:, k, None] * data[idx[:, k].clamp(min=0)]
+    return out
+
+
+def _scatter(idx: torch.Tensor, w: torch.Tensor, values: torch.Tensor, rows: int) -> torch.Tensor:
+    """Return zeros [rows, C] with w[:, k] * values added at idx[:, k] for every active tap."""
+    out = torch.zeros((rows, values.shape[1]), dtype=values.dtype)
+    for k in range(idx.shape[1]):
+        on = idx[:, k] >= 0
+        out.index_add_(0, idx[on, k], w[on, k, None] * values[on])
+    return out
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(x.shape[0], -1)
+
+
+def _check_points(name: str, x: torch.Tensor, dtype: torch.dtype | tuple = torch.float32) -> None:
+    dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
+    if x.dtype not in dtypes or x.dim() != 2 or x.shape[1] != 3:
+        raise ValueError(f"{name} must be {' or '.join(map(str, dtypes))} [N, 3], got {x.dtype} {list(x.shape)}")
+
+
+# ---- export ----------------------------------------------------------------------------------------
+
+
+def _node(g, op_type: str, inputs, like, sizes, dtype=None, **attrs):
+    """Return an fvdb.<op_type> node's output in a TorchScript export graph, typed like `like`."""
+    out = g.op(f"{schema.DOMAIN}::{op_type}", *inputs, **attrs)
+    t = like.type()
+    if dtype is not None:
+        t = t.with_dtype(dtype)
+    out.setType(t.with_sizes(sizes))
+    return out
+
+
+def _rows(v) -> int | None:
+    from torch.onnx import symbolic_helper
+
+    sizes = symbolic_helper._get_tensor_sizes(v)
+    return sizes[0] if sizes else None
+
+
+def _trailing(v) -> list:
+    from torch.onnx import symbolic_helper
+
+    return list(symbolic_helper._get_tensor_sizes(v) or [None, None])[1:]
+
+
+def export_onnx(model: torch.nn.Module, args, f, **kwargs) -> None:
+    """torch.onnx.export with the settings fvdb.* nodes need: the TorchScript exporter (dynamo=False),
+    opset 17 and the fvdb custom opset."""
+    kwargs.setdefault("opset_version", 17)
+    kwargs["custom_opsets"] = {**kwargs.get("custom_opsets", {}), schema.DOMAIN: schema.VERSION}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning)  # the TorchScript exporter
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        with torch.no_grad():  # the graph is traced for inference; parameters become initializers
+            torch.onnx.export(model, args, f, dynamo=False, **kwargs)
+
+
+# ---- the functions --------------------------------------------------------------------------------
+
+
+def _host_forward(forward):
+    """Run a Function's forward with the TorchScript tracer paused: the exporter records the node
+    (its symbolic), not the host computation inside, whose constants it cannot always map."""
+
+    @functools.wraps(forward)
+    def wrapped(ctx, *args):
+        state = torch._C._get_tracing_state()
+        torch._C._set_tracing_state(None)
+        try:
+            return forward(ctx, *args)
+        finally:
+            torch._C._set_tracing_state(state)
+
+    return wrapped
+
+
+class _IJKToIndex(torch.autograd.Function):
+    @staticmethod
+    @_host_forward
+    def forward(ctx, cumulative: bool, *tensors):
+        bundle, ijk = tensors[:7], tensors[7:]
+        _check_points("ijk jdata", ijk[0], (torch.int32, torch.int64))
+        g = _grids(bundle)
+        b = _grid_ids(ijk)
+        out = _lookup(g, ijk[0], b)
+        if not cumulative:
+            out = torch.where(out >= 0, out - torch.from_numpy(g.voxel_offsets)[b], out)
+        return out
+
+    @staticmethod
+    def symbolic(g, cumulative, *tensors):
+        return _node(g, "IJKToIndex", tensors, tensors[7], [_rows(tensors[7])], torch.int64, cumulative_i=int(cumulative))
+
+
+class _InGrid(torch.autograd.Function):
+    @staticmethod
+    @_host_forward
+    def forward(ctx, op_type: str, *tensors):
+        bundle, x = tensors[:7], tensors[7:]
+        g = _grids(bundle)
+        b = _grid_ids(x)
+        if op_type == "CoordsInGrid":
+            _check_points("ijk jdata", x[0], (torch.int32, torch.int64))
+            ijk = x[0].long()
+        else:
+            _check_points("points jdata", x[0])
+            ijk = torch.floor(_world_to_voxel(g, x[0].detach(), b).double() + 0.5).long()
+        return _lookup(g, ijk, b) >= 0
+
+    @staticmethod
+    def symbolic(g, op_type, *tensors):
+        return _node(g, op_type, tensors, tensors[7], [_rows(tensors[7])], torch.bool)
+
+
+class _Transform(torch.autograd.Function):
+    @staticmethod
+    @_host_forward
+    def forward(ctx, to_voxel: bool, *tensors):
+        bundle, x = tensors[:7], tensors[7:]
+        _check_points("points jdata", x[0])
+        g = _grids(bundle)
+        b = _grid_ids(x)
+        s, t = g.scale[b], g.translate[b]
+        ctx.save_for_backward(s)
+        ctx.to_voxel = to_voxel
+        return x[0] * s + t if to_voxel else (x[0] - t) / s
+
+    @staticmethod
+    def backward(ctx, grad):
+        (s,) = ctx.saved_tensors
+        # fVDB's applyGrad / applyInvGrad: the scale, or 1 / scale, times the incoming gradient
+        grad_points = grad * s if ctx.to_voxel else grad * (1.0 / s)
+        return (None,) * 8 + (grad_points, None, None, None)
+
+    @staticmethod
+    def symbolic(g, to_voxel, *tensors):
+        op_type = "WorldToVoxel" if to_voxel else "VoxelToWorld"
+        return _node(g, op_type, tensors, tensors[7], [_rows(tensors[7]), 3])
+
+
+class _Sample(torch.autograd.Function):
+    @staticmethod
+    @_host_forward
+    def forward(ctx, bezier: bool, *tensors):
+        bundle, pts, data = tensors[:7], tensors[7:11], tensors[11:15]
+        _check_points("points jdata", pts[0])
+        g = _grids(bundle)
+        d = data[0]
+        if d.dtype != torch.float32 or d.dim() < 1 or d.shape[0] != g.total_voxels:
+            raise ValueError(f"voxel data must be float32 [{g.total_voxels}, ...] (one row per active voxel), got "
+                             f"{d.dtype} {list(d.shape)}")
+        stencil = _bezier_stencil if bezier else _trilinear
+        idx, w = stencil(g, pts[0], _grid_ids(pts))
+        out = _gather(idx, w, _flat(d))
+        if not bezier:  # fVDB returns 0 where no corner is active (inactive corners read row 0 at weight 0)
+            out = torch.where((idx >= 0).any(1, keepdim=True), out, torch.zeros(()))
+        ctx.save_for_backward(idx, w)
+        ctx.data_shape = d.shape
+        return out.reshape((pts[0].shape[0],) + tuple(d.shape[1:]))
+
+    @staticmethod
+    def backward(ctx, grad):
+        idx, w = ctx.saved_tensors
+        grad_data = _scatter(idx, w, _flat(grad), ctx.data_shape[0]).reshape(ctx.data_shape)
+        return (None,) * 12 + (grad_data, None, None, None)
+
+    @staticmethod
+    def symbolic(g, bezier, *tensors):
+        op_type = "SampleBezier" if bezier else "SampleTrilinear"
+        return _node(g, op_type, tensors, tensors[11], [_rows(tensors[7])] + _trailing(tensors[11]))
+
+
+class _Splat(torch.autograd.Function):
+    @staticmethod
+    @_host_forward
+    def forward(ctx, bezier: bool, total_voxels: int, *tensors):
+        bundle, pts, values = tensors[:7], tensors[7:11], tensors[11:15]
+        _check_points("points jdata", pts[0])
+        v = values[0]
+        if v.dtype != torch.float32 or v.dim() < 1 or v.shape[0] != pts[0].shape[0]:
+            raise ValueError(f"values must be float32 with one row per point ({pts[0].shape[0]}), got "
+                             f"{v.dtype} {list(v.shape)}")
+        g = _grids(bundle)
+        if total_voxels != g.total_voxels:
+            raise ValueError(f"total_voxels is {total_voxels}, the grids have {g.total_voxels} active voxels")
+        stencil = _bezier_stencil if bezier else _trilinear
+        idx, w = stencil(g, pts[0], _grid_ids(pts))
+        ctx.save_for_backward(idx, w)
+        ctx.values_shape = v.shape
+        return _scatter(idx, w, _flat(v), g.total_voxels).reshape((g.total_voxels,) + tuple(v.shape[1:]))
+
+    @staticmethod
+    def backward(ctx, grad):
+        idx, w = ctx.saved_tensors
+        grad_values = _gather(idx, w, _flat(grad)).reshape(ctx.values_shape)
+        return (None,) * 13 + (grad_values, None, None, None)
+
+    @staticmethod
+    def symbolic(g, bezier, total_voxels, *tensors):
+        op_type = "SplatBezier" if bezier else "SplatTrilinear"
+        return _node(g, op_type, tensors, tensors[11], [total_voxels] + _trailing(tensors[11]),
+                     total_voxels_i=total_voxels)
+
+
+def _args(bundle, *jagged) -> tuple:
+    bundle = tuple(bundle)
+    if len(bundle) != len(schema.BUNDLE):
+        raise ValueError(f"a grid bundle has {len(schema.BUNDLE)} tensors ({', '.join(schema.BUNDLE)}), got {len(bundle)}")
+    out = bundle
+    for j in jagged:
+        j = tuple(j)
+        if len(j) != len(schema.JAGGED):
+            raise ValueError(f"a JaggedTensor is {len(schema.JAGGED)} tensors (jdata, joffsets, jidx, jlidx), got {len(j)}")
+        out += j
+    return out
+
+
+def ijk_to_index(bundle, ijk, cumulative: bool = False) -> torch.Tensor:
+    """fVDB ijk_to_index: int64 index of each ijk in its grid (+ the grid's batch offset when cumulative), -1 if inactive."""
+    return _IJKToIndex.apply(bool(cumulative), *_args(bundle, ijk))
+
+
+def coords_in_grid(bundle, ijk) -> torch.Tensor:
+    """fVDB coords_in_grid: whether each integer ijk is an active voxel of its grid."""
+    return _InGrid.apply("CoordsInGrid", *_args(bundle, ijk))
+
+
+def points_in_grid(bundle, points) -> torch.Tensor:
+    """fVDB points_in_grid: whether round(world_to_voxel(p)) is an active voxel."""
+    return _InGrid.apply("PointsInGrid", *_args(bundle, points))
+
+
+def world_to_voxel(bundle, points) -> torch.Tensor:
+    """fVDB world_to_voxel (primal, float32): p * s + t; differentiable in the points."""
+    return _Transform.apply(True, *_args(bundle, points))
+
+
+def voxel_to_world(bundle, coords) -> torch.Tensor:
+    """fVDB voxel_to_world (primal, float32): (x - t) / s; differentiable in the coordinates."""
+    return _Transform.apply(False, *_args(bundle, coords))
+
+
+def sample_trilinear(bundle, points, voxel_data) -> torch.Tensor:
+    """fVDB sample_trilinear: [N, *] from voxel data [V, *]; differentiable in the data."""
+    return _Sample.apply(False, *_args(bundle, points, voxel_data))
+
+
+def sample_bezier(bundle, points, voxel_data) -> torch.Tensor:
+    """fVDB sample_bezier (weights summing to 8): [N, *] from voxel data [V, *]; differentiable in the data."""
+    return _Sample.apply(True, *_args(bundle, points, voxel_data))
+
+
+def _total_voxels(bundle) -> int:
+    with warnings.catch_warnings():  # while tracing, the example grid's count becomes an attribute
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        return int(bundle[5][-1].item())
+
+
+def splat_trilinear(bundle, points, values) -> torch.Tensor:
+    """fVDB splat_trilinear: [V, *] from per-point values [N, *]; differentiable in the values."""
+    args = _args(bundle, points, values)
+    return _Splat.apply(False, _total_voxels(args), *args)
+
+
+def splat_bezier(bundle, points, values) -> torch.Tensor:
+    """fVDB splat_bezier: [V, *] from per-point values [N, *]; differentiable in the values."""
+    args = _args(bundle, points, values)
+    return _Splat.apply(True, _total_voxels(args), *args)
+
+
+__all__ = [
+    "bundle_tensors",
+    "coords_in_grid",
+    "export_onnx",
+    "ijk_to_index",
+    "jagged_tensors",
+    "points_in_grid",
+    "sample_bezier",
+    "sample_trilinear",
+    "splat_bezier",
+    "splat_trilinear",
+    "voxel_to_world",
+    "world_to_voxel",
+]
