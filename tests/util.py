@@ -107,7 +107,9 @@ def graph_model(nodes, inputs: dict[str, np.ndarray], initializers: dict[str, np
     outs = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs]
     inits = [numpy_helper.from_array(v, k) for k, v in initializers.items()]
     graph = helper.make_graph(list(nodes), "graph_test", ins, outs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    opsets = [helper.make_opsetid("", opset)]
+    # the oldest IR version the opset allows: older onnxruntime builds reject newer IR versions
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets))
     inferred = onnx.shape_inference.infer_shapes(model)
     del model.graph.output[:]
     model.graph.output.extend(inferred.graph.output)
