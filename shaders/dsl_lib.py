@@ -1,4 +1,5 @@
 """DSL functions shared by operators; a generated module imports the ones it uses."""
+# ruff: noqa: F821  (exp, copysign, ... are DSL builtins the luisa compiler resolves)
 import luisa
 from luisa.types import half  # noqa: F401
 

@@ -54,7 +54,7 @@ def test_gemm_int_alpha_must_be_whole():
 
 
 def test_gemm_shape_errors():
-    a, b = rand((2, 3)), rand((4, 2))
+    """A [2, 3] x B [4, 2]: the inner dimensions differ (shape inference already says so)."""
     m = helper.make_model(
         helper.make_graph(
             [helper.make_node("Gemm", ["a", "b"], ["y"], name="g")], "g",

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, ort_run, rand, single_node_model  # noqa: E402
+from util import assert_matches_ort, graph_model, rand, single_node_model  # noqa: E402
 
 import luisaml  # noqa: E402
 
