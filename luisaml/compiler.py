@@ -182,25 +182,33 @@ def _kernel_shape(v: Variable, prep: Prepared, producers) -> tuple[tuple[int, ..
             dims.append(a)
             onnx_dims.append(a)
             continue
-        if (a, b) == (PROBE_A, PROBE_B):
-            if k != 0:
-                raise ModelError(
-                    f"{where}: the batch dimension '{prep.symbol}' moved to axis {k}; per-sample execution "
-                    "needs it at axis 0 (compile with batch_axis=None for one instance of the graph)"
-                )
+        mult = _batch_multiple(a, b)
+        if mult is not None and k == 0:
+            # k*B at axis 0 keeps each sample's elements together (a reshape of [B, k, ...]):
+            # per sample it is k rows
             batched = True
-            dims.append(1)
-            onnx_dims.append(prep.symbol)
+            dims.append(mult)
+            onnx_dims.append(prep.symbol if mult == 1 else f"{mult}*{prep.symbol}")
             continue
-        if b is not None and a % PROBE_A == 0 and b % PROBE_B == 0 and a // PROBE_A == b // PROBE_B:
-            desc = f"{a // PROBE_A}*{prep.symbol}"
-        else:
-            desc = "dynamic"
+        if mult is not None:
+            raise ModelError(
+                f"{where}: the batch dimension '{prep.symbol}' moved to axis {k} of "
+                f"{shape_str(tuple(onnx_dims) + ('...',))}; per-sample execution needs it at axis 0 "
+                "(compile with batch_axis=None for one instance of the graph)"
+            )
         raise ModelError(
-            f"{where}: dimension {k} is {desc}; it mixes samples across the batch dimension "
-            f"'{prep.symbol}' (compile with batch_axis=None for one instance of the graph)"
+            f"{where}: dimension {k} is dynamic ({a} at batch {PROBE_A}, {b} at batch {PROBE_B}); it mixes "
+            f"samples across the batch dimension '{prep.symbol}' (compile with batch_axis=None for one "
+            "instance of the graph)"
         )
     return tuple(dims), batched, tuple(onnx_dims)
+
+
+def _batch_multiple(a: int, b: int | None) -> int | None:
+    """Return k when a dimension is k*B (k*PROBE_A and k*PROBE_B at the two probes), else None."""
+    if b is None or a % PROBE_A or b % PROBE_B or a // PROBE_A != b // PROBE_B:
+        return None
+    return a // PROBE_A
 
 
 def _constant_value(v: Variable, prep: Prepared, batched: bool) -> tuple[np.ndarray | None, bool]:
@@ -283,8 +291,17 @@ def build_operators(
 
 
 def check_batch_mixing(ops: list[tuple[Node, Operator]]) -> None:
-    """Raise for a node that reads a per-sample tensor and writes a shared one."""
+    """Raise for a node that reads a per-sample tensor and writes a shared one, or (not being a
+    view) changes how many rows of a k*B leading dimension belong to one sample."""
     for node, op in ops:
+        rows_in = {t.shape[0] for t in op.inputs if t is not None and t.batched}
+        for t in op.outputs:
+            if t is not None and t.batched and rows_in and not op.view and t.shape[0] not in rows_in:
+                raise CompileError(
+                    f"{node.describe()}: output '{t.name}' has {t.shape[0]} rows per sample along the batch "
+                    f"axis, its inputs {sorted(rows_in)}: this node mixes samples across the batch "
+                    "(compile with batch_axis=None)"
+                )
         shared = [t for k, t in enumerate(op.outputs) if t is not None and not t.batched and t.value is None
                   and not op.cooperative(k)]
         if any(t is not None and t.batched for t in op.inputs) and shared:

@@ -191,17 +191,18 @@ class CompiledNetwork:
             if a.dtype != s.dtype.numpy:
                 raise TypeError(f"input '{s.name}': expected dtype {s.dtype.numpy}, got {a.dtype}")
             if s.batched:
-                want = tuple(s.kernel_shape[1:])
-                if a.ndim != len(s.kernel_shape) or tuple(a.shape[1:]) != want:
+                want, rows = tuple(s.kernel_shape[1:]), s.kernel_shape[0]  # rows: k of a k*B dimension
+                if a.ndim != len(s.kernel_shape) or tuple(a.shape[1:]) != want or a.shape[0] % rows:
                     raise ValueError(
                         f"input '{s.name}': expected shape {_expected(s)}, got {shape_str(a.shape)}"
                     )
-                if batch is not None and a.shape[0] != batch[1]:
+                n = a.shape[0] // rows
+                if batch is not None and n != batch[1]:
                     raise ValueError(
-                        f"input '{s.name}': batch dimension '{self.plan.symbol}' is {a.shape[0]}, but input "
+                        f"input '{s.name}': batch dimension '{self.plan.symbol}' is {n}, but input "
                         f"'{batch[0]}' has {batch[1]}"
                     )
-                batch = batch or (s.name, a.shape[0])
+                batch = batch or (s.name, n)
             elif tuple(a.shape) != tuple(s.kernel_shape):
                 raise ValueError(f"input '{s.name}': expected shape {_expected(s)}, got {shape_str(a.shape)}")
             arrays[s.name] = a
@@ -296,7 +297,7 @@ class CompiledNetwork:
             from .luisa_compat import read_buffer
 
             raw = read_buffer(buf, s.dtype.kernel_numpy, count)
-            shape = ((n,) + tuple(s.kernel_shape[1:])) if s.batched else tuple(s.kernel_shape)
+            shape = ((n * s.kernel_shape[0],) + tuple(s.kernel_shape[1:])) if s.batched else tuple(s.kernel_shape)
             results[s.name] = raw.astype(s.dtype.numpy, copy=False).reshape(shape)
         for name in self.plan.host_outputs:
             if name in wanted:

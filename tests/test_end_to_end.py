@@ -137,3 +137,32 @@ def test_mixing_samples_is_a_compile_error(tmp_path):
     net = luisaml.compile(path, batch_axis=None, input_shapes={"x": [3, 4]})  # fine as one instance
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
     np.testing.assert_allclose(net.run({"x": x})["y"], x - x.mean(0, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_rows_of_a_sample_folded_into_the_batch_dimension(tmp_path):
+    """[B, 4, 3] viewed as [4B, 3] keeps each sample's rows together: per sample it is 4 rows."""
+
+    class Rows(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = torch.nn.Linear(3, 5)
+
+        def forward(self, x):
+            return torch.relu(self.l(x.reshape(-1, 3)))  # [4B, 5] as a graph output
+
+    torch.manual_seed(4)
+    m = Rows()
+    net = luisaml.compile(_export(m, torch.randn(2, 4, 3), tmp_path / "rows.onnx", False))
+    out = next(s for s in net.outputs)
+    assert out.shape == ("4*batch", 5) and out.kernel_shape == (4, 5)
+    x = torch.randn(7, 4, 3)
+    np.testing.assert_allclose(net.run({"x": x.numpy()})["y"], m(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_concat_along_the_batch_is_a_compile_error(tmp_path):
+    class Twice(torch.nn.Module):
+        def forward(self, x):
+            return torch.cat([x, x * 2], dim=0)
+
+    with pytest.raises(luisaml.CompileError, match=r"Concat.*mixes samples across the batch"):
+        luisaml.compile(_export(Twice(), torch.randn(2, 3), tmp_path / "twice.onnx", False))

@@ -134,10 +134,14 @@ def set_symbols(proto: onnx.ModelProto, values: dict[str, int]) -> onnx.ModelPro
     m = onnx.ModelProto()
     m.CopyFrom(proto)
     del m.graph.value_info[:]  # stale once the inputs change; inference recomputes it
-    for vi in list(m.graph.input) + list(m.graph.output):
+    for vi in m.graph.input:
         for d in _dims(vi):
             if d.HasField("dim_param") and d.dim_param in values:
                 d.dim_value = values[d.dim_param]
+    for vi in m.graph.output:  # inference says what an output is (an exporter may call 4*B "B")
+        for d in _dims(vi):
+            if d.HasField("dim_param") and d.dim_param in values:
+                d.Clear()
     return m
 
 
