@@ -26,8 +26,9 @@ def _onnx_infer(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """Return the model with value_info for every tensor onnx can type; nodes of other domains are
-    typed by their operator's own `infer` rule, and inference resumes after them."""
+    """Return the model with value_info for every tensor onnx can type; nodes onnx leaves untyped
+    (other domains, and standard function ops such as GroupNormalization) are typed by their
+    operator's own `infer` rule, and inference resumes after them."""
     m = _onnx_infer(proto)
     for _ in range(len(m.graph.node) + 1):
         if not _infer_custom(m):
@@ -50,7 +51,7 @@ def _known_types(g: onnx.GraphProto) -> dict[str, Variable]:
 
 
 def _infer_custom(m: onnx.ModelProto) -> bool:
-    """Type the outputs of non-standard-domain nodes by their operators' rules; return if any."""
+    """Type the untyped outputs of nodes by their operators' rules; return if any."""
     from .. import registry
 
     registry._load_builtin()
@@ -59,7 +60,7 @@ def _infer_custom(m: onnx.ModelProto) -> bool:
     known = _known_types(g)
     added = False
     for node in g.node:
-        if node.domain in ("", "ai.onnx") or all(o in known for o in node.output if o):
+        if all(o in known for o in node.output if o):
             continue
         cls = registry.resolve(node.op_type, node.domain, opsets.get(node.domain, 0))
         if cls is None or any(i and i not in known for i in node.input):
