@@ -14,13 +14,18 @@ def _rename_reads(graph: Graph, old: str, new: str) -> None:
                 g.outputs = [new if o == old else o for o in g.outputs]
 
 
+def _is_read(name: str, graph: Graph) -> bool:
+    """Return whether a graph output or any node (subgraphs included) reads `name`."""
+    return name in graph.outputs or any(name in n.inputs or name in outer_reads(n) for n in graph.nodes)
+
+
 def _is_passthrough(node: Node, graph: Graph) -> bool:
     if node.domain not in ("", "ai.onnx"):
         return False
     if node.op_type == "Identity":
         return True
     if node.op_type == "Dropout":
-        mask_used = len(node.outputs) > 1 and node.outputs[1]
+        mask_used = len(node.outputs) > 1 and node.outputs[1] and _is_read(node.outputs[1], graph)
         training = len(node.inputs) > 2 and node.inputs[2]
         if mask_used:
             return False
