@@ -49,14 +49,22 @@ def _evaluate(node: onnx.NodeProto, inputs: list[np.ndarray | None], opsets) -> 
 
 def fold_constants(proto: onnx.ModelProto) -> int:
     """Fold every foldable node of the main graph in place; return how many were folded."""
-    g = proto.graph
-    known: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    return _fold_graph(proto.graph, {}, proto.opset_import)
+
+
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
+
+
+def _fold_graph(g: onnx.GraphProto, outer: dict[str, np.ndarray], opsets) -> int:
+    known: dict[str, np.ndarray] = dict(outer)
+    known.update({t.name: numpy_helper.to_array(t) for t in g.initializer})
     types = {vi.name: vi for vi in list(g.value_info) + list(g.input) + list(g.output)}
     graph_outputs = {o.name for o in g.output}
     keep: list[onnx.NodeProto] = []
     folded = 0
     for node in g.node:
-        result = _fold_one(node, known, types, proto.opset_import)
+        result = _fold_one(node, known, types, opsets)
         if result is None:
             keep.append(node)
             continue
@@ -129,21 +137,95 @@ def _fold_one(node: onnx.NodeProto, known: dict[str, np.ndarray], types, opsets)
 
 
 def fold_to_fixpoint(proto: onnx.ModelProto, infer) -> onnx.ModelProto:
-    """Alternate shape inference and folding until nothing more folds; return the model."""
+    """Alternate shape inference and folding until nothing more folds; then each subgraph is
+    specialised the same way as a model of its own; return the model."""
     for _ in range(64):
         proto = infer(proto)
         _inline_constants(proto)
         if fold_constants(proto) == 0:
             break
+    if any(_subgraphs(n) for n in proto.graph.node):
+        specialise_subgraphs(proto, infer)
+        proto = infer(proto)  # the parents' outputs take the subgraphs' inferred types
     return proto
 
 
+def _typed(g: onnx.GraphProto) -> dict[str, onnx.ValueInfoProto]:
+    return {vi.name: vi for vi in list(g.input) + list(g.value_info) + list(g.output)}
+
+
+def specialise_subgraphs(proto: onnx.ModelProto, infer, graph: onnx.GraphProto | None = None,
+                         outer_types: dict | None = None, outer_consts: dict | None = None) -> None:
+    """Infer and fold every subgraph as a standalone model whose inputs are its formal inputs plus
+    the outer tensors it reads (outer constants become its initializers); write the result back.
+    onnx's own inference does not see values across scopes (a Squeeze whose axes live outside
+    would stay untyped), and folding would stop at the subgraph's border."""
+    g = graph if graph is not None else proto.graph
+    types = dict(outer_types or {})
+    types.update(_typed(g))
+    consts = dict(outer_consts or {})
+    consts.update({t.name: t for t in g.initializer})
+    for node in g.node:
+        for sub in _subgraphs(node):
+            _specialise_one(proto, sub, types, consts, infer)
+
+
+def _specialise_one(proto, sub: onnx.GraphProto, types: dict, consts: dict, infer) -> None:
+    local = {i.name for i in sub.input} | {t.name for t in sub.initializer} | {o for n in sub.node for o in n.output}
+    reads = sorted({i for n in sub.node for i in n.input if i and i not in local} |
+                   {o.name for o in sub.output if o.name not in local} | _nested_reads(sub, local))
+    borrowed = [consts[r] for r in reads if r in consts]
+    outer_inputs = [types[r] for r in reads if r not in consts and r in types]
+    outputs = []
+    for o in sub.output:
+        vi = onnx.ValueInfoProto()
+        vi.CopyFrom(o)
+        vi.type.tensor_type.ClearField("shape")
+        outputs.append(vi)
+    standalone = helper.make_graph(list(sub.node), sub.name or "subgraph", list(sub.input) + outer_inputs, outputs,
+                                   list(sub.initializer) + borrowed)
+    model = helper.make_model(standalone, opset_imports=list(proto.opset_import), ir_version=proto.ir_version)
+    try:
+        done = fold_to_fixpoint(model, infer).graph
+    except Exception:  # a subgraph that cannot be specialised keeps what onnx inferred in place
+        return
+    borrowed_names = {t.name for t in borrowed}
+    del sub.node[:]
+    sub.node.extend(done.node)
+    inits = [t for t in done.initializer if t.name not in borrowed_names]
+    del sub.initializer[:]
+    sub.initializer.extend(inits)
+    outer_names = {vi.name for vi in outer_inputs}
+    del sub.value_info[:]
+    sub.value_info.extend(vi for vi in done.value_info if vi.name not in outer_names)
+    by_name = {o.name: o for o in done.output}
+    for o in sub.output:
+        if o.name in by_name:
+            o.type.CopyFrom(by_name[o.name].type)
+
+
+def _nested_reads(g: onnx.GraphProto, local: set[str]) -> set[str]:
+    """Names that the subgraphs of g's nodes read from outside g."""
+    out: set[str] = set()
+    for n in g.node:
+        for sub in _subgraphs(n):
+            inner = local | {i.name for i in sub.input} | {t.name for t in sub.initializer} | {
+                o for m in sub.node for o in m.output}
+            out |= {i for m in sub.node for i in m.input if i and i not in inner} | _nested_reads(sub, inner)
+    return out
+
+
 def _inline_constants(proto: onnx.ModelProto) -> None:
-    """Turn Constant nodes that are not graph outputs into initializers."""
-    g = proto.graph
+    """Turn Constant nodes that are not graph outputs into initializers (subgraphs included)."""
+    _inline_graph_constants(proto.graph)
+
+
+def _inline_graph_constants(g: onnx.GraphProto) -> None:
     outs = {o.name for o in g.output}
     keep = []
     for n in g.node:
+        for sub in _subgraphs(n):
+            _inline_graph_constants(sub)
         if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and n.output[0] not in outs:
             arr = _constant_value(n)
             if arr is not None:

@@ -131,7 +131,9 @@ def find_batch_symbol(proto: onnx.ModelProto, batch_axis) -> str | None:
 
 
 def set_symbols(proto: onnx.ModelProto, values: dict[str, int]) -> onnx.ModelProto:
-    """Return a copy whose graph inputs and outputs have the named symbolic dims set to numbers."""
+    """Return a copy whose graph inputs have the named symbolic dims set to numbers, and whose
+    intermediate and output shapes are left for inference to compute (stale or symbolic ones
+    written by an exporter would otherwise win)."""
     m = onnx.ModelProto()
     m.CopyFrom(proto)
     del m.graph.value_info[:]  # stale once the inputs change; inference recomputes it
@@ -139,11 +141,22 @@ def set_symbols(proto: onnx.ModelProto, values: dict[str, int]) -> onnx.ModelPro
         for d in _dims(vi):
             if d.HasField("dim_param") and d.dim_param in values:
                 d.dim_value = values[d.dim_param]
-    for vi in m.graph.output:  # inference says what an output is (an exporter may call 4*B "B")
-        for d in _dims(vi):
-            if d.HasField("dim_param") and d.dim_param in values:
-                d.Clear()
+    _forget_shapes(m.graph, outputs=True)
     return m
+
+
+def _forget_shapes(g: onnx.GraphProto, outputs: bool) -> None:
+    """Clear symbolic dims of a graph's outputs and its subgraphs' outputs and value_info (an
+    exporter may call 4*B "B"); inference says what they are."""
+    for vi in list(g.output) if outputs else []:
+        for d in _dims(vi):
+            if d.HasField("dim_param") or (d.HasField("dim_value") and d.dim_value < 0):
+                d.Clear()
+    for n in g.node:
+        for a in n.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                del sub.value_info[:]
+                _forget_shapes(sub, outputs=True)
 
 
 def set_input_shapes(proto: onnx.ModelProto, shapes: dict[str, list]) -> None:
@@ -208,7 +221,7 @@ def specialise(proto: onnx.ModelProto, symbol: str | None) -> Specialised:
                 + ", ".join(f"'{k}' {shape_str(v)}" for k, v in unresolved.items())
                 + "; give input_shapes={name: [...]} or compile with batch_axis='auto' for a batch dimension"
             )
-        return Specialised(fold_to_fixpoint(proto, infer_shapes), None, {}, {})
+        return Specialised(fold_to_fixpoint(set_symbols(proto, {}), infer_shapes), None, {}, {})
     others = {k: v for k, v in unresolved.items() if any(not isinstance(d, int) and d != symbol for d in v)}
     if others:
         raise ModelError(
