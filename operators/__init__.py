@@ -2,4 +2,5 @@
 from . import elementwise, gemm, shape  # noqa: F401
 from . import control  # noqa: E402,F401
 from . import constant, indexing, reduce, softmax  # noqa: E402,F401
+from . import conv, normalization, pool  # noqa: E402,F401
 from . import fvdb  # noqa: E402,F401

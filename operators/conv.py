@@ -1,0 +1,287 @@
+"""Convolutions: Conv and ConvTranspose over 1-D, 2-D and 3-D inputs (groups, dilations, pads,
+strides, auto_pad; ConvTranspose also output_padding and output_shape). Each output element is a
+direct sum over its window, accumulated in float also for half inputs (shaders/conv.py.j2).
+
+The window geometry here (strides, dilations, pads, output size) is shared with the pools."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from luisaml import indexing as ix
+from luisaml.operator import Operator
+from luisaml.registry import register
+from luisaml.storage import Tensor
+
+AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+@dataclass
+class Geometry:
+    """The window of a convolution or pool along each spatial dimension."""
+
+    kernel: list[int]
+    strides: list[int]
+    dilations: list[int]
+    pads_begin: list[int]
+    pads_end: list[int]
+    out: list[int]  # output spatial size
+
+
+def int_list(op: Operator, name: str, default: list[int], k: int) -> list[int]:
+    """Return an int-list attribute of length k (default when absent), or raise naming it."""
+    value = op.attr(name, None)
+    if value is None:
+        return list(default)
+    value = [int(v) for v in value]
+    if len(value) != k:
+        raise op.error(f"attribute '{name}' has {len(value)} values, expected {k} (one per spatial dimension)")
+    return value
+
+
+def window_geometry(op: Operator, spatial: tuple[int, ...], kernel: list[int], ceil_mode: bool = False) -> Geometry:
+    """Return the geometry of a Conv or pool node over input spatial sizes, per ONNX's rules."""
+    k = len(spatial)
+    strides = int_list(op, "strides", [1] * k, k)
+    dil = int_list(op, "dilations", [1] * k, k)
+    op.expect(all(s > 0 for s in strides) and all(d > 0 for d in dil), f"strides {strides} and dilations {dil} must be positive")
+    auto_pad = op.attr("auto_pad", "NOTSET")
+    op.expect(auto_pad in AUTO_PADS, f"auto_pad must be one of {', '.join(AUTO_PADS)}, not {auto_pad!r}")
+    extent = [(kk - 1) * d + 1 for kk, d in zip(kernel, dil)]
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = [-(-n // s) for n, s in zip(spatial, strides)]
+        total = [max(0, (o - 1) * s + e - n) for o, s, e, n in zip(out, strides, extent, spatial)]
+        small = [t // 2 for t in total]
+        big = [t - t // 2 for t in total]
+        begin, end = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
+    elif auto_pad == "VALID":
+        begin, end = [0] * k, [0] * k
+        out = [(n - e) // s + 1 for n, e, s in zip(spatial, extent, strides)]
+    else:
+        pads = int_list(op, "pads", [0] * 2 * k, 2 * k)
+        begin, end = pads[:k], pads[k:]
+        out = []
+        for n, e, s, b, f in zip(spatial, extent, strides, begin, end):
+            span = n + b + f - e
+            o = (-(-span // s) if ceil_mode else span // s) + 1
+            if ceil_mode and (o - 1) * s >= n + b:
+                o -= 1  # the last window must start inside the input or its left padding
+            out.append(o)
+    if any(o < 1 for o in out):
+        raise op.error(
+            f"the window (kernel {kernel}, dilations {dil}, strides {strides}, pads {begin + end}) does not fit "
+            f"the input's spatial size {list(spatial)}"
+        )
+    return Geometry(list(kernel), strides, dil, begin, end, out)
+
+
+def check_output(op: Operator, y: Tensor, expected: list[int], what: str = "Y") -> None:
+    """Raise unless output y has the shape this operator computes."""
+    got = list(y.shape)
+    if got != expected:
+        note = ""
+        if op.attr("ceil_mode", 0):
+            # onnx's shape inference omits the rule that drops a last window starting in the right
+            # pad; onnxruntime and onnx's reference apply it, and so does luisaml
+            note = " (ceil_mode drops a last window that would start in the right padding; onnx's shape inference does not)"
+        raise op.error(f"output {what} '{y.name}' has shape {got}, but the attributes give {expected}{note}")
+
+
+def load_f(t: Tensor, i: str) -> str:
+    """Return the load of element i of t as a float (half is widened)."""
+    v = t.load(i)
+    return f"float({v})" if t.dtype.dsl == "half" else v
+
+
+def store_f(t: Tensor, i: str, value: str) -> str:
+    """Return the store of a float value into element i of t (narrowed for half)."""
+    return t.store(i, f"half({value})" if t.dtype.dsl == "half" else value)
+
+
+def lin(terms: list[tuple[str, int]], const: int = 0) -> str:
+    """Return the DSL of sum(var * coef) + const, simplified."""
+    parts = [ix.mul(v, c) for v, c in terms]
+    e = ix.add(*[p for p in parts if p != "0"]) if any(p != "0" for p in parts) else "0"
+    if const == 0:
+        return e
+    if e == "0":
+        return f"({const})" if const < 0 else str(const)
+    return f"{e} - {-const}" if const < 0 else f"{e} + {const}"
+
+
+def loop_vars(ctx, sizes, prefix: str) -> list[tuple[str, int]]:
+    """Return (var, n) per size: a fresh loop variable, or "0" for a dimension of one."""
+    return [(ctx.fresh(prefix) if n > 1 else "0", int(n)) for n in sizes]
+
+
+def bounds(var: str, lo_needed: bool, hi: int | None) -> list[str]:
+    """Return the conditions that keep var inside [0, hi): only the sides that can fail."""
+    conds = []
+    if lo_needed:
+        conds.append(f"{var} >= 0")
+    if hi is not None:
+        conds.append(f"{var} < {hi}")
+    return conds
+
+
+def expect_float(op: Operator, t: Tensor, role: str) -> None:
+    """Raise unless t is float or float16 (the types these operators compute in)."""
+    if t.dtype.name not in ("FLOAT", "FLOAT16"):
+        raise op.error(f"{role} '{t.name}' has type {t.dtype.name.lower()}; supported: float, float16")
+
+
+class ConvBase(Operator):
+    """Shared checks of Conv and ConvTranspose: X [N, C, D...], W, optional B [M]."""
+
+    transpose = False
+
+    def check(self) -> None:
+        x, w = self.input(0), self.input(1)
+        expect_float(self, x, "X")
+        self.expect(w.dtype == x.dtype, f"W '{w.name}' has type {w.dtype.name.lower()}, X has {x.dtype.name.lower()}")
+        self.expect(x.rank >= 3, f"X '{x.name}' has rank {x.rank}; Conv needs [N, C, spatial...] with 1 to 3 spatial dims")
+        self.expect(w.rank == x.rank, f"W '{w.name}' has rank {w.rank}, X has rank {x.rank}")
+        self.expect(not w.batched, f"W '{w.name}' has the batch dimension; per-sample weights are not supported")
+        self.k = x.rank - 2
+        self.group = int(self.attr("group", 1))
+        self.expect(self.group >= 1, f"group must be >= 1, not {self.group}")
+        self.kernel = int_list(self, "kernel_shape", list(w.shape[2:]), self.k)
+        self.expect(self.kernel == list(w.shape[2:]), f"kernel_shape {self.kernel} differs from W's spatial shape {list(w.shape[2:])}")
+        C = x.shape[1]
+        self.expect(C % self.group == 0, f"X has {C} channels, not divisible by group {self.group}")
+        if self.transpose:
+            self.expect(w.shape[0] == C, f"W '{w.name}' has shape {list(w.shape)}; ConvTranspose needs W[0] == C = {C}")
+            self.M = w.shape[1] * self.group
+        else:
+            self.M = w.shape[0]
+            self.expect(self.M % self.group == 0, f"W has {self.M} output channels, not divisible by group {self.group}")
+            self.expect(
+                w.shape[1] * self.group == C,
+                f"W '{w.name}' has shape {list(w.shape)}; with group {self.group} it needs W[1] = {C // self.group}",
+            )
+        if self.has_input(2):
+            b = self.input(2)
+            self.expect(b.dtype == x.dtype, f"B '{b.name}' has type {b.dtype.name.lower()}, X has {x.dtype.name.lower()}")
+            self.expect_shape(b, (self.M,), "B")
+            self.expect(not b.batched, f"B '{b.name}' has the batch dimension")
+        self.geometry()
+        check_output(self, self.output(), [x.shape[0], self.M] + self.geo.out)
+
+    def geometry(self) -> None:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        g = self.geo
+        return (
+            f"direct {self.k}-D {'transposed ' if self.transpose else ''}convolution, kernel {g.kernel}, "
+            f"strides {g.strides}, dilations {g.dilations}, pads {g.pads_begin + g.pads_end}, group {self.group}"
+        )
+
+    def emit(self, ctx, window_dims, x_coords, w_coords) -> None:
+        """Render the loop nest: outer over Y, window over (channel in group, kernel dims)."""
+        x, w, y = self.input(0), self.input(1), self.output()
+        outer = loop_vars(ctx, y.shape, "o")
+        n, m, ospat = outer[0][0], outer[1][0], [v for v, _ in outer[2:]]
+        acc = ctx.fresh("acc")
+        cg = x.shape[1] // self.group
+        mg = self.M // self.group
+        head = [f"{acc} = {load_f(self.input(2), m) if self.has_input(2) else '0.0'}"]
+        c_var = ctx.fresh("c") if cg > 1 else "0"
+        window = [{"var": c_var, "n": cg, "pre": [], "cond": None}]
+        kvars = loop_vars(ctx, self.kernel, "k")
+        spatial_in = []
+        for d, (kv, kn) in enumerate(kvars):
+            pre, cond, coord = window_dims(ctx, d, ospat[d], kv)
+            window.append({"var": kv, "n": kn, "pre": pre, "cond": " and ".join(cond) or None})
+            spatial_in.append(coord)
+        group_of_m = ix.div(m, mg) if self.group > 1 else "0"
+        c_abs = lin([(group_of_m, cg), (c_var, 1)]) if self.group > 1 else c_var
+        xi = ix.ravel(x_coords(n, c_abs, spatial_in), x.strides)
+        wi = ix.ravel(w_coords(m, c_var, c_abs, [v for v, _ in kvars], mg), w.strides)
+        body = [f"{acc} += {load_f(x, xi)} * {load_f(w, wi)}"]
+        tail = [store_f(y, ix.ravel([v for v, _ in outer], y.strides), acc)]
+        ctx.render("conv.py.j2", outer=outer, head=head, window=window, body=body, tail=tail)
+
+
+@register("Conv", since=1)
+class Conv(ConvBase):
+    """Y[n, m, o] = B[m] + sum over c in m's group, k of X[n, c, o * s + k * d - pad] * W[m, c, k]."""
+
+    def geometry(self) -> None:
+        self.geo = window_geometry(self, self.input(0).shape[2:], self.kernel)
+
+    def forward(self, ctx) -> None:
+        g, x = self.geo, self.input(0)
+
+        def window_dims(ctx, d, o, kv):
+            iv = ctx.fresh("ix")
+            pre = [f"{iv} = {lin([(o, g.strides[d]), (kv, g.dilations[d])], -g.pads_begin[d])}"]
+            last = (g.out[d] - 1) * g.strides[d] + (g.kernel[d] - 1) * g.dilations[d] - g.pads_begin[d]
+            size = x.shape[2 + d]
+            return pre, bounds(iv, g.pads_begin[d] > 0, size if last >= size else None), iv
+
+        self.emit(
+            ctx,
+            window_dims,
+            lambda n, c_abs, sp: [n, c_abs] + sp,
+            lambda m, c, c_abs, ks, mg: [m, c] + ks,
+        )
+
+
+@register("ConvTranspose", since=1)
+class ConvTranspose(ConvBase):
+    """Y[n, m, o] = B[m] + sum of X[n, c, i] * W[c, m % (M/group), k] over o = i * s + k * d - pad."""
+
+    transpose = True
+
+    def geometry(self) -> None:
+        x = self.input(0)
+        k, spatial = self.k, x.shape[2:]
+        strides = int_list(self, "strides", [1] * k, k)
+        dil = int_list(self, "dilations", [1] * k, k)
+        out_pad = int_list(self, "output_padding", [0] * k, k)
+        auto_pad = self.attr("auto_pad", "NOTSET")
+        self.expect(auto_pad in AUTO_PADS, f"auto_pad must be one of {', '.join(AUTO_PADS)}, not {auto_pad!r}")
+        extent = [(kk - 1) * d + 1 for kk, d in zip(self.kernel, dil)]
+        full = [s * (n - 1) + p + e for s, n, p, e in zip(strides, spatial, out_pad, extent)]
+        out_shape = self.attr("output_shape", None)
+        if out_shape is not None:
+            out_shape = [int(v) for v in out_shape][-k:]
+            self.expect(len(out_shape) == k, f"output_shape {out_shape} needs {k} spatial sizes")
+        elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            out_shape = [n * s for n, s in zip(spatial, strides)]
+        if out_shape is not None:
+            total = [f - o for f, o in zip(full, out_shape)]
+            small, big = [t // 2 for t in total], [t - t // 2 for t in total]
+            begin, end = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
+        else:
+            pads = [0] * 2 * k if auto_pad == "VALID" else int_list(self, "pads", [0] * 2 * k, 2 * k)
+            begin, end = pads[:k], pads[k:]
+        out = [f - b - e for f, b, e in zip(full, begin, end)]
+        self.expect(all(o >= 1 for o in out), f"output spatial size {out} is empty")
+        self.geo = Geometry(self.kernel, strides, dil, begin, end, out)
+
+    def forward(self, ctx) -> None:
+        g, x = self.geo, self.input(0)
+
+        def window_dims(ctx, d, o, kv):
+            # o = i * s + k * dil - pad  =>  i = (o + pad - k * dil) / s when that divides
+            s, size = g.strides[d], x.shape[2 + d]
+            t = ctx.fresh("t")
+            pre = [f"{t} = {lin([(o, 1), (kv, -g.dilations[d])], g.pads_begin[d])}"]
+            lo = g.pads_begin[d] < (g.kernel[d] - 1) * g.dilations[d]
+            hi_t = (g.out[d] - 1) + g.pads_begin[d]  # the largest t
+            if s == 1:
+                return pre, bounds(t, lo, size if hi_t >= size else None), t
+            iv = ctx.fresh("ix")
+            cond = bounds(t, lo, None) + [f"{t} % {s} == 0"]
+            pre.append(f"{iv} = {t} // {s}")
+            if hi_t // s >= size:
+                cond.append(f"{iv} < {size}")
+            return pre, cond, iv
+
+        self.emit(
+            ctx,
+            window_dims,
+            lambda n, c_abs, sp: [n, c_abs] + sp,
+            lambda m, c, c_abs, ks, mg: [c_abs, ix.mod(m, mg) if self.group > 1 else m] + ks,
+        )

@@ -1,0 +1,429 @@
+"""Normalizations: BatchNormalization (inference and training mode), InstanceNormalization,
+LayerNormalization (with its Mean and InvStdDev outputs), GroupNormalization (opset 18 and 21
+semantics), RMSNormalization, LpNormalization and MeanVarianceNormalization.
+
+Each normalizes groups of elements: the tensor's axes split into kept ones (one group per
+coordinate) and reduced ones (the group's elements); shaders/norm.py.j2 runs passes over each
+group. Statistics are computed in float, two-pass (mean, then squared deviations), also for half."""
+from __future__ import annotations
+
+import numpy as np
+
+from luisaml import dtypes
+from luisaml import indexing as ix
+from luisaml.operator import Operator
+from luisaml.registry import register
+from luisaml.storage import Tensor, literal, row_major_strides
+
+from .conv import expect_float, load_f, store_f
+
+
+def _merge(sizes: list[int], strides: list[int]) -> tuple[list[int], list[int]]:
+    """Return (sizes, strides) with size-1 dims dropped and contiguous neighbours merged."""
+    out_n: list[int] = []
+    out_s: list[int] = []
+    for n, s in zip(sizes, strides):
+        if n == 1:
+            continue
+        if out_n and out_s[-1] == s * n:
+            out_n[-1] *= n
+            out_s[-1] = s
+        else:
+            out_n.append(n)
+            out_s.append(s)
+    return out_n, out_s
+
+
+class Blocks:
+    """A tensor's elements grouped by the kept axes: group o, element r of the group."""
+
+    def __init__(self, shape: tuple[int, ...], reduced: list[int]) -> None:
+        strides = row_major_strides(tuple(shape))
+        kept = [d for d in range(len(shape)) if d not in reduced]
+        red = sorted(reduced)
+        self.kept_sizes, self.kept_strides = _merge([shape[d] for d in kept], [strides[d] for d in kept])
+        self.red_sizes, self.red_strides = _merge([shape[d] for d in red], [strides[d] for d in red])
+        self.outer = int(np.prod([shape[d] for d in kept], dtype=np.int64))
+        self.inner = int(np.prod([shape[d] for d in red], dtype=np.int64))
+
+    def index(self, o: str, r: str) -> str:
+        """Return the flat index of element r of group o."""
+        a = ix.ravel(ix.unravel(o, tuple(self.kept_sizes)), tuple(self.kept_strides)) if self.kept_sizes else "0"
+        b = ix.ravel(ix.unravel(r, tuple(self.red_sizes)), tuple(self.red_strides)) if self.red_sizes else "0"
+        return ix.add(a, b)
+
+
+def _var(ctx, n: int, prefix: str) -> str:
+    return ctx.fresh(prefix) if n > 1 else "0"
+
+
+def _pass(var: str, n: int, body: list[str], pre=(), post=()) -> dict:
+    return {"var": var, "n": n, "body": list(body), "pre": list(pre), "post": list(post)}
+
+
+def mean_var_passes(ctx, x: Tensor, blocks: Blocks, o: str) -> tuple[list[dict], str, str]:
+    """Return (passes, mean, variance): the two-pass population statistics of group o."""
+    n = blocks.inner
+    r1, r2 = _var(ctx, n, "r"), _var(ctx, n, "r")
+    s, mean, q, var, d = (ctx.fresh(p) for p in ("sum", "mean", "sq", "var", "d"))
+    p1 = _pass(r1, n, [f"{s} += {load_f(x, blocks.index(o, r1))}"], [f"{s} = 0.0"], [f"{mean} = {s} / {float(n)!r}"])
+    p2 = _pass(
+        r2,
+        n,
+        [f"{d} = {load_f(x, blocks.index(o, r2))} - {mean}", f"{q} += {d} * {d}"],
+        [f"{q} = 0.0"],
+        [f"{var} = {q} / {float(n)!r}"],
+    )
+    return [p1, p2], mean, var
+
+
+def f32(v: float) -> str:
+    """Return a float literal (statistics are computed in float)."""
+    return literal(v, dtypes.FLOAT)
+
+
+def trailing_broadcast(op: Operator, t: Tensor, shape: tuple[int, ...], role: str) -> tuple[int, ...]:
+    """Return t's shape as it broadcasts (numpy rules) onto `shape`, or raise naming t."""
+    s = tuple(t.shape)
+    while len(s) > len(shape) and s[0] == 1:
+        s = s[1:]
+    ok = len(s) <= len(shape) and all(a in (1, b) for a, b in zip(reversed(s), reversed(shape)))
+    if not ok:
+        raise op.error(f"{role} '{t.name}' has shape {list(t.shape)}, which does not broadcast to {list(shape)}")
+    if t.batched:
+        raise op.error(f"{role} '{t.name}' has the batch dimension; per-sample parameters are not supported")
+    return s
+
+
+class Norm(Operator):
+    """A normalization; subclasses build the passes in forward()."""
+
+    def render(self, ctx, blocks: Blocks, o: str, head: list[str], passes: list[dict]) -> None:
+        ctx.render("norm.py.j2", outer=blocks.outer, o=o, head=head, passes=passes)
+
+    def epsilon(self, default: float = 1e-5) -> str:
+        return f32(float(self.attr("epsilon", default)))
+
+    @classmethod
+    def infer(cls, node, inputs):
+        """Y has X's type and shape (onnx leaves GroupNormalization and MVN untyped)."""
+        x = inputs[0] if inputs else None
+        if x is None or x.shape is None:
+            return None
+        return [(x.elem_type, x.shape)]
+
+
+@register("BatchNormalization", since=1)
+class BatchNormalization(Norm):
+    """Y = scale * (X - mean) / sqrt(var + epsilon) + B per channel; in training mode the batch's
+    own statistics are used and the running mean and variance are updated."""
+
+    def check(self) -> None:
+        x = self.input(0)
+        expect_float(self, x, "X")
+        self.expect(x.rank >= 2, f"X '{x.name}' has rank {x.rank}; BatchNormalization needs [N, C, ...]")
+        C = x.shape[1]
+        for i, role in enumerate(("scale", "B", "input_mean", "input_var"), start=1):
+            t = self.input(i)
+            expect_float(self, t, role)
+            self.expect_shape(t, (C,), role)
+            self.expect(not t.batched, f"{role} '{t.name}' has the batch dimension")
+        self.training = bool(self.attr("training_mode", 0)) or (
+            self.opset < 14 and any(o is not None for o in self.outputs[1:])
+        )
+        if self.training:
+            # the statistics run over the batch axis: one instance of the graph only
+            self.axis(0, x.rank, x.batched, "axis 0 (batch statistics of training mode)")
+
+    def forward(self, ctx) -> None:
+        x, y = self.input(0), self.output()
+        scale, bias, mean_in, var_in = (self.input(i) for i in range(1, 5))
+        C, eps = x.shape[1], self.epsilon()
+        if not self.training:
+            blocks = Blocks(x.shape, list(range(2, x.rank)))
+            o = _var(ctx, blocks.outer, "o")
+            c = ix.mod(o, C)
+            inv, shift = ctx.fresh("inv"), ctx.fresh("mean")
+            head = [
+                f"{shift} = {load_f(mean_in, c)}",
+                f"{inv} = {load_f(scale, c)} / sqrt({load_f(var_in, c)} + {eps})",
+            ]
+            r = _var(ctx, blocks.inner, "r")
+            i = blocks.index(o, r)
+            body = [store_f(y, i, f"({load_f(x, i)} - {shift}) * {inv} + {load_f(bias, c)}")]
+            self.render(ctx, blocks, o, head, [_pass(r, blocks.inner, body)])
+            return
+        blocks = Blocks(x.shape, [0] + list(range(2, x.rank)))
+        c = _var(ctx, C, "c")
+        passes, mean, var = mean_var_passes(ctx, x, blocks, c)
+        inv, r = ctx.fresh("inv"), _var(ctx, blocks.inner, "r")
+        i = blocks.index(c, r)
+        passes.append(
+            _pass(
+                r,
+                blocks.inner,
+                [store_f(y, i, f"({load_f(x, i)} - {mean}) * {inv} + {load_f(bias, c)}")],
+                [f"{inv} = {load_f(scale, c)} / sqrt({var} + {eps})"],
+            )
+        )
+        momentum = float(self.attr("momentum", 0.9))
+        post = passes[-1]["post"]
+        for k, (stat, running) in enumerate(((mean, mean_in), (var, var_in)), start=1):
+            out = self.outputs[k] if k < len(self.outputs) else None
+            if out is not None:
+                post.append(store_f(out, c, f"{load_f(running, c)} * {f32(momentum)} + {stat} * {f32(1 - momentum)}"))
+        self.render(ctx, blocks, c, [], passes)
+
+
+@register("InstanceNormalization", since=6)
+class InstanceNormalization(Norm):
+    """Y = scale[c] * (X - mean) / sqrt(var + epsilon) + B[c], statistics per sample and channel."""
+
+    def check(self) -> None:
+        x = self.input(0)
+        expect_float(self, x, "input")
+        self.expect(x.rank >= 3, f"input '{x.name}' has rank {x.rank}; InstanceNormalization needs [N, C, D...]")
+        for i, role in ((1, "scale"), (2, "B")):
+            self.expect_shape(self.input(i), (x.shape[1],), role)
+            expect_float(self, self.input(i), role)
+
+    def forward(self, ctx) -> None:
+        x, y, scale, bias = self.input(0), self.output(), self.input(1), self.input(2)
+        blocks = Blocks(x.shape, list(range(2, x.rank)))
+        o = _var(ctx, blocks.outer, "o")
+        c = ix.mod(o, x.shape[1])
+        passes, mean, var = mean_var_passes(ctx, x, blocks, o)
+        inv, r = ctx.fresh("inv"), _var(ctx, blocks.inner, "r")
+        i = blocks.index(o, r)
+        passes.append(
+            _pass(
+                r,
+                blocks.inner,
+                [store_f(y, i, f"({load_f(x, i)} - {mean}) * {inv} + {load_f(bias, c)}")],
+                [f"{inv} = {load_f(scale, c)} / sqrt({var} + {self.epsilon()})"],
+            )
+        )
+        self.render(ctx, blocks, o, [], passes)
+
+
+class TrailingNorm(Norm):
+    """A normalization over the axes from `axis` to the last, with broadcast Scale (and B)."""
+
+    def check(self) -> None:
+        x = self.input(0)
+        expect_float(self, x, "X")
+        self.ax = self.axis(int(self.attr("axis", -1)), x.rank, x.batched)
+        self.norm_shape = tuple(x.shape[self.ax :])
+        self.params = {}
+        for i, role in ((1, "Scale"), (2, "B")):
+            if self.has_input(i):
+                t = self.input(i)
+                expect_float(self, t, role)
+                self.params[i] = (t, trailing_broadcast(self, t, self.norm_shape, role))
+
+    def param(self, i: int, r: str) -> str | None:
+        """Return the float load of Scale (1) or B (2) at normalized element r, or None."""
+        if i not in self.params:
+            return None
+        t, shape = self.params[i]
+        return load_f(t, ix.broadcast_index(r, self.norm_shape, shape))
+
+    def affine(self, value: str, r: str) -> str:
+        s, b = self.param(1, r), self.param(2, r)
+        v = f"{value} * {s}" if s else value
+        return f"{v} + {b}" if b else v
+
+
+@register("LayerNormalization", since=17)
+class LayerNormalization(TrailingNorm):
+    """Y = (X - mean) / sqrt(var + epsilon) * Scale + B over the axes from `axis` on; optional
+    outputs Mean and InvStdDev have X's leading dims and ones after."""
+
+    def check(self) -> None:
+        super().check()
+        self.expect(1 in self.params, "input 1 (Scale) is required")
+        for k in (1, 2):
+            out = self.outputs[k] if k < len(self.outputs) else None
+            if out is not None:
+                self.expect(out.numel == int(np.prod(self.input(0).shape[: self.ax], dtype=np.int64)),
+                            f"output {k} '{out.name}' has shape {list(out.shape)}, expected the leading dims of X")
+
+    def forward(self, ctx) -> None:
+        x, y = self.input(0), self.output()
+        blocks = Blocks(x.shape, list(range(self.ax, x.rank)))
+        o = _var(ctx, blocks.outer, "o")
+        passes, mean, var = mean_var_passes(ctx, x, blocks, o)
+        inv, r = ctx.fresh("inv"), _var(ctx, blocks.inner, "r")
+        i = blocks.index(o, r)
+        post = []
+        for k, value in ((1, mean), (2, inv)):
+            out = self.outputs[k] if k < len(self.outputs) else None
+            if out is not None:
+                post.append(store_f(out, o, value))
+        passes.append(
+            _pass(
+                r,
+                blocks.inner,
+                [store_f(y, i, self.affine(f"({load_f(x, i)} - {mean}) * {inv}", r))],
+                [f"{inv} = 1.0 / sqrt({var} + {self.epsilon()})"],
+                post,
+            )
+        )
+        self.render(ctx, blocks, o, [], passes)
+
+
+@register("RMSNormalization", since=23)
+class RMSNormalization(TrailingNorm):
+    """Y = X / sqrt(mean(X^2) + epsilon) * Scale over the axes from `axis` on."""
+
+    def check(self) -> None:
+        super().check()
+        self.expect(1 in self.params, "input 1 (scale) is required")
+
+    def forward(self, ctx) -> None:
+        x, y = self.input(0), self.output()
+        blocks = Blocks(x.shape, list(range(self.ax, x.rank)))
+        o = _var(ctx, blocks.outer, "o")
+        r1, r2 = _var(ctx, blocks.inner, "r"), _var(ctx, blocks.inner, "r")
+        q, v, inv = ctx.fresh("sq"), ctx.fresh("v"), ctx.fresh("inv")
+        n = float(blocks.inner)
+        p1 = _pass(
+            r1,
+            blocks.inner,
+            [f"{v} = {load_f(x, blocks.index(o, r1))}", f"{q} += {v} * {v}"],
+            [f"{q} = 0.0"],
+            [f"{inv} = 1.0 / sqrt({q} / {n!r} + {self.epsilon()})"],
+        )
+        i = blocks.index(o, r2)
+        p2 = _pass(r2, blocks.inner, [store_f(y, i, self.affine(f"{load_f(x, i)} * {inv}", r2))])
+        self.render(ctx, blocks, o, [], [p1, p2])
+
+
+@register("GroupNormalization", since=18)
+class GroupNormalization(Norm):
+    """Y = (X - mean) / sqrt(var + epsilon) * scale + bias, statistics per sample and group of
+    C / num_groups channels; scale and bias are per group before opset 21, per channel from 21."""
+
+    def check(self) -> None:
+        x = self.input(0)
+        expect_float(self, x, "X")
+        self.expect(x.rank >= 3, f"X '{x.name}' has rank {x.rank}; GroupNormalization needs [N, C, D...]")
+        self.G = int(self.attr("num_groups"))
+        C = x.shape[1]
+        self.expect(self.G >= 1 and C % self.G == 0, f"X has {C} channels, not divisible by num_groups {self.G}")
+        self.per_channel = self.opset >= 21
+        want = C if self.per_channel else self.G
+        for i, role in ((1, "scale"), (2, "bias")):
+            expect_float(self, self.input(i), role)
+            self.expect_shape(self.input(i), (want,), role)
+
+    def forward(self, ctx) -> None:
+        x, y, scale, bias = self.input(0), self.output(), self.input(1), self.input(2)
+        N, C = x.shape[0], x.shape[1]
+        spatial = int(np.prod(x.shape[2:], dtype=np.int64))
+        cg = C // self.G
+        # groups are contiguous: view X as [N * G, C / G * spatial]
+        blocks = Blocks((N * self.G, cg * spatial), [1])
+        o = _var(ctx, blocks.outer, "o")
+        passes, mean, var = mean_var_passes(ctx, x, blocks, o)
+        inv, r = ctx.fresh("inv"), _var(ctx, blocks.inner, "r")
+        g = ix.mod(o, self.G)
+        p = ix.add(ix.mul(g, cg), ix.div(r, spatial)) if self.per_channel else g
+        i = blocks.index(o, r)
+        value = f"({load_f(x, i)} - {mean}) * {inv} * {load_f(scale, p)} + {load_f(bias, p)}"
+        passes.append(_pass(r, blocks.inner, [store_f(y, i, value)], [f"{inv} = 1.0 / sqrt({var} + {self.epsilon()})"]))
+        self.render(ctx, blocks, o, [], passes)
+
+
+@register("LpNormalization", since=1)
+class LpNormalization(Norm):
+    """Y = X / ||X||_p along `axis` (p is 1 or 2); a zero norm gives zeros."""
+
+    def check(self) -> None:
+        x = self.input(0)
+        expect_float(self, x, "input")
+        self.ax = self.axis(int(self.attr("axis", -1)), x.rank, x.batched)
+        self.p = int(self.attr("p", 2))
+        self.expect(self.p in (1, 2), f"p must be 1 or 2, not {self.p}")
+
+    def forward(self, ctx) -> None:
+        x, y = self.input(0), self.output()
+        blocks = Blocks(x.shape, [self.ax])
+        o = _var(ctx, blocks.outer, "o")
+        r1, r2 = _var(ctx, blocks.inner, "r"), _var(ctx, blocks.inner, "r")
+        acc, v, norm = ctx.fresh("acc"), ctx.fresh("v"), ctx.fresh("norm")
+        term = f"abs({v})" if self.p == 1 else f"{v} * {v}"
+        p1 = _pass(
+            r1,
+            blocks.inner,
+            [f"{v} = {load_f(x, blocks.index(o, r1))}", f"{acc} += {term}"],
+            [f"{acc} = 0.0"],
+            [f"{norm} = {acc if self.p == 1 else f'sqrt({acc})'}"],
+        )
+        i = blocks.index(o, r2)
+        p2 = _pass(r2, blocks.inner, [store_f(y, i, f"({load_f(x, i)} / {norm} if {norm} != 0.0 else 0.0)")])
+        self.render(ctx, blocks, o, [], [p1, p2])
+
+
+@register("MeanVarianceNormalization", since=13)
+class MeanVarianceNormalization(Norm):
+    """Y = (X - mean) / (sqrt(var) + 1e-9) over `axes` (default [0, 2, 3]), as ONNX's function."""
+
+    def check(self) -> None:
+        x = self.input(0)
+        expect_float(self, x, "X")
+        axes = self.attr("axes", [0, 2, 3])
+        self.axes = sorted({self.axis(a, x.rank, x.batched, "axes entry") for a in axes})
+
+    def forward(self, ctx) -> None:
+        x, y = self.input(0), self.output()
+        blocks = Blocks(x.shape, self.axes)
+        o = _var(ctx, blocks.outer, "o")
+        passes, mean, var = mean_var_passes(ctx, x, blocks, o)
+        inv, r = ctx.fresh("inv"), _var(ctx, blocks.inner, "r")
+        i = blocks.index(o, r)
+        passes.append(
+            _pass(
+                r,
+                blocks.inner,
+                [store_f(y, i, f"({load_f(x, i)} - {mean}) * {inv}")],
+                [f"{inv} = 1.0 / (sqrt({var}) + {f32(1e-9)})"],
+            )
+        )
+        self.render(ctx, blocks, o, [], passes)
+
+
+@register("LRN", since=1)
+class LRN(Norm):
+    """Local response normalization across channels:
+    Y = X / (bias + alpha / size * sum of X^2 over the `size` channels around c) ^ beta."""
+
+    def check(self) -> None:
+        x = self.input(0)
+        expect_float(self, x, "X")
+        self.expect(x.rank >= 3, f"X '{x.name}' has rank {x.rank}; LRN needs [N, C, D...]")
+        self.size = int(self.attr("size"))
+        self.expect(self.size >= 1, f"size must be >= 1, not {self.size}")
+
+    def forward(self, ctx) -> None:
+        x, y = self.input(0), self.output()
+        N, C = x.shape[0], x.shape[1]
+        S = int(np.prod(x.shape[2:], dtype=np.int64))
+        outer = [(ctx.fresh("o") if n > 1 else "0", n) for n in (N, C, S)]
+        n, c, s = (v for v, _ in outer)
+        before = (self.size - 1) // 2  # channels below c in the window; ceil((size-1)/2) above
+        j, cc, sq, v = ctx.fresh("j"), ctx.fresh("cc"), ctx.fresh("sq"), ctx.fresh("v")
+        xi = lambda ch: ix.add(ix.mul(ix.add(ix.mul(n, C), ch), S), s)  # noqa: E731
+        window = [{"var": j if self.size > 1 else "0", "n": self.size, "pre": [f"{cc} = {c} + {j if self.size > 1 else '0'} - {before}"],
+                   "cond": f"{cc} >= 0 and {cc} < {C}"}]
+        alpha = float(self.attr("alpha", 1e-4)) / self.size
+        base = f"{f32(float(self.attr('bias', 1.0)))} + {f32(alpha)} * {sq}"
+        value = f"{load_f(x, xi(c))} / pow({base}, {f32(float(self.attr('beta', 0.75)))})"
+        ctx.render(
+            "conv.py.j2",
+            outer=outer,
+            head=[f"{sq} = 0.0"],
+            window=window,
+            body=[f"{v} = {load_f(x, xi(cc))}", f"{sq} += {v} * {v}"],
+            tail=[store_f(y, xi(c), value)],
+        )

@@ -1,0 +1,208 @@
+"""Pools: MaxPool (with its Indices output), AveragePool, LpPool and the global pools. Each output
+element reduces its window (shaders/conv.py.j2, the loop nest the convolutions use) in float."""
+from __future__ import annotations
+
+from luisaml import indexing as ix
+from luisaml.operator import Operator
+from luisaml.registry import register
+from luisaml.storage import row_major_strides
+
+from .conv import (
+    Geometry,
+    bounds,
+    check_output,
+    expect_float,
+    lin,
+    load_f,
+    loop_vars,
+    store_f,
+    window_geometry,
+)
+
+
+class Pool(Operator):
+    """A sliding-window pool over X [N, C, D...]; subclasses say how a window reduces."""
+
+    global_pool = False
+
+    def check(self) -> None:
+        x = self.input(0)
+        expect_float(self, x, "X")
+        self.expect(x.rank >= 3, f"X '{x.name}' has rank {x.rank}; pools need [N, C, spatial...]")
+        k = x.rank - 2
+        if self.global_pool:
+            self.geo = Geometry(list(x.shape[2:]), [1] * k, [1] * k, [0] * k, [0] * k, [1] * k)
+        else:
+            kernel = self.attr("kernel_shape", None)
+            self.expect(kernel is not None, "attribute 'kernel_shape' is required")
+            kernel = [int(v) for v in kernel]
+            self.expect(len(kernel) == k, f"kernel_shape {kernel} needs {k} values for a {k}-D pool")
+            self.geo = window_geometry(self, x.shape[2:], kernel, bool(self.attr("ceil_mode", 0)))
+        check_output(self, self.output(), list(x.shape[:2]) + self.geo.out)
+        self.check_more()
+
+    def check_more(self) -> None:
+        """Checks of one kind of pool (attributes, extra outputs)."""
+
+    def describe(self) -> str:
+        g = self.geo
+        return f"{type(self).__name__}: kernel {g.kernel}, strides {g.strides}, pads {g.pads_begin + g.pads_end}"
+
+    def window(self, ctx, ospat, inside_only: bool):
+        """Return (window loop levels, input spatial coordinate names, in-bounds condition parts).
+
+        inside_only: each level skips positions outside the input; otherwise every position of
+        the window runs and the returned conditions say which are inside."""
+        g, x = self.geo, self.input(0)
+        levels, coords, inside = [], [], []
+        for d, (kv, kn) in enumerate(loop_vars(ctx, g.kernel, "k")):
+            iv = ctx.fresh("ix")
+            pre = [f"{iv} = {lin([(ospat[d], g.strides[d]), (kv, g.dilations[d])], -g.pads_begin[d])}"]
+            size = x.shape[2 + d]
+            last = (g.out[d] - 1) * g.strides[d] + (g.kernel[d] - 1) * g.dilations[d] - g.pads_begin[d]
+            cond = bounds(iv, g.pads_begin[d] > 0, size if last >= size else None)
+            levels.append({"var": kv, "n": kn, "pre": pre, "cond": (" and ".join(cond) or None) if inside_only else None})
+            coords.append(iv)
+            inside += cond
+        return levels, coords, inside
+
+    def forward(self, ctx) -> None:
+        y = self.output()
+        outer = loop_vars(ctx, y.shape, "o")
+        ov = [v for v, _ in outer]
+        head, levels, body, value = self.reduce(ctx, ov)
+        tail = [store_f(y, ix.ravel(ov, y.strides), value)] + self.extra_stores(ov)
+        ctx.render("conv.py.j2", outer=outer, head=head, window=levels, body=body, tail=tail)
+
+    def x_index(self, ov, coords) -> str:
+        return ix.ravel(ov[:2] + coords, self.input(0).strides)
+
+    def extra_stores(self, ov) -> list[str]:
+        return []
+
+
+@register("MaxPool", since=1)
+class MaxPool(Pool):
+    """Y = the largest element of each window (pads never win); Indices = its flat index in X."""
+
+    def check_more(self) -> None:
+        self.storage_order = int(self.attr("storage_order", 0))
+        self.expect(self.storage_order in (0, 1), f"storage_order must be 0 or 1, not {self.storage_order}")
+        self.indices = len(self.outputs) > 1 and self.outputs[1] is not None
+        if self.indices:
+            ind = self.output(1)
+            check_output(self, ind, list(self.input(0).shape[:2]) + self.geo.out, "Indices")
+            # the flat index counts the samples before this one, which a per-sample thread does not know
+            self.expect(not ind.batched, f"output Indices '{ind.name}' holds indices across the batch; compile with batch_axis=None")
+
+    def reduce(self, ctx, ov):
+        x = self.input(0)
+        best = ctx.fresh("best")
+        levels, coords, _ = self.window(ctx, ov[2:], inside_only=True)
+        v = ctx.fresh("v")
+        head = [f"{best} = -INF"]
+        body = [f"{v} = {load_f(x, self.x_index(ov, coords))}"]
+        if not self.indices:
+            body.append(f"{best} = max({best}, {v})")
+            return head, levels, body, best
+        self.arg = ctx.fresh("arg")
+        head.append(f"{self.arg} = -1")
+        spatial = list(x.shape[2:])
+        # storage_order 1: the spatial part of the index is column-major
+        strides = row_major_strides(tuple(spatial)) if self.storage_order == 0 else _col_major(spatial)
+        flat = ix.add(ix.mul(ix.add(ix.mul(ov[0], x.shape[1]), ov[1]), int(_prod(spatial))), ix.ravel(coords, strides))
+        body += [f"if {v} > {best} or {self.arg} < 0:", f"    {best} = {v}", f"    {self.arg} = {flat}"]
+        return head, levels, body, best
+
+    def extra_stores(self, ov) -> list[str]:
+        if not self.indices:
+            return []
+        ind = self.output(1)
+        return [ind.store(ix.ravel(ov, ind.strides), self.arg)]
+
+
+def _prod(xs) -> int:
+    p = 1
+    for v in xs:
+        p *= int(v)
+    return p
+
+
+def _col_major(shape: list[int]) -> tuple[int, ...]:
+    return tuple(reversed(row_major_strides(tuple(reversed(shape)))))
+
+
+@register("AveragePool", since=1)
+class AveragePool(Pool):
+    """Y = the mean of each window; count_include_pad counts the pads (not what ceil_mode adds)."""
+
+    def check_more(self) -> None:
+        self.include_pad = bool(self.attr("count_include_pad", 0))
+
+    def reduce(self, ctx, ov):
+        x, g = self.input(0), self.geo
+        acc, cnt = ctx.fresh("acc"), ctx.fresh("cnt")
+        head = [f"{acc} = 0.0", f"{cnt} = 0.0"]
+        if not self.include_pad:
+            levels, coords, _ = self.window(ctx, ov[2:], inside_only=True)
+            body = [f"{acc} += {load_f(x, self.x_index(ov, coords))}", f"{cnt} += 1.0"]
+            return head, levels, body, f"{acc} / {cnt}"
+        levels, coords, inside = self.window(ctx, ov[2:], inside_only=False)
+        # a position counts when it lies inside the input or its explicit pads
+        padded = [f"{c} < {x.shape[2 + d] + g.pads_end[d]}" for d, c in enumerate(coords)]
+        body = [f"if {' and '.join(padded)}:", f"    {cnt} += 1.0"]
+        add = f"{acc} += {load_f(x, self.x_index(ov, coords))}"
+        body += [f"if {' and '.join(inside)}:", f"    {add}"] if inside else [add]
+        return head, levels, body, f"{acc} / {cnt}"
+
+
+@register("LpPool", since=1)
+class LpPool(Pool):
+    """Y = (sum of |x|^p over each window) ^ (1/p); pads add nothing."""
+
+    def check_more(self) -> None:
+        self.p = int(self.attr("p", 2))
+        self.expect(self.p >= 1, f"p must be >= 1, not {self.p}")
+
+    def reduce(self, ctx, ov):
+        acc, v = ctx.fresh("acc"), ctx.fresh("v")
+        levels, coords, _ = self.window(ctx, ov[2:], inside_only=True)
+        body = [f"{v} = {load_f(self.input(0), self.x_index(ov, coords))}"]
+        return [f"{acc} = 0.0"], levels, body + [f"{acc} += {_pow_abs(v, self.p)}"], _root(acc, self.p)
+
+
+def _pow_abs(v: str, p: int) -> str:
+    if p == 1:
+        return f"abs({v})"
+    if p == 2:
+        return f"{v} * {v}"
+    return f"pow(abs({v}), {float(p)})"
+
+
+def _root(acc: str, p: int) -> str:
+    if p == 1:
+        return acc
+    if p == 2:
+        return f"sqrt({acc})"
+    return f"pow({acc}, {1.0 / p!r})"
+
+
+@register("GlobalMaxPool", since=1)
+class GlobalMaxPool(MaxPool):
+    global_pool = True
+
+    def check_more(self) -> None:
+        self.indices = False
+
+
+@register("GlobalAveragePool", since=1)
+class GlobalAveragePool(AveragePool):
+    global_pool = True
+
+    def check_more(self) -> None:
+        self.include_pad = False
+
+
+@register("GlobalLpPool", since=2)
+class GlobalLpPool(LpPool):
+    global_pool = True
