@@ -8,7 +8,7 @@ operators are in operators/fvdb/, the torch functions that export them in luisam
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import onnx
 import onnx.numpy_helper
@@ -34,7 +34,6 @@ class OpSpec:
     jagged: tuple[tuple[str, str], ...]
     output: str  # output name
     attributes: tuple[tuple[str, str, object], ...] = ()  # (name, doc, default or None if optional)
-    extra_types: dict = field(default_factory=dict)
 
     def input_names(self) -> list[str]:
         """Return the op's input names in order: the bundle, then each jagged input's four tensors."""

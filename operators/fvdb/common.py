@@ -154,6 +154,33 @@ class GridRef:
         """Return the DSL of NanoVDB getValue at ijk (1-based index of an active voxel, else 0)."""
         return f"nvdb_value({self.blob}, {self.tiles}, {self.tile_count}, {', '.join(ijk)})"
 
+    def stencil_leaf(self, base: list[str], lo: int, hi: int) -> tuple[str, str]:
+        """Emit the leaf holding `base` and whether every base + [lo, hi] per axis lies in that leaf
+        (NanoVDB's ReadAccessor caches nodes the same way); return their names for cached_lookup."""
+        ctx = self.ctx
+        leaf = ctx.let(f"{ctx.use_helper('nvdb_leaf', 'nanovdb')}({self.blob}, {self.tiles}, {self.tile_count}, "
+                       f"{', '.join(base)})", "leaf")
+        bounds = " and ".join(f"({c} & 7) >= {-lo} and ({c} & 7) <= {7 - hi}" for c in base)
+        return leaf, ctx.let(f"({bounds})", "in_leaf")
+
+    def cached_lookup(self, stencil: tuple[str, str], ijk: list[str]) -> str:
+        """Emit getValue at ijk, read from the stencil's leaf when the whole stencil lies in it (the
+        same value a full traversal gives); return the name holding it."""
+        ctx = self.ctx
+        leaf, in_leaf = stencil
+        v = ctx.fresh("v")
+        ctx.line(f"{v} = 0")
+        ctx.line(f"if {in_leaf}:")
+        with ctx.indent():
+            ctx.line(f"if {leaf} >= 0:")
+            with ctx.indent():
+                value = ctx.use_helper("nvdb_leaf_value", "nanovdb")
+                ctx.line(f"{v} = {value}({self.blob}, {leaf}, {', '.join(ijk)})")
+        ctx.line("else:")
+        with ctx.indent():
+            ctx.line(f"{v} = {self.lookup(ijk)}")
+        return v
+
     def transform(self) -> tuple[list[str], list[str]]:
         """Return the names of fVDB's float32 (scale, translate) of this grid, loading them once."""
         if self._transform is None:
@@ -179,8 +206,8 @@ class GridOp(Operator):
             len(self.inputs) == len(names),
             f"takes {len(names)} inputs ({', '.join(names)}), got {len(self.inputs)}",
         )
-        for k, name in enumerate(names):
-            self.input(k)  # all required
+        for k in range(len(names)):
+            self.input(k)  # every input is required
         self.B = self.check_bundle()
         self.jagged = [
             Jagged(jname, *self.inputs[len(schema.BUNDLE) + 4 * j : len(schema.BUNDLE) + 4 * j + 4])

@@ -10,7 +10,7 @@ import numpy as np
 from luisaml import indexing as ix
 from luisaml.registry import register
 
-from .common import GridOp, Jagged, infer_rule
+from .common import GridOp, infer_rule
 
 # fVDB's trilinear corner order (di, dj, dk): (0,0,0) (0,0,1) (0,1,1) (0,1,0) (1,0,0) (1,0,1) (1,1,1) (1,1,0),
 # i.e. di = c >> 2, dj = (c >> 1) & 1, dk = (c & 1) ^ dj.
@@ -39,9 +39,10 @@ class _Interpolation(GridOp):
         weights = ctx.local_array("float", 8, "w")
         active = ctx.fresh("active")
         ctx.line(f"{active} = False")
+        stencil = g.stencil_leaf(ijk, 0, 1)
         with ctx.loop(8, "corner") as c:
             d = [f"({c} >> 2)", f"(({c} >> 1) & 1)", f"(({c} & 1) ^ (({c} >> 1) & 1))"]
-            v = ctx.let(g.lookup([f"{ijk[a]} + {d[a]}" for a in range(3)]), "v")
+            v = g.cached_lookup(stencil, [f"{ijk[a]} + {d[a]}" for a in range(3)])
             factors = [f"({u[a]} if {d[a]} == 1 else {one_minus[a]})" for a in range(3)]
             ctx.line(f"{rows}[{c}] = {inactive_row}")
             ctx.line(f"{weights}[{c}] = 0.0")
@@ -60,11 +61,12 @@ class _Interpolation(GridOp):
         bz = ctx.use_helper("bezier_weight", "nanovdb")
         c = [ctx.let(f"{rnd}({v})", "c") for v in x]
         u = [ctx.let(f"{v} - float({cc})", "u") for v, cc in zip(x, c)]
+        stencil = g.stencil_leaf(c, -1, 1)
         with ctx.loop(27, "tap") as tap:
             d = [ctx.let(f"{tap} // 9 - 1", "dx"), ctx.let(f"({tap} // 3) % 3 - 1", "dy"),
                  ctx.let(f"{tap} % 3 - 1", "dz")]
             w = ctx.let(" * ".join(f"{bz}({u[a]} - float({d[a]}))" for a in range(3)), "wb")
-            v = ctx.let(g.lookup([f"{c[a]} + {d[a]}" for a in range(3)]), "v")
+            v = g.cached_lookup(stencil, [f"{c[a]} + {d[a]}" for a in range(3)])
             yield v, w, f"({g.voxel_offset} + {v} - 1)"
 
 

@@ -3,7 +3,7 @@ order, inactive corners weighing 0 with no renormalisation, Bezier weights that 
 and as one instance, with voxel data as an input or a constant, and composed with an MLP."""
 import numpy as np
 import pytest
-from onnx import helper, numpy_helper
+from onnx import helper
 
 import luisaml
 from luisaml.fvdb import GridBatch, JaggedTensor

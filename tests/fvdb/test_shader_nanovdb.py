@@ -3,7 +3,6 @@ volume_lookup_index on grids warp builds (the outside reference) and the host re
 multi-grid blobs; the rounding and Bezier helpers equal fVDB's double-promoted arithmetic."""
 import luisa
 import numpy as np
-import pytest
 from luisa.types import uint  # noqa: F401
 
 from luisaml.fvdb import GridBatch, ijk_to_index
