@@ -60,7 +60,9 @@ def _infer_custom(m: onnx.ModelProto) -> bool:
     known = _known_types(g)
     added = False
     for node in g.node:
-        if all(o in known for o in node.output if o):
+        # an output counts as typed once its shape is all numbers (a graph output may arrive with
+        # its symbolic dims cleared, which only this node's rule can fill in)
+        if all(o in known and _static(known[o].shape) for o in node.output if o):
             continue
         cls = registry.resolve(node.op_type, node.domain, opsets.get(node.domain, 0))
         if cls is None or any(i and i not in known for i in node.input):
@@ -72,8 +74,8 @@ def _infer_custom(m: onnx.ModelProto) -> bool:
             continue
         by_name = {vi.name: vi for vi in g.value_info}
         for name, (elem, shape) in zip(node.output, result):
-            if not name:
-                continue
+            if not name or (name in known and (shape is None or not _static(shape))):
+                continue  # nothing better than what is there
             vi = helper.make_tensor_value_info(name, elem, list(shape) if shape is not None else None)
             if name in by_name:
                 g.value_info.remove(by_name[name])
@@ -85,6 +87,10 @@ def _infer_custom(m: onnx.ModelProto) -> bool:
             known[name] = _var_from_type(name, vi.type)
             added = True
     return added
+
+
+def _static(shape) -> bool:
+    return shape is not None and all(isinstance(d, (int, np.integer)) for d in shape)
 
 
 def _dims(vi: onnx.ValueInfoProto):
