@@ -194,13 +194,27 @@ class Div(Map):
 
 @register("Mod", since=10)
 class Mod(Map):
-    """Integer Mod: fmod=0 gives the divisor's sign (Python %), fmod=1 the dividend's (C %)."""
+    """Mod. Integers: fmod=0 gives the divisor's sign (Python %), fmod=1 the dividend's (C %).
+    Floats (half through float): fmod=1 is C fmod, exact (shaders/math_lib.py::fmod_f32); fmod=0
+    is numpy's mod, the Python-style remainder that later opsets allow for floats."""
 
-    kinds = ("int",)
+    kinds = NUM
+
+    def forward(self, ctx):
+        self.fmod = int(self.attr("fmod", 0))
+        if self.dtype.is_float:
+            self.fn = ctx.use_helper("fmod_f32" if self.fmod else "pymod_f32", "math_lib")
+        super().forward(ctx)
+
+    def check(self):
+        super().check()
+        self.expect(int(self.attr("fmod", 0)) in (0, 1), f"attribute fmod must be 0 or 1, not {self.attr('fmod', 0)}")
 
     def expr(self, a, b):
+        if self.dtype.is_float:
+            return f"{self.fn}({a}, {b})"
         r = f"({a} % {b})"
-        if int(self.attr("fmod", 0)):
+        if self.fmod:
             return r
         return f"({r} + {b} if ({r} < 0 and {b} > 0) or ({r} > 0 and {b} < 0) else {r})"
 
@@ -424,3 +438,164 @@ class CastLike(Cast):
 
     def typed_inputs(self) -> range:
         return range(1)
+
+
+# ---- the second round: more activations and math ------------------------------------------------
+_map("Tan", 7, lambda s, x: f"tan({x})")
+_map("Asin", 7, lambda s, x: f"asin({x})")
+_map("Acos", 7, lambda s, x: f"acos({x})")
+_map("Atan", 7, lambda s, x: f"atan({x})")
+_map("Sinh", 9, lambda s, x: f"sinh({x})")
+_map("Cosh", 9, lambda s, x: f"cosh({x})")
+_map("Asinh", 9, lambda s, x: f"asinh({x})")
+_map("Acosh", 9, lambda s, x: f"acosh({x})")
+_map("Atanh", 9, lambda s, x: f"atanh({x})")
+_map("Softsign", 1, lambda s, x: f"({x} / ({s.lit(1)} + abs({x})))")
+# x tanh(softplus(x)), softplus without overflow as in Softplus
+_map("Mish", 18, lambda s, x: f"({x} * tanh(max({x}, {s.lit(0)}) + log({s.lit(1)} + exp(-abs({x})))))")
+_map("IsNaN", 9, lambda s, x: f"isnan({x})", result_bool=True)
+_map("BitwiseNot", 18, lambda s, x: f"(~{x})", ("int",), exact_in_half=True)
+
+
+@register("Sign", since=9)
+class Sign(Map):
+    """-1, 0 or 1 in the input's type; NaN stays NaN (it fails both comparisons)."""
+
+    kinds = NUM
+    exact_in_half = True
+
+    def expr(self, x):
+        return f"({self.lit(1)} if {x} > {self.lit(0)} else ({self.lit(-1)} if {x} < {self.lit(0)} else {x}))"
+
+
+@register("Round", since=11)
+class Round(Map):
+    """Round half to even (shaders/math_lib.py::round_even_f32; the DSL's round goes away from 0)."""
+
+    def forward(self, ctx):
+        self.fn = ctx.use_helper("round_even_f32", "math_lib")
+        super().forward(ctx)
+
+    def expr(self, x):
+        return f"{self.fn}({x})"
+
+
+@register("IsInf", since=10)
+class IsInf(Map):
+    """isinf, limited to one sign by detect_negative / detect_positive."""
+
+    result_bool = True
+
+    def expr(self, x):
+        neg, pos = int(self.attr("detect_negative", 1)), int(self.attr("detect_positive", 1))
+        if neg and pos:
+            return f"isinf({x})"
+        if not neg and not pos:
+            return "False"
+        return f"(isinf({x}) and {x} {'<' if neg else '>'} {self.lit(0)})"
+
+
+@register("HardSwish", since=14)
+class HardSwish(Map):
+    """x * clamp(x / 6 + 1 / 2, 0, 1)."""
+
+    def expr(self, x):
+        c = self.lit
+        return f"({x} * clamp({c(1 / 6)} * {x} + {c(0.5)}, {c(0)}, {c(1)}))"
+
+
+@register("PRelu", since=7)
+class PRelu(Map):
+    """x < 0 ? slope * x : x, slope broadcast to x (opset 7 on: numpy rules)."""
+
+    kinds = NUM
+
+    def expr(self, x, slope):
+        return f"({x} * {slope} if {x} < {self.lit(0)} else {x})"
+
+
+
+@register("Celu", since=12)
+class Celu(Map):
+    """max(0, x) + min(0, alpha (exp(x / alpha) - 1))."""
+
+    def expr(self, x):
+        c = self.lit
+        alpha = float(self.attr("alpha", 1.0))
+        return f"(max({x}, {c(0)}) + min({c(0)}, {c(alpha)} * (exp({x} / {c(alpha)}) - {c(1)})))"
+
+
+@register("ThresholdedRelu", since=10)
+class ThresholdedRelu(Map):
+    def expr(self, x):
+        return f"({x} if {x} > {self.lit(self.attr('alpha', 1.0))} else {self.lit(0)})"
+
+
+@register("Shrink", since=9)
+class Shrink(Map):
+    """x + bias below -lambd, x - bias above lambd, 0 between (any numeric type)."""
+
+    kinds = NUM
+
+    def expr(self, x):
+        dt = self.dtype
+        lambd, bias = float(self.attr("lambd", 0.5)), float(self.attr("bias", 0.0))
+        if dt.is_int:  # the float attributes compare and add in float, then convert (as onnxruntime)
+            xf = convert(x, dt, dtypes.FLOAT)
+            lo = f"{xf} < {literal(-lambd, dtypes.FLOAT)}"
+            hi = f"{xf} > {literal(lambd, dtypes.FLOAT)}"
+            plus = convert(f"{xf} + {literal(bias, dtypes.FLOAT)}", dtypes.FLOAT, dt)
+            minus = convert(f"{xf} - {literal(bias, dtypes.FLOAT)}", dtypes.FLOAT, dt)
+            return f"({plus} if {lo} else ({minus} if {hi} else 0))"
+        c = self.lit
+        return f"({x} + {c(bias)} if {x} < {c(-lambd)} else ({x} - {c(bias)} if {x} > {c(lambd)} else {c(0)}))"
+
+
+@register("Swish", since=24)
+class Swish(Map):
+    """x * sigmoid(alpha x)."""
+
+    def expr(self, x):
+        c = self.lit
+        return f"({x} / ({c(1)} + exp(-{c(self.attr('alpha', 1.0))} * {x})))"
+
+
+class Bitwise(Map):
+    """A bitwise op on integers (int32, int64 held as int32, uint32): sign extension commutes
+    with and/or/xor/not, so int64 results are exact."""
+
+    kinds = ("int",)
+    exact_in_half = True
+    sym = "&"
+
+    def expr(self, a, b):
+        return f"({a} {self.sym} {b})"
+
+
+for _name, _sym in (("BitwiseAnd", "&"), ("BitwiseOr", "|"), ("BitwiseXor", "^")):
+    register(_name, since=18)(type(_name, (Bitwise,), {"sym": _sym}))
+
+
+@register("BitShift", since=11)
+class BitShift(Map):
+    """X << Y or X >> Y (direction). Unsigned (uint32) from opset 11; signed ints from opset 28:
+    arithmetic right shifts; a shift below 0 or at least the width leaves only the sign fill.
+    int64 is held in 32 bits: a left shift whose result leaves the int32 range wraps."""
+
+    kinds = ("int",)
+    exact_in_half = True
+
+    def check(self):
+        super().check()
+        self.direction = self.attr("direction")
+        self.expect(self.direction in ("LEFT", "RIGHT"), f"attribute direction must be LEFT or RIGHT, not {self.direction!r}")
+
+    def forward(self, ctx):
+        unsigned = self.dtype.dsl == "uint"
+        name = f"shift_{self.direction.lower()}_{'u32' if unsigned else 'i32'}"
+        self.fn = ctx.use_helper(name, "math_lib")
+        self.width = None if unsigned else 8 * self.typed()[0][1].dtype.numpy.itemsize
+        super().forward(ctx)
+
+    def expr(self, a, b):
+        return f"{self.fn}({a}, {b})" if self.width is None else f"{self.fn}({a}, {b}, {self.width})"

@@ -1,0 +1,106 @@
+"""DSL functions of the second round of operators (float Mod, Round, bit shifts); a generated module
+imports the ones it uses."""
+# ruff: noqa: F821  (abs, floor, isnan, copysign, ... are DSL builtins the luisa compiler resolves)
+import luisa
+from luisa.types import uint
+
+NAN = float("nan")
+
+
+@luisa.func
+def fmod_f32(a, b):
+    """C fmod for floats, exact: the remainder of |a| by |b| is taken by subtracting b * 2^k
+    (exact by Sterbenz's lemma, as b * 2^k <= r < 2 b * 2^k) from the top exponent down; the sign
+    is a's. NaN for a infinite, b zero or either NaN; a when b is infinite."""
+    x = abs(a)
+    y = abs(b)
+    r = x
+    if isnan(x) or isnan(y) or isinf(x) or y == 0.0:
+        r = NAN
+    elif not isinf(y):
+        while r >= y:
+            # the largest t = y * 2^k <= r: start near it from the exponents, then correct
+            k = max(int(floor(log2(r))) - int(floor(log2(y))) - 1, 0)
+            t = y
+            while k >= 60:
+                t = t * 1152921504606846976.0  # 2^60
+                k = k - 60
+            p = 1.0  # 2^k by squaring (exp2 is not linked by the CPU backend)
+            b = 2.0
+            while k > 0:
+                if k % 2 == 1:
+                    p = p * b
+                b = b * b
+                k = k // 2
+            t = t * p
+            while t * 2.0 <= r:
+                t = t * 2.0
+            while t > r:
+                t = t * 0.5
+            r = r - t
+    return copysign(r, a)
+
+
+@luisa.func
+def pymod_f32(a, b):
+    """numpy's float mod (ONNX Mod fmod=0): fmod, moved by b when the signs differ; a zero
+    result takes b's sign."""
+    r = fmod_f32(a, b)
+    if r != 0.0:
+        if (r < 0.0 and b > 0.0) or (r > 0.0 and b < 0.0):
+            r = r + b
+    elif not isnan(b):
+        r = copysign(0.0, b)
+    return r
+
+
+@luisa.func
+def round_even_f32(x):
+    """x rounded to the nearest integer, halves to the even one (ONNX Round); the DSL's round
+    takes halves away from zero. x - floor(x) is exact for every float."""
+    f = floor(x)
+    d = x - f
+    r = f
+    if d > 0.5:
+        r = f + 1.0
+    elif d == 0.5:
+        r = f + (f - 2.0 * floor(f * 0.5))  # + 1 when f is odd
+    return r
+
+
+@luisa.func
+def shift_left_i32(x, y, width):
+    """x << y for a signed int of `width` bits held in an int: 0 when y < 0 or y >= width."""
+    r = 0
+    if y >= 0 and y < width and y < 32:
+        r = x << y
+    return r
+
+
+@luisa.func
+def shift_right_i32(x, y, width):
+    """x >> y, arithmetic: past the width only the sign fill is left (-1 or 0); y < 0 too."""
+    r = 0
+    if y >= 0 and y < width:
+        r = x >> min(y, 31)
+    elif x < 0:
+        r = -1
+    return r
+
+
+@luisa.func
+def shift_left_u32(x, y):
+    """x << y for uint: 0 when y >= 32."""
+    r = uint(0)
+    if y < uint(32):
+        r = x << y
+    return r
+
+
+@luisa.func
+def shift_right_u32(x, y):
+    """x >> y for uint: 0 when y >= 32."""
+    r = uint(0)
+    if y < uint(32):
+        r = x >> y
+    return r
