@@ -12,7 +12,7 @@ from .common import GridOp, infer_rule
 class IJKToIndex(GridOp):
     """int64 index of each ijk in its grid: getValue - 1 (+ batch_offsets[b] when cumulative), -1 if inactive."""
 
-    infer = classmethod(infer_rule)
+    infer = staticmethod(infer_rule)
 
     def check_inputs(self):
         ijk = self.jagged[0]
@@ -37,7 +37,7 @@ class IJKToIndex(GridOp):
 class CoordsInGrid(GridOp):
     """Whether each integer ijk is an active voxel of its grid."""
 
-    infer = classmethod(infer_rule)
+    infer = staticmethod(infer_rule)
 
     def check_inputs(self):
         self.expect_points(self.jagged[0], ("INT32", "INT64"))
@@ -53,7 +53,7 @@ class CoordsInGrid(GridOp):
 class PointsInGrid(GridOp):
     """Whether the voxel round(world_to_voxel(p)) of each point is active (NanoVDB's round: floor(x + 0.5))."""
 
-    infer = classmethod(infer_rule)
+    infer = staticmethod(infer_rule)
 
     def check_inputs(self):
         self.expect_points(self.jagged[0])

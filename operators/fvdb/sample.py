@@ -20,7 +20,7 @@ TRILINEAR_CORNERS = np.array([[c >> 2, (c >> 1) & 1, (c & 1) ^ ((c >> 1) & 1)] f
 class _Interpolation(GridOp):
     """Points (jagged input 0) and per-voxel data or values (jagged input 1)."""
 
-    infer = classmethod(infer_rule)
+    infer = staticmethod(infer_rule)
 
     def check_inputs(self):
         pts, data = self.jagged

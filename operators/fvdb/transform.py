@@ -10,7 +10,7 @@ from .common import GridOp, infer_rule
 
 
 class _Transform(GridOp):
-    infer = classmethod(infer_rule)
+    infer = staticmethod(infer_rule)
 
     def check_inputs(self):
         self.expect_points(self.jagged[0])

@@ -153,7 +153,7 @@ def points_in_grid(gb: GridBatch, points: JaggedTensor) -> np.ndarray:
 
 # ---- models ------------------------------------------------------------------------------------
 
-_ELEM = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.int64): TensorProto.INT64,
+ELEM = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.int64): TensorProto.INT64,
          np.dtype(np.float64): TensorProto.DOUBLE, np.dtype(np.int32): TensorProto.INT32,
          np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.bool_): TensorProto.BOOL}
 
@@ -190,7 +190,7 @@ def fvdb_model(nodes, feeds: dict[str, np.ndarray], batched=(), constants=(), ou
         shape = list(arr.shape)
         if name in batched:
             shape[0] = "N"
-        ins.append(helper.make_tensor_value_info(name, _ELEM[arr.dtype], shape))
+        ins.append(helper.make_tensor_value_info(name, ELEM[arr.dtype], shape))
     if outputs is None:
         outputs = [o for n in nodes for o in n.output if o not in read]
     g = helper.make_graph(list(nodes), "fvdb_test", ins, [], inits)

@@ -9,7 +9,7 @@ import luisaml
 from luisaml.fvdb import GridBatch, JaggedTensor
 from luisaml.opsets import fvdb as schema
 
-from fvdb_reference import bundle_feeds, fvdb_model, fvdb_node, lookup
+from fvdb_reference import ELEM, bundle_feeds, fvdb_model, fvdb_node, lookup
 
 BUNDLE = list(schema.BUNDLE)
 
@@ -115,3 +115,37 @@ def test_bundles_bound_at_run_time_are_checked_before_the_kernel_reads_them():
     got = net.run(swapped)["index"]
     np.testing.assert_array_equal(got, np.concatenate([lookup(gb, v[:20], np.full(20, b)) - gb.batch_offsets[b]
                                                        for b, v in ((1, vox[1]), (0, vox[0]))]))
+
+
+def test_operator_infer_rules_match_onnx_inference():
+    """luisaml's own infer rules (used where onnx cannot type a node) agree with the registered schemas."""
+    from onnx import TensorProto
+
+    import luisaml.operators  # noqa: F401 (registers the operators)
+    from luisaml import registry
+    from luisaml.model import Node, Variable
+
+    gb = GridBatch.from_ijk(_grids()[:1])
+    probes = JaggedTensor.from_list([np.zeros((5, 3), np.int32)])
+    pts = JaggedTensor.from_list([np.zeros((5, 3), np.float32)])
+    feeds = bundle_feeds(gb, ijk=probes, points=pts, data=np.zeros((gb.total_voxels, 2, 2), np.float32),
+                         values=np.zeros((5, 2, 2), np.float32))
+    want = {"IJKToIndex": (TensorProto.INT64, (5,)), "CoordsInGrid": (TensorProto.BOOL, (5,)),
+            "PointsInGrid": (TensorProto.BOOL, (5,)), "WorldToVoxel": (TensorProto.FLOAT, (5, 3)),
+            "SampleTrilinear": (TensorProto.FLOAT, (5, 2, 2)), "SampleBezier": (TensorProto.FLOAT, (5, 2, 2)),
+            "SplatTrilinear": (TensorProto.FLOAT, (gb.total_voxels, 2, 2)),
+            "SplatBezier": (TensorProto.FLOAT, (gb.total_voxels, 2, 2))}
+    for op, expected in want.items():
+        node = fvdb_node(op, "y")
+        names = list(node.input)
+        inputs = []
+        for k, name in enumerate(names):
+            a = feeds[name]
+            const = a if k == 5 else None  # batch_offsets known: a splat's row count
+            inputs.append(Variable(name, None, a.shape, const, elem_type=ELEM[a.dtype]))
+        n = Node("y", op, "fvdb", names, ["y"], {})
+        cls = registry.resolve(op, "fvdb", 1)
+        assert cls.infer(n, inputs) == [expected], op
+        m = fvdb_model([node], feeds, constants=("batch_offsets",))
+        out = m.graph.output[0].type.tensor_type
+        assert (out.elem_type, tuple(d.dim_value for d in out.shape.dim)) == expected, op
