@@ -60,9 +60,10 @@ def _infer_custom(m: onnx.ModelProto) -> bool:
     known = _known_types(g)
     added = False
     for node in g.node:
-        # an output counts as typed once its shape is all numbers (a graph output may arrive with
-        # its symbolic dims cleared, which only this node's rule can fill in)
-        if all(o in known and _static(known[o].shape) for o in node.output if o):
+        # a custom node's output counts as typed once its shape is all numbers (a graph output may
+        # arrive with its symbolic dims cleared, which only the node's own rule can fill in)
+        custom = node.domain not in ("", "ai.onnx")
+        if all(o in known and (_static(known[o].shape) or not custom) for o in node.output if o):
             continue
         cls = registry.resolve(node.op_type, node.domain, opsets.get(node.domain, 0))
         if cls is None or any(i and i not in known for i in node.input):
