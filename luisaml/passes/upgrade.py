@@ -25,4 +25,29 @@ def upgrade_opset(proto: onnx.ModelProto) -> onnx.ModelProto:
     except Exception as e:  # the converter raises RuntimeError/IndexError for ops it cannot map
         warnings.warn(f"luisaml: could not upgrade opset {version} to {TARGET_OPSET} ({e}); using it as is")
         return proto
+    if version < 11:
+        _keep_resize10_coordinates(proto, converted)
     return converted
+
+
+def _keep_resize10_coordinates(original: onnx.ModelProto, converted: onnx.ModelProto) -> None:
+    """onnx's converter turns Upsample and Resize-10 into a Resize with the default half_pixel
+    coordinates; give it back their asymmetric ones, and their nearest rounding (down when
+    upsampling, up when every resized axis shrinks, as onnxruntime's opset-10 kernel does)."""
+    from onnx import helper, numpy_helper
+
+    inits = {t.name: numpy_helper.to_array(t) for t in original.graph.initializer}
+    old = {n.output[0]: n for n in original.graph.node if n.op_type in ("Upsample", "Resize") and n.output}
+    for node in converted.graph.node:
+        src = old.get(node.output[0]) if node.op_type == "Resize" and node.output else None
+        if src is None:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in src.attribute}
+        scales = attrs.get("scales", inits.get(src.input[1]) if len(src.input) > 1 else None)
+        resized = [float(s) for s in (scales if scales is not None else []) if float(s) != 1.0]
+        shrink = bool(resized) and all(s < 1.0 for s in resized)
+        keep = [a for a in node.attribute if a.name not in ("coordinate_transformation_mode", "nearest_mode")]
+        del node.attribute[:]
+        node.attribute.extend(keep)
+        node.attribute.append(helper.make_attribute("coordinate_transformation_mode", "asymmetric"))
+        node.attribute.append(helper.make_attribute("nearest_mode", "ceil" if shrink else "floor"))
