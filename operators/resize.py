@@ -1,0 +1,351 @@
+"""Resize (opsets 10-19) and Upsample (7-10).
+
+Shapes, scales and sizes are static, so where each output element reads from is known when
+compiling: the host computes, per resized axis, each output coordinate's source indices and
+interpolation weights (float64, as ONNX's reference does, rounded once to float32) and the kernel
+reads them from constant tables (shaders/resize.py.j2). Interpolation is separable: an output
+element is the sum over every combination of taps of the product of the axes' weights times the
+input element. Nearest modes keep one index per axis and copy the element (exact for every dtype);
+linear and cubic accumulate in float (half is rounded once at the end)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from luisaml import dtypes
+from luisaml import indexing as ix
+from luisaml.operator import Derived, Operator
+from luisaml.registry import register
+from luisaml.storage import literal
+
+from .common import compute_dtype, convert, loop_vars
+
+MODES = ("nearest", "linear", "cubic")
+TRANSFORMS = ("half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel", "tf_crop_and_resize",
+              "half_pixel_symmetric", "tf_half_pixel_for_nn")
+NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+@dataclass(frozen=True)
+class AxisSpec:
+    """How one axis is resized: everything its host tables depend on."""
+
+    mode: str
+    transform: str
+    in_w: int
+    out_w: int
+    scale: float
+    roi: tuple[float, float] = (0.0, 1.0)
+    nearest_mode: str = "round_prefer_floor"
+    cubic_a: float = -0.75
+    exclude_outside: bool = False
+    antialias: bool = False
+
+
+def source_coords(s: AxisSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Return (the input coordinate of every output coordinate, whether it lies outside the
+    region tf_crop_and_resize samples) along one axis, in float64."""
+    y = np.arange(s.out_w, dtype=np.float64)
+    # align_corners, pytorch_half_pixel and tf_crop_and_resize take the resized length as scale *
+    # length, unrounded (ONNX's reference and its node tests); onnxruntime and PyTorch take the
+    # output's length, which differs only when scale * length is not a whole number
+    length = s.scale * s.in_w
+    outside = np.zeros(s.out_w, dtype=bool)
+    t = s.transform
+    if t == "align_corners":
+        x = np.zeros(s.out_w) if length == 1 else y * (s.in_w - 1) / (length - 1)
+    elif t == "asymmetric":
+        x = y / s.scale
+    elif t == "tf_crop_and_resize":
+        lo, hi = s.roi
+        if length == 1:
+            x = np.full(s.out_w, (hi - lo) * (s.in_w - 1) / 2)
+        else:
+            x = y * (hi - lo) * (s.in_w - 1) / (length - 1)
+        x = x + lo * (s.in_w - 1)
+        outside = (x < 0) | (x > s.in_w - 1)
+    elif t == "pytorch_half_pixel":
+        x = np.full(s.out_w, -0.5) if length == 1 else (y + 0.5) / s.scale - 0.5
+    elif t == "half_pixel":
+        x = (y + 0.5) / s.scale - 0.5
+    elif t == "half_pixel_symmetric":
+        offset = s.in_w / 2 * (1 - s.out_w / length)
+        x = offset + (y + 0.5) / s.scale - 0.5
+    elif t == "tf_half_pixel_for_nn":  # opset 11-12
+        x = (y + 0.5) / s.scale
+    else:
+        raise ValueError(f"unknown coordinate_transformation_mode {t!r}")
+    return x, outside
+
+
+def _cubic(d: np.ndarray, a: float) -> np.ndarray:
+    """The cubic convolution kernel at distances d (Keys, parameter a)."""
+    d = np.abs(d)
+    near = ((a + 2) * d - (a + 3)) * d * d + 1
+    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
+
+
+def _coeffs(s: AxisSpec, ratio: np.ndarray) -> np.ndarray:
+    """Return the [O, n] interpolation weights of the taps left of and at the source coordinate,
+    ratio (in (0, 1]) being its distance from the tap just left of it."""
+    r = ratio[:, None]
+    if s.mode == "linear" and not s.antialias:
+        return np.concatenate([1 - r, r], axis=1)
+    if s.mode == "cubic" and not s.antialias:
+        return _cubic(np.concatenate([r + 1, r, 1 - r, 2 - r], axis=1), s.cubic_a)
+    scale = min(s.scale, 1.0)  # antialiasing widens the kernel by 1 / scale when downsampling
+    support = 1 if s.mode == "linear" else 2
+    start = int(np.floor(-support / scale) + 1)
+    d = (np.arange(start, 2 - start)[None, :] - r) * scale
+    c = np.clip(1 - np.abs(d), 0, 1) if s.mode == "linear" else _cubic(d, s.cubic_a)
+    return c / c.sum(axis=1, keepdims=True)
+
+
+def axis_taps(s: AxisSpec) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """Return (indices [O, n] clamped into the input, weights [O, n] or None for nearest,
+    outside [O]) of one resized axis. Taps beyond the edges read the edge element (ONNX's edge
+    padding); exclude_outside drops them and renormalises instead."""
+    x, outside = source_coords(s)
+    fl = np.floor(x)
+    whole = x == fl
+    if s.mode == "nearest":
+        frac = x - fl
+        up = {
+            "round_prefer_floor": frac > 0.5,
+            "round_prefer_ceil": frac >= 0.5,
+            "floor": np.zeros_like(whole),
+            "ceil": ~whole,
+        }[s.nearest_mode]
+        idx = (fl + up).astype(np.int64)[:, None]
+        return np.clip(idx, 0, s.in_w - 1), None, outside
+    ratio = np.where(whole, 1.0, x - fl)
+    w = _coeffs(s, ratio)
+    n = w.shape[1]
+    # the n taps nearest to x, ties to the lower index (ONNX's reference, edge-padded by ceil(n/2))
+    if n % 2 == 0:
+        start = fl - n // 2 + np.where(whole, 0, 1)
+    else:
+        frac = x - fl
+        start = fl - (n - 1) // 2 + np.where(frac <= 0.5, 0, 1)
+    idx = start.astype(np.int64)[:, None] + np.arange(n)[None, :]
+    if s.exclude_outside:
+        w = np.where((idx < 0) | (idx >= s.in_w), 0.0, w)
+        total = w.sum(axis=1, keepdims=True)
+        w = w / np.where(total == 0, 1.0, total)
+    return np.clip(idx, 0, s.in_w - 1), w, outside
+
+
+def resize_indices(spec: AxisSpec) -> np.ndarray:
+    """Return one axis's tap indices, flat [O * n] int32 (a derived constant)."""
+    return axis_taps(spec)[0].astype(np.int32).reshape(-1)
+
+
+def resize_weights(spec: AxisSpec) -> np.ndarray:
+    """Return one axis's tap weights, flat [O * n] float32 (a derived constant)."""
+    return axis_taps(spec)[1].astype(np.float32).reshape(-1)
+
+
+def resize_outside(spec: AxisSpec) -> np.ndarray:
+    """Return whether each output coordinate of one axis lies outside the crop region (int32)."""
+    return axis_taps(spec)[2].astype(np.int32)
+
+
+def _floats(v) -> list[float]:
+    return [float(a) for a in np.asarray(v, dtype=np.float64).reshape(-1)]
+
+
+def _ints(v) -> list[int]:
+    return [int(a) for a in np.asarray(v).reshape(-1)]
+
+
+@register("Resize", since=11)
+class Resize(Operator):
+    """Resize with roi, scales and sizes as constant inputs (opset 11 on; axes,
+    keep_aspect_ratio_policy and antialias from opset 18)."""
+
+    def params(self) -> tuple[list[float] | None, list[float] | None, list[int] | None]:
+        """Return (roi, scales, sizes) from the inputs, None where absent or empty."""
+        got = []
+        for k, what in ((1, "roi"), (2, "scales"), (3, "sizes")):
+            v = self.const(k, what) if self.has_input(k) else None
+            got.append(None if v is None or np.asarray(v).size == 0 else v)
+        roi, scales, sizes = got
+        return (None if roi is None else _floats(roi), None if scales is None else _floats(scales),
+                None if sizes is None else _ints(sizes))
+
+    def attrs(self) -> dict:
+        return {
+            "mode": self.attr("mode", "nearest"),
+            "transform": self.attr("coordinate_transformation_mode", "half_pixel"),
+            "nearest_mode": self.attr("nearest_mode", "round_prefer_floor"),
+            "cubic_a": float(self.attr("cubic_coeff_a", -0.75)),
+            "exclude_outside": bool(self.attr("exclude_outside", 0)),
+            "antialias": bool(self.attr("antialias", 0)),
+            "extrapolation": float(self.attr("extrapolation_value", 0.0)),
+            "policy": self.attr("keep_aspect_ratio_policy", "stretch"),
+            "axes": self.attr("axes", None),
+        }
+
+    def check(self):
+        x, y = self.input(0), self.output()
+        a = self.attrs()
+        for key, allowed in (("mode", MODES), ("transform", TRANSFORMS), ("nearest_mode", NEAREST_MODES)):
+            self.expect(a[key] in allowed, f"{key.replace('transform', 'coordinate_transformation_mode')} "
+                                           f"{a[key]!r} is not one of {', '.join(allowed)}")
+        self.expect(a["policy"] in ("stretch", "not_larger", "not_smaller"),
+                    f"keep_aspect_ratio_policy {a['policy']!r} is not stretch, not_larger or not_smaller")
+        self.expect(not (a["antialias"] and a["mode"] == "nearest"), "antialias applies to linear and cubic modes only")
+        if a["mode"] != "nearest":
+            self.expect_dtype(x, ("float",), "input 0 (X) of a linear or cubic Resize")
+        r = x.rank
+        axes = list(range(r)) if a["axes"] is None else [self.axis(d, r, what="axis of axes") for d in a["axes"]]
+        self.expect(len(set(axes)) == len(axes), f"axes {a['axes']} name an axis twice")
+        roi, scales, sizes = self.params()
+        self.expect((scales is None) != (sizes is None), "exactly one of scales and sizes must be given")
+        given = scales if scales is not None else sizes
+        self.expect(len(given) == len(axes),
+                    f"{'scales' if scales is not None else 'sizes'} has {len(given)} values for {len(axes)} axes")
+        full_scale = [1.0] * r
+        out = list(x.shape)
+        if scales is not None:
+            for d, s in zip(axes, scales):
+                self.expect(s > 0, f"scale {s} of axis {d} is not positive")
+                full_scale[d] = s
+                out[d] = int(math.floor(s * x.shape[d]))
+                if y.shape[d] == int(math.floor(np.float32(s) * np.float32(x.shape[d]))):
+                    out[d] = y.shape[d]  # onnx's shape inference multiplies in float32
+        else:
+            ratios = {d: n / x.shape[d] for d, n in zip(axes, sizes)}
+            if a["policy"] != "stretch":
+                pick = min if a["policy"] == "not_larger" else max
+                common = pick(ratios.values())
+                ratios = dict.fromkeys(axes, common)
+                sizes = [int(common * x.shape[d] + 0.5) for d in axes]
+            for d, n in zip(axes, sizes):
+                full_scale[d], out[d] = ratios[d], n
+        self.expect(tuple(out) == tuple(y.shape), f"computed output shape {out} differs from the inferred {list(y.shape)}")
+        full_roi = [(0.0, 1.0)] * r
+        if a["transform"] == "tf_crop_and_resize":
+            self.expect(roi is not None and len(roi) == 2 * len(axes),
+                        f"tf_crop_and_resize needs roi of {2 * len(axes)} values, got {0 if roi is None else len(roi)}")
+            for k, d in enumerate(axes):
+                full_roi[d] = (roi[k], roi[len(axes) + k])
+        self.specs: dict[int, AxisSpec] = {}
+        for d in axes:
+            if full_scale[d] == 1.0 and out[d] == x.shape[d] and full_roi[d] == (0.0, 1.0):
+                continue  # identity along this axis (as the reference: no interpolation at all)
+            if x.batched and d == 0:
+                self.axis(0, r, batched=True, what="resized axis")
+            self.specs[d] = AxisSpec(a["mode"], a["transform"], x.shape[d], out[d], full_scale[d], full_roi[d],
+                                     self.nearest_mode(a, full_scale[d]), a["cubic_a"], a["exclude_outside"],
+                                     a["antialias"])
+        self.specs = dict(sorted(self.specs.items()))  # forward() reads the tables in axis order
+        self.extrapolation = a["extrapolation"]
+        self.outside = {d: bool(axis_taps(s)[2].any()) for d, s in self.specs.items()}
+
+    def derived_inputs(self):
+        out = []
+        for d, s in self.specs.items():
+            n = self.taps(s)
+            out.append(Derived(resize_indices, (), dtypes.INT32, (s.out_w * n,), (("spec", s),)))
+            if s.mode != "nearest":
+                out.append(Derived(resize_weights, (), dtypes.FLOAT, (s.out_w * n,), (("spec", s),)))
+            if self.outside[d]:
+                out.append(Derived(resize_outside, (), dtypes.INT32, (s.out_w,), (("spec", s),)))
+        return out
+
+    def nearest_mode(self, a: dict, scale: float) -> str:
+        """Return how nearest mode rounds along an axis resized by `scale`."""
+        return a["nearest_mode"]
+
+    @staticmethod
+    def taps(s: AxisSpec) -> int:
+        """Return how many taps an axis reads per output coordinate."""
+        return 1 if s.mode == "nearest" else axis_taps(s)[0].shape[1]
+
+    def forward(self, ctx):
+        x, y = self.input(0), self.output()
+        if y.numel == 0:
+            return
+        tables = iter(self.derived)
+        outer = loop_vars(ctx, [n for n in y.shape])
+        coord = [v if n > 1 else "0" for v, n in outer]
+        outer = [(v, n) for v, n in outer if n > 1]
+        nearest = all(s.mode == "nearest" for s in self.specs.values())
+        acc_dt = compute_dtype(x.dtype)
+        head, body, tail, taps, src, weights, outs = [], [], [], [], [], [], []
+        for d in range(x.rank):
+            if d not in self.specs:
+                src.append(ix.mul(coord[d], x.strides[d]))
+                continue
+            s = self.specs[d]
+            n = self.taps(s)
+            index_t = next(tables)
+            weight_t = None if s.mode == "nearest" else next(tables)
+            if self.outside[d]:
+                outs.append(next(tables).load(coord[d]))
+            t = ctx.fresh("t") if n > 1 else "0"
+            if n > 1:
+                taps.append((t, n))
+            at = ix.add(ix.mul(coord[d], n), t)
+            i = ctx.fresh("ix")
+            body.append(f"{i} = {index_t.load(at)}")
+            src.append(ix.mul(i, x.strides[d]))
+            if weight_t is not None:
+                w = ctx.fresh("w")
+                body.append(f"{w} = {weight_t.load(at)}")
+                weights.append(w)
+        dst = ix.ravel(coord, y.strides)
+        value = x.load(ix.add(*src))
+        if nearest:
+            result = value
+        else:
+            acc = ctx.fresh("acc")
+            head.append(f"{acc} = {literal(0, acc_dt)}")
+            body.append(f"{acc} = {acc} + {' * '.join(weights)} * {convert(value, x.dtype, acc_dt)}")
+            result = convert(acc, acc_dt, y.dtype)
+        if outs:
+            flag = " + ".join(outs)
+            result = f"({literal(self.extrapolation, y.dtype)} if {flag} > 0 else {result})"
+        tail.append(y.store(dst, result))
+        ctx.render("resize.py.j2", outer=outer, taps=taps, head=head, body=body, tail=tail)
+
+
+@register("Resize", since=10)
+class Resize10(Resize):
+    """Resize-10: X and scales; asymmetric coordinates; nearest rounds down when upsampling and up
+    when downsampling an axis (onnxruntime's opset-10 kernel). Models below opset 13 are upgraded
+    first (luisaml/passes/upgrade.py keeps these semantics), so this serves un-upgradable ones."""
+
+    def nearest_mode(self, a, scale):
+        return "ceil" if scale < 1 else "floor"
+
+    def params(self):
+        return None, _floats(self.const(1, "scales")), None
+
+    def attrs(self):
+        a = super().attrs()
+        a.update(transform="asymmetric", nearest_mode="floor", cubic_a=-0.75, exclude_outside=False,
+                 antialias=False, policy="stretch", axes=None)
+        return a
+
+
+@register("Upsample", since=9)
+class Upsample(Resize10):
+    """Upsample-9/10: scales as input 1; modes nearest and linear (bilinear in opset 7)."""
+
+    def attrs(self):
+        a = super().attrs()
+        a["mode"] = {"bilinear": "linear"}.get(a["mode"], a["mode"])
+        return a
+
+
+@register("Upsample", since=7)
+class Upsample7(Upsample):
+    """Upsample-7: scales as an attribute."""
+
+    def params(self):
+        return None, _floats(self.attr("scales")), None
