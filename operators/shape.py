@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from luisaml import indexing as ix
 from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import literal
 
-from .common import emit_map
+from .common import emit_copy, emit_map
 
 
 class View(Operator):
@@ -72,3 +73,271 @@ class Shape(Operator):
         y, x = self.output(), self.input(0)
         for k, d in enumerate(self.dims):
             ctx.line(y.store(str(k), literal(x.shape[d], y.dtype)))
+
+
+# ---- the second round: Pad, CenterCropPad, Tile, DepthToSpace/SpaceToDepth, Trilu, Size -----------
+
+
+def _const_ints(v) -> list[int]:
+    return [int(a) for a in np.asarray(v).reshape(-1)]
+
+
+def source_coord(o: str, begin: int, n: int, mode: str) -> tuple[str, bool]:
+    """Return (the input coordinate that output coordinate `o` of a padded axis reads, whether it
+    may fall outside [0, n)): begin elements come before the n input elements (negative: cropped)."""
+    s = f"({o} - {begin})" if begin > 0 else f"({o} + {-begin})" if begin < 0 else o
+    if mode == "constant":
+        return s, True
+    if mode == "edge":
+        return f"clamp({s}, 0, {n - 1})", False
+    if mode == "wrap":
+        return f"((({s}) % {n}) + {n}) % {n}", False
+    if n == 1:  # reflect of one element: always that element
+        return "0", False
+    period = 2 * (n - 1)  # reflect repeats every 2 (n - 1) elements, as numpy's reflect pad does
+    m = f"(((({s}) % {period}) + {period}) % {period})"
+    return f"({m} if {m} < {n} else {period} - {m})", False
+
+
+def emit_pad(ctx, x, y, begins: list[int], mode: str, value: str) -> None:
+    """Emit y = x padded by begins[d] elements before axis d (negative: cropped), the rest after;
+    `value` is the constant mode's fill (a DSL expression of y's dtype)."""
+    if y.numel == 0:
+        return
+    loops = [(ctx.fresh("o"), n) for n in y.shape]
+    coords = [v if n > 1 else "0" for v, n in loops]
+    src, conds, body = [], [], []
+    for d, (o, b, n) in enumerate(zip(coords, begins, x.shape)):
+        e = y.shape[d] - n - b
+        if b <= 0 and e <= 0:  # a crop (or nothing): inside the input everywhere
+            src.append(ix.mul(ix.add(o, str(-b)), x.strides[d]))
+            continue
+        # negative pads crop first, then the rest pads what is left (as onnxruntime does)
+        crop_b, kept = max(-b, 0), n - max(-b, 0) - max(-e, 0)
+        c = ctx.fresh("c")
+        expr, check = source_coord(o, max(b, 0), kept, mode)
+        body.append(f"{c} = {expr}")
+        if check:
+            conds.append(f"{c} >= 0 and {c} < {kept}")
+        src.append(ix.mul(ix.add(c, str(crop_b)), x.strides[d]))
+    dst = ix.ravel(coords, y.strides)
+    load = x.load(ix.add(*src))
+    if conds:
+        v = ctx.fresh("v")
+        body += [f"{v} = {value}", f"if {' and '.join(conds)}:", f"    {v} = {load}", y.store(dst, v)]
+    else:
+        body.append(y.store(dst, load))
+    ctx.render("nest.py.j2", loops=[(v, n) for v, n in loops if n > 1], body=body)
+
+
+@register("Pad", since=11)
+class Pad(Operator):
+    """Pad with pads (and, from opset 18, axes) as constant inputs and constant_value as an
+    optional input (a constant or a runtime scalar). Modes constant, reflect, edge and wrap
+    (opset 19); negative pads crop. Reflection and wrapping repeat for pads longer than the axis,
+    as numpy.pad (and ONNX's reference) do; onnxruntime rejects those."""
+
+    def params(self) -> tuple[list[int], list[int] | None, str]:
+        """Return (pads, axes or None, mode)."""
+        axes = _const_ints(self.const(3, "axes")) if self.has_input(3) else None
+        return _const_ints(self.const(1, "pads")), axes, self.attr("mode", "constant")
+
+    def fill(self) -> str:
+        """Return the DSL of the constant mode's fill value."""
+        y = self.output()
+        if self.has_input(2):
+            v = self.input(2)
+            self.expect(v.numel == 1, f"constant_value '{v.name}' must hold one value, it has shape {list(v.shape)}")
+            self.expect(v.dtype == y.dtype, f"constant_value '{v.name}' has type {v.dtype.name.lower()}, data {y.dtype.name.lower()}")
+            return v.load("0")
+        return literal(0, y.dtype)
+
+    def check(self):
+        x, y = self.input(0), self.output()
+        pads, axes, self.mode = self.params()
+        self.expect(self.mode in ("constant", "reflect", "edge", "wrap"),
+                    f"mode {self.mode!r} is not constant, reflect, edge or wrap")
+        axes = list(range(x.rank)) if axes is None else [self.axis(a, x.rank, what="axis of axes") for a in axes]
+        self.expect(len(pads) == 2 * len(axes), f"pads has {len(pads)} values for {len(axes)} axes, expected {2 * len(axes)}")
+        begins, ends = [0] * x.rank, [0] * x.rank
+        for k, a in enumerate(axes):
+            begins[a], ends[a] = pads[k], pads[len(axes) + k]
+        want = [n + b + e for n, b, e in zip(x.shape, begins, ends)]
+        self.expect(tuple(want) == tuple(y.shape), f"computed output shape {want} differs from the inferred {list(y.shape)}")
+        for d in range(x.rank):
+            if begins[d] or ends[d]:
+                self.axis(d, x.rank, batched=x.batched, what="padded axis")
+            kept = x.shape[d] + min(begins[d], 0) + min(ends[d], 0)
+            if self.mode != "constant" and (begins[d] > 0 or ends[d] > 0):
+                self.expect(kept > 0, f"{self.mode} padding of axis {d} of '{x.name}', which has no element left")
+        self.begins = begins
+
+    def forward(self, ctx):
+        emit_pad(ctx, self.input(0), self.output(), self.begins, self.mode, self.fill() if self.mode == "constant" else "")
+
+
+@register("Pad", since=2)
+class Pad2(Pad):
+    """Pad-2: pads, mode and value as attributes."""
+
+    def params(self):
+        return [int(p) for p in self.attr("pads")], None, self.attr("mode", "constant")
+
+    def fill(self):
+        return literal(self.attr("value", 0.0), self.output().dtype)
+
+
+@register("CenterCropPad", since=18)
+class CenterCropPad(Pad):
+    """Crop or pad (with zeros) each axis of `axes` to the size in `shape`, centred: a crop starts
+    at (n - size) // 2, a pad puts (size - n) // 2 elements before."""
+
+    def params(self):
+        x = self.input(0)
+        shape = _const_ints(self.const(1, "shape"))
+        axes = [self.axis(a, x.rank, what="axis of axes") for a in self.attr("axes", list(range(x.rank)))]
+        self.expect(len(shape) == len(axes), f"shape has {len(shape)} values for {len(axes)} axes")
+        begins, ends = [], []
+        for a, size in zip(axes, shape):
+            n = x.shape[a]
+            b = -((n - size) // 2) if n >= size else (size - n) // 2
+            begins.append(b)
+            ends.append(size - n - b)
+        return begins + ends, axes, "constant"
+
+    def fill(self):
+        return literal(0, self.output().dtype)
+
+
+@register("Tile", since=6)
+class Tile(Operator):
+    """Repeat the input along each axis (repeats, a constant input): a strided copy with a loop
+    over the copies and one over the elements per axis."""
+
+    def check(self):
+        x, y = self.input(0), self.output()
+        self.repeats = _const_ints(self.const(1, "repeats"))
+        self.expect(len(self.repeats) == x.rank, f"repeats has {len(self.repeats)} values for rank {x.rank}")
+        self.expect(all(r >= 0 for r in self.repeats), f"repeats {self.repeats} has a negative value")
+        want = [n * r for n, r in zip(x.shape, self.repeats)]
+        self.expect(tuple(want) == tuple(y.shape), f"computed output shape {want} differs from the inferred {list(y.shape)}")
+        if x.batched and self.repeats[0] != 1:
+            self.axis(0, x.rank, batched=True, what="repeated axis")
+
+    def forward(self, ctx):
+        x, y = self.input(0), self.output()
+        if y.numel == 0:
+            return
+        sizes, dst, src = [], [], []
+        for n, r, ys, xs in zip(x.shape, self.repeats, y.strides, x.strides):
+            sizes += [r, n]
+            dst += [n * ys, ys]
+            src += [0, xs]
+        emit_copy(ctx, sizes, dst, 0, src, 0, x.load, y.store)
+
+
+class BlockRearrange(Operator):
+    """DepthToSpace / SpaceToDepth: a permutation of a 6-d view of the input (a strided copy)."""
+
+    def check(self):
+        x, y = self.input(0), self.output()
+        self.expect(x.rank == 4, f"input '{x.name}' has rank {x.rank}, expected 4 (N, C, H, W)")
+        self.b = int(self.attr("blocksize"))
+        self.mode = self.attr("mode", "DCR")
+        self.expect(self.b > 0, f"blocksize {self.b} is not positive")
+        self.expect(self.mode in ("DCR", "CRD"), f"mode {self.mode!r} is not DCR or CRD")
+        self.expect(y.numel == x.numel, f"output '{y.name}' {list(y.shape)} does not hold the {x.numel} input elements")
+
+    def layout(self) -> tuple[list[int], list[int]]:
+        """Return (the 6-d view of the input, the permutation giving the output's order)."""
+        raise NotImplementedError
+
+    def forward(self, ctx):
+        x, y = self.input(0), self.output()
+        shape, perm = self.layout()
+        from luisaml.storage import row_major_strides
+
+        strides = row_major_strides(tuple(shape))
+        out_sizes = [shape[p] for p in perm]
+        emit_copy(ctx, out_sizes, row_major_strides(tuple(out_sizes)), 0, [strides[p] for p in perm], 0, x.load, y.store)
+
+
+@register("DepthToSpace", since=1)
+class DepthToSpace(BlockRearrange):
+    """Move blocks of channels into b x b spatial blocks (DCR: depth-column-row, CRD)."""
+
+    def check(self):
+        super().check()
+        n, c, h, w = self.input(0).shape
+        self.expect(c % (self.b * self.b) == 0, f"channels {c} are not a multiple of blocksize^2 = {self.b ** 2}")
+        self.expect(tuple(self.output().shape) == (n, c // self.b ** 2, h * self.b, w * self.b),
+                    f"output shape {list(self.output().shape)} is not [N, C/b^2, H*b, W*b]")
+
+    def layout(self):
+        n, c, h, w = self.input(0).shape
+        b = self.b
+        if self.mode == "DCR":
+            return [n, b, b, c // (b * b), h, w], [0, 3, 4, 1, 5, 2]
+        return [n, c // (b * b), b, b, h, w], [0, 1, 4, 2, 5, 3]
+
+
+@register("SpaceToDepth", since=1)
+class SpaceToDepth(BlockRearrange):
+    """Move b x b spatial blocks into channels (DCR; CRD from opset 28)."""
+
+    def check(self):
+        super().check()
+        n, c, h, w = self.input(0).shape
+        self.expect(h % self.b == 0 and w % self.b == 0, f"height {h} and width {w} are not multiples of blocksize {self.b}")
+
+    def layout(self):
+        n, c, h, w = self.input(0).shape
+        b = self.b
+        shape = [n, c, h // b, b, w // b, b]
+        return shape, ([0, 3, 5, 1, 2, 4] if self.mode == "DCR" else [0, 1, 3, 5, 2, 4])
+
+
+@register("Trilu", since=14)
+class Trilu(Operator):
+    """Keep the upper (upper=1) or lower triangle of the last two axes, from diagonal k (an
+    optional scalar input, constant or runtime), zeroing the rest."""
+
+    inplace = (0,)
+
+    def check(self):
+        x = self.input(0)
+        self.expect(x.rank >= 2, f"input '{x.name}' has rank {x.rank}, expected at least 2")
+        if x.batched and x.rank == 2:
+            raise self.error(f"the rows of '{x.name}' {list(x.shape)} are the batch axis: the triangle mixes samples "
+                             "(compile with batch_axis=None)")
+        if self.has_input(1):
+            self.expect_dtype(self.input(1), ("int",), "input 1 (k)")
+            self.expect(self.input(1).numel == 1, f"k '{self.input(1).name}' must hold one value")
+
+    def forward(self, ctx):
+        x, y = self.input(0), self.output()
+        if y.numel == 0:
+            return
+        rows, cols = x.shape[-2:]
+        outer = int(np.prod(x.shape[:-2], dtype=np.int64))
+        loops = [(ctx.fresh("b"), outer), (ctx.fresh("r"), rows), (ctx.fresh("c"), cols)]
+        b, r, c = (v if n > 1 else "0" for v, n in loops)
+        k = self.input(1).load("0") if self.has_input(1) else "0"
+        keep = f"{c} - {r} >= {k}" if int(self.attr("upper", 1)) else f"{c} - {r} <= {k}"
+        i = ix.add(ix.mul(b, rows * cols), ix.mul(r, cols), c)
+        body = [y.store(i, f"({x.load(i)} if {keep} else {literal(0, y.dtype)})")]
+        ctx.render("nest.py.j2", loops=[(v, n) for v, n in loops if n > 1], body=body)
+
+
+@register("Size", since=1)
+class Size(Operator):
+    """The number of elements as an int64 scalar (static; normally folded before compiling)."""
+
+    def check(self):
+        x = self.input(0)
+        if x.batched:
+            raise self.error(f"the size of '{x.name}' includes the batch dimension, which a per-sample kernel does not "
+                             "know (compile with batch_axis=None)")
+
+    def forward(self, ctx):
+        ctx.line(self.output().store("0", literal(self.input(0).numel, self.output().dtype)))
