@@ -3,6 +3,7 @@ for every tensor (inputs, weights, literals, pooled slots), and the two function
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -126,6 +127,8 @@ class Plan:
     blob: Blob
     source: str = ""
     derived: list[DerivedInput] = field(default_factory=list)
+    fused: Any = None  # luisaml.fusion.FusedMLP when the batch kernel is the fused MLP kernel
+    fusion_note: str = ""  # what fusion decided and why, for inspect
 
     @property
     def tensors(self) -> dict[str, Tensor]:
@@ -425,6 +428,11 @@ def generate(plan: Plan, model_name: str) -> str:
     if plan.scratch:  # the caller gives the buffers and which per-sample region to use
         fwd_params += plan.scratch_params + ["scratch_region"]
     emit_graph(fwd, plan.main, fwd_io)
+    if plan.fused is not None:  # a recognised MLP: the cooperative kernel of luisaml/fusion.py
+        from . import fusion
+
+        kernel_params, kernel_body, type_decls = fusion.emit_kernel(plan, module)
+        return _render(plan, model_name, module, fwd, fwd_params, kernel_params, kernel_body, type_decls)
     # the batch kernel: everything in buffers, one thread per sample
     ker = KernelContext(module)
     ker.line("sample = int(dispatch_id().x)")
@@ -452,6 +460,12 @@ def generate(plan: Plan, model_name: str) -> str:
                 with ker.loop(s.numel) as i:
                     ker.line(Buffer(s.ident).store(i, t.storage.load(i)))
     params = [s.ident for s in plan.inputs] + [s.ident for s in plan.outputs]
+    kernel_params = params + [d.ident for d in plan.derived] + ["weights"] + plan.scratch_params
+    return _render(plan, model_name, module, fwd, fwd_params, kernel_params, "\n".join(ker.out), [])
+
+
+def _render(plan: Plan, model_name: str, module: Module, fwd: KernelContext, fwd_params: list[str],
+            kernel_params: list[str], kernel_body: str, type_decls: list[tuple[str, str]]) -> str:
     summary = (
         f"{len(plan.ops)} nodes, {len(plan.allocation.slots)} register slots, "
         f"weight blob {plan.blob.size} bytes, batch axis: {plan.symbol or 'none'}"
@@ -461,16 +475,20 @@ def generate(plan: Plan, model_name: str) -> str:
         summary=summary,
         imports=module.imports(),
         array_types=[(name, dsl, n) for (dsl, n), name in sorted(module.array_types.items(), key=lambda kv: kv[1])],
+        type_decls=type_decls,
         forward_params=fwd_params,
         forward_doc=", ".join(p for p in fwd_params),
         forward_body="\n".join(fwd.out) or "    pass",
-        kernel_params=params + [d.ident for d in plan.derived] + ["weights"] + plan.scratch_params,
-        kernel_body="\n".join(ker.out),
+        kernel_params=kernel_params,
+        kernel_body=kernel_body,
     )
 
 
-def build_plan(prep: Prepared, model_name: str = "model") -> Plan:
-    """Return the full compile plan of a prepared model, generated source included."""
+def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", precision: str = "fp32") -> Plan:
+    """Return the full compile plan of a prepared model, generated source included.
+
+    fuse: "off", "gpu" or "emulated" (luisaml/fusion.py: a recognised MLP gets the cooperative
+    batch kernel); precision: "fp32", or "fp16" (half inputs and outputs; needs the fused kernel)."""
     g = prep.model.graph
     blob = Blob()
     main = build_graph_code(g, prep, blob)
@@ -485,6 +503,9 @@ def build_plan(prep: Prepared, model_name: str = "model") -> Plan:
     plan = Plan(prep.model, prep.symbol, main, inputs, outputs, blob)
     mark_accumulated(plan)
     bind_derived(plan)
+    from . import fusion
+
+    plan.fused, plan.fusion_note = fusion.choose(plan, fuse, precision)
     plan.source = generate(plan, model_name)
     return plan
 
