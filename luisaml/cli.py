@@ -122,6 +122,8 @@ def cmd_inspect(a) -> int:
         for n, d in notes:
             print(f"  {n.describe()}: {d}")
     print("register allocation: " + plan.allocation.report())
+    if plan.fusion_note:
+        print("batch kernel: " + plan.fusion_note)
     print(f"weight blob: {plan.blob.size} bytes in {len(plan.blob.layout)} tensors")
     return 0
 

@@ -21,11 +21,28 @@ def _model_name(model) -> str:
     return getattr(getattr(model, "graph", None), "name", None) or "model"
 
 
-def analyze(model, weights=None, *, batch_axis="auto", input_shapes=None) -> Plan:
-    """Return the compile plan of a model without starting a device (what `inspect` shows)."""
+def analyze(model, weights=None, *, batch_axis="auto", input_shapes=None, fuse="off", precision="fp32") -> Plan:
+    """Return the compile plan of a model without starting a device (what `inspect` shows).
+
+    fuse: "off", "gpu" or "emulated" (see `compile`)."""
     proto = loaders.load_proto(model, weights)
     prep = passes.prepare(proto, batch_axis=batch_axis, input_shapes=input_shapes)
-    return compiler.build_plan(prep, _model_name(model))
+    return compiler.build_plan(prep, _model_name(model), fuse=fuse, precision=precision)
+
+
+def fusion_mode(fuse, backend: str, precision: str = "fp32") -> str:
+    """Return the fused-kernel mode for a backend: "gpu" (shared memory, CUDA), "emulated" (the CPU
+    backend, which cannot compile shared memory) or "off"."""
+    if fuse in (False, "off", None):
+        if precision != "fp32":
+            raise ValueError(f"precision='{precision}' needs the fused MLP kernel; it cannot be used with fuse={fuse!r}")
+        return "off"
+    if fuse not in ("auto", True):
+        raise ValueError(f"fuse must be 'auto', True or False, not {fuse!r}")
+    if backend == "cuda":
+        return "gpu"
+    # on the CPU backend the fused kernel is a correctness path: only when asked for
+    return "emulated" if (fuse is True or precision != "fp32") else "off"
 
 
 def compile(
@@ -36,6 +53,8 @@ def compile(
     batch_axis="auto",
     input_shapes: Mapping[str, list] | None = None,
     verbose: bool = False,
+    precision: str = "fp32",
+    fuse="auto",
 ) -> "CompiledNetwork":
     """Return the model compiled into one kernel on the chosen backend.
 
@@ -43,10 +62,15 @@ def compile(
     weights: a safetensors file, a header-less blob, bytes, or a dict of arrays (optional).
     batch_axis: "auto" (the symbolic dimension leading an input and an output: one thread per
     sample), 0, or None (one instance of the graph as its shapes say).
-    input_shapes: fix dynamic dimensions, e.g. {"x": [None, 16, 3]} (None keeps a dimension)."""
+    input_shapes: fix dynamic dimensions, e.g. {"x": [None, 16, 3]} (None keeps a dimension).
+    precision: "fp32", or "fp16": float inputs and outputs are half (the fused MLP kernel only;
+    never chosen implicitly).
+    fuse: "auto" (an MLP gets the fused cooperative kernel on CUDA), True (also on the CPU
+    backend, emulated), False (always the one-thread-per-sample kernel)."""
     t0 = time.perf_counter()
     name = device.init(backend)
-    plan = analyze(model, weights, batch_axis=batch_axis, input_shapes=input_shapes)
+    mode = fusion_mode(fuse, name, precision)
+    plan = analyze(model, weights, batch_axis=batch_axis, input_shapes=input_shapes, fuse=mode, precision=precision)
     path = codegen.write_module(plan.source)
     module = codegen.import_module(path)
     if verbose:
@@ -131,6 +155,13 @@ class CompiledNetwork:
             self._weights = byte_buffer(self.weight_bytes())
         return self._weights
 
+    def io_dtype(self, s: IOSpec) -> dtypes.DType:
+        """The element type `run` takes or returns for an input or output (half in fp16 mode)."""
+        fused = self.plan.fused
+        if fused is not None and fused.precision == "fp16" and s.dtype is dtypes.FLOAT:
+            return dtypes.FLOAT16
+        return s.dtype
+
     def _spec(self, name: str) -> IOSpec:
         for s in self.plan.inputs + self.plan.outputs:
             if s.name == name:
@@ -188,8 +219,8 @@ class CompiledNetwork:
             x = feeds[s.name]
             torch_in |= _is_torch(x)
             a = _to_numpy(x, s.name)
-            if a.dtype != s.dtype.numpy:
-                raise TypeError(f"input '{s.name}': expected dtype {s.dtype.numpy}, got {a.dtype}")
+            if a.dtype != self.io_dtype(s).numpy:
+                raise TypeError(f"input '{s.name}': expected dtype {self.io_dtype(s).numpy}, got {a.dtype}")
             if s.batched:
                 want, rows = tuple(s.kernel_shape[1:]), s.kernel_shape[0]  # rows: k of a k*B dimension
                 if a.ndim != len(s.kernel_shape) or tuple(a.shape[1:]) != want or a.shape[0] % rows:
@@ -256,28 +287,30 @@ class CompiledNetwork:
         """Return {output name: array} for the feeds; torch tensors in give torch tensors out."""
         import luisa
 
-        arrays, batch, torch_in = self.check_feeds(feeds)
         wanted = list(outputs) if outputs is not None else self.output_names
         bad = [o for o in wanted if o not in self.output_names]
         if bad:
             raise KeyError(f"unknown output(s) {bad}; the network's outputs are {self.output_names}")
+        if self._zero_copy(feeds):
+            return self._run_dlpack(feeds, wanted)
+        arrays, batch, torch_in = self.check_feeds(feeds)
         n = batch if self.plan.symbol is not None else 1
         args = []
         for s in self.plan.inputs:
-            k = dtypes.to_kernel(arrays[s.name], s.dtype, f"input '{s.name}'")
+            k = dtypes.to_kernel(arrays[s.name], self.io_dtype(s), f"input '{s.name}'")
             if s.dtype.is_byte:
                 from .luisa_compat import byte_buffer
 
                 args.append(byte_buffer(k))
                 continue
-            buf = self._buffer(s.ident, s.dtype.dsl, k.size)
+            buf = self._buffer(s.ident, self.io_dtype(s).dsl, k.size)
             if k.size:
                 buf.copy_from_array(k.reshape(-1))
             args.append(buf)
         out_bufs = []
         for s in self.plan.outputs:
             count = s.numel * (n if s.batched else 1)
-            buf = self._buffer(s.ident, s.dtype.dsl, count)
+            buf = self._buffer(s.ident, self.io_dtype(s).dsl, count)
             if s.accumulated and count:  # every sample adds into it
                 buf.copy_from_array(np.zeros(count, s.dtype.kernel_numpy))
             out_bufs.append((s, buf, count))
@@ -288,7 +321,7 @@ class CompiledNetwork:
             for dsl, (per_sample, _) in sorted(self.plan.scratch.items())
         ]
         if n > 0:
-            self.kernel(*args, self.weights, *scratch, dispatch_size=n)
+            self.launch(args, scratch, n)
         luisa.synchronize()
         results: dict[str, Any] = {}
         for s, buf, count in out_bufs:
@@ -296,9 +329,9 @@ class CompiledNetwork:
                 continue
             from .luisa_compat import read_buffer
 
-            raw = read_buffer(buf, s.dtype.kernel_numpy, count)
+            raw = read_buffer(buf, self.io_dtype(s).kernel_numpy, count)
             shape = ((n * s.kernel_shape[0],) + tuple(s.kernel_shape[1:])) if s.batched else tuple(s.kernel_shape)
-            results[s.name] = raw.astype(s.dtype.numpy, copy=False).reshape(shape)
+            results[s.name] = raw.astype(self.io_dtype(s).numpy, copy=False).reshape(shape)
         for name in self.plan.host_outputs:
             if name in wanted:
                 results[name] = arrays[name] if name in arrays else np.asarray(self.plan.model.graph.var(name).value)
@@ -309,11 +342,95 @@ class CompiledNetwork:
             results = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in results.items()}
         return results
 
+    def launch(self, args: list, scratch: list, n: int) -> None:
+        """Enqueue the batch kernel for n samples on LuisaCompute's stream (no synchronisation):
+        args are the input and output buffers (then the derived ones) in parameter order."""
+        fused = self.plan.fused
+        if fused is not None:
+            self.kernel(*args, self.weights, n, dispatch_size=fused.dispatch_size(n))
+        else:
+            self.kernel(*args, self.weights, *scratch, dispatch_size=n)
+
+    # ---- zero-copy torch interop (CUDA) ---------------------------------------------------
+    def _zero_copy(self, feeds: Mapping[str, Any]) -> bool:
+        """True when every input is a torch CUDA tensor the kernel can read in place."""
+        if self.backend != "cuda" or not feeds or self.plan.derived or self.plan.host_outputs:
+            return False
+        if not all(_is_torch(v) and v.is_cuda for v in feeds.values()):
+            return False
+        return all(not s.dtype.is_byte and not s.dtype.is_bool for s in self.plan.inputs + self.plan.outputs)
+
+    def _run_dlpack(self, feeds: Mapping[str, Any], wanted: list[str]) -> dict[str, Any]:
+        """run() for torch CUDA tensors: inputs and outputs share memory with LuisaCompute buffers
+        through DLPack; torch's stream is drained before the kernel reads, and LuisaCompute's before
+        torch sees the outputs (neither library exposes its stream to the other)."""
+        import luisa
+        import torch
+
+        metas = {}
+        for k, v in feeds.items():  # shape and dtype checks without touching the data
+            np_dtype = torch.empty((), dtype=v.dtype).numpy().dtype
+            metas[k] = np.broadcast_to(np.zeros((), np_dtype), tuple(v.shape))
+        _, batch, _ = self.check_feeds(metas)
+        n = batch if self.plan.symbol is not None else 1
+        device = next(iter(feeds.values())).device
+        keep, args = [], []
+        for s in self.plan.inputs:
+            t = feeds[s.name].detach()
+            want = _torch_dtype(self.io_dtype(s).kernel_numpy)
+            if self.io_dtype(s) is dtypes.INT64 and t.numel():
+                lo, hi = int(t.min()), int(t.max())
+                dtypes.to_kernel(np.array([lo, hi]), dtypes.INT64, f"input '{s.name}'")  # range check
+            t = t.to(want).contiguous()
+            keep.append(t)
+        outs = {}
+        for s in self.plan.outputs:
+            shape = ((n * s.kernel_shape[0],) + tuple(s.kernel_shape[1:])) if s.batched else tuple(s.kernel_shape)
+            make = torch.zeros if s.accumulated else torch.empty
+            outs[s.name] = make(shape, dtype=_torch_dtype(self.io_dtype(s).kernel_numpy), device=device)
+        torch.cuda.current_stream(device).synchronize()
+        for t in keep + list(outs.values()):
+            args.append(_dlpack_buffer(t))
+        scratch = [
+            self._buffer(f"scratch_{dsl}", dsl, per_sample * max(n, 1))
+            for dsl, (per_sample, _) in sorted(self.plan.scratch.items())
+        ]
+        if n > 0:
+            self.launch(args, scratch, n)
+        luisa.synchronize()
+        results = {}
+        for s in self.plan.outputs:
+            if s.name in wanted:
+                out = outs[s.name]
+                results[s.name] = out if out.dtype == _torch_dtype(self.io_dtype(s).numpy) else out.to(
+                    _torch_dtype(self.io_dtype(s).numpy))
+        return {k: results[k] for k in wanted}
+
     def __call__(self, **feeds):
         """Run and return the output (one) or a tuple of outputs in graph order."""
         res = self.run(feeds)
         vals = list(res.values())
         return vals[0] if len(vals) == 1 else tuple(vals)
+
+
+def _torch_dtype(np_dtype):
+    import torch
+
+    return {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16,
+            np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64,
+            np.dtype(np.uint32): torch.uint32, np.dtype(np.bool_): torch.bool}[np.dtype(np_dtype)]
+
+
+def _dlpack_buffer(t):
+    """Return a luisa.Buffer sharing a contiguous torch CUDA tensor's memory (an empty one gets a
+    one-element buffer: a kernel never reads it)."""
+    import luisa
+
+    if t.numel() == 0:
+        t = t.new_zeros(1)
+    buf = luisa.Buffer.from_dlpack(t.reshape(-1))
+    buf._torch_owner = t  # the tensor outlives the buffer that borrows it
+    return buf
 
 
 @dataclass
