@@ -11,6 +11,7 @@ from onnx import helper, numpy_helper
 
 from .. import dtypes
 from ..model import ModelError, Node, Variable, _attr_value, _var_from_type, shape_str
+from ..operator import Operator
 from .fold import fold_to_fixpoint
 
 # The two batch sizes a batched model is specialised to: a dimension that is 2 in the first and
@@ -63,9 +64,12 @@ def _infer_custom(m: onnx.ModelProto) -> bool:
         # a custom node's output counts as typed once its shape is all numbers (a graph output may
         # arrive with its symbolic dims cleared, which only the node's own rule can fill in)
         custom = node.domain not in ("", "ai.onnx")
-        if all(o in known and (_static(known[o].shape) or not custom) for o in node.output if o):
-            continue
         cls = registry.resolve(node.op_type, node.domain, opsets.get(node.domain, 0))
+        # ... and so does a standard node's whose operator has a rule of its own, for the dims onnx
+        # leaves unknown (Compress with a constant condition)
+        refine = custom or (cls is not None and getattr(cls.infer, "__func__", cls.infer) is not Operator.infer.__func__)
+        if all(o in known and (_static(known[o].shape) or not refine) for o in node.output if o):
+            continue
         if cls is None or any(i and i not in known for i in node.input):
             continue
         n = Node(node.name, node.op_type, node.domain, list(node.input), list(node.output),
