@@ -238,3 +238,189 @@ class Gather(Operator):
             load=x.load,
             store=y.store,
         )
+
+
+# ---- the second round: GatherElements, GatherND, Compress, ReverseSequence ------------------------
+
+
+def index_lines(var: str, load: str, dim: int) -> list[str]:
+    """Return DSL lines setting `var` to a runtime index into an axis of `dim` elements: negative
+    indices count from the end; out-of-range ones are clamped into [0, dim) since a kernel cannot
+    raise (onnxruntime fails on them instead)."""
+    return [f"{var} = {load}", f"{var} = ({var} + {dim} if {var} < 0 else {var})", f"{var} = clamp({var}, 0, {dim - 1})"]
+
+
+def check_constant_indices(op: Operator, idx, dims) -> None:
+    """Raise when a constant index tensor holds an index outside [-dim, dim); `dims` is the axis
+    size, or a list of sizes cycled over the last axis (GatherND's index tuples)."""
+    if idx.value is None:
+        return
+    v = np.asarray(idx.value).astype(np.int64)
+    d = np.broadcast_to(np.asarray(dims, dtype=np.int64), v.shape) if np.ndim(dims) else np.int64(dims)
+    bad = (v < -d) | (v >= d)
+    if bad.any():
+        k = tuple(int(a) for a in np.argwhere(bad)[0])
+        dim = int(np.broadcast_to(d, v.shape)[k])
+        raise op.error(f"input 1 '{idx.name}': index {int(v[k])} at {list(k)} is out of range for an axis of size {dim}")
+
+
+@register("GatherElements", since=11)
+class GatherElements(Operator):
+    """out[i] = data[i with its `axis` coordinate replaced by indices[i]] (out has the shape of
+    indices). Runtime indices wrap when negative and are clamped into range."""
+
+    def check(self):
+        x, idx, y = self.input(0), self.input(1), self.output()
+        self.expect_dtype(idx, ("int",), "input 1 (indices)")
+        self.expect(idx.rank == x.rank, f"indices '{idx.name}' has rank {idx.rank}, data '{x.name}' {x.rank}")
+        self.ax = self.axis(self.attr("axis", 0), x.rank, batched=x.batched)
+        self.expect(tuple(y.shape) == tuple(idx.shape), f"output shape {list(y.shape)} is not the indices' {list(idx.shape)}")
+        for d in range(x.rank):
+            self.expect(d == self.ax or idx.shape[d] <= x.shape[d],
+                        f"indices '{idx.name}' {list(idx.shape)} is larger than data {list(x.shape)} on axis {d}")
+        self.expect(x.shape[self.ax] > 0 or y.numel == 0, f"axis {self.ax} of '{x.name}' is empty")
+        check_constant_indices(self, idx, x.shape[self.ax])
+
+    def forward(self, ctx):
+        x, idx, y = self.input(0), self.input(1), self.output()
+        if y.numel == 0:
+            return
+        loops = [(ctx.fresh("o"), n) for n in idx.shape]
+        coords = [v if n > 1 else "0" for v, n in loops]
+        i = ix.ravel(coords, idx.strides)
+        g = ctx.fresh("g")
+        body = index_lines(g, idx.load(i), x.shape[self.ax])
+        src = ix.ravel([g if d == self.ax else c for d, c in enumerate(coords)], x.strides)
+        body.append(y.store(i, x.load(src)))
+        ctx.render("nest.py.j2", loops=[(v, n) for v, n in loops if n > 1], body=body)
+
+
+@register("GatherND", since=11)
+class GatherND(Operator):
+    """Gather slices of data by index tuples (the last axis of indices), the first batch_dims axes
+    shared between data and indices (opset 12 on). Runtime indices wrap and are clamped."""
+
+    def check(self):
+        x, idx, y = self.input(0), self.input(1), self.output()
+        self.expect_dtype(idx, ("int",), "input 1 (indices)")
+        self.b = int(self.attr("batch_dims", 0))
+        self.expect(idx.rank >= 1, f"indices '{idx.name}' must have rank >= 1")
+        self.m = idx.shape[-1]
+        self.expect(0 <= self.b < min(x.rank, idx.rank), f"batch_dims {self.b} must be below the ranks of data and indices")
+        self.expect(self.b + self.m <= x.rank, f"index tuples of {self.m} values reach past the rank {x.rank} of '{x.name}'")
+        self.expect(tuple(idx.shape[: self.b]) == tuple(x.shape[: self.b]),
+                    f"the batch axes of indices {list(idx.shape[:self.b])} differ from data's {list(x.shape[:self.b])}")
+        want = list(idx.shape[:-1]) + list(x.shape[self.b + self.m:])
+        self.expect(y.numel == int(np.prod(want, dtype=np.int64)), f"output {list(y.shape)} is not {want}")
+        if x.batched and self.b == 0 and self.m > 0:
+            self.axis(0, x.rank, batched=True, what="indexed axis")
+        check_constant_indices(self, idx, list(x.shape[self.b: self.b + self.m]))
+
+    def forward(self, ctx):
+        x, idx, y = self.input(0), self.input(1), self.output()
+        if y.numel == 0:
+            return
+        count = int(np.prod(idx.shape[:-1], dtype=np.int64))  # index tuples
+        per_batch = int(np.prod(idx.shape[self.b:-1], dtype=np.int64))  # tuples per batch entry
+        inner = int(np.prod(x.shape[self.b + self.m:], dtype=np.int64))
+        batch_stride = int(np.prod(x.shape[self.b:], dtype=np.int64))
+        j, r = ctx.fresh("j") if count > 1 else "0", ctx.fresh("r") if inner > 1 else "0"
+        terms, body = [ix.mul(ix.div(j, per_batch), batch_stride)], []
+        for k in range(self.m):
+            g = ctx.fresh("g")
+            body += index_lines(g, idx.load(ix.add(ix.mul(j, self.m), str(k))), x.shape[self.b + k])
+            terms.append(ix.mul(g, x.strides[self.b + k]))
+        base = ctx.fresh("base")
+        body.append(f"{base} = {ix.add(*terms)}")
+        store = y.store(ix.add(ix.mul(j, inner), r), x.load(ix.add(base, r)))
+        body += ([f"for {r} in range({inner}):", "    " + store] if inner > 1 else [store])
+        ctx.render("nest.py.j2", loops=[(j, count)] if count > 1 else [], body=body)
+
+
+@register("Compress", since=9)
+class Compress(Operator):
+    """The slices along `axis` (or elements of the flattened input) where a constant condition is
+    true: the output's size depends on the condition, so it must be known when compiling."""
+
+    @classmethod
+    def infer(cls, node, inputs):
+        """Return the output's type and shape when the condition is a constant (onnx leaves the
+        kept axis unknown)."""
+        x, cond = inputs[0], inputs[1] if len(inputs) > 1 else None
+        if x is None or cond is None or cond.value is None or x.shape is None:
+            return None
+        kept = int(np.count_nonzero(np.asarray(cond.value).reshape(-1)))
+        axis = node.attrs.get("axis")
+        if axis is None:
+            return [(x.elem_type, (kept,))]
+        shape = list(x.shape)
+        shape[int(axis) % len(shape)] = kept
+        return [(x.elem_type, tuple(shape))]
+
+    def check(self):
+        x, y = self.input(0), self.output()
+        cond = np.asarray(self.const(1, "condition")).reshape(-1).astype(bool)
+        axis = self.attr("axis", None)
+        self.ax = None if axis is None else self.axis(axis, x.rank, batched=x.batched)
+        n = x.numel if self.ax is None else x.shape[self.ax]
+        self.expect(cond.size <= n, f"condition has {cond.size} values for {n} slices")
+        self.keep = [int(k) for k in np.flatnonzero(cond)]
+        want = len(self.keep) if self.ax is None else len(self.keep) * (x.numel // max(n, 1))
+        self.expect(y.numel == want, f"output '{y.name}' {list(y.shape)} does not hold the {want} kept elements")
+
+    def forward(self, ctx):
+        x, y = self.input(0), self.output()
+        if y.numel == 0:
+            return
+        shape = (x.numel,) if self.ax is None else x.shape
+        ax = 0 if self.ax is None else self.ax
+        outer, inner = int(np.prod(shape[:ax], dtype=np.int64)), int(np.prod(shape[ax + 1:], dtype=np.int64))
+        kept = len(self.keep)
+        # one strided copy per run of consecutive kept slices
+        start = 0
+        while start < kept:
+            end = start
+            while end + 1 < kept and self.keep[end + 1] == self.keep[end] + 1:
+                end += 1
+            run = end - start + 1
+            emit_copy(ctx, [outer, run * inner], [kept * inner, 1], start * inner,
+                      [shape[ax] * inner, 1], self.keep[start] * inner, x.load, y.store)
+            start = end + 1
+
+
+@register("ReverseSequence", since=10)
+class ReverseSequence(Operator):
+    """Reverse the first sequence_lens[b] elements along time_axis of each batch entry b
+    (batch_axis); the rest is copied. Runtime lengths are clamped into [0, T]."""
+
+    def check(self):
+        x, lens = self.input(0), self.input(1)
+        self.expect_dtype(lens, ("int",), "input 1 (sequence_lens)")
+        self.tax = self.axis(self.attr("time_axis", 0), x.rank, batched=x.batched, what="time_axis")
+        self.bax = self.axis(self.attr("batch_axis", 1), x.rank, what="batch_axis")
+        self.expect(self.tax != self.bax, "time_axis and batch_axis are the same axis")
+        self.expect(x.rank >= 2, f"input '{x.name}' has rank {x.rank}, expected at least 2")
+        self.expect(lens.numel == x.shape[self.bax],
+                    f"sequence_lens has {lens.numel} values for {x.shape[self.bax]} batch entries")
+        if x.batched and self.bax == 0 and not lens.batched:
+            raise self.error(f"batch_axis 0 is the batch axis, but sequence_lens '{lens.name}' is shared by every sample "
+                             "(compile with batch_axis=None)")
+        if lens.value is not None:
+            v = np.asarray(lens.value).reshape(-1)
+            self.expect(bool(np.all((v >= 0) & (v <= x.shape[self.tax]))),
+                        f"sequence_lens {v.tolist()} must lie in [0, {x.shape[self.tax]}]")
+
+    def forward(self, ctx):
+        x, lens, y = self.input(0), self.input(1), self.output()
+        if y.numel == 0:
+            return
+        loops = [(ctx.fresh("o"), n) for n in x.shape]
+        coords = [v if n > 1 else "0" for v, n in loops]
+        T = x.shape[self.tax]
+        n, t = ctx.fresh("n"), coords[self.tax]
+        body = [f"{n} = clamp({lens.load(coords[self.bax])}, 0, {T})"]
+        s = ctx.fresh("s")
+        body.append(f"{s} = ({n} - 1 - {t} if {t} < {n} else {t})")
+        src = ix.ravel([s if d == self.tax else c for d, c in enumerate(coords)], x.strides)
+        body.append(y.store(ix.ravel(coords, y.strides), x.load(src)))
+        ctx.render("nest.py.j2", loops=[(v, k) for v, k in loops if k > 1], body=body)
