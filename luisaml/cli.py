@@ -89,8 +89,8 @@ def _onnxruntime(model, weights, feeds):
 
 
 def cmd_inspect(a) -> int:
-    from . import passes, registry
-    from .compiler import build_plan
+    from . import passes
+    from .compiler import build_plan, unsupported_nodes
     from .loaders import load_proto
 
     proto = load_proto(a.model, a.weights)
@@ -108,12 +108,11 @@ def cmd_inspect(a) -> int:
     print(f"nodes after folding: {len(g.nodes)}")
     for op, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
         print(f"  {op:28s} {c}")
-    registry._load_builtin()
-    missing = [n for n in g.nodes if registry.resolve(n.op_type, n.domain, prep.model.opset(n.domain)) is None]
+    missing = unsupported_nodes(g, prep.model)
     if missing:
         print(f"unsupported nodes ({len(missing)}):")
-        for n in missing:
-            print(f"  {n.describe()}")
+        for line in missing:
+            print(f"  {line}")
         return 1
     plan = build_plan(prep, os.path.basename(str(a.model)))
     notes = [(n, op.describe()) for n, op in plan.ops if op.describe()]

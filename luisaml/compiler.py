@@ -258,22 +258,30 @@ def io_spec(t: Tensor, v: Variable, prep: Prepared, prefix: str, producers) -> I
 # ---- operators -------------------------------------------------------------------------------
 
 
-def build_operators(
-    g: Graph, model: Model, tensors: dict[str, Tensor], prep: Prepared, blob: "Blob"
-) -> list[tuple[Node, Operator]]:
-    """Return one Operator per node (subgraphs compiled for the nodes that hold them); every
-    unsupported node is named in one error."""
+def unsupported_nodes(g: Graph, model: Model) -> list[str]:
+    """Return a line for every node (subgraphs included) that no registered operator implements."""
     registry._load_builtin()
-    missing, ops = [], []
+    missing = []
     for node in g.nodes:
         opset = model.opset(node.domain)
-        cls = registry.resolve(node.op_type, node.domain, opset)
-        if cls is None:
+        if registry.resolve(node.op_type, node.domain, opset) is None:
             dom = node.domain or "ai.onnx"
             have = registry.versions(node.op_type, node.domain)
             why = f"registered from opset {have[0]}, model uses {opset}" if have else "not implemented"
             missing.append(f"{node.describe()} [{dom} opset {opset}]: {why}")
-            continue
+        for sub in subgraphs(node):
+            missing += unsupported_nodes(sub, model)
+    return missing
+
+
+def build_operators(
+    g: Graph, model: Model, tensors: dict[str, Tensor], prep: Prepared, blob: "Blob"
+) -> list[tuple[Node, Operator]]:
+    """Return one Operator per node (subgraphs compiled for the nodes that hold them)."""
+    ops = []
+    for node in g.nodes:
+        opset = model.opset(node.domain)
+        cls = registry.resolve(node.op_type, node.domain, opset)
         ins = [tensors[i] if i else None for i in node.inputs]
         outs = [tensors[o] if o else None for o in node.outputs]
         for t in ins:
@@ -288,8 +296,6 @@ def build_operators(
             if isinstance(v, Graph)
         }
         ops.append((node, cls(node, ins, outs, opset, subgraphs=subs)))
-    if missing:
-        raise CompileError(f"{len(missing)} unsupported node(s):\n  " + "\n  ".join(missing))
     return ops
 
 
@@ -490,6 +496,9 @@ def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", pre
     fuse: "off", "gpu" or "emulated" (luisaml/fusion.py: a recognised MLP gets the cooperative
     batch kernel); precision: "fp32", or "fp16" (half inputs and outputs; needs the fused kernel)."""
     g = prep.model.graph
+    missing = unsupported_nodes(g, prep.model)
+    if missing:
+        raise CompileError(f"{len(missing)} unsupported node(s):\n  " + "\n  ".join(missing))
     blob = Blob()
     main = build_graph_code(g, prep, blob)
     tensors = main.tensors
