@@ -4,5 +4,6 @@ from . import control  # noqa: E402,F401
 from . import constant, indexing, reduce, softmax  # noqa: E402,F401
 from . import conv, normalization, pool  # noqa: E402,F401
 from . import fvdb  # noqa: E402,F401
+from . import attention, rnn  # noqa: E402,F401
 from . import resize  # noqa: E402,F401
 from . import scatter  # noqa: E402,F401
