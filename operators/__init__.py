@@ -7,3 +7,4 @@ from . import fvdb  # noqa: E402,F401
 from . import attention, rnn  # noqa: E402,F401
 from . import resize  # noqa: E402,F401
 from . import scatter  # noqa: E402,F401
+from . import generators  # noqa: E402,F401
