@@ -27,7 +27,30 @@ def upgrade_opset(proto: onnx.ModelProto) -> onnx.ModelProto:
         return proto
     if version < 11:
         _keep_resize10_coordinates(proto, converted)
+    _keep_hardmax_coercion(converted)
     return converted
+
+
+def _keep_hardmax_coercion(converted: onnx.ModelProto) -> None:
+    """Hardmax before opset 13 works on the input coerced to 2-d at `axis` (default 1); opset 13
+    takes one axis. onnx's converter rewrites Softmax and LogSoftmax for that but leaves Hardmax as
+    it is: rewrite it the same way (Flatten at axis, Hardmax on the last axis, Reshape back)."""
+    from onnx import helper
+
+    nodes = []
+    for n in converted.graph.node:
+        if n.op_type != "Hardmax" or n.domain not in ("", "ai.onnx"):
+            nodes.append(n)
+            continue
+        axis = next((helper.get_attribute_value(a) for a in n.attribute if a.name == "axis"), 1)
+        x, y = n.input[0], n.output[0]
+        shape, flat, hard = f"{y}__shape", f"{y}__flat", f"{y}__hardmax"
+        nodes += [helper.make_node("Shape", [x], [shape], name=f"{n.name}__shape"),
+                  helper.make_node("Flatten", [x], [flat], axis=axis, name=f"{n.name}__flatten"),
+                  helper.make_node("Hardmax", [flat], [hard], axis=-1, name=n.name),
+                  helper.make_node("Reshape", [hard, shape], [y], name=f"{n.name}__reshape")]
+    del converted.graph.node[:]
+    converted.graph.node.extend(nodes)
 
 
 def _keep_resize10_coordinates(original: onnx.ModelProto, converted: onnx.ModelProto) -> None:
