@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from luisaml import dtypes
+from luisaml import indexing as ix
 from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import literal
@@ -165,3 +166,97 @@ class ArgReduce(Reduce):
 
 register("ArgMax", since=1)(type("ArgMax", (ArgReduce,), {"better": ">"}))
 register("ArgMin", since=1)(type("ArgMin", (ArgReduce,), {"better": "<"}))
+
+
+# ---- the second round: running sums and products, Hardmax ------------------------------------------
+
+
+def line_loops(ctx, shape: tuple[int, ...], axis: int) -> tuple[list[tuple[str, int]], str, str, int, int]:
+    """Return (the loops over every line along `axis`, the outer and inner coordinates (names, or
+    "0" without a loop), the line's length, the inner extent = the line's stride)."""
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    loops = [(ctx.fresh("o"), outer), (ctx.fresh("r"), inner)]
+    o, r = (v if k > 1 else "0" for v, k in loops)
+    return [(v, k) for v, k in loops if k > 1], o, r, int(shape[axis]), inner
+
+
+def line_start(o: str, r: str, n: int, inner: int) -> str:
+    """Return the flat index of the first element of line (o, r) of lines of n elements."""
+    return ix.add(ix.mul(o, n * inner), r)
+
+
+class Cumulative(Operator):
+    """CumSum / CumProd along one axis (a constant input): exclusive leaves each element out of its
+    own total, reverse runs from the end. Float and half accumulate in float, integers in int."""
+
+    inplace = (0,)  # each element is read before its position is written
+    init = 0
+    step = "{acc} + {x}"
+
+    def check(self):
+        x, y = self.input(0), self.output()
+        self.expect_dtype(x, ("float", "int"), "input 0 (x)")
+        self.expect(tuple(y.shape) == tuple(x.shape), f"output shape {list(y.shape)} is not the input's {list(x.shape)}")
+        axis = np.asarray(self.const(1, "axis")).reshape(-1)
+        self.expect(axis.size == 1, f"axis must hold one value, it has {axis.size}")
+        self.ax = self.axis(int(axis[0]), x.rank, batched=x.batched)
+
+    def forward(self, ctx):
+        x, y = self.input(0), self.output()
+        if y.numel == 0:
+            return
+        acc_dt = compute_dtype(x.dtype)
+        loops, o, r, n, stride = line_loops(ctx, x.shape, self.ax)
+        base = line_start(o, r, n, stride)
+        acc, v, t, i = ctx.fresh("acc"), ctx.fresh("x"), ctx.fresh("t"), ctx.fresh("i")
+        pos = f"{n - 1} - {t}" if int(self.attr("reverse", 0)) else t
+        store = y.store(i, convert(acc, acc_dt, y.dtype))
+        update = f"{acc} = {self.step.format(acc=acc, x=v)}"
+        body = [f"{acc} = {literal(self.init, acc_dt)}", f"for {t} in range({n}):",
+                f"    {i} = {ix.add(base, ix.mul(f'({pos})', stride))}",
+                f"    {v} = {upcast(x.load(i), x.dtype)}"]
+        body += [f"    {store}", f"    {update}"] if int(self.attr("exclusive", 0)) else [f"    {update}", f"    {store}"]
+        ctx.render("nest.py.j2", loops=loops, body=body)
+
+
+register("CumSum", since=11)(type("CumSum", (Cumulative,), {}))
+register("CumProd", since=26)(type("CumProd", (Cumulative,), {"init": 1, "step": "{acc} * {x}"}))
+
+
+@register("Hardmax", since=13)
+class Hardmax(Operator):
+    """1 at the first maximum along `axis`, 0 elsewhere."""
+
+    def line_axis(self, x) -> tuple[tuple[int, ...], int]:
+        """Return (the shape the lines are taken over, the axis of the lines)."""
+        return x.shape, self.axis(self.attr("axis", -1), x.rank, batched=x.batched)
+
+    def check(self):
+        x, y = self.input(0), self.output()
+        self.expect_dtype(x, ("float",), "input 0")
+        self.shape, self.ax = self.line_axis(x)
+
+    def forward(self, ctx):
+        x, y = self.input(0), self.output()
+        if y.numel == 0:
+            return
+        loops, o, r, n, stride = line_loops(ctx, self.shape, self.ax)
+        base = line_start(o, r, n, stride)
+        best, at, v, t = ctx.fresh("best"), ctx.fresh("at"), ctx.fresh("x"), ctx.fresh("t")
+        one, zero = literal(1, y.dtype), literal(0, y.dtype)
+        at_t = ix.add(base, ix.mul(t, stride))
+        body = [f"{best} = {x.load(base)}", f"{at} = 0", f"for {t} in range({n}):", f"    {v} = {x.load(at_t)}",
+                f"    if {v} > {best}:", f"        {best} = {v}", f"        {at} = {t}",
+                f"for {t} in range({n}):", f"    {y.store(at_t, f'({one} if {t} == {at} else {zero})')}"]
+        ctx.render("nest.py.j2", loops=loops, body=body)
+
+
+@register("Hardmax", since=1)
+class Hardmax1(Hardmax):
+    """Hardmax-1/11: over the input coerced to 2-d at `axis` (default 1): one line per row."""
+
+    def line_axis(self, x):
+        a = self.axis(self.attr("axis", 1), x.rank, batched=x.batched)
+        rows = int(np.prod(x.shape[:a], dtype=np.int64))
+        return (rows, int(np.prod(x.shape[a:], dtype=np.int64))), 1
