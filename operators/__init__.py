@@ -9,3 +9,4 @@ from . import resize  # noqa: E402,F401
 from . import scatter  # noqa: E402,F401
 from . import generators  # noqa: E402,F401
 from . import topk  # noqa: E402,F401
+from . import einsum  # noqa: E402,F401

@@ -3,7 +3,7 @@
 Shapes, scales and sizes are static, so where each output element reads from is known when
 compiling: the host computes, per resized axis, each output coordinate's source indices and
 interpolation weights (float64, as ONNX's reference does, rounded once to float32) and the kernel
-reads them from constant tables (shaders/resize.py.j2). Interpolation is separable: an output
+reads them from constant tables (shaders/accumulate.py.j2). Interpolation is separable: an output
 element is the sum over every combination of taps of the product of the axes' weights times the
 input element. Nearest modes keep one index per axis and copy the element (exact for every dtype);
 linear and cubic accumulate in float (half is rounded once at the end)."""
@@ -311,7 +311,7 @@ class Resize(Operator):
             flag = " + ".join(outs)
             result = f"({literal(self.extrapolation, y.dtype)} if {flag} > 0 else {result})"
         tail.append(y.store(dst, result))
-        ctx.render("resize.py.j2", outer=outer, taps=taps, head=head, body=body, tail=tail)
+        ctx.render("accumulate.py.j2", outer=outer, inner=taps, head=head, body=body, tail=tail)
 
 
 @register("Resize", since=10)
