@@ -10,3 +10,4 @@ from . import scatter  # noqa: E402,F401
 from . import generators  # noqa: E402,F401
 from . import topk  # noqa: E402,F401
 from . import einsum  # noqa: E402,F401
+from . import loss  # noqa: E402,F401
