@@ -1,4 +1,4 @@
-"""Resize (opsets 10-19) and Upsample (7-10).
+"""Resize (opsets 10-19), Upsample (7-10) and GridSample (16-22).
 
 Shapes, scales and sizes are static, so where each output element reads from is known when
 compiling: the host computes, per resized axis, each output coordinate's source indices and
@@ -349,3 +349,131 @@ class Upsample7(Upsample):
 
     def params(self):
         return None, _floats(self.attr("scales")), None
+
+
+# ---- GridSample ------------------------------------------------------------------------------------
+
+GRID_MODES = {"bilinear": "linear", "bicubic": "cubic", "nearest": "nearest", "linear": "linear", "cubic": "cubic"}
+
+
+@register("GridSample", since=16)
+class GridSample(Operator):
+    """Sample X [N, C, D1..Dk] at the normalised coordinates of grid [N, O1..Ok, k] (x first, as
+    ONNX orders them): nearest (halves to even), linear or cubic (a = -0.75) interpolation,
+    padding zeros, border or reflection, align_corners; opset 16 is 2-d only, 20 on any k.
+    Border and reflection padding move only coordinates past the borders, as ONNX's reference does
+    (onnxruntime clamps every cubic coordinate, which changes taps near an edge). The coordinates
+    are computed once per output position; the channels reuse them."""
+
+    def check(self):
+        x, grid, y = self.input(0), self.input(1), self.output()
+        self.expect_dtype(x, ("float",), "input 0 (X)")
+        self.expect_dtype(grid, ("float",), "input 1 (grid)")
+        self.k = x.rank - 2
+        self.expect(self.k >= 1, f"input '{x.name}' has rank {x.rank}, expected [N, C, D1, ...]")
+        self.expect(self.opset >= 20 or self.k == 2, f"GridSample-{self.opset} takes 4-d inputs; '{x.name}' has rank {x.rank}")
+        self.expect(grid.rank == x.rank and grid.shape[0] == x.shape[0] and grid.shape[-1] == self.k,
+                    f"grid '{grid.name}' has shape {list(grid.shape)}, expected [{x.shape[0]}, ..., {self.k}]")
+        want = (x.shape[0], x.shape[1]) + tuple(grid.shape[1:-1])
+        self.expect(tuple(y.shape) == want, f"output shape {list(y.shape)} is not {list(want)}")
+        mode = self.attr("mode", "bilinear" if self.opset < 20 else "linear")
+        self.expect(mode in GRID_MODES, f"mode {mode!r} is not one of {', '.join(GRID_MODES)}")
+        self.mode = GRID_MODES[mode]
+        self.padding = self.attr("padding_mode", "zeros")
+        self.expect(self.padding in ("zeros", "border", "reflection"), f"padding_mode {self.padding!r} is not zeros, border or reflection")
+        self.align = bool(int(self.attr("align_corners", 0)))
+        if x.batched != grid.batched:
+            raise self.error(f"X '{x.name}' and grid '{grid.name}' must both be per-sample or both shared: each sample's "
+                             "grid reads its own image (compile with batch_axis=None)")
+
+    def axis_taps(self, ctx, g: str, size: int) -> tuple[list[str], list[tuple[str, str | None, str | None]]]:
+        """Return (lines, [(index, in-range condition or None, weight or None)] per tap) of one
+        spatial axis of `size` elements whose normalised coordinate is the DSL float g."""
+        lines = []
+        c = ctx.fresh("gx")
+        lo, hi = (0.0, size - 1.0) if self.align else (-0.5, size - 0.5)
+        # in the order ONNX's reference and onnxruntime compute it (nearest rounds the result)
+        if self.align:
+            lines.append(f"{c} = ({g} + 1.0) / 2.0 * {literal(size - 1.0, dtypes.FLOAT)}")
+        else:
+            lines.append(f"{c} = (({g} + 1.0) * {literal(float(size), dtypes.FLOAT)} - 1.0) / 2.0")
+        if self.mode == "nearest":
+            lines.append(f"{c} = {ctx.use_helper('round_even_f32', 'math_lib')}({c})")
+        if self.padding == "border":  # only coordinates past the borders move
+            lines.append(f"{c} = (clamp({c}, 0.0, {literal(size - 1.0, dtypes.FLOAT)}) if {c} < {literal(lo, dtypes.FLOAT)} "
+                         f"or {c} > {literal(hi, dtypes.FLOAT)} else {c})")
+        elif self.padding == "reflection":
+            refl = ctx.use_helper("reflect_f32", "math_lib")
+            lines.append(f"{c} = {refl}({c}, {literal(lo, dtypes.FLOAT)}, {literal(hi, dtypes.FLOAT)})")
+        if self.mode == "nearest":
+            first, weights = ctx.fresh("i"), [None]
+            lines.append(f"{first} = int({c})")
+            starts = [first]
+        else:
+            f, base = ctx.fresh("f"), ctx.fresh("i")
+            lines += [f"{base} = int(floor({c}))", f"{f} = {c} - floor({c})"]
+            if self.mode == "linear":
+                starts = [base, f"{base} + 1"]
+                weights = [f"(1.0 - {f})", f]
+            else:
+                starts = [f"{base} - 1", base, f"{base} + 1", f"{base} + 2"]
+                a = -0.75
+                ws = [ctx.fresh("w") for _ in range(4)]
+                lines += [
+                    f"{ws[0]} = (({a} * ({f} + 1.0) - {5 * a}) * ({f} + 1.0) + {8 * a}) * ({f} + 1.0) - {4 * a}",
+                    f"{ws[1]} = ({a + 2} * {f} - {a + 3}) * {f} * {f} + 1.0",
+                    f"{ws[2]} = ({a + 2} * (1.0 - {f}) - {a + 3}) * (1.0 - {f}) * (1.0 - {f}) + 1.0",
+                    f"{ws[3]} = (({a} * (2.0 - {f}) - {5 * a}) * (2.0 - {f}) + {8 * a}) * (2.0 - {f}) - {4 * a}",
+                ]
+                weights = ws
+        taps = []
+        for s, w in zip(starts, weights):
+            i = ctx.fresh("t")
+            ok = None
+            if self.padding == "zeros":
+                ok = ctx.fresh("ok")
+                lines += [f"{i} = {s}", f"{ok} = {i} >= 0 and {i} < {size}", f"{i} = clamp({i}, 0, {size - 1})"]
+            elif self.padding == "border":
+                lines.append(f"{i} = clamp({s}, 0, {size - 1})")
+            else:  # a tap beyond the edge reflects too (an index, so the reflection is exact)
+                refl = ctx.use_helper("reflect_f32", "math_lib")
+                lines.append(f"{i} = clamp(int({refl}(float({s}), {literal(lo, dtypes.FLOAT)}, "
+                             f"{literal(hi, dtypes.FLOAT)})), 0, {size - 1})")
+            taps.append((i, ok, w))
+        return lines, taps
+
+    def forward(self, ctx):
+        import itertools
+
+        x, grid, y = self.input(0), self.input(1), self.output()
+        if y.numel == 0:
+            return
+        n_, c_ = x.shape[0], x.shape[1]
+        spatial = x.shape[2:]
+        s_out = int(np.prod(grid.shape[1:-1], dtype=np.int64))
+        loops = [(ctx.fresh("n"), n_), (ctx.fresh("s"), s_out)]
+        n, s = (v if k > 1 else "0" for v, k in loops)
+        head, per_axis = [], []
+        at = ix.mul(ix.add(ix.mul(n, s_out), s), self.k)
+        for d, size in enumerate(spatial):
+            g = ctx.fresh("g")
+            head.append(f"{g} = {convert(grid.load(ix.add(at, str(self.k - 1 - d))), grid.dtype, dtypes.FLOAT)}")
+            lines, taps = self.axis_taps(ctx, g, size)
+            head += lines
+            per_axis.append(taps)
+        img_strides = x.strides[2:]
+        c = ctx.fresh("c") if c_ > 1 else "0"
+        base = ix.add(ix.mul(n, c_ * int(np.prod(spatial, dtype=np.int64))), ix.mul(c, x.strides[1]))
+        terms = []
+        for combo in itertools.product(*per_axis):
+            src = ix.add(base, *(ix.mul(i, st) for (i, _, _), st in zip(combo, img_strides)))
+            v = convert(x.load(src), x.dtype, dtypes.FLOAT)
+            oks = [ok for _, ok, _ in combo if ok is not None]
+            ws = [w for _, _, w in combo if w is not None]
+            term = " * ".join(ws + [v])
+            terms.append(f"({term} if {' and '.join(oks)} else 0.0)" if oks else term)
+        value = convert(" + ".join(terms), dtypes.FLOAT, y.dtype)
+        dst = ix.add(ix.mul(n, c_ * s_out), ix.mul(c, s_out), s)
+        store = y.store(dst, value)
+        body = head + ([f"for {c} in range({c_}):", "    " + store] if c_ > 1 else [store])
+        ctx.render("nest.py.j2", loops=[(v, k) for v, k in loops if k > 1], body=body)

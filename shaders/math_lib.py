@@ -104,3 +104,28 @@ def shift_right_u32(x, y):
     if y < uint(32):
         r = x >> y
     return r
+
+
+@luisa.func
+def reflect_f32(x, lo, hi):
+    """x reflected about lo and hi until it lies between them (GridSample's reflection padding);
+    lo when the range is empty."""
+    r = x
+    span = hi - lo
+    if span <= 0.0:
+        r = lo
+    elif x < lo:
+        d = lo - x
+        n = int(d / span)
+        m = d - float(n) * span
+        r = lo + m
+        if n % 2 == 1:
+            r = hi - m
+    elif x > hi:
+        d = x - hi
+        n = int(d / span)
+        m = d - float(n) * span
+        r = hi - m
+        if n % 2 == 1:
+            r = lo + m
+    return r
