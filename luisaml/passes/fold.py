@@ -144,10 +144,19 @@ def fold_to_fixpoint(proto: onnx.ModelProto, infer) -> onnx.ModelProto:
         _inline_constants(proto)
         if fold_constants(proto) == 0:
             break
+        _drop_unknown_dims(proto.graph)
     if any(_subgraphs(n) for n in proto.graph.node):
         specialise_subgraphs(proto, infer)
         proto = infer(proto)  # the parents' outputs take the subgraphs' inferred types
     return proto
+
+
+def _drop_unknown_dims(g: onnx.GraphProto) -> None:
+    """Forget the value_info of tensors with an unknown dim: onnx's inference keeps a stale
+    symbolic dim rather than the number it can infer once its inputs are folded."""
+    keep = [vi for vi in g.value_info if _static_shape(vi) is not None]
+    del g.value_info[:]
+    g.value_info.extend(keep)
 
 
 def _typed(g: onnx.GraphProto) -> dict[str, onnx.ValueInfoProto]:
