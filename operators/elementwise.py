@@ -599,3 +599,17 @@ class BitShift(Map):
 
     def expr(self, a, b):
         return f"{self.fn}({a}, {b})" if self.width is None else f"{self.fn}({a}, {b}, {self.width})"
+
+
+@register("SwiGLU", since=28)
+class SwiGLU(Map):
+    """Swish_alpha(A) * B = A * sigmoid(alpha A) * B (A and B of one shape)."""
+
+    def check(self):
+        super().check()
+        a, b = self.input(0), self.input(1)
+        self.expect(tuple(a.shape) == tuple(b.shape), f"A '{a.name}' {list(a.shape)} and B '{b.name}' {list(b.shape)} differ")
+
+    def expr(self, a, b):
+        c = self.lit
+        return f"({a} / ({c(1)} + exp(-{c(self.attr('alpha', 1.0))} * {a})) * {b})"

@@ -113,3 +113,78 @@ class OneHot(Operator):
                 f"{g} = ({g} + {self.depth} if {g} < 0 else {g})",
                 y.store(ix.add(ix.mul(o, self.depth * inner), ix.mul(d, inner), r), f"({on} if {g} == {d} else {off})")]
         ctx.render("nest.py.j2", loops=[(v, n) for v, n in loops if n > 1], body=body)
+
+
+@register("AffineGrid", since=20)
+class AffineGrid(Operator):
+    """The sampling grid [N, (D,) H, W, k] of theta [N, k, k + 1] applied to the positions of an
+    image of `size` (a constant [N, C, (D,) H, W]) normalised to [-1, 1] (pixel centres, or
+    corners with align_corners), x first. An axis of one pixel sits at 0 (PyTorch's choice; the
+    formula divides by zero there, and onnxruntime and ONNX's reference disagree)."""
+
+    def check(self):
+        theta, y = self.input(0), self.output()
+        self.expect_dtype(theta, ("float",), "input 0 (theta)")
+        size = [int(v) for v in np.asarray(self.const(1, "size")).reshape(-1)]
+        self.expect(len(size) in (4, 5), f"size {size} must be [N, C, H, W] or [N, C, D, H, W]")
+        self.k = len(size) - 2
+        self.spatial = size[2:]
+        self.expect(tuple(theta.shape[1:]) == (self.k, self.k + 1),
+                    f"theta '{theta.name}' has shape {list(theta.shape)}, expected [N, {self.k}, {self.k + 1}]")
+        want = (theta.shape[0], *self.spatial, self.k)
+        self.expect(tuple(y.shape) == want, f"output shape {list(y.shape)} is not {list(want)}")
+        self.align = bool(int(self.attr("align_corners", 0)))
+
+    def position(self, i: str, n: int) -> str:
+        """Return the DSL of the normalised position of pixel i of n along an axis (one rounding)."""
+        if self.align:  # one pixel sits at 0, as in onnxruntime and PyTorch (ONNX's reference: -1)
+            return "0.0" if n == 1 else f"(float(2 * {i} - {n - 1}) / {float(n - 1)})"
+        return f"(float(2 * {i} + {1 - n}) / {float(n)})"
+
+    def forward(self, ctx):
+        theta, y = self.input(0), self.output()
+        if y.numel == 0:
+            return
+        k = self.k
+        loops = [(ctx.fresh("n"), theta.shape[0])] + [(ctx.fresh("p"), s) for s in self.spatial]
+        coords = [v if s > 1 else "0" for v, s in loops]
+        pos = [ctx.fresh("q") for _ in range(k)]
+        # the spatial axes are (D,) H, W; the position vector is x (W) first
+        body = [f"{q} = {self.position(c, s)}" for q, c, s in zip(pos, coords[1:], self.spatial)]
+        vec = list(reversed(pos))
+        dst = ix.mul(ix.ravel(coords, tuple(int(np.prod(y.shape[d + 1:-1], dtype=np.int64)) for d in range(k + 1))), k)
+        for row in range(k):
+            base = ix.add(ix.mul(coords[0], k * (k + 1)), str(row * (k + 1)))
+            t = [convert(theta.load(ix.add(base, str(j))), theta.dtype, dtypes.FLOAT) for j in range(k + 1)]
+            value = " + ".join([f"{t[j]} * {vec[j]}" for j in range(k)] + [t[k]])
+            body.append(y.store(ix.add(dst, str(row)), convert(value, dtypes.FLOAT, y.dtype)))
+        ctx.render("nest.py.j2", loops=[(v, s) for v, s in loops if s > 1], body=body)
+
+
+class Window(Operator):
+    """A window function of `size` (a constant) samples: sum_k a_k cos(2 pi k n / N) with N = size
+    (periodic) or size - 1 (symmetric); output_datatype gives the type."""
+
+    coeffs: tuple[float, ...] = ()
+
+    def check(self):
+        y = self.output()
+        self.expect_dtype(y, ("float", "int"), "output")
+        self.n = y.numel
+        self.periodic = bool(int(self.attr("periodic", 1)))
+
+    def forward(self, ctx):
+        y = self.output()
+        if self.n == 0:
+            return
+        denom = float(self.n if self.periodic else max(self.n - 1, 1))
+        with ctx.loop(self.n) as i:
+            phase = f"(6.283185307179586 * float({i}) / {denom})"
+            terms = [repr(self.coeffs[0])] + [f"{'-' if c < 0 else '+'} {abs(c)!r} * cos({k}.0 * {phase})"
+                                              for k, c in enumerate(self.coeffs[1:], start=1)]
+            ctx.line(y.store(i, convert(" ".join(terms), dtypes.FLOAT, y.dtype)))
+
+
+register("HannWindow", since=17)(type("HannWindow", (Window,), {"coeffs": (0.5, -0.5)}))
+register("HammingWindow", since=17)(type("HammingWindow", (Window,), {"coeffs": (25 / 46, -(1 - 25 / 46))}))
+register("BlackmanWindow", since=17)(type("BlackmanWindow", (Window,), {"coeffs": (0.42, -0.5, 0.08)}))

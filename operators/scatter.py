@@ -117,3 +117,47 @@ class ScatterND(Scatter):
         line = self.update(ix.add(base, r), upd.load(ix.add(ix.mul(j, inner), r)))
         body += [f"for {r} in range({inner}):", "    " + line] if inner > 1 else [line]
         ctx.render("nest.py.j2", loops=[(j, count)] if count > 1 else [], body=body)
+
+
+@register("TensorScatter", since=24)
+class TensorScatter(Operator):
+    """present = past, with update written along `axis` (the sequence axis) from write_indices[b]
+    for each batch entry b (0 when absent); mode circular wraps the position, linear clamps it
+    into the cache (a kernel cannot raise)."""
+
+    inplace = (0,)
+
+    def check(self):
+        past, upd, y = self.input(0), self.input(1), self.output()
+        self.ax = self.axis(self.attr("axis", -2), past.rank, batched=past.batched, what="axis")
+        self.expect(self.ax > 0, "axis 0 is the batch axis of the cache, not a sequence axis")
+        self.expect(upd.dtype == past.dtype, f"update '{upd.name}' has type {upd.dtype.name.lower()}, cache {past.dtype.name.lower()}")
+        self.expect(upd.rank == past.rank and all(u == p for d, (u, p) in enumerate(zip(upd.shape, past.shape)) if d != self.ax),
+                    f"update '{upd.name}' {list(upd.shape)} must match the cache {list(past.shape)} outside axis {self.ax}")
+        self.expect(upd.shape[self.ax] <= past.shape[self.ax],
+                    f"update '{upd.name}' holds {upd.shape[self.ax]} positions, the cache {past.shape[self.ax]}")
+        self.mode = self.attr("mode", "linear")
+        self.expect(self.mode in ("linear", "circular"), f"mode {self.mode!r} is not linear or circular")
+        self.expect(tuple(y.shape) == tuple(past.shape), f"output shape {list(y.shape)} is not the cache's {list(past.shape)}")
+        if self.has_input(2):
+            w = self.input(2)
+            self.expect_dtype(w, ("int",), "input 2 (write_indices)")
+            self.expect(w.numel == past.shape[0], f"write_indices has {w.numel} values for {past.shape[0]} batch entries")
+            if past.batched and not w.batched:
+                raise self.error(f"write_indices '{w.name}' is shared by every sample but indexed by the batch axis "
+                                 "(compile with batch_axis=None)")
+
+    def forward(self, ctx):
+        past, upd, y = self.input(0), self.input(1), self.output()
+        emit_map(ctx, y, [past], lambda v: v, broadcast=False)
+        if upd.numel == 0:
+            return
+        loops = [(ctx.fresh("o"), n) for n in upd.shape]
+        coords = [v if n > 1 else "0" for v, n in loops]
+        cap, p = past.shape[self.ax], ctx.fresh("p")
+        start = self.input(2).load(coords[0]) if self.has_input(2) else "0"
+        pos = f"{start} + {coords[self.ax]}"
+        body = [f"{p} = ((({pos}) % {cap}) + {cap}) % {cap}" if self.mode == "circular" else f"{p} = clamp({pos}, 0, {cap - 1})"]
+        dst = ix.ravel([p if d == self.ax else c for d, c in enumerate(coords)], y.strides)
+        body.append(y.store(dst, upd.load(ix.ravel(coords, upd.strides))))
+        ctx.render("nest.py.j2", loops=[(v, n) for v, n in loops if n > 1], body=body)
