@@ -11,3 +11,4 @@ from . import generators  # noqa: E402,F401
 from . import topk  # noqa: E402,F401
 from . import einsum  # noqa: E402,F401
 from . import loss  # noqa: E402,F401
+from . import spectral  # noqa: E402,F401
