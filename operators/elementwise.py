@@ -613,3 +613,28 @@ class SwiGLU(Map):
     def expr(self, a, b):
         c = self.lit
         return f"({a} / ({c(1)} + exp(-{c(self.attr('alpha', 1.0))} * {a})) * {b})"
+
+
+@register("BitCast", since=26)
+class BitCast(Operator):
+    """Reinterpret the bits as type `to` of the same width: float32, int32 and uint32 among
+    themselves (the kernel holds int64 in 32 bits, so 64-bit types cannot keep their bits)."""
+
+    WIDE32 = ("FLOAT", "INT32", "UINT32")
+
+    def check(self):
+        x, y = self.input(0), self.output()
+        to = self.attr("to")
+        self.expect(tuple(y.shape) == tuple(x.shape), f"output shape {list(y.shape)} is not the input's {list(x.shape)}")
+        same = x.dtype.name == y.dtype.name
+        self.expect(same or (x.dtype.name in self.WIDE32 and y.dtype.name in self.WIDE32),
+                    f"BitCast from {x.dtype.name.lower()} to {dtypes.onnx_name(to).lower()}: only float32, int32 and "
+                    "uint32 among themselves keep their bits in a kernel")
+
+    def forward(self, ctx):
+        x, y = self.input(0), self.output()
+        if x.dtype.dsl == y.dtype.dsl:
+            emit_map(ctx, y, [x], lambda v: v, broadcast=False)
+            return
+        fn = ctx.use_helper({"int": "bits_to_int", "uint": "bits_to_uint", "float": "bits_to_float"}[y.dtype.dsl], "math_lib")
+        emit_map(ctx, y, [x], lambda v: f"{fn}({v})", broadcast=False)

@@ -2,6 +2,7 @@
 imports the ones it uses."""
 # ruff: noqa: F821  (abs, floor, isnan, copysign, ... are DSL builtins the luisa compiler resolves)
 import luisa
+from luisa.builtin import bitwise_cast
 from luisa.types import uint
 
 NAN = float("nan")
@@ -129,3 +130,21 @@ def reflect_f32(x, lo, hi):
         if n % 2 == 1:
             r = lo + m
     return r
+
+
+@luisa.func
+def bits_to_int(x):
+    """The bits of a 32-bit value as an int."""
+    return bitwise_cast(int, x)
+
+
+@luisa.func
+def bits_to_uint(x):
+    """The bits of a 32-bit value as a uint."""
+    return bitwise_cast(uint, x)
+
+
+@luisa.func
+def bits_to_float(x):
+    """The bits of a 32-bit value as a float."""
+    return bitwise_cast(float, x)

@@ -205,3 +205,29 @@ def test_bitshift_signed_against_numpy():
     for k, yy in enumerate((y, y2)):
         np.testing.assert_array_equal(got[f"left{k}"], shift(x, yy, True))
         np.testing.assert_array_equal(got[f"right{k}"], shift(x, yy, False))
+
+
+def test_bitcast_against_numpy():
+    """BitCast (opset 26, no onnxruntime kernel): numpy's view of the same bits."""
+    import onnx
+    from onnx import TensorProto
+
+    f = np.array([[1.5, -0.0, np.inf, -3.25e-20], [7.0, np.nan, 1e30, -1.0]], np.float32)
+    i = np.array([1, -1, 0x7F800000, -2147483648, 123456789], np.int32)
+    u = np.array([0, 1, 0x80000000, 0xFFFFFFFF], np.uint32)
+    nodes = [helper.make_node("BitCast", ["f"], ["f2i"], to=TensorProto.INT32),
+             helper.make_node("BitCast", ["f"], ["f2u"], to=TensorProto.UINT32),
+             helper.make_node("BitCast", ["i"], ["i2f"], to=TensorProto.FLOAT),
+             helper.make_node("BitCast", ["u"], ["u2i"], to=TensorProto.INT32),
+             helper.make_node("BitCast", ["i"], ["i2i"], to=TensorProto.INT32)]
+    model = graph_model(nodes, {"f": f, "i": i}, opset=13)
+    model.graph.input.append(helper.make_tensor_value_info("u", TensorProto.UINT32, [4]))
+    model.opset_import[0].version = 26
+    model.ir_version = onnx.IR_VERSION
+    model = onnx.shape_inference.infer_shapes(model)
+    got = luisaml.compile(model, batch_axis=None).run({"f": f, "i": i, "u": u})
+    np.testing.assert_array_equal(got["f2i"], f.view(np.int32))
+    np.testing.assert_array_equal(got["f2u"], f.view(np.uint32))
+    np.testing.assert_array_equal(got["i2f"].view(np.int32), i)
+    np.testing.assert_array_equal(got["u2i"], u.view(np.int32))
+    np.testing.assert_array_equal(got["i2i"], i)
