@@ -41,19 +41,51 @@ def _static_dims(vi: onnx.ValueInfoProto) -> list[int] | None:
 
 def needed_constants(error: Exception, model: onnx.ModelProto) -> list[str]:
     """Return the graph inputs that compiling must know the values of, by the error it raised:
-    the input an operator says must be a constant, or the integer inputs after the first of a
-    node whose output shape depends on them (Reshape's shape, ReduceSum's axes)."""
+    the graph inputs that the tensor an operator says must be a constant is computed from, or the
+    integer graph inputs that the shape-giving inputs of a node whose output shape is unknown are
+    computed from (Reshape's shape, ReduceSum's axes, the pads a function body derives from a
+    target shape, an If's condition)."""
     m = _NEEDS_CONSTANT.search(str(error))
     if m:
-        return [m.group(1)]
+        return _sources(model, [m.group(1)], integer_only=False)
     m = _UNKNOWN_SHAPE.search(str(error))
-    if not m:
-        return []
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.input}
-    node = next((n for n in model.graph.node if m.group(1) in n.output), None)
+    node = next((n for n in model.graph.node if m.group(1) in n.output), None) if m else None
     if node is None:
         return []
-    return [i for i in node.input[1:] if types.get(i) in _INT_TYPES]
+    # an If's condition and the outer tensors its branches read decide its shape (a Loop's too);
+    # elsewhere input 0 is the data
+    shaping = list(node.input) + _outer_reads(node) if node.op_type in ("If", "Loop", "Scan") else list(node.input[1:])
+    return _sources(model, shaping, integer_only=True)
+
+
+def _outer_reads(node: onnx.NodeProto) -> list[str]:
+    """Return the tensor names a node's subgraphs read (their own tensors included: harmless,
+    as only names of the main graph's inputs are bound)."""
+    names = []
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            for n in g.node:
+                names += [i for i in n.input if i] + _outer_reads(n)
+    return names
+
+
+def _sources(model: onnx.ModelProto, names: list[str], integer_only: bool) -> list[str]:
+    """Return the graph inputs among `names` and among the tensors they are computed from (only
+    the integer ones with integer_only: a guess at shape arithmetic must not bind data)."""
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.input}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    found, seen, todo = [], set(), [n for n in names if n]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in types:
+            if not integer_only or types[name] in _INT_TYPES:
+                found.append(name)
+        elif name in producer:
+            todo += [i for i in producer[name].input if i]
+    return sorted(found)
 
 
 def specialise(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], values: dict[str, np.ndarray]) -> onnx.ModelProto:

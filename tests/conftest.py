@@ -5,6 +5,9 @@ import os
 
 import pytest
 
+# The ONNX backend suite's recorder must run where results arrive (also the xdist controller).
+pytest_plugins = ["conformance.pytest_plugin"]
+
 # Tests run on the CPU backend unless told otherwise; generated modules go to a per-run cache.
 os.environ.setdefault("LUISAML_BACKEND", "cpu")
 

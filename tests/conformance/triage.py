@@ -1,0 +1,132 @@
+"""The ONNX backend suite's triage: every case luisaml does not run, and why.
+
+Four kinds of entries, each with its reason:
+- UNSUPPORTED_TYPES: element (or container) types a kernel does not compute on. A case whose
+  model uses one anywhere (inputs, outputs, initializers, value_info, Cast targets) is skipped,
+  unless a TYPE_EXCEPTIONS pattern matches its name (it passes although the type appears).
+- NOT_IMPLEMENTED: op types luisaml has no operator for, one line per op. A case whose graph uses
+  one is skipped while the op is unregistered; test_triage_is_current fails once it is
+  registered, so that the line goes and the cases run.
+- HANDLED_BY_PASSES: op types with no operator because a pass removes them (their cases run).
+- EXCLUDED: test-name patterns (re.search on the name without _cpu) skipped for another reason.
+- KNOWN_FAILURES: test-name patterns of cases that run and fail for a known reason; they are strict
+  expected failures, so a case that starts to pass fails the run until its line goes.
+The pass counts these leave are recorded in expected_counts.json (report.py --update).
+"""
+from __future__ import annotations
+
+_LOW_PRECISION = "low-precision float: no kernel arithmetic for it (LuisaCompute has float, half, int, uint)"
+_SMALL_INT = "8/16-bit and 4/2-bit integers are not kernel dtypes (uint8 is held in ByteBuffers for byte data only)"
+
+UNSUPPORTED_TYPES: dict[str, str] = {
+    "DOUBLE": "float64 is held as float32 for fVDB transforms only; generic operators reject it",
+    "BFLOAT16": _LOW_PRECISION,
+    "FLOAT8E4M3FN": _LOW_PRECISION,
+    "FLOAT8E4M3FNUZ": _LOW_PRECISION,
+    "FLOAT8E5M2": _LOW_PRECISION,
+    "FLOAT8E5M2FNUZ": _LOW_PRECISION,
+    "FLOAT8E8M0": _LOW_PRECISION,
+    "FLOAT4E2M1": _LOW_PRECISION,
+    "INT4": _SMALL_INT,
+    "UINT4": _SMALL_INT,
+    "INT2": _SMALL_INT,
+    "UINT2": _SMALL_INT,
+    "INT8": _SMALL_INT,
+    "UINT8": _SMALL_INT,
+    "INT16": _SMALL_INT,
+    "UINT16": _SMALL_INT,
+    "UINT64": "64-bit unsigned integers: kernels hold 64-bit integers in 32 bits, and uint64 values do not fit",
+    "COMPLEX64": "complex numbers are not kernel dtypes",
+    "COMPLEX128": "complex numbers are not kernel dtypes",
+    "STRING": "strings are not kernel dtypes",
+    "SEQUENCE": "sequence values are not supported (tensors only)",
+    "OPTIONAL": "optional values are not supported (tensors only)",
+    "MAP": "map values are not supported (tensors only)",
+    "SPARSE_TENSOR": "sparse tensors are not supported",
+}
+
+# cases that pass although an unsupported type appears in them
+TYPE_EXCEPTIONS: dict[str, str] = {
+    r"^test_cast(like)?_FLOAT(16)?_to_DOUBLE(_expanded)?$": "a widening cast to float64: the float32 the kernel holds is exact",
+}
+
+NOT_IMPLEMENTED: dict[str, str] = {
+    "Bernoulli": "not implemented yet",
+    "CausalConvWithState": "not implemented yet",
+    "Col2Im": "not implemented yet",
+    "ConcatFromSequence": "not implemented yet",
+    "ConvInteger": "not implemented yet",
+    "DeformConv": "not implemented yet",
+    "DequantizeLinear": "not implemented yet",
+    "DynamicQuantizeLinear": "not implemented yet",
+    "ImageDecoder": "not implemented yet",
+    "LinearAttention": "not implemented yet",
+    "MatMulInteger": "not implemented yet",
+    "MaxUnpool": "not implemented yet",
+    "MelWeightMatrix": "not implemented yet",
+    "NonMaxSuppression": "not implemented yet",
+    "NonZero": "its output length is the number of nonzero elements, known only from the data: not a static shape (a constant input is folded before compiling)",
+    "Optional": "not implemented yet",
+    "OptionalGetElement": "not implemented yet",
+    "OptionalHasElement": "not implemented yet",
+    "QLinearConv": "not implemented yet",
+    "QLinearMatMul": "not implemented yet",
+    "QuantizeLinear": "not implemented yet",
+    "RandomUniformLike": "not implemented yet",
+    "RegexFullMatch": "not implemented yet",
+    "RoiAlign": "not implemented yet",
+    "RotaryEmbedding": "not implemented yet",
+    "Scan": "not implemented yet",
+    "SequenceAt": "not implemented yet",
+    "SequenceConstruct": "not implemented yet",
+    "SequenceEmpty": "not implemented yet",
+    "SequenceErase": "not implemented yet",
+    "SequenceInsert": "not implemented yet",
+    "SequenceLength": "not implemented yet",
+    "SequenceMap": "not implemented yet",
+    "SplitToSequence": "not implemented yet",
+    "StringConcat": "not implemented yet",
+    "StringNormalizer": "not implemented yet",
+    "StringSplit": "not implemented yet",
+    "TfIdfVectorizer": "not implemented yet",
+    "Unique": "not implemented yet",
+    "ai.onnx.ml::ArrayFeatureExtractor": "not implemented yet",
+    "ai.onnx.ml::Binarizer": "not implemented yet",
+    "ai.onnx.ml::LabelEncoder": "not implemented yet",
+    "ai.onnx.ml::TreeEnsemble": "not implemented yet",
+    "ai.onnx.preview.training::Adagrad": "not implemented yet",
+    "ai.onnx.preview.training::Adam": "not implemented yet",
+    "ai.onnx.preview.training::Gradient": "not implemented yet (training: gradients of a graph)",
+    "ai.onnx.preview.training::Momentum": "not implemented yet",
+    "ai.onnx.preview::FlexAttention": "not implemented yet",
+}
+
+# op types that have no operator because a pass removes them where they do nothing
+HANDLED_BY_PASSES: dict[str, str] = {
+    "Dropout": "an inference Dropout whose mask nobody reads is removed by the cleanup pass",
+}
+
+EXCLUDED: dict[str, str] = {
+    r"^test_training_dropout": "training-mode Dropout draws random numbers (no operator for it)",
+}
+
+KNOWN_FAILURES: dict[str, str] = {
+    r"^test_attention_4d_causal_fp16_expanded$":
+        "float16 through Attention's function body: every primitive op rounds its result to half, and two of 192 outputs "
+        "differ from the expected ones by 2 half ulps (relative 1.2e-3 > rtol 1e-3), while luisaml's are no farther from "
+        "the float32 result (max 4.0e-4) than the expected ones (4.9e-4); the Attention operator itself passes the case",
+    r"^test_dft_inverse(_opset19)?$":
+        "the expected outputs carry numpy's complex64 rounding noise (1.9e-7 where the exact value is 0, which luisaml "
+        "gives), above the suite's atol of 1e-7",
+    r"^test_dropout_(default|default_old|default_ratio|default_mask|default_mask_ratio|random_old)$":
+        "a Dropout that writes a graph output (or its mask) has no operator: the cleanup pass removes interior ones only",
+    r"^test_reduce_(max|min)_empty_set$": "ReduceMax/ReduceMin over an empty axis give 0, not -inf/+inf",
+    r"^test_range_(float16|float|int32)_type_(positive|negative)_delta_expanded$":
+        "Range's function body is a Loop whose trip count is data: its output shape is not known at compile time",
+    r"^test_loop11$": "a Loop that slices by its iteration number: the slice's shape is not static",
+    r"^test_affine_grid_(2d|3d)(_align_corners)?_expanded$":
+        "AffineGrid's function body picks its 2-D/3-D branch with an If: an If is not resolved at compile time "
+        "even when its condition is constant, so the branch output's shape stays unknown",
+    r"^test_attention_4d_causal_fp16_expanded$":
+        "half precision: 2 of 192 outputs differ from the reference by one half ulp (the expanded body rounds each op to half)",
+}
