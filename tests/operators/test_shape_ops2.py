@@ -8,7 +8,7 @@ import pytest
 from onnx import helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, rand  # noqa: E402
+from util import assert_matches_ort, graph_model, rand, single_node_model  # noqa: E402
 
 import luisaml  # noqa: E402
 
@@ -47,7 +47,7 @@ def test_pad_axes_runtime_value_and_opset2():
              helper.make_node("Pad", ["x", "p", "", "ax"], ["r"], mode="reflect")]
     feeds = {"x": x, "v": v}
     assert_matches_ort(graph_model(nodes, feeds, inits, opset=19), feeds, batch_axis=None)
-    m2 = graph_model([helper.make_node("Pad", ["x"], ["y"], pads=[0, 1, 2, 1, 0, 1], value=0.5)], {"x": x}, opset=2)
+    m2 = single_node_model("Pad", {"x": x}, opset=2, pads=[0, 1, 2, 1, 0, 1], value=0.5)
     got = luisaml.compile(m2, batch_axis=None).run({"x": x})["y"]
     np.testing.assert_array_equal(got, np.pad(x, [(0, 1), (1, 0), (2, 1)], constant_values=0.5))
 
