@@ -331,10 +331,11 @@ def plan_storage(
     The main graph's inputs and outputs are bound by the caller; a subgraph's outputs are
     ordinary intermediates that stay live to its end (its parent copies them out)."""
     io = set(g.inputs) | (set(g.outputs) if main else set())
-    io |= {n for n, t in tensors.items() if n not in g.vars}  # outer tensors: not ours to place
     for t in tensors.values():
-        if t.value is not None and t.name not in io:
+        # an outer constant that only subgraphs read has no storage from the enclosing graph
+        if t.value is not None and t.name not in io and (t.name in g.vars or t.storage is None):
             t.storage = constant_storage(t.value, t.dtype) or BlobWeight(t, blob)
+    io |= {n for n, t in tensors.items() if n not in g.vars}  # outer tensors: not ours to place
     steps, views = [], {}
     for node, op in ops:
         out0 = op.outputs[0] if op.outputs else None
