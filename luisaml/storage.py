@@ -20,7 +20,7 @@ def literal(value, dtype: DType) -> str:
     if dtype.dsl in ("float", "half"):
         v = float(np.float32(value)) if dtype.dsl == "float" else float(np.float16(value))
         if math.isnan(v):
-            text = "NAN"
+            text = "(INF - INF)"  # computed: LuisaCompute's CUDA codegen aborts on a NaN literal
         elif math.isinf(v):
             text = "INF" if v > 0 else "(-INF)"
         else:
