@@ -5,7 +5,7 @@ import luisa
 from luisa.builtin import bitwise_cast
 from luisa.types import uint
 
-NAN = float("nan")
+INF = float("inf")
 
 
 @luisa.func
@@ -17,7 +17,7 @@ def fmod_f32(a, b):
     y = abs(b)
     r = x
     if isnan(x) or isnan(y) or isinf(x) or y == 0.0:
-        r = NAN
+        r = INF - INF  # NaN, computed: LuisaCompute's CUDA codegen aborts on a NaN literal
     elif not isinf(y):
         while r >= y:
             # the largest t = y * 2^k <= r: start near it from the exponents, then correct
