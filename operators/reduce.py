@@ -233,7 +233,7 @@ class Hardmax(Operator):
         return x.shape, self.axis(self.attr("axis", -1), x.rank, batched=x.batched)
 
     def check(self):
-        x, y = self.input(0), self.output()
+        x = self.input(0)
         self.expect_dtype(x, ("float",), "input 0")
         self.shape, self.ax = self.line_axis(x)
 

@@ -138,6 +138,26 @@ def axis_taps(s: AxisSpec) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
     return np.clip(idx, 0, s.in_w - 1), w, outside
 
 
+def output_geometry(shape: tuple[int, ...], axes: list[int], scales: list[float] | None, sizes: list[int] | None,
+                    policy: str) -> tuple[list[float], list[int]]:
+    """Return (the scale of every axis, the output shape) from scales or sizes on `axes`: a scaled
+    axis is floor(scale * length) long; sizes under not_larger / not_smaller share the smallest /
+    largest ratio over the axes and round each length half up."""
+    full_scale, out = [1.0] * len(shape), list(shape)
+    if scales is not None:
+        for d, s in zip(axes, scales):
+            full_scale[d], out[d] = s, math.floor(s * shape[d])
+        return full_scale, out
+    ratios = {d: n / shape[d] for d, n in zip(axes, sizes)}
+    if policy != "stretch":
+        common = (min if policy == "not_larger" else max)(ratios.values())
+        ratios = dict.fromkeys(axes, common)
+        sizes = [int(common * shape[d] + 0.5) for d in axes]
+    for d, n in zip(axes, sizes):
+        full_scale[d], out[d] = ratios[d], n
+    return full_scale, out
+
+
 def resize_indices(spec: AxisSpec) -> np.ndarray:
     """Return one axis's tap indices, flat [O * n] int32 (a derived constant)."""
     return axis_taps(spec)[0].astype(np.int32).reshape(-1)
@@ -208,24 +228,12 @@ class Resize(Operator):
         given = scales if scales is not None else sizes
         self.expect(len(given) == len(axes),
                     f"{'scales' if scales is not None else 'sizes'} has {len(given)} values for {len(axes)} axes")
-        full_scale = [1.0] * r
-        out = list(x.shape)
         if scales is not None:
-            for d, s in zip(axes, scales):
-                self.expect(s > 0, f"scale {s} of axis {d} is not positive")
-                full_scale[d] = s
-                out[d] = int(math.floor(s * x.shape[d]))
-                if y.shape[d] == int(math.floor(np.float32(s) * np.float32(x.shape[d]))):
-                    out[d] = y.shape[d]  # onnx's shape inference multiplies in float32
-        else:
-            ratios = {d: n / x.shape[d] for d, n in zip(axes, sizes)}
-            if a["policy"] != "stretch":
-                pick = min if a["policy"] == "not_larger" else max
-                common = pick(ratios.values())
-                ratios = dict.fromkeys(axes, common)
-                sizes = [int(common * x.shape[d] + 0.5) for d in axes]
-            for d, n in zip(axes, sizes):
-                full_scale[d], out[d] = ratios[d], n
+            self.expect(all(v > 0 for v in scales), f"scales {scales} must be positive")
+        full_scale, out = output_geometry(tuple(x.shape), axes, scales, sizes, a["policy"])
+        for d in axes:  # onnx's shape inference multiplies in float32: take its length where it differs so
+            if scales is not None and y.shape[d] == math.floor(np.float32(full_scale[d]) * np.float32(x.shape[d])):
+                out[d] = y.shape[d]
         self.expect(tuple(out) == tuple(y.shape), f"computed output shape {out} differs from the inferred {list(y.shape)}")
         full_roi = [(0.0, 1.0)] * r
         if a["transform"] == "tf_crop_and_resize":

@@ -287,7 +287,7 @@ class SpaceToDepth(BlockRearrange):
 
     def check(self):
         super().check()
-        n, c, h, w = self.input(0).shape
+        h, w = self.input(0).shape[2:]
         self.expect(h % self.b == 0 and w % self.b == 0, f"height {h} and width {w} are not multiples of blocksize {self.b}")
 
     def layout(self):
