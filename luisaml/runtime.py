@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import contextlib
 import os
 import sys
 import time
@@ -345,11 +346,36 @@ class CompiledNetwork:
     def launch(self, args: list, scratch: list, n: int) -> None:
         """Enqueue the batch kernel for n samples on LuisaCompute's stream (no synchronisation):
         args are the input and output buffers (then the derived ones) in parameter order."""
-        fused = self.plan.fused
-        if fused is not None:
-            self.kernel(*args, self.weights, n, dispatch_size=fused.dispatch_size(n))
-        else:
-            self.kernel(*args, self.weights, *scratch, dispatch_size=n)
+        with self._compile_lock():
+            fused = self.plan.fused
+            if fused is not None:
+                self.kernel(*args, self.weights, n, dispatch_size=fused.dispatch_size(n))
+            else:
+                self.kernel(*args, self.weights, *scratch, dispatch_size=n)
+        self._compiled = True
+
+    @contextlib.contextmanager
+    def _compile_lock(self):
+        """Hold an inter-process lock while this kernel compiles (its first launch).
+
+        The CPU backend caches compiled kernels in one folder per Python installation and writes
+        them non-atomically: two processes compiling the same kernel at once can read a half-written
+        file and abort. The lock is keyed by the kernel's code, so different kernels still compile in
+        parallel."""
+        if getattr(self, "_compiled", False):
+            yield
+            return
+        import fcntl
+
+        body = "\n".join(self.plan.source.splitlines()[2:])  # without the header naming the model
+        path = codegen.cache_dir().parent / "locks" / f"{codegen.digest(body)}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
 
     # ---- zero-copy torch interop (CUDA) ---------------------------------------------------
     def _zero_copy(self, feeds: Mapping[str, Any]) -> bool:
