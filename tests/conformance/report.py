@@ -66,11 +66,12 @@ def report(results: dict[str, dict]) -> dict:
             if r is not None:
                 by_op[c.op][r["outcome"]] += 1
     print("\nNode tests per op type (passed/loaded; failed, expected failures, skipped):")
-    width = max(len(op) for op in by_op)
+    width = min(40, max(len(op) for op in by_op))
     for op in sorted(by_op, key=str.lower):
         c = by_op[op]
         rest = ", ".join(f"{c[o]} {o}" for o in ("failed", "xfailed", "skipped", "xpassed") if c[o])
-        print(f"  {op:<{width}}  {c['passed']:>3}/{c['loaded']:<3} {rest}")
+        name = op if len(op) <= width else op[: width - 3] + "..."
+        print(f"  {name:<{width}}  {c['passed']:>3}/{c['loaded']:<3} {rest}")
     print(f"\nOperators: {sum(1 for c in by_op.values() if c['passed'])} of {len(by_op)} op types pass at least one node test")
     missing_rank(results, cases)
     failure_reasons(results)
