@@ -244,7 +244,8 @@ def build_tensors(g: Graph, prep: Prepared, outer: dict[str, Tensor] | None = No
             )
         shape, batched, _ = _kernel_shape(v, prep, producers)
         value, dependent = _constant_value(v, prep, batched)
-        t = Tensor(name, v.dtype, shape, batched, value)
+        dtype = dtypes.DOUBLE_AS_FLOAT if (prep.float64_as_float and v.dtype is dtypes.DOUBLE) else v.dtype
+        t = Tensor(name, dtype, shape, batched, value)
         t.batch_dependent = dependent
         tensors[name] = t
     return tensors

@@ -17,10 +17,14 @@ class DType:
     dsl: str  # luisa-python scalar type that holds it inside the kernel
     kernel_numpy: np.dtype  # host dtype of the kernel's buffers and blob entries
 
+    # float64 computed in float32 is arithmetic like float (opt-in: compile(float64="float32"))
+    computes_as_float: bool = False
+
     @property
     def is_float(self) -> bool:
-        """float or float16: the types generic arithmetic accepts (float64 is not one of them)."""
-        return self.name in ("FLOAT", "FLOAT16")
+        """float or float16 (or float64 computed as float32, when asked for): what generic
+        arithmetic accepts."""
+        return self.name in ("FLOAT", "FLOAT16") or self.computes_as_float
 
     @property
     def is_byte(self) -> bool:
@@ -63,6 +67,10 @@ UINT8 = _dt("UINT8", np.uint8, "ubyte")
 # float32 accept it (fVDB's transforms); generic arithmetic rejects it (is_float is False).
 DOUBLE = _dt("DOUBLE", np.float64, "float", np.float32)
 
+# The same float64, for a model compiled with float64="float32": generic operators compute it in
+# float32 (about 7 significant digits), the host converts at the kernel's boundary.
+DOUBLE_AS_FLOAT = DType("DOUBLE", TensorProto.DOUBLE, np.dtype(np.float64), "float", np.dtype(np.float32), True)
+
 SUPPORTED: dict[int, DType] = {d.onnx: d for d in (FLOAT, FLOAT16, INT32, INT64, BOOL, UINT32, UINT8, DOUBLE)}
 _BY_NUMPY: dict[np.dtype, DType] = {d.numpy: d for d in SUPPORTED.values()}
 
@@ -101,6 +109,15 @@ def from_numpy(dtype) -> DType:
 def to_kernel(array: np.ndarray, dtype: DType, what: str) -> np.ndarray:
     """Return `array` converted to the kernel's representation of `dtype`; int64 is range-checked."""
     array = np.asarray(array)
+    if dtype.name == "DOUBLE":  # held as float32: a finite value that would become inf is an error
+        finite = array[np.isfinite(array)] if array.size else array
+        f32max = float(np.finfo(np.float32).max)
+        bad = finite[np.abs(finite) > f32max]
+        if bad.size:  # (values below float32's range round to 0, as float32 arithmetic would)
+            raise OverflowError(
+                f"{what}: float64 value {float(bad.flat[0]):.6g} is beyond float32's range ({f32max:.4g}), "
+                "and kernels hold float64 as float32 (LuisaCompute has no double)"
+            )
     if dtype is INT64:
         info = np.iinfo(np.int32)
         if array.size and (array.min() < info.min or array.max() > info.max):

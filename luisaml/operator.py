@@ -122,7 +122,10 @@ class Operator:
         """Raise unless t's dtype is one of `allowed` (names like 'float', 'int', 'bool')."""
         kinds = {"float": t.dtype.is_float, "int": t.dtype.is_int, "bool": t.dtype.is_bool}
         if not any(kinds.get(a, t.dtype.name == a) for a in allowed):
-            raise self.error(f"{role} '{t.name}' has type {t.dtype.name.lower()}, expected {' or '.join(allowed)}")
+            hint = " (compile with float64='float32' to compute float64 in float32)" if t.dtype.name == "DOUBLE" else ""
+            raise self.error(
+                f"{role} '{t.name}' has type {t.dtype.name.lower()}, expected {' or '.join(allowed)}{hint}"
+            )
 
     def expect_shape(self, t: Tensor, shape: tuple[int, ...], role: str) -> None:
         if tuple(t.shape) != tuple(shape):

@@ -22,12 +22,16 @@ def _model_name(model) -> str:
     return getattr(getattr(model, "graph", None), "name", None) or "model"
 
 
-def analyze(model, weights=None, *, batch_axis="auto", input_shapes=None, fuse="off", precision="fp32") -> Plan:
+def analyze(model, weights=None, *, batch_axis="auto", input_shapes=None, fuse="off", precision="fp32",
+            float64: str = "reject") -> Plan:
     """Return the compile plan of a model without starting a device (what `inspect` shows).
 
     fuse: "off", "gpu" or "emulated" (see `compile`)."""
+    if float64 not in ("reject", "float32"):
+        raise ValueError(f"float64 must be 'reject' or 'float32', not {float64!r}")
     proto = loaders.load_proto(model, weights)
     prep = passes.prepare(proto, batch_axis=batch_axis, input_shapes=input_shapes)
+    prep.float64_as_float = float64 == "float32"
     return compiler.build_plan(prep, _model_name(model), fuse=fuse, precision=precision)
 
 
@@ -56,6 +60,7 @@ def compile(
     verbose: bool = False,
     precision: str = "fp32",
     fuse="auto",
+    float64: str = "reject",
 ) -> "CompiledNetwork":
     """Return the model compiled into one kernel on the chosen backend.
 
@@ -67,11 +72,14 @@ def compile(
     precision: "fp32", or "fp16": float inputs and outputs are half (the fused MLP kernel only;
     never chosen implicitly).
     fuse: "auto" (an MLP gets the fused cooperative kernel on CUDA), True (also on the CPU
-    backend, emulated), False (always the one-thread-per-sample kernel)."""
+    backend, emulated), False (always the one-thread-per-sample kernel).
+    float64: "reject" (operators other than fVDB's refuse float64 tensors), or "float32": compute
+    them in float32 (LuisaCompute has no double); inputs and outputs stay float64 on the host."""
     t0 = time.perf_counter()
     name = device.init(backend)
     mode = fusion_mode(fuse, name, precision)
-    plan = analyze(model, weights, batch_axis=batch_axis, input_shapes=input_shapes, fuse=mode, precision=precision)
+    plan = analyze(model, weights, batch_axis=batch_axis, input_shapes=input_shapes, fuse=mode, precision=precision,
+                   float64=float64)
     path = codegen.write_module(plan.source)
     module = codegen.import_module(path)
     if verbose:

@@ -20,6 +20,7 @@ class Prepared:
     symbol: str | None
     shapes_b: dict[str, list[int | None]]
     values_b: dict[str, np.ndarray]
+    float64_as_float: bool = False  # compile(float64="float32"): float64 tensors compute in float32
 
 
 def prepare(proto, batch_axis="auto", input_shapes=None) -> Prepared:

@@ -19,7 +19,6 @@ _LOW_PRECISION = "low-precision float: no kernel arithmetic for it (LuisaCompute
 _SMALL_INT = "8/16-bit and 4/2-bit integers are not kernel dtypes (uint8 is held in ByteBuffers for byte data only)"
 
 UNSUPPORTED_TYPES: dict[str, str] = {
-    "DOUBLE": "float64 is held as float32 for fVDB transforms only; generic operators reject it",
     "BFLOAT16": _LOW_PRECISION,
     "FLOAT8E4M3FN": _LOW_PRECISION,
     "FLOAT8E4M3FNUZ": _LOW_PRECISION,
@@ -45,9 +44,11 @@ UNSUPPORTED_TYPES: dict[str, str] = {
     "SPARSE_TENSOR": "sparse tensors are not supported",
 }
 
+# float64 is not listed: the backend compiles with float64="float32" (LuisaCompute has no double),
+# so float64 cases run in float32 against the suite's rtol of 1e-3.
+
 # cases that pass although an unsupported type appears in them
 TYPE_EXCEPTIONS: dict[str, str] = {
-    r"^test_cast(like)?_FLOAT(16)?_to_DOUBLE(_expanded)?$": "a widening cast to float64: the float32 the kernel holds is exact",
 }
 
 NOT_IMPLEMENTED: dict[str, str] = {
@@ -111,6 +112,11 @@ EXCLUDED: dict[str, str] = {
 }
 
 KNOWN_FAILURES: dict[str, str] = {
+    r"^test_operator_add_(broadcast|size1_right_broadcast|size1_singleton_broadcast)$|^test_operator_addconstant$":
+        "the float64 data holds values beyond float32's range (1e198: uninitialised memory in the export); LuisaCompute "
+        "has no double, so float64 computes in float32 and such a value is a run-time error, not a silent inf",
+    r"^test_bitcast_(float64_to_int64|int64_to_float64)$":
+        "reinterpreting float64 bits needs 64-bit floats and integers in the kernel (both are held in 32 bits)",
     r"^test_attention_4d_causal_fp16_expanded$":
         "float16 through Attention's function body: every primitive op rounds its result to half, and two of 192 outputs "
         "differ from the expected ones by 2 half ulps (relative 1.2e-3 > rtol 1e-3), while luisaml's are no farther from "

@@ -63,3 +63,17 @@ def test_int64_out_of_range_is_an_error_not_a_truncation():
     assert net.run({"x": np.array([1, 2, 3], np.int64)})["y"].dtype == np.int64
     with pytest.raises(OverflowError, match=r"input 'x': int64 value 4294967296 does not fit"):
         net.run({"x": np.array([1, 2**32, 3], np.int64)})
+
+
+def test_float64_computed_as_float32_when_asked():
+    g = helper.make_graph([helper.make_node("Mul", ["x", "x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [3])],
+                          [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    net = luisaml.compile(m, batch_axis=None, float64="float32")
+    x = np.array([1.5, -2.25, 1e-3], np.float64)
+    y = net.run({"x": x})["y"]
+    assert y.dtype == np.float64
+    np.testing.assert_allclose(y, x * x, rtol=2 ** -22)  # float32 arithmetic: a couple of ulps
+    with pytest.raises(OverflowError, match=r"input 'x': float64 value 1e\+200 is beyond float32's range"):
+        net.run({"x": np.array([1.0, 1e200, 2.0])})
