@@ -480,16 +480,24 @@ class NetworkInstance:
         self._inputs: dict[str, Any] = {}
         self._outputs: dict[str, Any] = {}
         self._weights = None
+        self._source = None  # (model, weights, options) when this instance compiled the model
         self.warp_size = 32
         if model is not None:
             self.set_model(model, weights, **options)
 
     def set_model(self, model, weights=None, **options) -> None:
         """Compile (or adopt a CompiledNetwork) and clear the bindings."""
-        self.net = model if isinstance(model, CompiledNetwork) else compile(model, weights, **options)
+        self._source = None if isinstance(model, CompiledNetwork) else (model, weights, dict(options))
+        self.net = model if self._source is None else self._compile()
         self._inputs.clear()
         self._outputs.clear()
         self._weights = None
+
+    def _compile(self) -> CompiledNetwork:
+        model, weights, options = self._source
+        if self.warp_size <= 1:  # as in the C++ runtime: no paths where threads cooperate
+            options = dict(options, fuse=False)
+        return compile(model, weights, **options)
 
     def _need_model(self) -> CompiledNetwork:
         if self.net is None:
@@ -526,10 +534,14 @@ class NetworkInstance:
         self._weights = buffer
 
     def set_warp_size(self, warp_size: int) -> None:
-        """Set how many threads may cooperate on one sample group (<= 1 disables cooperation)."""
+        """Set whether threads may cooperate: <= 1 compiles the one-thread-per-sample kernel only
+        (no fused cooperative kernel), as warp_size 1 disables the warp paths of the C++ runtime."""
         if int(warp_size) < 0:
             raise ValueError("warp size must be >= 0")
+        cooperative = self.warp_size > 1
         self.warp_size = int(warp_size)
+        if self._source is not None and cooperative != (self.warp_size > 1):
+            self.net = self._compile()
 
     def forward(self) -> dict[str, np.ndarray]:
         """Run the bound inputs through the network; fill bound outputs in place; return all outputs."""

@@ -65,3 +65,16 @@ def test_set_weight_buffer_swaps_weights_without_recompiling(model_path):
     assert not np.allclose(before, after)
     with pytest.raises(ValueError, match="weight buffer has 8 bytes"):
         inst.set_weight_buffer(b"\0" * 8)
+
+
+def test_warp_size_one_turns_off_the_cooperative_kernel(model_path):
+    path, m = model_path
+    inst = luisaml.NetworkInstance(path, fuse=True)  # fuse=True: the fused kernel, emulated on the CPU
+    assert inst.net.plan.fused is not None
+    inst.set_warp_size(1)
+    assert inst.net.plan.fused is None
+    x = np.random.default_rng(2).standard_normal((3, 6)).astype(np.float32)
+    inst.set_input("x", x)
+    np.testing.assert_allclose(inst.forward()["y"], m(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6)
+    inst.set_warp_size(32)
+    assert inst.net.plan.fused is not None
