@@ -7,6 +7,8 @@ coordinate) and reduced ones (the group's elements); shaders/norm.py.j2 runs pas
 group. Statistics are computed in float, two-pass (mean, then squared deviations), also for half."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from luisaml import dtypes
@@ -75,6 +77,19 @@ def mean_var_passes(ctx, x: Tensor, blocks: Blocks, o: str) -> tuple[list[dict],
         [f"{var} = {q} / {float(n)!r}"],
     )
     return [p1, p2], mean, var
+
+
+def standardize_passes(
+    ctx, x: Tensor, y: Tensor, blocks: Blocks, o: str, inv_of: Callable[[str], str], affine: Callable[[str, str], str]
+) -> tuple[list[dict], str, str, str]:
+    """Return (passes, mean, var, inv): the statistics passes of group o, then a pass that sets
+    inv = inv_of(var) and stores y = affine((x - mean) * inv, r) at each element r."""
+    passes, mean, var = mean_var_passes(ctx, x, blocks, o)
+    inv, r = ctx.fresh("inv"), _var(ctx, blocks.inner, "r")
+    i = blocks.index(o, r)
+    value = affine(f"({load_f(x, i)} - {mean}) * {inv}", r)
+    passes.append(_pass(r, blocks.inner, [store_f(y, i, value)], [f"{inv} = {inv_of(var)}"]))
+    return passes, mean, var, inv
 
 
 def f32(v: float) -> str:
@@ -155,16 +170,10 @@ class BatchNormalization(Norm):
             return
         blocks = Blocks(x.shape, [0] + list(range(2, x.rank)))
         c = _var(ctx, C, "c")
-        passes, mean, var = mean_var_passes(ctx, x, blocks, c)
-        inv, r = ctx.fresh("inv"), _var(ctx, blocks.inner, "r")
-        i = blocks.index(c, r)
-        passes.append(
-            _pass(
-                r,
-                blocks.inner,
-                [store_f(y, i, f"({load_f(x, i)} - {mean}) * {inv} + {load_f(bias, c)}")],
-                [f"{inv} = {load_f(scale, c)} / sqrt({var} + {eps})"],
-            )
+        passes, mean, var, _ = standardize_passes(
+            ctx, x, y, blocks, c,
+            lambda variance: f"{load_f(scale, c)} / sqrt({variance} + {eps})",
+            lambda v, r: f"{v} + {load_f(bias, c)}",
         )
         momentum = float(self.attr("momentum", 0.9))
         post = passes[-1]["post"]
@@ -192,16 +201,10 @@ class InstanceNormalization(Norm):
         blocks = Blocks(x.shape, list(range(2, x.rank)))
         o = _var(ctx, blocks.outer, "o")
         c = ix.mod(o, x.shape[1])
-        passes, mean, var = mean_var_passes(ctx, x, blocks, o)
-        inv, r = ctx.fresh("inv"), _var(ctx, blocks.inner, "r")
-        i = blocks.index(o, r)
-        passes.append(
-            _pass(
-                r,
-                blocks.inner,
-                [store_f(y, i, f"({load_f(x, i)} - {mean}) * {inv} + {load_f(bias, c)}")],
-                [f"{inv} = {load_f(scale, c)} / sqrt({var} + {self.epsilon()})"],
-            )
+        passes, *_ = standardize_passes(
+            ctx, x, y, blocks, o,
+            lambda variance: f"{load_f(scale, c)} / sqrt({variance} + {self.epsilon()})",
+            lambda v, r: f"{v} + {load_f(bias, c)}",
         )
         self.render(ctx, blocks, o, [], passes)
 
@@ -252,23 +255,13 @@ class LayerNormalization(TrailingNorm):
         x, y = self.input(0), self.output()
         blocks = Blocks(x.shape, list(range(self.ax, x.rank)))
         o = _var(ctx, blocks.outer, "o")
-        passes, mean, var = mean_var_passes(ctx, x, blocks, o)
-        inv, r = ctx.fresh("inv"), _var(ctx, blocks.inner, "r")
-        i = blocks.index(o, r)
-        post = []
+        passes, mean, _, inv = standardize_passes(
+            ctx, x, y, blocks, o, lambda variance: f"1.0 / sqrt({variance} + {self.epsilon()})", self.affine
+        )
         for k, value in ((1, mean), (2, inv)):
             out = self.outputs[k] if k < len(self.outputs) else None
             if out is not None:
-                post.append(store_f(out, o, value))
-        passes.append(
-            _pass(
-                r,
-                blocks.inner,
-                [store_f(y, i, self.affine(f"({load_f(x, i)} - {mean}) * {inv}", r))],
-                [f"{inv} = 1.0 / sqrt({var} + {self.epsilon()})"],
-                post,
-            )
-        )
+                passes[-1]["post"].append(store_f(out, o, value))
         self.render(ctx, blocks, o, [], passes)
 
 
@@ -325,13 +318,15 @@ class GroupNormalization(Norm):
         # groups are contiguous: view X as [N * G, C / G * spatial]
         blocks = Blocks((N * self.G, cg * spatial), [1])
         o = _var(ctx, blocks.outer, "o")
-        passes, mean, var = mean_var_passes(ctx, x, blocks, o)
-        inv, r = ctx.fresh("inv"), _var(ctx, blocks.inner, "r")
         g = ix.mod(o, self.G)
-        p = ix.add(ix.mul(g, cg), ix.div(r, spatial)) if self.per_channel else g
-        i = blocks.index(o, r)
-        value = f"({load_f(x, i)} - {mean}) * {inv} * {load_f(scale, p)} + {load_f(bias, p)}"
-        passes.append(_pass(r, blocks.inner, [store_f(y, i, value)], [f"{inv} = 1.0 / sqrt({var} + {self.epsilon()})"]))
+
+        def affine(v: str, r: str) -> str:
+            p = ix.add(ix.mul(g, cg), ix.div(r, spatial)) if self.per_channel else g
+            return f"{v} * {load_f(scale, p)} + {load_f(bias, p)}"
+
+        passes, *_ = standardize_passes(
+            ctx, x, y, blocks, o, lambda variance: f"1.0 / sqrt({variance} + {self.epsilon()})", affine
+        )
         self.render(ctx, blocks, o, [], passes)
 
 
@@ -379,16 +374,8 @@ class MeanVarianceNormalization(Norm):
         x, y = self.input(0), self.output()
         blocks = Blocks(x.shape, self.axes)
         o = _var(ctx, blocks.outer, "o")
-        passes, mean, var = mean_var_passes(ctx, x, blocks, o)
-        inv, r = ctx.fresh("inv"), _var(ctx, blocks.inner, "r")
-        i = blocks.index(o, r)
-        passes.append(
-            _pass(
-                r,
-                blocks.inner,
-                [store_f(y, i, f"({load_f(x, i)} - {mean}) * {inv}")],
-                [f"{inv} = 1.0 / (sqrt({var}) + {f32(1e-9)})"],
-            )
+        passes, *_ = standardize_passes(
+            ctx, x, y, blocks, o, lambda variance: f"1.0 / (sqrt({variance}) + {f32(1e-9)})", lambda v, r: v
         )
         self.render(ctx, blocks, o, [], passes)
 
