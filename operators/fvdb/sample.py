@@ -10,7 +10,7 @@ import numpy as np
 from luisaml import indexing as ix
 from luisaml.registry import register
 
-from .common import GridOp, infer_rule
+from .common import GridOp, GridRef, infer_rule
 
 # fVDB's trilinear corner order (di, dj, dk): (0,0,0) (0,0,1) (0,1,1) (0,1,0) (1,0,0) (1,0,1) (1,1,1) (1,1,0),
 # i.e. di = c >> 2, dj = (c >> 1) & 1, dk = (c & 1) ^ dj.
@@ -21,6 +21,7 @@ class _Interpolation(GridOp):
     """Points (jagged input 0) and per-voxel data or values (jagged input 1)."""
 
     infer = staticmethod(infer_rule)
+    taps = 0  # NanoVDB lookups per point, for describe()
 
     def check_inputs(self):
         pts, data = self.jagged
@@ -54,6 +55,14 @@ class _Interpolation(GridOp):
         return rows, weights, active
 
     @contextlib.contextmanager
+    def voxel_points(self, ctx, defaults) -> Iterator[tuple[str, GridRef, list[str]]]:
+        """Emit the loop over the points (jagged input 0) as point_loop does and yield (n, grid,
+        voxel-space position) inside it."""
+        pts = self.jagged[0]
+        with self.point_loop(ctx, pts, defaults) as (n, g):
+            yield n, g, self.world_to_voxel(ctx, pts, n, g)
+
+    @contextlib.contextmanager
     def bezier_taps(self, ctx, x: list[str], g) -> Iterator[tuple[str, str, str]]:
         """Emit the loop over fVDB's 27 Bezier taps around round(x) (dz fastest) and yield inside it
         (v: getValue of the tap, w: its weight, row: its data row when v > 0)."""
@@ -80,6 +89,8 @@ def _zero_rows(ctx, y, C: int):
 class _Sample(_Interpolation):
     """features[n] = sum over taps of w * data[row] (shared data), zero for points without a grid."""
 
+    shared_jagged = (1,)
+
     def check_inputs(self):
         super().check_inputs()
         pts, data = self.jagged
@@ -88,51 +99,51 @@ class _Sample(_Interpolation):
     def metadata_params(self):
         return (("expect_voxels", self.voxels),)
 
+    def forward(self, ctx):
+        y = self.output()
+        with self.voxel_points(ctx, _zero_rows(ctx, y, self.channels)) as (n, g, x):
+            self.gather(ctx, n, g, x)
+
+    def gather(self, ctx, n: str, g: GridRef, x: list[str]) -> None:
+        """Emit features[n] from the taps around voxel-space x (subclasses)."""
+        raise NotImplementedError
+
+    def describe(self):
+        return f"{self.taps} NanoVDB lookups per point, {self.channels} channels"
+
 
 @register("SampleTrilinear", domain="fvdb", since=1)
 class SampleTrilinear(_Sample):
     """fVDB sample_trilinear: 8 corners, inactive ones weigh 0 with no renormalisation."""
 
-    shared_jagged = (1,)
+    taps = 8
 
-    def forward(self, ctx):
-        pts, data = self.jagged
-        y, C = self.output(), self.channels
-        with self.point_loop(ctx, pts, _zero_rows(ctx, y, C)) as (n, g):
-            x = self.world_to_voxel(ctx, pts, n, g)
-            rows, w, active = self.trilinear_stencil(ctx, x, g)
-            ctx.line(f"if {active}:")
-            with ctx.indent(), ctx.loop(C, "ch") as ch:
-                acc = ctx.fresh("acc")
-                ctx.line(f"{acc} = 0.0")
-                with ctx.loop(8, "corner") as c:
-                    ctx.line(f"{acc} += {w}[{c}] * {data.jdata.load(ix.add(ix.mul(f'{rows}[{c}]', C), ch))}")
-                ctx.store(y, ix.add(ix.mul(n, C), ch), acc)
-
-    def describe(self):
-        return f"8 NanoVDB lookups per point, {self.channels} channels"
+    def gather(self, ctx, n, g, x):
+        data, y, C = self.jagged[1], self.output(), self.channels
+        rows, w, active = self.trilinear_stencil(ctx, x, g)
+        ctx.line(f"if {active}:")
+        with ctx.indent(), ctx.loop(C, "ch") as ch:
+            acc = ctx.fresh("acc")
+            ctx.line(f"{acc} = 0.0")
+            with ctx.loop(8, "corner") as c:
+                ctx.line(f"{acc} += {w}[{c}] * {data.jdata.load(ix.add(ix.mul(f'{rows}[{c}]', C), ch))}")
+            ctx.store(y, ix.add(ix.mul(n, C), ch), acc)
 
 
 @register("SampleBezier", domain="fvdb", since=1)
 class SampleBezier(_Sample):
     """fVDB sample_bezier: 27 taps around round(x), weights that sum to 8, inactive taps skipped."""
 
-    shared_jagged = (1,)
+    taps = 27
 
-    def forward(self, ctx):
-        pts, data = self.jagged
-        y, C = self.output(), self.channels
-        with self.point_loop(ctx, pts, _zero_rows(ctx, y, C)) as (n, g):
-            x = self.world_to_voxel(ctx, pts, n, g)
-            acc = ctx.local_array("float", C, "acc")
-            with ctx.loop(C, "ch") as ch:
-                ctx.line(f"{acc}[{ch}] = 0.0")
-            with self.bezier_taps(ctx, x, g) as (v, w, row):
-                ctx.line(f"if {v} > 0:")
-                with ctx.indent(), ctx.loop(C, "ch") as ch:
-                    ctx.line(f"{acc}[{ch}] += {w} * {data.jdata.load(ix.add(ix.mul(row, C), ch))}")
-            with ctx.loop(C, "ch") as ch:
-                ctx.store(y, ix.add(ix.mul(n, C), ch), f"{acc}[{ch}]")
-
-    def describe(self):
-        return f"27 NanoVDB lookups per point, {self.channels} channels"
+    def gather(self, ctx, n, g, x):
+        data, y, C = self.jagged[1], self.output(), self.channels
+        acc = ctx.local_array("float", C, "acc")
+        with ctx.loop(C, "ch") as ch:
+            ctx.line(f"{acc}[{ch}] = 0.0")
+        with self.bezier_taps(ctx, x, g) as (v, w, row):
+            ctx.line(f"if {v} > 0:")
+            with ctx.indent(), ctx.loop(C, "ch") as ch:
+                ctx.line(f"{acc}[{ch}] += {w} * {data.jdata.load(ix.add(ix.mul(row, C), ch))}")
+        with ctx.loop(C, "ch") as ch:
+            ctx.store(y, ix.add(ix.mul(n, C), ch), f"{acc}[{ch}]")

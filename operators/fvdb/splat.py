@@ -7,6 +7,7 @@ from luisaml import indexing as ix
 from luisaml.model import shape_str
 from luisaml.registry import register
 
+from .common import GridRef
 from .sample import _Interpolation
 
 
@@ -38,49 +39,51 @@ class _Splat(_Interpolation):
         else:
             ctx.store(y, index, f"{y.load(index)} + {value}")
 
-    def begin(self, ctx) -> None:
-        """Zero the output, unless the runtime zeroed it for the samples to add into."""
+    def forward(self, ctx):
+        # zero the output, unless the runtime zeroed it for the samples to add into
         if not self.cooperative(0):
             y = self.output()
             with ctx.loop(y.numel, "i") as i:
                 ctx.store(y, i, "0.0")
+        with self.voxel_points(ctx, lambda n: None) as (n, g, x):
+            self.scatter(ctx, n, g, x)
+
+    def scatter(self, ctx, n: str, g: GridRef, x: list[str]) -> None:
+        """Emit the adds of point n's values into the taps around voxel-space x (subclasses)."""
+        raise NotImplementedError
+
+    def describe(self):
+        return f"{self.taps} NanoVDB lookups per point, {'atomic adds' if self.cooperative(0) else 'one thread'}"
+
+    def value(self, n: str, ch: str) -> str:
+        """Return the load of channel ch of point n's value."""
+        return self.jagged[1].jdata.load(ix.add(ix.mul(n, self.channels), ch))
 
 
 @register("SplatTrilinear", domain="fvdb", since=1)
 class SplatTrilinear(_Splat):
     """fVDB splat_trilinear: every active corner gets += w * value, no normalisation."""
 
-    def forward(self, ctx):
-        pts, values = self.jagged
-        C = self.channels
-        self.begin(ctx)
-        with self.point_loop(ctx, pts, lambda n: None) as (n, g):
-            x = self.world_to_voxel(ctx, pts, n, g)
-            rows, w, _ = self.trilinear_stencil(ctx, x, g, inactive_row=-1)
-            with ctx.loop(8, "corner") as c:
-                ctx.line(f"if {rows}[{c}] >= 0:")
-                with ctx.indent(), ctx.loop(C, "ch") as ch:
-                    val = values.jdata.load(ix.add(ix.mul(n, C), ch))
-                    self.add(ctx, ix.add(ix.mul(f"{rows}[{c}]", C), ch), f"{w}[{c}] * {val}")
+    taps = 8
 
-    def describe(self):
-        return f"8 NanoVDB lookups per point, {'atomic adds' if self.cooperative(0) else 'one thread'}"
+    def scatter(self, ctx, n, g, x):
+        C = self.channels
+        rows, w, _ = self.trilinear_stencil(ctx, x, g, inactive_row=-1)
+        with ctx.loop(8, "corner") as c:
+            ctx.line(f"if {rows}[{c}] >= 0:")
+            with ctx.indent(), ctx.loop(C, "ch") as ch:
+                self.add(ctx, ix.add(ix.mul(f"{rows}[{c}]", C), ch), f"{w}[{c}] * {self.value(n, ch)}")
 
 
 @register("SplatBezier", domain="fvdb", since=1)
 class SplatBezier(_Splat):
     """fVDB splat_bezier: every active tap of the 27 gets += w * value."""
 
-    def forward(self, ctx):
-        pts, values = self.jagged
-        C = self.channels
-        self.begin(ctx)
-        with self.point_loop(ctx, pts, lambda n: None) as (n, g):
-            x = self.world_to_voxel(ctx, pts, n, g)
-            with self.bezier_taps(ctx, x, g) as (v, w, row):
-                ctx.line(f"if {v} > 0:")
-                with ctx.indent(), ctx.loop(C, "ch") as ch:
-                    self.add(ctx, ix.add(ix.mul(row, C), ch), f"{w} * {values.jdata.load(ix.add(ix.mul(n, C), ch))}")
+    taps = 27
 
-    def describe(self):
-        return f"27 NanoVDB lookups per point, {'atomic adds' if self.cooperative(0) else 'one thread'}"
+    def scatter(self, ctx, n, g, x):
+        C = self.channels
+        with self.bezier_taps(ctx, x, g) as (v, w, row):
+            ctx.line(f"if {v} > 0:")
+            with ctx.indent(), ctx.loop(C, "ch") as ch:
+                self.add(ctx, ix.add(ix.mul(row, C), ch), f"{w} * {self.value(n, ch)}")
