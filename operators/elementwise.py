@@ -307,34 +307,20 @@ class Variadic(Map):
         return acc
 
 
-@register("Max", since=8)
-class Max(Variadic):
-    exact_in_half = True
-
-    def combine(self, a, b):
-        return f"max({a}, {b})"
+def _variadic(op_type: str, combine, **attrs) -> type:
+    """Register a Variadic op that folds its inputs with combine(a, b)."""
+    cls = type(op_type, (Variadic,), {"combine": lambda self, a, b: combine(a, b), **attrs})
+    return register(op_type, since=8)(cls)
 
 
-@register("Min", since=8)
-class Min(Variadic):
-    exact_in_half = True
-
-    def combine(self, a, b):
-        return f"min({a}, {b})"
-
-
-@register("Sum", since=8)
-class Sum(Variadic):
-    def combine(self, a, b):
-        return f"{a} + {b}"
+_variadic("Max", lambda a, b: f"max({a}, {b})", exact_in_half=True)
+_variadic("Min", lambda a, b: f"min({a}, {b})", exact_in_half=True)
+Sum = _variadic("Sum", lambda a, b: f"{a} + {b}")
 
 
 @register("Mean", since=8)
-class Mean(Variadic):
+class Mean(Sum):
     kinds = FLOAT
-
-    def combine(self, a, b):
-        return f"{a} + {b}"
 
     def expr(self, *v):
         return f"({super().expr(*v)}) / {self.lit(len(v))}"
