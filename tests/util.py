@@ -31,6 +31,29 @@ def value_info(name: str, dtype, shape) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, NP_TO_ONNX[np.dtype(dtype)], shape)
 
 
+def _graph_inputs(inputs: dict[str, np.ndarray], batch: str | None) -> list[onnx.ValueInfoProto]:
+    """Return the graph inputs typed by the arrays; with `batch`, each one's first dimension is that symbol."""
+    ins = []
+    for k, v in inputs.items():
+        shape = list(v.shape)
+        if batch and shape:
+            shape[0] = batch
+        ins.append(value_info(k, v.dtype, shape))
+    return ins
+
+
+def _untyped_outputs(names) -> list[onnx.ValueInfoProto]:
+    return [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in names]
+
+
+def _with_inferred_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Return model with its graph outputs replaced by the ones shape inference types."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    del model.graph.output[:]
+    model.graph.output.extend(inferred.graph.output)
+    return model
+
+
 def single_node_model(
     op_type: str,
     inputs: dict[str, np.ndarray],
@@ -47,21 +70,12 @@ def single_node_model(
     initializers = initializers or {}
     names = list(inputs) + list(initializers)
     node = helper.make_node(op_type, names, list(outputs), domain=domain, **attrs)
-    ins = []
-    for k, v in inputs.items():
-        shape = list(v.shape)
-        if batch and shape:
-            shape[0] = batch
-        ins.append(value_info(k, v.dtype, shape))
-    outs = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs]
+    ins, outs = _graph_inputs(inputs, batch), _untyped_outputs(outputs)
     graph = helper.make_graph(
         [node], f"{op_type.lower()}_test", ins, outs, [numpy_helper.from_array(v, k) for k, v in initializers.items()]
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(domain or "", opset)])
-    inferred = onnx.shape_inference.infer_shapes(model)
-    del model.graph.output[:]
-    model.graph.output.extend(inferred.graph.output)
-    return model
+    return _with_inferred_outputs(model)
 
 
 def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -98,22 +112,13 @@ def graph_model(nodes, inputs: dict[str, np.ndarray], initializers: dict[str, np
     read = {i for n in nodes for i in n.input}
     if outputs is None:
         outputs = [o for n in nodes for o in n.output if o and o not in read]
-    ins = []
-    for k, v in inputs.items():
-        shape = list(v.shape)
-        if batch and shape:
-            shape[0] = batch
-        ins.append(value_info(k, v.dtype, shape))
-    outs = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs]
+    ins, outs = _graph_inputs(inputs, batch), _untyped_outputs(outputs)
     inits = [numpy_helper.from_array(v, k) for k, v in initializers.items()]
     graph = helper.make_graph(list(nodes), "graph_test", ins, outs, inits)
     opsets = [helper.make_opsetid("", opset)]
     # the oldest IR version the opset allows: older onnxruntime builds reject newer IR versions
     model = helper.make_model(graph, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets))
-    inferred = onnx.shape_inference.infer_shapes(model)
-    del model.graph.output[:]
-    model.graph.output.extend(inferred.graph.output)
-    return model
+    return _with_inferred_outputs(model)
 
 
 def per_shape_model(op_type: str, arrays: list[dict[str, np.ndarray]], opset: int = 18, n_outputs: int = 1,
