@@ -2,7 +2,7 @@
 
 Compiles each model under several plan overrides (the LUISAML_FUSED_* variables luisaml/fusion.py
 reads: T samples per tile, NT threads per block, U host-unrolled k-steps, BPS blocks per SM,
-STAGED weights), checks each against torch fp32, and times it the same way bench_mlp.py does.
+WEIGHTS placement, MAP of threads, VECTOR accumulators, PREFETCH), checks each against torch fp32, and times it the same way bench_mlp.py does.
     python benchmarks/sweep_mlp.py [--models 32-32x3-4 ...] [--out sweep.json]"""
 from __future__ import annotations
 
@@ -27,6 +27,34 @@ VARIANTS = {
     "staged": {"LUISAML_FUSED_WEIGHTS": "staged"},
     "BPS8": {"LUISAML_FUSED_BPS": "8"},
     "splitK0": {"LUISAML_FUSED_SPLITK": "0"},
+    "outputs_major": {"LUISAML_FUSED_MAP": "outputs"},
+    "U16": {"LUISAML_FUSED_U": "16"},
+    "vector": {"LUISAML_FUSED_VECTOR": "1"},
+    "prefetch": {"LUISAML_FUSED_PREFETCH": "1"},
+    "global_U8": {"LUISAML_FUSED_WEIGHTS": "global", "LUISAML_FUSED_U": "8"},
+    "global_prefetch": {"LUISAML_FUSED_WEIGHTS": "global", "LUISAML_FUSED_PREFETCH": "1"},
+    "global_prefetch_U8": {"LUISAML_FUSED_WEIGHTS": "global", "LUISAML_FUSED_PREFETCH": "1", "LUISAML_FUSED_U": "8"},
+    "global_fast": {"LUISAML_FUSED_WEIGHTS": "global", "LUISAML_FUSED_PREFETCH": "1", "LUISAML_FUSED_U": "8",
+                    "LUISAML_FUSED_VECTOR": "1"},
+    "prefetch_BPS3": {"LUISAML_FUSED_PREFETCH": "1", "LUISAML_FUSED_BPS": "3"},
+    "prefetch_BPS2": {"LUISAML_FUSED_PREFETCH": "1", "LUISAML_FUSED_BPS": "2"},
+    "kpipe": {"LUISAML_FUSED_KPIPE": "1"},
+    "BPS3": {"LUISAML_FUSED_BPS": "3"},
+    "BPS4": {"LUISAML_FUSED_BPS": "4"},
+    "pipelined": {"LUISAML_FUSED_WEIGHTS": "pipelined"},
+    "pipelined_prefetch": {"LUISAML_FUSED_WEIGHTS": "pipelined", "LUISAML_FUSED_PREFETCH": "1"},
+    "pipelined_prefetch_BPS3": {"LUISAML_FUSED_WEIGHTS": "pipelined", "LUISAML_FUSED_PREFETCH": "1",
+                                "LUISAML_FUSED_BPS": "3"},
+    "pipelined_BPS3": {"LUISAML_FUSED_WEIGHTS": "pipelined", "LUISAML_FUSED_BPS": "3"},
+    "global_prefetch_BPS3": {"LUISAML_FUSED_WEIGHTS": "global", "LUISAML_FUSED_PREFETCH": "1", "LUISAML_FUSED_BPS": "3"},
+    "t8x16_nt64": {"LUISAML_FUSED_T": "128", "LUISAML_FUSED_NT": "64", "LUISAML_FUSED_ACC": "128",
+                   "LUISAML_FUSED_TILE": "8x16", "LUISAML_FUSED_PREFETCH": "1"},
+    "t8x16_nt64_BPS4": {"LUISAML_FUSED_T": "128", "LUISAML_FUSED_NT": "64", "LUISAML_FUSED_ACC": "128",
+                        "LUISAML_FUSED_TILE": "8x16", "LUISAML_FUSED_PREFETCH": "1", "LUISAML_FUSED_BPS": "4"},
+    "t16x8_nt64": {"LUISAML_FUSED_T": "128", "LUISAML_FUSED_NT": "64", "LUISAML_FUSED_ACC": "128",
+                   "LUISAML_FUSED_TILE": "16x8", "LUISAML_FUSED_PREFETCH": "1"},
+    "prefetch_BPS3_U4": {"LUISAML_FUSED_PREFETCH": "1", "LUISAML_FUSED_BPS": "3", "LUISAML_FUSED_U": "4"},
+    "prefetch_BPS3_vector": {"LUISAML_FUSED_PREFETCH": "1", "LUISAML_FUSED_BPS": "3", "LUISAML_FUSED_VECTOR": "1"},
 }
 
 
@@ -35,6 +63,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="*")
     ap.add_argument("--variants", nargs="*")
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--fp16", action="store_true", help="time fp16 mode for every variant")
     ap.add_argument("--out", default="sweep.json")
     a = ap.parse_args(argv)
     import luisa
@@ -58,6 +87,12 @@ def main(argv=None) -> int:
             base = {"model": name, "variant": "torch_fp32", "p50": B.percentiles(ms)["p50"], "timing": how}
             results.append(base)
             print(json.dumps(base), flush=True)
+            if a.fp16:
+                model16, x16 = B.build_torch(k0, width, layers, out).cuda().half(), x.half()
+                ms, how = B.device_times(lambda: model16(x16), torch.cuda.synchronize, a.reps)
+                base16 = {"model": name, "variant": "torch_fp16", "p50": B.percentiles(ms)["p50"], "timing": how}
+                results.append(base16)
+                print(json.dumps(base16), flush=True)
             for vname, env in VARIANTS.items():
                 if a.variants and vname not in a.variants:
                     continue
@@ -77,8 +112,8 @@ def main(argv=None) -> int:
                         rec["timing"] = how
                         rec["plan"] = net.plan.fusion_note
                         rec[f"speedup_{prec}_vs_torch_fp32"] = base["p50"] / rec[f"p50_{prec}"]
-                        if vname != "default":
-                            break  # fp16 only for the default plan
+                        if vname != "default" and not a.fp16:
+                            break  # fp16 only for the default plan (--fp16: for every variant)
                 except Exception as e:
                     rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
                 finally:

@@ -27,6 +27,9 @@ PRECISIONS = ("fp32", "fp16")
 SHARED_LIMIT = 48 * 1024
 MAX_ACC = 64  # accumulators a thread holds: 64 floats keep a thread under ~128 registers
 BLOB_ALIGN = 16
+# kernel parameter: int buffer [next tile, blocks done], zero between launches (the last block
+# resets it); the runtime owns one per compiled network (`tile_counter`)
+TILE_COUNTER = "tile_counter"
 
 
 @dataclass
@@ -86,10 +89,13 @@ class FusedMLP:
     NT: int = 128  # threads per block
     U: int = 4  # k-steps unrolled on the host inside the accumulation loop
     weights: str = "resident"  # "resident": all layers in shared memory for the whole kernel;
-    # "staged": Kc rows at a time; "global": read from the blob (through L1) in the inner loop
+    # "staged": Kc rows at a time; "global": read from the blob (through L1) in the inner loop;
+    # "pipelined": Kc rows at a time through two buffers, fetched into registers a chunk ahead
     blocks_per_sm: int = 4
     prefetch: bool = False  # load the next tile's inputs into registers during the output layer
     vector_acc: bool = False  # float4 accumulators (4x fewer DSL lines) instead of scalar ones
+    sample_major: bool = True  # thread map: consecutive threads take consecutive sample groups
+    kpipe: bool = False  # load the next k step's operands before this step's multiply-adds
 
     vec_bytes = 16  # activations and weights are float4s in shared memory (also in fp16 mode)
 
@@ -121,12 +127,24 @@ class FusedMLP:
         return self.act_rows * self.Tp4
 
     @property
+    def chunk_regs(self) -> int:
+        """float4 registers a thread holds the next weight chunk in (pipelined weights)."""
+        return max(-(-l.Kc * l.Np4 // self.NT) for l in self.layers)
+
+    @property
+    def chunk_float4(self) -> int:
+        """float4 elements of one of the two chunk buffers (pipelined weights)."""
+        return self.chunk_regs * self.NT
+
+    @property
     def wsh_float4(self) -> int:
         """float4 elements of the shared weight array."""
         if self.mode != "gpu" or self.weights == "global":
             return 0
         if self.resident:
             return sum(self.padded_k(i) * l.Np4 + l.Np4 for i, l in enumerate(self.layers))
+        if self.weights == "pipelined":
+            return 2 * self.chunk_float4
         return max(l.Kc * l.Np4 for l in self.layers)
 
     @property
@@ -142,11 +160,11 @@ class FusedMLP:
         dims = "-".join([str(self.K0)] + [str(l.N) for l in self.layers])
         acts = ",".join(l.act for l in self.layers)
         tiles = " ".join(
-            f"{l.S}x{l.O}" + (f"/k{l.Kc}" if self.weights == "staged" else "") + (f" split-K {l.G}" if l.G > 1 else "")
+            f"{l.S}x{l.O}" + (f"/k{l.Kc}" if self.weights in ("staged", "pipelined") else "") + (f" split-K {l.G}" if l.G > 1 else "")
             for l in self.layers
         )
         where = (
-            f"{self.weights} weights, {self.shared_bytes} B shared, {self.blocks_per_sm} blocks per SM"
+            f"{self.weights} weights, {self.shared_bytes} B shared, up to {self.blocks_per_sm} blocks per SM taking tiles from an atomic counter"
             if self.mode == "gpu"
             else "emulated blocks (CPU backend: no shared memory), weights read from the blob"
         )
@@ -154,10 +172,12 @@ class FusedMLP:
             f"fused MLP {dims} ({acts}), {self.precision}: tile of {self.T} samples per block of "
             f"{self.NT} threads, register tiles (samples x outputs) {tiles}, k unrolled by {self.U}, {where}"
             + (", next tile's inputs prefetched" if self.prefetch else "")
+            + (", operands loaded a k step ahead" if self.kpipe else "")
         )
 
     def dispatch_size(self, n: int) -> int:
-        """Threads to dispatch for a batch of n: whole blocks, one persistent block per slot."""
+        """Threads to dispatch for a batch of n: whole blocks, one persistent block per slot an SM
+        may hold."""
         tiles = -(-n // self.T)
         if self.mode == "gpu":
             blocks = min(tiles, sm_count() * self.blocks_per_sm)
@@ -314,6 +334,11 @@ def plan_mlp(mlp: FusedMLP, mode: str = "gpu", precision: str = "fp32", T: int |
     mlp.U = U or 4
     for l in mlp.layers:
         l.S, l.O = choose_tiling(mlp.T, mlp.NT, l.Np)
+        forced = os.environ.get("LUISAML_FUSED_TILE")  # "SxO" for every layer it tiles (measurements)
+        if forced:
+            S, O = map(int, forced.split("x"))
+            if mlp.T % S == 0 and l.Np % O == 0 and (mlp.T // S) * (l.Np // O) <= mlp.NT:
+                l.S, l.O = S, O
     for i, l in enumerate(mlp.layers):
         l.Kc = mlp.padded_k(i)
         l.G = 1
@@ -324,35 +349,61 @@ def plan_mlp(mlp: FusedMLP, mode: str = "gpu", precision: str = "fp32", T: int |
         mlp.weights = os.environ.get("LUISAML_FUSED_WEIGHTS") or "resident"
         if mlp.weights == "resident" and act + mlp.vec_bytes * mlp.wsh_float4 > SHARED_LIMIT:
             mlp.weights = "staged"
+        if mlp.weights == "pipelined":
+            # two chunk buffers, each a whole number of NT-float4 rounds (one register a round)
+            per_buf = ((SHARED_LIMIT - act) // mlp.vec_bytes // 2) // mlp.NT * mlp.NT
+            for i, l in enumerate(mlp.layers):
+                l.Kc = _largest_divisor_at_most(mlp.padded_k(i), max(per_buf // l.Np4, 1))
         if mlp.weights == "staged":
             free4 = (SHARED_LIMIT - act) // mlp.vec_bytes
             widest4 = max(l.Np4 for l in mlp.layers)
             for i, l in enumerate(mlp.layers):
                 # the same chunk rows for every layer: the shared weight array fits the widest one
                 l.Kc = _largest_divisor_at_most(mlp.padded_k(i), max(free4 // widest4, 1))
-            if not os.environ.get("LUISAML_FUSED_WEIGHTS") and min(l.Kc for l in mlp.layers) < 16:
+            if not os.environ.get("LUISAML_FUSED_WEIGHTS") and min(l.Kc for l in mlp.layers) < 32:
                 # chunks this thin cost two barriers per few rows: reading weights through L1 wins
-                # (63-256x4-4: 11.1 ms global vs 11.5 ms staged, benchmarks/NOTES.md)
+                # (63-256x4-4: 11.1 ms global vs 11.5 ms staged; 63-128x4-4, 16-row chunks: 2.89 ms
+                # vs 3.0, benchmarks/NOTES.md)
                 mlp.weights = "global"
                 for i, l in enumerate(mlp.layers):
                     l.Kc = mlp.padded_k(i)
-    # Measured on the H200 (benchmarks/NOTES.md): with resident weights, float4 accumulators, 8
-    # unrolled k-steps and the next tile's inputs prefetched during the output layer run fastest
-    # (32-32x3-4: 0.834 -> 0.797 ms); with staged or global weights the same changes cost 10-40%
-    # (63-128x4-4: 2.97 -> 4.09 ms), so those keep scalar accumulators and 4 k-steps, which also
-    # keeps the generated source (and the cached compile) small.
-    fast = mode == "gpu" and mlp.weights == "resident"
-    mlp.vector_acc = fast if "LUISAML_FUSED_VECTOR" not in os.environ else os.environ["LUISAML_FUSED_VECTOR"] == "1"
-    mlp.prefetch = fast if "LUISAML_FUSED_PREFETCH" not in os.environ else os.environ["LUISAML_FUSED_PREFETCH"] == "1"
-    mlp.prefetch = mlp.prefetch and mode == "gpu"
+    # the next tile's inputs in registers during the output layer: 32-32 0.834 -> 0.797 ms
+    # (resident), 32-64 2.21 -> 2.03 (staged), 63-128 2.97 -> 2.89 (global, 64-sample tiles); but
+    # 63-256 (global, 32-sample tiles) 10.4 -> 10.9
+    prefetch = mlp.weights in ("resident", "staged", "pipelined") or mlp.T >= 64
+    if "LUISAML_FUSED_PREFETCH" in os.environ:
+        prefetch = os.environ["LUISAML_FUSED_PREFETCH"] == "1"
+    mlp.prefetch = prefetch and mode == "gpu"
+    # float4 accumulators: a quarter of the DSL lines (a cached compile of 32-64x3-4 builds its
+    # kernel in ~0.15 s instead of ~0.34), the same speed where measured (32-64 staged 2.029 vs
+    # 2.027 ms, 63-256 global 10.86 vs 10.93); kept scalar with global weights and prefetched
+    # inputs (63-128), the one plan whose registers are short
+    vector = mode == "gpu" and not (mlp.weights == "global" and mlp.prefetch)
+    mlp.vector_acc = vector if "LUISAML_FUSED_VECTOR" not in os.environ else os.environ["LUISAML_FUSED_VECTOR"] == "1"
+    # sample-major threads store activations without bank conflicts; output-major (the first
+    # design) kept for measurements: 32-64x3-4 spent a quarter of its shared-memory wavefronts on
+    # 4-way conflicted stores (ncu, benchmarks/NOTES.md)
+    mlp.sample_major = os.environ.get("LUISAML_FUSED_MAP", "samples") == "samples"
+    # operands loaded a k step ahead: 32-32 0.772 -> 0.749 ms, 32-64 1.968 -> 1.951, 63-256 10.17 ->
+    # 9.88; but with global weights and prefetched inputs (63-128) the extra registers cost more
+    # (2.886 -> 2.934)
+    kpipe = not (mlp.weights == "global" and mlp.prefetch)
+    if "LUISAML_FUSED_KPIPE" in os.environ:
+        kpipe = os.environ["LUISAML_FUSED_KPIPE"] == "1"
+    mlp.kpipe = kpipe
     if not U:
         # 8 k-steps where every accumulation loop runs >= 32 rows (32-64x3-4 staged: 2.26 ms vs
         # 2.33), except global weights, where 8 cost a second of cold compile (3.9 s) for 4%
-        mlp.U = 8 if mlp.weights != "global" and min(l.Kc for l in mlp.layers) >= 32 else 4
+        rows = 16 if mlp.weights == "pipelined" else 32
+        mlp.U = 8 if mlp.weights != "global" and min(l.Kc for l in mlp.layers) >= rows else 4
     _split_k(mlp)
     if mode == "gpu":
+        # as many blocks as shared memory and the thread limit let an SM hold; the registers the
+        # driver's compiler gives the kernel may allow fewer, and the blocks that wait find no tiles
+        # left (the atomic tile counter) instead of running a second wave (32-64x3-4: 2.03 ms with
+        # 3 resident blocks vs 2.21 ms when a fourth, static-striding block per SM waited)
         per_sm = 227 * 1024 // max(mlp.shared_bytes + 1024, 1)
-        mlp.blocks_per_sm = _env_int("LUISAML_FUSED_BPS", max(1, min(per_sm, 2048 // mlp.NT, 65536 // (128 * mlp.NT))))
+        mlp.blocks_per_sm = _env_int("LUISAML_FUSED_BPS", max(1, min(per_sm, 2048 // mlp.NT, 32)))
     return mlp
 
 
@@ -379,8 +430,9 @@ def _split_k(mlp: FusedMLP) -> None:
         G -= 1
     if G < 2 or G * mlp.active(i) * l.S * l.O // 4 > mlp.act_float4:
         return
-    if mlp.mode == "gpu" and mlp.weights == "staged":
-        if kp * l.Np4 > mlp.wsh_float4:  # the whole matrix must fit one chunk
+    if mlp.mode == "gpu" and mlp.weights in ("staged", "pipelined"):
+        room = mlp.wsh_float4 if mlp.weights == "staged" else mlp.chunk_float4
+        if kp * l.Np4 > room:  # the whole matrix must fit one chunk
             return
         l.Kc = kp
     l.G = G
@@ -447,20 +499,21 @@ def emit_kernel(plan, module) -> tuple[list[str], str, list[tuple[str, str]]]:
     f: FusedMLP = plan.fused
     xin, yout = plan.inputs[0], plan.outputs[0]
     if f.mode == "gpu":
-        act_t, wsh_t = f"ShAct_{f.act_float4}", f"ShW_{max(f.wsh_float4, 1)}"
+        act_t, wsh_t, tile_t = f"ShAct_{f.act_float4}", f"ShW_{max(f.wsh_float4, 1)}", "ShTile"
         decls = [
             (act_t, f"luisa.SharedArrayType({f.act_float4}, float4)"),
             (wsh_t, f"luisa.SharedArrayType({max(f.wsh_float4, 1)}, float4)"),
+            (tile_t, "luisa.SharedArrayType(1, int)"),
         ]
     else:
-        act_t, wsh_t = f"Act_{f.act_float4}", ""
+        act_t, wsh_t, tile_t = f"Act_{f.act_float4}", "", ""
         decls = [(act_t, f"luisa.ArrayType({f.act_float4}, float4)")]
     body = template_env().get_template("mlp.py.j2").render(
-        f=f, x=xin.ident, y=yout.ident, n="n", act_t=act_t, wsh_t=wsh_t,
+        f=f, x=xin.ident, y=yout.ident, n="n", tiles=TILE_COUNTER, act_t=act_t, wsh_t=wsh_t, tile_t=tile_t,
         io_half=f.precision == "fp16", activation=activation,
     )
     lines = ["    " + ln.rstrip() for ln in body.splitlines() if ln.strip()]
-    return [xin.ident, yout.ident, "weights", "n: int"], "\n".join(lines), decls
+    return [xin.ident, yout.ident, "weights", TILE_COUNTER, "n: int"], "\n".join(lines), decls
 
 
 def choose(plan, fuse: str, precision: str) -> tuple[FusedMLP | None, str]:

@@ -357,10 +357,19 @@ class CompiledNetwork:
         with self._compile_lock():
             fused = self.plan.fused
             if fused is not None:
-                self.kernel(*args, self.weights, n, dispatch_size=fused.dispatch_size(n))
+                self.kernel(*args, self.weights, self._tile_counter(), n, dispatch_size=fused.dispatch_size(n))
             else:
                 self.kernel(*args, self.weights, *scratch, dispatch_size=n)
         self._compiled = True
+
+    def _tile_counter(self):
+        """The fused kernel's [next tile, blocks done] counters: zeroed once, and reset by the last
+        block of every launch."""
+        if getattr(self, "_tiles", None) is None:
+            import luisa
+
+            self._tiles = luisa.Buffer.from_array(np.zeros(2, np.int32))
+        return self._tiles
 
     @contextlib.contextmanager
     def _compile_lock(self):

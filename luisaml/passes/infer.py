@@ -30,6 +30,9 @@ def infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
     """Return the model with value_info for every tensor onnx can type; nodes onnx leaves untyped
     (other domains, and standard function ops such as GroupNormalization) are typed by their
     operator's own `infer` rule, and inference resumes after them."""
+    from .. import registry
+
+    registry.load_domains({o.domain for o in proto.opset_import})  # their onnx schemas too
     m = _onnx_infer(proto)
     for _ in range(len(m.graph.node) + 1):
         if not _infer_custom(m):

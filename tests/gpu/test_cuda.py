@@ -102,6 +102,11 @@ PLANS = {
     "default": {},
     "staged": {"LUISAML_FUSED_WEIGHTS": "staged"},
     "global": {"LUISAML_FUSED_WEIGHTS": "global"},
+    "pipelined": {"LUISAML_FUSED_WEIGHTS": "pipelined"},
+    "pipelined-prefetch": {"LUISAML_FUSED_WEIGHTS": "pipelined", "LUISAML_FUSED_PREFETCH": "1"},
+    "outputs-major": {"LUISAML_FUSED_MAP": "outputs"},
+    "kpipe": {"LUISAML_FUSED_KPIPE": "1"},
+    "kpipe-staged": {"LUISAML_FUSED_KPIPE": "1", "LUISAML_FUSED_WEIGHTS": "staged"},
     "no-split-k": {"LUISAML_FUSED_SPLITK": "0"},
     "small-tile": {"LUISAML_FUSED_T": "32", "LUISAML_FUSED_NT": "64", "LUISAML_FUSED_U": "3"},
 }
