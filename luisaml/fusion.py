@@ -374,11 +374,10 @@ def plan_mlp(mlp: FusedMLP, mode: str = "gpu", precision: str = "fp32", T: int |
     if "LUISAML_FUSED_PREFETCH" in os.environ:
         prefetch = os.environ["LUISAML_FUSED_PREFETCH"] == "1"
     mlp.prefetch = prefetch and mode == "gpu"
-    # float4 accumulators: a quarter of the DSL lines (a cached compile of 32-64x3-4 builds its
-    # kernel in ~0.15 s instead of ~0.34), the same speed where measured (32-64 staged 2.029 vs
-    # 2.027 ms, 63-256 global 10.86 vs 10.93); kept scalar with global weights and prefetched
-    # inputs (63-128), the one plan whose registers are short
-    vector = mode == "gpu" and not (mlp.weights == "global" and mlp.prefetch)
+    # float4 accumulators: a quarter of the DSL lines (faster to build), as fast with resident
+    # weights, but slower elsewhere once the operands load a k step ahead: 32-64 staged 1.951 ->
+    # 1.990 ms, 63-256 global 9.87 -> 10.92 (benchmarks/NOTES.md)
+    vector = mode == "gpu" and mlp.weights == "resident"
     mlp.vector_acc = vector if "LUISAML_FUSED_VECTOR" not in os.environ else os.environ["LUISAML_FUSED_VECTOR"] == "1"
     # sample-major threads store activations without bank conflicts; output-major (the first
     # design) kept for measurements: 32-64x3-4 spent a quarter of its shared-memory wavefronts on
