@@ -1,11 +1,13 @@
 """Elementwise operators: unary math and activations, binary arithmetic and comparison with
-numpy broadcasting, variadic Min/Max/Sum/Mean, Where, Clip, Cast and Identity.
+numpy broadcasting, variadic Min/Max/Sum/Mean, Where, Clip, Cast, Identity and inference Dropout.
 
 Half inputs are computed in float and rounded to half once at the end (what onnxruntime does for
 float16 kernels); ops that only select or negate values are exact in half and stay there."""
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from luisaml import dtypes
 from luisaml.dtypes import DType
@@ -413,6 +415,34 @@ class Identity(Map):
 
     def expr(self, x):
         return x
+
+
+@register("Dropout", since=1)
+class Dropout(Operator):
+    """Inference-mode Dropout kept as a node (its output or mask is a graph output; the cleanup pass
+    removes the others): the output is the input, the mask all true. Training mode draws random
+    numbers, which luisaml does not do: is_test=0 before opset 7, or a training_mode input that is
+    not a constant false, is an error."""
+
+    inplace = (0,)
+
+    def check(self):
+        self.expect_dtype(self.input(0), FLOAT, "input 0")
+        if self.opset < 7 and not self.attr("is_test", 0):
+            raise self.error("is_test=0 (training mode before opset 7) draws random numbers, which luisaml does not do")
+        if self.has_input(2):
+            t = self.input(2)
+            self.expect(
+                t.value is not None and not np.asarray(t.value).reshape(-1)[0],
+                f"input 2 (training_mode, '{t.name}') must be a constant false: training mode draws random "
+                "numbers, which luisaml does not do",
+            )
+
+    def forward(self, ctx):
+        emit_map(ctx, self.output(), [self.input(0)], lambda v: v)
+        if len(self.outputs) > 1 and self.outputs[1] is not None:
+            mask = self.outputs[1]
+            emit_map(ctx, mask, [], lambda: literal(1, mask.dtype))
 
 
 @register("CastLike", since=15)

@@ -103,12 +103,10 @@ NOT_IMPLEMENTED: dict[str, str] = {
 }
 
 # op types that have no operator because a pass removes them where they do nothing
-HANDLED_BY_PASSES: dict[str, str] = {
-    "Dropout": "an inference Dropout whose mask nobody reads is removed by the cleanup pass",
-}
+HANDLED_BY_PASSES: dict[str, str] = {}
 
 EXCLUDED: dict[str, str] = {
-    r"^test_training_dropout": "training-mode Dropout draws random numbers (no operator for it)",
+    r"^test_training_dropout": "training-mode Dropout draws random numbers (luisaml's Dropout refuses training mode)",
 }
 
 KNOWN_FAILURES: dict[str, str] = {
@@ -124,8 +122,6 @@ KNOWN_FAILURES: dict[str, str] = {
     r"^test_dft_inverse(_opset19)?$":
         "the expected outputs carry numpy's complex64 rounding noise (1.9e-7 where the exact value is 0, which luisaml "
         "gives), above the suite's atol of 1e-7",
-    r"^test_dropout_(default|default_old|default_ratio|default_mask|default_mask_ratio|random_old)$":
-        "a Dropout that writes a graph output (or its mask) has no operator: the cleanup pass removes interior ones only",
     r"^test_reduce_(max|min)_empty_set$": "ReduceMax/ReduceMin over an empty axis give 0, not -inf/+inf",
     r"^test_range_(float16|float|int32)_type_(positive|negative)_delta_expanded$":
         "Range's function body is a Loop whose trip count is data: its output shape is not known at compile time",

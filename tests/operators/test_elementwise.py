@@ -263,6 +263,39 @@ def test_castlike_identity():
     assert_matches_ort(graph_model(nodes, feeds), feeds, batch_axis=None)
 
 
+@pytest.mark.parametrize("opset", [10, 13, 22])
+def test_dropout_as_graph_output_with_mask(opset):
+    """An inference Dropout whose output and mask are graph outputs, per sample in a batch: the
+    input and an all-true mask, as ONNX's reference evaluator gives (onnxruntime agrees from opset
+    12; before, its mask is all false, which the opset-10 spec leaves undefined)."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    x = rand((5, 3, 4), seed=3)
+    attrs = {"ratio": 0.3} if opset < 12 else {}
+    model = graph_model([helper.make_node("Dropout", ["x"], ["y", "mask"], **attrs)], {"x": x}, opset=opset, batch="N")
+    got = luisaml.compile(model).run({"x": x})
+    want_y, want_mask = ReferenceEvaluator(model).run(None, {"x": x})
+    np.testing.assert_array_equal(got["y"], want_y)
+    np.testing.assert_array_equal(got["mask"], want_mask)
+    assert got["mask"].dtype == np.bool_
+    if opset >= 12:
+        np.testing.assert_array_equal(got["mask"], ort_run(model, {"x": x})["mask"])
+
+
+def test_dropout_training_mode_is_refused():
+    from onnx import helper
+
+    x = rand((2, 3))
+    nodes = [helper.make_node("Dropout", ["x", "r", "t"], ["y"])]
+    model = graph_model(nodes, {"x": x}, {"r": np.array(0.5, np.float32), "t": np.array(True)}, opset=13)
+    with pytest.raises(luisaml.CompileError, match="training_mode.*constant false"):
+        luisaml.compile(model, batch_axis=None)
+    old = graph_model([helper.make_node("Dropout", ["x"], ["y"], is_test=0)], {"x": x}, opset=6)
+    with pytest.raises(luisaml.CompileError, match="is_test=0"):
+        luisaml.compile(old, batch_axis=None)
+
+
 def test_type_mismatch_names_the_node():
     a, b = rand((3,)), rand((3,), np.int32)
     model = single_node_model("Add", {"a": a, "b": b})
