@@ -1,4 +1,4 @@
-"""If and Loop run their subgraphs inside the kernel; compared with onnxruntime."""
+"""If, Loop and Scan run their subgraphs inside the kernel; compared with onnxruntime."""
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -81,3 +81,54 @@ def test_loop_with_condition():
                           [helper.make_tensor_value_info("y", F, [3])], [numpy_helper.from_array(np.array(True), "go")])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     assert_matches_ort(m, {"x": np.array([0.5, 1.0, 0.25], np.float32)}, batch_axis=None)
+
+
+def _scan_body():
+    """Body of a running sum and product: states (s, p), scan input x; outputs (s + x, p * x) and
+    the scan outputs s + x and x - s."""
+    nodes = [helper.make_node("Add", ["s_in", "x_t"], ["s_out"]),
+             helper.make_node("Mul", ["p_in", "x_t"], ["p_out"]),
+             helper.make_node("Identity", ["s_out"], ["y_t"]),
+             helper.make_node("Sub", ["x_t", "s_in"], ["d_t"])]
+    vi = lambda n: helper.make_tensor_value_info(n, F, [2])  # noqa: E731
+    return helper.make_graph(nodes, "body", [vi("s_in"), vi("p_in"), vi("x_t")],
+                             [vi("s_out"), vi("p_out"), vi("y_t"), vi("d_t")])
+
+
+@pytest.mark.parametrize("in_axis,in_dir,out_axes,out_dirs", [
+    (0, 0, [0, 0], [0, 0]),
+    (1, 0, [0, 1], [0, 0]),  # scan along the second axis, stack the second output along axis 1
+    (0, 1, [1, 0], [1, 0]),  # read backwards, write the first output backwards
+    (-1, 0, [-1, 0], [0, 1]),  # negative axes (opset 11)
+])
+def test_scan_axes_and_directions(in_axis, in_dir, out_axes, out_dirs):
+    x = np.random.default_rng(1).uniform(0.5, 1.5, (4, 2) if in_axis == 0 else (2, 4)).astype(np.float32)
+    node = helper.make_node("Scan", ["s0", "p0", "x"], ["s", "p", "ys", "ds"], body=_scan_body(), num_scan_inputs=1,
+                            scan_input_axes=[in_axis], scan_input_directions=[in_dir],
+                            scan_output_axes=out_axes, scan_output_directions=out_dirs)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("s0", F, [2]),
+                                        helper.make_tensor_value_info("p0", F, [2]),
+                                        helper.make_tensor_value_info("x", F, list(x.shape))],
+                          [helper.make_tensor_value_info(n, F, None) for n in ("s", "p", "ys", "ds")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"s0": np.array([0.5, -1.0], np.float32), "p0": np.array([1.0, 2.0], np.float32), "x": x}
+    assert_matches_ort(m, feeds, batch_axis=None)
+
+
+def test_scan_states_that_swap():
+    """A body that passes its states through crosswise: the new states must not overwrite each
+    other before both are read."""
+    vi = lambda n: helper.make_tensor_value_info(n, F, [3])  # noqa: E731
+    body = helper.make_graph([helper.make_node("Identity", ["b_in"], ["a_out"]),
+                              helper.make_node("Add", ["a_in", "x_t"], ["b_out"]),
+                              helper.make_node("Identity", ["a_in"], ["y_t"])],
+                             "body", [vi("a_in"), vi("b_in"), vi("x_t")], [vi("a_out"), vi("b_out"), vi("y_t")])
+    node = helper.make_node("Scan", ["a0", "b0", "x"], ["a", "b", "ys"], body=body, num_scan_inputs=1)
+    g = helper.make_graph([node], "g", [vi("a0"), vi("b0"), helper.make_tensor_value_info("x", F, [5, 3])],
+                          [helper.make_tensor_value_info(n, F, None) for n in ("a", "b", "ys")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    rng = np.random.default_rng(2)
+    feeds = {"a0": rng.standard_normal(3).astype(np.float32), "b0": rng.standard_normal(3).astype(np.float32),
+             "x": rng.standard_normal((5, 3)).astype(np.float32)}
+    assert_matches_ort(m, feeds, batch_axis=None)
+
