@@ -1,5 +1,6 @@
-"""Passes from a loaded model to one ready to compile: opset upgrade, shape/dtype inference with
-constant folding, batch-dimension discovery, Identity/Dropout and dead-node removal."""
+"""Passes from a loaded model to one ready to compile: opset upgrade, expansion of ONNX function ops
+luisaml has no operator for, shape/dtype inference with constant folding, batch-dimension
+discovery, Identity/Dropout and dead-node removal."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,6 +9,7 @@ import numpy as np
 
 from ..model import Model, model_from_proto
 from .cleanup import remove_dead, remove_passthrough
+from .functions import expand_functions
 from .infer import PROBE_A, PROBE_B, Specialised, find_batch_symbol, set_input_shapes, specialise
 from .upgrade import upgrade_opset
 
@@ -26,6 +28,7 @@ class Prepared:
 def prepare(proto, batch_axis="auto", input_shapes=None) -> Prepared:
     """Return the prepared Model of a ModelProto (consumed: it is modified)."""
     proto = upgrade_opset(proto)
+    expand_functions(proto, _implemented)
     if input_shapes:
         set_input_shapes(proto, input_shapes)
     symbol = find_batch_symbol(proto, batch_axis)
@@ -34,6 +37,13 @@ def prepare(proto, batch_axis="auto", input_shapes=None) -> Prepared:
     remove_passthrough(model)
     remove_dead(model)
     return Prepared(model, symbol, spec.shapes_b, spec.values_b)
+
+
+def _implemented(op_type: str, domain: str, opset: int) -> bool:
+    from .. import registry
+
+    registry._load_builtin()
+    return registry.resolve(op_type, domain, opset) is not None
 
 
 __all__ = ["prepare", "Prepared", "PROBE_A", "PROBE_B"]
