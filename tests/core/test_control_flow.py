@@ -132,3 +132,22 @@ def test_scan_states_that_swap():
              "x": rng.standard_normal((5, 3)).astype(np.float32)}
     assert_matches_ort(m, feeds, batch_axis=None)
 
+
+
+def test_scan_per_sample_in_batch_mode():
+    """Each sample scans its own sequence (axis 1 of [N, 4, 2]) with its own state, one thread per
+    sample."""
+    vi = lambda n, s: helper.make_tensor_value_info(n, F, s)  # noqa: E731
+    body = helper.make_graph([helper.make_node("Add", ["s_in", "x_t"], ["s_out"]),
+                              helper.make_node("Mul", ["s_in", "x_t"], ["y_t"])], "body",
+                             [vi("s_in", ["N", 2]), vi("x_t", ["N", 2])], [vi("s_out", ["N", 2]), vi("y_t", ["N", 2])])
+    node = helper.make_node("Scan", ["s0", "x"], ["s", "ys"], body=body, num_scan_inputs=1,
+                            scan_input_axes=[1], scan_output_axes=[1])
+    g = helper.make_graph([node], "g", [vi("s0", ["N", 2]), vi("x", ["N", 4, 2])], [vi("s", None), vi("ys", None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    rng = np.random.default_rng(0)
+    for n in (1, 5):
+        feeds = {"s0": rng.standard_normal((n, 2)).astype(np.float32),
+                 "x": rng.standard_normal((n, 4, 2)).astype(np.float32)}
+        net, _ = assert_matches_ort(m, feeds, batch_axis=0)
+        assert net.plan.symbol == "N"
