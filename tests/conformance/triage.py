@@ -53,7 +53,6 @@ TYPE_EXCEPTIONS: dict[str, str] = {
 
 NOT_IMPLEMENTED: dict[str, str] = {
     "Bernoulli": "not implemented yet",
-    "Col2Im": "not implemented yet",
     "ConcatFromSequence": "not implemented yet",
     "ConvInteger": "not implemented yet",
     "DeformConv": "not implemented yet",

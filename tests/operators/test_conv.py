@@ -170,3 +170,21 @@ def test_conv_errors_name_the_node():
     m = single_node_model("Conv", {"x": xi, "w": rand((2, 4, 3, 3), np.int32)})
     with pytest.raises(luisaml.CompileError, match="int32; supported: float, float16"):
         luisaml.compile(m, batch_axis=None)
+
+
+@pytest.mark.parametrize("image,block,attrs", [
+    ([5, 5], [2, 3], {}),
+    ([6, 7], [3, 2], {"strides": [2, 1], "pads": [1, 0, 0, 1], "dilations": [1, 2]}),
+    ([4, 3, 5], [2, 2, 2], {"strides": [1, 1, 2]}),
+])
+def test_col2im(image, block, attrs):
+    """Col2Im against onnxruntime: 2-D and 3-D, strides, pads, dilations; two images of two
+    channels, overlapping blocks adding up."""
+    k = len(image)
+    s, d = attrs.get("strides", [1] * k), attrs.get("dilations", [1] * k)
+    p = attrs.get("pads", [0] * 2 * k)
+    grid = [(image[i] + p[i] + p[k + i] - d[i] * (block[i] - 1) - 1) // s[i] + 1 for i in range(k)]
+    x = rand((2, 2 * int(np.prod(block)), int(np.prod(grid))), seed=k)
+    model = single_node_model("Col2Im", {"x": x}, initializers={"image": np.array(image, np.int64),
+                                                               "block": np.array(block, np.int64)}, **attrs)
+    assert_matches_ort(model, {"x": x}, batch_axis=None)
