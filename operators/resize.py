@@ -1,4 +1,4 @@
-"""Resize (opsets 10-19), Upsample (7-10) and GridSample (16-22).
+"""Resize (opsets 10-19), Upsample (7-10), GridSample (16-22) and RoiAlign (10-22).
 
 Shapes, scales and sizes are static, so where each output element reads from is known when
 compiling: the host computes, per resized axis, each output coordinate's source indices and
@@ -485,3 +485,109 @@ class GridSample(Operator):
         store = y.store(dst, value)
         body = head + ([f"for {c} in range({c_}):", "    " + store] if c_ > 1 else [store])
         ctx.render("nest.py.j2", loops=[(v, k) for v, k in loops if k > 1], body=body)
+
+
+@register("RoiAlign", since=10)
+class RoiAlign(Operator):
+    """Y[r, c, ph, pw]: the average (or max) of bilinear samples of X[batch_indices[r], c] on a
+    regular grid inside bin (ph, pw) of region of interest r, as ONNX's reference computes it (max
+    mode takes the largest weighted corner, sampling_ratio 0 sizes each ROI's grid by the ROI;
+    output_half_pixel is opset 10's coordinate mode, half_pixel opset 16's default)."""
+
+    def check(self):
+        x, rois, idx, y = self.input(0), self.input(1), self.input(2), self.output()
+        self.expect_dtype(x, ("float",), "input 0 (X)")
+        self.expect_dtype(rois, ("float",), "input 1 (rois)")
+        self.expect(x.rank == 4, f"X '{x.name}' has rank {x.rank}, expected [N, C, H, W]")
+        self.expect(rois.rank == 2 and rois.shape[1] == 4, f"rois '{rois.name}' has shape {list(rois.shape)}, expected [R, 4]")
+        self.expect(idx.numel == rois.shape[0], f"batch_indices '{idx.name}' has {idx.numel} values for {rois.shape[0]} ROIs")
+        self.mode = self.attr("mode", "avg")
+        self.expect(self.mode in ("avg", "max"), f"mode {self.mode!r} is not avg or max")
+        default = "half_pixel" if self.opset >= 16 else "output_half_pixel"
+        ctm = self.attr("coordinate_transformation_mode", default)
+        self.expect(ctm in ("half_pixel", "output_half_pixel"), f"coordinate_transformation_mode {ctm!r} is not half_pixel "
+                    "or output_half_pixel")
+        self.half_pixel = ctm == "half_pixel"
+        self.oh, self.ow = int(self.attr("output_height", 1)), int(self.attr("output_width", 1))
+        self.ratio = int(self.attr("sampling_ratio", 0))
+        self.scale = float(self.attr("spatial_scale", 1.0))
+        want = (rois.shape[0], x.shape[1], self.oh, self.ow)
+        self.expect(tuple(y.shape) == want, f"output '{y.name}' has shape {list(y.shape)}, expected {list(want)}")
+        if x.batched:
+            raise self.error(f"X '{x.name}' is per-sample, but batch_indices picks images across the batch "
+                             "(compile with batch_axis=None)")
+
+    def forward(self, ctx):
+        x, rois, idx, y = self.input(0), self.input(1), self.input(2), self.output()
+        _, C, H, W = x.shape
+        f = lambda v: literal(v, dtypes.FLOAT)  # noqa: E731
+        up = lambda e, t: convert(e, t.dtype, dtypes.FLOAT)  # noqa: E731
+        with ctx.loop(y.numel) as i:
+            r, c, ph, pw = ix.unravel(i, tuple(y.shape))
+            v = {k: ctx.fresh(k) for k in ("b", "x1", "y1", "rw", "rh", "bw", "bh", "gw", "gh", "acc", "yy", "xx",
+                                           "yl", "xl", "yh", "xh", "ly", "lx", "base")}
+            off = 0.5 if self.half_pixel else 0.0
+            ctx.line(f"{v['b']} = {convert(idx.load(r), idx.dtype, dtypes.INT32)}")
+            coords = [up(rois.load(ix.add(ix.mul(r, 4), str(k))), rois) for k in range(4)]
+            ctx.line(f"{v['x1']} = {coords[0]} * {f(self.scale)} - {f(off)}")
+            ctx.line(f"{v['y1']} = {coords[1]} * {f(self.scale)} - {f(off)}")
+            ctx.line(f"{v['rw']} = {coords[2]} * {f(self.scale)} - {f(off)} - {v['x1']}")
+            ctx.line(f"{v['rh']} = {coords[3]} * {f(self.scale)} - {f(off)} - {v['y1']}")
+            if not self.half_pixel:  # malformed ROIs become 1x1
+                ctx.line(f"{v['rw']} = max({v['rw']}, 1.0)")
+                ctx.line(f"{v['rh']} = max({v['rh']}, 1.0)")
+            ctx.line(f"{v['bw']} = {v['rw']} / {f(self.ow)}")
+            ctx.line(f"{v['bh']} = {v['rh']} / {f(self.oh)}")
+            for g, size, out in (("gw", "rw", self.ow), ("gh", "rh", self.oh)):
+                ctx.line(f"{v[g]} = {self.ratio}" if self.ratio > 0 else f"{v[g]} = int(ceil({v[size]} / {f(out)}))")
+            ctx.line(f"{v['acc']} = 0.0")
+            ctx.line(f"{v['base']} = ({v['b']} * {C} + {c}) * {H * W}")
+            first = ctx.fresh("first")
+            ctx.line(f"{first} = True")
+            iy, jx = ctx.fresh("iy"), ctx.fresh("jx")
+            ctx.line(f"for {iy} in range({v['gh']}):")
+            with ctx.indent():
+                ctx.line(f"{v['yy']} = {v['y1']} + {ph} * {v['bh']} + (float({iy}) + 0.5) * {v['bh']} / float({v['gh']})")
+                ctx.line(f"for {jx} in range({v['gw']}):")
+                with ctx.indent():
+                    self._sample(ctx, x, v, jx, pw, H, W, first)
+            if self.mode == "avg":
+                ctx.line(f"{v['acc']} = {v['acc']} / float(max({v['gh']} * {v['gw']}, 1))")
+            ctx.store(y, i, convert(v["acc"], dtypes.FLOAT, y.dtype))
+
+    def _sample(self, ctx, x, v, jx, pw, H, W, first):
+        """One bilinear sample: its four weighted corners into the running average or max."""
+        ctx.line(f"{v['xx']} = {v['x1']} + {pw} * {v['bw']} + (float({jx}) + 0.5) * {v['bw']} / float({v['gw']})")
+        val = ctx.fresh("val")
+        ctx.line(f"{val} = 0.0")
+        ctx.line(f"if {v['yy']} >= -1.0 and {v['yy']} <= {float(H)!r} and {v['xx']} >= -1.0 and {v['xx']} <= {float(W)!r}:")
+        with ctx.indent():
+            yy, xx = ctx.fresh("sy"), ctx.fresh("sx")
+            ctx.line(f"{yy} = max({v['yy']}, 0.0)")
+            ctx.line(f"{xx} = max({v['xx']}, 0.0)")
+            ctx.line(f"{v['yl']} = int({yy})")
+            ctx.line(f"{v['xl']} = int({xx})")
+            ctx.line(f"{v['yh']} = {v['yl']} + 1")
+            ctx.line(f"{v['xh']} = {v['xl']} + 1")
+            for lo, hi, s, n in (("yl", "yh", yy, H), ("xl", "xh", xx, W)):
+                ctx.line(f"if {v[lo]} >= {n - 1}:")
+                with ctx.indent():
+                    ctx.line(f"{v[lo]} = {n - 1}")
+                    ctx.line(f"{v[hi]} = {n - 1}")
+                    ctx.line(f"{s} = float({n - 1})")
+            ctx.line(f"{v['ly']} = {yy} - float({v['yl']})")
+            ctx.line(f"{v['lx']} = {xx} - float({v['xl']})")
+            load = lambda a, b: convert(x.load(f"{v['base']} + {v[a]} * {W} + {v[b]}"), x.dtype, dtypes.FLOAT)  # noqa: E731
+            terms = [f"(1.0 - {v['ly']}) * (1.0 - {v['lx']}) * {load('yl', 'xl')}",
+                     f"(1.0 - {v['ly']}) * {v['lx']} * {load('yl', 'xh')}",
+                     f"{v['ly']} * (1.0 - {v['lx']}) * {load('yh', 'xl')}",
+                     f"{v['ly']} * {v['lx']} * {load('yh', 'xh')}"]
+            if self.mode == "avg":
+                ctx.line(f"{val} = {' + '.join(terms)}")
+            else:
+                ctx.line(f"{val} = max(max({terms[0]}, {terms[1]}), max({terms[2]}, {terms[3]}))")
+        if self.mode == "avg":
+            ctx.line(f"{v['acc']} = {v['acc']} + {val}")
+        else:
+            ctx.line(f"{v['acc']} = {val} if {first} else max({v['acc']}, {val})")
+            ctx.line(f"{first} = False")

@@ -72,7 +72,6 @@ NOT_IMPLEMENTED: dict[str, str] = {
     "QuantizeLinear": "not implemented yet",
     "RandomUniformLike": "not implemented yet",
     "RegexFullMatch": "not implemented yet",
-    "RoiAlign": "not implemented yet",
     "SequenceAt": "not implemented yet",
     "SequenceConstruct": "not implemented yet",
     "SequenceEmpty": "not implemented yet",

@@ -59,3 +59,22 @@ def test_grid_sample_half_and_batch():
     model = graph_model([helper.make_node("GridSample", ["x", "g"], ["y"], mode="bicubic")], {"x": x, "g": g}, opset=16, batch="N")
     net, _ = assert_matches_ort(model, {"x": x, "g": g}, batch_axis=0, rtol=1e-5, atol=1e-5)
     assert net.batch_symbol == "N"
+
+
+@pytest.mark.parametrize("attrs", [
+    {"coordinate_transformation_mode": "half_pixel", "sampling_ratio": 2},
+    {"coordinate_transformation_mode": "output_half_pixel", "sampling_ratio": 0, "spatial_scale": 0.5},
+    {"coordinate_transformation_mode": "half_pixel", "mode": "max", "sampling_ratio": 3},
+])
+def test_roi_align(attrs):
+    """RoiAlign against onnxruntime: two images, ROIs partly outside the image and one smaller than
+    a pixel, average and max modes, a sampling grid sized by each ROI (sampling_ratio 0)."""
+    from onnx import helper
+
+    x = rand((2, 3, 9, 11), seed=4)
+    rois = np.array([[0.5, 1.0, 7.5, 6.0], [-2.0, -1.0, 4.0, 12.0], [3.0, 3.0, 3.4, 3.2], [1.0, 0.0, 10.0, 8.5]],
+                    np.float32) * (2.0 if attrs.get("spatial_scale") else 1.0)
+    idx = np.array([0, 1, 1, 0], np.int64)
+    node = helper.make_node("RoiAlign", ["x", "rois", "idx"], ["y"], output_height=3, output_width=4, **attrs)
+    feeds = {"x": x, "rois": rois, "idx": idx}
+    assert_matches_ort(graph_model([node], feeds, opset=16), feeds, batch_axis=None, rtol=1e-5, atol=1e-5)
