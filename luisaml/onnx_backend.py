@@ -50,9 +50,11 @@ def needed_constants(error: Exception, model: onnx.ModelProto) -> list[str]:
     if m:
         return _sources(model, [m.group(1)], integer_only=False)
     m = _UNKNOWN_SHAPE.search(str(error))
-    node = next((n for n in model.graph.node if m.group(1) in n.output), None) if m else None
-    if node is None:
+    if not m:
         return []
+    node = next((n for n in model.graph.node if m.group(1) in n.output), None)
+    if node is None:  # a tensor of an inlined If branch or an expanded function: any integer input
+        return _sources(model, [vi.name for vi in model.graph.input], integer_only=True)
     # an If's condition and the outer tensors its branches read decide its shape (a Loop's too);
     # elsewhere input 0 is the data
     shaping = list(node.input) + _outer_reads(node) if node.op_type in ("If", "Loop", "Scan") else list(node.input[1:])

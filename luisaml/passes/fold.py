@@ -118,15 +118,16 @@ def _fold_one(node: onnx.NodeProto, known: dict[str, np.ndarray], types, opsets)
         return None
     if node.op_type == "Constant":
         return None  # kept as is: it is already a literal
+    if node.op_type in ("Shape", "Size"):  # from static dims, or a constant's own
+        x = node.input[0]
+        shape = list(np.shape(known[x])) if x in known else _static_shape(types.get(x))
     if node.op_type == "Shape":
-        shape = _static_shape(types.get(node.input[0]))
         if shape is None:
             return None
         start = next((a.i for a in node.attribute if a.name == "start"), 0)
         end = next((a.i for a in node.attribute if a.name == "end"), None)
         return [np.array(shape[start:end] if end is not None else shape[start:], dtype=np.int64)]
     if node.op_type == "Size":
-        shape = _static_shape(types.get(node.input[0]))
         return None if shape is None else [np.array(int(np.prod(shape)), dtype=np.int64)]
     inputs = [known.get(i) if i else None for i in node.input]
     if any(i and known.get(i) is None for i in node.input):
@@ -136,13 +137,52 @@ def _fold_one(node: onnx.NodeProto, known: dict[str, np.ndarray], types, opsets)
     return _evaluate(node, inputs, opsets)
 
 
+def inline_constant_ifs(proto: onnx.ModelProto) -> int:
+    """Replace every If of the main graph whose condition is a known constant by the branch it
+    takes (branch-local names get a prefix; Identity nodes give the branch's outputs the If's
+    names); return how many. An exporter's shape checks become plain graph code, and what the
+    branch computes from constants folds further."""
+    from .functions import _rename_node
+
+    g = proto.graph
+    known = {t.name: t for t in g.initializer}
+    nodes, count = [], 0
+    for n in g.node:
+        if n.op_type != "If" or n.domain not in ("", "ai.onnx") or not n.input or n.input[0] not in known:
+            nodes.append(n)
+            continue
+        cond = bool(numpy_helper.to_array(known[n.input[0]]).reshape(-1)[0])
+        name = "then_branch" if cond else "else_branch"
+        branch = next(a.g for a in n.attribute if a.name == name)
+        prefix = f"{n.name or 'If'}__{name}{count}__"
+        own = {t.name for t in branch.initializer} | {o for bn in branch.node for o in bn.output}
+
+        def rename(x: str, own=own, prefix=prefix) -> str:
+            return prefix + x if x in own else x
+
+        for t in branch.initializer:
+            t2 = onnx.TensorProto()
+            t2.CopyFrom(t)
+            t2.name = rename(t.name)
+            g.initializer.append(t2)
+        nodes.extend(_rename_node(bn, rename, {}, prefix) for bn in branch.node)
+        for k, (o, y) in enumerate(zip(branch.output, n.output)):
+            if y:
+                nodes.append(helper.make_node("Identity", [rename(o.name)], [y], name=f"{prefix}out{k}"))
+        count += 1
+    if count:
+        del g.node[:]
+        g.node.extend(nodes)
+    return count
+
+
 def fold_to_fixpoint(proto: onnx.ModelProto, infer) -> onnx.ModelProto:
-    """Alternate shape inference and folding until nothing more folds; then each subgraph is
-    specialised the same way as a model of its own; return the model."""
+    """Alternate shape inference and folding (constant Ifs inlined) until nothing more folds;
+    then each subgraph is specialised the same way as a model of its own; return the model."""
     for _ in range(64):
         proto = infer(proto)
         _inline_constants(proto)
-        if fold_constants(proto) == 0:
+        if fold_constants(proto) + inline_constant_ifs(proto) == 0:
             break
         _drop_unknown_dims(proto.graph)
     if any(_subgraphs(n) for n in proto.graph.node):

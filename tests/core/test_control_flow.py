@@ -151,3 +151,27 @@ def test_scan_per_sample_in_batch_mode():
                  "x": rng.standard_normal((n, 4, 2)).astype(np.float32)}
         net, _ = assert_matches_ort(m, feeds, batch_axis=0)
         assert net.plan.symbol == "N"
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_if_on_a_constant_condition_is_inlined(cond):
+    """An If whose condition folds to a constant becomes the branch it takes: the branch's output
+    shape (which differs between the branches) is then known when compiling."""
+    from luisaml.runtime import analyze
+
+    then_g = helper.make_graph([helper.make_node("Concat", ["x", "x"], ["t_y"], axis=0)], "then", [],
+                               [helper.make_tensor_value_info("t_y", F, None)])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e_y"])], "else", [],
+                               [helper.make_tensor_value_info("e_y", F, None)])
+    nodes = [helper.make_node("Size", ["x"], ["n"]),
+             helper.make_node("Greater", ["n", "two"], ["c"]) if cond else helper.make_node("Less", ["n", "two"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [3])],
+                          [helper.make_tensor_value_info("y", F, None)],
+                          [numpy_helper.from_array(np.array(2, np.int64), "two")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    plan = analyze(m, batch_axis=None)
+    assert "If" not in {node.op_type for node, _ in plan.ops}
+    x = np.array([0.5, -1.5, 2.0], np.float32)
+    _, got = assert_matches_ort(m, {"x": x}, batch_axis=None)
+    assert got["y"].shape == ((6,) if cond else (3,))
