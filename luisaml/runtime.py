@@ -294,8 +294,6 @@ class CompiledNetwork:
 
     def run(self, feeds: Mapping[str, Any], outputs: list[str] | None = None) -> dict[str, Any]:
         """Return {output name: array} for the feeds; torch tensors in give torch tensors out."""
-        import luisa
-
         wanted = list(outputs) if outputs is not None else self.output_names
         bad = [o for o in wanted if o not in self.output_names]
         if bad:
@@ -325,13 +323,7 @@ class CompiledNetwork:
             out_bufs.append((s, buf, count))
             args.append(buf)
         args += self._derived_buffers(arrays)
-        scratch = [
-            self._buffer(f"scratch_{dsl}", dsl, per_sample * max(n, 1))
-            for dsl, (per_sample, _) in sorted(self.plan.scratch.items())
-        ]
-        if n > 0:
-            self.launch(args, scratch, n)
-        luisa.synchronize()
+        self._launch_and_wait(args, n)
         results: dict[str, Any] = {}
         for s, buf, count in out_bufs:
             if s.name not in wanted:
@@ -339,7 +331,7 @@ class CompiledNetwork:
             from .luisa_compat import read_buffer
 
             raw = read_buffer(buf, self.io_dtype(s).kernel_numpy, count)
-            shape = ((n * s.kernel_shape[0],) + tuple(s.kernel_shape[1:])) if s.batched else tuple(s.kernel_shape)
+            shape = self._output_shape(s, n)
             results[s.name] = raw.astype(self.io_dtype(s).numpy, copy=False).reshape(shape)
         for name in self.plan.host_outputs:
             if name in wanted:
@@ -350,6 +342,23 @@ class CompiledNetwork:
 
             results = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in results.items()}
         return results
+
+    def _launch_and_wait(self, args: list, n: int) -> None:
+        """Launch the batch kernel for n samples with this plan's scratch buffers; wait for it."""
+        import luisa
+
+        scratch = [
+            self._buffer(f"scratch_{dsl}", dsl, per_sample * max(n, 1))
+            for dsl, (per_sample, _) in sorted(self.plan.scratch.items())
+        ]
+        if n > 0:
+            self.launch(args, scratch, n)
+        luisa.synchronize()
+
+    @staticmethod
+    def _output_shape(s: IOSpec, n: int) -> tuple[int, ...]:
+        """The shape run() returns for output s with n samples (k*B rows when batched)."""
+        return ((n * s.kernel_shape[0],) + tuple(s.kernel_shape[1:])) if s.batched else tuple(s.kernel_shape)
 
     def launch(self, args: list, scratch: list, n: int) -> None:
         """Enqueue the batch kernel for n samples on LuisaCompute's stream (no synchronisation):
@@ -407,7 +416,6 @@ class CompiledNetwork:
         """run() for torch CUDA tensors: inputs and outputs share memory with LuisaCompute buffers
         through DLPack; torch's stream is drained before the kernel reads, and LuisaCompute's before
         torch sees the outputs (neither library exposes its stream to the other)."""
-        import luisa
         import torch
 
         metas = {}
@@ -428,19 +436,13 @@ class CompiledNetwork:
             keep.append(t)
         outs = {}
         for s in self.plan.outputs:
-            shape = ((n * s.kernel_shape[0],) + tuple(s.kernel_shape[1:])) if s.batched else tuple(s.kernel_shape)
+            shape = self._output_shape(s, n)
             make = torch.zeros if s.accumulated else torch.empty
             outs[s.name] = make(shape, dtype=_torch_dtype(self.io_dtype(s).kernel_numpy), device=device)
         torch.cuda.current_stream(device).synchronize()
         for t in keep + list(outs.values()):
             args.append(_dlpack_buffer(t))
-        scratch = [
-            self._buffer(f"scratch_{dsl}", dsl, per_sample * max(n, 1))
-            for dsl, (per_sample, _) in sorted(self.plan.scratch.items())
-        ]
-        if n > 0:
-            self.launch(args, scratch, n)
-        luisa.synchronize()
+        self._launch_and_wait(args, n)
         results = {}
         for s in self.plan.outputs:
             if s.name in wanted:

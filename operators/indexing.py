@@ -250,6 +250,18 @@ def index_lines(var: str, load: str, dim: int) -> list[str]:
     return [f"{var} = {load}", f"{var} = ({var} + {dim} if {var} < 0 else {var})", f"{var} = clamp({var}, 0, {dim - 1})"]
 
 
+def element_nest(ctx, idx, dim: int) -> tuple[list[tuple[str, int]], list[str], str, str, list[str]]:
+    """Loops over every element of an index tensor (GatherElements, ScatterElements): return the
+    loops (loop variable, extent; extents of 1 are left out), each element's coordinates, its flat
+    index, the variable holding its index value (negative ones wrapped by `dim`) and the body lines
+    that compute it."""
+    loops = [(ctx.fresh("o"), n) for n in idx.shape]
+    coords = [v if n > 1 else "0" for v, n in loops]
+    i = ix.ravel(coords, idx.strides)
+    g = ctx.fresh("g")
+    return [(v, n) for v, n in loops if n > 1], coords, i, g, index_lines(g, idx.load(i), dim)
+
+
 def check_constant_indices(op: Operator, idx, dims) -> None:
     """Raise when a constant index tensor holds an index outside [-dim, dim); `dims` is the axis
     size, or a list of sizes cycled over the last axis (GatherND's index tuples)."""
@@ -285,14 +297,10 @@ class GatherElements(Operator):
         x, idx, y = self.input(0), self.input(1), self.output()
         if y.numel == 0:
             return
-        loops = [(ctx.fresh("o"), n) for n in idx.shape]
-        coords = [v if n > 1 else "0" for v, n in loops]
-        i = ix.ravel(coords, idx.strides)
-        g = ctx.fresh("g")
-        body = index_lines(g, idx.load(i), x.shape[self.ax])
+        loops, coords, i, g, body = element_nest(ctx, idx, x.shape[self.ax])
         src = ix.ravel([g if d == self.ax else c for d, c in enumerate(coords)], x.strides)
         body.append(y.store(i, x.load(src)))
-        ctx.render("nest.py.j2", loops=[(v, n) for v, n in loops if n > 1], body=body)
+        ctx.render("nest.py.j2", loops=loops, body=body)
 
 
 @register("GatherND", since=11)

@@ -11,7 +11,7 @@ from luisaml.operator import Operator
 from luisaml.registry import register
 
 from .common import emit_map
-from .indexing import check_constant_indices, index_lines
+from .indexing import check_constant_indices, element_nest, index_lines
 
 REDUCTIONS = ("none", "add", "mul", "max", "min")
 
@@ -66,15 +66,11 @@ class ScatterElements(Scatter):
         emit_map(ctx, y, [x], lambda v: v, broadcast=False)
         if idx.numel == 0:
             return
-        loops = [(ctx.fresh("o"), n) for n in idx.shape]
-        coords = [v if n > 1 else "0" for v, n in loops]
-        i = ix.ravel(coords, idx.strides)
-        g = ctx.fresh("g")
-        body = index_lines(g, idx.load(i), x.shape[self.ax])
+        loops, coords, i, g, body = element_nest(ctx, idx, x.shape[self.ax])
         dst = ctx.fresh("d")
         body.append(f"{dst} = {ix.ravel([g if d == self.ax else c for d, c in enumerate(coords)], y.strides)}")
         body.append(self.update(dst, upd.load(i)))
-        ctx.render("nest.py.j2", loops=[(v, n) for v, n in loops if n > 1], body=body)
+        ctx.render("nest.py.j2", loops=loops, body=body)
 
 
 @register("Scatter", since=9)

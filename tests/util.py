@@ -140,3 +140,29 @@ def per_shape_model(op_type: str, arrays: list[dict[str, np.ndarray]], opset: in
         outs = [f"out{k}" if j == 0 else f"out{k}_{j}" for j in range(n_outputs)]
         nodes.append(helper.make_node(op_type, names, outs, name=f"{op_type}_{k}", **attrs))
     return graph_model(nodes, feeds, initializers, opset=opset), feeds
+
+
+def torch_mlp(widths, act=None, seed=0):
+    """Return a seeded torch MLP (eval mode): Linear layers of these widths, `act` (default ReLU)
+    between them."""
+    import itertools
+
+    import torch
+
+    act = act or torch.nn.ReLU
+    torch.manual_seed(seed)
+    layers = []
+    for a, b in itertools.pairwise(widths):
+        layers += [torch.nn.Linear(a, b), act()]
+    return torch.nn.Sequential(*layers[:-1]).eval()
+
+
+def export_batched(module, k: int, path) -> str:
+    """Export a torch module of one input [batch, k] to ONNX (TorchScript exporter, opset 17), with
+    a symbolic batch dimension on its input x and output y; return the path."""
+    import torch
+
+    module.eval()
+    torch.onnx.export(module, (torch.randn(3, k),), str(path), dynamo=False, opset_version=17,
+                      input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+    return str(path)

@@ -142,7 +142,7 @@ def inline_constant_ifs(proto: onnx.ModelProto) -> int:
     takes (branch-local names get a prefix; Identity nodes give the branch's outputs the If's
     names); return how many. An exporter's shape checks become plain graph code, and what the
     branch computes from constants folds further."""
-    from .functions import _rename_node
+    from .functions import rename_node
 
     g = proto.graph
     known = {t.name: t for t in g.initializer}
@@ -165,7 +165,7 @@ def inline_constant_ifs(proto: onnx.ModelProto) -> int:
             t2.CopyFrom(t)
             t2.name = rename(t.name)
             g.initializer.append(t2)
-        nodes.extend(_rename_node(bn, rename, {}, prefix) for bn in branch.node)
+        nodes.extend(rename_node(bn, rename, {}, prefix) for bn in branch.node)
         for k, (o, y) in enumerate(zip(branch.output, n.output)):
             if y:
                 nodes.append(helper.make_node("Identity", [rename(o.name)], [y], name=f"{prefix}out{k}"))

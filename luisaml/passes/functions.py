@@ -41,7 +41,7 @@ def _function(schema, node: NodeProto, opset: int, input_types: list[TypeProto])
     return None
 
 
-def _rename_node(node: NodeProto, rename, attrs: dict[str, AttributeProto], prefix: str) -> NodeProto:
+def rename_node(node: NodeProto, rename, attrs: dict[str, AttributeProto], prefix: str) -> NodeProto:
     """Return a copy of a body node with its edges renamed and attribute references resolved."""
     new = NodeProto()
     new.CopyFrom(node)
@@ -83,7 +83,7 @@ def _rename_graph(g: GraphProto, outer_rename, attrs, prefix: str) -> None:
         vi.name = rename(vi.name)
     for t in g.initializer:
         t.name = rename(t.name)
-    nodes = [_rename_node(n, rename, attrs, prefix) for n in g.node]
+    nodes = [rename_node(n, rename, attrs, prefix) for n in g.node]
     del g.node[:]
     g.node.extend(nodes)
 
@@ -101,7 +101,7 @@ def _expand(node: NodeProto, body: FunctionProto, schema, prefix: str) -> list[N
             return names[name]
         return prefix + name if name else name
 
-    return [_rename_node(n, rename, attrs, prefix) for n in body.node]
+    return [rename_node(n, rename, attrs, prefix) for n in body.node]
 
 
 def _types(proto: onnx.ModelProto) -> dict[str, TypeProto]:

@@ -4,7 +4,6 @@ tails), what inspect reports, and the errors that name why a graph is not fused.
 from __future__ import annotations
 
 import io
-import itertools
 import subprocess
 import sys
 from contextlib import redirect_stdout
@@ -14,25 +13,11 @@ import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
-from util import ort_run
+from util import export_batched, ort_run, torch_mlp
 
 import luisaml
 from luisaml import cli, fusion
 from luisaml.runtime import analyze
-
-
-def _mlp(widths, act=torch.nn.ReLU, seed=0):
-    torch.manual_seed(seed)
-    layers = []
-    for a, b in itertools.pairwise(widths):
-        layers += [torch.nn.Linear(a, b), act()]
-    return torch.nn.Sequential(*layers[:-1]).eval()
-
-
-def _export(module, k, path) -> str:
-    torch.onnx.export(module, (torch.randn(3, k),), str(path), dynamo=False, opset_version=17,
-                      input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
-    return str(path)
 
 
 def _rel(a, b) -> float:
@@ -70,7 +55,7 @@ def models(tmp_path_factory):
         "tanh-63-20x2-3": ([63, 20, 20, 3], torch.nn.Tanh),
         "sigmoid-16-24-5": ([16, 24, 5], torch.nn.Sigmoid),
     }
-    return {name: (m := _mlp(w, act, seed=len(w)), _export(m, w[0], d / f"{name}.onnx")) for name, (w, act) in specs.items()}
+    return {name: (m := torch_mlp(w, act, seed=len(w)), export_batched(m, w[0], d / f"{name}.onnx")) for name, (w, act) in specs.items()}
 
 
 def test_recognises_gemm_chains_and_reports_the_plan(models):
@@ -179,7 +164,7 @@ def test_not_fusable_graphs_compile_as_before_and_fp16_says_why(tmp_path):
             h = torch.relu(self.a(x))
             return self.b(h) + h[:, :2]  # h has two consumers: not a chain
 
-    path = _export(TwoHeads().eval(), 8, tmp_path / "two.onnx")
+    path = export_batched(TwoHeads().eval(), 8, tmp_path / "two.onnx")
     net = luisaml.compile(path, fuse=True)
     assert net.plan.fused is None and net.plan.fusion_note.startswith("not fused: tensor")
     x = np.random.default_rng(0).standard_normal((9, 8)).astype(np.float32)

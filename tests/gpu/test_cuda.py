@@ -9,7 +9,6 @@ two backends agree); where clang is installed too, the CPU backend's own outputs
 subprocess and compared directly."""
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import subprocess
@@ -19,7 +18,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from util import ort_run
+from util import export_batched, ort_run, torch_mlp
 
 import luisaml
 from luisaml import device
@@ -33,21 +32,6 @@ pytestmark = [
 ]
 
 RTOL = 1e-5
-
-
-def _mlp(widths, act=torch.nn.ReLU, seed=0):
-    torch.manual_seed(seed)
-    layers = []
-    for a, b in itertools.pairwise(widths):
-        layers += [torch.nn.Linear(a, b), act()]
-    return torch.nn.Sequential(*layers[:-1]).eval()
-
-
-def _export(module, k, path):
-    module.eval()
-    torch.onnx.export(module, (torch.randn(3, k),), str(path), dynamo=False, opset_version=17,
-                      input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
-    return str(path)
 
 
 def _close(got, want, what, rtol=RTOL):
@@ -82,7 +66,7 @@ def _core_models():
 @pytest.mark.parametrize("name", ["mlp-32-64x3-4", "nerf"])
 def test_core_end_to_end_models_on_cuda(name, tmp_path):
     module, k = _core_models()[name]
-    path = _export(module, k, tmp_path / f"{name}.onnx")
+    path = export_batched(module, k, tmp_path / f"{name}.onnx")
     x = (np.random.default_rng(1).random((1000, k), dtype=np.float32) * 2 - 1).astype(np.float32)
     want = ort_run(onnx.load(path), {"x": x})["y"]
     net = luisaml.compile(path)
@@ -121,8 +105,8 @@ PLANS = {
 def test_fused_plans_on_cuda(plan, widths, act, tmp_path, monkeypatch):
     for k, v in PLANS[plan].items():
         monkeypatch.setenv(k, v)
-    module = _mlp(widths, act, seed=len(widths))
-    path = _export(module, widths[0], tmp_path / "m.onnx")
+    module = torch_mlp(widths, act, seed=len(widths))
+    path = export_batched(module, widths[0], tmp_path / "m.onnx")
     net = luisaml.compile(path)
     assert net.plan.fusion_note.startswith("fused MLP"), net.plan.fusion_note
     for n in (1, 257, 100_003):  # tails of every tile size
@@ -132,8 +116,8 @@ def test_fused_plans_on_cuda(plan, widths, act, tmp_path, monkeypatch):
 
 
 def test_fp16_mode_on_cuda(tmp_path):
-    module = _mlp([32, 64, 64, 64, 4])
-    path = _export(module, 32, tmp_path / "m.onnx")
+    module = torch_mlp([32, 64, 64, 64, 4])
+    path = export_batched(module, 32, tmp_path / "m.onnx")
     net = luisaml.compile(path, precision="fp16")
     x = np.random.default_rng(0).standard_normal((4099, 32)).astype(np.float16)
     y = net.run({"x": x})["y"]
@@ -148,8 +132,8 @@ def test_fp16_mode_on_cuda(tmp_path):
 
 @pytest.mark.parametrize("fuse", [True, False])
 def test_dlpack_zero_copy_and_streams(fuse, tmp_path):
-    module = _mlp([32, 64, 64, 4])
-    path = _export(module, 32, tmp_path / "m.onnx")
+    module = torch_mlp([32, 64, 64, 4])
+    path = export_batched(module, 32, tmp_path / "m.onnx")
     module.cuda()
     net = luisaml.compile(path, fuse=fuse)
     n = 1 << 20
@@ -168,8 +152,8 @@ def test_dlpack_zero_copy_and_streams(fuse, tmp_path):
 
 
 def test_dlpack_fp16(tmp_path):
-    module = _mlp([32, 32, 4])
-    path = _export(module, 32, tmp_path / "m.onnx")
+    module = torch_mlp([32, 32, 4])
+    path = export_batched(module, 32, tmp_path / "m.onnx")
     net = luisaml.compile(path, precision="fp16")
     x = torch.randn(3000, 32, device="cuda").half()
     y = net.run({"x": x})["y"]
@@ -181,8 +165,8 @@ def test_dlpack_fp16(tmp_path):
 
 def test_compile_time_and_cache(tmp_path):
     """A model's fused kernel compiles in well under the issue's 3 s (cold) in a fresh process."""
-    module = _mlp([32, 32, 32, 32, 4], seed=7)
-    path = _export(module, 32, tmp_path / "m.onnx")
+    module = torch_mlp([32, 32, 32, 32, 4], seed=7)
+    path = export_batched(module, 32, tmp_path / "m.onnx")
     code = (
         "import time, json, sys, numpy as np, luisaml; luisaml.device.init('cuda'); t = time.perf_counter(); "
         "net = luisaml.compile(sys.argv[1]); net.run({'x': np.ones((8, 32), np.float32)}); "
