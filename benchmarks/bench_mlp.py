@@ -185,7 +185,7 @@ def luisaml_launcher(net, x):
     """Return (launch, outputs, accounted device bytes): the kernel on DLPack-shared torch tensors."""
     import torch
 
-    from luisaml.runtime import _dlpack_buffer
+    from luisaml.interop import dlpack_buffer as _dlpack_buffer
 
     s_out = net.outputs[0]
     n = x.shape[0]

@@ -2,8 +2,8 @@
 
     python benchmarks/profile_mlp.py --model 32-64x3-4 [--batch N] [--precision fp32] [--launches 3]
 
-The plan follows the LUISAML_FUSED_* variables (luisaml/fusion.py), like sweep_mlp.py. Prints the
-plan, the relative error against torch fp32 and the host wall time of each launch."""
+--variant picks one of sweep_mlp.py's plan overrides (luisaml.MLPConfig). Prints the plan, the
+relative error against torch fp32 and the host wall time of each launch."""
 from __future__ import annotations
 
 import argparse
@@ -22,6 +22,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=0)
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--launches", type=int, default=3)
+    ap.add_argument("--variant", default="default", help="a plan override of sweep_mlp.py")
     a = ap.parse_args(argv)
     import luisa
     import torch
@@ -40,7 +41,9 @@ def main(argv=None) -> int:
         x = torch.randn(batch, k0, device="cuda")
         ref = model.cuda()(x).cpu().numpy()
         xin = x.half() if a.precision == "fp16" else x
-        net = luisaml.compile(str(path), backend="cuda", precision=a.precision)
+        from sweep_mlp import _variants
+
+        net = luisaml.compile(str(path), backend="cuda", precision=a.precision, mlp=_variants()[a.variant])
         print("plan:", net.plan.fusion_note)
         launch, y, _ = B.luisaml_launcher(net, xin)
         for i in range(a.launches):

@@ -1,10 +1,19 @@
-"""luisaml: compile ONNX models into one LuisaCompute kernel."""
+"""luisaml: compile ONNX models into LuisaCompute kernels that run as one launch."""
 from __future__ import annotations
 
-from .model import ModelError
-from .operator import CompileError, Operator
+from .errors import (BackendUnavailable, BatchMixingError, CompileError, InputError, LimitError, LuisamlError,
+                     ModelError, RunError, UsageError, WeightsError)
+from .instance import NetworkInstance
+from .limits import Limits
+from .mlp import MLPConfig
+from .network import CompiledNetwork, PerBatchNetwork
+from .operator import Operator
 from .registry import register
-from .runtime import CompiledNetwork, NetworkInstance, compile
+from .runtime import CompileOptions, compile
 
 __version__ = "0.1.0"
-__all__ = ["compile", "CompiledNetwork", "NetworkInstance", "Operator", "register", "CompileError", "ModelError"]
+__all__ = [
+    "compile", "CompileOptions", "MLPConfig", "CompiledNetwork", "PerBatchNetwork", "NetworkInstance", "Operator", "register",
+    "Limits", "LuisamlError", "ModelError", "CompileError", "BatchMixingError", "WeightsError", "LimitError",
+    "InputError", "RunError", "UsageError", "BackendUnavailable",
+]

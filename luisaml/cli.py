@@ -1,34 +1,130 @@
-"""The command line: `luisaml run | inspect | emit | bench MODEL`."""
+"""The command line: `luisaml run | inspect | emit | bench MODEL` and `luisaml cache info | clear`,
+with their logging (-v, -q) and exit codes: 0 done, 2 bad input (a model, file, argument or
+setting luisaml refuses: one line `luisaml: error: ...` on stderr), 1 an internal error (one line;
+-v adds the traceback), 141 when the reader of stdout went away (`luisaml emit m.onnx | head`),
+130 on Ctrl-C. `inspect` also exits 1 when the model has nodes luisaml cannot compile."""
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import logging
 import os
 import sys
 import time
+import traceback
 
 import numpy as np
 
+from .errors import LuisamlError, UsageError
+from .log import logger, note, phase
 
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, like every other error (argparse prints usage too)
+        self.exit(2, f"luisaml: error: {message} (see '{self.prog} --help')\n")
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    from . import __version__
+
+    def v(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return (f"luisaml {__version__} (onnx {v('onnx')}, luisa-python {v('luisa-python')}, "
+            f"Python {sys.version.split()[0]})")
+
+
+# ---- arguments -------------------------------------------------------------------------------
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="an .onnx file or a LuisaML .json model")
     p.add_argument("--weights", "-w", help="a safetensors file or a header-less weight blob")
     p.add_argument("--batch-axis", default="auto", choices=["auto", "0", "none"],
-                   help="auto: one thread per sample along the symbolic leading dimension; none: one instance")
+                   help="auto: one thread per sample along the dynamic leading dimension of an input and an "
+                        "output; 0: along the inputs' dynamic leading dimension; none: one instance of the graph "
+                        "(dims written -1, '?' or unnamed count as dynamic)")
+    p.add_argument("--input-shapes", action="append", metavar="NAME:DIMxDIM,...",
+                   help="fix input dimensions, trtexec style: x:1x3x48x192,y:4 (repeatable); ? or -1 keeps a "
+                        "dimension dynamic, e.g. x:?x3x48x192 keeps the batch")
 
 
 def _batch_axis(s: str):
     return {"auto": "auto", "0": 0, "none": None}[s]
 
 
-def _parse_inputs(items: list[str]) -> dict[str, np.ndarray]:
+def parse_input_shapes(items: list[str] | None) -> dict[str, list[int | None]] | None:
+    """Return {name: dims} of --input-shapes values ('x:1x3x48x192,y:4'; ? or -1 is None: kept as
+    the model has it); a name may contain ':' (the last one separates the dims)."""
+    shapes: dict[str, list[int | None]] = {}
+    for item in items or []:
+        for part in item.split(","):
+            if not part.strip():
+                continue
+            name, sep, dims = part.strip().rpartition(":")
+            name = name.strip().strip("'\"")
+            if not sep or not name:
+                raise UsageError(f"--input-shapes expects NAME:DIMxDIM..., e.g. x:1x3x224x224, got {part.strip()!r}")
+            shape: list[int | None] = []
+            for d in dims.strip().split("x") if dims.strip() not in ("", "scalar") else []:
+                d = d.strip()
+                if d in ("?", "-1"):
+                    shape.append(None)
+                elif d.isdigit():
+                    shape.append(int(d))
+                else:
+                    raise UsageError(f"--input-shapes {part.strip()!r}: dimension {d!r} is not a number "
+                                   "(? keeps a dimension dynamic)")
+            if name in shapes and shapes[name] != shape:
+                raise UsageError(f"--input-shapes gives '{name}' twice: {shapes[name]} and {shape}")
+            shapes[name] = shape
+    return shapes or None
+
+
+def _read_inputs(items: list[str] | None) -> dict[str, tuple[np.ndarray, str]]:
+    """Return {name: (array, file)} of --input NAME=FILE.npy values."""
     feeds = {}
     for item in items or []:
-        if "=" not in item:
-            raise SystemExit(f"--input expects NAME=FILE.npy, got {item!r}")
-        name, path = item.split("=", 1)
-        feeds[name] = np.load(path)
+        name, sep, path = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--input expects NAME=FILE.npy, got {item!r}")
+        try:
+            v = np.load(path, allow_pickle=False)
+        except OSError:
+            raise  # names the file
+        except ValueError as e:
+            raise UsageError(f"--input {item}: not a .npy array ({' '.join(str(e).split())})") from e
+        if not isinstance(v, np.ndarray):
+            raise UsageError(f"--input {item}: expected one array in a .npy file, got a {type(v).__name__}")
+        feeds[name] = (v, path)
     return feeds
+
+
+def _cast_inputs(net, given: dict[str, tuple[np.ndarray, str]]) -> dict[str, np.ndarray]:
+    """Return the given arrays in the model's input dtypes: a cast of the same kind or a widening
+    one (float64 -> float32, int64 -> int32 when the values fit, bool -> float) comes with a note;
+    anything else (float -> int) is an error."""
+    want = {s.name: np.dtype(s.dtype.numpy) for s in net.inputs}
+    out = {}
+    for name, (v, path) in given.items():
+        dt = want.get(name)
+        if dt is None or v.dtype == dt:
+            out[name] = v  # an unknown name is net.run's error to report
+            continue
+        if not np.can_cast(v.dtype, dt, "same_kind"):
+            raise UsageError(f"input '{name}': {path} holds {v.dtype}, the model takes {dt}; convert the file")
+        if dt.kind in "iu" and v.size and v.dtype.kind in "iu":
+            info = np.iinfo(dt)
+            if v.min() < info.min or v.max() > info.max:
+                raise UsageError(f"input '{name}': {path} holds {v.dtype} values outside the range of {dt}, "
+                               "which the model takes")
+        note("input '%s': %s holds %s, the model takes %s: cast", name, path, v.dtype, dt)
+        out[name] = v.astype(dt)
+    return out
 
 
 def _random_feeds(net, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -47,45 +143,76 @@ def _random_feeds(net, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
     return feeds
 
 
-def cmd_run(a) -> int:
+def _name(model) -> str:
+    return os.path.basename(str(model))
+
+
+def _compile(a):
     import luisaml
 
-    net = luisaml.compile(a.model, a.weights, backend=a.backend, batch_axis=_batch_axis(a.batch_axis), verbose=True)
-    feeds = _parse_inputs(a.input)
+    with phase("compile", model=_name(a.model), backend=a.backend):
+        net = luisaml.compile(a.model, a.weights, backend=a.backend, batch_axis=_batch_axis(a.batch_axis),
+                              input_shapes=parse_input_shapes(a.input_shapes))
+    logger.info("generated module: %s", net.path)
+    return net
+
+
+# ---- commands --------------------------------------------------------------------------------
+def cmd_run(a) -> int:
+    given = _read_inputs(a.input)
+    net = _compile(a)
+    feeds = _cast_inputs(net, given)
     missing = {k: v for k, v in _random_feeds(net, a.batch).items() if k not in feeds}
     if missing:
-        print(f"random inputs for {sorted(missing)} (batch {a.batch}, seed 0)", file=sys.stderr)
+        note("random inputs for %s (batch %d, seed 0)", sorted(missing), a.batch)
     feeds.update(missing)
-    out = net.run(feeds)
+    with phase("run", backend=net.backend):
+        out = net.run(feeds)
     np.set_printoptions(precision=6, suppress=True, threshold=64, edgeitems=4)
-    ref = None
-    if a.compare:
-        ref = _onnxruntime(a.model, a.weights, feeds)
+    ref = _onnxruntime(a.model, a.weights, feeds) if a.compare else None
     for name, v in out.items():
         print(f"{name}: {v.dtype}{list(v.shape)}")
         print(v)
         if ref is not None and name in ref:
             r = ref[name]
-            diff = float(np.max(np.abs(v.astype(np.float64) - r.astype(np.float64)))) if v.size else 0.0
             print(f"onnxruntime {name}:")
             print(r)
-            print(f"largest difference from onnxruntime: {diff:.3g}")
+            if r.shape != v.shape:
+                print(f"shapes differ: luisaml {list(v.shape)}, onnxruntime {list(r.shape)}")
+            else:
+                diff = float(np.max(np.abs(v.astype(np.float64) - r.astype(np.float64)))) if v.size else 0.0
+                print(f"largest difference from onnxruntime: {diff:.3g}")
         if a.out:
             os.makedirs(a.out, exist_ok=True)
             np.save(os.path.join(a.out, f"{name.replace('/', '_')}.npy"), v)
     return 0
 
 
-def _onnxruntime(model, weights, feeds):
-    """Return onnxruntime's outputs for the same model and feeds (weights bound the same way)."""
-    import onnxruntime as ort
-
+def _onnxruntime(model, weights, feeds) -> dict[str, np.ndarray] | None:
+    """Return onnxruntime's outputs for the same model and feeds (weights bound the same way), or
+    None after one line on stdout saying why it cannot run the model."""
     from .loaders import load_proto
 
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        print("onnxruntime is not installed (pip install onnxruntime): outputs not compared")
+        return None
     proto = load_proto(model, weights)
-    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feeds)))
+    try:
+        with phase("onnxruntime"):
+            sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+            names = [o.name for o in sess.get_outputs()]
+            return dict(zip(names, sess.run(names, feeds)))
+    except Exception as e:  # onnxruntime raises its own classes (Fail, InvalidGraph, NotImplemented, ...)
+        custom = sorted({o.domain for o in proto.opset_import} - {"", "ai.onnx", "ai.onnx.ml", "com.microsoft"})
+        why = " ".join(str(e).split())
+        if "No Op registered" in why:
+            why = why[why.index("No Op registered"):]
+        why = why if len(why) <= 160 else why[:157] + "..."
+        domains = f"; the model uses the domain {', '.join(repr(d) for d in custom)}" if custom else ""
+        print(f"onnxruntime cannot run this model ({why}{domains}): outputs not compared")
+        return None
 
 
 def cmd_inspect(a) -> int:
@@ -93,8 +220,11 @@ def cmd_inspect(a) -> int:
     from .compiler import build_plan, unsupported_nodes
     from .loaders import load_proto
 
-    proto = load_proto(a.model, a.weights)
-    prep = passes.prepare(proto, batch_axis=_batch_axis(a.batch_axis))
+    with phase("load", model=_name(a.model)):
+        proto = load_proto(a.model, a.weights)
+    with phase("passes"):
+        prep = passes.prepare(proto, batch_axis=_batch_axis(a.batch_axis),
+                              input_shapes=parse_input_shapes(a.input_shapes))
     g = prep.model.graph
     print(f"model: {a.model}")
     opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(prep.model.opsets.items()))
@@ -114,7 +244,8 @@ def cmd_inspect(a) -> int:
         for line in missing:
             print(f"  {line}")
         return 1
-    plan = build_plan(prep, os.path.basename(str(a.model)))
+    with phase("plan"):
+        plan = build_plan(prep, _name(a.model))
     notes = [(n, op.describe()) for n, op in plan.ops if op.describe()]
     if notes:
         print("how nodes compile:")
@@ -129,32 +260,29 @@ def cmd_inspect(a) -> int:
 
 def _describe(v, prep) -> str:
     """Return "'name': dtype[shape]" with the batch dimension shown as its symbol."""
-    from .compiler import _kernel_shape
     from .model import shape_str, type_str
 
-    try:
-        _, _, shape = _kernel_shape(v, prep, {})
-    except Exception:  # a shape that does not compile is shown as inferred
-        shape = v.shape
+    dim = prep.batch.dims.get(v.name)  # passes/batch.py: the shape with the batch symbol
+    shape = dim.onnx_shape if dim is not None else v.shape
     return f"'{v.name}': {type_str(v.elem_type)}{shape_str(shape)}"
 
 
 def cmd_emit(a) -> int:
     from .runtime import analyze
 
-    sys.stdout.write(analyze(a.model, a.weights, batch_axis=_batch_axis(a.batch_axis)).source)
+    with phase("analyze", model=_name(a.model)):
+        source = analyze(a.model, a.weights, batch_axis=_batch_axis(a.batch_axis),
+                         input_shapes=parse_input_shapes(a.input_shapes)).source
+    sys.stdout.write(source)
     return 0
 
 
 def cmd_bench(a) -> int:
-    import luisa
-
-    import luisaml
-
     t0 = time.perf_counter()
-    net = luisaml.compile(a.model, a.weights, backend=a.backend, batch_axis=_batch_axis(a.batch_axis))
+    net = _compile(a)
     feeds = _random_feeds(net, a.batch)
-    net.run(feeds)  # the first run compiles the kernel
+    with phase("first run"):
+        net.run(feeds)  # builds the kernel
     print(f"compile + first run: {time.perf_counter() - t0:.2f} s on {net.backend}")
     times = []
     for _ in range(a.repeat):
@@ -167,38 +295,157 @@ def cmd_bench(a) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `luisaml` command."""
-    ap = argparse.ArgumentParser(prog="luisaml", description="Compile ONNX models into one LuisaCompute kernel.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("run", help="compile and run a model, print its outputs")
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
+
+
+def cmd_cache_info(a) -> int:
+    from . import cache
+
+    folders = cache.info()
+    width = max(len(f.what) for f in folders)
+    for f in folders:
+        print(f"{f.what:{width}s}  {f.files:6d} files  {_mib(f.bytes):>10s}  {f.path}")
+    bound = f"{cache.MAX_BYTES / 2**20:.0f} MiB" if cache.MAX_BYTES is not None else "invalid"
+    print(f"bound on generated modules: {bound} (LUISAML_CACHE_MAX_MB), least recently used removed first")
+    print("LuisaCompute's kernels live beside the Python executable and are shared by every LuisaCompute "
+          "program of that Python")
+    return 0
+
+
+def cmd_cache_clear(a) -> int:
+    from . import cache
+
+    for f in cache.clear(kernels=not a.keep_kernels):
+        print(f"{f.what}: removed {f.files} files ({_mib(f.bytes)}) from {f.path}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    verbosity = _Parser(add_help=False)  # -v/-q after the command too (`luisaml run m.onnx -v`)
+    verbosity.add_argument("-v", "--verbose", action="count", default=0, dest="sub_verbose",
+                           help="log compile phases and times (-vv: debug)")
+    verbosity.add_argument("-q", "--quiet", action="count", default=0, dest="sub_quiet",
+                           help="only errors on stderr")
+    ap = _Parser(prog="luisaml", description="Compile ONNX models into one LuisaCompute kernel.",
+                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(
+                     "exit codes: 0 done, 2 bad input, 1 internal error (-v shows its traceback)\n"
+                     "environment: LUISAML_BACKEND (auto, cpu, cuda), LUISAML_CACHE (the cache folder),\n"
+                     "  LUISAML_CACHE_MAX_MB (its bound, default 512); `luisaml cache info` shows them"))
+    ap.add_argument("--version", action="version", version=_version())
+    ap.add_argument("-v", "--verbose", action="count", default=0, help="log compile phases and times (-vv: debug)")
+    ap.add_argument("-q", "--quiet", action="count", default=0, help="only errors on stderr")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{run,inspect,emit,bench,cache}")
+    p = sub.add_parser("run", parents=[verbosity], help="compile and run a model, print its outputs")
     _common(p)
-    p.add_argument("--input", "-i", action="append", metavar="NAME=FILE.npy", help="an input (default: random)")
+    p.add_argument("--input", "-i", action="append", metavar="NAME=FILE.npy",
+                   help="an input (default: random); cast to the model's dtype where that loses no kind")
     p.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--batch", type=int, default=4, help="batch size of random inputs")
     p.add_argument("--out", help="folder to write each output as NAME.npy")
     p.add_argument("--compare", action="store_true", help="also run onnxruntime and print the largest difference")
     p.set_defaults(fn=cmd_run)
-    p = sub.add_parser("inspect", help="inputs, outputs, op counts, unsupported nodes, register allocation")
+    p = sub.add_parser("inspect", parents=[verbosity],
+                       help="inputs, outputs, op counts, unsupported nodes, register allocation")
     _common(p)
     p.set_defaults(fn=cmd_inspect)
-    p = sub.add_parser("emit", help="print the generated module")
+    p = sub.add_parser("emit", parents=[verbosity], help="print the generated module")
     _common(p)
     p.set_defaults(fn=cmd_emit)
-    p = sub.add_parser("bench", help="time net.run on random inputs")
+    p = sub.add_parser("bench", parents=[verbosity], help="time net.run on random inputs")
     _common(p)
     p.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--batch", type=int, default=65536)
     p.add_argument("--repeat", type=int, default=20)
     p.set_defaults(fn=cmd_bench)
-    a = ap.parse_args(argv)
-    from .model import ModelError
+    p = sub.add_parser("cache", parents=[verbosity], help="show or clear luisaml's and LuisaCompute's caches")
+    cs = p.add_subparsers(dest="cache_cmd", metavar="{info,clear}")
+    p.set_defaults(fn=cmd_cache_info)
+    c = cs.add_parser("info", parents=[verbosity], help="folders, files and bytes of each cache (the default)")
+    c.set_defaults(fn=cmd_cache_info)
+    c = cs.add_parser("clear", parents=[verbosity],
+                      help="empty luisaml's caches and LuisaCompute's kernel files (rebuilt on next use)")
+    c.add_argument("--keep-kernels", action="store_true", help="leave LuisaCompute's compiled kernels")
+    c.set_defaults(fn=cmd_cache_clear)
+    return ap
 
+
+# ---- logging and errors ----------------------------------------------------------------------
+class _Formatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        kind = ("error: " if record.levelno >= logging.ERROR else "warning: " if record.levelno >= logging.WARNING
+                else "note: " if getattr(record, "note", False) else "")
+        text = f"luisaml: {kind}{record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+@contextlib.contextmanager
+def _logging(verbosity: int):
+    """Send luisaml's records to stderr while a command runs: errors only (-q), warnings and notes
+    (default), every phase (-v), debug (-vv)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Formatter())
+    level = logging.ERROR if verbosity < 0 else logging.INFO if verbosity <= 1 else logging.DEBUG
+    if verbosity == 0:
+        handler.addFilter(lambda r: r.levelno >= logging.WARNING or getattr(r, "note", False))
+    old = logger.level
+    logger.setLevel(level)
+    logger.addHandler(handler)
     try:
-        return a.fn(a)
-    except (ModelError, FileNotFoundError) as e:
-        print(f"luisaml: error: {e}", file=sys.stderr)
-        return 2
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+
+
+def _message(e: BaseException) -> str:
+    """One line saying what went wrong, with the library's option names turned into flags."""
+    if isinstance(e, OSError) and e.filename is not None and not isinstance(e, LuisamlError):
+        text = f"{e.strerror or e}: '{e.filename}'"
+    else:
+        text = " ".join(str(e).split()) or type(e).__name__
+    return (text.replace("input_shapes={name: [...]}", "--input-shapes NAME:DIMxDIM... (? keeps a dim dynamic)")
+            .replace("batch_axis='auto'", "--batch-axis auto"))
+
+
+def _detach_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's last flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `luisaml` command; returns the exit code."""
+    try:
+        a = _parser().parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a bad argument (already said in one line)
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
+    verbosity = a.verbose + a.sub_verbose - a.quiet - a.sub_quiet
+    with _logging(verbosity):
+        try:
+            rc = a.fn(a)
+            sys.stdout.flush()
+            return rc
+        except BrokenPipeError:  # `luisaml emit m.onnx | head`: the reader has all it wanted
+            _detach_stdout()
+            return 141  # 128 + SIGPIPE, what a shell reports for a program cut off this way
+        except KeyboardInterrupt:
+            print("luisaml: interrupted", file=sys.stderr)
+            return 130
+        except Exception as e:
+            bad_input = isinstance(e, LuisamlError) or (isinstance(e, OSError) and e.filename is not None)
+            hint = "" if bad_input or verbosity > 0 else " (run with -v for the traceback)"
+            what = "" if bad_input else f"internal error: {type(e).__name__}: "
+            print(f"luisaml: error: {what}{_message(e)}{hint}", file=sys.stderr)
+            if verbosity > 0:
+                traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
+            return 2 if bad_input else 1
 
 
 if __name__ == "__main__":

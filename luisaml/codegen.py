@@ -3,18 +3,17 @@ shaders/, and the generated module written to a content-hashed file and imported
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import importlib.util
 import os
-import re
-import sys
-from pathlib import Path
 from typing import Iterator
 
 import jinja2
 
 from . import indexing
+# the generated module on disk (its folder, bound and fallback) is the cache's: re-exported here
+from .cache import cache_dir, digest, import_module, templates_dir, write_module  # noqa: F401
 from .dtypes import DType
+from .errors import CompileError
+from .safe_source import check_source, comment_text
 from .storage import Local, Tensor, literal
 
 _ENV: jinja2.Environment | None = None
@@ -42,22 +41,9 @@ def template_env() -> jinja2.Environment:
 
 def _template_cache() -> jinja2.BytecodeCache | None:
     try:
-        path = cache_dir().parent / "templates"
-        path.mkdir(parents=True, exist_ok=True)
-        return jinja2.FileSystemBytecodeCache(str(path))
+        return jinja2.FileSystemBytecodeCache(str(templates_dir()))
     except OSError:  # a read-only home: templates are compiled in every process instead
         return None
-
-
-def identifier(name: str, prefix: str) -> str:
-    """Return a DSL-safe identifier derived from a tensor name."""
-    s = re.sub(r"\W", "_", name)
-    full = f"{prefix}_{s}"
-    if len(full) <= 60:
-        return full
-    # long names often share their first 60 characters (onnx's expanded function tensors): keep
-    # a hash of the whole name so that two of them never become the same parameter
-    return f"{full[:51]}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 class Module:
@@ -66,6 +52,8 @@ class Module:
     def __init__(self) -> None:
         self.array_types: dict[tuple[str, int], str] = {}
         self.helpers: dict[str, set[str]] = {}  # shaders module -> DSL functions imported from it
+        # what each run-time check reports: code k + 1 in the `errors` buffer means checks[k]
+        self.checks: list[str] = []
         self._counter = 0
 
     def fresh(self, prefix: str) -> str:
@@ -85,15 +73,26 @@ class Module:
 
 
 class KernelContext:
-    """Collects the lines of one function body; operators emit through it."""
+    """Collects the lines of one function body; operators emit through it.
 
-    def __init__(self, module: Module, indent: int = 1) -> None:
+    errors: the name of the int buffer run-time checks flag (None: checks are left out, as in
+    the embeddable `forward`, whose signature carries no error buffer)."""
+
+    ERRORS = "errors"
+    # an inline expression is being built (schedule.Inline): no statement may be emitted, `let`
+    # returns its expression instead of a variable
+    pure = False
+
+    def __init__(self, module: Module, indent: int = 1, errors: str | None = None) -> None:
         self.module = module
         self.out: list[str] = []
         self.level = indent
+        self.errors = errors
 
     # ---- lines ---------------------------------------------------------------------------
     def line(self, text: str) -> None:
+        if self.pure:
+            raise CompileError(f"internal error: a statement inside an inline expression: {text.strip()}")
         self.out.append("    " * self.level + text)
 
     def lines(self, text: str) -> None:
@@ -103,7 +102,8 @@ class KernelContext:
                 self.line(raw.rstrip())
 
     def comment(self, text: str) -> None:
-        self.line("# " + text.replace("\n", " "))
+        """Emit a comment; model text in it is escaped (safe_source.comment_text)."""
+        self.line("# " + comment_text(text))
 
     @contextlib.contextmanager
     def indent(self) -> Iterator[None]:
@@ -127,10 +127,22 @@ class KernelContext:
     def fresh(self, prefix: str = "t") -> str:
         return self.module.fresh(prefix)
 
+    def flag_error(self, message: str) -> str | None:
+        """Return a statement recording `message` as this launch's error (the runtime raises it
+        after the launch), or None where run-time checks are off."""
+        if self.errors is None:
+            return None
+        if message not in self.module.checks:
+            self.module.checks.append(message)
+        return f"{self.errors}.write(0, {self.module.checks.index(message) + 1})"
+
     def let(self, expr: str, prefix: str = "t") -> str:
-        """Emit `v = expr` for a fresh v and return v (names and numbers are returned as they are)."""
+        """Emit `v = expr` for a fresh v and return v (names and numbers are returned as they are;
+        in a pure context the parenthesised expression itself)."""
         if expr.replace("_", "").isalnum():
             return expr
+        if self.pure:
+            return f"({expr})"
         v = self.fresh(prefix)
         self.line(f"{v} = {expr}")
         return v
@@ -161,6 +173,12 @@ class KernelContext:
         self.module.helpers.setdefault(module, set()).add(name)
         return name
 
+    def pure_context(self) -> "KernelContext":
+        """Return a context sharing this one's module that builds expressions only."""
+        ctx = KernelContext(self.module, errors=None)
+        ctx.pure = True
+        return ctx
+
     def render(self, template: str, **values) -> None:
         """Render a template from shaders/ with `values` and emit it here."""
         self.lines(template_env().get_template(template).render(ctx=self, **values))
@@ -170,45 +188,8 @@ class KernelContext:
 
 
 def render_module(**values) -> str:
-    """Return the source of a generated module (shaders/module.py.j2)."""
-    return template_env().get_template("module.py.j2").render(**values) + "\n"
-
-
-def cache_dir() -> Path:
-    """Return the folder generated modules are written to (LUISAML_CACHE overrides)."""
-    root = os.environ.get("LUISAML_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "luisaml"
-    )
-    path = Path(root) / "generated"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def digest(source: str) -> str:
-    return hashlib.sha256(source.encode()).hexdigest()[:20]
-
-
-def write_module(source: str) -> Path:
-    """Write source to a file named by its content hash (atomically) and return the path."""
-    path = cache_dir() / f"net_{digest(source)}.py"
-    if not path.exists() or path.read_text() != source:
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(source)
-        os.replace(tmp, path)
-    return path
-
-
-def import_module(path: Path):
-    """Import a generated module from its file (once per process)."""
-    name = f"luisaml_generated.{path.stem}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
+    """Return the source of a generated module (shaders/module.py.j2), checked by
+    safe_source.check_source before anything writes or imports it."""
+    source = template_env().get_template("module.py.j2").render(**values) + "\n"
+    check_source(source)
+    return source

@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 
 # shared library -> the Debian package that provides it
 _COMMON_LIBS = {
@@ -19,10 +20,12 @@ _COMMON_LIBS = {
 }
 _BACKENDS = ("cpu", "cuda")
 _current: str | None = None
+# LuisaCompute's stream (one per process) is not safe to use from two threads at once: every
+# upload, launch, synchronisation and readback of a run happens under this lock
+stream_lock = threading.RLock()
 
 
-class BackendUnavailable(RuntimeError):
-    """A backend that cannot run here; the message says what to install."""
+from .errors import BackendUnavailable
 
 
 def _can_load(soname: str) -> bool:

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto
 
+from .errors import ModelError, RangeError
+
 
 @dataclass(frozen=True)
 class DType:
@@ -75,7 +77,7 @@ SUPPORTED: dict[int, DType] = {d.onnx: d for d in (FLOAT, FLOAT16, INT32, INT64,
 _BY_NUMPY: dict[np.dtype, DType] = {d.numpy: d for d in SUPPORTED.values()}
 
 
-class UnsupportedDType(TypeError):
+class UnsupportedDType(ModelError, TypeError):
     """An element type the kernel cannot hold."""
 
 
@@ -114,7 +116,7 @@ def to_kernel(array: np.ndarray, dtype: DType, what: str) -> np.ndarray:
         f32max = float(np.finfo(np.float32).max)
         bad = finite[np.abs(finite) > f32max]
         if bad.size:  # (values below float32's range round to 0, as float32 arithmetic would)
-            raise OverflowError(
+            raise RangeError(
                 f"{what}: float64 value {float(bad.flat[0]):.6g} is beyond float32's range ({f32max:.4g}), "
                 "and kernels hold float64 as float32 (LuisaCompute has no double)"
             )
@@ -122,7 +124,7 @@ def to_kernel(array: np.ndarray, dtype: DType, what: str) -> np.ndarray:
         info = np.iinfo(np.int32)
         if array.size and (array.min() < info.min or array.max() > info.max):
             bad = array[(array < info.min) | (array > info.max)].flat[0]
-            raise OverflowError(
+            raise RangeError(
                 f"{what}: int64 value {int(bad)} does not fit the kernel's 32-bit integers "
                 f"(range {info.min}..{info.max})"
             )

@@ -1,6 +1,7 @@
 """The in-memory model: Model, Graph, Node and Variable, built once from an onnx ModelProto."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -10,14 +11,11 @@ from onnx import numpy_helper
 
 from . import dtypes
 from .dtypes import DType
+from .errors import ModelError  # re-exported: luisaml.model.ModelError
 
 # A dimension is a known int, or a symbol (str) such as the batch dimension's name.
 Dim = int | str
 Shape = tuple[Dim, ...]
-
-
-class ModelError(ValueError):
-    """A model that cannot be loaded or compiled; the message names what failed."""
 
 
 @dataclass
@@ -173,17 +171,51 @@ def outer_reads(node: Node) -> set[str]:
 
 
 def check_tensor(t: onnx.TensorProto, where: str) -> None:
-    """Raise ModelError if a TensorProto's raw data does not match its dims and type."""
+    """Raise ModelError if a TensorProto's element type is not ONNX's, its dims are negative, or
+    its data (raw_data, or the typed field of its element type) does not match its dims."""
     dims = tuple(int(d) for d in t.dims)
+    if any(d < 0 for d in dims):
+        raise ModelError(f"{where} '{t.name}': dims {list(dims)} has a negative dimension")
+    if t.data_type not in _ELEMENT_TYPES:
+        raise ModelError(f"{where} '{t.name}': element type {t.data_type} is not an ONNX element type")
     if t.data_location == onnx.TensorProto.EXTERNAL:
         raise ModelError(f"{where} '{t.name}': external data was not loaded (load the model from its path)")
-    if t.HasField("raw_data") and t.data_type in dtypes.SUPPORTED:
-        want = int(np.prod(dims, dtype=np.int64)) * dtypes.SUPPORTED[t.data_type].numpy.itemsize
+    dt = dtypes.SUPPORTED.get(t.data_type)
+    if dt is None:
+        # a type luisaml does not hold (the operator that meets it says so): onnx's decoder is the
+        # judge of its data, and such tensors are rare and small
+        try:
+            numpy_helper.to_array(t)
+        except Exception as e:  # ValueError/TypeError from reshaping data that does not fit
+            raise ModelError(
+                f"{where} '{t.name}': cannot decode {type_str(t.data_type)}{shape_str(dims)}: {e}"
+            ) from e
+        return
+    # Python integers: a product of hostile dims must not wrap around as int64 would
+    numel = math.prod(dims)
+    if t.HasField("raw_data"):
+        want = numel * dt.numpy.itemsize
         if len(t.raw_data) != want:
             raise ModelError(
                 f"{where} '{t.name}': raw_data has {len(t.raw_data)} bytes, expected {want} "
                 f"for {type_str(t.data_type)}{shape_str(dims)}"
             )
+        return
+    field_name = onnx.helper.tensor_dtype_to_field(t.data_type)
+    count = len(getattr(t, field_name))
+    if count == 0 and numel > 0:
+        raise ModelError(
+            f"{where} '{t.name}': has no data, but {type_str(t.data_type)}{shape_str(dims)} holds {numel:,} "
+            "elements (stored in a weights file? pass it to luisaml)"
+        )
+    if count != numel:
+        raise ModelError(
+            f"{where} '{t.name}': {field_name} holds {count} values, expected {numel} for "
+            f"{type_str(t.data_type)}{shape_str(dims)}"
+        )
+
+
+_ELEMENT_TYPES = frozenset(v for v in onnx.TensorProto.DataType.values() if v != onnx.TensorProto.UNDEFINED)
 
 
 def tensor_to_array(t: onnx.TensorProto, where: str) -> np.ndarray:
@@ -238,8 +270,8 @@ def _attr_value(a: onnx.AttributeProto, parent: Graph, where: str) -> Any:
         return [tensor_to_array(t, f"{where} attribute '{a.name}'") for t in a.tensors]
     if a.type == A.GRAPHS:
         return [graph_from_proto(g, parent) for g in a.graphs]
-    if a.type == A.SPARSE_TENSOR:
-        return numpy_helper.to_array(a.sparse_tensor.values)  # dense values only; checked by ops
+    if a.type == A.SPARSE_TENSOR:  # dense values only; checked by ops
+        return tensor_to_array(a.sparse_tensor.values, f"{where} attribute '{a.name}' values")
     if a.type == A.TYPE_PROTO:
         return a.tp
     raise ModelError(f"{where}: attribute '{a.name}' has unknown type {a.type}")

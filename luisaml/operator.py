@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 import numpy as np
 
 from .dtypes import DType
-from .model import ModelError, Node, shape_str
+from .errors import BatchMixingError, CompileError
+from .model import Node, shape_str
 from .storage import Tensor
 
 if TYPE_CHECKING:
@@ -16,8 +17,6 @@ if TYPE_CHECKING:
 _REQUIRED = object()
 
 
-class CompileError(ModelError):
-    """A node that cannot be compiled; the message names the node, its op type and what failed."""
 
 
 @dataclass(frozen=True)
@@ -35,7 +34,8 @@ class Derived:
 
 
 class Operator:
-    """Base of every operator. Subclasses set `inplace`/`view` and implement forward(ctx)."""
+    """Base of every operator. Subclasses set `inplace`/`view` and implement forward(ctx); to run in
+    parallel stages (schedule.py) they also implement element() or work_items()/emit_item()."""
 
     # inputs whose storage output 0 may take over when they die at this node (same-index access)
     inplace: ClassVar[tuple[int, ...]] = ()
@@ -44,6 +44,19 @@ class Operator:
     # outputs every sample adds into when the node reads per-sample inputs in batch mode (atomics
     # into a buffer the runtime zeroes first); such an output must be a graph output
     accumulates: ClassVar[tuple[int, ...]] = ()
+
+    # ---- how a stage may run this node (luisaml/schedule.py) ----------------------------------
+    # element() is a cheap expression of its inputs with no statements when ctx.pure: its outputs
+    # need no buffer, the nodes that read them compute them where they read (Relu, Add, Transpose)
+    inline: ClassVar[bool] = False
+    # output element i reads each input only at broadcast_index(i): the node can be fused into the
+    # stage of the node that produces its input (an epilogue: Conv then Relu then Add)
+    elementwise: ClassVar[bool] = False
+    # forward()/emit_item() store each output element once and never read it back, so a stage may
+    # route those stores through an epilogue
+    stores_once: ClassVar[bool] = False
+    # arithmetic per output element of an inline node, for the schedule's inlining budget
+    inline_cost: ClassVar[int] = 1
 
     def __init__(
         self,
@@ -108,11 +121,18 @@ class Operator:
             raise self.error(f"{what} {axis} is out of range for rank {rank}")
         a %= rank
         if batched and a == 0:
-            raise self.error(
-                f"{what} {axis} is the batch axis: this operator mixes samples across the batch "
-                "(compile with batch_axis=None to run the graph as one instance)"
-            )
+            raise self.mixing(f"{what} {axis} is the batch axis: this operator mixes samples across the batch")
         return a
+
+    def mixing(self, message: str) -> BatchMixingError:
+        """Return the error of a node that cannot run one sample at a time (the compiler then fixes
+        the batch size per run instead: errors.BatchMixingError)."""
+        return BatchMixingError(f"{self.node.describe()}: {message}")
+
+    def expect_per_sample(self, cond: bool, message: str) -> None:
+        """Raise BatchMixingError (see mixing) unless cond."""
+        if not cond:
+            raise self.mixing(message)
 
     def expect(self, cond: bool, message: str) -> None:
         if not cond:
@@ -150,6 +170,26 @@ class Operator:
     def cooperative(self, k: int = 0) -> bool:
         """Return whether every sample of a batch adds into output k (see `accumulates`)."""
         return k in self.accumulates and any(t is not None and t.batched for t in self.inputs)
+
+    def element(self, ctx: "KernelContext", i: str, k: int = 0) -> str:
+        """Return the DSL expression of output k at flat index i (per sample), emitting any
+        statements it needs through ctx first (none when ctx.pure). A node that implements it runs
+        one thread per output element in a stage; the default says it cannot."""
+        raise NotImplementedError
+
+    def work_items(self) -> int | None:
+        """Return into how many independent pieces of work per sample emit_item() splits this node
+        (the rows of a Softmax), or None when it does not."""
+        return None
+
+    def emit_item(self, ctx: "KernelContext", item: str) -> None:
+        """Emit the code of work item `item` (a DSL int expression) of work_items()."""
+        raise NotImplementedError
+
+    @classmethod
+    def has_element(cls) -> bool:
+        """Return whether the class implements element()."""
+        return cls.element is not Operator.element
 
     @classmethod
     def infer(cls, node: Node, inputs: list) -> list | None:

@@ -5,12 +5,16 @@ so one operator template serves weights in the blob, inputs in a buffer, interme
 registers and constants folded into the code."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 
 from .dtypes import DType
+from .errors import CompileError
 
 
 def literal(value, dtype: DType) -> str:
@@ -29,6 +33,12 @@ def literal(value, dtype: DType) -> str:
                 text = f"({text})"
         return text if dtype.dsl == "float" else f"half({text})"
     v = int(value)
+    lo, hi = (0, 2**32 - 1) if dtype.dsl == "uint" else (-(2**31), 2**31 - 1)
+    if not lo <= v <= hi:
+        # the DSL's literal conversion aborts the process on such a value: refuse it here
+        raise CompileError(
+            f"{dtype.name.lower()} value {v} does not fit the kernel's 32-bit integers (range {lo}..{hi})"
+        )
     if dtype.dsl == "uint":
         return f"uint({v})"
     return f"({v})" if v < 0 else str(v)
@@ -164,16 +174,21 @@ class Linear(Storage):
         return f"({literal(self.start, self.dtype)} + {literal(self.step, self.dtype)} * {conv})"
 
 
-@dataclass
+@dataclass(eq=False)
 class Tensor:
-    """A tensor as the kernel sees it: per-sample shape (the batch dimension is 1), dtype, storage."""
+    """A tensor as the kernel sees it: per-sample shape (the batch dimension is 1), dtype, storage.
+
+    Where a tensor lives differs between the functions of one module (a local array in
+    `forward`, a buffer region in a stage kernel), so it is not an attribute the emission writes:
+    `storage` looks the tensor up in the bindings of the emission in progress (`bind`), and falls
+    back to `home`, the storage a constant has everywhere (a literal, the weight blob)."""
 
     name: str
     dtype: DType
     shape: tuple[int, ...]
     batched: bool = False
     value: np.ndarray | None = None  # known on the host (constants)
-    storage: Storage | None = None
+    home: Storage | None = None
     strides: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -187,11 +202,40 @@ class Tensor:
     def rank(self) -> int:
         return len(self.shape)
 
+    @property
+    def storage(self) -> Storage | None:
+        """The storage of this tensor in the emission in progress (see the class docstring)."""
+        for table in reversed(_BINDINGS.get()):
+            st = table.get(id(self))
+            if st is not None:
+                return st
+        return self.home
+
     def load(self, i: str) -> str:
-        return self.storage.load(i)
+        st = self.storage
+        if st is None:
+            raise CompileError(f"internal error: tensor '{self.name}' has no storage in this function")
+        return st.load(i)
 
     def store(self, i: str, value: str) -> str:
-        return self.storage.store(i, value)
+        st = self.storage
+        if st is None:
+            raise CompileError(f"internal error: tensor '{self.name}' has no storage in this function")
+        return st.store(i, value)
+
+
+# the binding tables of the emissions in progress, innermost last (a subgraph's over its parent's)
+_BINDINGS: contextvars.ContextVar[tuple[dict[int, Storage], ...]] = contextvars.ContextVar("bindings", default=())
+
+
+@contextlib.contextmanager
+def bind(table: dict[Tensor, Storage]) -> Iterator[None]:
+    """Give tensors these storages while the block emits (over the bindings already active)."""
+    token = _BINDINGS.set(_BINDINGS.get() + ({id(t): st for t, st in table.items()},))
+    try:
+        yield
+    finally:
+        _BINDINGS.reset(token)
 
 
 def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -52,6 +52,17 @@ def abs_expr(x: str, dt: DType) -> str:
     return f"abs({x})" if dt.is_float else f"({x} if {x} >= 0 else -{x})"
 
 
+def max_fn(ctx: KernelContext, dt: DType) -> str:
+    """Return the name of the DSL function for max in dtype dt: numpy's maximum, NaN when either
+    operand is (shaders/dsl_lib.py::max_nan), for floats; the builtin for the others."""
+    return ctx.use_helper("max_nan") if dt.dsl in ("float", "half") else "max"
+
+
+def min_fn(ctx: KernelContext, dt: DType) -> str:
+    """Return the name of the DSL function for min in dtype dt (NaN-propagating for floats)."""
+    return ctx.use_helper("min_nan") if dt.dsl in ("float", "half") else "min"
+
+
 def upcast(expr: str, dt: DType) -> str:
     """Return expr (of dtype dt) converted to compute_dtype(dt)."""
     return convert(expr, dt, compute_dtype(dt))

@@ -36,7 +36,7 @@ class If(Operator):
                     )
 
     def forward(self, ctx):
-        from luisaml.compiler import emit_graph
+        from luisaml.emission import graph_scope
 
         cond = ctx.fresh("cond")
         ctx.line(f"{cond} = {self.input(0).load('0')}")
@@ -45,10 +45,10 @@ class If(Operator):
             with ctx.indent():
                 ctx.line("pass")
                 code = self.subgraphs[name]
-                emit_graph(ctx, code, {})
-                for out, sub in zip(self.outputs, code.graph.outputs):
-                    if out is not None:
-                        _copy(ctx, out, code.tensors[sub])
+                with graph_scope(ctx, code, {}):
+                    for out, sub in zip(self.outputs, code.graph.outputs):
+                        if out is not None:
+                            _copy(ctx, out, code.tensors[sub])
 
 
 @register("Loop", since=1)
@@ -74,7 +74,7 @@ class Loop(Operator):
                 raise self.error(f"loop-carried value {k} changes shape ({list(v_in.shape)} -> {list(out.shape)})")
 
     def forward(self, ctx):
-        from luisaml.compiler import emit_graph
+        from luisaml.emission import graph_scope
 
         body = self.subgraphs["body"]
         n_carried = len(self.inputs) - 2
@@ -95,17 +95,17 @@ class Loop(Operator):
             binds = {body.graph.inputs[0]: Value(it), body.graph.inputs[1]: Value(keep)}
             for k, out in enumerate(carried):
                 binds[body.graph.inputs[2 + k]] = out
-            emit_graph(ctx, body, {n: s.storage if isinstance(s, Tensor) else s for n, s in binds.items()})
-            outs = body.graph.outputs
-            for k in range(self.n_scan):
-                dst = self.outputs[n_carried + k]
-                if dst is not None:
-                    src = body.tensors[outs[1 + n_carried + k]]
-                    _copy(ctx, dst, src, f"{it} * {src.numel}")
-            for k, out in enumerate(carried):  # after the whole body: v_out may read v_in
-                if out is not None:
-                    _copy(ctx, out, body.tensors[outs[1 + k]])
-            ctx.line(f"{keep} = {body.tensors[outs[0]].load('0')}")
+            with graph_scope(ctx, body, {n: s.storage if isinstance(s, Tensor) else s for n, s in binds.items()}):
+                outs = body.graph.outputs
+                for k in range(self.n_scan):
+                    dst = self.outputs[n_carried + k]
+                    if dst is not None:
+                        src = body.tensors[outs[1 + n_carried + k]]
+                        _copy(ctx, dst, src, f"{it} * {src.numel}")
+                for k, out in enumerate(carried):  # after the whole body: v_out may read v_in
+                    if out is not None:
+                        _copy(ctx, out, body.tensors[outs[1 + k]])
+                ctx.line(f"{keep} = {body.tensors[outs[0]].load('0')}")
             ctx.line(f"{it} += 1")
 
 
@@ -171,7 +171,7 @@ class Scan(Operator):
                 raise self.error(f"state {k} changes shape ({list(self.input(k).shape)} -> {list(out.shape)})")
 
     def forward(self, ctx):
-        from luisaml.compiler import emit_graph
+        from luisaml.emission import graph_scope
         from luisaml.storage import Local
 
         body, g, N = self.subgraphs["body"], self.subgraphs["body"].graph, self.N
@@ -202,28 +202,28 @@ class Scan(Operator):
                     ctx.line(dst.store(j, t.load(_strided_slice_index(t.shape, self.in_axes[m], pos, j))))
             binds = {g.inputs[k]: states[k] for k in range(N)}
             binds.update({g.inputs[N + m]: slices[m][2] for m in range(self.M)})
-            emit_graph(ctx, body, binds)
-            outs = g.outputs
-            for j in range(self.K):
-                dst = self.outputs[N + j] if N + j < len(self.outputs) else None
-                if dst is None:
-                    continue
-                src = body.tensors[outs[N + j]]
-                pos = f"({self.length - 1} - {it})" if self.out_dirs[j] else it
-                with ctx.loop(src.numel) as e:
-                    ctx.store(dst, _strided_slice_index(dst.shape, self.out_axes[j], pos, e), src.load(e))
-            # new states after the whole body (a body output may read, or be, another state)
-            new = [body.tensors[outs[k]] for k in range(N)]
-            staged = []
-            for k in range(N):
-                if any(new[k].storage is states[q] for q in range(N) if q != k):
-                    tmp = Local(ctx.local_array(new[k].dtype.dsl, new[k].numel, "next"))
-                    with ctx.loop(new[k].numel) as e:
-                        ctx.line(tmp.store(e, new[k].load(e)))
-                    staged.append(tmp)
-                else:
-                    staged.append(new[k].storage)
-            for k in range(N):
-                if staged[k] is not states[k]:
-                    with ctx.loop(self.input(k).numel) as e:
-                        ctx.line(states[k].store(e, staged[k].load(e)))
+            with graph_scope(ctx, body, binds):
+                outs = g.outputs
+                for j in range(self.K):
+                    dst = self.outputs[N + j] if N + j < len(self.outputs) else None
+                    if dst is None:
+                        continue
+                    src = body.tensors[outs[N + j]]
+                    pos = f"({self.length - 1} - {it})" if self.out_dirs[j] else it
+                    with ctx.loop(src.numel) as e:
+                        ctx.store(dst, _strided_slice_index(dst.shape, self.out_axes[j], pos, e), src.load(e))
+                # new states after the whole body (a body output may read, or be, another state)
+                new = [body.tensors[outs[k]] for k in range(N)]
+                staged = []
+                for k in range(N):
+                    if any(new[k].storage is states[q] for q in range(N) if q != k):
+                        tmp = Local(ctx.local_array(new[k].dtype.dsl, new[k].numel, "next"))
+                        with ctx.loop(new[k].numel) as e:
+                            ctx.line(tmp.store(e, new[k].load(e)))
+                        staged.append(tmp)
+                    else:
+                        staged.append(new[k].storage)
+                for k in range(N):
+                    if staged[k] is not states[k]:
+                        with ctx.loop(self.input(k).numel) as e:
+                            ctx.line(states[k].store(e, staged[k].load(e)))

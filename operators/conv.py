@@ -178,11 +178,13 @@ class ConvBase(Operator):
             f"strides {g.strides}, dilations {g.dilations}, pads {g.pads_begin + g.pads_end}, group {self.group}"
         )
 
-    def emit(self, ctx, window_dims, x_coords, w_coords) -> None:
-        """Render the loop nest: outer over Y, window over (channel in group, kernel dims)."""
-        x, w, y = self.input(0), self.input(1), self.output()
-        outer = loop_vars(ctx, y.shape, "o")
-        n, m, ospat = outer[0][0], outer[1][0], [v for v, _ in outer[2:]]
+    stores_once = True
+
+    def window_code(self, ctx, coords: list[str], window_dims, x_coords, w_coords):
+        """Return (head, window, body, accumulator) of the window sum for the output element at
+        `coords` (variables or "0"): the pieces shaders/conv.py.j2 nests."""
+        x, w = self.input(0), self.input(1)
+        n, m, ospat = coords[0], coords[1], coords[2:]
         acc = ctx.fresh("acc")
         cg = x.shape[1] // self.group
         mg = self.M // self.group
@@ -200,8 +202,34 @@ class ConvBase(Operator):
         xi = ix.ravel(x_coords(n, c_abs, spatial_in), x.strides)
         wi = ix.ravel(w_coords(m, c_var, c_abs, [v for v, _ in kvars], mg), w.strides)
         body = [f"{acc} += {load_f(x, xi)} * {load_f(w, wi)}"]
+        return head, window, body, acc
+
+    def emit(self, ctx, window_dims, x_coords, w_coords) -> None:
+        """Render the loop nest: outer over Y, window over (channel in group, kernel dims)."""
+        y = self.output()
+        outer = loop_vars(ctx, y.shape, "o")
+        head, window, body, acc = self.window_code(ctx, [v for v, _ in outer], window_dims, x_coords, w_coords)
         tail = [store_f(y, ix.ravel([v for v, _ in outer], y.strides), acc)]
         ctx.render("conv.py.j2", outer=outer, head=head, window=window, body=body, tail=tail)
+
+    def emit_element(self, ctx, i: str, window_dims, x_coords, w_coords) -> str:
+        """Emit the window sum of output element i (a stage thread's share) and return its value."""
+        y = self.output()
+        coords = [ctx.let(c, "o") if n > 1 else "0" for c, n in zip(ix.unravel(i, tuple(y.shape)), y.shape)]
+        head, window, body, acc = self.window_code(ctx, coords, window_dims, x_coords, w_coords)
+        ctx.render("conv.py.j2", outer=[], head=head, window=window, body=body, tail=[])
+        return f"half({acc})" if y.dtype.dsl == "half" else acc
+
+    def forward(self, ctx) -> None:
+        self.emit(ctx, *self.window_fns())
+
+    def element(self, ctx, i: str, k: int = 0) -> str:
+        return self.emit_element(ctx, i, *self.window_fns())
+
+    def window_fns(self):
+        """Return (window_dims, x_coords, w_coords): how an input coordinate follows from an output
+        coordinate and a window offset, and how X and W are indexed."""
+        raise NotImplementedError
 
 
 @register("Conv", since=1)
@@ -211,7 +239,7 @@ class Conv(ConvBase):
     def geometry(self) -> None:
         self.geo = window_geometry(self, self.input(0).shape[2:], self.kernel)
 
-    def forward(self, ctx) -> None:
+    def window_fns(self):
         g, x = self.geo, self.input(0)
 
         def window_dims(ctx, d, o, kv):
@@ -221,12 +249,7 @@ class Conv(ConvBase):
             size = x.shape[2 + d]
             return pre, bounds(iv, g.pads_begin[d] > 0, size if last >= size else None), iv
 
-        self.emit(
-            ctx,
-            window_dims,
-            lambda n, c_abs, sp: [n, c_abs] + sp,
-            lambda m, c, c_abs, ks, mg: [m, c] + ks,
-        )
+        return window_dims, (lambda n, c_abs, sp: [n, c_abs] + sp), (lambda m, c, c_abs, ks, mg: [m, c] + ks)
 
 
 @register("ConvTranspose", since=1)
@@ -262,7 +285,7 @@ class ConvTranspose(ConvBase):
         self.expect(all(o >= 1 for o in out), f"output spatial size {out} is empty")
         self.geo = Geometry(self.kernel, strides, dil, begin, end, out)
 
-    def forward(self, ctx) -> None:
+    def window_fns(self):
         g, x = self.geo, self.input(0)
 
         def window_dims(ctx, d, o, kv):
@@ -281,12 +304,8 @@ class ConvTranspose(ConvBase):
                 cond.append(f"{iv} < {size}")
             return pre, cond, iv
 
-        self.emit(
-            ctx,
-            window_dims,
-            lambda n, c_abs, sp: [n, c_abs] + sp,
-            lambda m, c, c_abs, ks, mg: [c_abs, ix.mod(m, mg) if self.group > 1 else m] + ks,
-        )
+        return (window_dims, (lambda n, c_abs, sp: [n, c_abs] + sp),
+                (lambda m, c, c_abs, ks, mg: [c_abs, ix.mod(m, mg) if self.group > 1 else m] + ks))
 
 
 @register("Col2Im", since=18)

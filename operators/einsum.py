@@ -1,8 +1,9 @@
 """Einsum (any equation: repeated labels, ellipses with broadcasting, implicit outputs) and Det.
 
-Einsum is one loop nest: a loop per output label, and inside, per output element, a loop per
-summed label accumulating the product of the operands' elements (shaders/accumulate.py.j2).
-Float and half accumulate in float, integers in int."""
+An output element of Einsum is its contraction: a loop per summed label accumulating the product
+of the operands' elements (shaders/accumulate.py.j2); forward() nests that under a loop per output
+label, a stage runs one thread per output element. Float and half accumulate in float, integers
+in int. Det is one elimination per output element too."""
 from __future__ import annotations
 
 import numpy as np
@@ -103,18 +104,17 @@ class Einsum(Operator):
         self.expect(y.numel == int(np.prod(want, dtype=np.int64)), f"output '{y.name}' {list(y.shape)} is not {want}")
         for k, (t, labels) in enumerate(zip(ins, self.labels)):
             if t.batched and (not self.out or labels[0] != self.out[0]):
-                raise self.error(f"input {k} '{t.name}': its batch axis (label {labels[0]!r}) is not the output's first "
-                                 "axis: the contraction mixes samples (compile with batch_axis=None)")
+                raise self.mixing(f"input {k} '{t.name}': its batch axis (label {labels[0]!r}) is not the output's first "
+                                  "axis: the contraction mixes samples")
         self.summed = [c for c in dict.fromkeys(c for labels in self.labels for c in labels) if c not in self.out]
 
-    def forward(self, ctx):
+    def contraction(self, ctx, out: list[str]) -> tuple[list[tuple[str, int]], list[str], list[str], str]:
+        """Return (summed loops, head, body, result) of the output element at coordinates `out`
+        (one per output label): accumulate.py.j2's pieces."""
         ins = [t for t in self.inputs if t is not None]
         y = self.output()
-        if y.numel == 0:
-            return
-        var = {c: ctx.fresh("e") if self.sizes[c] > 1 else "0" for c in self.out + self.summed}
-        outer = [(var[c], self.sizes[c]) for c in self.out if self.sizes[c] > 1]
-        inner = [(var[c], self.sizes[c]) for c in self.summed if self.sizes[c] > 1]
+        var = dict(zip(self.out, out))
+        var.update({c: ctx.fresh("e") if self.sizes[c] > 1 else "0" for c in self.summed})
         acc_dt = compute_dtype(ins[0].dtype)
         acc = ctx.fresh("acc")
         factors = []
@@ -122,10 +122,27 @@ class Einsum(Operator):
             # a broadcast (size-1) ellipsis axis reads its only element
             coords = [var[c] if n > 1 else "0" for c, n in zip(labels, t.shape)]
             factors.append(upcast(t.load(ix.ravel(coords, t.strides)), t.dtype))
+        inner = [(var[c], self.sizes[c]) for c in self.summed if self.sizes[c] > 1]
+        return (inner, [f"{acc} = {literal(0, acc_dt)}"], [f"{acc} = {acc} + {' * '.join(factors)}"],
+                convert(acc, acc_dt, y.dtype))
+
+    def forward(self, ctx):
+        y = self.output()
+        if y.numel == 0:
+            return
+        out = [ctx.fresh("e") if self.sizes[c] > 1 else "0" for c in self.out]
+        inner, head, body, result = self.contraction(ctx, out)
+        outer = [(v, self.sizes[c]) for v, c in zip(out, self.out) if self.sizes[c] > 1]
         out_strides = [int(np.prod([self.sizes[c] for c in self.out[k + 1:]], dtype=np.int64)) for k in range(len(self.out))]
-        dst = ix.ravel([var[c] for c in self.out], out_strides)
-        ctx.render("accumulate.py.j2", outer=outer, inner=inner, head=[f"{acc} = {literal(0, acc_dt)}"],
-                   body=[f"{acc} = {acc} + {' * '.join(factors)}"], tail=[y.store(dst, convert(acc, acc_dt, y.dtype))])
+        ctx.render("accumulate.py.j2", outer=outer, inner=inner, head=head, body=body,
+                   tail=[y.store(ix.ravel(out, out_strides), result)])
+
+    def element(self, ctx, i, k=0):
+        i = ctx.let(i, "i")
+        out = [ctx.let(c, "c") for c in ix.unravel(i, tuple(self.sizes[c] for c in self.out))]
+        inner, head, body, result = self.contraction(ctx, out)
+        ctx.render("accumulate.py.j2", outer=[], inner=inner, head=head, body=body, tail=[])
+        return result
 
 
 @register("Det", since=11)
@@ -139,25 +156,19 @@ class Det(Operator):
         self.expect(x.rank >= 2 and x.shape[-1] == x.shape[-2], f"input '{x.name}' {list(x.shape)} is not [*, M, M]")
         self.expect(y.numel == x.numel // max(x.shape[-1] ** 2, 1), f"output '{y.name}' {list(y.shape)} is not {list(x.shape[:-2])}")
         if x.batched and x.rank == 2:
-            raise self.error(f"the rows of '{x.name}' are the batch axis: the determinant mixes samples "
-                             "(compile with batch_axis=None)")
+            raise self.mixing(f"the rows of '{x.name}' are the batch axis: the determinant mixes samples")
 
-    def forward(self, ctx):
-        x, y = self.input(0), self.output()
+    def determinant(self, ctx, b: str) -> str:
+        """Emit the elimination of matrix b and return the variable holding its determinant."""
+        x = self.input(0)
         m = x.shape[-1]
-        count = y.numel
-        if count == 0:
-            return
         if m == 0:
-            with ctx.loop(count) as b:
-                ctx.line(y.store(b, literal(1, y.dtype)))
-            return
-        with ctx.loop(count, "b") as b:
-            a = ctx.local_array("float", m * m, "mat")
-            with ctx.loop(m * m, "e") as e:
-                ctx.line(f"{a}[{e}] = {upcast(x.load(ix.add(ix.mul(b, m * m), e)), x.dtype)}")
-            det, k, i, j, p, pv, piv, f, tmp = (ctx.fresh(n) for n in ("det", "k", "i", "j", "p", "pv", "piv", "f", "tmp"))
-            ctx.lines(f"""
+            return "1.0"
+        a = ctx.local_array("float", m * m, "mat")
+        with ctx.loop(m * m, "e") as e:
+            ctx.line(f"{a}[{e}] = {upcast(x.load(ix.add(ix.mul(b, m * m), e)), x.dtype)}")
+        det, k, i, j, p, pv, piv, f, tmp = (ctx.fresh(n) for n in ("det", "k", "i", "j", "p", "pv", "piv", "f", "tmp"))
+        ctx.lines(f"""
 {det} = 1.0
 for {k} in range({m}):
     {p} = {k}
@@ -179,4 +190,15 @@ for {k} in range({m}):
             {f} = {a}[{i} * {m} + {k}] / {piv}
             for {j} in range({k} + 1, {m}):
                 {a}[{i} * {m} + {j}] = {a}[{i} * {m} + {j}] - {f} * {a}[{k} * {m} + {j}]""")
-            ctx.line(y.store(b, convert(det, compute_dtype(x.dtype), y.dtype)))
+        return det
+
+    def forward(self, ctx):
+        y = self.output()
+        if y.numel == 0:
+            return
+        with ctx.loop(y.numel, "b") as b:
+            ctx.line(y.store(b, self.element(ctx, b)))
+
+    def element(self, ctx, i, k=0):
+        x, y = self.input(0), self.output()
+        return convert(self.determinant(ctx, i), compute_dtype(x.dtype), y.dtype)

@@ -15,7 +15,7 @@ from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import literal
 
-from .common import abs_expr, compute_dtype, convert, emit_map
+from .common import abs_expr, bload, compute_dtype, convert, emit_map
 
 FLOAT = ("float",)
 NUM = ("float", "int")
@@ -26,9 +26,13 @@ class Map(Operator):
     """out = expr(inputs...) per element, inputs broadcast to the output (numpy rules).
 
     Subclasses set `kinds` (allowed dtypes of the typed inputs) and write expr() over input
-    element names already converted to the compute dtype; lit() gives literals of that dtype."""
+    element names already converted to the compute dtype; lit() gives literals of that dtype;
+    helpers() names the DSL functions expr() calls. A map is inline: a stage computes it where
+    its output is read, or as the epilogue of the node before it (schedule.py)."""
 
     inplace = (0, 1, 2)
+    inline = True
+    elementwise = True
     kinds: tuple[str, ...] = FLOAT
     exact_in_half = False  # selection/negation only: no need to compute half in float
     same_type = True  # the typed inputs must all have the same dtype (ONNX type constraint T)
@@ -71,18 +75,37 @@ class Map(Operator):
     def expr(self, *v: str) -> str:
         raise NotImplementedError
 
+    def helpers(self) -> list[tuple[str, str]]:
+        """Return the (DSL function, shaders module) pairs expr() calls."""
+        return []
+
     def operands(self) -> list:
         """Return the tensors the map reads, in the order expr() takes them."""
         return [t for t in self.inputs if t is not None]
 
-    def forward(self, ctx) -> None:
+    def value(self, names: list[str]) -> str:
+        """Return the output element from its operands' elements (names or expressions)."""
         out, ins = self.output(), self.operands()
         res = dtypes.BOOL if self.result_bool else self.dtype
+        return convert(self.expr(*(self.up(n, t, k) for k, (n, t) in enumerate(zip(names, ins)))), res, out.dtype)
 
-        def combine(*names):
-            return convert(self.expr(*(self.up(n, t, k) for k, (n, t) in enumerate(zip(names, ins)))), res, out.dtype)
+    def forward(self, ctx) -> None:
+        for name, module in self.helpers():
+            ctx.use_helper(name, module)
+        emit_map(ctx, self.output(), self.operands(), lambda *names: self.value(list(names)))
 
-        emit_map(ctx, out, ins, combine)
+    def element(self, ctx, i: str, k: int = 0) -> str:
+        for name, module in self.helpers():
+            ctx.use_helper(name, module)
+        out = self.output()
+        return self.value([ctx.let(bload(t, out, i), "v") for t in self.operands()])
+
+    @property
+    def inline_cost(self) -> int:  # type: ignore[override]
+        """1 for arithmetic and selects, 4 when the expression calls a transcendental function."""
+        text = self.expr(*(f"v{k}" for k in range(len(self.operands()))))
+        slow = ("exp(", "log(", "tanh(", "sin(", "cos(", "pow(", "sqrt(", "erf", "tan(", "asin", "acos", "atan")
+        return 4 if any(f in text for f in slow) else 1
 
 
 def _map(op_type: str, since: int, fn, kinds=FLOAT, base=None, **attrs) -> type:
@@ -95,7 +118,9 @@ def _map(op_type: str, since: int, fn, kinds=FLOAT, base=None, **attrs) -> type:
 # ---- unary ---------------------------------------------------------------------------------
 # `since` is the first version with these semantics (earlier ones differ only in the legacy
 # consumed_inputs attribute or in the types they allow).
-_map("Relu", 6, lambda s, x: f"max({x}, {s.lit(0)})", NUM, exact_in_half=True)
+# 0 where x < 0, else x: NaN fails the comparison and stays NaN (the max builtin is C's fmax,
+# which drops it), and -0.0 stays -0.0, both as in onnxruntime
+_map("Relu", 6, lambda s, x: f"({s.lit(0)} if {x} < {s.lit(0)} else {x})", NUM, exact_in_half=True)
 _map("Neg", 6, lambda s, x: f"(-{x})", NUM, exact_in_half=True)
 _map("Abs", 6, lambda s, x: abs_expr(x, s.dtype), NUM, exact_in_half=True)
 _map("Exp", 6, lambda s, x: f"exp({x})")
@@ -109,7 +134,7 @@ _map("Floor", 6, lambda s, x: f"floor({x})")
 _map("Ceil", 6, lambda s, x: f"ceil({x})")
 # 1 / (1 + e^-x): e^-x = inf for very negative x gives 0, as it should
 _map("Sigmoid", 6, lambda s, x: f"({s.lit(1)} / ({s.lit(1)} + exp(-{x})))")
-# log(1 + e^x) without overflow: max(x, 0) + log(1 + e^-|x|)
+# log(1 + e^x) without overflow: max(x, 0) + log(1 + e^-|x|) (NaN reaches it through the log)
 _map("Softplus", 1, lambda s, x: f"(max({x}, {s.lit(0)}) + log({s.lit(1)} + exp(-abs({x}))))")
 _map("Not", 1, lambda s, x: f"(not {x})", ("bool",))
 
@@ -118,12 +143,11 @@ _map("Not", 1, lambda s, x: f"(not {x})", ("bool",))
 class Erf(Map):
     """erf through shaders/dsl_lib.py::erf_f32 (float; half goes through float)."""
 
-    def forward(self, ctx):
-        self.erf = ctx.use_helper("erf_f32")
-        super().forward(ctx)
+    def helpers(self):
+        return [("erf_f32", "dsl_lib")]
 
     def expr(self, x):
-        return f"{self.erf}({x})"
+        return f"erf_f32({x})"
 
 
 @register("LeakyRelu", since=6)
@@ -149,9 +173,14 @@ class Selu(Map):
 
 @register("HardSigmoid", since=6)
 class HardSigmoid(Map):
+    """clamp(alpha x + beta, 0, 1); NaN stays NaN."""
+
+    def helpers(self):
+        return [("clamp_nan", "dsl_lib")]
+
     def expr(self, x):
         a, b = self.lit(self.attr("alpha", 0.2)), self.lit(self.attr("beta", 0.5))
-        return f"clamp({a} * {x} + {b}, {self.lit(0)}, {self.lit(1)})"
+        return f"clamp_nan({a} * {x} + {b}, {self.lit(0)}, {self.lit(1)})"
 
 
 @register("Gelu", since=20)
@@ -165,17 +194,15 @@ class Gelu(Map):
             self.approximate in ("none", "tanh"), f"attribute approximate must be 'none' or 'tanh', not {self.approximate!r}"
         )
 
-    def forward(self, ctx):
-        if self.approximate == "none":
-            self.erf = ctx.use_helper("erf_f32")
-        super().forward(ctx)
+    def helpers(self):
+        return [("erf_f32", "dsl_lib")] if self.approximate == "none" else []
 
     def expr(self, x):
         c = self.lit
         if self.approximate == "tanh":
             inner = f"{c(math.sqrt(2 / math.pi))} * ({x} + {c(0.044715)} * {x} * {x} * {x})"
             return f"({c(0.5)} * {x} * ({c(1)} + tanh({inner})))"
-        return f"({c(0.5)} * {x} * ({c(1)} + {self.erf}({x} * {c(1 / math.sqrt(2))})))"
+        return f"({c(0.5)} * {x} * ({c(1)} + erf_f32({x} * {c(1 / math.sqrt(2))})))"
 
 
 # ---- binary ------------------------------------------------------------------------------------
@@ -202,15 +229,14 @@ class Mod(Map):
 
     kinds = NUM
 
-    def forward(self, ctx):
-        self.fmod = int(self.attr("fmod", 0))
-        if self.dtype.is_float:
-            self.fn = ctx.use_helper("fmod_f32" if self.fmod else "pymod_f32", "math_lib")
-        super().forward(ctx)
-
     def check(self):
         super().check()
-        self.expect(int(self.attr("fmod", 0)) in (0, 1), f"attribute fmod must be 0 or 1, not {self.attr('fmod', 0)}")
+        self.fmod = int(self.attr("fmod", 0))
+        self.expect(self.fmod in (0, 1), f"attribute fmod must be 0 or 1, not {self.attr('fmod', 0)}")
+        self.fn = "fmod_f32" if self.fmod else "pymod_f32"
+
+    def helpers(self):
+        return [(self.fn, "math_lib")] if self.dtype.is_float else []
 
     def expr(self, a, b):
         if self.dtype.is_float:
@@ -232,18 +258,16 @@ class Pow(Map):
 
     def check(self):
         super().check()
-        self.expect_dtype(self.input(1), NUM, "input 1 (Y)")
+        y = self.input(1)
+        self.expect_dtype(y, NUM, "input 1 (Y)")
+        self.square = y.value is not None and y.value.size == 1 and float(y.value.reshape(-1)[0]) == 2.0
+        self.ipow = self.input(0).dtype.is_int and y.dtype.is_int
 
     def typed_inputs(self) -> range:
         return range(1)
 
-    def forward(self, ctx):
-        y = self.input(1)
-        self.square = y.value is not None and y.value.size == 1 and float(y.value.reshape(-1)[0]) == 2.0
-        self.ipow = self.input(0).dtype.is_int and y.dtype.is_int
-        if self.ipow and not self.square:
-            self.pow_i32 = ctx.use_helper("pow_i32")
-        super().forward(ctx)
+    def helpers(self):
+        return [("pow_i32", "dsl_lib")] if self.ipow and not self.square else []
 
     def up(self, v, t, k):
         if k == 0:
@@ -254,7 +278,7 @@ class Pow(Map):
         if self.square:
             return f"{a} * {a}"
         if self.ipow:
-            return f"{self.pow_i32}({a}, {b})"
+            return f"pow_i32({a}, {b})"
         if self.dtype.is_int:
             return convert(f"pow({convert(a, self.dtype, dtypes.FLOAT)}, {b})", dtypes.FLOAT, self.dtype)
         return f"pow({a}, {b})"
@@ -315,8 +339,25 @@ def _variadic(op_type: str, combine, **attrs) -> type:
     return register(op_type, since=8)(cls)
 
 
-_variadic("Max", lambda a, b: f"max({a}, {b})", exact_in_half=True)
-_variadic("Min", lambda a, b: f"min({a}, {b})", exact_in_half=True)
+class Extreme(Variadic):
+    """Max/Min as numpy's maximum/minimum: NaN when any input is NaN (the builtins drop it)."""
+
+    exact_in_half = True
+    nan_fn, plain_fn = "max_nan", "max"  # floats: shaders/dsl_lib.py's NaN-keeping one; ints: the builtin
+
+    def helpers(self):
+        return [(self.fn, "dsl_lib")] if self.dtype.dsl in ("float", "half") else []
+
+    @property
+    def fn(self) -> str:
+        return self.nan_fn if self.dtype.dsl in ("float", "half") else self.plain_fn
+
+    def combine(self, a, b):
+        return f"{self.fn}({a}, {b})"
+
+
+register("Max", since=8)(type("Max", (Extreme,), {}))
+register("Min", since=8)(type("Min", (Extreme,), {"nan_fn": "min_nan", "plain_fn": "min"}))
 Sum = _variadic("Sum", lambda a, b: f"{a} + {b}")
 
 
@@ -347,9 +388,23 @@ class Where(Map):
         return f"({a} if {c} else {b})"
 
 
+def clip_expr(x: str, lo: str | None, hi: str | None) -> str:
+    """Return min(max(x, lo), hi) as onnxruntime computes it (std::max, then std::min): NaN x stays
+    NaN, a NaN bound bounds nothing, and min > max gives max. No bound: None. x, lo and hi are
+    names or literals (each appears more than once)."""
+    if lo is not None and hi is not None:
+        return f"(({hi} if {hi} < {lo} else {lo}) if {x} < {lo} else ({hi} if {hi} < {x} else {x}))"
+    if lo is not None:
+        return f"({lo} if {x} < {lo} else {x})"
+    if hi is not None:
+        return f"({hi} if {hi} < {x} else {x})"
+    return x
+
+
 @register("Clip", since=11)
 class Clip(Map):
-    """Clip with optional min and max inputs (absent: unbounded); min > max gives max, as ONNX says."""
+    """Clip with optional min and max inputs (absent: the type's lowest / largest value, as
+    onnxruntime); min > max gives max, as ONNX says."""
 
     inplace = (0,)
     kinds = NUM
@@ -361,18 +416,22 @@ class Clip(Map):
             if self.has_input(k):
                 self.expect(self.input(k).numel == 1, f"input {k} ({what}) must be a scalar, got shape {list(self.input(k).shape)}")
 
+    @property
+    def bounds(self) -> list[int]:
+        return [k for k in (1, 2) if self.has_input(k)]
+
     def operands(self):
-        self.bounds = [k for k in (1, 2) if self.has_input(k)]
         return [self.input(0)] + [self.input(k) for k in self.bounds]
 
     def expr(self, x, *b):
         bound = dict(zip(self.bounds, b))
-        e = x
-        if 1 in bound:
-            e = f"max({e}, {bound[1]})"
-        if 2 in bound:
-            e = f"min({e}, {bound[2]})"
-        return e
+        lo, hi = bound.get(1), bound.get(2)
+        if self.dtype.is_float:
+            # onnxruntime's absent bound is the type's lowest / largest finite value (Clip-6's
+            # defaults): an infinity is clamped to it
+            fin = np.finfo(self.dtype.kernel_numpy)
+            lo, hi = lo or self.lit(fin.min), hi or self.lit(fin.max)
+        return clip_expr(x, lo, hi)
 
 
 @register("Clip", since=6)
@@ -384,7 +443,7 @@ class ClipAttr(Map):
 
     def expr(self, x):
         lo, hi = self.attr("min", -3.4028234663852886e38), self.attr("max", 3.4028234663852886e38)
-        return f"min(max({x}, {self.lit(lo)}), {self.lit(hi)})"
+        return clip_expr(x, self.lit(lo), self.lit(hi))
 
 
 @register("Cast", since=6)
@@ -400,9 +459,11 @@ class Cast(Map):
         to = self.attr("to")
         self.expect(to in dtypes.SUPPORTED, f"cannot cast to {dtypes.onnx_name(to)}: unsupported type")
 
-    def forward(self, ctx):
-        x, y = self.input(0), self.output()
-        emit_map(ctx, y, [x], lambda v: convert(v, x.dtype, y.dtype))
+    def operands(self):
+        return [self.input(0)]
+
+    def value(self, names):
+        return convert(names[0], self.input(0).dtype, self.output().dtype)
 
 
 @register("Identity", since=1)
@@ -438,11 +499,17 @@ class Dropout(Operator):
                 "numbers, which luisaml does not do",
             )
 
+    inline = True
+    elementwise = True
+
     def forward(self, ctx):
         emit_map(ctx, self.output(), [self.input(0)], lambda v: v)
         if len(self.outputs) > 1 and self.outputs[1] is not None:
             mask = self.outputs[1]
             emit_map(ctx, mask, [], lambda: literal(1, mask.dtype))
+
+    def element(self, ctx, i, k=0):
+        return self.input(0).load(i) if k == 0 else literal(1, self.outputs[1].dtype)
 
 
 @register("CastLike", since=15)
@@ -488,12 +555,11 @@ class Sign(Map):
 class Round(Map):
     """Round half to even (shaders/math_lib.py::round_even_f32; the DSL's round goes away from 0)."""
 
-    def forward(self, ctx):
-        self.fn = ctx.use_helper("round_even_f32", "math_lib")
-        super().forward(ctx)
+    def helpers(self):
+        return [("round_even_f32", "math_lib")]
 
     def expr(self, x):
-        return f"{self.fn}({x})"
+        return f"round_even_f32({x})"
 
 
 @register("IsInf", since=10)
@@ -533,12 +599,13 @@ class PRelu(Map):
 
 @register("Celu", since=12)
 class Celu(Map):
-    """max(0, x) + min(0, alpha (exp(x / alpha) - 1))."""
+    """max(0, x) + min(0, alpha (exp(x / alpha) - 1)), as a select: one term is 0 on each side
+    of 0 (for either sign of alpha), and NaN, which max/min would drop, takes the exp branch."""
 
     def expr(self, x):
         c = self.lit
         alpha = float(self.attr("alpha", 1.0))
-        return f"(max({x}, {c(0)}) + min({c(0)}, {c(alpha)} * (exp({x} / {c(alpha)}) - {c(1)})))"
+        return f"({x} if {x} > {c(0)} else {c(alpha)} * (exp({x} / {c(alpha)}) - {c(1)}))"
 
 
 @register("ThresholdedRelu", since=10)
@@ -605,13 +672,12 @@ class BitShift(Map):
         super().check()
         self.direction = self.attr("direction")
         self.expect(self.direction in ("LEFT", "RIGHT"), f"attribute direction must be LEFT or RIGHT, not {self.direction!r}")
-
-    def forward(self, ctx):
         unsigned = self.dtype.dsl == "uint"
-        name = f"shift_{self.direction.lower()}_{'u32' if unsigned else 'i32'}"
-        self.fn = ctx.use_helper(name, "math_lib")
+        self.fn = f"shift_{self.direction.lower()}_{'u32' if unsigned else 'i32'}"
         self.width = None if unsigned else 8 * self.typed()[0][1].dtype.numpy.itemsize
-        super().forward(ctx)
+
+    def helpers(self):
+        return [(self.fn, "math_lib")]
 
     def expr(self, a, b):
         return f"{self.fn}({a}, {b})" if self.width is None else f"{self.fn}({a}, {b}, {self.width})"
@@ -647,10 +713,18 @@ class BitCast(Operator):
                     f"BitCast from {x.dtype.name.lower()} to {dtypes.onnx_name(to).lower()}: only float32, int32 and "
                     "uint32 among themselves keep their bits in a kernel")
 
-    def forward(self, ctx):
+    inline = True
+    elementwise = True
+
+    def cast(self, ctx, v: str) -> str:
         x, y = self.input(0), self.output()
         if x.dtype.dsl == y.dtype.dsl:
-            emit_map(ctx, y, [x], lambda v: v, broadcast=False)
-            return
+            return v
         fn = ctx.use_helper({"int": "bits_to_int", "uint": "bits_to_uint", "float": "bits_to_float"}[y.dtype.dsl], "math_lib")
-        emit_map(ctx, y, [x], lambda v: f"{fn}({v})", broadcast=False)
+        return f"{fn}({v})"
+
+    def forward(self, ctx):
+        emit_map(ctx, self.output(), [self.input(0)], lambda v: self.cast(ctx, v), broadcast=False)
+
+    def element(self, ctx, i, k=0):
+        return self.cast(ctx, self.input(0).load(i))

@@ -25,6 +25,15 @@ def _same_types(op: Operator, names: list[tuple[int, str]]) -> None:
             )
 
 
+def dot(ctx, K: int, acc_dt, load_a, load_b, finish) -> str:
+    """Emit sum over k < K of load_a(k) * load_b(k) into a fresh accumulator; return finish(acc)."""
+    acc = ctx.fresh("acc")
+    ctx.line(f"{acc} = {literal(0, acc_dt)}")
+    with ctx.loop(K, "k") as kk:
+        ctx.line(f"{acc} += {load_a(kk)} * {load_b(kk)}")
+    return finish(acc)
+
+
 @register("Gemm", since=7)
 class Gemm(Operator):
     """Y = alpha * A' B' + beta * C, A' = A or A^T, B' = B or B^T, C broadcast to [M, N]
@@ -53,29 +62,42 @@ class Gemm(Operator):
             for name, v in (("alpha", self.alpha), ("beta", self.beta)):
                 self.expect(v == int(v), f"integer Gemm needs a whole {name}, got {v}")
 
-    def forward(self, ctx):
+    def loaders(self):
+        """Return (load_a(m, k), load_b(k, n), finish(m, n, acc) -> the output value, accumulator dtype)."""
         a, b, y = self.input(0), self.input(1), self.output()
         c = self.input(2) if self.has_input(2) and self.beta != 0 else None
         M, N, K = self.M, self.N, self.K
         acc_dt = compute_dtype(y.dtype)
 
-        def load_a(_, m, k):
+        def load_a(m, k):
             return upcast(a.load(ix.add(ix.mul(k, M), m) if self.ta else ix.add(ix.mul(m, K), k)), a.dtype)
 
-        def load_b(_, k, n):
+        def load_b(k, n):
             return upcast(b.load(ix.add(ix.mul(n, K), k) if self.tb else ix.add(ix.mul(k, N), n)), b.dtype)
 
         def scaled(v, s):
             return v if s == 1 else f"{literal(s, acc_dt)} * {v}"
 
-        def store(_, m, n, acc):
+        def finish(m, n, acc):
             v = scaled(acc, self.alpha)
             if c is not None:
                 cv = upcast(c.load(ix.broadcast_index(ix.add(ix.mul(m, N), n), (M, N), c.shape)), c.dtype)
                 v = f"{v} + {scaled(cv, self.beta)}"
-            return y.store(ix.add(ix.mul(m, N), n), convert(v, acc_dt, y.dtype))
+            return convert(v, acc_dt, y.dtype)
 
-        ctx.render("matmul.py.j2", batch=1, M=M, N=N, K=K, zero=literal(0, acc_dt), a=load_a, bm=load_b, store=store)
+        return load_a, load_b, finish, acc_dt
+
+    def forward(self, ctx):
+        y = self.output()
+        load_a, load_b, finish, acc_dt = self.loaders()
+        ctx.render("matmul.py.j2", batch=1, M=self.M, N=self.N, K=self.K, zero=literal(0, acc_dt),
+                   a=lambda _, m, k: load_a(m, k), bm=lambda _, k, n: load_b(k, n),
+                   store=lambda _, m, n, acc: y.store(ix.add(ix.mul(m, self.N), n), finish(m, n, acc)))
+
+    def element(self, ctx, i, k=0):
+        load_a, load_b, finish, acc_dt = self.loaders()
+        m, n = ctx.let(ix.div(i, self.N), "m"), ctx.let(ix.mod(i, self.N), "n")
+        return dot(ctx, self.K, acc_dt, lambda kk: load_a(m, kk), lambda kk: load_b(kk, n), lambda acc: finish(m, n, acc))
 
     def describe(self):
         return f"naive dot products, M={self.M} N={self.N} K={self.K}"
@@ -105,10 +127,10 @@ class MatMul(Operator):
         want = int(np.prod(self.batch_shape, dtype=np.int64)) * self.M * self.N
         self.expect(y.numel == want, f"output '{y.name}' has shape {list(y.shape)}, expected {want} elements")
 
-    def forward(self, ctx):
+    def loaders(self):
+        """Return (load_a(bi, m, k), load_b(bi, k, n), finish(acc), accumulator dtype)."""
         a, b, y = self.input(0), self.input(1), self.output()
         M, N, K = self.M, self.N, self.K
-        nb = int(np.prod(self.batch_shape, dtype=np.int64))
         acc_dt = compute_dtype(y.dtype)
 
         def base(t_batch, bi, size):
@@ -121,10 +143,25 @@ class MatMul(Operator):
         def load_b(bi, k, n):
             return upcast(b.load(ix.add(base(self.b_batch, bi, K * N), ix.mul(k, N), n)), b.dtype)
 
+        return load_a, load_b, (lambda acc: convert(acc, acc_dt, y.dtype)), acc_dt
+
+    def forward(self, ctx):
+        y = self.output()
+        M, N, K = self.M, self.N, self.K
+        nb = int(np.prod(self.batch_shape, dtype=np.int64))
+        load_a, load_b, finish, acc_dt = self.loaders()
+
         def store(bi, m, n, acc):
-            return y.store(ix.add(ix.mul(bi, M * N), ix.mul(m, N), n), convert(acc, acc_dt, y.dtype))
+            return y.store(ix.add(ix.mul(bi, M * N), ix.mul(m, N), n), finish(acc))
 
         ctx.render("matmul.py.j2", batch=nb, M=M, N=N, K=K, zero=literal(0, acc_dt), a=load_a, bm=load_b, store=store)
+
+    def element(self, ctx, i, k=0):
+        M, N = self.M, self.N
+        load_a, load_b, finish, acc_dt = self.loaders()
+        bi = ctx.let(ix.div(i, M * N), "b") if self.batch_shape else "0"
+        m, n = ctx.let(ix.mod(ix.div(i, N), M), "m"), ctx.let(ix.mod(i, N), "n")
+        return dot(ctx, self.K, acc_dt, lambda kk: load_a(bi, m, kk), lambda kk: load_b(bi, kk, n), finish)
 
     def describe(self):
         return f"naive dot products, batch={list(self.batch_shape)} M={self.M} N={self.N} K={self.K}"

@@ -1,4 +1,6 @@
-"""Operators that generate values from coordinates: Range, EyeLike and OneHot."""
+"""Operators that generate values from coordinates: Range, EyeLike, OneHot, AffineGrid and the
+window functions. Each output element is a pure expression of its index, so all are inline
+(schedule.py); forward() is the same value over a loop nest (shape.emit_nest)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,6 +12,7 @@ from luisaml.registry import register
 from luisaml.storage import literal
 
 from .common import compute_dtype, convert
+from .shape import element_at, emit_nest
 
 
 @register("Range", since=11)
@@ -17,6 +20,8 @@ class Range(Operator):
     """start + i * delta for i below the output's length (its shape is static: from constant
     inputs, or inferred); start and delta may be runtime scalars. Floats (half through float) are
     computed as start + i * delta, not by accumulating delta."""
+
+    inline = True
 
     def check(self):
         y = self.output()
@@ -32,16 +37,27 @@ class Range(Operator):
             n = max(int(np.ceil((limit - start) / delta)), 0)
             self.expect(y.numel == n, f"output '{y.name}' has {y.numel} elements, the range {n}")
 
+    def scalars(self, ctx) -> tuple[str, str]:
+        """Return (start, delta) in the compute dtype, bound once."""
+        dt = compute_dtype(self.output().dtype)
+        return tuple(ctx.let(convert(self.input(k).load("0"), self.output().dtype, dt), what)
+                     for k, what in ((0, "start"), (2, "delta")))
+
+    def value(self, i: str, start: str, delta: str) -> str:
+        y = self.output()
+        dt = compute_dtype(y.dtype)
+        return convert(f"{start} + {convert(i, dtypes.INT32, dt)} * {delta}", dt, y.dtype)
+
     def forward(self, ctx):
         y = self.output()
         if y.numel == 0:
             return
-        dt = compute_dtype(y.dtype)
-        start = ctx.let(convert(self.input(0).load("0"), y.dtype, dt), "start")
-        delta = ctx.let(convert(self.input(2).load("0"), y.dtype, dt), "delta")
+        start, delta = self.scalars(ctx)
         with ctx.loop(y.numel) as i:
-            k = convert(i, dtypes.INT32, dt)
-            ctx.line(y.store(i, convert(f"{start} + {k} * {delta}", dt, y.dtype)))
+            ctx.line(y.store(i, self.value(i, start, delta)))
+
+    def element(self, ctx, i, k=0):
+        return self.value(i, *self.scalars(ctx))
 
 
 @register("EyeLike", since=9)
@@ -49,25 +65,26 @@ class EyeLike(Operator):
     """Ones on diagonal k of a 2-d tensor shaped like the input, zeros elsewhere (dtype: the
     attribute, or the input's)."""
 
+    inline = True
+
     def check(self):
         x, y = self.input(0), self.output()
         self.expect(x.rank == 2, f"input '{x.name}' has rank {x.rank}, expected 2")
         if x.batched:
-            raise self.error(f"the rows of '{x.name}' are the batch axis: the diagonal mixes samples "
-                             "(compile with batch_axis=None)")
+            raise self.mixing(f"the rows of '{x.name}' are the batch axis: the diagonal mixes samples")
         self.expect(tuple(y.shape) == tuple(x.shape), f"output shape {list(y.shape)} is not the input's {list(x.shape)}")
 
-    def forward(self, ctx):
+    def value(self, i, coords, let) -> str:
         y = self.output()
-        if y.numel == 0:
-            return
-        rows, cols = y.shape
-        k = int(self.attr("k", 0))
-        loops = [(ctx.fresh("r"), rows), (ctx.fresh("c"), cols)]
-        r, c = (v if n > 1 else "0" for v, n in loops)
+        r, c = coords
         one, zero = literal(1, y.dtype), literal(0, y.dtype)
-        body = [y.store(ix.add(ix.mul(r, cols), c), f"({one} if {c} - {r} == {k} else {zero})")]
-        ctx.render("nest.py.j2", loops=[(v, n) for v, n in loops if n > 1], body=body)
+        return f"({one} if {c} - {r} == {int(self.attr('k', 0))} else {zero})"
+
+    def forward(self, ctx):
+        emit_nest(ctx, self.output(), self.value)
+
+    def element(self, ctx, i, k=0):
+        return element_at(ctx, i, self.output().shape, self.value)
 
 
 @register("OneHot", since=9)
@@ -75,6 +92,9 @@ class OneHot(Operator):
     """out[..., d, ...] = values[1] where d == indices[...] (negative indices count from the end),
     values[0] elsewhere; the new axis of length depth (a constant) goes at `axis`. Indices out of
     [-depth, depth) give a row of values[0]."""
+
+    inline = True
+    inline_cost = 2
 
     @classmethod
     def infer(cls, node, inputs):
@@ -99,20 +119,18 @@ class OneHot(Operator):
         want.insert(self.ax, self.depth)
         self.expect(tuple(y.shape) == tuple(want), f"output shape {list(y.shape)} is not {want}")
 
+    def value(self, i, coords, let) -> str:
+        idx, values = self.input(0), self.input(2)
+        d = coords[self.ax]
+        g = let(convert(idx.load(ix.ravel(coords[:self.ax] + coords[self.ax + 1:], idx.strides)), idx.dtype, dtypes.INT32), "g")
+        g = let(f"({g} + {self.depth} if {g} < 0 else {g})", "g")
+        return f"({values.load('1')} if {g} == {d} else {values.load('0')})"
+
     def forward(self, ctx):
-        idx, values, y = self.input(0), self.input(2), self.output()
-        if y.numel == 0:
-            return
-        outer = int(np.prod(idx.shape[: self.ax], dtype=np.int64))
-        inner = int(np.prod(idx.shape[self.ax:], dtype=np.int64))
-        loops = [(ctx.fresh("o"), outer), (ctx.fresh("d"), self.depth), (ctx.fresh("r"), inner)]
-        o, d, r = (v if n > 1 else "0" for v, n in loops)
-        off, on = ctx.let(values.load("0"), "off"), ctx.let(values.load("1"), "on")
-        g = ctx.fresh("g")
-        body = [f"{g} = {convert(idx.load(ix.add(ix.mul(o, inner), r)), idx.dtype, dtypes.INT32)}",
-                f"{g} = ({g} + {self.depth} if {g} < 0 else {g})",
-                y.store(ix.add(ix.mul(o, self.depth * inner), ix.mul(d, inner), r), f"({on} if {g} == {d} else {off})")]
-        ctx.render("nest.py.j2", loops=[(v, n) for v, n in loops if n > 1], body=body)
+        emit_nest(ctx, self.output(), self.value)
+
+    def element(self, ctx, i, k=0):
+        return element_at(ctx, i, self.output().shape, self.value)
 
 
 @register("AffineGrid", since=20)
@@ -121,6 +139,9 @@ class AffineGrid(Operator):
     image of `size` (a constant [N, C, (D,) H, W]) normalised to [-1, 1] (pixel centres, or
     corners with align_corners), x first. An axis of one pixel sits at 0 (PyTorch's choice; the
     formula divides by zero there, and onnxruntime and ONNX's reference disagree)."""
+
+    inline = True
+    inline_cost = 2
 
     def check(self):
         theta, y = self.input(0), self.output()
@@ -141,24 +162,20 @@ class AffineGrid(Operator):
             return "0.0" if n == 1 else f"(float(2 * {i} - {n - 1}) / {float(n - 1)})"
         return f"(float(2 * {i} + {1 - n}) / {float(n)})"
 
-    def forward(self, ctx):
-        theta, y = self.input(0), self.output()
-        if y.numel == 0:
-            return
-        k = self.k
-        loops = [(ctx.fresh("n"), theta.shape[0])] + [(ctx.fresh("p"), s) for s in self.spatial]
-        coords = [v if s > 1 else "0" for v, s in loops]
-        pos = [ctx.fresh("q") for _ in range(k)]
+    def value(self, i, coords, let) -> str:
+        theta, y, k = self.input(0), self.output(), self.k
+        n, row = coords[0], coords[-1]
         # the spatial axes are (D,) H, W; the position vector is x (W) first
-        body = [f"{q} = {self.position(c, s)}" for q, c, s in zip(pos, coords[1:], self.spatial)]
-        vec = list(reversed(pos))
-        dst = ix.mul(ix.ravel(coords, tuple(int(np.prod(y.shape[d + 1:-1], dtype=np.int64)) for d in range(k + 1))), k)
-        for row in range(k):
-            base = ix.add(ix.mul(coords[0], k * (k + 1)), str(row * (k + 1)))
-            t = [convert(theta.load(ix.add(base, str(j))), theta.dtype, dtypes.FLOAT) for j in range(k + 1)]
-            value = " + ".join([f"{t[j]} * {vec[j]}" for j in range(k)] + [t[k]])
-            body.append(y.store(ix.add(dst, str(row)), convert(value, dtypes.FLOAT, y.dtype)))
-        ctx.render("nest.py.j2", loops=[(v, s) for v, s in loops if s > 1], body=body)
+        vec = [let(self.position(c, s), "q") for c, s in zip(coords[1:-1], self.spatial)][::-1]
+        base = ix.add(ix.mul(n, k * (k + 1)), ix.mul(row, k + 1))
+        t = [convert(theta.load(ix.add(base, str(j))), theta.dtype, dtypes.FLOAT) for j in range(k + 1)]
+        return convert(" + ".join([f"{t[j]} * {vec[j]}" for j in range(k)] + [t[k]]), dtypes.FLOAT, y.dtype)
+
+    def forward(self, ctx):
+        emit_nest(ctx, self.output(), self.value)
+
+    def element(self, ctx, i, k=0):
+        return element_at(ctx, i, self.output().shape, self.value)
 
 
 class Window(Operator):
@@ -166,6 +183,8 @@ class Window(Operator):
     (periodic) or size - 1 (symmetric); output_datatype gives the type."""
 
     coeffs: tuple[float, ...] = ()
+    inline = True
+    inline_cost = 4  # cosines
 
     def check(self):
         y = self.output()
@@ -177,12 +196,15 @@ class Window(Operator):
         y = self.output()
         if self.n == 0:
             return
-        denom = float(self.n if self.periodic else max(self.n - 1, 1))
         with ctx.loop(self.n) as i:
-            phase = f"(6.283185307179586 * float({i}) / {denom})"
-            terms = [repr(self.coeffs[0])] + [f"{'-' if c < 0 else '+'} {abs(c)!r} * cos({k}.0 * {phase})"
-                                              for k, c in enumerate(self.coeffs[1:], start=1)]
-            ctx.line(y.store(i, convert(" ".join(terms), dtypes.FLOAT, y.dtype)))
+            ctx.line(y.store(i, self.element(ctx, i)))
+
+    def element(self, ctx, i, k=0):
+        denom = float(self.n if self.periodic else max(self.n - 1, 1))
+        phase = f"(6.283185307179586 * float({i}) / {denom})"
+        terms = [repr(self.coeffs[0])] + [f"{'-' if c < 0 else '+'} {abs(c)!r} * cos({m}.0 * {phase})"
+                                          for m, c in enumerate(self.coeffs[1:], start=1)]
+        return convert(" ".join(terms), dtypes.FLOAT, self.output().dtype)
 
 
 register("HannWindow", since=17)(type("HannWindow", (Window,), {"coeffs": (0.5, -0.5)}))

@@ -7,13 +7,30 @@ import numpy as np
 from luisaml.operator import _REQUIRED, Operator
 from luisaml.registry import register
 from luisaml import indexing as ix
-from luisaml.storage import constant_storage
+from luisaml.storage import constant_storage, row_major_strides
 
-from .common import emit_copy, loop_vars
+from .common import coalesce, emit_copy, loop_vars
 
 
 def _prod(dims) -> int:
     return int(np.prod(dims, dtype=np.int64))
+
+
+def remap(ctx, i: str, shape, base: int, strides) -> str:
+    """Return base + sum(coordinate d of flat index i over `shape` * strides[d]): where an output
+    element of a copy (transpose, slice, split) reads its input. Runs of dimensions that the
+    strides walk as one are merged first (fewer divisions)."""
+    sizes, (out_s, in_s) = coalesce(shape, list(row_major_strides(tuple(shape))), list(strides))
+    if not sizes:
+        return str(base)
+    i = ctx.let(i, "i")
+    terms = [str(base)] if base else []
+    for n, os_, is_ in zip(sizes, out_s, in_s):
+        c = ix.div(i, os_)
+        if os_ * n < _prod(shape):  # not the outermost run: wrap
+            c = ix.mod(c, n)
+        terms.append(ix.mul(c, is_))
+    return ix.add(*terms)
 
 
 @register("Transpose", since=1)
@@ -27,15 +44,18 @@ class Transpose(Operator):
             sorted(self.perm) == list(range(x.rank)), f"perm {self.perm} is not a permutation of the {x.rank} axes of '{x.name}'"
         )
         if x.batched and self.perm[0] != 0:
-            raise self.error(
-                f"perm {self.perm} moves the batch axis of '{x.name}': per-sample execution needs it first "
-                "(compile with batch_axis=None)"
-            )
+            raise self.mixing(f"perm {self.perm} moves the batch axis of '{x.name}': per-sample execution needs it first")
+
+    inline = True
 
     def forward(self, ctx):
         x, y = self.input(0), self.output()
         src = [x.strides[p] for p in self.perm]
         emit_copy(ctx, y.shape, y.strides, 0, src, 0, x.load, y.store)
+
+    def element(self, ctx, i, k=0):
+        x, y = self.input(0), self.output()
+        return x.load(remap(ctx, i, y.shape, 0, [x.strides[p] for p in self.perm]))
 
 
 # ---- Slice -----------------------------------------------------------------------------------
@@ -100,6 +120,8 @@ class Slice(Operator):
         )
         self.first, self.step = first, step
 
+    inline = True
+
     def forward(self, ctx):
         x, y = self.input(0), self.output()
         if y.numel == 0:
@@ -107,6 +129,11 @@ class Slice(Operator):
         base = sum(f * s for f, s in zip(self.first, x.strides))
         src = [s * st for s, st in zip(x.strides, self.step)]
         emit_copy(ctx, y.shape, y.strides, 0, src, base, x.load, y.store)
+
+    def element(self, ctx, i, k=0):
+        x, y = self.input(0), self.output()
+        base = sum(f * s for f, s in zip(self.first, x.strides))
+        return x.load(remap(ctx, i, y.shape, base, [s * st for s, st in zip(x.strides, self.step)]))
 
 
 @register("Slice", since=1)
@@ -142,6 +169,8 @@ class Concat(Operator):
             total += t.shape[self.ax]
         self.expect(total == y.shape[self.ax], f"inputs add up to {total} along axis {self.ax}, output has {y.shape[self.ax]}")
 
+    inline = True
+
     def forward(self, ctx):
         y = self.output()
         offset = 0
@@ -149,6 +178,27 @@ class Concat(Operator):
             if t.numel:
                 emit_copy(ctx, t.shape, y.strides, offset * y.strides[self.ax], t.strides, 0, t.load, y.store)
             offset += t.shape[self.ax]
+
+    def element(self, ctx, i, k=0):
+        """The input whose range along the axis holds the output coordinate: a chain of selects,
+        each branch's index clamped into its input (a select evaluates both sides)."""
+        y = self.output()
+        i = ctx.let(i, "i")
+        inner = _prod(y.shape[self.ax + 1:])
+        c = ctx.let(ix.mod(ix.div(i, inner), y.shape[self.ax]), "c")
+        outer = ix.div(i, inner * y.shape[self.ax])
+        parts, offset = [], 0
+        for t in (t for t in self.inputs if t is not None):
+            n = t.shape[self.ax]
+            if n:
+                local = f"clamp({c} - {offset}, 0, {n - 1})" if offset or len(self.inputs) > 1 else c
+                src = ix.add(ix.mul(outer, n * inner), ix.mul(local, inner), ix.mod(i, inner) if inner > 1 else "0")
+                parts.append((offset + n, t.load(src)))
+            offset += n
+        value = parts[-1][1]
+        for end, load in reversed(parts[:-1]):
+            value = f"({load} if {c} < {end} else {value})"
+        return value
 
 
 @register("Split", since=1)
@@ -173,6 +223,8 @@ class Split(Operator):
             f"the outputs add up to {total} along axis {self.ax}, the input has {x.shape[self.ax]}",
         )
 
+    inline = True
+
     def forward(self, ctx):
         x = self.input(0)
         offset = 0
@@ -181,6 +233,11 @@ class Split(Operator):
                 emit_copy(ctx, t.shape, t.strides, 0, x.strides, offset * x.strides[self.ax], x.load, t.store)
             offset += t.shape[self.ax]
 
+    def element(self, ctx, i, k=0):
+        x = self.input(0)
+        offset = sum(t.shape[self.ax] for t in self.outputs[:k])
+        return x.load(remap(ctx, i, self.outputs[k].shape, offset * x.strides[self.ax], x.strides))
+
 
 # ---- Gather ----------------------------------------------------------------------------------
 
@@ -188,8 +245,8 @@ class Split(Operator):
 @register("Gather", since=1)
 class Gather(Operator):
     """out[a, j, b] = data[a, indices[j], b] along `axis`. Negative indices count from the end.
-    Constant indices are checked when compiling; an out-of-range runtime index reads the nearest
-    valid element (a kernel cannot raise), where onnxruntime would fail."""
+    Constant indices are checked when compiling; an out-of-range runtime index fails the run (it
+    reads the nearest valid element first, so the access stays in bounds), as onnxruntime fails."""
 
     def check(self):
         x, idx, y = self.input(0), self.input(1), self.output()
@@ -205,6 +262,27 @@ class Gather(Operator):
             self.expect(bad.size == 0, f"index {bad[:1].tolist()} is out of range for axis {self.ax} of size {self.dim}")
             self.fixed = np.where(v < 0, v + self.dim, v).astype(np.int32)
         self.expect(self.dim > 0 or y.numel == 0, f"axis {self.ax} of '{x.name}' is empty")
+        # constant indices make it a pure remap; runtime ones need the range check's statement
+        self.inline = self.fixed is not None
+
+    def element(self, ctx, i, k=0):
+        x, idx = self.input(0), self.input(1)
+        inner, nidx = _prod(x.shape[self.ax + 1:]), idx.numel
+        i = ctx.let(i, "i")
+        o, j, r = ix.div(i, nidx * inner), ix.mod(ix.div(i, inner), nidx), ix.mod(i, inner)
+        pattern = constant_storage(self.fixed, idx.dtype) if self.fixed is not None else None
+        if pattern is not None:
+            g = ctx.let(pattern.load(j), "g")
+        else:
+            g = ctx.let(idx.load(j), "g")
+            if self.fixed is None or np.any(np.asarray(idx.value) < 0):
+                g = ctx.let(f"({g} + {self.dim} if {g} < 0 else {g})", "g")
+            if self.fixed is None:
+                flag = index_flag(ctx, self, 1, self.dim)
+                if flag:
+                    ctx.line(f"if {g} < 0 or {g} >= {self.dim}: {flag}")
+                g = ctx.let(f"clamp({g}, 0, {self.dim - 1})", "g")
+        return x.load(ix.add(ix.mul(o, self.dim * inner), ix.mul(g, inner), r))
 
     def forward(self, ctx):
         x, idx, y = self.input(0), self.input(1), self.output()
@@ -232,6 +310,7 @@ class Gather(Operator):
             index=index,
             wrap=wrap,
             clamp=clamp,
+            flag=index_flag(ctx, self, 1, self.dim) if clamp else None,
             dim=self.dim,
             dst=ix.add(ix.mul(o, nidx * inner), ix.mul(j, inner), r),
             src=ix.add(ix.mul(o, self.dim * inner), ix.mul(g, inner), r),
@@ -243,14 +322,23 @@ class Gather(Operator):
 # ---- the second round: GatherElements, GatherND, Compress, ReverseSequence ------------------------
 
 
-def index_lines(var: str, load: str, dim: int) -> list[str]:
+def index_lines(var: str, load: str, dim: int, flag: str | None = None) -> list[str]:
     """Return DSL lines setting `var` to a runtime index into an axis of `dim` elements: negative
-    indices count from the end; out-of-range ones are clamped into [0, dim) since a kernel cannot
-    raise (onnxruntime fails on them instead)."""
-    return [f"{var} = {load}", f"{var} = ({var} + {dim} if {var} < 0 else {var})", f"{var} = clamp({var}, 0, {dim - 1})"]
+    indices count from the end; an out-of-range one runs `flag` (the run then fails naming the
+    node, as onnxruntime's does: ctx.flag_error) and is clamped into [0, dim) so the access stays
+    inside the buffer."""
+    lines = [f"{var} = {load}", f"{var} = ({var} + {dim} if {var} < 0 else {var})"]
+    if flag:
+        lines.append(f"if {var} < 0 or {var} >= {dim}: {flag}")
+    return lines + [f"{var} = clamp({var}, 0, {dim - 1})"]
 
 
-def element_nest(ctx, idx, dim: int) -> tuple[list[tuple[str, int]], list[str], str, str, list[str]]:
+def index_flag(ctx, op: Operator, k: int, dim: int) -> str | None:
+    """Return the statement that flags an index of input k outside [-dim, dim) (ctx.flag_error)."""
+    return ctx.flag_error(str(op.error(f"input {k} '{op.input(k).name}' holds an index outside [{-dim}, {dim})")))
+
+
+def element_nest(ctx, idx, dim: int, flag: str | None = None) -> tuple[list[tuple[str, int]], list[str], str, str, list[str]]:
     """Loops over every element of an index tensor (GatherElements, ScatterElements): return the
     loops (loop variable, extent; extents of 1 are left out), each element's coordinates, its flat
     index, the variable holding its index value (negative ones wrapped by `dim`) and the body lines
@@ -259,7 +347,7 @@ def element_nest(ctx, idx, dim: int) -> tuple[list[tuple[str, int]], list[str], 
     coords = [v if n > 1 else "0" for v, n in loops]
     i = ix.ravel(coords, idx.strides)
     g = ctx.fresh("g")
-    return [(v, n) for v, n in loops if n > 1], coords, i, g, index_lines(g, idx.load(i), dim)
+    return [(v, n) for v, n in loops if n > 1], coords, i, g, index_lines(g, idx.load(i), dim, flag)
 
 
 def check_constant_indices(op: Operator, idx, dims) -> None:
@@ -297,10 +385,19 @@ class GatherElements(Operator):
         x, idx, y = self.input(0), self.input(1), self.output()
         if y.numel == 0:
             return
-        loops, coords, i, g, body = element_nest(ctx, idx, x.shape[self.ax])
+        loops, coords, i, g, body = element_nest(ctx, idx, x.shape[self.ax], index_flag(ctx, self, 1, x.shape[self.ax]))
         src = ix.ravel([g if d == self.ax else c for d, c in enumerate(coords)], x.strides)
         body.append(y.store(i, x.load(src)))
         ctx.render("nest.py.j2", loops=loops, body=body)
+
+    def element(self, ctx, i, k=0):
+        x, idx = self.input(0), self.input(1)
+        i = ctx.let(i, "i")
+        coords = [ctx.let(c, "c") for c in ix.unravel(i, tuple(idx.shape))]
+        g = ctx.fresh("g")
+        for line in index_lines(g, idx.load(i), x.shape[self.ax], index_flag(ctx, self, 1, x.shape[self.ax])):
+            ctx.line(line)
+        return x.load(ix.ravel([g if d == self.ax else c for d, c in enumerate(coords)], x.strides))
 
 
 @register("GatherND", since=11)
@@ -336,13 +433,29 @@ class GatherND(Operator):
         terms, body = [ix.mul(ix.div(j, per_batch), batch_stride)], []
         for k in range(self.m):
             g = ctx.fresh("g")
-            body += index_lines(g, idx.load(ix.add(ix.mul(j, self.m), str(k))), x.shape[self.b + k])
+            dim = x.shape[self.b + k]
+            body += index_lines(g, idx.load(ix.add(ix.mul(j, self.m), str(k))), dim, index_flag(ctx, self, 1, dim))
             terms.append(ix.mul(g, x.strides[self.b + k]))
         base = ctx.fresh("base")
         body.append(f"{base} = {ix.add(*terms)}")
         store = y.store(ix.add(ix.mul(j, inner), r), x.load(ix.add(base, r)))
         body += ([f"for {r} in range({inner}):", "    " + store] if inner > 1 else [store])
         ctx.render("nest.py.j2", loops=[(j, count)] if count > 1 else [], body=body)
+
+    def element(self, ctx, i, k=0):
+        x, idx = self.input(0), self.input(1)
+        per_batch = _prod(idx.shape[self.b:-1])
+        inner = _prod(x.shape[self.b + self.m:])
+        batch_stride = _prod(x.shape[self.b:])
+        i = ctx.let(i, "i")
+        j, r = ctx.let(ix.div(i, inner), "j"), ix.mod(i, inner)
+        terms = [ix.mul(ix.div(j, per_batch), batch_stride)]
+        for k_ in range(self.m):
+            g, dim = ctx.fresh("g"), x.shape[self.b + k_]
+            for line in index_lines(g, idx.load(ix.add(ix.mul(j, self.m), str(k_))), dim, index_flag(ctx, self, 1, dim)):
+                ctx.line(line)
+            terms.append(ix.mul(g, x.strides[self.b + k_]))
+        return x.load(ix.add(*terms, r))
 
 
 @register("Compress", since=9)
@@ -411,8 +524,7 @@ class ReverseSequence(Operator):
         self.expect(lens.numel == x.shape[self.bax],
                     f"sequence_lens has {lens.numel} values for {x.shape[self.bax]} batch entries")
         if x.batched and self.bax == 0 and not lens.batched:
-            raise self.error(f"batch_axis 0 is the batch axis, but sequence_lens '{lens.name}' is shared by every sample "
-                             "(compile with batch_axis=None)")
+            raise self.mixing(f"batch_axis 0 is the batch axis, but sequence_lens '{lens.name}' is shared by every sample")
         if lens.value is not None:
             v = np.asarray(lens.value).reshape(-1)
             self.expect(bool(np.all((v >= 0) & (v <= x.shape[self.tax]))),

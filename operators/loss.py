@@ -1,7 +1,11 @@
 """NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss over [N, C, d1, ...] scores and [N, d1, ...]
 integer targets: optional class weights, ignore_index, reductions none, sum and mean (the weighted
 mean: divided by the sum of the weights the targets select). Softmax cross-entropy takes the log
-softmax over C first (and can return it). Float and half accumulate in float."""
+softmax over C first (and can return it). Float and half accumulate in float.
+
+A stage runs one thread per loss element (reduction none) or one thread for the reduction; a
+SoftmaxCrossEntropyLoss that returns its log-probabilities too has two outputs, which a stage of
+one thread per element cannot write, so it runs whole."""
 from __future__ import annotations
 
 import numpy as np
@@ -40,22 +44,16 @@ class NegativeLogLikelihoodLoss(Operator):
         self.expect(self.reduction in ("none", "sum", "mean"), f"reduction {self.reduction!r} is not none, sum or mean")
         self.ignore = self.attr("ignore_index", None)
         if self.reduction != "none" and x.batched:
-            raise self.error(f"reduction {self.reduction!r} sums over N, the batch axis: it mixes samples "
-                             "(compile with batch_axis=None or reduction='none')")
+            raise self.mixing(f"reduction {self.reduction!r} sums over N, the batch axis: it mixes samples")
         want_y = want if self.reduction == "none" else ()
         self.expect(y.numel == int(np.prod(want_y, dtype=np.int64)), f"output '{y.name}' {list(y.shape)} is not {list(want_y)}")
 
-    def forward(self, ctx):
-        x, t, y = self.input(0), self.input(1), self.output(0)
-        log_prob = self.outputs[1] if len(self.outputs) > 1 else None
+    def loss_lines(self, ctx, n: str, d: str, log_prob=None) -> tuple[list[str], str, str]:
+        """Return (lines, loss variable, weight variable) of the loss at (n, d); with log_prob
+        (SoftmaxCrossEntropyLoss's output 1) the lines also store its log-probabilities."""
+        x, t = self.input(0), self.input(1)
         acc = compute_dtype(x.dtype)
-        N, C, D = self.n, self.c, self.d
-        tot, wsum = ctx.fresh("tot"), ctx.fresh("wsum")
-        if self.reduction != "none":
-            ctx.line(f"{tot} = 0.0")
-            ctx.line(f"{wsum} = 0.0")
-        loops = [(ctx.fresh("n"), N), (ctx.fresh("d"), D)]
-        n, d = (v if k > 1 else "0" for v, k in loops)
+        C, D = self.c, self.d
         at = ix.add(ix.mul(n, C * D), d)  # element (n, 0, d) of the scores; class c adds c * D
 
         def score(c: str) -> str:
@@ -77,15 +75,43 @@ class NegativeLogLikelihoodLoss(Operator):
         weight = upcast(self.input(2).load(tc), self.input(2).dtype) if self.has_input(2) else "1.0"
         if self.ignore is not None:
             weight = f"(0.0 if {tgt} == {int(self.ignore)} else {weight})"
-        body += [f"{w} = {weight}", f"{loss} = -({score(tc)} - {lp_off}) * {w}"]
-        if self.reduction == "none":
-            body.append(y.store(ix.add(ix.mul(n, D), d), convert(loss, F, y.dtype)))
-        else:
-            body += [f"{tot} = {tot} + {loss}", f"{wsum} = {wsum} + {w}"]
+        return body + [f"{w} = {weight}", f"{loss} = -({score(tc)} - {lp_off}) * {w}"], loss, w
+
+    def total(self, ctx, log_prob=None) -> str:
+        """Emit the sum of the losses (and of their weights) over every (n, d); return the
+        reduction's result."""
+        tot, wsum = ctx.fresh("tot"), ctx.fresh("wsum")
+        ctx.line(f"{tot} = 0.0")
+        ctx.line(f"{wsum} = 0.0")
+        loops = [(ctx.fresh("n"), self.n), (ctx.fresh("d"), self.d)]
+        n, d = (v if k > 1 else "0" for v, k in loops)
+        body, loss, w = self.loss_lines(ctx, n, d, log_prob)
+        body += [f"{tot} = {tot} + {loss}", f"{wsum} = {wsum} + {w}"]
         ctx.render("nest.py.j2", loops=[(v, k) for v, k in loops if k > 1], body=body)
+        return convert(f"{tot} / {wsum}" if self.reduction == "mean" else tot, F, self.output(0).dtype)
+
+    def forward(self, ctx):
+        y = self.output(0)
+        log_prob = self.outputs[1] if len(self.outputs) > 1 else None
         if self.reduction != "none":
-            result = f"{tot} / {wsum}" if self.reduction == "mean" else tot
-            ctx.line(y.store("0", convert(result, F, y.dtype)))
+            ctx.line(y.store("0", self.total(ctx, log_prob)))
+            return
+        loops = [(ctx.fresh("n"), self.n), (ctx.fresh("d"), self.d)]
+        n, d = (v if k > 1 else "0" for v, k in loops)
+        body, loss, _ = self.loss_lines(ctx, n, d, log_prob)
+        body.append(y.store(ix.add(ix.mul(n, self.d), d), convert(loss, F, y.dtype)))
+        ctx.render("nest.py.j2", loops=[(v, k) for v, k in loops if k > 1], body=body)
+
+    def element(self, ctx, i, k=0):
+        """The loss at flat index i = n * D + d, or the reduction (one element); a stage runs this
+        only when the node has one output (SoftmaxCrossEntropyLoss's log_prob keeps it whole)."""
+        if self.reduction != "none":
+            return self.total(ctx)
+        i = ctx.let(i, "i")
+        n = ctx.let(ix.div(i, self.d), "n")
+        lines, loss, _ = self.loss_lines(ctx, n, ix.mod(i, self.d))
+        ctx.lines("\n".join(lines))
+        return convert(loss, F, self.output(0).dtype)
 
 
 @register("SoftmaxCrossEntropyLoss", since=12)

@@ -4,7 +4,9 @@ semantics), RMSNormalization, LpNormalization and MeanVarianceNormalization.
 
 Each normalizes groups of elements: the tensor's axes split into kept ones (one group per
 coordinate) and reduced ones (the group's elements); shaders/norm.py.j2 runs passes over each
-group. Statistics are computed in float, two-pass (mean, then squared deviations), also for half."""
+group, and a stage runs one work item per group. Statistics are computed in float, two-pass
+(mean, then squared deviations), also for half. BatchNormalization in inference is a per-channel
+affine map, computed inline; LRN, a window per element, runs one thread per element."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -111,10 +113,33 @@ def trailing_broadcast(op: Operator, t: Tensor, shape: tuple[int, ...], role: st
 
 
 class Norm(Operator):
-    """A normalization; subclasses build the passes in forward()."""
+    """A normalization of groups: blocks() says how the elements group, group() builds the passes
+    of group o; forward loops over the groups, a stage runs one work item per group."""
 
-    def render(self, ctx, blocks: Blocks, o: str, head: list[str], passes: list[dict]) -> None:
+    stores_once = True  # every output element is stored once, in the last pass, and never read
+
+    def blocks(self) -> Blocks:
+        raise NotImplementedError
+
+    def group(self, ctx, blocks: Blocks, o: str) -> tuple[list[str], list[dict]]:
+        """Return (head lines, passes) normalizing group o (a DSL int expression)."""
+        raise NotImplementedError
+
+    def forward(self, ctx) -> None:
+        blocks = self.blocks()
+        if blocks.outer * blocks.inner == 0:
+            return
+        o = _var(ctx, blocks.outer, "o")
+        head, passes = self.group(ctx, blocks, o)
         ctx.render("norm.py.j2", outer=blocks.outer, o=o, head=head, passes=passes)
+
+    def work_items(self) -> int | None:
+        blocks = self.blocks()
+        return blocks.outer if blocks.outer * blocks.inner else None
+
+    def emit_item(self, ctx, item: str) -> None:
+        head, passes = self.group(ctx, self.blocks(), item)
+        ctx.render("norm.py.j2", outer=1, o=item, head=head, passes=passes)
 
     def epsilon(self, default: float = 1e-5) -> str:
         return f32(float(self.attr("epsilon", default)))
@@ -128,10 +153,27 @@ class Norm(Operator):
         return [(x.elem_type, x.shape)]
 
 
+def _training(node, opset: int) -> bool:
+    """Return whether a BatchNormalization node runs in training mode (before opset 14: when it
+    has the running statistics outputs)."""
+    return bool(node.attrs.get("training_mode", 0)) or (opset < 14 and any(node.outputs[1:]))
+
+
 @register("BatchNormalization", since=1)
 class BatchNormalization(Norm):
-    """Y = scale * (X - mean) / sqrt(var + epsilon) + B per channel; in training mode the batch's
-    own statistics are used and the running mean and variance are updated."""
+    """Y = scale * (X - mean) / sqrt(var + epsilon) + B per channel. In inference a per-channel
+    affine map: inline, or the epilogue of the node before it (Conv, BatchNormalization, Relu in
+    one stage). Training mode (BatchNormTraining) uses the batch's own statistics and updates the
+    running mean and variance."""
+
+    inline = True
+    elementwise = True
+    inline_cost = 4  # a square root and four loads per element
+
+    def __new__(cls, node, inputs, outputs, opset, subgraphs=None):
+        # the schedule asks the class whether element() exists: training mode, a reduction over
+        # the batch, is the subclass without it
+        return super().__new__(BatchNormTraining if cls is BatchNormalization and _training(node, opset) else cls)
 
     def check(self) -> None:
         x = self.input(0)
@@ -143,45 +185,65 @@ class BatchNormalization(Norm):
             expect_float(self, t, role)
             self.expect_shape(t, (C,), role)
             self.expect(not t.batched, f"{role} '{t.name}' has the batch dimension")
-        self.training = bool(self.attr("training_mode", 0)) or (
-            self.opset < 14 and any(o is not None for o in self.outputs[1:])
-        )
-        if self.training:
-            # the statistics run over the batch axis: one instance of the graph only
-            self.axis(0, x.rank, x.batched, "axis 0 (batch statistics of training mode)")
 
-    def forward(self, ctx) -> None:
+    def channel(self, c: str) -> tuple[str, str, str]:
+        """Return (input_mean, scale / sqrt(input_var + epsilon), B) of channel c, in float."""
+        scale, bias, mean, var = (self.input(i) for i in range(1, 5))
+        return load_f(mean, c), f"{load_f(scale, c)} / sqrt({load_f(var, c)} + {self.epsilon()})", load_f(bias, c)
+
+    def blocks(self) -> Blocks:
+        return Blocks(self.input(0).shape, list(range(2, self.input(0).rank)))
+
+    def group(self, ctx, blocks, o):
+        # group o: one channel of one sample, its affine coefficients computed once
+        x, y = self.input(0), self.output()
+        mean, inv, bias = self.channel(ix.mod(o, x.shape[1]))
+        m, s = ctx.fresh("mean"), ctx.fresh("inv")
+        r = _var(ctx, blocks.inner, "r")
+        i = blocks.index(o, r)
+        body = [store_f(y, i, f"({load_f(x, i)} - {m}) * {s} + {bias}")]
+        return [f"{m} = {mean}", f"{s} = {inv}"], [_pass(r, blocks.inner, body)]
+
+    def element(self, ctx, i, k=0):
+        x, y = self.input(0), self.output()
+        mean, inv, bias = self.channel(ctx.let(ix.coord(i, tuple(x.shape), 1), "c"))
+        v = f"({load_f(x, i)} - {mean}) * ({inv}) + {bias}"
+        return f"half({v})" if y.dtype.dsl == "half" else v
+
+
+class BatchNormTraining(BatchNormalization):
+    """BatchNormalization in training mode: statistics per channel over the batch and the spatial
+    axes (one group per channel), the running mean and variance updated with `momentum`."""
+
+    inline = False
+    elementwise = False
+    element = Operator.element  # not a map: a stage runs one work item per channel
+
+    def check(self) -> None:
+        super().check()
+        # the statistics run over the batch axis: the graph compiles per batch size
+        x = self.input(0)
+        self.axis(0, x.rank, x.batched, "axis 0 (batch statistics of training mode)")
+
+    def blocks(self) -> Blocks:
+        return Blocks(self.input(0).shape, [0] + list(range(2, self.input(0).rank)))
+
+    def group(self, ctx, blocks, c):
         x, y = self.input(0), self.output()
         scale, bias, mean_in, var_in = (self.input(i) for i in range(1, 5))
-        C, eps = x.shape[1], self.epsilon()
-        if not self.training:
-            blocks = Blocks(x.shape, list(range(2, x.rank)))
-            o = _var(ctx, blocks.outer, "o")
-            c = ix.mod(o, C)
-            inv, shift = ctx.fresh("inv"), ctx.fresh("mean")
-            head = [
-                f"{shift} = {load_f(mean_in, c)}",
-                f"{inv} = {load_f(scale, c)} / sqrt({load_f(var_in, c)} + {eps})",
-            ]
-            r = _var(ctx, blocks.inner, "r")
-            i = blocks.index(o, r)
-            body = [store_f(y, i, f"({load_f(x, i)} - {shift}) * {inv} + {load_f(bias, c)}")]
-            self.render(ctx, blocks, o, head, [_pass(r, blocks.inner, body)])
-            return
-        blocks = Blocks(x.shape, [0] + list(range(2, x.rank)))
-        c = _var(ctx, C, "c")
+        eps = self.epsilon()
         passes, mean, var, _ = standardize_passes(
             ctx, x, y, blocks, c,
             lambda variance: f"{load_f(scale, c)} / sqrt({variance} + {eps})",
             lambda v, r: f"{v} + {load_f(bias, c)}",
         )
         momentum = float(self.attr("momentum", 0.9))
-        post = passes[-1]["post"]
         for k, (stat, running) in enumerate(((mean, mean_in), (var, var_in)), start=1):
             out = self.outputs[k] if k < len(self.outputs) else None
             if out is not None:
-                post.append(store_f(out, c, f"{load_f(running, c)} * {f32(momentum)} + {stat} * {f32(1 - momentum)}"))
-        self.render(ctx, blocks, c, [], passes)
+                passes[-1]["post"].append(
+                    store_f(out, c, f"{load_f(running, c)} * {f32(momentum)} + {stat} * {f32(1 - momentum)}"))
+        return [], passes
 
 
 @register("InstanceNormalization", since=6)
@@ -196,17 +258,18 @@ class InstanceNormalization(Norm):
             self.expect_shape(self.input(i), (x.shape[1],), role)
             expect_float(self, self.input(i), role)
 
-    def forward(self, ctx) -> None:
+    def blocks(self) -> Blocks:
+        return Blocks(self.input(0).shape, list(range(2, self.input(0).rank)))
+
+    def group(self, ctx, blocks, o):
         x, y, scale, bias = self.input(0), self.output(), self.input(1), self.input(2)
-        blocks = Blocks(x.shape, list(range(2, x.rank)))
-        o = _var(ctx, blocks.outer, "o")
         c = ix.mod(o, x.shape[1])
         passes, *_ = standardize_passes(
             ctx, x, y, blocks, o,
             lambda variance: f"{load_f(scale, c)} / sqrt({variance} + {self.epsilon()})",
             lambda v, r: f"{v} + {load_f(bias, c)}",
         )
-        self.render(ctx, blocks, o, [], passes)
+        return [], passes
 
 
 class TrailingNorm(Norm):
@@ -223,6 +286,9 @@ class TrailingNorm(Norm):
                 t = self.input(i)
                 expect_float(self, t, role)
                 self.params[i] = (t, trailing_broadcast(self, t, self.norm_shape, role))
+
+    def blocks(self) -> Blocks:
+        return Blocks(self.input(0).shape, list(range(self.ax, self.input(0).rank)))
 
     def param(self, i: int, r: str) -> str | None:
         """Return the float load of Scale (1) or B (2) at normalized element r, or None."""
@@ -251,10 +317,8 @@ class LayerNormalization(TrailingNorm):
                 self.expect(out.numel == int(np.prod(self.input(0).shape[: self.ax], dtype=np.int64)),
                             f"output {k} '{out.name}' has shape {list(out.shape)}, expected the leading dims of X")
 
-    def forward(self, ctx) -> None:
+    def group(self, ctx, blocks, o):
         x, y = self.input(0), self.output()
-        blocks = Blocks(x.shape, list(range(self.ax, x.rank)))
-        o = _var(ctx, blocks.outer, "o")
         passes, mean, _, inv = standardize_passes(
             ctx, x, y, blocks, o, lambda variance: f"1.0 / sqrt({variance} + {self.epsilon()})", self.affine
         )
@@ -262,7 +326,7 @@ class LayerNormalization(TrailingNorm):
             out = self.outputs[k] if k < len(self.outputs) else None
             if out is not None:
                 passes[-1]["post"].append(store_f(out, o, value))
-        self.render(ctx, blocks, o, [], passes)
+        return [], passes
 
 
 @register("RMSNormalization", since=23)
@@ -273,10 +337,8 @@ class RMSNormalization(TrailingNorm):
         super().check()
         self.expect(1 in self.params, "input 1 (scale) is required")
 
-    def forward(self, ctx) -> None:
+    def group(self, ctx, blocks, o):
         x, y = self.input(0), self.output()
-        blocks = Blocks(x.shape, list(range(self.ax, x.rank)))
-        o = _var(ctx, blocks.outer, "o")
         r1, r2 = _var(ctx, blocks.inner, "r"), _var(ctx, blocks.inner, "r")
         q, v, inv = ctx.fresh("sq"), ctx.fresh("v"), ctx.fresh("inv")
         n = float(blocks.inner)
@@ -289,7 +351,7 @@ class RMSNormalization(TrailingNorm):
         )
         i = blocks.index(o, r2)
         p2 = _pass(r2, blocks.inner, [store_f(y, i, self.affine(f"{load_f(x, i)} * {inv}", r2))])
-        self.render(ctx, blocks, o, [], [p1, p2])
+        return [], [p1, p2]
 
 
 @register("GroupNormalization", since=18)
@@ -310,14 +372,16 @@ class GroupNormalization(Norm):
             expect_float(self, self.input(i), role)
             self.expect_shape(self.input(i), (want,), role)
 
-    def forward(self, ctx) -> None:
-        x, y, scale, bias = self.input(0), self.output(), self.input(1), self.input(2)
-        N, C = x.shape[0], x.shape[1]
+    def blocks(self) -> Blocks:
+        # groups are contiguous: X seen as [N * G, C / G * spatial]
+        x = self.input(0)
         spatial = int(np.prod(x.shape[2:], dtype=np.int64))
-        cg = C // self.G
-        # groups are contiguous: view X as [N * G, C / G * spatial]
-        blocks = Blocks((N * self.G, cg * spatial), [1])
-        o = _var(ctx, blocks.outer, "o")
+        return Blocks((x.shape[0] * self.G, x.shape[1] // self.G * spatial), [1])
+
+    def group(self, ctx, blocks, o):
+        x, y, scale, bias = self.input(0), self.output(), self.input(1), self.input(2)
+        spatial = int(np.prod(x.shape[2:], dtype=np.int64))
+        cg = x.shape[1] // self.G
         g = ix.mod(o, self.G)
 
         def affine(v: str, r: str) -> str:
@@ -327,12 +391,13 @@ class GroupNormalization(Norm):
         passes, *_ = standardize_passes(
             ctx, x, y, blocks, o, lambda variance: f"1.0 / sqrt({variance} + {self.epsilon()})", affine
         )
-        self.render(ctx, blocks, o, [], passes)
+        return [], passes
 
 
 @register("LpNormalization", since=1)
 class LpNormalization(Norm):
-    """Y = X / ||X||_p along `axis` (p is 1 or 2); a zero norm gives zeros."""
+    """Y = X / ||X||_p along `axis` (p is 1 or 2); a zero norm gives zeros, an infinite one 0 for
+    the finite elements and NaN for the infinite ones, as in onnxruntime."""
 
     def check(self) -> None:
         x = self.input(0)
@@ -341,23 +406,28 @@ class LpNormalization(Norm):
         self.p = int(self.attr("p", 2))
         self.expect(self.p in (1, 2), f"p must be 1 or 2, not {self.p}")
 
-    def forward(self, ctx) -> None:
+    def blocks(self) -> Blocks:
+        return Blocks(self.input(0).shape, [self.ax])
+
+    def group(self, ctx, blocks, o):
         x, y = self.input(0), self.output()
-        blocks = Blocks(x.shape, [self.ax])
-        o = _var(ctx, blocks.outer, "o")
         r1, r2 = _var(ctx, blocks.inner, "r"), _var(ctx, blocks.inner, "r")
-        acc, v, norm = ctx.fresh("acc"), ctx.fresh("v"), ctx.fresh("norm")
+        acc, v, norm, inv = ctx.fresh("acc"), ctx.fresh("v"), ctx.fresh("norm"), ctx.fresh("inv")
         term = f"abs({v})" if self.p == 1 else f"{v} * {v}"
+        # x * (1 / norm), 1 / norm taken as 0 for a zero norm (zeros out) and an infinite one (a
+        # finite x gives 0, inf NaN, as x / inf does): the backends turn 1 / sqrt into a
+        # reciprocal square root whose refinement makes NaN of sqrt(inf)
         p1 = _pass(
             r1,
             blocks.inner,
             [f"{v} = {load_f(x, blocks.index(o, r1))}", f"{acc} += {term}"],
             [f"{acc} = 0.0"],
-            [f"{norm} = {acc if self.p == 1 else f'sqrt({acc})'}"],
+            [f"{norm} = {acc if self.p == 1 else f'sqrt({acc})'}",
+             f"{inv} = (1.0 / {norm} if {norm} != 0.0 and not isinf({norm}) else 0.0)"],
         )
         i = blocks.index(o, r2)
-        p2 = _pass(r2, blocks.inner, [store_f(y, i, f"({load_f(x, i)} / {norm} if {norm} != 0.0 else 0.0)")])
-        self.render(ctx, blocks, o, [], [p1, p2])
+        p2 = _pass(r2, blocks.inner, [store_f(y, i, f"{load_f(x, i)} * {inv}")])
+        return [], [p1, p2]
 
 
 @register("MeanVarianceNormalization", since=13)
@@ -370,20 +440,24 @@ class MeanVarianceNormalization(Norm):
         axes = self.attr("axes", [0, 2, 3])
         self.axes = sorted({self.axis(a, x.rank, x.batched, "axes entry") for a in axes})
 
-    def forward(self, ctx) -> None:
-        x, y = self.input(0), self.output()
-        blocks = Blocks(x.shape, self.axes)
-        o = _var(ctx, blocks.outer, "o")
+    def blocks(self) -> Blocks:
+        return Blocks(self.input(0).shape, self.axes)
+
+    def group(self, ctx, blocks, o):
         passes, *_ = standardize_passes(
-            ctx, x, y, blocks, o, lambda variance: f"1.0 / (sqrt({variance}) + {f32(1e-9)})", lambda v, r: v
+            ctx, self.input(0), self.output(), blocks, o,
+            lambda variance: f"1.0 / (sqrt({variance}) + {f32(1e-9)})", lambda v, r: v
         )
-        self.render(ctx, blocks, o, [], passes)
+        return [], passes
 
 
 @register("LRN", since=1)
-class LRN(Norm):
+class LRN(Operator):
     """Local response normalization across channels:
-    Y = X / (bias + alpha / size * sum of X^2 over the `size` channels around c) ^ beta."""
+    Y = X / (bias + alpha / size * sum of X^2 over the `size` channels around c) ^ beta.
+    Each element is one window over the channels: a stage runs one thread per element."""
+
+    stores_once = True
 
     def check(self) -> None:
         x = self.input(0)
@@ -392,25 +466,34 @@ class LRN(Norm):
         self.size = int(self.attr("size"))
         self.expect(self.size >= 1, f"size must be >= 1, not {self.size}")
 
-    def forward(self, ctx) -> None:
+    def emit(self, ctx, outer: list[tuple[str, int]], n: str, c: str, s: str, store: bool) -> str:
+        """Render the window sum of the element at (sample n, channel c, spatial s) inside the
+        loops `outer` (none: one element); with `store`, store it. Return its value."""
         x, y = self.input(0), self.output()
-        N, C = x.shape[0], x.shape[1]
-        S = int(np.prod(x.shape[2:], dtype=np.int64))
-        outer = [(ctx.fresh("o") if n > 1 else "0", n) for n in (N, C, S)]
-        n, c, s = (v for v, _ in outer)
+        C, S = x.shape[1], int(np.prod(x.shape[2:], dtype=np.int64))
         before = (self.size - 1) // 2  # channels below c in the window; ceil((size-1)/2) above
-        j, cc, sq, v = ctx.fresh("j"), ctx.fresh("cc"), ctx.fresh("sq"), ctx.fresh("v")
+        j = ctx.fresh("j") if self.size > 1 else "0"
+        cc, sq, v = ctx.fresh("cc"), ctx.fresh("sq"), ctx.fresh("v")
         xi = lambda ch: ix.add(ix.mul(ix.add(ix.mul(n, C), ch), S), s)  # noqa: E731
-        window = [{"var": j if self.size > 1 else "0", "n": self.size, "pre": [f"{cc} = {c} + {j if self.size > 1 else '0'} - {before}"],
-                   "cond": f"{cc} >= 0 and {cc} < {C}"}]
+        window = [{"var": j, "n": self.size, "pre": [f"{cc} = {c} + {j} - {before}"], "cond": f"{cc} >= 0 and {cc} < {C}"}]
         alpha = float(self.attr("alpha", 1e-4)) / self.size
         base = f"{f32(float(self.attr('bias', 1.0)))} + {f32(alpha)} * {sq}"
         value = f"{load_f(x, xi(c))} / pow({base}, {f32(float(self.attr('beta', 0.75)))})"
-        ctx.render(
-            "conv.py.j2",
-            outer=outer,
-            head=[f"{sq} = 0.0"],
-            window=window,
-            body=[f"{v} = {load_f(x, xi(cc))}", f"{sq} += {v} * {v}"],
-            tail=[store_f(y, xi(c), value)],
-        )
+        ctx.render("conv.py.j2", outer=outer, head=[f"{sq} = 0.0"], window=window,
+                   body=[f"{v} = {load_f(x, xi(cc))}", f"{sq} += {v} * {v}"],
+                   tail=[store_f(y, xi(c), value)] if store else [])
+        return f"half({value})" if y.dtype.dsl == "half" else value
+
+    def dims(self) -> tuple[int, int, int]:
+        """Return X as [N, C, spatial]."""
+        x = self.input(0)
+        return x.shape[0], x.shape[1], int(np.prod(x.shape[2:], dtype=np.int64))
+
+    def forward(self, ctx) -> None:
+        outer = [(ctx.fresh("o") if k > 1 else "0", k) for k in self.dims()]
+        self.emit(ctx, outer, *(v for v, _ in outer), store=True)
+
+    def element(self, ctx, i, k=0):
+        dims = self.dims()
+        n, c, s = (ctx.let(v, "o") if d > 1 else "0" for v, d in zip(ix.unravel(i, dims), dims))
+        return self.emit(ctx, [], n, c, s, store=False)

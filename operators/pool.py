@@ -2,11 +2,13 @@
 element reduces its window (shaders/conv.py.j2, the loop nest the convolutions use) in float."""
 from __future__ import annotations
 
+from luisaml import dtypes
 from luisaml import indexing as ix
 from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import row_major_strides
 
+from .common import max_fn
 from .conv import (
     Geometry,
     bounds,
@@ -21,9 +23,12 @@ from .conv import (
 
 
 class Pool(Operator):
-    """A sliding-window pool over X [N, C, D...]; subclasses say how a window reduces."""
+    """A sliding-window pool over X [N, C, D...]; subclasses say how a window reduces. Each output
+    element is one window: a stage runs one thread per element (element()), or per element of
+    both outputs for MaxPool with Indices (emit_item())."""
 
     global_pool = False
+    stores_once = True
 
     def check(self) -> None:
         x = self.input(0)
@@ -66,13 +71,34 @@ class Pool(Operator):
             inside += cond
         return levels, coords, inside
 
-    def forward(self, ctx) -> None:
+    # ---- forward, element and emit_item share emit(): the reduction of one output element ----
+    def emit(self, ctx, outer, ov: list[str], store: bool) -> list[str]:
+        """Render the window reduction of the output element at coordinates `ov` inside the loops
+        `outer` (none: one element); with `store`, store every output. Return each output's value."""
         y = self.output()
-        outer = loop_vars(ctx, y.shape, "o")
-        ov = [v for v, _ in outer]
         head, levels, body, value = self.reduce(ctx, ov)
-        tail = [store_f(y, ix.ravel(ov, y.strides), value)] + self.extra_stores(ov)
+        tail = [store_f(y, ix.ravel(ov, y.strides), value)] + self.extra_stores(ov) if store else []
         ctx.render("conv.py.j2", outer=outer, head=head, window=levels, body=body, tail=tail)
+        return [f"half({value})" if y.dtype.dsl == "half" else value] + self.extra_values()
+
+    def forward(self, ctx) -> None:
+        outer = loop_vars(ctx, self.output().shape, "o")
+        self.emit(ctx, outer, [v for v, _ in outer], store=True)
+
+    def coords(self, ctx, i: str) -> list[str]:
+        """Return the output coordinates of flat index i, bound to variables."""
+        shape = tuple(self.output().shape)
+        return [ctx.let(c, "o") if n > 1 else "0" for c, n in zip(ix.unravel(i, shape), shape)]
+
+    def element(self, ctx, i: str, k: int = 0) -> str:
+        return self.emit(ctx, [], self.coords(ctx, i), store=False)[k]
+
+    def work_items(self) -> int | None:
+        """MaxPool with Indices has two outputs: one item per output element stores both."""
+        return self.output().numel if len([t for t in self.outputs if t is not None]) > 1 else None
+
+    def emit_item(self, ctx, item: str) -> None:
+        self.emit(ctx, [], self.coords(ctx, item), store=True)
 
     def x_index(self, ov, coords) -> str:
         return ix.ravel(ov[:2] + coords, self.input(0).strides)
@@ -80,10 +106,18 @@ class Pool(Operator):
     def extra_stores(self, ov) -> list[str]:
         return []
 
+    def extra_values(self) -> list[str]:
+        """The values of the outputs after Y (MaxPool's Indices), after reduce()."""
+        return []
+
 
 @register("MaxPool", since=1)
 class MaxPool(Pool):
-    """Y = the largest element of each window (pads never win); Indices = its flat index in X."""
+    """Y = the largest element of each window (pads never win); Indices = its flat index in X.
+    A window holding NaN gives NaN (numpy's maximum) and the index of its first NaN.
+    onnxruntime is not consistent there: its vectorised pool keeps or drops a NaN by where it lies,
+    its Indices path keeps only a NaN that comes first in the window; and its vectorised pool
+    gives -FLT_MAX for a window of -inf, where this gives -inf."""
 
     def check_more(self) -> None:
         self.storage_order = int(self.attr("storage_order", 0))
@@ -92,8 +126,9 @@ class MaxPool(Pool):
         if self.indices:
             ind = self.output(1)
             check_output(self, ind, list(self.input(0).shape[:2]) + self.geo.out, "Indices")
-            # the flat index counts the samples before this one, which a per-sample thread does not know
-            self.expect(not ind.batched, f"output Indices '{ind.name}' holds indices across the batch; compile with batch_axis=None")
+            # the flat index counts the samples before this one, which a per-sample thread does not
+            # know: the graph then compiles per batch size
+            self.expect_per_sample(not ind.batched, f"output Indices '{ind.name}' holds flat indices across the batch")
 
     def reduce(self, ctx, ov):
         x = self.input(0)
@@ -103,7 +138,7 @@ class MaxPool(Pool):
         head = [f"{best} = -INF"]
         body = [f"{v} = {load_f(x, self.x_index(ov, coords))}"]
         if not self.indices:
-            body.append(f"{best} = max({best}, {v})")
+            body.append(f"{best} = {max_fn(ctx, dtypes.FLOAT)}({best}, {v})")
             return head, levels, body, best
         self.arg = ctx.fresh("arg")
         head.append(f"{self.arg} = -1")
@@ -111,7 +146,8 @@ class MaxPool(Pool):
         # storage_order 1: the spatial part of the index is column-major
         strides = row_major_strides(tuple(spatial)) if self.storage_order == 0 else _col_major(spatial)
         flat = ix.add(ix.mul(ix.add(ix.mul(ov[0], x.shape[1]), ov[1]), int(_prod(spatial))), ix.ravel(coords, strides))
-        body += [f"if {v} > {best} or {self.arg} < 0:", f"    {best} = {v}", f"    {self.arg} = {flat}"]
+        body += [f"if {v} > {best} or {self.arg} < 0 or (isnan({v}) and not isnan({best})):",
+                 f"    {best} = {v}", f"    {self.arg} = {flat}"]
         return head, levels, body, best
 
     def extra_stores(self, ov) -> list[str]:
@@ -119,6 +155,9 @@ class MaxPool(Pool):
             return []
         ind = self.output(1)
         return [ind.store(ix.ravel(ov, ind.strides), self.arg)]
+
+    def extra_values(self) -> list[str]:
+        return [self.arg] if self.indices else []
 
 
 def _prod(xs) -> int:

@@ -11,7 +11,16 @@ from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import literal
 
-from .common import abs_expr, affine, compute_dtype, convert, reduction_loops, upcast
+from .common import (
+    abs_expr,
+    affine,
+    compute_dtype,
+    convert,
+    max_fn,
+    min_fn,
+    reduction_loops,
+    upcast,
+)
 
 
 class Reduce(Operator):
@@ -48,25 +57,31 @@ class Reduce(Operator):
         """Return (passes for shaders/reduce.py.j2, the result expression)."""
         raise NotImplementedError
 
+    def emit(self, ctx, kept, base: str, red, rx, store=None) -> str:
+        """Render the reduction of the elements at base + red.rx for each coordinate of the kept
+        loops (none: one output element); store(result) stores it. Return the result."""
+        x, y = self.input(0), self.output()
+        self.acc = compute_dtype(x.dtype)
+        self.red = red
+        first = upcast(x.load(base), x.dtype)
+        passes, result = self.passes(ctx, first, upcast(x.load(affine(base, red, rx)), x.dtype))
+        result = convert(result, self.result_dtype(), y.dtype)
+        ctx.render("reduce.py.j2", kept=kept, red=red, passes=passes, result=result, store=store)
+        return result
+
     def forward(self, ctx):
         x, y = self.input(0), self.output()
         if y.numel == 0:
             return
-        self.acc = compute_dtype(x.dtype)
         kept, kx, ky, red, rx = reduction_loops(ctx, x, self.axes)
-        src = affine(0, kept + red, kx + rx)
-        first = upcast(x.load(affine(0, kept, kx)), x.dtype)
-        self.red = red
-        passes, result = self.passes(ctx, first, upcast(x.load(src), x.dtype))
-        ctx.render(
-            "reduce.py.j2",
-            kept=kept,
-            red=red,
-            passes=passes,
-            dst=affine(0, kept, ky),
-            result=convert(result, self.result_dtype(), y.dtype),
-            store=y.store,
-        )
+        self.emit(ctx, kept, affine(0, kept, kx), red, rx, lambda v: y.store(affine(0, kept, ky), v))
+
+    def element(self, ctx, i, k=0):
+        # output element i is the kept coordinates in order: its first input element is at
+        # unravel(i) . kx
+        kept, kx, _, red, rx = reduction_loops(ctx, self.input(0), self.axes)
+        base = ctx.let(ix.ravel(ix.unravel(i, tuple(n for _, n in kept)), tuple(kx)), "base")
+        return self.emit(ctx, [], base, red, rx)
 
     def result_dtype(self):
         return self.acc
@@ -89,7 +104,9 @@ class Fold(Reduce):
     def passes(self, ctx, first, load):
         acc, x = ctx.fresh("acc"), ctx.fresh("x")
         step = self.bool_step if self.acc.is_bool else self.step
-        update = step.format(acc=acc, x=x, abs_x=abs_expr(x, self.acc))
+        # {max} / {min}: NaN-propagating for floats (numpy's maximum.reduce), the builtins otherwise
+        fns = {k: f(ctx, self.acc) for k, f in (("max", max_fn), ("min", min_fn)) if f"{{{k}}}" in step}
+        update = step.format(acc=acc, x=x, abs_x=abs_expr(x, self.acc), **fns)
         p = {"init": [f"{acc} = {self.init_expr(first)}"], "x": x, "load": load, "update": [f"{acc} = {update}"]}
         return [p], self.finish_expr(acc)
 
@@ -104,15 +121,20 @@ class Mean(Fold):
 
 
 class LogSumExp(Reduce):
-    """log(sum(exp(x))) as m + log(sum(exp(x - m))), m the maximum: no overflow."""
+    """log(sum(exp(x))) as m + log(sum(exp(x - m))), m the maximum: no overflow. m only shifts:
+    the builtin max may drop a NaN, which reaches the result through the sum anyway; an infinite
+    m shifts by 0 instead (x - m would be inf - inf), so +inf gives +inf and all -inf gives -inf,
+    as onnxruntime does."""
 
     kinds = ("float",)
 
     def passes(self, ctx, first, load):
         m, s, x1, x2 = ctx.fresh("m"), ctx.fresh("s"), ctx.fresh("x"), ctx.fresh("x")
+        zero = self.lit(0)
         return [
             {"init": [f"{m} = {first}"], "x": x1, "load": load, "update": [f"{m} = max({m}, {x1})"]},
-            {"init": [f"{s} = {self.lit(0)}"], "x": x2, "load": load, "update": [f"{s} = {s} + exp({x2} - {m})"]},
+            {"init": [f"{m} = ({zero} if isinf({m}) else {m})", f"{s} = {zero}"], "x": x2, "load": load,
+             "update": [f"{s} = {s} + exp({x2} - {m})"]},
         ], f"{m} + log({s})"
 
 
@@ -124,8 +146,8 @@ def _fold(name: str, init: str, step: str, finish: str = "{acc}", kinds=("float"
 _FOLDS = {
     "ReduceSum": _fold("ReduceSum", "0", "{acc} + {x}"),
     "ReduceMean": _fold("ReduceMean", "0", "{acc} + {x}", base=Mean),
-    "ReduceMax": _fold("ReduceMax", "first", "max({acc}, {x})", bool_step="({acc} or {x})"),
-    "ReduceMin": _fold("ReduceMin", "first", "min({acc}, {x})", bool_step="({acc} and {x})"),
+    "ReduceMax": _fold("ReduceMax", "first", "{max}({acc}, {x})", bool_step="({acc} or {x})"),
+    "ReduceMin": _fold("ReduceMin", "first", "{min}({acc}, {x})", bool_step="({acc} and {x})"),
     "ReduceProd": _fold("ReduceProd", "1", "{acc} * {x}"),
     "ReduceL1": _fold("ReduceL1", "0", "{acc} + {abs_x}"),
     "ReduceL2": _fold("ReduceL2", "0", "{acc} + {x} * {x}", "sqrt({acc})", ("float",)),
@@ -141,7 +163,9 @@ for _name, _cls in _FOLDS.items():
 
 
 class ArgReduce(Reduce):
-    """ArgMax/ArgMin along one axis: int64 indices, the first extreme unless select_last_index."""
+    """ArgMax/ArgMin along one axis: int64 indices, the first extreme unless select_last_index.
+    As onnxruntime: the first element is the start and a later one must compare better, which a
+    NaN never does (nor beats one): a leading NaN is the answer, a later NaN is skipped."""
 
     better = ">"
 
@@ -186,7 +210,44 @@ def line_start(o: str, r: str, n: int, inner: int) -> str:
     return ix.add(ix.mul(o, n * inner), r)
 
 
-class Cumulative(Operator):
+class Lines(Operator):
+    """An operator that treats each line along one axis on its own (CumSum, Hardmax, TopK): line()
+    emits one line's code; forward loops over the lines, a stage runs one work item per line."""
+
+    stores_once = True  # every output element is stored once and never read back
+
+    def lines(self) -> tuple[tuple[int, ...], int]:
+        """Return (the shape the lines are taken over, the axis of the lines)."""
+        return tuple(self.input(0).shape), self.ax
+
+    def empty(self) -> bool:
+        """Return whether there is nothing to compute."""
+        return self.output().numel == 0
+
+    def line(self, ctx, o: str, r: str, n: int, stride: int) -> list[str]:
+        """Return the lines of code of line (o, r) (line_start), n elements `stride` apart."""
+        raise NotImplementedError
+
+    def forward(self, ctx):
+        if self.empty():
+            return
+        loops, o, r, n, stride = line_loops(ctx, *self.lines())
+        ctx.render("nest.py.j2", loops=loops, body=self.line(ctx, o, r, n, stride))
+
+    def work_items(self) -> int | None:
+        shape, axis = self.lines()
+        return None if self.empty() else int(np.prod(shape, dtype=np.int64)) // shape[axis]
+
+    def emit_item(self, ctx, item: str) -> None:
+        shape, axis = self.lines()
+        outer, n, stride = (int(np.prod(s, dtype=np.int64)) for s in (shape[:axis], shape[axis], shape[axis + 1:]))
+        # item = o * stride + r, as line_loops nests them
+        o = ctx.let(ix.div(item, stride), "o") if outer > 1 else "0"
+        r = ctx.let(ix.mod(item, stride), "r") if stride > 1 else "0"
+        ctx.render("nest.py.j2", loops=[], body=self.line(ctx, o, r, n, stride))
+
+
+class Cumulative(Lines):
     """CumSum / CumProd along one axis (a constant input): exclusive leaves each element out of its
     own total, reverse runs from the end. Float and half accumulate in float, integers in int."""
 
@@ -202,22 +263,17 @@ class Cumulative(Operator):
         self.expect(axis.size == 1, f"axis must hold one value, it has {axis.size}")
         self.ax = self.axis(int(axis[0]), x.rank, batched=x.batched)
 
-    def forward(self, ctx):
+    def line(self, ctx, o, r, n, stride):
         x, y = self.input(0), self.output()
-        if y.numel == 0:
-            return
         acc_dt = compute_dtype(x.dtype)
-        loops, o, r, n, stride = line_loops(ctx, x.shape, self.ax)
-        base = line_start(o, r, n, stride)
         acc, v, t, i = ctx.fresh("acc"), ctx.fresh("x"), ctx.fresh("t"), ctx.fresh("i")
         pos = f"{n - 1} - {t}" if int(self.attr("reverse", 0)) else t
         store = y.store(i, convert(acc, acc_dt, y.dtype))
         update = f"{acc} = {self.step.format(acc=acc, x=v)}"
         body = [f"{acc} = {literal(self.init, acc_dt)}", f"for {t} in range({n}):",
-                f"    {i} = {ix.add(base, ix.mul(f'({pos})', stride))}",
+                f"    {i} = {ix.add(line_start(o, r, n, stride), ix.mul(f'({pos})', stride))}",
                 f"    {v} = {upcast(x.load(i), x.dtype)}"]
-        body += [f"    {store}", f"    {update}"] if int(self.attr("exclusive", 0)) else [f"    {update}", f"    {store}"]
-        ctx.render("nest.py.j2", loops=loops, body=body)
+        return body + ([f"    {store}", f"    {update}"] if int(self.attr("exclusive", 0)) else [f"    {update}", f"    {store}"])
 
 
 register("CumSum", since=11)(type("CumSum", (Cumulative,), {}))
@@ -225,31 +281,33 @@ register("CumProd", since=26)(type("CumProd", (Cumulative,), {"init": 1, "step":
 
 
 @register("Hardmax", since=13)
-class Hardmax(Operator):
-    """1 at the first maximum along `axis`, 0 elsewhere."""
+class Hardmax(Lines):
+    """1 at the first maximum along `axis`, 0 elsewhere. A line holding NaN has a NaN maximum,
+    which no element equals: all 0, as onnxruntime gives for a line of NaN (for a line that mixes
+    NaN and numbers, its vectorised max keeps or drops the NaN by where it lies)."""
 
     def line_axis(self, x) -> tuple[tuple[int, ...], int]:
         """Return (the shape the lines are taken over, the axis of the lines)."""
-        return x.shape, self.axis(self.attr("axis", -1), x.rank, batched=x.batched)
+        return tuple(x.shape), self.axis(self.attr("axis", -1), x.rank, batched=x.batched)
 
     def check(self):
         x = self.input(0)
         self.expect_dtype(x, ("float",), "input 0")
         self.shape, self.ax = self.line_axis(x)
 
-    def forward(self, ctx):
+    def lines(self):
+        return self.shape, self.ax
+
+    def line(self, ctx, o, r, n, stride):
         x, y = self.input(0), self.output()
-        if y.numel == 0:
-            return
-        loops, o, r, n, stride = line_loops(ctx, self.shape, self.ax)
         base = line_start(o, r, n, stride)
         best, at, v, t = ctx.fresh("best"), ctx.fresh("at"), ctx.fresh("x"), ctx.fresh("t")
         one, zero = literal(1, y.dtype), literal(0, y.dtype)
         at_t = ix.add(base, ix.mul(t, stride))
-        body = [f"{best} = {x.load(base)}", f"{at} = 0", f"for {t} in range({n}):", f"    {v} = {x.load(at_t)}",
-                f"    if {v} > {best}:", f"        {best} = {v}", f"        {at} = {t}",
+        return [f"{best} = {x.load(base)}", f"{at} = 0", f"for {t} in range({n}):", f"    {v} = {x.load(at_t)}",
+                f"    if {v} > {best} or isnan({v}):", f"        {best} = {v}", f"        {at} = {t}",
+                f"if isnan({best}):", f"    {at} = -1",
                 f"for {t} in range({n}):", f"    {y.store(at_t, f'({one} if {t} == {at} else {zero})')}"]
-        ctx.render("nest.py.j2", loops=loops, body=body)
 
 
 @register("Hardmax", since=1)

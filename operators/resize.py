@@ -89,8 +89,8 @@ def _cubic(d: np.ndarray, a: float) -> np.ndarray:
 
 
 def _coeffs(s: AxisSpec, ratio: np.ndarray) -> np.ndarray:
-    """Return the [O, n] interpolation weights of the taps left of and at the source coordinate,
-    ratio (in (0, 1]) being its distance from the tap just left of it."""
+    """Return the [O, n] interpolation weights of the taps around the source coordinate, ratio
+    (in [0, 1]) being its distance from the tap just left of it."""
     r = ratio[:, None]
     if s.mode == "linear" and not s.antialias:
         return np.concatenate([1 - r, r], axis=1)
@@ -121,16 +121,28 @@ def axis_taps(s: AxisSpec) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
         }[s.nearest_mode]
         idx = (fl + up).astype(np.int64)[:, None]
         return np.clip(idx, 0, s.in_w - 1), None, outside
-    ratio = np.where(whole, 1.0, x - fl)
-    w = _coeffs(s, ratio)
-    n = w.shape[1]
-    # the n taps nearest to x, ties to the lower index (ONNX's reference, edge-padded by ceil(n/2))
-    if n % 2 == 0:
-        start = fl - n // 2 + np.where(whole, 0, 1)
+    # A tap of weight 0 is still read, and a NaN or inf there makes NaN, so which taps are read
+    # matters: linear and cubic read onnxruntime's ones, not ONNX's reference's (same values else)
+    if s.mode == "linear" and not s.antialias:
+        # the coordinate clamped into the input, its floor and the next element (the last one
+        # twice at the right edge, weighed 1/2 and 1/2)
+        xc = np.clip(x, 0, s.in_w - 1)
+        x1 = np.minimum(np.floor(xc), s.in_w - 1)
+        x2 = np.minimum(x1 + 1, s.in_w - 1)
+        w = np.where((x1 == x2)[:, None], 0.5, np.stack([x2 - xc, xc - x1], axis=1))
+        return np.stack([x1, x2], axis=1).astype(np.int64), w, outside
+    if s.mode == "cubic" and not s.antialias:
+        # floor(x) - 1 .. floor(x) + 2 (a whole x weighs its neighbours 0), edge-padded
+        w, start = _coeffs(s, x - fl), fl - 1
     else:
-        frac = x - fl
-        start = fl - (n - 1) // 2 + np.where(frac <= 0.5, 0, 1)
-    idx = start.astype(np.int64)[:, None] + np.arange(n)[None, :]
+        w = _coeffs(s, np.where(whole, 1.0, x - fl))
+        # the n taps nearest to x, ties to the lower index (ONNX's reference, edge-padded by ceil(n/2))
+        n = w.shape[1]
+        if n % 2 == 0:
+            start = fl - n // 2 + np.where(whole, 0, 1)
+        else:
+            start = fl - (n - 1) // 2 + np.where(x - fl <= 0.5, 0, 1)
+    idx = start.astype(np.int64)[:, None] + np.arange(w.shape[1])[None, :]
     if s.exclude_outside:
         w = np.where((idx < 0) | (idx >= s.in_w), 0.0, w)
         total = w.sum(axis=1, keepdims=True)
@@ -253,6 +265,10 @@ class Resize(Operator):
         self.specs = dict(sorted(self.specs.items()))  # forward() reads the tables in axis order
         self.extrapolation = a["extrapolation"]
         self.outside = {d: bool(axis_taps(s)[2].any()) for d, s in self.specs.items()}
+        # nearest (or nothing resized) reads one tap per axis from the index tables: an inline
+        # remap, like a Gather
+        self.nearest = all(s.mode == "nearest" for s in self.specs.values())
+        self.inline = self.nearest
 
     def derived_inputs(self):
         out = []
@@ -274,17 +290,14 @@ class Resize(Operator):
         """Return how many taps an axis reads per output coordinate."""
         return 1 if s.mode == "nearest" else axis_taps(s)[0].shape[1]
 
-    def forward(self, ctx):
+    def interpolate(self, ctx, coord: list[str]) -> tuple[list[tuple[str, int]], list[str], list[str], str]:
+        """Return (tap loops, head lines, body lines, result) of the output element at `coord`
+        (accumulate.py.j2's pieces): the body runs for every combination of the resized axes'
+        taps. Nearest modes read one tap per axis: no loops nor lines, a pure expression."""
         x, y = self.input(0), self.output()
-        if y.numel == 0:
-            return
         tables = iter(self.derived)
-        outer = loop_vars(ctx, [n for n in y.shape])
-        coord = [v if n > 1 else "0" for v, n in outer]
-        outer = [(v, n) for v, n in outer if n > 1]
-        nearest = all(s.mode == "nearest" for s in self.specs.values())
         acc_dt = compute_dtype(x.dtype)
-        head, body, tail, taps, src, weights, outs = [], [], [], [], [], [], []
+        head, body, taps, src, weights, outs = [], [], [], [], [], []
         for d in range(x.rank):
             if d not in self.specs:
                 src.append(ix.mul(coord[d], x.strides[d]))
@@ -299,27 +312,39 @@ class Resize(Operator):
             if n > 1:
                 taps.append((t, n))
             at = ix.add(ix.mul(coord[d], n), t)
-            i = ctx.fresh("ix")
-            body.append(f"{i} = {index_t.load(at)}")
+            if self.nearest:
+                src.append(ix.mul(index_t.load(at), x.strides[d]))
+                continue
+            i, w = ctx.fresh("ix"), ctx.fresh("w")
+            body += [f"{i} = {index_t.load(at)}", f"{w} = {weight_t.load(at)}"]
             src.append(ix.mul(i, x.strides[d]))
-            if weight_t is not None:
-                w = ctx.fresh("w")
-                body.append(f"{w} = {weight_t.load(at)}")
-                weights.append(w)
-        dst = ix.ravel(coord, y.strides)
-        value = x.load(ix.add(*src))
-        if nearest:
-            result = value
-        else:
+            weights.append(w)
+        result = x.load(ix.add(*src))
+        if not self.nearest:
             acc = ctx.fresh("acc")
             head.append(f"{acc} = {literal(0, acc_dt)}")
-            body.append(f"{acc} = {acc} + {' * '.join(weights)} * {convert(value, x.dtype, acc_dt)}")
+            body.append(f"{acc} = {acc} + {' * '.join(weights)} * {convert(result, x.dtype, acc_dt)}")
             result = convert(acc, acc_dt, y.dtype)
         if outs:
-            flag = " + ".join(outs)
-            result = f"({literal(self.extrapolation, y.dtype)} if {flag} > 0 else {result})"
-        tail.append(y.store(dst, result))
-        ctx.render("accumulate.py.j2", outer=outer, inner=taps, head=head, body=body, tail=tail)
+            result = f"({literal(self.extrapolation, y.dtype)} if {' + '.join(outs)} > 0 else {result})"
+        return taps, head, body, result
+
+    def forward(self, ctx):
+        y = self.output()
+        if y.numel == 0:
+            return
+        outer = loop_vars(ctx, [n for n in y.shape])
+        coord = [v if n > 1 else "0" for v, n in outer]
+        taps, head, body, result = self.interpolate(ctx, coord)
+        ctx.render("accumulate.py.j2", outer=[(v, n) for v, n in outer if n > 1], inner=taps, head=head, body=body,
+                   tail=[y.store(ix.ravel(coord, y.strides), result)])
+
+    def element(self, ctx, i, k=0):
+        i = ctx.let(i, "i")
+        taps, head, body, result = self.interpolate(ctx, [ctx.let(c, "c") for c in ix.unravel(i, self.output().shape)])
+        if head or body:
+            ctx.render("accumulate.py.j2", outer=[], inner=taps, head=head, body=body, tail=[])
+        return result
 
 
 @register("Resize", since=10)
@@ -391,8 +416,8 @@ class GridSample(Operator):
         self.expect(self.padding in ("zeros", "border", "reflection"), f"padding_mode {self.padding!r} is not zeros, border or reflection")
         self.align = bool(int(self.attr("align_corners", 0)))
         if x.batched != grid.batched:
-            raise self.error(f"X '{x.name}' and grid '{grid.name}' must both be per-sample or both shared: each sample's "
-                             "grid reads its own image (compile with batch_axis=None)")
+            raise self.mixing(f"X '{x.name}' and grid '{grid.name}' must both be per-sample or both shared: each "
+                              "sample's grid reads its own image")
 
     def axis_taps(self, ctx, g: str, size: int) -> tuple[list[str], list[tuple[str, str | None, str | None]]]:
         """Return (lines, [(index, in-range condition or None, weight or None)] per tap) of one
@@ -450,17 +475,15 @@ class GridSample(Operator):
             taps.append((i, ok, w))
         return lines, taps
 
-    def forward(self, ctx):
+    def sample(self, ctx, n: str, s: str):
+        """Return (lines computing the taps of output position s of image n, the value at channel
+        c as a function of c): the channels share the taps."""
         import itertools
 
         x, grid, y = self.input(0), self.input(1), self.output()
-        if y.numel == 0:
-            return
-        n_, c_ = x.shape[0], x.shape[1]
+        c_ = x.shape[1]
         spatial = x.shape[2:]
         s_out = int(np.prod(grid.shape[1:-1], dtype=np.int64))
-        loops = [(ctx.fresh("n"), n_), (ctx.fresh("s"), s_out)]
-        n, s = (v if k > 1 else "0" for v, k in loops)
         head, per_axis = [], []
         at = ix.mul(ix.add(ix.mul(n, s_out), s), self.k)
         for d, size in enumerate(spatial):
@@ -469,22 +492,43 @@ class GridSample(Operator):
             lines, taps = self.axis_taps(ctx, g, size)
             head += lines
             per_axis.append(taps)
-        img_strides = x.strides[2:]
+
+        def value(c: str) -> str:
+            base = ix.add(ix.mul(n, c_ * int(np.prod(spatial, dtype=np.int64))), ix.mul(c, x.strides[1]))
+            terms = []
+            for combo in itertools.product(*per_axis):
+                src = ix.add(base, *(ix.mul(i, st) for (i, _, _), st in zip(combo, x.strides[2:])))
+                v = convert(x.load(src), x.dtype, dtypes.FLOAT)
+                oks = [ok for _, ok, _ in combo if ok is not None]
+                ws = [w for _, _, w in combo if w is not None]
+                term = " * ".join(ws + [v])
+                terms.append(f"({term} if {' and '.join(oks)} else 0.0)" if oks else term)
+            return convert(" + ".join(terms), dtypes.FLOAT, y.dtype)
+
+        return head, value
+
+    def forward(self, ctx):
+        x, grid, y = self.input(0), self.input(1), self.output()
+        if y.numel == 0:
+            return
+        c_ = x.shape[1]
+        s_out = int(np.prod(grid.shape[1:-1], dtype=np.int64))
+        loops = [(ctx.fresh("n"), x.shape[0]), (ctx.fresh("s"), s_out)]
+        n, s = (v if k > 1 else "0" for v, k in loops)
+        head, value = self.sample(ctx, n, s)
         c = ctx.fresh("c") if c_ > 1 else "0"
-        base = ix.add(ix.mul(n, c_ * int(np.prod(spatial, dtype=np.int64))), ix.mul(c, x.strides[1]))
-        terms = []
-        for combo in itertools.product(*per_axis):
-            src = ix.add(base, *(ix.mul(i, st) for (i, _, _), st in zip(combo, img_strides)))
-            v = convert(x.load(src), x.dtype, dtypes.FLOAT)
-            oks = [ok for _, ok, _ in combo if ok is not None]
-            ws = [w for _, _, w in combo if w is not None]
-            term = " * ".join(ws + [v])
-            terms.append(f"({term} if {' and '.join(oks)} else 0.0)" if oks else term)
-        value = convert(" + ".join(terms), dtypes.FLOAT, y.dtype)
-        dst = ix.add(ix.mul(n, c_ * s_out), ix.mul(c, s_out), s)
-        store = y.store(dst, value)
+        store = y.store(ix.add(ix.mul(n, c_ * s_out), ix.mul(c, s_out), s), value(c))
         body = head + ([f"for {c} in range({c_}):", "    " + store] if c_ > 1 else [store])
         ctx.render("nest.py.j2", loops=[(v, k) for v, k in loops if k > 1], body=body)
+
+    def element(self, ctx, i, k=0):
+        """One output element (n, c, s): its own taps (a thread per element recomputes them per
+        channel, the price of the parallelism)."""
+        n_, c_, *rest = self.output().shape
+        n, c, s = ix.unravel(ctx.let(i, "i"), (n_, c_, int(np.prod(rest, dtype=np.int64))))
+        head, value = self.sample(ctx, ctx.let(n, "n"), ctx.let(s, "s"))
+        ctx.lines("\n".join(head))
+        return value(ctx.let(c, "c"))
 
 
 @register("RoiAlign", since=10)
@@ -492,7 +536,9 @@ class RoiAlign(Operator):
     """Y[r, c, ph, pw]: the average (or max) of bilinear samples of X[batch_indices[r], c] on a
     regular grid inside bin (ph, pw) of region of interest r, as ONNX's reference computes it (max
     mode takes the largest weighted corner, sampling_ratio 0 sizes each ROI's grid by the ROI;
-    output_half_pixel is opset 10's coordinate mode, half_pixel opset 16's default)."""
+    output_half_pixel is opset 10's coordinate mode, half_pixel opset 16's default). NaN and inf
+    go where onnxruntime puts them: max mode folds with std::max, a sample outside the image
+    weighs X[b, c, 0, 0] by 0."""
 
     def check(self):
         x, rois, idx, y = self.input(0), self.input(1), self.input(2), self.output()
@@ -514,46 +560,52 @@ class RoiAlign(Operator):
         want = (rois.shape[0], x.shape[1], self.oh, self.ow)
         self.expect(tuple(y.shape) == want, f"output '{y.name}' has shape {list(y.shape)}, expected {list(want)}")
         if x.batched:
-            raise self.error(f"X '{x.name}' is per-sample, but batch_indices picks images across the batch "
-                             "(compile with batch_axis=None)")
+            raise self.mixing(f"X '{x.name}' is per-sample, but batch_indices picks images across the batch")
 
     def forward(self, ctx):
+        y = self.output()
+        if y.numel == 0:
+            return
+        with ctx.loop(y.numel) as i:
+            ctx.store(y, i, self.element(ctx, i))
+
+    def element(self, ctx, i, k=0):
+        """Output element i: its bin's samples, pooled."""
         x, rois, idx, y = self.input(0), self.input(1), self.input(2), self.output()
         _, C, H, W = x.shape
         f = lambda v: literal(v, dtypes.FLOAT)  # noqa: E731
         up = lambda e, t: convert(e, t.dtype, dtypes.FLOAT)  # noqa: E731
-        with ctx.loop(y.numel) as i:
-            r, c, ph, pw = ix.unravel(i, tuple(y.shape))
-            v = {k: ctx.fresh(k) for k in ("b", "x1", "y1", "rw", "rh", "bw", "bh", "gw", "gh", "acc", "yy", "xx",
-                                           "yl", "xl", "yh", "xh", "ly", "lx", "base")}
-            off = 0.5 if self.half_pixel else 0.0
-            ctx.line(f"{v['b']} = {convert(idx.load(r), idx.dtype, dtypes.INT32)}")
-            coords = [up(rois.load(ix.add(ix.mul(r, 4), str(k))), rois) for k in range(4)]
-            ctx.line(f"{v['x1']} = {coords[0]} * {f(self.scale)} - {f(off)}")
-            ctx.line(f"{v['y1']} = {coords[1]} * {f(self.scale)} - {f(off)}")
-            ctx.line(f"{v['rw']} = {coords[2]} * {f(self.scale)} - {f(off)} - {v['x1']}")
-            ctx.line(f"{v['rh']} = {coords[3]} * {f(self.scale)} - {f(off)} - {v['y1']}")
-            if not self.half_pixel:  # malformed ROIs become 1x1
-                ctx.line(f"{v['rw']} = max({v['rw']}, 1.0)")
-                ctx.line(f"{v['rh']} = max({v['rh']}, 1.0)")
-            ctx.line(f"{v['bw']} = {v['rw']} / {f(self.ow)}")
-            ctx.line(f"{v['bh']} = {v['rh']} / {f(self.oh)}")
-            for g, size, out in (("gw", "rw", self.ow), ("gh", "rh", self.oh)):
-                ctx.line(f"{v[g]} = {self.ratio}" if self.ratio > 0 else f"{v[g]} = int(ceil({v[size]} / {f(out)}))")
-            ctx.line(f"{v['acc']} = 0.0")
-            ctx.line(f"{v['base']} = ({v['b']} * {C} + {c}) * {H * W}")
-            first = ctx.fresh("first")
-            ctx.line(f"{first} = True")
-            iy, jx = ctx.fresh("iy"), ctx.fresh("jx")
-            ctx.line(f"for {iy} in range({v['gh']}):")
+        r, c, ph, pw = (ctx.let(e, n) for e, n in zip(ix.unravel(ctx.let(i, "i"), tuple(y.shape)), ("r", "c", "ph", "pw")))
+        v = {k: ctx.fresh(k) for k in ("b", "x1", "y1", "rw", "rh", "bw", "bh", "gw", "gh", "acc", "yy", "xx",
+                                       "yl", "xl", "yh", "xh", "ly", "lx", "base")}
+        off = 0.5 if self.half_pixel else 0.0
+        ctx.line(f"{v['b']} = {convert(idx.load(r), idx.dtype, dtypes.INT32)}")
+        coords = [up(rois.load(ix.add(ix.mul(r, 4), str(k))), rois) for k in range(4)]
+        ctx.line(f"{v['x1']} = {coords[0]} * {f(self.scale)} - {f(off)}")
+        ctx.line(f"{v['y1']} = {coords[1]} * {f(self.scale)} - {f(off)}")
+        ctx.line(f"{v['rw']} = {coords[2]} * {f(self.scale)} - {f(off)} - {v['x1']}")
+        ctx.line(f"{v['rh']} = {coords[3]} * {f(self.scale)} - {f(off)} - {v['y1']}")
+        if not self.half_pixel:  # malformed ROIs become 1x1
+            ctx.line(f"{v['rw']} = max({v['rw']}, 1.0)")
+            ctx.line(f"{v['rh']} = max({v['rh']}, 1.0)")
+        ctx.line(f"{v['bw']} = {v['rw']} / {f(self.ow)}")
+        ctx.line(f"{v['bh']} = {v['rh']} / {f(self.oh)}")
+        for g, size, out in (("gw", "rw", self.ow), ("gh", "rh", self.oh)):
+            ctx.line(f"{v[g]} = {self.ratio}" if self.ratio > 0 else f"{v[g]} = int(ceil({v[size]} / {f(out)}))")
+        ctx.line(f"{v['acc']} = 0.0")
+        ctx.line(f"{v['base']} = ({v['b']} * {C} + {c}) * {H * W}")
+        first = ctx.fresh("first")
+        ctx.line(f"{first} = True")
+        iy, jx = ctx.fresh("iy"), ctx.fresh("jx")
+        ctx.line(f"for {iy} in range({v['gh']}):")
+        with ctx.indent():
+            ctx.line(f"{v['yy']} = {v['y1']} + {ph} * {v['bh']} + (float({iy}) + 0.5) * {v['bh']} / float({v['gh']})")
+            ctx.line(f"for {jx} in range({v['gw']}):")
             with ctx.indent():
-                ctx.line(f"{v['yy']} = {v['y1']} + {ph} * {v['bh']} + (float({iy}) + 0.5) * {v['bh']} / float({v['gh']})")
-                ctx.line(f"for {jx} in range({v['gw']}):")
-                with ctx.indent():
-                    self._sample(ctx, x, v, jx, pw, H, W, first)
-            if self.mode == "avg":
-                ctx.line(f"{v['acc']} = {v['acc']} / float(max({v['gh']} * {v['gw']}, 1))")
-            ctx.store(y, i, convert(v["acc"], dtypes.FLOAT, y.dtype))
+                self._sample(ctx, x, v, jx, pw, H, W, first)
+        if self.mode == "avg":
+            ctx.line(f"{v['acc']} = {v['acc']} / float(max({v['gh']} * {v['gw']}, 1))")
+        return convert(v["acc"], dtypes.FLOAT, y.dtype)
 
     def _sample(self, ctx, x, v, jx, pw, H, W, first):
         """One bilinear sample: its four weighted corners into the running average or max."""
@@ -585,9 +637,16 @@ class RoiAlign(Operator):
             if self.mode == "avg":
                 ctx.line(f"{val} = {' + '.join(terms)}")
             else:
-                ctx.line(f"{val} = max(max({terms[0]}, {terms[1]}), max({terms[2]}, {terms[3]}))")
+                # onnxruntime folds the corners, then the samples, with std::max: a NaN met first
+                # stays, a later one is dropped
+                smax = ctx.use_helper("max_first")
+                ctx.line(f"{val} = {smax}({smax}({smax}({terms[0]}, {terms[1]}), {terms[2]}), {terms[3]})")
+        # onnxruntime's samples outside the image weigh X[b, c, 0, 0] by 0: NaN or inf there gives NaN
+        ctx.line("else:")
+        with ctx.indent():
+            ctx.line(f"{val} = 0.0 * {convert(x.load(v['base']), x.dtype, dtypes.FLOAT)}")
         if self.mode == "avg":
             ctx.line(f"{v['acc']} = {v['acc']} + {val}")
         else:
-            ctx.line(f"{v['acc']} = {val} if {first} else max({v['acc']}, {val})")
+            ctx.line(f"{v['acc']} = {val} if {first} else {ctx.use_helper('max_first')}({v['acc']}, {val})")
             ctx.line(f"{first} = False")

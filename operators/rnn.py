@@ -34,7 +34,8 @@ def _f(v: float) -> str:
 # none, else its default: ONNX's operator's (LeakyRelu 0.01, ThresholdedRelu 1.0, HardSigmoid 0.2
 # and 0.5, Elu 1.0, the old Affine 1.0 and 0.0), as the specification says; onnxruntime defaults
 # ThresholdedRelu and Affine to 0 instead. The old ScaledTanh had no defaults: None, a value must
-# be given.
+# be given. Relu and HardSigmoid use the max/min builtins, which turn NaN into a bound: onnxruntime's
+# recurrent activations (std::max(0, x), ...) do the same, unlike its Relu and HardSigmoid operators.
 ACTIVATIONS: dict[str, tuple] = {
     "relu": (False, False, lambda x, a, b: f"max({x}, 0.0)"),
     "tanh": (False, False, lambda x, a, b: f"tanh({x})"),
@@ -241,6 +242,8 @@ class Recurrent(Operator):
             hnew=ctx.fresh("hr") if self.cell == "gru" and self.linear_before_reset else None,
             h_type=ctx.module.array_type("float", H),
             clip=_f(float(self.clip)) if self.clip is not None else None,
+            # onnxruntime's clip keeps NaN (std::min(std::max(x, -c), c)); the clamp builtin drops it
+            clamp=ctx.use_helper("clamp_nan") if self.clip is not None else None,
             clip_neg=_f(-float(self.clip)) if self.clip is not None else None,
             linear_before_reset=getattr(self, "linear_before_reset", False),
             input_forget=getattr(self, "input_forget", False),

@@ -1,7 +1,8 @@
 """ScatterElements, ScatterND and Scatter: the output starts as a copy of data, then each update is
 written (or combined, by `reduction`) at the position its index gives, in order, by one thread:
 duplicate indices resolve as onnxruntime does (the last update wins; reductions accumulate).
-Runtime indices wrap when negative and are clamped into range (a kernel cannot raise)."""
+Runtime indices wrap when negative; an out-of-range one fails the run naming the node (it is
+clamped first, so the write stays in bounds)."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +12,7 @@ from luisaml.operator import Operator
 from luisaml.registry import register
 
 from .common import emit_map
-from .indexing import check_constant_indices, element_nest, index_lines
+from .indexing import check_constant_indices, element_nest, index_flag, index_lines
 
 REDUCTIONS = ("none", "add", "mul", "max", "min")
 
@@ -22,8 +23,10 @@ def combine(reduction: str, old: str, new: str, bool_data: bool) -> str:
         return new
     if bool_data:  # numeric reductions of bools: add is or, mul is and, as onnxruntime does
         return f"({old} {'or' if reduction in ('add', 'max') else 'and'} {new})"
-    return {"add": f"{old} + {new}", "mul": f"{old} * {new}", "max": f"max({old}, {new})",
-            "min": f"min({old}, {new})"}[reduction]
+    # max/min as onnxruntime folds them, update by update (a > b ? a : b): a NaN update is taken,
+    # and replaced by the next update; the DSL's max() would drop it
+    return {"add": f"{old} + {new}", "mul": f"{old} * {new}", "max": f"({old} if {old} > {new} else {new})",
+            "min": f"({old} if {old} < {new} else {new})"}[reduction]
 
 
 class Scatter(Operator):
@@ -66,7 +69,7 @@ class ScatterElements(Scatter):
         emit_map(ctx, y, [x], lambda v: v, broadcast=False)
         if idx.numel == 0:
             return
-        loops, coords, i, g, body = element_nest(ctx, idx, x.shape[self.ax])
+        loops, coords, i, g, body = element_nest(ctx, idx, x.shape[self.ax], index_flag(ctx, self, 1, x.shape[self.ax]))
         dst = ctx.fresh("d")
         body.append(f"{dst} = {ix.ravel([g if d == self.ax else c for d, c in enumerate(coords)], y.strides)}")
         body.append(self.update(dst, upd.load(i)))
@@ -106,7 +109,7 @@ class ScatterND(Scatter):
         terms, body = [], []
         for k in range(self.m):
             g = ctx.fresh("g")
-            body += index_lines(g, idx.load(ix.add(ix.mul(j, self.m), str(k))), x.shape[k])
+            body += index_lines(g, idx.load(ix.add(ix.mul(j, self.m), str(k))), x.shape[k], index_flag(ctx, self, 1, x.shape[k]))
             terms.append(ix.mul(g, x.strides[k]))
         base = ctx.fresh("base")
         body.append(f"{base} = {ix.add(*terms) if terms else '0'}")
@@ -140,8 +143,7 @@ class TensorScatter(Operator):
             self.expect_dtype(w, ("int",), "input 2 (write_indices)")
             self.expect(w.numel == past.shape[0], f"write_indices has {w.numel} values for {past.shape[0]} batch entries")
             if past.batched and not w.batched:
-                raise self.error(f"write_indices '{w.name}' is shared by every sample but indexed by the batch axis "
-                                 "(compile with batch_axis=None)")
+                raise self.mixing(f"write_indices '{w.name}' is shared by every sample but indexed by the batch axis")
 
     def forward(self, ctx):
         past, upd, y = self.input(0), self.input(1), self.output()

@@ -1,5 +1,9 @@
-"""Operators that change a shape without moving elements: views (Reshape, Flatten, Squeeze,
-Unsqueeze), Expand (a broadcast copy) and Shape."""
+"""Operators that reshape or re-index a tensor: views (Reshape, Flatten, Squeeze, Unsqueeze),
+Expand, Shape and Size, Pad and CenterCropPad, Tile, DepthToSpace / SpaceToDepth and Trilu.
+
+Each output element is a pure expression of its index (a remapped load, a select), so all of them
+are inline (schedule.py): a stage computes them where it reads them, and forward() is the same
+expression over a loop nest (emit_nest / element_at share the value function between the two)."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,9 +11,39 @@ import numpy as np
 from luisaml import indexing as ix
 from luisaml.operator import Operator
 from luisaml.registry import register
-from luisaml.storage import literal
+from luisaml.storage import literal, row_major_strides
 
-from .common import emit_copy, emit_map
+from .common import bload, emit_copy, emit_map
+from .indexing import remap
+
+
+def emit_nest(ctx, y, value) -> None:
+    """Emit y[i] = value(i, coords, let) for every element i of y, over a loop nest of its
+    coordinates (shaders/nest.py.j2); let(expr, prefix) binds a variable in the loop body."""
+    if y.numel == 0:
+        return
+    loops = [(ctx.fresh("o"), n) for n in y.shape]
+    coords = [v if n > 1 else "0" for v, n in loops]
+    body: list[str] = []
+
+    def let(expr: str, prefix: str = "t") -> str:
+        if expr.replace("_", "").isalnum():
+            return expr
+        v = ctx.fresh(prefix)
+        body.append(f"{v} = {expr}")
+        return v
+
+    i = ix.ravel(coords, y.strides)
+    v = value(i, coords, let)
+    body.append(y.store(i, v))
+    ctx.render("nest.py.j2", loops=[(v, n) for v, n in loops if n > 1], body=body)
+
+
+def element_at(ctx, i: str, shape, value) -> str:
+    """Return value(i, coords, let) at flat index i of `shape`: element()'s form of emit_nest
+    (ctx.let binds, or in a pure context returns the expression)."""
+    i = ctx.let(i, "i")
+    return value(i, [ctx.let(c, "c") for c in ix.unravel(i, tuple(shape))], ctx.let)
 
 
 class View(Operator):
@@ -18,6 +52,8 @@ class View(Operator):
 
     view = True
     shape_inputs_ok = True  # the shape input may depend on the batch size: only the output shape is used
+    inline = True
+    inline_cost = 0  # element i is the input's element i
 
     def check(self):
         x, y = self.input(0), self.output()
@@ -25,6 +61,9 @@ class View(Operator):
 
     def forward(self, ctx):
         emit_map(ctx, self.output(), [self.input(0)], lambda v: v, broadcast=False)
+
+    def element(self, ctx, i, k=0):
+        return self.input(0).load(i)
 
 
 register("Reshape", since=1)(type("Reshape", (View,), {}))
@@ -38,6 +77,7 @@ class Expand(Operator):
     """Input 0 broadcast to the output shape (numpy rules; the shape input is only checked)."""
 
     shape_inputs_ok = True
+    inline = True
 
     def check(self):
         x, y = self.input(0), self.output()
@@ -50,11 +90,17 @@ class Expand(Operator):
     def forward(self, ctx):
         emit_map(ctx, self.output(), [self.input(0)], lambda v: v)
 
+    def element(self, ctx, i, k=0):
+        return bload(self.input(0), self.output(), i)
+
 
 @register("Shape", since=1)
 class Shape(Operator):
     """The input's shape (start/end from opset 15) as int64 literals. Shapes are static, so the
     constant folder normally replaces this node; the batch dimension is not known per sample."""
+
+    inline = True
+    inline_cost = 0
 
     def check(self):
         x = self.input(0)
@@ -64,15 +110,23 @@ class Shape(Operator):
         end = r if end is None else min(max(int(end) + r if int(end) < 0 else int(end), 0), r)
         self.dims = list(range(start, end))
         if x.batched and 0 in self.dims:
-            raise self.error(
-                f"the shape of '{x.name}' includes the batch dimension, which a per-sample kernel does not "
-                "know (compile with batch_axis=None)"
-            )
+            raise self.mixing(f"the shape of '{x.name}' includes the batch dimension, which a per-sample kernel does "
+                              "not know")
 
     def forward(self, ctx):
-        y, x = self.output(), self.input(0)
-        for k, d in enumerate(self.dims):
-            ctx.line(y.store(str(k), literal(x.shape[d], y.dtype)))
+        y = self.output()
+        for k in range(len(self.dims)):
+            ctx.line(y.store(str(k), self.element(ctx, str(k))))
+
+    def element(self, ctx, i, k=0):
+        x, y = self.input(0), self.output()
+        values = [literal(x.shape[d], y.dtype) for d in self.dims]
+        if i.isdigit():
+            return values[int(i)]
+        v = values[-1] if values else literal(0, y.dtype)
+        for j in range(len(values) - 2, -1, -1):
+            v = f"({values[j]} if {i} == {j} else {v})"
+        return v
 
 
 # ---- the second round: Pad, CenterCropPad, Tile, DepthToSpace/SpaceToDepth, Trilu, Size -----------
@@ -99,14 +153,11 @@ def source_coord(o: str, begin: int, n: int, mode: str) -> tuple[str, bool]:
     return f"({m} if {m} < {n} else {period} - {m})", False
 
 
-def emit_pad(ctx, x, y, begins: list[int], mode: str, value: str) -> None:
-    """Emit y = x padded by begins[d] elements before axis d (negative: cropped), the rest after;
-    `value` is the constant mode's fill (a DSL expression of y's dtype)."""
-    if y.numel == 0:
-        return
-    loops = [(ctx.fresh("o"), n) for n in y.shape]
-    coords = [v if n > 1 else "0" for v, n in loops]
-    src, conds, body = [], [], []
+def pad_value(x, y, begins: list[int], mode: str, fill: str, coords: list[str], let) -> str:
+    """Return the element of y = x padded by begins[d] elements before axis d (negative: cropped),
+    the rest after, at output coordinates `coords`; `fill` is the constant mode's value (a DSL
+    expression of y's dtype). The load's index is clamped into x: a select evaluates both sides."""
+    src, conds = [], []
     for d, (o, b, n) in enumerate(zip(coords, begins, x.shape)):
         e = y.shape[d] - n - b
         if b <= 0 and e <= 0:  # a crop (or nothing): inside the input everywhere
@@ -114,20 +165,16 @@ def emit_pad(ctx, x, y, begins: list[int], mode: str, value: str) -> None:
             continue
         # negative pads crop first, then the rest pads what is left (as onnxruntime does)
         crop_b, kept = max(-b, 0), n - max(-b, 0) - max(-e, 0)
-        c = ctx.fresh("c")
+        if kept == 0:  # constant mode on an axis with nothing left: all fill
+            return fill
         expr, check = source_coord(o, max(b, 0), kept, mode)
-        body.append(f"{c} = {expr}")
+        c = let(expr, "c")
         if check:
             conds.append(f"{c} >= 0 and {c} < {kept}")
+            c = f"clamp({c}, 0, {kept - 1})"
         src.append(ix.mul(ix.add(c, str(crop_b)), x.strides[d]))
-    dst = ix.ravel(coords, y.strides)
     load = x.load(ix.add(*src))
-    if conds:
-        v = ctx.fresh("v")
-        body += [f"{v} = {value}", f"if {' and '.join(conds)}:", f"    {v} = {load}", y.store(dst, v)]
-    else:
-        body.append(y.store(dst, load))
-    ctx.render("nest.py.j2", loops=[(v, n) for v, n in loops if n > 1], body=body)
+    return f"({load} if {' and '.join(conds)} else {fill})" if conds else load
 
 
 @register("Pad", since=11)
@@ -136,6 +183,9 @@ class Pad(Operator):
     optional input (a constant or a runtime scalar). Modes constant, reflect, edge and wrap
     (opset 19); negative pads crop. Reflection and wrapping repeat for pads longer than the axis,
     as numpy.pad (and ONNX's reference) do; onnxruntime rejects those."""
+
+    inline = True
+    inline_cost = 2  # the source coordinates, the select
 
     def params(self) -> tuple[list[int], list[int] | None, str]:
         """Return (pads, axes or None, mode)."""
@@ -172,8 +222,15 @@ class Pad(Operator):
                 self.expect(kept > 0, f"{self.mode} padding of axis {d} of '{x.name}', which has no element left")
         self.begins = begins
 
+    def value(self, i, coords, let) -> str:
+        fill = self.fill() if self.mode == "constant" else ""
+        return pad_value(self.input(0), self.output(), self.begins, self.mode, fill, coords, let)
+
     def forward(self, ctx):
-        emit_pad(ctx, self.input(0), self.output(), self.begins, self.mode, self.fill() if self.mode == "constant" else "")
+        emit_nest(ctx, self.output(), self.value)
+
+    def element(self, ctx, i, k=0):
+        return element_at(ctx, i, self.output().shape, self.value)
 
 
 @register("Pad", since=2)
@@ -209,10 +266,32 @@ class CenterCropPad(Pad):
         return literal(0, self.output().dtype)
 
 
+class Rearrange(Operator):
+    """A copy in which output element i reads one input element: layout() gives sizes over which
+    i is row-major and the input strides of those sizes (remap, in operators/indexing.py)."""
+
+    inline = True
+
+    def layout(self) -> tuple[list[int], list[int]]:
+        """Return (sizes whose row-major index is the output's, the input stride of each)."""
+        raise NotImplementedError
+
+    def forward(self, ctx):
+        x, y = self.input(0), self.output()
+        if y.numel == 0:
+            return
+        sizes, src = self.layout()
+        emit_copy(ctx, sizes, row_major_strides(tuple(sizes)), 0, src, 0, x.load, y.store)
+
+    def element(self, ctx, i, k=0):
+        sizes, src = self.layout()
+        return self.input(0).load(remap(ctx, i, sizes, 0, src))
+
+
 @register("Tile", since=6)
-class Tile(Operator):
-    """Repeat the input along each axis (repeats, a constant input): a strided copy with a loop
-    over the copies and one over the elements per axis."""
+class Tile(Rearrange):
+    """Repeat the input along each axis (repeats, a constant input): per axis, the copy index
+    (stride 0) then the element."""
 
     def check(self):
         x, y = self.input(0), self.output()
@@ -224,20 +303,17 @@ class Tile(Operator):
         if x.batched and self.repeats[0] != 1:
             self.axis(0, x.rank, batched=True, what="repeated axis")
 
-    def forward(self, ctx):
-        x, y = self.input(0), self.output()
-        if y.numel == 0:
-            return
-        sizes, dst, src = [], [], []
-        for n, r, ys, xs in zip(x.shape, self.repeats, y.strides, x.strides):
+    def layout(self):
+        x = self.input(0)
+        sizes, src = [], []
+        for n, r, xs in zip(x.shape, self.repeats, x.strides):
             sizes += [r, n]
-            dst += [n * ys, ys]
             src += [0, xs]
-        emit_copy(ctx, sizes, dst, 0, src, 0, x.load, y.store)
+        return sizes, src
 
 
-class BlockRearrange(Operator):
-    """DepthToSpace / SpaceToDepth: a permutation of a 6-d view of the input (a strided copy)."""
+class BlockRearrange(Rearrange):
+    """DepthToSpace / SpaceToDepth: a permutation of a 6-d view of the input."""
 
     def check(self):
         x, y = self.input(0), self.output()
@@ -248,18 +324,14 @@ class BlockRearrange(Operator):
         self.expect(self.mode in ("DCR", "CRD"), f"mode {self.mode!r} is not DCR or CRD")
         self.expect(y.numel == x.numel, f"output '{y.name}' {list(y.shape)} does not hold the {x.numel} input elements")
 
-    def layout(self) -> tuple[list[int], list[int]]:
+    def blocks(self) -> tuple[list[int], list[int]]:
         """Return (the 6-d view of the input, the permutation giving the output's order)."""
         raise NotImplementedError
 
-    def forward(self, ctx):
-        x, y = self.input(0), self.output()
-        shape, perm = self.layout()
-        from luisaml.storage import row_major_strides
-
+    def layout(self):
+        shape, perm = self.blocks()
         strides = row_major_strides(tuple(shape))
-        out_sizes = [shape[p] for p in perm]
-        emit_copy(ctx, out_sizes, row_major_strides(tuple(out_sizes)), 0, [strides[p] for p in perm], 0, x.load, y.store)
+        return [shape[p] for p in perm], [strides[p] for p in perm]
 
 
 @register("DepthToSpace", since=1)
@@ -273,7 +345,7 @@ class DepthToSpace(BlockRearrange):
         self.expect(tuple(self.output().shape) == (n, c // self.b ** 2, h * self.b, w * self.b),
                     f"output shape {list(self.output().shape)} is not [N, C/b^2, H*b, W*b]")
 
-    def layout(self):
+    def blocks(self):
         n, c, h, w = self.input(0).shape
         b = self.b
         if self.mode == "DCR":
@@ -290,7 +362,7 @@ class SpaceToDepth(BlockRearrange):
         h, w = self.input(0).shape[2:]
         self.expect(h % self.b == 0 and w % self.b == 0, f"height {h} and width {w} are not multiples of blocksize {self.b}")
 
-    def layout(self):
+    def blocks(self):
         n, c, h, w = self.input(0).shape
         b = self.b
         shape = [n, c, h // b, b, w // b, b]
@@ -303,41 +375,47 @@ class Trilu(Operator):
     optional scalar input, constant or runtime), zeroing the rest."""
 
     inplace = (0,)
+    inline = True
+    elementwise = True  # element i reads x at i (and the scalar k)
 
     def check(self):
         x = self.input(0)
         self.expect(x.rank >= 2, f"input '{x.name}' has rank {x.rank}, expected at least 2")
         if x.batched and x.rank == 2:
-            raise self.error(f"the rows of '{x.name}' {list(x.shape)} are the batch axis: the triangle mixes samples "
-                             "(compile with batch_axis=None)")
+            raise self.mixing(f"the rows of '{x.name}' {list(x.shape)} are the batch axis: the triangle mixes samples")
         if self.has_input(1):
             self.expect_dtype(self.input(1), ("int",), "input 1 (k)")
             self.expect(self.input(1).numel == 1, f"k '{self.input(1).name}' must hold one value")
 
-    def forward(self, ctx):
+    def value(self, i, coords, let) -> str:
         x, y = self.input(0), self.output()
-        if y.numel == 0:
-            return
-        rows, cols = x.shape[-2:]
-        outer = int(np.prod(x.shape[:-2], dtype=np.int64))
-        loops = [(ctx.fresh("b"), outer), (ctx.fresh("r"), rows), (ctx.fresh("c"), cols)]
-        b, r, c = (v if n > 1 else "0" for v, n in loops)
+        r, c = coords[-2:]
         k = self.input(1).load("0") if self.has_input(1) else "0"
         keep = f"{c} - {r} >= {k}" if int(self.attr("upper", 1)) else f"{c} - {r} <= {k}"
-        i = ix.add(ix.mul(b, rows * cols), ix.mul(r, cols), c)
-        body = [y.store(i, f"({x.load(i)} if {keep} else {literal(0, y.dtype)})")]
-        ctx.render("nest.py.j2", loops=[(v, n) for v, n in loops if n > 1], body=body)
+        return f"({x.load(i)} if {keep} else {literal(0, y.dtype)})"
+
+    def forward(self, ctx):
+        emit_nest(ctx, self.output(), self.value)
+
+    def element(self, ctx, i, k=0):
+        return element_at(ctx, i, self.output().shape, self.value)
 
 
 @register("Size", since=1)
 class Size(Operator):
     """The number of elements as an int64 scalar (static; normally folded before compiling)."""
 
+    inline = True
+    inline_cost = 0
+
     def check(self):
         x = self.input(0)
         if x.batched:
-            raise self.error(f"the size of '{x.name}' includes the batch dimension, which a per-sample kernel does not "
-                             "know (compile with batch_axis=None)")
+            raise self.mixing(f"the size of '{x.name}' includes the batch dimension, which a per-sample kernel does "
+                              "not know")
 
     def forward(self, ctx):
-        ctx.line(self.output().store("0", literal(self.input(0).numel, self.output().dtype)))
+        ctx.line(self.output().store("0", self.element(ctx, "0")))
+
+    def element(self, ctx, i, k=0):
+        return literal(self.input(0).numel, self.output().dtype)

@@ -1,7 +1,10 @@
 """Softmax and LogSoftmax, numerically stable (the maximum is subtracted first), computed in
-float for float and half (shaders/softmax.py.j2)."""
+float for float and half (shaders/softmax.py.j2). A stage runs one work item per row."""
 from __future__ import annotations
 
+import numpy as np
+
+from luisaml import indexing as ix
 from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import literal
@@ -13,6 +16,7 @@ class Softmax(Operator):
     """Opset 13 on: normalise along one axis (default -1)."""
 
     inplace = (0,)  # every element is read before the same element is written, after the sums
+    stores_once = True  # each element of a row is stored once, in the last pass; y is never read
     log = False
 
     def axes(self, rank: int, batched: bool) -> list[int]:
@@ -25,20 +29,18 @@ class Softmax(Operator):
         self.expect(tuple(x.shape) == tuple(y.shape), f"output '{y.name}' {list(y.shape)} differs from input {list(x.shape)}")
         self.red_axes = self.axes(x.rank, x.batched)
 
-    def forward(self, ctx):
+    def emit(self, ctx, kept, base: str, red, rx) -> None:
+        """Render the rows at base (+ the kept loops' offsets) over the reduced loops."""
         x, y = self.input(0), self.output()
-        if x.numel == 0:
-            return
         acc = compute_dtype(x.dtype)
-        kept, kx, _, red, rx = reduction_loops(ctx, x, self.red_axes)
-        src = affine(0, kept + red, kx + rx)
+        src = affine(base, red, rx)
         ctx.render(
             "softmax.py.j2",
             kept=kept,
             red=red,
             m=ctx.fresh("m"),
             s=ctx.fresh("s"),
-            first=upcast(x.load(affine(0, kept, kx)), x.dtype),
+            first=upcast(x.load(base), x.dtype),
             zero=literal(0, acc),
             log=self.log,
             src=src,
@@ -46,6 +48,23 @@ class Softmax(Operator):
             load=lambda i: upcast(x.load(i), x.dtype),
             store=lambda i, v: y.store(i, convert(v, acc, y.dtype)),
         )
+
+    def forward(self, ctx):
+        if self.input(0).numel == 0:
+            return
+        kept, kx, _, red, rx = reduction_loops(ctx, self.input(0), self.red_axes)
+        self.emit(ctx, kept, affine(0, kept, kx), red, rx)
+
+    def work_items(self) -> int | None:
+        x = self.input(0)
+        rows = x.numel // int(np.prod([x.shape[a] for a in self.red_axes], dtype=np.int64)) if x.numel else 0
+        return rows or None
+
+    def emit_item(self, ctx, item):
+        # row `item` is the kept coordinates in order: its first element is at unravel(item) . kx
+        kept, kx, _, red, rx = reduction_loops(ctx, self.input(0), self.red_axes)
+        base = ctx.let(ix.ravel(ix.unravel(item, tuple(n for _, n in kept)), tuple(kx)), "base")
+        self.emit(ctx, [], base, red, rx)
 
 
 class SoftmaxV1(Softmax):

@@ -1,5 +1,6 @@
 """DFT and STFT as direct sums (O(n^2) per transformed axis: the signal lengths of real models are
-small, and each output element is one independent loop). The twiddle angle is reduced to
+small, and each output bin is one independent loop: a stage runs one work item per bin, which
+writes its real and imaginary parts). The twiddle angle is reduced to
 2 pi ((k n) mod N) / N before cos and sin, so large k n lose no precision; sums are in float (half
 inputs too)."""
 from __future__ import annotations
@@ -61,6 +62,8 @@ class DFT(Operator):
     zeros or truncates; onesided keeps bins 0..N/2 (an inverse onesided transform takes those bins
     of a real signal's spectrum and returns the real signal); inverse divides by N."""
 
+    stores_once = True  # each bin stores its parts once and never reads them back
+
     def axis_value(self) -> int:
         a = _scalar(self, 2, "axis")
         return -2 if a is None else a
@@ -91,16 +94,17 @@ class DFT(Operator):
             self.expect(n_in == length // 2 + 1, f"an inverse onesided DFT of length {length} takes {length // 2 + 1} bins, "
                                                  f"the input has {n_in}")
 
-    def forward(self, ctx):
+    def bins(self) -> tuple[int, int, int]:
+        """Return (outer, output bins, inner): the output is [outer, bins, inner, 1 or 2]."""
         x, y = self.input(0), self.output()
-        if y.numel == 0:
-            return
-        comps = x.shape[-1]
-        outer = int(np.prod(x.shape[: self.ax], dtype=np.int64))
-        inner = int(np.prod(x.shape[self.ax + 1: -1], dtype=np.int64))
-        n_in, n_out, oc = x.shape[self.ax], y.shape[self.ax], y.shape[-1]
-        loops = [(ctx.fresh("o"), outer), (ctx.fresh("k"), n_out), (ctx.fresh("r"), inner)]
-        o, k, r = (v if n > 1 else "0" for v, n in loops)
+        prod = lambda dims: int(np.prod(dims, dtype=np.int64))  # noqa: E731
+        return prod(x.shape[: self.ax]), y.shape[self.ax], prod(x.shape[self.ax + 1: -1])
+
+    def bin_lines(self, ctx, o: str, k: str, r: str) -> list[str]:
+        """Return the lines computing and storing output bin (o, k, r)."""
+        x, y = self.input(0), self.output()
+        comps, n_in, oc = x.shape[-1], x.shape[self.ax], y.shape[-1]
+        _, n_out, inner = self.bins()
 
         def at(i: str, comp: int) -> str:
             return ix.add(ix.mul(o, n_in * inner * comps), ix.mul(i, inner * comps), ix.mul(r, comps), str(comp))
@@ -116,7 +120,21 @@ class DFT(Operator):
         body.append(y.store(dst, convert(f"{re}{scale}", F, y.dtype)))
         if oc == 2:
             body.append(y.store(ix.add(dst, "1"), convert(f"{im}{scale}", F, y.dtype)))
-        ctx.render("nest.py.j2", loops=[(v, n) for v, n in loops if n > 1], body=body)
+        return body
+
+    def forward(self, ctx):
+        if self.output().numel == 0:
+            return
+        loops = [(ctx.fresh(v), n) for v, n in zip("okr", self.bins())]
+        o, k, r = (v if n > 1 else "0" for v, n in loops)
+        ctx.render("nest.py.j2", loops=[(v, n) for v, n in loops if n > 1], body=self.bin_lines(ctx, o, k, r))
+
+    def work_items(self) -> int | None:
+        return int(np.prod(self.bins(), dtype=np.int64)) or None
+
+    def emit_item(self, ctx, item):
+        o, k, r = ix.unravel(ctx.let(item, "item"), self.bins())
+        ctx.render("nest.py.j2", loops=[], body=self.bin_lines(ctx, *(ctx.let(c, v) for c, v in zip((o, k, r), "okr"))))
 
 
 @register("DFT", since=17)
@@ -132,6 +150,8 @@ class STFT(Operator):
     """Short-time Fourier transform of signal [batch, length, 1 | 2]: frames of frame_length every
     frame_step samples (constants), times the optional window, each transformed; onesided (default)
     keeps bins 0..frame_length/2. Output [batch, frames, bins, 2]."""
+
+    stores_once = True  # each bin stores its parts once and never reads them back
 
     def check(self):
         x, y = self.input(0), self.output()
@@ -153,14 +173,10 @@ class STFT(Operator):
         want = (x.shape[0], self.frames, bins, 2)
         self.expect(tuple(y.shape) == want, f"output shape {list(y.shape)} is not {list(want)}")
 
-    def forward(self, ctx):
+    def bin_lines(self, ctx, b: str, f: str, k: str) -> list[str]:
+        """Return the lines computing and storing bin k of frame f of signal b."""
         x, y = self.input(0), self.output()
-        if y.numel == 0:
-            return
-        comps, n_sig = x.shape[-1], x.shape[1]
-        bins = y.shape[2]
-        loops = [(ctx.fresh("b"), x.shape[0]), (ctx.fresh("f"), self.frames), (ctx.fresh("k"), bins)]
-        b, f, k = (v if n > 1 else "0" for v, n in loops)
+        comps, n_sig, bins = x.shape[-1], x.shape[1], y.shape[2]
         win = self.input(2) if self.has_input(2) else None
 
         def load(comp):
@@ -172,5 +188,18 @@ class STFT(Operator):
         re, im = ctx.fresh("re"), ctx.fresh("im")
         body = dft_lines(ctx, load(0), load(1) if comps == 2 else None, self.length, self.length, k, False, False, re, im)
         dst = ix.mul(ix.add(ix.mul(b, self.frames * bins), ix.mul(f, bins), k), 2)
-        body += [y.store(dst, convert(re, F, y.dtype)), y.store(ix.add(dst, "1"), convert(im, F, y.dtype))]
-        ctx.render("nest.py.j2", loops=[(v, n) for v, n in loops if n > 1], body=body)
+        return body + [y.store(dst, convert(re, F, y.dtype)), y.store(ix.add(dst, "1"), convert(im, F, y.dtype))]
+
+    def forward(self, ctx):
+        if self.output().numel == 0:
+            return
+        loops = [(ctx.fresh(v), n) for v, n in zip("bfk", self.output().shape[:3])]
+        b, f, k = (v if n > 1 else "0" for v, n in loops)
+        ctx.render("nest.py.j2", loops=[(v, n) for v, n in loops if n > 1], body=self.bin_lines(ctx, b, f, k))
+
+    def work_items(self) -> int | None:
+        return self.output().numel // 2 or None
+
+    def emit_item(self, ctx, item):
+        b, f, k = ix.unravel(ctx.let(item, "item"), self.output().shape[:3])
+        ctx.render("nest.py.j2", loops=[], body=self.bin_lines(ctx, *(ctx.let(c, v) for c, v in zip((b, f, k), "bfk"))))

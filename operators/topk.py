@@ -3,22 +3,25 @@ values in index order (the lower index first, as ONNX says).
 
 Each line is selected in k passes without scratch memory: pass j takes the best element that
 comes after pick j-1 in the order (value descending, index ascending) — or value ascending for
-the smallest. O(k n) per line, which suits the small k of real models."""
+the smallest. O(k n) per line, which suits the small k of real models. A stage runs one work
+item per line (reduce.Lines).
+
+NaN sorts above every number, +inf included, and NaNs among themselves by index (numpy's sort,
+and what onnxruntime returns): the first picks of largest=1, the last of largest=0."""
 from __future__ import annotations
 
 import numpy as np
 
 from luisaml import dtypes
 from luisaml import indexing as ix
-from luisaml.operator import Operator
 from luisaml.registry import register
 
 from .common import convert
-from .reduce import line_loops, line_start
+from .reduce import Lines, line_start
 
 
 @register("TopK", since=10)
-class TopK(Operator):
+class TopK(Lines):
     """TopK with K as a constant input (opset 10), largest and sorted attributes (opset 11)."""
 
     def k(self) -> int:
@@ -41,21 +44,28 @@ class TopK(Operator):
         self.expect(idx is None or idx.dtype is dtypes.INT64, "output 1 (indices) must be int64")
         self.largest = bool(int(self.attr("largest", 1)))
 
-    def forward(self, ctx):
+    def empty(self) -> bool:
+        return self.kk == 0 or self.input(0).numel == 0
+
+    def line(self, ctx, o, r, n, stride):
         x, vals, idx = self.input(0), self.output(0), self.output(1)
-        if self.kk == 0 or x.numel == 0:
-            return
-        loops, o, r, n, stride = line_loops(ctx, x.shape, self.ax)
         base, out_base = line_start(o, r, n, stride), line_start(o, r, self.kk, stride)
-        gt, lt = (">", "<") if self.largest else ("<", ">")
         pv, pi, bv, bi, v, j, t = (ctx.fresh(p) for p in ("pv", "pi", "bv", "bi", "x", "j", "t"))
+        nan = x.dtype.is_float
+
+        def above(a, b):
+            """a comes after b in ascending order, NaN last (comparisons with NaN are all false)."""
+            return f"((isnan({a}) and not isnan({b})) or {a} > {b})" if nan else f"{a} > {b}"
+
+        same = f"({v} == {pv} or (isnan({v}) and isnan({pv})))" if nan else f"{v} == {pv}"
+        # after the previous pick in the (value, index) order, and better than the best so far
+        after, better = (above(pv, v), above(v, bv)) if self.largest else (above(v, pv), above(bv, v))
         body = [f"{pv} = {x.load(base)}", f"{pi} = -1", f"for {j} in range({self.kk}):",
                 f"    {bv} = {x.load(base)}", f"    {bi} = -1",
                 f"    for {t} in range({n}):",
                 f"        {v} = {x.load(ix.add(base, ix.mul(t, stride)))}",
-                # after the previous pick in (value, index) order, and better than the best so far
-                f"        if {pi} < 0 or {v} {lt} {pv} or ({v} == {pv} and {t} > {pi}):",
-                f"            if {bi} < 0 or {v} {gt} {bv}:",
+                f"        if {pi} < 0 or {after} or ({same} and {t} > {pi}):",
+                f"            if {bi} < 0 or {better}:",
                 f"                {bv} = {v}",
                 f"                {bi} = {t}",
                 f"    {pv} = {bv}", f"    {pi} = {bi}"]
@@ -64,7 +74,7 @@ class TopK(Operator):
             body.append(f"    {vals.store(at, bv)}")
         if idx is not None:
             body.append(f"    {idx.store(at, convert(bi, dtypes.INT32, idx.dtype))}")
-        ctx.render("nest.py.j2", loops=loops, body=body)
+        return body
 
 
 @register("TopK", since=1)

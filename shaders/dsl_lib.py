@@ -1,5 +1,5 @@
 """DSL functions shared by operators; a generated module imports the ones it uses."""
-# ruff: noqa: F821  (exp, copysign, ... are DSL builtins the luisa compiler resolves)
+# ruff: noqa: F821  (exp, copysign, isnan, ... are DSL builtins the luisa compiler resolves)
 import luisa
 from luisa.types import half  # noqa: F401
 
@@ -73,3 +73,33 @@ def pow_i32(x, y):
             b = b * b
             e = e // 2
     return r
+
+
+# The max/min/clamp builtins are C's fmax/fmin: they return the other operand when one is NaN. ONNX
+# follows numpy (np.maximum, np.minimum), where NaN wins; these are the float forms that keep it.
+# isnan, not x != x: a backend may fold the comparison away.
+
+
+@luisa.func
+def max_nan(a, b):
+    """The larger of a and b (float or half); NaN when either is."""
+    return a if a > b or isnan(a) else b
+
+
+@luisa.func
+def min_nan(a, b):
+    """The smaller of a and b (float or half); NaN when either is."""
+    return a if a < b or isnan(a) else b
+
+
+@luisa.func
+def clamp_nan(x, lo, hi):
+    """x clamped to [lo, hi] (float or half); NaN stays NaN."""
+    return x if isnan(x) else clamp(x, lo, hi)
+
+
+@luisa.func
+def max_first(a, b):
+    """C++'s std::max(a, b) = (a < b) ? b : a: a NaN a stays, a NaN b is dropped (for matching
+    onnxruntime's kernels that fold with it)."""
+    return b if a < b else a  # noqa: FURB136 (the max builtin is fmax, which differs on NaN)

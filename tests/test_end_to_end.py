@@ -126,15 +126,22 @@ def test_single_instance_mode(tmp_path):
         luisaml.compile(path, batch_axis=None)
 
 
-def test_mixing_samples_is_a_compile_error(tmp_path):
+def test_mixing_samples_compiles_per_batch_size(tmp_path):
+    """A mean over the batch cannot run one sample at a time: the network compiles itself for
+    each batch size it runs with, and its missing per-sample forward names the node."""
     class Norm(torch.nn.Module):
         def forward(self, x):
             return x - x.mean(dim=0, keepdim=True)  # mean over the batch
 
     path = _export(Norm(), torch.randn(3, 4), tmp_path / "norm.onnx", False)
-    with pytest.raises(luisaml.CompileError, match=r"ReduceMean.*mixes samples across the batch"):
-        luisaml.compile(path)
-    net = luisaml.compile(path, batch_axis=None, input_shapes={"x": [3, 4]})  # fine as one instance
+    net = luisaml.compile(path)
+    assert isinstance(net, luisaml.PerBatchNetwork)
+    with pytest.raises(luisaml.UsageError, match=r"ReduceMean.*mixes samples across the batch"):
+        net.forward
+    for n in (3, 6):
+        x = np.random.default_rng(n).standard_normal((n, 4)).astype(np.float32)
+        np.testing.assert_allclose(net.run({"x": x})["y"], x - x.mean(0, keepdims=True), rtol=1e-5, atol=1e-6)
+    net = luisaml.compile(path, batch_axis=None, input_shapes={"x": [3, 4]})  # as one instance too
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
     np.testing.assert_allclose(net.run({"x": x})["y"], x - x.mean(0, keepdims=True), rtol=1e-5, atol=1e-6)
 
@@ -159,10 +166,13 @@ def test_rows_of_a_sample_folded_into_the_batch_dimension(tmp_path):
     np.testing.assert_allclose(net.run({"x": x.numpy()})["y"], m(x).detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_concat_along_the_batch_is_a_compile_error(tmp_path):
+def test_concat_along_the_batch_compiles_per_batch_size(tmp_path):
     class Twice(torch.nn.Module):
         def forward(self, x):
             return torch.cat([x, x * 2], dim=0)
 
-    with pytest.raises(luisaml.CompileError, match=r"Concat.*mixes samples across the batch"):
-        luisaml.compile(_export(Twice(), torch.randn(2, 3), tmp_path / "twice.onnx", False))
+    net = luisaml.compile(_export(Twice(), torch.randn(2, 3), tmp_path / "twice.onnx", False))
+    assert isinstance(net, luisaml.PerBatchNetwork)
+    for n in (2, 5):
+        x = np.random.default_rng(n).standard_normal((n, 3)).astype(np.float32)
+        np.testing.assert_allclose(net.run({"x": x})["y"], np.concatenate([x, 2 * x]), rtol=1e-6)

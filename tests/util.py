@@ -166,3 +166,16 @@ def export_batched(module, k: int, path) -> str:
     torch.onnx.export(module, (torch.randn(3, k),), str(path), dynamo=False, opset_version=17,
                       input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
     return str(path)
+
+
+def stage_of(net, node_name: str):
+    """Return the schedule's stage that runs node `node_name` (as its root, in its epilogue, or
+    inline where it reads it: then the first stage that does), or None without a schedule."""
+    sched = net.plan.schedule
+    if sched is None:
+        return None
+    for st in sched.stages:
+        names = [n.name for n, _ in st.nodes + st.epilogue]
+        if node_name in names or any(f"'{node_name}'" in s for s in st.inlined):
+            return st
+    raise AssertionError(f"node '{node_name}' is in no stage:\n{sched.describe()}")

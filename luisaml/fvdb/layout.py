@@ -7,6 +7,8 @@ The layout is little-endian throughout.
 
 from __future__ import annotations
 
+from ..errors import LimitError, ModelError
+
 # --- magic numbers (first 8 bytes, little-endian) -------------------------------------------------
 MAGIC_NUMB = 0x304244566F6E614E  # "NanoVDB0": legacy grids (<= 32.6) and legacy file headers
 MAGIC_GRID = 0x314244566F6E614E  # "NanoVDB1": grids since 32.7 (and mData2 of 32.6 grids)
@@ -190,8 +192,13 @@ CODEC_BLOSC = 2
 CODEC_NAMES = {CODEC_NONE: "none", CODEC_ZIP: "zip", CODEC_BLOSC: "blosc"}
 
 
-class NanoVDBError(ValueError):
+class NanoVDBError(ModelError):
     """A NanoVDB buffer or file that luisaml cannot accept; the message names what is wrong."""
+
+
+class GridLimitError(NanoVDBError, LimitError):
+    """A NanoVDB size beyond luisaml.Limits.grid_bytes: both a NanoVDBError and a LimitError, so
+    either `except` catches it."""
 
 
 def align_up(n: int, alignment: int = DATA_ALIGNMENT) -> int:

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..limits import DEFAULT, Limits
 from . import layout as L
-from .layout import NanoVDBError
+from .layout import GridLimitError, NanoVDBError
 
 _U64 = np.dtype("<u8")
 _I64 = np.dtype("<i8")
@@ -652,11 +653,19 @@ def _read_map(buf: np.ndarray, pos: int) -> GridMap:
     return GridMap(mat, inv, vec)
 
 
-def read_grid(data: bytes | np.ndarray, offset: int = 0, where: str | None = None) -> NanoGrid:
+def read_grid(data: bytes | np.ndarray, offset: int = 0, where: str | None = None, *,
+              limits: Limits = DEFAULT) -> NanoGrid:
     """Return the validated grid whose GridData starts at byte offset of data."""
     buf = as_byte_buffer(data)
     where = where or f"NanoVDB grid at byte {offset}"
+    if not 0 <= offset < len(buf):
+        raise _fail(where, f"offset {offset} is outside the {len(buf)}-byte buffer")
     g = _parse_headers(buf, offset, where)
+    if g["grid_size"] > limits.grid_bytes:
+        raise GridLimitError(
+            f"{where}: grid size is {g['grid_size']} bytes, more than the limit of {limits.grid_bytes} "
+            "(luisaml.Limits.grid_bytes)"
+        )
     _check_blind_metadata(buf, where, g)
     walk = _walk_tree(buf, where, g)
     pos = offset
@@ -688,7 +697,7 @@ def read_grid(data: bytes | np.ndarray, offset: int = 0, where: str | None = Non
     )
 
 
-def read_grids(data: bytes | np.ndarray) -> list[NanoGrid]:
+def read_grids(data: bytes | np.ndarray, *, limits: Limits = DEFAULT) -> list[NanoGrid]:
     """Return every grid of a raw buffer of back-to-back grids (one or more), each validated."""
     buf = as_byte_buffer(data)
     if len(buf) == 0:
@@ -698,7 +707,7 @@ def read_grids(data: bytes | np.ndarray) -> list[NanoGrid]:
     # Walk mGridSize to the end of the buffer, like GridHandle and warp's validator; mGridIndex and
     # mGridCount are not trusted because naive concatenation leaves them at 0 / 1 in every grid.
     while pos < len(buf):
-        grid = read_grid(buf, pos, where=f"NanoVDB grid #{len(grids)} at byte {pos}")
+        grid = read_grid(buf, pos, where=f"NanoVDB grid #{len(grids)} at byte {pos}", limits=limits)
         grids.append(grid)
         pos += grid.grid_size
     return grids

@@ -9,6 +9,10 @@ grids themselves: raw for codec NONE, ``[u64 n][n bytes of zlib]`` for codec ZIP
 Reading follows NanoVDB's ``io::readGrids``: grid data is consumed sequentially rather than by
 ``FileMetaData::fileSize``, because writers disagree on it (warp stores the compressed size without
 the 8-byte chunk header).
+
+Every size a file claims (grid sizes, ZIP chunk sizes, name sizes) is checked against the bytes
+that are really there, and what would be allocated against ``Limits.grid_bytes``, before anything
+is allocated or inflated.
 """
 
 from __future__ import annotations
@@ -20,10 +24,15 @@ from pathlib import Path
 
 import numpy as np
 
+from ..limits import DEFAULT, Limits
 from . import layout as L
 from .builder import concat_grids
-from .layout import NanoVDBError
+from .layout import GridLimitError, NanoVDBError
 from .nanovdb import NanoGrid, as_byte_buffer, read_grids
+
+# zlib's deflate cannot expand data more than about 1032:1 (a stream of one repeated byte); a
+# chunk that claims more is corrupt, and is refused before it is inflated
+ZLIB_MAX_RATIO = 1032
 
 PathOrBytes = str | os.PathLike | bytes | bytearray | memoryview | np.ndarray
 
@@ -39,10 +48,19 @@ def string_hash(name: str) -> int:
     return h
 
 
-def _load(source: PathOrBytes) -> tuple[bytes, str]:
+def _load(source: PathOrBytes, limits: Limits = DEFAULT) -> tuple[bytes, str]:
     """Return the bytes of source (a path or an in-memory buffer) and a name for error messages."""
     if isinstance(source, (str, os.PathLike)):
-        return Path(source).read_bytes(), f"file {os.fspath(source)!r}"
+        where = f"file {os.fspath(source)!r}"
+        try:
+            size = os.stat(source).st_size
+            if size > limits.grid_bytes:
+                raise GridLimitError(
+                    f"{where}: {size} bytes, more than the limit of {limits.grid_bytes} (luisaml.Limits.grid_bytes)"
+                )
+            return Path(source).read_bytes(), where
+        except OSError as e:
+            raise NanoVDBError(f"cannot read {where}: {e.strerror}") from e
     if isinstance(source, np.ndarray):
         return as_byte_buffer(source).tobytes(), "buffer"
     return bytes(source), "buffer"
@@ -64,8 +82,11 @@ def is_segmented(data: bytes) -> bool:
     return version >> 21 == L.ABI_MAJOR and grid_count > 0 and codec <= L.CODEC_BLOSC
 
 
-def _read_segment(data: bytes, pos: int, where: str) -> tuple[list[bytes], int]:
-    """Return the grid buffers of the segment at pos and the position after it."""
+def _read_segment(data: bytes, pos: int, where: str, limits: Limits = DEFAULT,
+                  budget: int | None = None) -> tuple[list[bytes], int]:
+    """Return the grid buffers of the segment at pos and the position after it; budget is what
+    is left of Limits.grid_bytes for the grids of this file."""
+    budget = limits.grid_bytes if budget is None else budget
     if len(data) - pos < L.FILE_HEADER_SIZE:
         raise NanoVDBError(f"{where}: truncated segment header at byte {pos}")
     magic, version, grid_count, codec = struct.unpack_from("<QIHH", data, pos)
@@ -90,6 +111,19 @@ def _read_segment(data: bytes, pos: int, where: str) -> tuple[list[bytes], int]:
             raise NanoVDBError(f"{where}: truncated FileMetaData #{i} at byte {pos}")
         grid_size = struct.unpack_from("<Q", data, pos + L.FILE_META_OFF_GRID_SIZE)[0]
         name_size = struct.unpack_from("<I", data, pos + L.FILE_META_OFF_NAME_SIZE)[0]
+        if grid_size < L.MIN_GRID_SIZE:
+            raise NanoVDBError(
+                f"{where}: FileMetaData #{i} at byte {pos} gives grid size {grid_size}, smaller than the "
+                f"{L.MIN_GRID_SIZE} bytes of a grid's headers"
+            )
+        if grid_size > budget:
+            raise GridLimitError(
+                f"{where}: FileMetaData #{i} at byte {pos} gives grid size {grid_size}, "
+                + (f"more than the limit of {limits.grid_bytes} bytes" if budget == limits.grid_bytes
+                   else f"which with the grids before it exceeds the limit of {limits.grid_bytes} bytes")
+                + " (luisaml.Limits.grid_bytes)"
+            )
+        budget -= grid_size
         pos += L.FILE_METADATA_SIZE + name_size
         if pos > len(data):
             raise NanoVDBError(f"{where}: grid name #{i} ({name_size} bytes) runs past the end of the file")
@@ -112,6 +146,11 @@ def _read_segment(data: bytes, pos: int, where: str) -> tuple[list[bytes], int]:
             raise NanoVDBError(
                 f"{where}: truncated: ZIP chunk of grid #{i} has {n} bytes, {len(data) - pos} remain"
             )
+        if grid_size > ZLIB_MAX_RATIO * n + 1024:
+            raise NanoVDBError(
+                f"{where}: FileMetaData gives grid #{i} {grid_size} bytes, more than its {n}-byte ZIP chunk "
+                f"can inflate to (zlib expands at most {ZLIB_MAX_RATIO}:1)"
+            )
         # Bounded: a corrupt or hostile chunk cannot inflate past the size the metadata declares.
         inflater = zlib.decompressobj()
         try:
@@ -133,27 +172,29 @@ def _read_segment(data: bytes, pos: int, where: str) -> tuple[list[bytes], int]:
     return grids, pos
 
 
-def read_nvdb_buffer(source: PathOrBytes) -> bytes:
+def read_nvdb_buffer(source: PathOrBytes, *, limits: Limits = DEFAULT) -> bytes:
     """Return the raw grid buffer (all grids back to back, renumbered) of a .nvdb file or raw buffer."""
-    data, where = _load(source)
+    data, where = _load(source, limits)
     if not data:
         raise NanoVDBError(f"{where}: empty")
     if not is_segmented(data):
         return data
     parts: list[bytes] = []
     pos = 0
+    budget = limits.grid_bytes
     while pos < len(data):
-        grids, pos = _read_segment(data, pos, where)
+        grids, pos = _read_segment(data, pos, where, limits, budget)
         parts.extend(grids)
+        budget -= sum(len(g) for g in grids)
     if not parts:
         raise NanoVDBError(f"{where}: holds no grids")
     # concat_grids validates every grid and numbers them like NanoVDB's updateGridCount.
     return concat_grids(parts)
 
 
-def read_nvdb(source: PathOrBytes) -> list[NanoGrid]:
+def read_nvdb(source: PathOrBytes, *, limits: Limits = DEFAULT) -> list[NanoGrid]:
     """Return the validated grids of a .nvdb file (segmented or raw) or an in-memory buffer."""
-    return read_grids(read_nvdb_buffer(source))
+    return read_grids(read_nvdb_buffer(source, limits=limits), limits=limits)
 
 
 def _file_metadata(grid: NanoGrid, file_size: int, codec: int) -> bytes:

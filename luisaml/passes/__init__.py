@@ -1,17 +1,18 @@
 """Passes from a loaded model to one ready to compile: opset upgrade, expansion of ONNX function ops
 luisaml has no operator for, shape/dtype inference with constant folding, batch-dimension
-discovery, Identity/Dropout and dead-node removal."""
+discovery and annotation (batch.py), Identity/Dropout and dead-node removal."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
+from ..limits import DEFAULT, Limits
 from ..model import Model, model_from_proto
+from .batch import BatchPlan, annotate
 from .cleanup import remove_dead, remove_passthrough
 from .functions import expand_functions
 from .infer import PROBE_A, PROBE_B, Specialised, find_batch_symbol, set_input_shapes, specialise
 from .upgrade import upgrade_opset
+from .validate import validate_model
 
 
 @dataclass
@@ -19,14 +20,17 @@ class Prepared:
     """A Model ready to compile, and what the batch probes found."""
 
     model: Model
-    symbol: str | None
-    shapes_b: dict[str, list[int | None]]
-    values_b: dict[str, np.ndarray]
+    batch: BatchPlan  # every variable's shape per sample (passes/batch.py)
     float64_as_float: bool = False  # compile(float64="float32"): float64 tensors compute in float32
 
+    @property
+    def symbol(self) -> str | None:
+        return self.batch.symbol
 
-def prepare(proto, batch_axis="auto", input_shapes=None) -> Prepared:
+
+def prepare(proto, batch_axis="auto", input_shapes=None, *, limits: Limits = DEFAULT) -> Prepared:
     """Return the prepared Model of a ModelProto (consumed: it is modified)."""
+    validate_model(proto, limits=limits)
     proto = upgrade_opset(proto)
     expand_functions(proto, _implemented)
     if input_shapes:
@@ -36,7 +40,7 @@ def prepare(proto, batch_axis="auto", input_shapes=None) -> Prepared:
     model = model_from_proto(spec.proto)
     remove_passthrough(model)
     remove_dead(model)
-    return Prepared(model, symbol, spec.shapes_b, spec.values_b)
+    return Prepared(model, annotate(model, symbol, spec.shapes_b, spec.values_b))
 
 
 def _implemented(op_type: str, domain: str, opset: int) -> bool:

@@ -112,34 +112,55 @@ def input_shapes(proto: onnx.ModelProto) -> dict[str, list[int | str | None]]:
     for vi in proto.graph.input:
         if vi.name in inits:
             continue
-        # a negative dim_value (some exporters write -1) is as dynamic as an unnamed dim
+        # a negative dim_value (some exporters write -1) or a dim_param of '?' is as dynamic as an
+        # unnamed dim, and two of them are not the same dimension
         out[vi.name] = [
-            int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or None)
+            int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0
+            else (d.dim_param if d.dim_param.strip() not in ("", "?", "-1") else None)
             for d in _dims(vi)
         ]
     return out
 
 
 def find_batch_symbol(proto: onnx.ModelProto, batch_axis) -> str | None:
-    """Return the symbol of the batch axis, or None for single-instance mode."""
+    """Return the symbol of the batch axis, or None for single-instance mode.
+
+    "auto": the symbol that leads an input and an output; else, when an output leads with a dim
+    that is not a number, the symbol leading an input, or a new symbol given (in place) to every
+    input whose leading dim is unnamed (-1, '?', no value): the probes then show whether it is a
+    batch. 0: the same, without needing the output."""
     if batch_axis is None:
         return None
     if batch_axis not in ("auto", 0):
         raise ValueError(f"batch_axis must be 'auto', 0 or None, not {batch_axis!r}")
     ins = input_shapes(proto)
     leading_in = [s[0] for s in ins.values() if s and isinstance(s[0], str)]
-    leading_out = {
-        d.dim_param for o in proto.graph.output for d in list(_dims(o))[:1] if d.HasField("dim_param") and d.dim_param
-    }
+    leading_out = []  # each output's leading dim: a number, a name, or None when unnamed
+    for o in proto.graph.output:
+        for d in list(_dims(o))[:1]:
+            if d.HasField("dim_value") and d.dim_value >= 0:
+                leading_out.append(int(d.dim_value))
+            else:
+                leading_out.append(d.dim_param if d.dim_param.strip() not in ("", "?", "-1") else None)
     for sym in leading_in:
         if sym in leading_out:
             return sym
+    if batch_axis == "auto" and all(isinstance(d, int) for d in leading_out):
+        return None
+    if leading_in:
+        return leading_in[0]
+    unnamed = [k for k, s in ins.items() if s and s[0] is None]
+    if unnamed:
+        taken = {d.dim_param for vi in list(proto.graph.input) + list(proto.graph.output) for d in _dims(vi)}
+        sym = next(f"batch{k or ''}" for k in range(len(taken) + 1) if f"batch{k or ''}" not in taken)
+        by_name = {vi.name: vi for vi in proto.graph.input}
+        for k in unnamed:
+            _dims(by_name[k])[0].dim_param = sym
+        return sym
     if batch_axis == 0:
-        if leading_in:
-            return leading_in[0]
         raise ModelError(
-            "batch_axis=0 needs an input whose first dimension is symbolic; inputs are "
-            + ", ".join(f"'{k}' {shape_str(v)}" for k, v in ins.items())
+            "batch_axis=0 needs an input whose first dimension is dynamic; inputs are "
+            + ", ".join(f"'{k}' {shape_str(['?' if d is None else d for d in v])}" for k, v in ins.items())
         )
     return None
 
@@ -174,20 +195,27 @@ def _forget_shapes(g: onnx.GraphProto, outputs: bool) -> None:
 
 
 def set_input_shapes(proto: onnx.ModelProto, shapes: dict[str, list]) -> None:
-    """Overwrite the dims of named graph inputs in place (None keeps a dim as it is)."""
+    """Overwrite the dims of named graph inputs in place (None, '?' or a negative number keeps a
+    dim as it is; a string names a symbolic dim); an input without a shape gets one."""
     by_name = {vi.name: vi for vi in proto.graph.input}
     for name, shape in shapes.items():
         if name not in by_name:
             raise ModelError(f"input_shapes names '{name}', which is not a graph input ({', '.join(by_name)})")
+        tt = by_name[name].type.tensor_type
+        if not tt.HasField("shape"):  # unknown rank: the given shape is the shape
+            tt.shape.SetInParent()
+            for _ in shape:
+                tt.shape.dim.add()
         dims = _dims(by_name[name])
         if len(dims) != len(shape):
             raise ModelError(f"input_shapes['{name}'] has rank {len(shape)}, the model's input has rank {len(dims)}")
         for d, v in zip(dims, shape):
-            if v is None:
-                continue
             if isinstance(v, str):
-                d.dim_param = v
-            else:
+                if v.strip() not in ("", "?"):
+                    d.dim_param = v
+            elif v is not None and not isinstance(v, (int, np.integer)):
+                raise ModelError(f"input_shapes['{name}'] = {list(shape)}: a dimension must be an int, a name or None")
+            elif v is not None and v >= 0:
                 d.dim_value = int(v)
 
 

@@ -175,3 +175,24 @@ def test_if_on_a_constant_condition_is_inlined(cond):
     x = np.array([0.5, -1.5, 2.0], np.float32)
     _, got = assert_matches_ort(m, {"x": x}, batch_axis=None)
     assert got["y"].shape == ((6,) if cond else (3,))
+
+
+@pytest.mark.parametrize("c1, c2", [(True, True), (True, False), (False, True), (False, False)])
+def test_nested_if_reads_the_main_graphs_input(c1, c2):
+    """An If inside an If's branch reads x from two graphs out (AttributeError before)."""
+    def branch(name, op, out):
+        return helper.make_graph([helper.make_node(op, ["x"], [out], name=name)], name, [],
+                                 [helper.make_tensor_value_info(out, F, None)])
+
+    inner = helper.make_node("If", ["c2"], ["t"], name="inner_if", then_branch=branch("a", "Neg", "ta"),
+                             else_branch=branch("b", "Abs", "tb"))
+    then_g = helper.make_graph([inner], "then", [], [helper.make_tensor_value_info("t", F, None)])
+    outer = helper.make_node("If", ["c1"], ["y"], name="outer_if", then_branch=then_g,
+                             else_branch=branch("c", "Relu", "tc"))
+    g = helper.make_graph([outer], "g", [helper.make_tensor_value_info("x", F, ["N", 3]),
+                                         helper.make_tensor_value_info("c1", TensorProto.BOOL, []),
+                                         helper.make_tensor_value_info("c2", TensorProto.BOOL, [])],
+                          [helper.make_tensor_value_info("y", F, ["N", 3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": np.array([[-1, 2, -3], [4, -5, 6]], np.float32), "c1": np.array(c1), "c2": np.array(c2)}
+    assert_matches_ort(m, feeds)

@@ -133,9 +133,21 @@ def test_accumulated_output_gathers_every_sample(batched):
         assert "atomic_fetch_add" in net.source
 
 
-def test_accumulated_output_read_by_another_node_is_an_error():
-    with pytest.raises(luisaml.CompileError, match=r"'y' gathers contributions from every sample"):
-        luisaml.compile(_scatter_model(True, extra_reader=True))
+def test_accumulated_output_read_by_another_node_compiles_per_batch():
+    """Per sample, an output every sample adds into cannot be read by another node of the same
+    kernel; the network then compiles with its batch fixed per run, and forward says why."""
+    rng = np.random.default_rng(4)
+    net = luisaml.compile(_scatter_model(True, extra_reader=True))
+    with pytest.raises(luisaml.UsageError, match=r"no per-sample `forward`.*'y' gathers contributions from every sample"):
+        net.forward
+    for n in (7, 3):
+        idx = rng.integers(0, 5, n).astype(np.int32)
+        v = rng.uniform(-2.0, 2.0, n).astype(np.float32)
+        want = np.zeros(5, np.float32)
+        np.add.at(want, idx, v)
+        got = net.run({"idx": idx, "v": v})
+        np.testing.assert_allclose(got["y"], want, rtol=1e-6)
+        np.testing.assert_allclose(got["r"], np.maximum(want, 0), rtol=1e-6)
 
 
 @luisaml.register("TwiceOnHost", domain="test.derived", since=1)

@@ -1,6 +1,7 @@
-"""The fused MLP kernel (luisaml/fusion.py, shaders/mlp.py.j2) on the CPU backend: recognition of
-dense chains, the emulated kernel against torch (fp32 and fp16 mode, several tilings and batch
-tails), what inspect reports, and the errors that name why a graph is not fused."""
+"""The fused MLP kernel (luisaml/fusion.py's rewrite, luisaml/mlp.py, shaders/mlp.py.j2) on the CPU
+backend: recognition of dense chains with any elementwise activations, the emulated kernel
+against torch (fp32 and fp16 mode, several tilings and batch tails), what inspect reports, and the
+errors that name why a graph is not fused."""
 from __future__ import annotations
 
 import io
@@ -16,7 +17,9 @@ from onnx import TensorProto, helper, numpy_helper
 from util import export_batched, ort_run, torch_mlp
 
 import luisaml
-from luisaml import cli, fusion
+from luisaml import cli, mlp as mlp_mod
+from luisaml.model import Node
+from luisaml.storage import Tensor
 from luisaml.runtime import analyze
 
 
@@ -62,10 +65,11 @@ def test_recognises_gemm_chains_and_reports_the_plan(models):
     _, path = models["relu-32-32x3-4"]
     plan = analyze(path, fuse="gpu")
     f = plan.fused
-    assert [l.act for l in f.layers] == ["relu", "relu", "relu", "none"]
+    assert [l.act.label for l in f.layers] == ["Relu", "Relu", "Relu", "none"]
     assert (f.K0, [l.N for l in f.layers]) == (32, [32, 32, 32, 4])
-    assert plan.fusion_note.startswith("fused MLP 32-32-32-32-4 (relu,relu,relu,none), fp32: tile of")
-    assert "def batch_kernel(x_x, y_y, weights, tile_counter, n: int)" in plan.source and "sync_block()" in plan.source
+    assert plan.fusion_note.startswith("fused MLP 32-32-32-32-4 (Relu,Relu,Relu,none), fp32: tile of")
+    assert "def stage_0(x_x, y_y, weights, tile_counter, n: int)" in plan.source and "sync_block()" in plan.source
+    assert [st.domain for st in plan.schedule.stages] == ["fused"]
     # without fusion the note still says what CUDA would run, and the kernel is the per-sample one
     off = analyze(path)
     assert off.fused is None and off.fusion_note.startswith("fusable (used on the CUDA backend): fused MLP")
@@ -78,21 +82,22 @@ def test_inspect_prints_the_chosen_algorithm(models):
     with redirect_stdout(buf):
         assert cli.main(["inspect", path]) == 0
     line = next(ln for ln in buf.getvalue().splitlines() if ln.startswith("batch kernel: "))
-    assert "fused MLP 63-20-20-3 (tanh,tanh,none)" in line and "register tiles" in line
+    assert "fused MLP 63-20-20-3 (Tanh,Tanh,none)" in line and "register tiles" in line
 
 
 def test_plans_per_shape():
     """Wider layers get smaller tiles of samples; weights that do not fit are staged or global."""
     notes = {}
     for w in (32, 64, 128, 256):
-        mlp = fusion.FusedMLP("x", "y", [
-            fusion.Layer(np.zeros((32, w), np.float32), np.zeros(w, np.float32), "relu"),
-            fusion.Layer(np.zeros((w, w), np.float32), np.zeros(w, np.float32), "relu"),
-            fusion.Layer(np.zeros((w, 4), np.float32), np.zeros(4, np.float32), "none"),
-        ], 32)
-        fusion.plan_mlp(mlp, "gpu")
-        assert mlp.shared_bytes <= fusion.SHARED_LIMIT
-        assert all(l.S * l.O <= fusion.MAX_ACC for l in mlp.layers)
+        x, y = Tensor("x", luisaml.dtypes.FLOAT, (1, 32), True), Tensor("y", luisaml.dtypes.FLOAT, (1, 4), True)
+        none = mlp_mod.Activation
+        mlp = mlp_mod.FusedMLP(Node("f", "FusedMLP", "luisaml", ["x"], ["y"]), x, y, [
+            mlp_mod.Layer(np.zeros((32, w), np.float32), np.zeros(w, np.float32), none()),
+            mlp_mod.Layer(np.zeros((w, w), np.float32), np.zeros(w, np.float32), none()),
+            mlp_mod.Layer(np.zeros((w, 4), np.float32), np.zeros(4, np.float32), none()),
+        ], [], []).plan("gpu")
+        assert mlp.shared_bytes <= mlp_mod.SHARED_LIMIT
+        assert all(l.S * l.O <= mlp_mod.MAX_ACC for l in mlp.layers)
         notes[w] = (mlp.T, mlp.weights, mlp.layers[-1].G)
     assert notes[32] == (256, "resident", 2) and notes[64][:2] == (128, "staged")
     assert notes[128][:2] == (64, "global") and notes[256][:2] == (32, "global")
@@ -113,17 +118,14 @@ def test_emulated_kernel_matches_torch(models, name):
         assert _rel(got, want) < 1e-5, f"{name} batch {n}"
 
 
-@pytest.mark.parametrize("vector", ["0", "1"])
-def test_gpu_tiling_in_emulation(models, monkeypatch, vector):
+@pytest.mark.parametrize("vector", [False, True])
+def test_gpu_tiling_in_emulation(models, vector):
     """The CUDA plan's tile (T=128 samples, 128 threads, split-K output layer), with scalar or
     float4 accumulators, computes the same."""
-    monkeypatch.setenv("LUISAML_FUSED_T", "128")
-    monkeypatch.setenv("LUISAML_FUSED_NT", "128")
-    monkeypatch.setenv("LUISAML_FUSED_VECTOR", vector)
     module, path = models["tanh-63-20x2-3"]
-    net = luisaml.compile(path, fuse=True)
+    net = luisaml.compile(path, fuse=True, mlp=luisaml.MLPConfig(T=128, NT=128, vector_acc=vector))
     assert net.plan.fused.T == 128 and net.plan.fused.layers[-1].G > 1
-    assert net.plan.fused.vector_acc == (vector == "1")
+    assert net.plan.fused.vector_acc == vector
     x = np.random.default_rng(5).standard_normal((300, 63)).astype(np.float32)
     with torch.no_grad():
         assert _rel(net.run({"x": x})["y"], module(torch.from_numpy(x)).numpy()) < 1e-5
@@ -132,7 +134,7 @@ def test_gpu_tiling_in_emulation(models, monkeypatch, vector):
 def test_matmul_add_leaky_relu_chain():
     model = _matmul_add_model()
     net = luisaml.compile(model, fuse=True)
-    assert net.plan.fused is not None and [l.act for l in net.plan.fused.layers] == ["leaky_relu", "none"]
+    assert net.plan.fused is not None and [l.act.label for l in net.plan.fused.layers] == ["LeakyRelu", "none"]
     x = np.random.default_rng(2).standard_normal((50, 12)).astype(np.float32)
     want = ort_run(_matmul_add_model(), {"x": x})["y"]
     assert _rel(net.run({"x": x})["y"], want) < 1e-5
@@ -188,3 +190,42 @@ def test_cpu_backend_still_cannot_compile_shared_memory(tmp_path):
     )
     out = subprocess.run([sys.executable, str(src)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode != 0 and "compiled" not in out.stdout
+
+
+class _Sine(torch.nn.Module):
+    def forward(self, x):
+        return torch.sin(30.0 * x)  # SIREN's activation: a Mul by a constant, then Sin
+
+
+class _Exp(torch.nn.Module):
+    def forward(self, x):
+        return torch.exp(-torch.abs(x))
+
+
+@pytest.mark.parametrize("act", [torch.nn.Softplus, torch.nn.SiLU, _Sine, torch.nn.GELU, _Exp, torch.nn.ELU],
+                         ids=["softplus", "silu", "sine", "gelu", "exp-abs", "elu"])
+def test_any_elementwise_activation_is_fused(tmp_path, act):
+    """Whatever elementwise nodes follow a dense layer (a chain, or SiLU's diamond x * sigmoid(x))
+    become its activation in the fused kernel; the emulated kernel matches torch."""
+    module = torch_mlp([5, 24, 24, 3], act, seed=7)
+    path = export_batched(module, 5, tmp_path / "m.onnx")
+    net = luisaml.compile(path, fuse=True)
+    assert net.plan.fused is not None, net.plan.fusion_note
+    assert [st.domain for st in net.plan.schedule.stages] == ["fused"]
+    assert net.plan.fused.layers[0].act.label != "none" and net.plan.fused.layers[-1].act.label == "none"
+    x = np.random.default_rng(11).standard_normal((45, 5)).astype(np.float32)
+    with torch.no_grad():  # float64 is the reference; torch's own float32 error sets the bar
+        want = module.double()(torch.from_numpy(x).double()).numpy()
+        torch32 = module.float()(torch.from_numpy(x)).numpy()
+    assert _rel(net.run({"x": x})["y"], want) <= max(4 * _rel(torch32, want), 2e-6)
+
+
+def test_fused_forward_is_the_chain_per_sample(models, tmp_path):
+    """`forward` of a fused network (for user kernels) runs the original nodes one sample at a
+    time; the per-sample plan built from it equals the fused kernel's results."""
+    module, path = models["sigmoid-16-24-5"]
+    fused = luisaml.compile(path, fuse=True)
+    plain = luisaml.compile(path, fuse=True, schedule="per-sample")
+    assert "def forward(" in fused.source and plain.plan.schedule is None
+    x = np.random.default_rng(1).standard_normal((33, 16)).astype(np.float32)
+    assert _rel(plain.run({"x": x})["y"], fused.run({"x": x})["y"]) < 1e-6

@@ -27,8 +27,11 @@ from luisaml.fvdb import (
     write_nvdb,
     write_raw,
 )
+from luisaml.errors import LimitError
 from luisaml.fvdb import layout as L
+from luisaml.fvdb.layout import GridLimitError
 from luisaml.fvdb.nvdb_io import string_hash
+from luisaml.limits import Limits
 
 # Bytes where our builder and warp's legitimately differ: the version stamp, and TreeData's
 # mTileCount, which warp fills with node counts and NanoVDB's own builders leave at 0.
@@ -532,3 +535,82 @@ def test_random_corruption_never_reads_out_of_bounds(small_blob):
             if not g.active_tile_count:
                 active_voxels(g)
     assert 0 < accepted < 300  # most corruptions are caught, some leave a consistent tree
+
+
+# ------------------------------------------------------------------------------------------------
+# sizes a file or buffer claims
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("codec", ["none", "zip"])
+def test_file_claiming_a_huge_grid(small_blob, codec):
+    """A FileMetaData grid size of 2**64-1 used to end in an OverflowError (ZIP) before anything was read."""
+    data = patch(encode_nvdb(small_blob, codec), L.FILE_HEADER_SIZE + L.FILE_META_OFF_GRID_SIZE, "<Q", 2**64 - 1)
+    with pytest.raises(GridLimitError, match=r"FileMetaData #0 at byte 16 gives grid size 18446744073709551615, more "
+                                             r"than the limit of \d+ bytes \(luisaml.Limits.grid_bytes\)"):
+        read_nvdb(data)
+    # one class for both kinds of caller
+    assert issubclass(GridLimitError, NanoVDBError) and issubclass(GridLimitError, LimitError)
+
+
+def test_zip_chunk_that_cannot_inflate_to_the_claimed_size(small_blob):
+    good = encode_nvdb(small_blob, "zip")
+    claimed = 1 << 30  # under the default limit, far beyond what the small chunk can hold
+    with pytest.raises(NanoVDBError, match=r"FileMetaData gives grid #0 1073741824 bytes, more than its \d+-byte ZIP "
+                                           r"chunk can inflate to"):
+        read_nvdb(patch(good, L.FILE_HEADER_SIZE + L.FILE_META_OFF_GRID_SIZE, "<Q", claimed))
+
+
+def test_file_grid_size_below_the_headers(small_blob):
+    data = patch(encode_nvdb(small_blob), L.FILE_HEADER_SIZE + L.FILE_META_OFF_GRID_SIZE, "<Q", 64)
+    with pytest.raises(NanoVDBError, match=r"FileMetaData #0 at byte 16 gives grid size 64, smaller than the 832 bytes"):
+        read_nvdb(data)
+
+
+def test_grid_name_size_past_the_end(small_blob):
+    data = patch(encode_nvdb(small_blob), L.FILE_HEADER_SIZE + L.FILE_META_OFF_NAME_SIZE, "<I", 2**32 - 1)
+    with pytest.raises(NanoVDBError, match=r"grid name #0 \(4294967295 bytes\) runs past the end of the file"):
+        read_nvdb(data)
+
+
+@pytest.mark.parametrize("codec", ["none", "zip"])
+def test_grid_bytes_limit(small_blob, tmp_path, codec):
+    """Limits.grid_bytes bounds each grid and all the grids of a file together, before they are inflated."""
+    size = len(small_blob)
+    data = encode_nvdb([small_blob, small_blob], codec)
+    assert len(read_nvdb(data, limits=Limits(grid_bytes=2 * size))) == 2
+    with pytest.raises(GridLimitError, match=rf"FileMetaData #0 at byte 16 gives grid size {size}, more than the limit "
+                                             rf"of {size - 1} bytes"):
+        read_nvdb(data, limits=Limits(grid_bytes=size - 1))
+    with pytest.raises(GridLimitError, match=rf"FileMetaData #1 .* gives grid size {size}, which with the grids before "
+                                             rf"it exceeds the limit of {2 * size - 1} bytes"):
+        read_nvdb(data, limits=Limits(grid_bytes=2 * size - 1))
+    with pytest.raises(GridLimitError, match=rf"NanoVDB grid #0 at byte 0: grid size is {size} bytes, more than the limit"):
+        read_grids(small_blob, limits=Limits(grid_bytes=size - 1))
+    path = write_nvdb(tmp_path / "g.nvdb", small_blob, codec)
+    with pytest.raises(GridLimitError, match=r"file '.*g\.nvdb': \d+ bytes, more than the limit of 100"):
+        read_nvdb(path, limits=Limits(grid_bytes=100))
+
+
+def test_grid_offset_outside_the_buffer(small_blob):
+    for offset in (-32, len(small_blob)):
+        with pytest.raises(NanoVDBError, match=rf"offset {offset} is outside the {len(small_blob)}-byte buffer"):
+            read_grid(small_blob, offset=offset)
+
+
+def test_random_file_corruption_is_always_a_nanovdb_error(small_blob):
+    # Flip bytes of the file header and FileMetaData of ZIP and plain files: every outcome is a
+    # NanoVDBError (LimitError included) or grids equal to the original.
+    rng = np.random.default_rng(43)
+    for codec in ("none", "zip"):
+        good = np.frombuffer(encode_nvdb(small_blob, codec), np.uint8)
+        for _ in range(200):
+            data = good.copy()
+            for pos in rng.integers(0, L.FILE_HEADER_SIZE + L.FILE_METADATA_SIZE, size=rng.integers(1, 4)):
+                data[pos] = rng.integers(0, 256)
+            try:
+                grids = read_nvdb(data.tobytes())
+            except NanoVDBError:
+                continue
+            # what survives is the grid itself: the header bytes hit were ones the reader ignores
+            assert [g.data() for g in grids] == [small_blob]

@@ -83,16 +83,15 @@ def test_core_end_to_end_models_on_cuda(name, tmp_path):
 
 
 PLANS = {
-    "default": {},
-    "staged": {"LUISAML_FUSED_WEIGHTS": "staged"},
-    "global": {"LUISAML_FUSED_WEIGHTS": "global"},
-    "pipelined": {"LUISAML_FUSED_WEIGHTS": "pipelined"},
-    "pipelined-prefetch": {"LUISAML_FUSED_WEIGHTS": "pipelined", "LUISAML_FUSED_PREFETCH": "1"},
-    "outputs-major": {"LUISAML_FUSED_MAP": "outputs"},
-    "kpipe": {"LUISAML_FUSED_KPIPE": "1"},
-    "kpipe-staged": {"LUISAML_FUSED_KPIPE": "1", "LUISAML_FUSED_WEIGHTS": "staged"},
-    "no-split-k": {"LUISAML_FUSED_SPLITK": "0"},
-    "small-tile": {"LUISAML_FUSED_T": "32", "LUISAML_FUSED_NT": "64", "LUISAML_FUSED_U": "3"},
+    "default": luisaml.MLPConfig(),
+    "staged": luisaml.MLPConfig(weights="staged"),
+    "global": luisaml.MLPConfig(weights="global"),
+    "global-prefetch": luisaml.MLPConfig(weights="global", prefetch=True),
+    "kpipe": luisaml.MLPConfig(kpipe=True),
+    "kpipe-staged": luisaml.MLPConfig(kpipe=True, weights="staged"),
+    "vector": luisaml.MLPConfig(vector_acc=True),
+    "no-split-k": luisaml.MLPConfig(split_k=False),
+    "small-tile": luisaml.MLPConfig(T=32, NT=64, U=3),
 }
 
 
@@ -102,12 +101,10 @@ PLANS = {
     ([63, 20, 20, 3], torch.nn.Tanh),  # odd widths: padded rows and outputs
     ([63, 128, 128, 5], torch.nn.Sigmoid),
 ])
-def test_fused_plans_on_cuda(plan, widths, act, tmp_path, monkeypatch):
-    for k, v in PLANS[plan].items():
-        monkeypatch.setenv(k, v)
+def test_fused_plans_on_cuda(plan, widths, act, tmp_path):
     module = torch_mlp(widths, act, seed=len(widths))
     path = export_batched(module, widths[0], tmp_path / "m.onnx")
-    net = luisaml.compile(path)
+    net = luisaml.compile(path, mlp=PLANS[plan])
     assert net.plan.fusion_note.startswith("fused MLP"), net.plan.fusion_note
     for n in (1, 257, 100_003):  # tails of every tile size
         x = np.random.default_rng(n).standard_normal((n, widths[0])).astype(np.float32)

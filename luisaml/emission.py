@@ -1,0 +1,329 @@
+"""Emission: from a Plan to the source of the generated module. Pure: where each tensor lives in a
+function (a local array, a buffer region, the weight blob) is a binding table passed to that
+function's emission (storage.bind), never written onto the plan's tensors, so the same graph is
+emitted into `forward` and into the kernels without one emission seeing the other's storage."""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator
+
+from . import indexing as ix
+from .codegen import KernelContext, Module, render_module
+from .errors import CompileError
+from .mlp import TILE_COUNTER
+from .model import Node
+from .operator import Operator
+from .plan import GraphCode, IOSpec, Plan, scratch_layout
+from .safe_source import comment_text, docstring_text, quoted
+from .schedule import Stage
+from .storage import Buffer, Bytes, Local, Storage, Tensor, Value, bind
+
+
+def graph_bindings(ctx: KernelContext, code: GraphCode, io_storage: dict[str, Storage]) -> dict[Tensor, Storage]:
+    """Return the binding table of a graph in the function `ctx` emits: its inputs (and, for the
+    main graph, outputs) as io_storage says, its pooled slots (local arrays declared here, or
+    regions of the scratch buffers) and its views (the storage of the tensor they view)."""
+    table: dict[Tensor, Storage] = {code.tensors[name]: st for name, st in io_storage.items()}
+    scratch = scratch_layout(code.allocation)
+    for sid, slot in enumerate(code.allocation.slots):
+        if slot.space == "scratch":
+            per_sample, offsets = scratch[slot.dtype]
+            storage: Storage = Buffer(f"scratch_{slot.dtype}", ix.add(ix.mul("scratch_region", per_sample), str(offsets[sid])))
+        else:
+            name = ctx.fresh("s")
+            ctx.line(f"{name} = {ctx.module.array_type(slot.dtype, slot.size)}()")
+            storage = Local(name)
+        for m in slot.members:
+            table[code.tensors[m]] = storage
+    for out, src in code.views.items():
+        root = src
+        while root in code.views:
+            root = code.views[root]
+        st = table.get(code.tensors[root]) or code.tensors[root].storage
+        if st is not None:
+            table[code.tensors[out]] = st
+    return table
+
+
+@contextlib.contextmanager
+def graph_scope(ctx: KernelContext, code: GraphCode, io_storage: dict[str, Storage]) -> Iterator[None]:
+    """Emit a graph's nodes with its bindings active, and keep them active for the caller's block
+    (a Loop copies its body's outputs after the body)."""
+    with bind(graph_bindings(ctx, code, io_storage)):
+        for node, op in code.ops:
+            if op.view and node.outputs[0] in code.views:
+                ctx.comment(f"{quoted(node.name)}: {quoted(node.op_type)} is a view of {quoted(node.inputs[0])}")
+                continue
+            ctx.comment(f"{quoted(node.name)}: {quoted(node.op_type)}")
+            with node_context(node):
+                op.forward(ctx)
+        yield
+
+
+def emit_graph(ctx: KernelContext, code: GraphCode, io_storage: dict[str, Storage]) -> None:
+    """Emit a graph's code; its inputs (and, for the main graph, outputs) bound to io_storage."""
+    with graph_scope(ctx, code, io_storage):
+        pass
+
+
+@contextlib.contextmanager
+def node_context(node: Node):
+    """Re-raise a luisaml error from inside a node's emission with the node named (a literal out
+    of range, say, knows its value but not its node)."""
+    try:
+        yield
+    except CompileError as e:
+        if node.describe() in str(e):
+            raise
+        raise CompileError(f"{node.describe()}: {e}") from e
+
+
+def generate(plan: Plan, model_name: str) -> str:
+    """Return the source of the generated module for a plan: `forward` (one sample, for user
+    kernels) and the kernels the runtime launches (the stages, or one per-sample kernel)."""
+    module = Module()
+    fwd, fwd_params = emit_forward(plan, module)
+    type_decls: list[tuple[str, str]] = []
+    if plan.schedule is None:
+        kernels = [("batch_kernel", kernel_params(plan), "One thread per sample: reads the sample's inputs from "
+                    "buffers, writes its outputs.", emit_batch_kernel(plan, module))]
+    else:
+        kernels = []
+        for st in plan.schedule.stages:
+            params = kernel_params(plan)
+            if st.domain == "fused":  # the fused MLP's cooperative kernel (luisaml/mlp.py)
+                op = st.root[1]
+                body, decls = op.emit_kernel(module, _io_ident(plan, op.inputs[0]), _io_ident(plan, op.outputs[0]), "n")
+                type_decls += decls
+                params = params + [TILE_COUNTER, "n: int"]
+            else:
+                body = emit_stage(plan, st, module)
+            kernels.append((f"stage_{st.index}", params, st.describe(), body))
+    plan.checks = list(module.checks)
+    if plan.checks:
+        kernels = [(name, params + [KernelContext.ERRORS], doc, body) for name, params, doc, body in kernels]
+    return _render(plan, model_name, module, fwd, fwd_params, kernels, type_decls)
+
+
+def _io_ident(plan: Plan, t: Tensor) -> str:
+    """The buffer parameter of a graph input or output tensor."""
+    for s in plan.inputs + plan.outputs:
+        if s.name == t.name:
+            return s.ident
+    raise CompileError(f"internal error: '{t.name}' is not a graph input or output")
+
+
+def kernel_params(plan: Plan) -> list[str]:
+    """The parameters every launched kernel takes, in order: inputs, outputs, derived inputs, the
+    weight blob, the stages' pooled buffers, the scratch buffers (then `errors` when checked)."""
+    params = [s.ident for s in plan.inputs] + [s.ident for s in plan.outputs] + [d.ident for d in plan.derived]
+    params.append("weights")
+    if plan.schedule is not None:
+        params += [buffer_ident(slot) for slot in plan.schedule.buffers.slots]
+    return params + [f"scratch_{dsl}" for dsl in sorted(plan.kernel_scratch)]
+
+
+def buffer_ident(slot) -> str:
+    """The kernel parameter of a pooled stage buffer."""
+    return f"buf_{slot.dtype}_{slot.id}"
+
+
+def emit_forward(plan: Plan, module: Module) -> tuple[KernelContext, list[str]]:
+    """Emit `forward`: per-sample inputs and outputs are arrays, shared inputs are buffers."""
+    fwd = KernelContext(module)
+    fwd_io: dict[str, Storage] = {}
+    fwd_params = []
+    symbol = plan.symbol
+    for s in plan.inputs:
+        fwd_params.append(s.ident)
+        if s.dtype.is_byte:
+            fwd_io[s.name] = Bytes(s.ident)
+        else:
+            fwd_io[s.name] = Local(s.ident) if (s.batched or symbol is None) else Buffer(s.ident)
+    for s in plan.outputs:
+        fwd_params.append(s.ident)
+        fwd_io[s.name] = Buffer(s.ident) if s.accumulated else Local(s.ident)
+    fwd_params += [d.ident for d in plan.derived]
+    fwd_params.append("weights")
+    if plan.scratch:  # the caller gives the buffers and which per-sample region to use
+        fwd_params += plan.scratch_params + ["scratch_region"]
+    emit_graph(fwd, plan.main, fwd_io)
+    return fwd, fwd_params
+
+
+def _io_bindings(plan: Plan, shared_out: bool) -> tuple[dict[str, Storage], list[IOSpec]]:
+    """Return the storage of every graph input and output in a launched kernel (a batched one is a
+    region `sample * numel` of its buffer), and, with shared_out, the shared outputs that every
+    thread computes and thread 0 writes (the per-sample kernel's case)."""
+    io: dict[str, Storage] = {}
+    shared: list[IOSpec] = []
+    for s in plan.inputs:
+        base = f"sample * {s.numel}" if s.batched and s.numel else "0"
+        io[s.name] = Bytes(s.ident, base) if s.dtype.is_byte else Buffer(s.ident, base)
+    for s in plan.outputs:
+        if s.accumulated:  # every thread adds into the zeroed output buffer itself
+            io[s.name] = Buffer(s.ident)
+        elif s.batched or plan.symbol is None or not shared_out:
+            io[s.name] = Buffer(s.ident, f"sample * {s.numel}" if s.batched and s.numel else "0")
+        else:
+            shared.append(s)
+    return io, shared
+
+
+def emit_batch_kernel(plan: Plan, module: Module) -> str:
+    """Return the body of the per-sample kernel: the whole graph, one thread per sample."""
+    ker = KernelContext(module, errors=KernelContext.ERRORS if plan.check_indices else None)
+    ker.line("sample = int(dispatch_id().x)")
+    if plan.scratch:
+        ker.line("scratch_region = sample")
+    ker_io, shared = _io_bindings(plan, shared_out=True)
+    shared_out: list[tuple[IOSpec, Tensor]] = []
+    for s in shared:  # computed by every thread, written by thread 0
+        ker_io[s.name] = Local(ker.local_array(s.dtype.dsl, s.numel, "shared_out"))
+        shared_out.append((s, plan.tensors[s.name]))
+    with graph_scope(ker, plan.main, ker_io):
+        if shared_out:
+            ker.line("if sample == 0:")
+            with ker.indent():
+                for s, t in shared_out:
+                    with ker.loop(s.numel) as i:
+                        ker.line(Buffer(s.ident).store(i, t.storage.load(i)))
+    return "\n".join(ker.out)
+
+
+# ---- stages --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Inline(Storage):
+    """A tensor computed where it is read: its producer's element() as an expression (schedule.py:
+    an inline node's output needs no buffer)."""
+
+    op: Operator
+    k: int
+    module: Module
+
+    def load(self, i: str) -> str:
+        ctx = KernelContext(self.module)
+        ctx.pure = True
+        return f"({self.op.element(ctx, i, self.k)})"
+
+
+@dataclass
+class Epilogue(Storage):
+    """The output of an items stage's root, stored through its epilogue: element i of `target`
+    (the epilogue's end) gets the chain applied to the value the root stores at i."""
+
+    target: Tensor
+    end: Operator
+    root_out: Tensor
+    module: Module
+
+    def store(self, i: str, value: str) -> str:
+        ctx = KernelContext(self.module)
+        ctx.pure = True
+        with bind({self.root_out: Value(f"({value})")}):
+            return self.target.store(i, self.end.element(ctx, i, 0))
+
+
+def stage_bindings(plan: Plan, st: Stage, ctx: KernelContext) -> dict[Tensor, Storage]:
+    """Return where every tensor a stage touches lives in its kernel: graph inputs and outputs in
+    their buffers, tensors crossing stages in pooled buffers, inline tensors as expressions, the
+    stage's epilogue tensors inline too, a whole group's internal tensors in registers."""
+    sched = plan.schedule
+    tensors = plan.tensors
+    io, _ = _io_bindings(plan, shared_out=False)
+    table: dict[Tensor, Storage] = {tensors[name]: storage for name, storage in io.items()}
+    for slot in sched.buffers.slots:
+        for m in slot.members:
+            t = tensors[m]
+            table[t] = Buffer(buffer_ident(slot), f"sample * {slot.size}" if t.batched else "0")
+    for name, (_, op, k) in sched.virtual.items():
+        table[tensors[name]] = Inline(op, k, ctx.module)
+    for node, op in st.epilogue[:-1]:  # the chain's intermediate tensors, inside this stage only
+        table[op.outputs[0]] = Inline(op, 0, ctx.module)
+    if st.epilogue:
+        root_out = st.root[1].outputs[0]
+        if st.domain == "items":
+            table[root_out] = Epilogue(tensors[st.out], st.epilogue[-1][1], root_out, ctx.module)
+    if st.allocation is not None:
+        layout = scratch_layout(st.allocation)
+        for sid, slot in enumerate(st.allocation.slots):
+            if slot.space == "scratch":
+                per_sample, offsets = layout[slot.dtype]
+                storage: Storage = Buffer(f"scratch_{slot.dtype}", ix.add(ix.mul("sample", plan.kernel_scratch[slot.dtype]),
+                                                                          str(offsets[sid])))
+            else:
+                name = ctx.fresh("s")
+                ctx.line(f"{name} = {ctx.module.array_type(slot.dtype, slot.size)}()")
+                storage = Local(name)
+            for m in slot.members:
+                table[tensors[m]] = storage
+    for out, src in plan.main.views.items():
+        root = src
+        while root in plan.main.views:
+            root = plan.main.views[root]
+        st_root = table.get(tensors[root]) or tensors[root].storage
+        if st_root is not None:
+            table[tensors[out]] = st_root
+    return table
+
+
+def emit_stage(plan: Plan, st: Stage, module: Module) -> str:
+    """Return the body of one stage's kernel."""
+    ctx = KernelContext(module, errors=KernelContext.ERRORS if plan.check_indices else None)
+    ctx.line("tid = int(dispatch_id().x)")
+    item = "tid"
+    if st.batched and st.domain in ("element", "items"):
+        ctx.line(f"sample = tid // {st.items}")
+        ctx.line(f"item = tid % {st.items}")
+        item = "item"
+    elif st.batched:
+        ctx.line("sample = tid")
+    else:
+        ctx.line("sample = 0")
+    with bind(stage_bindings(plan, st, ctx)):
+        for node, _ in st.nodes + st.epilogue:
+            ctx.comment(f"{quoted(node.name)}: {quoted(node.op_type)}")
+        if st.domain == "element":
+            node, op = st.root
+            k = node.outputs.index(st.out) if not st.epilogue and st.out in node.outputs else 0
+            with node_context(node):
+                v = ctx.let(op.element(ctx, item, k), "v")
+            if st.epilogue:
+                end_node, end = st.epilogue[-1]
+                with bind({op.outputs[0]: Value(v)}), node_context(end_node):
+                    v = end.element(ctx, item, 0)
+            ctx.line(plan.tensors[st.out].store(item, v))
+        elif st.domain == "items":
+            node, op = st.root
+            with node_context(node):
+                op.emit_item(ctx, item)
+        else:
+            for node, op in st.nodes:
+                ctx.comment(f"{quoted(node.name)}: {quoted(node.op_type)}")
+                with node_context(node):
+                    op.forward(ctx)
+    return "\n".join(ctx.out)
+
+
+def _render(plan: Plan, model_name: str, module: Module, fwd: KernelContext, fwd_params: list[str],
+            kernels: list[tuple[str, list[str], str, str]], type_decls: list[tuple[str, str]]) -> str:
+    stages = f"{len(plan.schedule.stages)} stages" if plan.schedule is not None else "one per-sample kernel"
+    summary = (
+        f"{len(plan.ops)} nodes, {stages}, {len(plan.allocation.slots)} register slots in forward, "
+        f"weight blob {plan.blob.size} bytes, batch axis: {plan.symbol or 'none'}"
+    )
+    return render_module(
+        model_name=comment_text(model_name),
+        summary=comment_text(summary),
+        imports=module.imports(),
+        array_types=[(name, dsl, n) for (dsl, n), name in sorted(module.array_types.items(), key=lambda kv: kv[1])],
+        type_decls=type_decls,
+        forward_params=fwd_params,
+        forward_doc=", ".join(p for p in fwd_params),
+        forward_body="\n".join(fwd.out) or "    pass",
+        kernels=[{"name": name, "params": params, "doc": docstring_text(doc), "body": body or "    pass"}
+                 for name, params, doc, body in kernels],
+    )

@@ -1,0 +1,44 @@
+"""Host-side interop: numpy and torch inputs and outputs, and torch CUDA tensors shared with
+LuisaCompute buffers through DLPack (no copies)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import InputTypeError
+
+
+def is_torch(x) -> bool:
+    """Return whether x is a torch tensor (without importing torch)."""
+    return type(x).__module__.startswith("torch")
+
+
+def to_numpy(x, name: str) -> np.ndarray:
+    """Return a feed as a numpy array (torch tensors are copied to the host)."""
+    if is_torch(x):
+        return x.detach().cpu().numpy()
+    if isinstance(x, np.ndarray):
+        return x
+    if np.isscalar(x) or isinstance(x, (list, tuple)):
+        return np.asarray(x)
+    raise InputTypeError(f"input '{name}': expected a numpy array or torch tensor, got {type(x).__name__}")
+
+
+def torch_dtype(np_dtype):
+    """Return the torch dtype of a numpy dtype the kernels use."""
+    import torch
+
+    return {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16,
+            np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64,
+            np.dtype(np.uint32): torch.uint32, np.dtype(np.bool_): torch.bool}[np.dtype(np_dtype)]
+
+
+def dlpack_buffer(t):
+    """Return a luisa.Buffer sharing a contiguous torch CUDA tensor's memory (an empty one gets a
+    one-element buffer: a kernel never reads it)."""
+    import luisa
+
+    if t.numel() == 0:
+        t = t.new_zeros(1)
+    buf = luisa.Buffer.from_dlpack(t.reshape(-1))
+    buf._torch_owner = t  # the tensor outlives the buffer that borrows it
+    return buf

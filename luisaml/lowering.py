@@ -1,0 +1,309 @@
+"""Lowering: from a prepared Model to GraphCode, the graph as the kernel sees it: one Tensor per
+variable (its shape per sample), one Operator per node (subgraphs lowered with their parent),
+constants in literals or the weight blob, intermediates pooled by the register allocator, the
+host-derived inputs, the outputs every sample adds into, and the size checks."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from . import dtypes, registry
+from .errors import BatchMixingError
+from .limits import Limits
+from .model import Graph, Model, ModelError, Node, Variable, outer_reads, shape_str, subgraphs
+from .operator import Derived, Operator
+from .passes import Prepared
+from .passes import batch as batch_pass
+from .passes.batch import BatchDim
+from .plan import Blob, BlobWeight, DerivedInput, GraphCode, IOSpec, Plan
+from .regalloc import Allocation, Request, Step, allocate
+from .storage import Buffer, Tensor, constant_storage
+
+# Intermediates up to this many elements live in registers (local arrays); larger ones would
+# spill anyway (and overflow a CPU thread's stack), so they go to device scratch memory: one
+# buffer per element type, a region per sample, pooled by the same allocator.
+LOCAL_LIMIT = 4096
+
+
+# ---- kernel tensors --------------------------------------------------------------------------
+
+
+def _producer_note(name: str, producers: dict[str, Node]) -> str:
+    n = producers.get(name)
+    return f" (output of {n.describe()})" if n else ""
+
+
+def _untyped(name: str, g: Graph, producers: dict[str, Node], opset: int) -> ModelError:
+    """Return the error for a tensor inference could not type: the producing node's own shape
+    inference error when onnx gives one (an inner dimension that does not match, say), so the
+    message blames the node with the bad inputs rather than the tensor after it."""
+    node = producers.get(name)
+    if node is not None and node.domain in ("", "ai.onnx") and not subgraphs(node):
+        from onnx import helper, numpy_helper, shape_inference
+
+        try:
+            ins, inits = [], []
+            for i in node.inputs:
+                if not i:
+                    continue
+                v = g.var(i)
+                if v.value is not None:
+                    inits.append(numpy_helper.from_array(np.asarray(v.value), i))
+                ins.append(helper.make_tensor_value_info(i, v.elem_type, list(v.shape) if v.shape is not None else None))
+            proto = helper.make_node(node.op_type, node.inputs, node.outputs, name="n", **node.attrs)
+            m = helper.make_model(helper.make_graph([proto], "g", ins, [], inits),
+                                  opset_imports=[helper.make_opsetid("", opset)])
+            shape_inference.infer_shapes(m, check_type=True, strict_mode=True)
+        except Exception as e:  # the message we want; anything else falls through to the generic one
+            detail = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            if "InferenceError" in detail or "InferenceError" in type(e).__name__:
+                detail = re.sub(r"\[\w+\] Inference error\(s\): |\(op_type:[^)]*\):\s*", "", detail)
+                shapes = ", ".join(g.var(i).describe() for i in node.inputs if i)
+                return ModelError(f"{node.describe()}: its inputs ({shapes}) do not fit: {detail}")
+    return ModelError(f"tensor '{name}'{_producer_note(name, producers)}: its type and shape could not be inferred")
+
+
+def sample_dim(v: Variable, prep: Prepared, producers) -> BatchDim:
+    """Return a variable's shape per sample (passes/batch.py), or raise naming the tensor when its
+    shape is unknown or its batch dimension is not where per-sample code can index it."""
+    where = f"tensor '{v.name}'{_producer_note(v.name, producers)}"
+    if v.shape is None:
+        raise ModelError(f"{where}: its shape could not be inferred")
+    for k, d in enumerate(v.shape):
+        if not isinstance(d, int):
+            raise ModelError(f"{where}: dimension {k} of {shape_str(v.shape)} could not be inferred")
+    dim = batch_pass.require(prep.batch, v.name, where)
+    if prep.batch.moved is not None:
+        raise BatchMixingError(f"{prep.batch.moved}; per-sample execution needs the batch dimension leading every tensor")
+    return dim
+
+
+def build_tensors(g: Graph, prep: Prepared, outer: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+    """Return the kernel Tensor of every variable a graph's nodes and interface use; names a
+    subgraph reads from enclosing graphs map to the enclosing graphs' tensors."""
+    producers = g.producers()
+    # names a nested subgraph reads from further out pass through this graph's tensors too (an If
+    # inside an If's branch reading the main graph's input)
+    used = [i for n in g.nodes for i in n.inputs + n.outputs + sorted(outer_reads(n)) if i]
+    names = list(dict.fromkeys(g.inputs + used + g.outputs))
+    tensors: dict[str, Tensor] = {}
+    for name in names:
+        if outer and name in outer and name not in g.vars:
+            tensors[name] = outer[name]
+            continue
+        v = g.var(name)
+        if v.elem_type == 0 or v.shape is None and name in producers:
+            raise _untyped(name, g, producers, prep.model.opset(""))
+        if v.dtype is None:
+            raise ModelError(
+                f"tensor '{name}'{_producer_note(name, producers)}: element type "
+                f"{dtypes.onnx_name(v.elem_type) if v.elem_type else 'unknown'} is not supported"
+            )
+        dim = sample_dim(v, prep, producers)
+        dtype = dtypes.DOUBLE_AS_FLOAT if (prep.float64_as_float and v.dtype is dtypes.DOUBLE) else v.dtype
+        t = Tensor(name, dtype, dim.shape, dim.batched, dim.value)
+        t.batch_dependent = dim.dependent
+        tensors[name] = t
+    return tensors
+
+
+def io_spec(t: Tensor, v: Variable, prep: Prepared, ident: str, producers) -> IOSpec:
+    return IOSpec(t.name, ident, t.dtype, sample_dim(v, prep, producers).onnx_shape, t.shape, t.batched)
+
+
+# ---- operators -------------------------------------------------------------------------------
+
+
+def unsupported_nodes(g: Graph, model: Model) -> list[str]:
+    """Return a line for every node (subgraphs included) that no registered operator implements."""
+    registry._load_builtin()
+    missing = []
+    for node in g.nodes:
+        opset = model.opset(node.domain)
+        if registry.resolve(node.op_type, node.domain, opset) is None:
+            dom = node.domain or "ai.onnx"
+            have = registry.versions(node.op_type, node.domain)
+            why = f"registered from opset {have[0]}, model uses {opset}" if have else "not implemented"
+            missing.append(f"{node.describe()} [{dom} opset {opset}]: {why}")
+        for sub in subgraphs(node):
+            missing += unsupported_nodes(sub, model)
+    return missing
+
+
+def build_operators(
+    g: Graph, model: Model, tensors: dict[str, Tensor], prep: Prepared, blob: "Blob"
+) -> list[tuple[Node, Operator]]:
+    """Return one Operator per node (subgraphs compiled for the nodes that hold them)."""
+    ops = []
+    for node in g.nodes:
+        opset = model.opset(node.domain)
+        cls = registry.resolve(node.op_type, node.domain, opset)
+        ins = [tensors[i] if i else None for i in node.inputs]
+        outs = [tensors[o] if o else None for o in node.outputs]
+        for t in ins:
+            if t is not None and getattr(t, "batch_dependent", False) and not getattr(cls, "shape_inputs_ok", False):
+                raise BatchMixingError(
+                    f"{node.describe()}: input '{t.name}' is computed from the batch size; per-sample "
+                    "execution cannot use it as data"
+                )
+        subs = {
+            name: build_graph_code(v, prep, blob, tensors)
+            for name, v in node.attrs.items()
+            if isinstance(v, Graph)
+        }
+        ops.append((node, cls(node, ins, outs, opset, subgraphs=subs)))
+    return ops
+
+
+def check_batch_mixing(ops: list[tuple[Node, Operator]]) -> None:
+    """Raise for a node that reads a per-sample tensor and writes a shared one, or (not being a
+    view) changes how many rows of a k*B leading dimension belong to one sample."""
+    for node, op in ops:
+        rows_in = {t.shape[0] for t in op.inputs if t is not None and t.batched}
+        for t in op.outputs:
+            if t is not None and t.batched and rows_in and not op.view and t.shape[0] not in rows_in:
+                raise BatchMixingError(
+                    f"{node.describe()}: output '{t.name}' has {t.shape[0]} rows per sample along the batch "
+                    f"axis, its inputs {sorted(rows_in)}: this node mixes samples across the batch"
+                )
+        shared = [t for k, t in enumerate(op.outputs) if t is not None and not t.batched and t.value is None
+                  and not op.cooperative(k)]
+        if any(t is not None and t.batched for t in op.inputs) and shared:
+            bad = shared[0]
+            raise BatchMixingError(
+                f"{node.describe()}: output '{bad.name}' {shape_str(bad.shape)} no longer has the batch "
+                "dimension: this node mixes samples across the batch"
+            )
+
+
+# ---- storage ---------------------------------------------------------------------------------
+
+
+def plan_storage(
+    g: Graph, tensors: dict[str, Tensor], ops: list[tuple[Node, Operator]], blob: Blob, main: bool = True
+) -> tuple[Allocation, dict[str, str]]:
+    """Give constants and intermediates their storage; return the allocation and the view map.
+    The main graph's inputs and outputs are bound by the caller; a subgraph's outputs are
+    ordinary intermediates that stay live to its end (its parent copies them out)."""
+    io = set(g.inputs) | (set(g.outputs) if main else set())
+    for t in tensors.values():
+        # an outer constant that only subgraphs read has no storage from the enclosing graph
+        if t.value is not None and t.name not in io and (t.name in g.vars or t.home is None):
+            t.home = constant_storage(t.value, t.dtype) or BlobWeight(t, blob)
+    io |= {n for n, t in tensors.items() if n not in g.vars}  # outer tensors: not ours to place
+    steps, views = [], {}
+    for node, op in ops:
+        out0 = op.outputs[0] if op.outputs else None
+        # what the node's subgraphs read from this graph stays live until the node runs
+        st = Step(node.name, [i for i in list(node.inputs) + sorted(outer_reads(node)) if i],
+                  [o for o in node.outputs if o])
+        if op.view and out0 is not None and out0.name not in io and op.inputs[0] is not None:
+            views[out0.name] = op.inputs[0].name
+            st.views.append((out0.name, op.inputs[0].name))
+        for k in op.inplace:
+            t = op.inputs[k] if k < len(op.inputs) else None
+            if t is not None and out0 is not None and t.shape == out0.shape and t.dtype == out0.dtype:
+                st.inplace.append((out0.name, t.name))
+        steps.append(st)
+    if not main:
+        steps.append(Step("outputs", [o for o in g.outputs if o], []))
+    requests = []
+    for st in steps:
+        for name in st.writes:
+            t = tensors[name]
+            if name in io or t.value is not None or (name in views and views[name] not in _allocatable(tensors, io)):
+                continue
+            space = "local" if (t.numel <= LOCAL_LIMIT or not main) else "scratch"
+            requests.append(Request(name, space, t.dtype.dsl, max(t.numel, 1), t.dtype.itemsize))
+    return allocate(steps, requests), views
+
+
+def _allocatable(tensors: dict[str, Tensor], io: set[str]) -> set[str]:
+    return {n for n, t in tensors.items() if n not in io and t.value is None}
+
+
+def check_sizes(code: GraphCode, limits: Limits) -> None:
+    """Raise LimitError for a tensor (of a sample, subgraphs included) beyond 32-bit indexing or the
+    tensor size limit; the runtime checks the whole batch's buffers again before allocating them."""
+    for t in code.tensors.values():
+        limits.check_elements(f"tensor '{t.name}' {shape_str(t.shape)}", t.numel, t.dtype.itemsize)
+    for _, op in code.ops:
+        for sub in op.subgraphs.values():
+            check_sizes(sub, limits)
+
+
+def _all_ops(code: GraphCode):
+    """Yield (node, op) of a graph and, depth first, of the subgraphs its nodes hold."""
+    for node, op in code.ops:
+        yield node, op
+        for sub in op.subgraphs.values():
+            yield from _all_ops(sub)
+
+
+def mark_accumulated(plan: Plan) -> None:
+    """Flag the graph outputs every sample adds into; such an output must be a graph output, since
+    no node of the same kernel can read it before every sample is done."""
+    by_name = {s.name: s for s in plan.outputs}
+    main_ops = {id(op) for _, op in plan.main.ops}
+    for node, op in _all_ops(plan.main):
+        for k, t in enumerate(op.outputs):
+            if t is None or not op.cooperative(k):
+                continue
+            if t.name not in by_name or id(op) not in main_ops or any(t.name in n.inputs for n, _ in plan.ops):
+                raise BatchMixingError(
+                    f"{node.describe()}: output '{t.name}' gathers contributions from every sample of the "
+                    "batch, so per sample it must be a graph output that no other node reads"
+                )
+            by_name[t.name].accumulated = True
+
+
+def bind_derived(plan: Plan) -> None:
+    """Give every node's derived inputs (Operator.derived_inputs) their tensors, one per distinct
+    (computation, sources, parameters): constants are computed now and stored like any constant;
+    those of graph inputs become shared kernel arguments (plan.derived) computed by the runtime."""
+    by_key: dict[tuple, Tensor] = {}
+    graph_inputs = set(plan.model.graph.inputs)
+    for node, op in _all_ops(plan.main):
+        op.derived = []
+        for d in op.derived_inputs():
+            srcs = [op.input(k) for k in d.sources]
+            key = (d.compute.__module__, d.compute.__qualname__, tuple(t.name for t in srcs), d.params)
+            if key not in by_key:
+                by_key[key] = _derived_tensor(node, op, d, srcs, plan, graph_inputs, len(by_key))
+            op.derived.append(by_key[key])
+
+
+def _derived_tensor(node: Node, op: Operator, d: Derived, srcs: list[Tensor], plan: Plan, graph_inputs: set[str],
+                    k: int) -> Tensor:
+    name = f"derived{k}_{d.compute.__name__}"
+    dtype = d.dtype
+    if all(t.value is not None for t in srcs):
+        try:
+            value = np.asarray(d.compute(*(t.value for t in srcs), **dict(d.params)))
+        except (ValueError, TypeError, OverflowError) as e:
+            raise op.error(str(e)) from e
+        if value.shape != tuple(d.shape):
+            raise op.error(f"derived input {name} has shape {list(value.shape)}, expected {list(d.shape)}")
+        t = Tensor(name, dtype, tuple(d.shape), False, value)
+        t.home = constant_storage(value, dtype) or BlobWeight(t, plan.blob)
+        return t
+    bad = [t.name for t in srcs if t.value is None and t.name not in graph_inputs]
+    if bad:
+        raise op.error(
+            f"input(s) {bad} must be graph inputs or constants: {d.compute.__name__} is derived from "
+            "them on the host when they are bound"
+        )
+    spec = DerivedInput(plan.names.get(name, "d"), dtype, tuple(d.shape), d.compute, tuple(t.name for t in srcs),
+                        dict(d.params), {t.name: t.value for t in srcs if t.value is not None})
+    plan.derived.append(spec)
+    return Tensor(name, dtype, tuple(d.shape), False, None, Buffer(spec.ident))
+
+
+def build_graph_code(g: Graph, prep: Prepared, blob: Blob, outer: dict[str, Tensor] | None = None) -> GraphCode:
+    """Return the tensors, operators and storage plan of a graph (a subgraph when outer is given)."""
+    tensors = build_tensors(g, prep, outer)
+    ops = build_operators(g, prep.model, tensors, prep, blob)
+    check_batch_mixing(ops)
+    allocation, views = plan_storage(g, tensors, ops, blob, main=outer is None)
+    return GraphCode(g, tensors, ops, allocation, views)

@@ -1,0 +1,531 @@
+"""CompiledNetwork: a compiled model on the device. It checks feeds, owns the device buffers (inputs,
+outputs, the stages' pooled buffers, scratch), launches the kernels of its plan as one command
+list, and reads the outputs back; `forward` is the per-sample function for user kernels."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from . import cache, device, dtypes
+from .errors import InputError, InputNameError, InputTypeError, RunError, UsageError
+from .interop import dlpack_buffer, is_torch, to_numpy, torch_dtype
+from .log import SLOW_BUILD_S, phase
+from .model import shape_str
+from .passes.infer import PROBE_A
+from .plan import IOSpec, Plan
+
+
+def _expected(spec: IOSpec) -> str:
+    return shape_str(spec.shape)
+
+
+class CompiledNetwork:
+    """A model compiled into one generated module: run it, or call `forward` from your own kernel."""
+
+    def __init__(self, plan: Plan, module, path: str, backend: str):
+        self.plan = plan
+        self.module = module
+        self.path = path
+        self.backend = backend
+        self.forward = module.forward  # the @luisa.func of one sample
+        self.kernels = [getattr(module, name) for name in plan.kernels]  # launched in this order
+        self.kernel = self.kernels[0]
+        self._weights = None
+        self._buffers: dict[tuple[str, int], Any] = {}
+        self._derived: dict[str, tuple[bytes, Any]] = {}  # ident -> (digest of its sources, buffer)
+
+    # ---- what it is ----------------------------------------------------------------------
+    @property
+    def source(self) -> str:
+        """The generated module's source."""
+        return self.plan.source
+
+    @property
+    def allocation(self):
+        """The register allocator's plan (slots, sizes, sharing, bytes)."""
+        return self.plan.allocation
+
+    @property
+    def inputs(self) -> list[IOSpec]:
+        return self.plan.inputs
+
+    @property
+    def outputs(self) -> list[IOSpec]:
+        return [s for s in self.plan.outputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.plan.model.graph.outputs)
+
+    @property
+    def batch_symbol(self) -> str | None:
+        return self.plan.symbol
+
+    @property
+    def weight_layout(self) -> dict[str, tuple[int, int, str, tuple[int, ...]]]:
+        """Name -> (byte offset, byte length, dtype, shape) of each constant in the weight blob."""
+        return {k: (o, n, d.name.lower(), s) for k, (o, n, d, s) in self.plan.blob.layout.items()}
+
+    def weight_bytes(self) -> bytes:
+        """The weight blob the kernel reads (upload it yourself, or use `weights`)."""
+        return self.plan.blob.bytes()
+
+    @property
+    def weights(self):
+        """The weight blob as a luisa.ByteBuffer (uploaded once)."""
+        if self._weights is None:
+            from .luisa_compat import byte_buffer
+
+            self._weights = byte_buffer(self.weight_bytes())
+        return self._weights
+
+    def io_dtype(self, s: IOSpec) -> dtypes.DType:
+        """The element type `run` takes or returns for an input or output (half in fp16 mode)."""
+        fused = self.plan.fused
+        if fused is not None and fused.precision == "fp16" and s.dtype is dtypes.FLOAT:
+            return dtypes.FLOAT16
+        return s.dtype
+
+    def _spec(self, name: str) -> IOSpec:
+        for s in self.plan.inputs + self.plan.outputs:
+            if s.name == name:
+                return s
+        raise InputNameError(f"'{name}' is not an input or output of the compiled network")
+
+    def input_type(self, name: str):
+        """The luisa type `forward` takes for an input: an array per sample, a buffer if shared."""
+        return self._io_type(self._spec(name), name in self.plan.model.graph.inputs)
+
+    def output_type(self, name: str):
+        """The luisa array type `forward` fills for an output."""
+        return self._io_type(self._spec(name), False)
+
+    def _io_type(self, s: IOSpec, is_input: bool):
+        import luisa
+
+        from .luisa_compat import buffer_type
+
+        if is_input and s.dtype.is_byte:
+            return luisa.ByteBufferType()
+        if (is_input and self.plan.symbol is not None and not s.batched) or s.accumulated:
+            return buffer_type(s.dtype.dsl)
+        return getattr(self.module, self.plan_array_type(s))
+
+    def plan_array_type(self, s: IOSpec) -> str:
+        name = f"Arr_{s.dtype.dsl}_{max(s.numel, 1)}"
+        if not hasattr(self.module, name):
+            import luisa
+            from luisa.types import half, uint
+
+            kind = {"float": float, "int": int, "uint": uint, "half": half, "bool": bool}[s.dtype.dsl]
+            setattr(self.module, name, luisa.ArrayType(max(s.numel, 1), kind))
+        return name
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{s.name}: {s.dtype.name.lower()}{_expected(s)}" for s in self.plan.inputs)
+        outs = ", ".join(f"{s.name}: {s.dtype.name.lower()}{_expected(s)}" for s in self.plan.outputs)
+        return f"<CompiledNetwork ({ins}) -> ({outs}) on {self.backend}>"
+
+    # ---- running ---------------------------------------------------------------------------
+    def check_feeds(self, feeds: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int, bool]:
+        """Return (numpy feeds, batch size, any torch input), checking names, dtypes and shapes."""
+        names = [s.name for s in self.plan.inputs]
+        unknown = [k for k in feeds if k not in names]
+        if unknown:
+            raise InputNameError(f"unknown input(s) {unknown}; the network's inputs are {names}")
+        missing = [k for k in names if k not in feeds]
+        if missing:
+            raise InputNameError(f"missing input(s) {missing}; the network's inputs are {names}")
+        arrays: dict[str, np.ndarray] = {}
+        torch_in = False
+        batch = None
+        for s in self.plan.inputs:
+            x = feeds[s.name]
+            torch_in |= is_torch(x)
+            a = to_numpy(x, s.name)
+            if a.dtype != self.io_dtype(s).numpy:
+                raise InputTypeError(f"input '{s.name}': expected dtype {self.io_dtype(s).numpy}, got {a.dtype}")
+            if s.batched:
+                want, rows = tuple(s.kernel_shape[1:]), s.kernel_shape[0]  # rows: k of a k*B dimension
+                if a.ndim != len(s.kernel_shape) or tuple(a.shape[1:]) != want or a.shape[0] % rows:
+                    raise InputError(f"input '{s.name}': expected shape {_expected(s)}, got {shape_str(a.shape)}")
+                n = a.shape[0] // rows
+                if batch is not None and n != batch[1]:
+                    raise InputError(
+                        f"input '{s.name}': batch dimension '{self.plan.symbol}' is {n}, but input "
+                        f"'{batch[0]}' has {batch[1]}"
+                    )
+                batch = batch or (s.name, n)
+            elif tuple(a.shape) != tuple(s.kernel_shape):
+                raise InputError(f"input '{s.name}': expected shape {_expected(s)}, got {shape_str(a.shape)}")
+            arrays[s.name] = a
+        return arrays, (batch[1] if batch else 1), torch_in
+
+    def _buffer(self, ident: str, dsl: str, count: int):
+        key = (ident, count)
+        if key not in self._buffers:
+            from .luisa_compat import buffer_type  # noqa: F401
+
+            import luisa
+            from luisa.types import half, uint
+
+            kind = {"float": float, "int": int, "uint": uint, "half": half, "bool": bool}[dsl]
+            self._buffers = {k: v for k, v in self._buffers.items() if k[0] != ident}
+            self._buffers[key] = luisa.Buffer(max(count, 1), kind)
+        return self._buffers[key]
+
+    def _derived_buffers(self, arrays: dict[str, np.ndarray]) -> list:
+        """Return the buffers of the host-derived inputs, recomputed only when their sources change."""
+        from .luisa_compat import upload
+
+        out = []
+        for d in self.plan.derived:
+            h = hashlib.blake2b(digest_size=16)
+            for name in d.sources:
+                if name in d.constants:
+                    continue
+                a = np.ascontiguousarray(arrays[name])
+                h.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
+                h.update(memoryview(a).cast("B"))
+            key = h.digest()
+            cached = self._derived.get(d.ident)
+            if cached is None or cached[0] != key:
+                value = dtypes.to_kernel(d.value(arrays), d.dtype, f"derived input {d.ident}")
+                cached = (key, upload(value.reshape(-1), d.dtype.dsl))
+                self._derived[d.ident] = cached
+            out.append(cached[1])
+        return out
+
+    def derived_arguments(self, feeds: Mapping[str, Any]) -> list:
+        """Return the buffers `forward` takes after the outputs (the host-derived inputs, such as fVDB
+        grid metadata) for these graph inputs; empty when every derived input is a constant."""
+        arrays = {k: to_numpy(v, k) for k, v in feeds.items()}
+        missing = sorted({s for d in self.plan.derived for s in d.sources if s not in arrays and s not in d.constants})
+        if missing:
+            raise InputNameError(f"derived inputs need the input(s) {missing}")
+        return self._derived_buffers(arrays)
+
+    def run(self, feeds: Mapping[str, Any], outputs: list[str] | None = None) -> dict[str, Any]:
+        """Return {output name: array} for the feeds; torch tensors in give torch tensors out.
+
+        Safe to call from several threads: runs of every network in the process take turns on
+        LuisaCompute's one stream (device.stream_lock)."""
+        wanted = list(outputs) if outputs is not None else self.output_names
+        bad = [o for o in wanted if o not in self.output_names]
+        if bad:
+            raise InputNameError(f"unknown output(s) {bad}; the network's outputs are {self.output_names}")
+        with device.stream_lock:
+            if self._zero_copy(feeds):
+                return self._run_dlpack(feeds, wanted)
+            return self._run_host(feeds, wanted)
+
+    def check_batch(self, n: int) -> None:
+        """Raise LimitError when a buffer of this batch (an input, output or scratch region over
+        n samples) would exceed the 32-bit range kernels index with, before allocating it."""
+        limits = self.plan.limits
+        for s in self.plan.inputs + self.plan.outputs:
+            if s.batched:
+                limits.check_elements(f"'{s.name}' at batch {n}", s.numel * n, self.io_dtype(s).itemsize)
+        for dsl, per_sample in self.plan.kernel_scratch.items():
+            limits.check_elements(f"the {dsl} scratch buffer at batch {n}", per_sample * n, 4)
+        if self.plan.schedule is not None:
+            for slot in self.plan.schedule.buffers.slots:
+                limits.check_elements(f"stage buffer {slot.id} ({', '.join(slot.members[:3])}) at batch {n}",
+                                      slot.size * n, slot.itemsize)
+
+    def _run_host(self, feeds: Mapping[str, Any], wanted: list[str]) -> dict[str, Any]:
+        arrays, batch, torch_in = self.check_feeds(feeds)
+        n = batch if self.plan.symbol is not None else 1
+        args, out_bufs = self._bind(arrays, n)
+        self._launch_and_wait(args, n)
+        results: dict[str, Any] = {}
+        for s, buf, count in out_bufs:
+            if s.name not in wanted:
+                continue
+            from .luisa_compat import read_buffer
+
+            raw = read_buffer(buf, self.io_dtype(s).kernel_numpy, count)
+            shape = self._output_shape(s, n)
+            results[s.name] = raw.astype(self.io_dtype(s).numpy, copy=False).reshape(shape)
+        for name in self.plan.host_outputs:
+            if name in wanted:
+                results[name] = arrays[name] if name in arrays else np.asarray(self.plan.model.graph.var(name).value)
+        results = {k: results[k] for k in wanted}
+        if torch_in:
+            import torch
+
+            results = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in results.items()}
+        return results
+
+    def profile(self, feeds: Mapping[str, Any], repeat: int = 5) -> list[tuple[str, float]]:
+        """Return (stage, median milliseconds) of each kernel the network launches for these feeds,
+        each timed on its own (launch and synchronise), after a first full run builds them."""
+        import luisa
+
+        with device.stream_lock:
+            self._run_host(feeds, self.output_names)
+            arrays, batch, _ = self.check_feeds(feeds)
+            n = batch if self.plan.symbol is not None else 1
+            args, _ = self._bind(arrays, n)
+            scratch = [self._buffer(f"scratch_{dsl}", dsl, size * max(n, 1))
+                       for dsl, size in sorted(self.plan.kernel_scratch.items())]
+            stages = self.plan.schedule.stages if self.plan.schedule is not None else [None]
+            out = []
+            for k, stage in enumerate(stages):
+                times = []
+                for _ in range(repeat):
+                    t = time.perf_counter()
+                    self.launch(args, scratch, n, only=k)
+                    luisa.synchronize()
+                    times.append((time.perf_counter() - t) * 1e3)
+                out.append((stage.describe() if stage is not None else "the per-sample kernel", float(np.median(times))))
+            return out
+
+    def _bind(self, arrays: dict[str, np.ndarray], n: int) -> tuple[list, list]:
+        """Upload the inputs for n samples; return (the kernels' buffer arguments, [(output spec,
+        its buffer, element count)])."""
+        self.check_batch(n)
+        args = []
+        for s in self.plan.inputs:
+            k = dtypes.to_kernel(arrays[s.name], self.io_dtype(s), f"input '{s.name}'")
+            if s.dtype.is_byte:
+                from .luisa_compat import byte_buffer
+
+                args.append(byte_buffer(k))
+                continue
+            buf = self._buffer(s.ident, self.io_dtype(s).dsl, k.size)
+            if k.size:
+                buf.copy_from_array(k.reshape(-1))
+            args.append(buf)
+        out_bufs = []
+        for s in self.plan.outputs:
+            count = s.numel * (n if s.batched else 1)
+            buf = self._buffer(s.ident, self.io_dtype(s).dsl, count)
+            if s.accumulated and count:  # every sample adds into it
+                buf.copy_from_array(np.zeros(count, s.dtype.kernel_numpy))
+            out_bufs.append((s, buf, count))
+            args.append(buf)
+        args += self._derived_buffers(arrays)
+        return args, out_bufs
+
+    def _launch_and_wait(self, args: list, n: int) -> None:
+        """Launch the batch kernel for n samples with this plan's scratch buffers; wait for it; raise
+        RunError for what a run-time check flagged (an index out of range, naming the node)."""
+        import luisa
+
+        scratch = [
+            self._buffer(f"scratch_{dsl}", dsl, per_sample * max(n, 1))
+            for dsl, per_sample in sorted(self.plan.kernel_scratch.items())
+        ]
+        errors = self._error_flag() if self.plan.checks else None
+        if n > 0:
+            self.launch(args, scratch, n, errors)
+        luisa.synchronize()
+        if errors is not None:
+            code = np.zeros(1, np.int32)
+            errors.copy_to(code)
+            if code[0]:
+                k = int(code[0]) - 1
+                what = self.plan.checks[k] if 0 <= k < len(self.plan.checks) else f"check {k + 1}"
+                raise RunError(f"{what} (compile with check_indices=False to clamp such indices instead)")
+
+    def _error_flag(self):
+        """The int buffer run-time checks flag (KernelContext.flag_error), zeroed for this launch."""
+        import luisa
+
+        if getattr(self, "_errors", None) is None:
+            self._errors = luisa.Buffer(1, int)
+        self._errors.copy_from_array(np.zeros(1, np.int32))
+        return self._errors
+
+    @staticmethod
+    def _output_shape(s: IOSpec, n: int) -> tuple[int, ...]:
+        """The shape run() returns for output s with n samples (k*B rows when batched)."""
+        return ((n * s.kernel_shape[0],) + tuple(s.kernel_shape[1:])) if s.batched else tuple(s.kernel_shape)
+
+    def launch(self, args: list, scratch: list, n: int, errors=None, only: int | None = None) -> None:
+        """Enqueue the network's kernels for n samples on LuisaCompute's stream, one after another in
+        one command list, without synchronising: args are the input and output buffers (then the
+        derived ones) in parameter order, scratch the scratch buffers, errors the int buffer the
+        run-time checks flag (needed when plan.checks is not empty); only: launch just that stage."""
+        first = not getattr(self, "_compiled", False)
+        if first:
+            cache.check_kernel_cache()  # a truncated cached kernel or an unwritable folder would abort
+        build = (phase("kernel build", model=os.path.basename(self.path), backend=self.backend, kernels=len(self.kernels),
+                       note_after=SLOW_BUILD_S) if first else contextlib.nullcontext())
+        extra = [errors] if self.plan.checks else []
+        if self.plan.checks and errors is None:
+            errors = extra[0] = self._error_flag()
+        with device.stream_lock, self._compile_lock(), build:
+            if self.plan.schedule is None:
+                self.kernel(*args, self.weights, *scratch, *extra, dispatch_size=n)
+            else:
+                pool = self._pool_buffers(n)
+                for k, (stage, kernel) in enumerate(zip(self.plan.schedule.stages, self.kernels)):
+                    count = stage.dispatch(n)
+                    if not count or (only is not None and k != only):
+                        continue
+                    if stage.domain == "fused":  # the fused MLP: its tile counter and the batch size
+                        kernel(*args, self.weights, *pool, *scratch, self._tile_counter(), n, *extra, dispatch_size=count)
+                    else:
+                        kernel(*args, self.weights, *pool, *scratch, *extra, dispatch_size=count)
+        self._compiled = True
+
+    def _pool_buffers(self, n: int) -> list:
+        """The stages' pooled buffers for n samples (a region per sample of each slot)."""
+        return [self._buffer(f"buf_{slot.dtype}_{slot.id}", slot.dtype, slot.size * max(n, 1))
+                for slot in self.plan.schedule.buffers.slots]
+
+    def _tile_counter(self):
+        """The fused kernel's [next tile, blocks done] counters: zeroed once, and reset by the last
+        block of every launch."""
+        if getattr(self, "_tiles", None) is None:
+            import luisa
+
+            self._tiles = luisa.Buffer.from_array(np.zeros(2, np.int32))
+        return self._tiles
+
+    @contextlib.contextmanager
+    def _compile_lock(self):
+        """Hold an inter-process lock while this kernel compiles (its first launch).
+
+        The CPU backend caches compiled kernels in one folder per Python installation and writes
+        them non-atomically: two processes compiling the same kernel at once can read a half-written
+        file and abort. The lock is keyed by the kernel's code, so different kernels still compile in
+        parallel."""
+        if getattr(self, "_compiled", False):
+            yield
+            return
+        import fcntl
+
+        body = "\n".join(self.plan.source.splitlines()[2:])  # without the header naming the model
+        path = cache.locks_dir() / f"{cache.digest(body)}.lock"
+        with open(path, "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    # ---- zero-copy torch interop (CUDA) ---------------------------------------------------
+    def _zero_copy(self, feeds: Mapping[str, Any]) -> bool:
+        """True when every input is a torch CUDA tensor the kernel can read in place."""
+        if self.backend != "cuda" or not feeds or self.plan.derived or self.plan.host_outputs:
+            return False
+        if not all(is_torch(v) and v.is_cuda for v in feeds.values()):
+            return False
+        return all(not s.dtype.is_byte and not s.dtype.is_bool for s in self.plan.inputs + self.plan.outputs)
+
+    def _run_dlpack(self, feeds: Mapping[str, Any], wanted: list[str]) -> dict[str, Any]:
+        """run() for torch CUDA tensors: inputs and outputs share memory with LuisaCompute buffers
+        through DLPack; torch's stream is drained before the kernel reads, and LuisaCompute's before
+        torch sees the outputs (neither library exposes its stream to the other)."""
+        import torch
+
+        metas = {}
+        for k, v in feeds.items():  # shape and dtype checks without touching the data
+            np_dtype = torch.empty((), dtype=v.dtype).numpy().dtype
+            metas[k] = np.broadcast_to(np.zeros((), np_dtype), tuple(v.shape))
+        _, batch, _ = self.check_feeds(metas)
+        n = batch if self.plan.symbol is not None else 1
+        self.check_batch(n)
+        where = next(iter(feeds.values())).device
+        keep, args = [], []
+        for s in self.plan.inputs:
+            t = feeds[s.name].detach()
+            want = torch_dtype(self.io_dtype(s).kernel_numpy)
+            if self.io_dtype(s) is dtypes.INT64 and t.numel():
+                lo, hi = int(t.min()), int(t.max())
+                dtypes.to_kernel(np.array([lo, hi]), dtypes.INT64, f"input '{s.name}'")  # range check
+            t = t.to(want).contiguous()
+            keep.append(t)
+        outs = {}
+        for s in self.plan.outputs:
+            shape = self._output_shape(s, n)
+            make = torch.zeros if s.accumulated else torch.empty
+            outs[s.name] = make(shape, dtype=torch_dtype(self.io_dtype(s).kernel_numpy), device=where)
+        torch.cuda.current_stream(where).synchronize()
+        for t in keep + list(outs.values()):
+            args.append(dlpack_buffer(t))
+        self._launch_and_wait(args, n)
+        results = {}
+        for s in self.plan.outputs:
+            if s.name in wanted:
+                out = outs[s.name]
+                results[s.name] = out if out.dtype == torch_dtype(self.io_dtype(s).numpy) else out.to(
+                    torch_dtype(self.io_dtype(s).numpy))
+        return {k: results[k] for k in wanted}
+
+    def __call__(self, **feeds):
+        """Run and return the output (one) or a tuple of outputs in graph order."""
+        res = self.run(feeds)
+        vals = list(res.values())
+        return vals[0] if len(vals) == 1 else tuple(vals)
+
+
+class PerBatchNetwork(CompiledNetwork):
+    """A network that cannot run one sample at a time (its batch axis moves, or a node mixes
+    samples): it compiles itself for each batch size it runs with, shapes fixed, and runs those
+    as parallel stages. Its plan, source and allocation are those at batch 2 (what inspect shows);
+    `forward` does not exist, since no per-sample function does."""
+
+    def __init__(self, probe: CompiledNetwork, why: str, symbol: str, declared: dict[str, list], compile_at):
+        super().__init__(probe.plan, probe.module, probe.path, probe.backend)
+        self.why = why
+        self.symbol = symbol
+        # (input, axis of the batch symbol) of every input that has it
+        self._batch_axes = [(k, dims.index(symbol)) for k, dims in declared.items() if symbol in dims]
+        self._compile_at = compile_at
+        self._nets: dict[int, CompiledNetwork] = {PROBE_A: probe}  # the probe plan is batch PROBE_A
+
+    @property
+    def forward(self):
+        raise UsageError(
+            f"this network has no per-sample `forward`: {self.why}; it runs with its batch size fixed per run "
+            "(net.run), which a user kernel calling one sample cannot do"
+        )
+
+    @forward.setter
+    def forward(self, value) -> None:  # CompiledNetwork.__init__ assigns it
+        pass
+
+    @property
+    def batch_symbol(self) -> str | None:
+        return self.symbol
+
+    def network_for(self, n: int) -> CompiledNetwork:
+        """Return the network compiled for batch size n (compiling it on first use)."""
+        with device.stream_lock:
+            if n not in self._nets:
+                self._nets[n] = self._compile_at(n)
+            return self._nets[n]
+
+    def batch_of(self, feeds: Mapping[str, Any]) -> int:
+        """Return the batch size the feeds carry (the batch symbol's extent in the inputs)."""
+        n = None
+        for name, axis in self._batch_axes:
+            if name in feeds:
+                shape = np.shape(feeds[name]) if not is_torch(feeds[name]) else tuple(feeds[name].shape)
+                if axis >= len(shape):
+                    raise InputError(f"input '{name}': expected rank > {axis} (axis {axis} is the batch '{self.symbol}'), "
+                                     f"got shape {shape_str(shape)}")
+                if n is not None and shape[axis] != n[1]:
+                    raise InputError(f"input '{name}': batch dimension '{self.symbol}' is {shape[axis]}, but input "
+                                     f"'{n[0]}' has {n[1]}")
+                n = n or (name, int(shape[axis]))
+        if n is None:
+            names = [k for k, _ in self._batch_axes]
+            raise InputNameError(f"missing input(s) {names}; the network's inputs are {[s.name for s in self.inputs]}")
+        return n[1]
+
+    def run(self, feeds: Mapping[str, Any], outputs: list[str] | None = None) -> dict[str, Any]:
+        """Return {output name: array}: the network at this batch size runs the feeds."""
+        return self.network_for(self.batch_of(feeds)).run(feeds, outputs)
+
+    def __repr__(self) -> str:
+        return super().__repr__().replace("<CompiledNetwork", "<PerBatchNetwork", 1)

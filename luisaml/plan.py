@@ -1,0 +1,202 @@
+"""The compile plan as data: graph inputs and outputs, the weight blob, each graph's tensors and
+operators with their register allocation, the host-derived inputs, and (schedule.py) the stages.
+
+Lowering (lowering.py) fills it, scheduling (schedule.py) groups its nodes into stages, emission
+(emission.py) turns it into source, and the runtime (network.py) binds buffers to it. Nothing here
+emits code or touches a device."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import dtypes
+from .dtypes import DType
+from .limits import DEFAULT as DEFAULT_LIMITS
+from .limits import Limits
+from .model import Graph, Model, Node
+from .operator import Operator
+from .regalloc import Allocation
+from .safe_source import Identifiers
+from .storage import Storage, Tensor, Weight
+
+BLOB_ALIGN = 16
+
+
+@dataclass
+class IOSpec:
+    """A graph input or output as the runtime binds it."""
+
+    name: str
+    ident: str  # parameter name in the generated functions
+    dtype: DType
+    shape: tuple  # the ONNX shape; the batch dimension is the symbol
+    kernel_shape: tuple[int, ...]  # per sample (batch dimension 1)
+    batched: bool
+    accumulated: bool = False  # every sample adds into it (a buffer the runtime zeroes first)
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.kernel_shape, dtype=np.int64))
+
+
+@dataclass
+class DerivedInput:
+    """A host-derived shared kernel argument (operator.Derived) computed from graph inputs."""
+
+    ident: str
+    dtype: DType
+    shape: tuple[int, ...]
+    compute: object
+    sources: tuple[str, ...]  # graph inputs (or constants), in compute()'s argument order
+    params: dict
+    constants: dict[str, np.ndarray]  # the sources that are constants
+
+    def value(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        """Return the derived array for the graph inputs' host arrays."""
+        args = (self.constants[s] if s in self.constants else arrays[s] for s in self.sources)
+        out = np.asarray(self.compute(*args, **self.params))
+        if out.shape != self.shape:
+            raise ValueError(f"derived input {self.ident}: computed shape {out.shape}, expected {self.shape}")
+        return out
+
+
+class Blob:
+    """The weight blob: constants appended on first use, aligned, recorded by name."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.layout: dict[str, tuple[int, int, DType, tuple[int, ...]]] = {}
+
+    def add(self, t: Tensor) -> int:
+        """Return the byte offset of t's data, appending it on first use."""
+        if t.name in self.layout:
+            return self.layout[t.name][0]
+        pad = -self.size % BLOB_ALIGN
+        if pad:
+            self.parts.append(b"\0" * pad)
+            self.size += pad
+        data = dtypes.to_kernel(t.value, t.dtype, f"constant '{t.name}'").tobytes()
+        self.layout[t.name] = (self.size, len(data), t.dtype, tuple(t.shape))
+        self.parts.append(data)
+        self.size += len(data)
+        return self.layout[t.name][0]
+
+    def bytes(self) -> bytes:
+        """Return the blob, padded to a multiple of 4 bytes and at least 4 bytes long."""
+        raw = b"".join(self.parts)
+        return raw + b"\0" * ((-len(raw) % 4) or (4 if not raw else 0))
+
+
+@dataclass
+class BlobWeight(Storage):
+    """A constant placed in the blob the first time code reads it."""
+
+    tensor: Tensor
+    blob: Blob
+
+    def load(self, i: str) -> str:
+        return Weight(self.blob.add(self.tensor), self.tensor.dtype).load(i)
+
+    def byte_address(self) -> tuple[str, str]:
+        return Weight(self.blob.add(self.tensor), self.tensor.dtype).byte_address()
+
+
+@dataclass
+class GraphCode:
+    """One graph ready to emit: its tensors (outer ones it reads included), operators, storage plan."""
+
+    graph: Graph
+    tensors: dict[str, Tensor]
+    ops: list[tuple[Node, Operator]]
+    allocation: Allocation
+    views: dict[str, str]
+
+
+@dataclass
+class Plan:
+    """Everything compile() decided, kept for inspect and the runtime."""
+
+    model: Model
+    symbol: str | None
+    main: GraphCode
+    inputs: list[IOSpec]
+    outputs: list[IOSpec]
+    blob: Blob
+    source: str = ""
+    derived: list[DerivedInput] = field(default_factory=list)
+    names: Identifiers = field(default_factory=Identifiers)  # model names -> parameter identifiers
+    fused: Any = None  # luisaml.fusion.FusedMLP when the batch kernel is the fused MLP kernel
+    limits: Limits = DEFAULT_LIMITS
+    check_indices: bool = True  # run-time index checks flag an `errors` buffer (KernelContext.flag_error)
+    checks: list[str] = field(default_factory=list)  # what error code k + 1 of a launch means
+    fusion_note: str = ""  # what fusion decided and why, for inspect
+    schedule: Any = None  # luisaml.schedule.Schedule when the network runs as stages, else one kernel
+    plan_note: str = ""  # why this plan (stages or the per-sample kernel), for inspect
+
+    @property
+    def tensors(self) -> dict[str, Tensor]:
+        return self.main.tensors
+
+    @property
+    def ops(self) -> list[tuple[Node, Operator]]:
+        return self.main.ops
+
+    @property
+    def allocation(self) -> Allocation:
+        return self.main.allocation
+
+    @property
+    def views(self) -> dict[str, str]:
+        return self.main.views
+
+    @property
+    def scratch(self) -> dict[str, tuple[int, dict[int, int]]]:
+        """DSL type -> (elements per sample, {slot id: offset}) of the scratch buffers."""
+        return scratch_layout(self.main.allocation)
+
+    @property
+    def scratch_params(self) -> list[str]:
+        return [f"scratch_{dsl}" for dsl in sorted(self.scratch)]
+
+    @property
+    def kernel_scratch(self) -> dict[str, int]:
+        """DSL type -> elements per sample of the scratch buffers the launched kernels use (the
+        per-sample kernel's, or the largest of the stages' whole groups)."""
+        if self.schedule is None:
+            return {dsl: size for dsl, (size, _) in self.scratch.items()}
+        out: dict[str, int] = {}
+        for st in self.schedule.stages:
+            if st.allocation is not None:
+                for dsl, (size, _) in scratch_layout(st.allocation).items():
+                    out[dsl] = max(out.get(dsl, 0), size)
+        return out
+
+    @property
+    def kernels(self) -> list[str]:
+        """The generated kernels the runtime launches, in order."""
+        if self.schedule is None:
+            return ["batch_kernel"]
+        return [f"stage_{st.index}" for st in self.schedule.stages]
+
+    @property
+    def host_outputs(self) -> list[str]:
+        """Graph outputs no node writes (an input or a constant passed straight out)."""
+        written = {s.name for s in self.outputs}
+        return [o for o in self.model.graph.outputs if o not in written]
+
+
+
+
+def scratch_layout(allocation: Allocation) -> dict[str, tuple[int, dict[int, int]]]:
+    """Return DSL type -> (elements per sample, {slot id: offset}) of the scratch buffers."""
+    out: dict[str, tuple[int, dict[int, int]]] = {}
+    for slot in allocation.slots:
+        if slot.space != "scratch":
+            continue
+        size, offsets = out.get(slot.dtype, (0, {}))
+        offsets[slot.id] = size
+        out[slot.dtype] = (size + slot.size, offsets)
+    return out

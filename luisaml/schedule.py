@@ -1,0 +1,354 @@
+"""The schedule: a graph grouped into stages, each one parallel loop over its own domain.
+
+A node runs in one of four ways, by what its operator offers (luisaml/operator.py):
+
+- **inline** (`Operator.inline`, an `element()` that is a pure expression: elementwise maps,
+  views, transposes, slices): its output gets no buffer; whoever reads it computes it there
+  (virtual), or it is the epilogue of the stage that computes its input;
+- **element**: one thread per output element computes it with `element()` (Conv, Gemm, a
+  reduction), an epilogue of elementwise nodes applied before the store;
+- **items**: one thread per work item writes a piece of the output with `emit_item()` (a row of
+  a Softmax);
+- **whole**: the node's `forward()` runs one thread per sample (per-sample mode) or one thread in
+  all; consecutive such nodes share a stage and keep what passes between them in registers.
+
+Tensors that cross stages live in device buffers pooled by the register allocator's colouring
+(a stage is a step, a buffer a slot), so peak device memory is the largest live set. A stage is
+dispatched over `items` per sample times the batch (per-sample mode) or `items` (shapes fixed).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .model import Node, shape_str
+from .operator import Operator
+from .plan import GraphCode
+from .regalloc import Allocation, Request, Step, allocate
+
+# Inline expressions are rebuilt wherever they are read: a budget keeps one from growing without
+# bound (a chain of 100 Adds becomes a buffer somewhere), and a node that reads its inputs many
+# times per output (a Conv: k*k*C times) only inlines producers at most this cheap.
+INLINE_BUDGET = 64
+CHEAP_FOR_MULTI_READ = 2
+
+
+@dataclass
+class Stage:
+    """One parallel loop: its domain, the nodes emitted in it, the buffers it touches."""
+
+    index: int
+    domain: str  # "element" | "items" | "sample" (whole nodes, a thread per sample) | "single" | "fused"
+    nodes: list[tuple[Node, Operator]]  # the root (or the whole group), then its epilogue
+    items: int  # work items per sample (element: the output's elements; items: work_items())
+    batched: bool  # dispatched over the batch (items per sample x samples)
+    out: str | None = None  # element/items: the tensor the stage materialises (the epilogue's end)
+    epilogue: list[tuple[Node, Operator]] = field(default_factory=list)
+    reads: list[str] = field(default_factory=list)  # materialised tensors read
+    writes: list[str] = field(default_factory=list)  # materialised tensors written
+    inlined: list[str] = field(default_factory=list)  # nodes computed inline where this stage reads them
+    allocation: Allocation | None = None  # registers of a whole group's internal tensors
+    internal: list[str] = field(default_factory=list)  # a whole group's tensors kept in registers
+
+    @property
+    def root(self) -> tuple[Node, Operator]:
+        return self.nodes[0]
+
+    def dispatch(self, n: int) -> int:
+        """Threads to dispatch for n samples."""
+        if self.domain == "fused":
+            return self.root[1].dispatch_size(n) if n else 0
+        return self.items * n if self.batched else self.items
+
+    def describe(self) -> str:
+        """One line for inspect."""
+        names = ", ".join(f"{nd.op_type} '{nd.name}'" for nd, _ in self.nodes)
+        extra = []
+        if self.epilogue:
+            extra.append("epilogue " + ", ".join(f"{nd.op_type} '{nd.name}'" for nd, _ in self.epilogue))
+        if self.inlined:
+            extra.append("inline " + ", ".join(self.inlined))
+        per = f"{self.items:,} per sample" if self.batched else f"{self.items:,} in all"
+        where = {"element": "one thread per element of", "items": "one thread per work item of",
+                 "sample": "one thread per sample", "single": "one thread",
+                 "fused": "blocks of threads on tiles of samples of"}[self.domain]
+        target = f" '{self.out}'" if self.out else ""
+        return f"stage {self.index} [{self.domain}, {per}] {where}{target}: {names}" + (
+            f" ({'; '.join(extra)})" if extra else "")
+
+
+@dataclass
+class Schedule:
+    """The stages in launch order, the tensors computed inline, and the pooled buffers."""
+
+    stages: list[Stage]
+    virtual: dict[str, tuple[Node, Operator, int]]  # tensor -> (producer, its operator, output index)
+    chained: dict[str, str]  # epilogue tensor (virtual inside its stage only) -> the stage's root node
+    buffers: Allocation  # cross-stage tensors in pooled device buffers (space "buffer")
+
+    def describe(self) -> str:
+        lines = [s.describe() for s in self.stages]
+        lines.append("buffers: " + self.buffers.report())
+        return "\n".join(lines)
+
+
+def kind(op: Operator, per_sample: bool) -> str:
+    """Return how a node can run: "inline", "element", "items", "whole", or "fused" (the fused
+    MLP's cooperative kernel: luisaml/mlp.py)."""
+    from .mlp import FusedMLP
+
+    if isinstance(op, FusedMLP):
+        return "fused"
+    if op.subgraphs or op.accumulates or op.derived_inputs():
+        return "whole"
+    if op.inline and type(op).has_element():
+        return "inline"
+    if type(op).has_element() and len([t for t in op.outputs if t is not None]) == 1:
+        return "element"
+    if op.work_items() is not None:
+        return "items"
+    return "whole"
+
+
+def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool = True) -> Schedule:
+    """Return the schedule of a lowered main graph (`fuse=False`: every node its own stage, no
+    inline tensors: what the fusion tests compare against)."""
+    ops = [(n, op) for n, op in code.ops if not (op.view and n.outputs[0] in code.views)]
+    views = dict(code.views)
+    kinds = {n.name: kind(op, per_sample) for n, op in ops}
+    producer: dict[str, tuple[Node, Operator, int]] = {}
+    for n, op in ops:
+        for k, o in enumerate(n.outputs):
+            if o:
+                producer[o] = (n, op, k)
+    readers = _readers(code, ops, views)
+    pinned = set(graph_outputs) | _subgraph_reads(code)
+
+    # 1. epilogues: an elementwise inline node reading a root's only output at the same index
+    chained: dict[str, str] = {}
+    epilogue_of: dict[str, list[tuple[Node, Operator]]] = {}
+    end_of: dict[str, str] = {}
+    if fuse:
+        for n, op in ops:
+            if kinds[n.name] not in ("element", "items") or (kinds[n.name] == "items" and not op.stores_once):
+                continue
+            cur, chain = n.outputs[0], []
+            while cur not in pinned and len(readers.get(cur, [])) == 1:
+                c_node, c_op = readers[cur][0]
+                c_out = c_op.outputs[0] if c_op.outputs else None
+                if (kinds[c_node.name] != "inline" or not c_op.elementwise or c_out is None
+                        or tuple(c_out.shape) != tuple(code.tensors[cur].shape) or len(c_node.outputs) != 1):
+                    break
+                chain.append((c_node, c_op))
+                chained[cur] = n.name
+                cur = c_out.name
+            if chain:
+                epilogue_of[n.name] = chain
+                end_of[n.name] = cur
+    in_chain = {c.name for chain in epilogue_of.values() for c, _ in chain}
+
+    # 2. inline tensors: computed where they are read, within the budget
+    virtual: dict[str, tuple[Node, Operator, int]] = {}
+    size: dict[str, int] = {}
+    cost: dict[str, int] = {}
+    if fuse:
+        for n, op in ops:
+            if kinds[n.name] != "inline" or n.name in in_chain:
+                continue
+            for k, o in enumerate(n.outputs):
+                if not o or o in pinned or o not in readers:
+                    continue
+                ins = [i for i in n.inputs if i]
+                s = 1 + sum(size.get(_root(i, views), 0) for i in ins)
+                c = op.inline_cost + sum(cost.get(_root(i, views), 0) for i in ins)
+                multi = any(kinds[r.name] not in ("inline",) for r, _ in readers[o])
+                if s > INLINE_BUDGET or (multi and c > CHEAP_FOR_MULTI_READ):
+                    continue
+                virtual[o] = (n, op, k)
+                size[o], cost[o] = s, c
+
+    # 3. stages, in the order of the graph
+    stages: list[Stage] = []
+    group: list[tuple[Node, Operator]] = []
+
+    def close_group() -> None:
+        if group:
+            stages.append(_whole_stage(len(stages), list(group), code, per_sample))
+            group.clear()
+
+    for n, op in ops:
+        k = kinds[n.name]
+        if n.name in in_chain or (k == "inline" and all(o in virtual for o in n.outputs if o)):
+            continue
+        if k == "whole":
+            if group and _batched(group[-1][1], per_sample) != _batched(op, per_sample):
+                close_group()
+            group.append((n, op))
+            continue
+        close_group()
+        if k == "fused":
+            stages.append(Stage(len(stages), "fused", [(n, op)], 1, True, out=n.outputs[0]))
+            continue
+        if k == "inline":  # an inline node whose output must be materialised: an element stage of its own
+            for j, o in enumerate(n.outputs):
+                if o and o not in virtual:
+                    t = code.tensors[o]
+                    stages.append(Stage(len(stages), "element", [(n, op)], max(t.numel, 0), per_sample and t.batched,
+                                        out=o))
+            continue
+        out = end_of.get(n.name, n.outputs[0])
+        t = code.tensors[out]
+        if k == "element":
+            stages.append(Stage(len(stages), "element", [(n, op)], t.numel, per_sample and t.batched, out=out,
+                                epilogue=epilogue_of.get(n.name, [])))
+        else:
+            stages.append(Stage(len(stages), "items", [(n, op)], int(op.work_items()),
+                                per_sample and any(x is not None and x.batched for x in op.outputs), out=out,
+                                epilogue=epilogue_of.get(n.name, [])))
+    close_group()
+    for st in stages:
+        _fill_io(st, code, virtual, views, readers, pinned)
+    buffers = _pool(stages, code, set(graph_outputs) | set(code.graph.inputs), views)
+    return Schedule(stages, virtual, chained, buffers)
+
+
+def _batched(op: Operator, per_sample: bool) -> bool:
+    return per_sample and any(t is not None and t.batched for t in list(op.inputs) + list(op.outputs))
+
+
+def _root(name: str, views: dict[str, str]) -> str:
+    while name in views:
+        name = views[name]
+    return name
+
+
+def _readers(code: GraphCode, ops, views: dict[str, str]) -> dict[str, list[tuple[Node, Operator]]]:
+    """Return tensor -> the scheduled nodes reading it (a view's readers read the tensor it views)."""
+    out: dict[str, list[tuple[Node, Operator]]] = {}
+    for n, op in ops:
+        for i in dict.fromkeys(i for i in n.inputs if i):
+            out.setdefault(i, []).append((n, op))
+            r = _root(i, views)
+            if r != i:
+                out.setdefault(r, []).append((n, op))
+    return out
+
+
+def _subgraph_reads(code: GraphCode) -> set[str]:
+    """Return the main-graph tensors subgraphs read (they must have storage of their own)."""
+    from .model import outer_reads
+
+    names: set[str] = set()
+    for n, _ in code.ops:
+        names |= outer_reads(n)
+    return names
+
+
+def _whole_stage(index: int, group: list[tuple[Node, Operator]], code: GraphCode, per_sample: bool) -> Stage:
+    batched = _batched(group[0][1], per_sample)
+    return Stage(index, "sample" if batched else "single", group, 1, batched)
+
+
+def _fill_io(st: Stage, code: GraphCode, virtual: dict, views: dict[str, str], readers: dict, pinned: set[str]) -> None:
+    """Set the materialised tensors a stage reads and writes, the nodes it computes inline, and a
+    whole group's tensors that stay in registers (read only inside the group)."""
+    from .model import outer_reads
+
+    nodes = st.nodes + st.epilogue
+    here = {n.name for n, _ in nodes}
+    written_here = {o for n, _ in nodes for o in n.outputs if o}
+    reads, inlined, seen = [], [], set()
+
+    def visit(name: str) -> None:
+        name = _root(name, views)
+        if name in seen:
+            return
+        seen.add(name)
+        t = code.tensors.get(name)
+        if t is None or t.value is not None:
+            return
+        if name in virtual:
+            n, _, _ = virtual[name]
+            inlined.append(f"{n.op_type} '{n.name}'")
+            for i in n.inputs:
+                if i:
+                    visit(i)
+            return
+        if name not in written_here:
+            reads.append(name)
+
+    for n, _ in nodes:
+        for i in list(n.inputs) + sorted(outer_reads(n)):
+            if i:
+                visit(i)
+    st.reads = reads
+    st.inlined = inlined
+    if st.domain in ("element", "items", "fused"):
+        st.writes = [st.out]
+        return
+    outs = [o for n, _ in st.nodes for o in n.outputs if o and o not in virtual]
+    # a view of a group's tensor read outside the group keeps its root out of registers
+    leaves = {_root(o, views) for o in outs if o in pinned or any(r.name not in here for r, _ in readers.get(o, []))}
+    st.writes = [o for o in outs if o in leaves]
+    st.internal = [o for o in outs if o not in leaves]
+    st.allocation = _group_registers(st, code, views)
+
+
+def _group_registers(st: Stage, code: GraphCode, views: dict[str, str]) -> Allocation:
+    """Pool a whole group's internal tensors in local arrays (scratch regions when large), as the
+    per-sample kernel does for a whole graph."""
+    from .lowering import LOCAL_LIMIT
+    from .model import outer_reads
+
+    internal = set(st.internal)
+    steps = []
+    for n, op in st.nodes:
+        # a view was not scheduled: reading it reads the tensor it views; a subgraph's reads count
+        reads = [_root(i, views) for i in list(n.inputs) + sorted(outer_reads(n)) if i]
+        step = Step(n.name, reads, [o for o in n.outputs if o])
+        out0 = op.outputs[0] if op.outputs else None
+        for k in op.inplace:
+            t = op.inputs[k] if k < len(op.inputs) else None
+            if t is not None and out0 is not None and t.shape == out0.shape and t.dtype == out0.dtype:
+                step.inplace.append((out0.name, _root(t.name, views)))
+        steps.append(step)
+    requests = []
+    for name in st.internal:
+        t = code.tensors[name]
+        if name in views and _root(name, views) in internal:
+            continue
+        space = "local" if t.numel <= LOCAL_LIMIT else "scratch"
+        requests.append(Request(name, space, t.dtype.dsl, max(t.numel, 1), t.dtype.itemsize))
+    return allocate(steps, requests)
+
+
+def _pool(stages: list[Stage], code: GraphCode, io: set[str], views: dict[str, str]) -> Allocation:
+    """Pool the tensors that cross stages into device buffers: one Step per stage, the colouring of
+    regalloc.allocate (two tensors share a buffer only when no stage range overlaps)."""
+    steps = [Step(f"stage {s.index}", [_root(r, views) for r in s.reads], [_root(w, views) for w in s.writes])
+             for s in stages]
+    requests, seen = [], set()
+    for s in stages:
+        for w in s.writes:
+            w = _root(w, views)
+            t = code.tensors[w]
+            if w in io or w in seen or t.value is not None:
+                continue
+            seen.add(w)
+            requests.append(Request(w, "buffer", t.dtype.dsl, max(t.numel, 1), t.dtype.itemsize))
+    return allocate(steps, requests)
+
+
+def check(sched: Schedule, code: GraphCode) -> None:
+    """Raise AssertionError if two tensors sharing a buffer are live in one stage (the property the
+    tests check over random graphs)."""
+    alloc = sched.buffers
+    for slot in alloc.slots:
+        members = slot.members
+        for a in range(len(members)):
+            for b in range(a + 1, len(members)):
+                ra, rb = alloc.live[members[a]], alloc.live[members[b]]
+                if ra[0] <= rb[1] and rb[0] <= ra[1]:
+                    raise AssertionError(
+                        f"buffer {slot.id}: '{members[a]}' {shape_str(code.tensors[members[a]].shape)} live {ra} "
+                        f"overlaps '{members[b]}' live {rb}"
+                    )

@@ -1,0 +1,230 @@
+"""luisaml/cache.py: the fallback folder, damaged and evicted generated modules, info/clear, and
+LuisaCompute's kernel cache (writability, free space, truncated bitcode found and removed).
+Every test works on temporary folders; the real kernel cache is only read."""
+import inspect
+import logging
+import os
+import shutil
+import stat
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import luisaml
+from luisaml import cache
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """A process state that has resolved no cache root yet, with the fallback under tmp_path."""
+    monkeypatch.setattr(cache, "_roots", {})
+    monkeypatch.setattr(cache, "_written", {})
+    monkeypatch.setattr(cache, "fallback_root", lambda: tmp_path / "fallback")
+    return tmp_path
+
+
+def _unwritable(tmp_path, how: str):
+    if how == "chmod":
+        if os.geteuid() == 0:
+            pytest.skip("root writes through chmod 0o500: the path under a regular file stands in for it")
+        d = tmp_path / "ro"
+        d.mkdir()
+        d.chmod(stat.S_IRUSR | stat.S_IXUSR)
+        return d / "luisaml"
+    return "/dev/null/luisaml"  # mkdir fails (ENOTDIR) for every user, root included
+
+
+# ---- luisaml's own folders -------------------------------------------------------------------------
+@pytest.mark.parametrize("how", ["chmod", "under-a-file"])
+def test_unwritable_folder_falls_back_once(fresh, caplog, how):
+    bad = _unwritable(fresh, how)
+    caplog.set_level(logging.WARNING, logger="luisaml")
+    path = cache.write_module("x = 1\n", bad)
+    assert path.parent == fresh / "fallback" / "generated" and path.read_text() == "x = 1\n"
+    assert cache.cache_dir(bad) == fresh / "fallback" / "generated"
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and f"'{bad}' cannot be written" in warnings[0] and str(fresh / "fallback") in warnings[0]
+    assert stat.S_IMODE((fresh / "fallback").stat().st_mode) == 0o700  # luisaml imports what it finds there
+
+
+def test_no_writable_folder_is_a_clear_error(fresh, monkeypatch):
+    monkeypatch.setattr(cache, "fallback_root", lambda: cache.Path("/dev/null/fallback"))
+    with pytest.raises(luisaml.LuisamlError, match="'/dev/null/a' cannot be written .*nor can the fallback "
+                                                   "'/dev/null/fallback'.*LUISAML_CACHE"):
+        cache.cache_dir("/dev/null/a")
+
+
+def test_fallback_others_can_write_is_refused(fresh):
+    (fresh / "fallback").mkdir(mode=0o777)
+    os.chmod(fresh / "fallback", 0o777)
+    with pytest.raises(cache.CacheError, match="writable by other users"):
+        cache.cache_dir("/dev/null/a")
+
+
+def test_env_var_read_at_import_and_fallback_in_a_subprocess(tmp_path):
+    code = ("import logging; logging.basicConfig(format='%(name)s %(levelname)s %(message)s'); "
+            "from luisaml import cache; print(cache.write_module('y = 2\\n')); print(cache.MAX_BYTES)")
+    env = dict(os.environ, LUISAML_CACHE="/dev/null/x", LUISAML_CACHE_MAX_MB="1.5", TMPDIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    path, bound = r.stdout.split()
+    assert path.startswith(str(tmp_path / f"luisaml-{os.getuid()}" / "generated")) and int(bound) == 3 * 2**19
+    assert "luisaml WARNING cache folder '/dev/null/x' cannot be written" in r.stderr
+
+
+def test_bad_max_mb_is_reported_when_needed(fresh, monkeypatch):
+    monkeypatch.setattr(cache, "_MAX_ERROR", "LUISAML_CACHE_MAX_MB='lots' is not a number of MiB")
+    with pytest.raises(cache.CacheError, match="LUISAML_CACHE_MAX_MB='lots'"):
+        cache.write_module("z = 3\n", fresh / "c")
+
+
+def test_damaged_module_is_rewritten(fresh):
+    src = "def f():\n    return 'é'\n"
+    path = cache.write_module(src, fresh / "c")
+    path.write_bytes(b"def f():\n    return '\xff\xfe'\n")  # bad UTF-8, same length
+    pyc = path.parent / "__pycache__" / f"{path.stem}.cpython-311.pyc"
+    pyc.parent.mkdir()
+    pyc.write_bytes(b"stale")
+    assert cache.write_module(src, fresh / "c") == path
+    assert path.read_bytes() == src.encode() and not pyc.exists()
+    assert cache.import_module(path).f() == "é"
+
+
+def test_imported_module_survives_eviction(fresh):
+    path = cache.write_module("def g(a):\n    return a + 1\n", fresh / "c")
+    module = cache.import_module(path)
+    path.unlink()  # another process evicted it before luisa-python read the source
+    assert inspect.getsource(module.g).startswith("def g(a):")
+
+
+def _aged(path, age_s):
+    t = time.time() - age_s
+    os.utime(path, (t, t))
+
+
+def test_least_recently_used_modules_are_evicted(fresh):
+    root = fresh / "c"
+    paths = [cache.write_module(f"# module {k}\n" + "x = 0\n" * 1700, root) for k in range(10)]  # ~10 KiB each
+    size = paths[0].stat().st_size
+    for k, p in enumerate(paths):
+        _aged(p, 1000 - 10 * k)  # module 0 is the oldest
+    pyc = root / "generated" / "__pycache__" / f"{paths[0].stem}.cpython-311.pyc"
+    pyc.parent.mkdir(exist_ok=True)
+    pyc.write_bytes(b"0" * 10)
+    os.utime(paths[2], (time.time() - 500, paths[2].stat().st_mtime))  # used later than 3..6
+    _aged(root / "generated", 0)
+    (root / "generated" / ".net_x.py.123.tmp").write_text("half")  # an interrupted write, an hour old
+    _aged(root / "generated" / ".net_x.py.123.tmp", 7200)
+    (root / "locks" / "old.lock").touch()
+    _aged(root / "locks" / "old.lock", 2 * 86400)
+    (root / "locks" / "new.lock").touch()
+    removed = cache.prune(root, max_bytes=int(5.5 * size))
+    # (by name: reading a file would count as a use, its access time being the record)
+    left = [k for k, p in enumerate(paths) if p.exists()]
+    assert left == [2, 7, 8, 9]  # down to 90% of the bound, least recently used first
+    assert not pyc.exists() and removed == 6 + 1 + 2
+    assert sorted(p.name for p in (root / "locks").iterdir()) == ["new.lock"]
+    # a process's first new module prunes; the module just written, and those used within
+    # GRACE_S, stay whatever the bound
+    recent = paths[8]
+    _aged(recent, 5)
+    cache._written.clear()
+    new = cache.write_module("# the newest\n", root, max_bytes=1)
+    assert sorted(p.name for p in (root / "generated").glob("net_*.py")) == sorted([new.name, recent.name])
+    _aged(new, 1000)
+    assert cache.prune(root, max_bytes=1, keep=new) == 0 and new.exists()
+
+
+# ---- info and clear ----------------------------------------------------------------------------------
+def test_info_and_clear(fresh, monkeypatch):
+    root, kernels = fresh / "c", fresh / "k"
+    monkeypatch.setattr(cache, "kernel_cache_dir", lambda: kernels)
+    monkeypatch.setattr(cache, "_runtime_cache_dir", lambda: None)
+    for k in range(3):
+        cache.write_module(f"v = {k}\n", root)
+    (cache.locks_dir(root) / "a.lock").touch()
+    kernels.mkdir()
+    (kernels / "kernel_A.bc").write_bytes(b"1234")
+    (kernels / "kernel_A.hash").write_bytes(b"12")
+    (kernels / "notes.txt").write_text("not LuisaCompute's")
+    got = {f.what: (f.path, f.files, f.bytes) for f in cache.info(root)}
+    assert got["generated modules"] == (root / "generated", 3, 18)
+    assert got["build locks"] == (root / "locks", 1, 0)
+    assert got["LuisaCompute kernels"] == (kernels, 2, 6)
+    assert "generated modules (fallback)" not in got
+    removed = {f.what: (f.files, f.bytes) for f in cache.clear(root, kernels=False)}
+    assert removed["generated modules"] == (3, 18) and "LuisaCompute kernels" not in removed
+    assert (kernels / "kernel_A.bc").exists() and not list((root / "generated").iterdir())
+    removed = {f.what: (f.files, f.bytes) for f in cache.clear(root)}
+    assert removed["LuisaCompute kernels"] == (2, 6)
+    assert [p.name for p in kernels.iterdir()] == ["notes.txt"]
+    assert cache.write_module("v = 0\n", root).exists()  # the folders stay usable
+
+
+# ---- LuisaCompute's kernel cache ---------------------------------------------------------------------
+def _real_bitcode() -> list:
+    """Kernel files LuisaCompute built in this Python (one tiny network is run to be sure)."""
+    net = luisaml.compile(luisaml.loaders.load_proto(_tiny_model()))
+    net.run({"x": np.ones((2, 3), np.float32)})
+    files = sorted(cache.kernel_cache_dir().glob("kernel_*.bc"), key=lambda p: p.stat().st_size)
+    if not files:
+        pytest.skip(f"no kernel_*.bc in {cache.kernel_cache_dir()} (a backend that caches elsewhere)")
+    return files
+
+
+def _tiny_model():
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "tiny",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_every_truncation_of_real_bitcode_is_found(tmp_path):
+    files = _real_bitcode()
+    src = next((f for f in files if f.stat().st_size > 1000), files[-1])
+    data = shutil.copy(src, tmp_path / "k.bc") and (tmp_path / "k.bc").read_bytes()
+    assert cache.bitcode_problem(tmp_path / "k.bc") is None and cache.bitcode_problem(data) is None
+    assert all(cache.bitcode_problem(data[:n]) for n in range(len(data)))
+    # the same module in the wrapper format (magic 0x0B17C0DE, offset, size), padded to 16 bytes
+    wrapped = struct.pack("<5I", 0x0B17C0DE, 0, 20, len(data), 7) + data
+    wrapped += bytes(-len(wrapped) % 16)
+    assert cache.bitcode_problem(wrapped) is None
+    assert all(cache.bitcode_problem(wrapped[:n]) for n in range(20 + len(data)))
+    assert cache.bitcode_problem(b"") == "empty" and "magic" in cache.bitcode_problem(b"not bitcode")
+
+
+def test_scan_removes_damaged_kernels_and_remembers_good_ones(tmp_path, monkeypatch):
+    good = _real_bitcode()[0].read_bytes()
+    for name, data in (("good", good), ("cut", good[: len(good) // 2]), ("empty", b""), ("fresh", b"")):
+        (tmp_path / f"kernel_{name}.bc").write_bytes(data)
+        (tmp_path / f"kernel_{name}.hash").write_text(name)
+        if name != "fresh":  # a file written just now may still be being written: left alone
+            _aged(tmp_path / f"kernel_{name}.bc", 600)
+    assert sorted(cache.scan_kernels(tmp_path)) == ["kernel_cut.bc", "kernel_empty.bc"]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
+        "kernel_fresh.bc", "kernel_fresh.hash", "kernel_good.bc", "kernel_good.hash"]
+    # the manifest spares the second scan from reading what it found complete
+    monkeypatch.setattr(cache, "bitcode_problem", lambda d: pytest.fail(f"read {d} again"))
+    (tmp_path / "kernel_fresh.bc").unlink()
+    assert cache.scan_kernels(tmp_path) == []
+
+
+def test_check_kernel_cache(tmp_path, monkeypatch):
+    (tmp_path / "kernel_bad.bc").write_bytes(b"BC\xc0\xde\x01")
+    _aged(tmp_path / "kernel_bad.bc", 600)
+    assert cache.check_kernel_cache(tmp_path) == tmp_path
+    assert not (tmp_path / "kernel_bad.bc").exists()
+    (tmp_path / "kernel_bad.bc").write_bytes(b"")
+    _aged(tmp_path / "kernel_bad.bc", 600)
+    cache.check_kernel_cache(tmp_path)  # once per process and folder: not scanned again
+    assert (tmp_path / "kernel_bad.bc").exists()
+    with pytest.raises(luisaml.BackendUnavailable, match="'/dev/null/.cache' cannot be written.*venv --copies"):
+        cache.check_kernel_cache("/dev/null/.cache")
+    with pytest.raises(luisaml.BackendUnavailable, match="MiB are free on the disk of .*luisaml cache clear"):
+        cache.check_kernel_cache(tmp_path / "other", min_free_bytes=1 << 62)
