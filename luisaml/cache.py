@@ -294,8 +294,8 @@ def prune(path: str | os.PathLike | None = None, *, max_bytes: int | None = None
     total = sum(e.size for e in es)
     if total <= max_bytes and len(es) <= max_entries:
         return removed
-    goal_bytes, goal_n = int(max_bytes * 0.9), int(max_entries * 0.9)
     now = time.time()
+    goal_bytes, goal_n = int(max_bytes * 0.9), int(max_entries * 0.9)
     n = len(es)
     for e in es:
         if total <= goal_bytes and n <= goal_n:
@@ -425,7 +425,8 @@ def clear(path: str | os.PathLike | None = None, *, kernels: bool = True) -> lis
 _MANIFEST = ".luisaml-checked.json"  # name -> [size, mtime_ns] of kernel files found complete
 _checked: set[Path] = set()
 _checked_lock = threading.Lock()
-_YOUNG_S = 10.0  # a file this fresh may still be being written by another process: left alone
+# an incomplete file whose size still changes over this long is being written by another process
+_SETTLE_S = 0.05
 
 
 def check_kernel_cache(folder: str | os.PathLike | None = None, *, min_free_bytes: int = MIN_FREE_BYTES) -> Path:
@@ -486,10 +487,14 @@ def scan_kernels(d: Path) -> list[str]:
         known = {}
     good: dict[str, list[int]] = {}
     bad: list[str] = []
-    now = time.time()
     with os.scandir(d) as it:
         for e in it:
             if not (e.name.startswith("kernel_") and e.name.endswith(".bc")):
+                continue
+            if e.is_dir(follow_symlinks=False):  # LuisaCompute aborts on a folder where a kernel belongs
+                shutil.rmtree(e.path, ignore_errors=True)
+                Path(e.path[:-3] + ".hash").unlink(missing_ok=True)
+                bad.append(e.name)
                 continue
             try:
                 st = e.stat()
@@ -501,15 +506,24 @@ def scan_kernels(d: Path) -> list[str]:
                 continue
             try:
                 problem = bitcode_problem(e.path)
-            except OSError:
-                continue
+            except OSError as err:
+                problem = f"unreadable ({err.strerror})"
             if problem is None:
                 good[e.name] = stamp
-            elif now - st.st_mtime > _YOUNG_S:
-                logger.debug("kernel cache: %s: %s", e.name, problem)
-                for p in (Path(e.path), Path(e.path[:-3] + ".hash")):
+                continue
+            time.sleep(_SETTLE_S)
+            try:
+                if os.stat(e.path).st_size != st.st_size:
+                    continue  # still growing: another process is writing it
+            except FileNotFoundError:
+                continue
+            logger.debug("kernel cache: %s: %s", e.name, problem)
+            for p in (Path(e.path), Path(e.path[:-3] + ".hash")):
+                try:
                     p.unlink(missing_ok=True)
-                bad.append(e.name)
+                except IsADirectoryError:
+                    shutil.rmtree(p, ignore_errors=True)
+            bad.append(e.name)
     if good != known:
         tmp = d / f"{_MANIFEST}.{os.getpid()}.tmp"
         try:

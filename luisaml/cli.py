@@ -216,15 +216,18 @@ def _onnxruntime(model, weights, feeds) -> dict[str, np.ndarray] | None:
 
 
 def cmd_inspect(a) -> int:
+    import copy
+
     from . import passes
-    from .compiler import build_plan, unsupported_nodes
+    from .compiler import unsupported_nodes
     from .loaders import load_proto
+    from .runtime import CompileOptions, plan_for
 
     with phase("load", model=_name(a.model)):
         proto = load_proto(a.model, a.weights)
+    options = CompileOptions(batch_axis=_batch_axis(a.batch_axis), input_shapes=parse_input_shapes(a.input_shapes))
     with phase("passes"):
-        prep = passes.prepare(proto, batch_axis=_batch_axis(a.batch_axis),
-                              input_shapes=parse_input_shapes(a.input_shapes))
+        prep = passes.prepare(copy.deepcopy(proto), batch_axis=options.batch_axis, input_shapes=options.input_shapes)
     g = prep.model.graph
     print(f"model: {a.model}")
     opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(prep.model.opsets.items()))
@@ -245,13 +248,21 @@ def cmd_inspect(a) -> int:
             print(f"  {line}")
         return 1
     with phase("plan"):
-        plan = build_plan(prep, _name(a.model))
+        plan, why, _ = plan_for(proto, _name(a.model), options, "off")
+    if why:
+        print(f"per-sample execution: impossible ({why}); the network compiles for each batch size it runs "
+              "with, shapes fixed (the plan below is at batch 2)")
     notes = [(n, op.describe()) for n, op in plan.ops if op.describe()]
     if notes:
         print("how nodes compile:")
         for n, d in notes:
             print(f"  {n.describe()}: {d}")
-    print("register allocation: " + plan.allocation.report())
+    if plan.schedule is not None:
+        print(f"stages ({len(plan.schedule.stages)}, launched as one command list):")
+        for st in plan.schedule.stages:
+            print(f"  {st.describe()}")
+        print("buffers across stages: " + plan.schedule.buffers.report())
+    print("registers of forward (one sample): " + plan.allocation.report())
     if plan.fusion_note:
         print("batch kernel: " + plan.fusion_note)
     print(f"weight blob: {plan.blob.size} bytes in {len(plan.blob.layout)} tensors")
@@ -341,7 +352,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--input", "-i", action="append", metavar="NAME=FILE.npy",
                    help="an input (default: random); cast to the model's dtype where that loses no kind")
     p.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--batch", type=int, default=4, help="batch size of random inputs")
+    p.add_argument("--batch", type=_count(0), default=4, help="batch size of random inputs")
     p.add_argument("--out", help="folder to write each output as NAME.npy")
     p.add_argument("--compare", action="store_true", help="also run onnxruntime and print the largest difference")
     p.set_defaults(fn=cmd_run)
@@ -355,8 +366,8 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", parents=[verbosity], help="time net.run on random inputs")
     _common(p)
     p.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--batch", type=int, default=65536)
-    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--batch", type=_count(0), default=65536)
+    p.add_argument("--repeat", type=_count(1), default=20)
     p.set_defaults(fn=cmd_bench)
     p = sub.add_parser("cache", parents=[verbosity], help="show or clear luisaml's and LuisaCompute's caches")
     cs = p.add_subparsers(dest="cache_cmd", metavar="{info,clear}")
@@ -418,6 +429,20 @@ def _detach_stdout() -> None:
         os.close(devnull)
     except (OSError, ValueError):
         pass
+
+
+def _count(least: int):
+    """Return an argparse type: an int of at least `least` (a one-line error otherwise)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if v < least:
+            raise argparse.ArgumentTypeError(f"expected a number >= {least}, got {v}")
+        return v
+
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:

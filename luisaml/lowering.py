@@ -93,7 +93,8 @@ def build_tensors(g: Graph, prep: Prepared, outer: dict[str, Tensor] | None = No
             tensors[name] = outer[name]
             continue
         v = g.var(name)
-        if v.elem_type == 0 or v.shape is None and name in producers:
+        untyped = v.elem_type == 0 or v.shape is None or not all(isinstance(d, int) for d in v.shape)
+        if untyped and name in producers:
             raise _untyped(name, g, producers, prep.model.opset(""))
         if v.dtype is None:
             raise ModelError(

@@ -41,7 +41,8 @@ class Variable:
     @property
     def numel(self) -> int:
         """Number of elements of a static shape."""
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        # Python integers: int64 arithmetic would wrap a hostile shape around to a small count
+        return math.prod(int(d) for d in self.shape) if self.shape else 1
 
     def describe(self) -> str:
         """Return 'name: dtype[shape]' for messages."""

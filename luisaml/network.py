@@ -20,6 +20,19 @@ from .passes.infer import PROBE_A
 from .plan import IOSpec, Plan
 
 
+def _feeds_and_outputs(feeds, outputs, inputs: list[IOSpec]) -> tuple[Mapping[str, Any], list[str] | None]:
+    """Return (feeds, outputs) from run()'s arguments in luisaml's order or onnxruntime's
+    (output names or None first); raise InputTypeError when feeds are not a mapping."""
+    if not isinstance(feeds, Mapping) and isinstance(outputs, Mapping):
+        feeds, outputs = outputs, feeds
+    if not isinstance(feeds, Mapping):
+        raise InputTypeError(f"feeds must be a dict of input name -> array, got {type(feeds).__name__}; the "
+                             f"network's inputs are {[s.name for s in inputs]}")
+    if isinstance(outputs, str):
+        outputs = [outputs]
+    return feeds, outputs
+
+
 def _expected(spec: IOSpec) -> str:
     return shape_str(spec.shape)
 
@@ -34,7 +47,7 @@ class CompiledNetwork:
         self.backend = backend
         self.forward = module.forward  # the @luisa.func of one sample
         self.kernels = [getattr(module, name) for name in plan.kernels]  # launched in this order
-        self.kernel = self.kernels[0]
+        self.kernel = self.kernels[0] if self.kernels else None  # (a graph of no node has none)
         self._weights = None
         self._buffers: dict[tuple[str, int], Any] = {}
         self._derived: dict[str, tuple[bytes, Any]] = {}  # ident -> (digest of its sources, buffer)
@@ -214,7 +227,9 @@ class CompiledNetwork:
         """Return {output name: array} for the feeds; torch tensors in give torch tensors out.
 
         Safe to call from several threads: runs of every network in the process take turns on
-        LuisaCompute's one stream (device.stream_lock)."""
+        LuisaCompute's one stream (device.stream_lock). onnxruntime's order, run(output_names or
+        None, feeds), is accepted too."""
+        feeds, outputs = _feeds_and_outputs(feeds, outputs, self.plan.inputs)
         wanted = list(outputs) if outputs is not None else self.output_names
         bad = [o for o in wanted if o not in self.output_names]
         if bad:
@@ -362,7 +377,9 @@ class CompiledNetwork:
         if self.plan.checks and errors is None:
             errors = extra[0] = self._error_flag()
         with device.stream_lock, self._compile_lock(), build:
-            if self.plan.schedule is None:
+            if self.kernel is None:
+                pass
+            elif self.plan.schedule is None:
                 self.kernel(*args, self.weights, *scratch, *extra, dispatch_size=n)
             else:
                 pool = self._pool_buffers(n)
@@ -525,6 +542,7 @@ class PerBatchNetwork(CompiledNetwork):
 
     def run(self, feeds: Mapping[str, Any], outputs: list[str] | None = None) -> dict[str, Any]:
         """Return {output name: array}: the network at this batch size runs the feeds."""
+        feeds, outputs = _feeds_and_outputs(feeds, outputs, self.plan.inputs)
         return self.network_for(self.batch_of(feeds)).run(feeds, outputs)
 
     def __repr__(self) -> str:

@@ -66,16 +66,17 @@ def analyze(model, weights=None, *, batch_axis="auto", input_shapes=None, fuse="
                           check_indices, schedule, mlp)
     opts.check()
     with phase("load", model=_model_name(model)):
-        proto = loaders.load_proto(model, weights)
-    plan, _, _ = _plan(proto, _model_name(model), opts, fuse)
+        proto = loaders.load_proto(model, weights, limits=opts.limits)
+    plan, _, _ = plan_for(proto, _model_name(model), opts, fuse)
     return plan
 
 
-def _plan(proto: onnx.ModelProto, name: str, opts: CompileOptions, fuse_mode: str) -> tuple[Plan, str | None, str | None]:
+def plan_for(proto: onnx.ModelProto, name: str, opts: CompileOptions, fuse_mode: str) -> tuple[Plan, str | None, str | None]:
     """Return (the plan, None, its batch symbol), or for a graph that cannot run one sample at a
     time (its batch moves, or a node mixes samples) (its plan at batch PROBE_A, why, the symbol)."""
     with phase("passes"):
-        prep = passes.prepare(copy.deepcopy(proto), batch_axis=opts.batch_axis, input_shapes=opts.input_shapes)
+        prep = passes.prepare(copy.deepcopy(proto), batch_axis=opts.batch_axis, input_shapes=opts.input_shapes,
+                              limits=opts.limits)
     prep.float64_as_float = opts.float64 == "float32"
     try:
         return _build(prep, name, opts, fuse_mode), None, prep.symbol
@@ -85,7 +86,7 @@ def _plan(proto: onnx.ModelProto, name: str, opts: CompileOptions, fuse_mode: st
         why = str(e)
     shapes = fixed_shapes(proto, prep.symbol, PROBE_A, opts.input_shapes)
     with phase("passes", batch=PROBE_A):
-        fixed = passes.prepare(copy.deepcopy(proto), batch_axis=None, input_shapes=shapes)
+        fixed = passes.prepare(copy.deepcopy(proto), batch_axis=None, input_shapes=shapes, limits=opts.limits)
     fixed.float64_as_float = prep.float64_as_float
     return _build(fixed, name, opts, "off" if opts.precision == "fp32" else fuse_mode), why, prep.symbol
 
@@ -172,8 +173,8 @@ def compile(
     name = device.init(backend)
     mode = fusion_mode(fuse, name, precision)
     with phase("load", model=_model_name(model)):
-        proto = loaders.load_proto(model, weights)
-    plan, why, symbol = _plan(proto, _model_name(model), opts, mode)
+        proto = loaders.load_proto(model, weights, limits=opts.limits)
+    plan, why, symbol = plan_for(proto, _model_name(model), opts, mode)
     net = _network(plan, name)
     if why is not None:
         net = PerBatchNetwork(net, why, symbol, declared_shapes(proto),
@@ -194,6 +195,6 @@ def _compile_fixed(proto, name: str, opts: CompileOptions, mode: str, backend: s
     shapes = fixed_shapes(proto, symbol, n, opts.input_shapes)
     fixed = replace(opts, batch_axis=None, input_shapes=shapes)
     with phase("passes", batch=n):
-        prep = passes.prepare(copy.deepcopy(proto), batch_axis=None, input_shapes=shapes)
+        prep = passes.prepare(copy.deepcopy(proto), batch_axis=None, input_shapes=shapes, limits=opts.limits)
     prep.float64_as_float = opts.float64 == "float32"
     return _network(_build(prep, name, fixed, "off" if opts.precision == "fp32" else mode), backend)

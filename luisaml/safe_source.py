@@ -49,9 +49,17 @@ class Identifiers:
         return ident
 
 
+MAX_TEXT = 400  # characters of model text kept in one comment or docstring
+
+
 def comment_text(text: str) -> str:
-    """Return model text safe to put after '# ': printable ASCII, every other character escaped."""
+    """Return model text safe to put after '# ': printable ASCII, every other character escaped,
+    cut to MAX_TEXT characters (a 100,000-character node name makes no readable comment)."""
     escaped = ascii(str(text))[1:-1]  # ascii() escapes \r, \x0b, \x85, \u2028 and all non-ASCII
+    if len(escaped) > MAX_TEXT:
+        import hashlib
+
+        escaped = f"{escaped[:MAX_TEXT - 40]}...[{len(escaped)} chars, sha256 {hashlib.sha256(escaped.encode()).hexdigest()[:12]}]"
     return escaped
 
 
@@ -63,7 +71,7 @@ def docstring_text(text: str) -> str:
 
 def quoted(name: str) -> str:
     """Return a model name for a comment, quoted and escaped ('a\\rb' stays on one line)."""
-    return ascii(str(name))
+    return "'" + comment_text(name).replace("'", "\\'") + "'"
 
 
 # ---- the check ---------------------------------------------------------------------------------

@@ -125,6 +125,7 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
 
     # 1. epilogues: an elementwise inline node reading a root's only output at the same index
     chained: dict[str, str] = {}
+    claimed: set[str] = set()
     epilogue_of: dict[str, list[tuple[Node, Operator]]] = {}
     end_of: dict[str, str] = {}
     if fuse:
@@ -136,8 +137,10 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
                 c_node, c_op = readers[cur][0]
                 c_out = c_op.outputs[0] if c_op.outputs else None
                 if (kinds[c_node.name] != "inline" or not c_op.elementwise or c_out is None
-                        or tuple(c_out.shape) != tuple(code.tensors[cur].shape) or len(c_node.outputs) != 1):
+                        or tuple(c_out.shape) != tuple(code.tensors[cur].shape) or len(c_node.outputs) != 1
+                        or c_node.name in claimed):  # (a node joins one epilogue: Mul of two roots' outputs)
                     break
+                claimed.add(c_node.name)
                 chain.append((c_node, c_op))
                 chained[cur] = n.name
                 cur = c_out.name
@@ -175,9 +178,18 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
             stages.append(_whole_stage(len(stages), list(group), code, per_sample))
             group.clear()
 
-    for n, op in ops:
+    # a root with an epilogue is emitted where its epilogue ends: what the epilogue's other
+    # inputs need (a residual computed after the root) is computed by then
+    deferred = {chain[-1][0].name: root for root, chain in epilogue_of.items()}
+    by_name = {n.name: (n, op) for n, op in ops}
+    for n0, op0 in ops:
+        n, op = by_name[deferred[n0.name]] if n0.name in deferred else (n0, op0)
         k = kinds[n.name]
-        if n.name in in_chain or (k == "inline" and all(o in virtual for o in n.outputs if o)):
+        if n.name in epilogue_of and n0 is n:
+            continue  # waits for the end of its epilogue
+        if n0.name in in_chain and n0.name not in deferred:
+            continue
+        if k == "inline" and all(o in virtual for o in n.outputs if o):
             continue
         if k == "whole":
             if group and _batched(group[-1][1], per_sample) != _batched(op, per_sample):
@@ -282,8 +294,12 @@ def _fill_io(st: Stage, code: GraphCode, virtual: dict, views: dict[str, str], r
                 visit(i)
     st.reads = reads
     st.inlined = inlined
-    if st.domain in ("element", "items", "fused"):
+    if st.domain in ("element", "fused"):
         st.writes = [st.out]
+        return
+    if st.domain == "items":  # every output needs a home, also one nobody reads (TopK's indices)
+        root_outs = [o for o in st.root[0].outputs if o and o not in virtual]
+        st.writes = [st.out] + [o for o in root_outs if o != st.root[0].outputs[0] and o != st.out]
         return
     outs = [o for n, _ in st.nodes for o in n.outputs if o and o not in virtual]
     # a view of a group's tensor read outside the group keeps its root out of registers

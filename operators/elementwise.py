@@ -103,7 +103,7 @@ class Map(Operator):
     @property
     def inline_cost(self) -> int:  # type: ignore[override]
         """1 for arithmetic and selects, 4 when the expression calls a transcendental function."""
-        text = self.expr(*(f"v{k}" for k in range(len(self.operands()))))
+        text = self.value([f"v{k}" for k in range(len(self.operands()))])
         slow = ("exp(", "log(", "tanh(", "sin(", "cos(", "pow(", "sqrt(", "erf", "tan(", "asin", "acos", "atan")
         return 4 if any(f in text for f in slow) else 1
 

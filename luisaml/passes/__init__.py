@@ -36,7 +36,7 @@ def prepare(proto, batch_axis="auto", input_shapes=None, *, limits: Limits = DEF
     if input_shapes:
         set_input_shapes(proto, input_shapes)
     symbol = find_batch_symbol(proto, batch_axis)
-    spec: Specialised = specialise(proto, symbol)
+    spec: Specialised = specialise(proto, symbol, limits=limits)
     model = model_from_proto(spec.proto)
     remove_passthrough(model)
     remove_dead(model)

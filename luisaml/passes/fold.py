@@ -142,7 +142,7 @@ def _fold_one(node: onnx.NodeProto, known: dict[str, np.ndarray], types, opsets,
         end = next((a.i for a in node.attribute if a.name == "end"), None)
         return [np.array(shape[start:end] if end is not None else shape[start:], dtype=np.int64)]
     if node.op_type == "Size":
-        return None if shape is None else [np.array(int(np.prod(shape)), dtype=np.int64)]
+        return None if shape is None else [np.array(math.prod(shape), dtype=np.int64)]
     inputs = [known.get(i) if i else None for i in node.input]
     if any(i and known.get(i) is None for i in node.input):
         return None
@@ -382,7 +382,7 @@ def check_static_sizes(g: onnx.GraphProto, limits: Limits = DEFAULT) -> None:
     """Raise LimitError naming the tensor and its producer for a tensor whose inferred static
     shape holds more elements than a kernel can index (or more than Limits.tensor_bytes)."""
     producer = {o: n for n in g.node for o in n.output if o}
-    for vi in list(g.value_info) + list(g.output):
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
         shape = _static_shape(vi)
         if shape is None:
             continue

@@ -12,6 +12,8 @@ from onnx import helper, numpy_helper
 from .. import dtypes
 from ..model import ModelError, Node, Variable, _attr_value, _var_from_type, shape_str
 from ..operator import Operator
+from ..limits import DEFAULT as DEFAULT_LIMITS
+from ..limits import Limits
 from .fold import fold_to_fixpoint
 
 # The two batch sizes a batched model is specialised to: a dimension that is 2 in the first and
@@ -253,7 +255,7 @@ def _graph_shapes(g: onnx.GraphProto) -> dict[str, list[int | None]]:
     return out
 
 
-def specialise(proto: onnx.ModelProto, symbol: str | None) -> Specialised:
+def specialise(proto: onnx.ModelProto, symbol: str | None, limits: Limits = DEFAULT_LIMITS) -> Specialised:
     """Fold and infer the model with every dim numeric; with a batch symbol, at two batch sizes."""
     unresolved = unresolved_inputs(proto)
     if symbol is None:
@@ -263,7 +265,7 @@ def specialise(proto: onnx.ModelProto, symbol: str | None) -> Specialised:
                 + ", ".join(f"'{k}' {shape_str(v)}" for k, v in unresolved.items())
                 + "; give input_shapes={name: [...]} or compile with batch_axis='auto' for a batch dimension"
             )
-        return Specialised(fold_to_fixpoint(set_symbols(proto, {}), infer_shapes), None, {}, {})
+        return Specialised(fold_to_fixpoint(set_symbols(proto, {}), infer_shapes, limits=limits), None, {}, {})
     others = {k: v for k, v in unresolved.items() if any(not isinstance(d, int) and d != symbol for d in v)}
     if others:
         raise ModelError(
@@ -271,7 +273,7 @@ def specialise(proto: onnx.ModelProto, symbol: str | None) -> Specialised:
             + ", ".join(f"'{k}' is {shape_str(v)}" for k, v in others.items())
             + "; fix the other dimensions with input_shapes={name: [...]}"
         )
-    a = fold_to_fixpoint(set_symbols(proto, {symbol: PROBE_A}), infer_shapes)
-    b = fold_to_fixpoint(set_symbols(proto, {symbol: PROBE_B}), infer_shapes)
+    a = fold_to_fixpoint(set_symbols(proto, {symbol: PROBE_A}), infer_shapes, limits=limits)
+    b = fold_to_fixpoint(set_symbols(proto, {symbol: PROBE_B}), infer_shapes, limits=limits)
     values_b = {t.name: numpy_helper.to_array(t) for t in b.graph.initializer}
     return Specialised(a, symbol, _all_shapes(b), values_b)

@@ -1,13 +1,20 @@
-"""Structural validation of a ModelProto before any other pass touches it: versions the installed
-onnx knows, a graph that is a DAG where every tensor has one producer, nodes whose input and output
-counts their schema allows, recursively inside subgraphs.
+"""Validation of a ModelProto before any other pass touches it: names that are UTF-8 text,
+versions the installed onnx knows, a graph that is a DAG where every tensor has one producer,
+tensors whose data fits their dims, nodes whose input and output counts and attribute types their
+schema allows, recursively inside subgraphs.
 
 It runs first in `prepare` rather than in the loaders: every compile path (runtime.analyze, the
 CLI, the ONNX backend, a ModelProto handed straight to `prepare`) passes through `prepare`, while a
 caller that builds its own proto skips the loaders; and the later passes (opset conversion, shape
 inference, folding, the compiler) all assume what is checked here. A self-loop `Add(x, s) -> s`
 would otherwise compile into a kernel that reads last call's value of `s`, and a Relu with two
-inputs would fail inside its operator with a TypeError."""
+inputs would fail inside its operator with a TypeError.
+
+onnx.checker.check_model is not the gate: it refuses models luisaml compiles and runs correctly
+(graph outputs declared without a shape, GroupNormalization-18 which onnx marks deprecated), and
+its messages would replace luisaml's (an unknown op: luisaml's names every such node). What it
+checks that matters here (single assignment, acyclicity, arity, attribute types, tensor data against
+dims) is checked below, with onnx's schemas where they apply."""
 from __future__ import annotations
 
 import math

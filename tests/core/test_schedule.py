@@ -1,0 +1,157 @@
+"""The schedule (luisaml/schedule.py): stages and their fusion, the pooled buffers across stages
+(never two live tensors in one buffer, over random graphs), a graph whose batch moves, and
+random graphs against onnxruntime."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from util import ort_run, stage_of
+
+import luisaml
+from luisaml import schedule
+from luisaml.runtime import analyze
+
+F = TensorProto.FLOAT
+W = 8  # features per sample of the random graphs
+
+
+def _random_graph(seed: int) -> onnx.ModelProto:
+    """A random DAG over [N, 8] tensors: maps, MatMuls with constant weights, softmax rows,
+    transposes of [N, 2, 4] views, concats and splits, reductions kept 2-D."""
+    rng = random.Random(seed)
+    nrng = np.random.default_rng(seed)
+    tensors, nodes, inits = ["x"], [], []
+
+    def pick():
+        return rng.choice(tensors[-6:])
+
+    def new(name_hint: str) -> str:
+        name = f"{name_hint}{len(nodes)}"
+        tensors.append(name)
+        return name
+
+    for k in range(rng.randint(3, 14)):
+        op = rng.choice(["Add", "Mul", "Relu", "Sigmoid", "MatMul", "MatMul", "Softmax", "Transpose",
+                         "Concat", "ReduceSum", "Tanh", "Sub"])
+        a = pick()
+        if op in ("Add", "Mul", "Sub"):
+            b = pick()
+            nodes.append(helper.make_node(op, [a, b], [new(op)], name=f"n{k}"))
+        elif op == "MatMul":
+            w = f"w{k}"
+            inits.append(numpy_helper.from_array(nrng.standard_normal((W, W)).astype(np.float32) / 3, w))
+            nodes.append(helper.make_node(op, [a, w], [new(op)], name=f"n{k}"))
+        elif op == "Softmax":
+            nodes.append(helper.make_node(op, [a], [new(op)], axis=-1, name=f"n{k}"))
+        elif op == "Transpose":  # [N, 8] -> [N, 2, 4] -> [N, 4, 2] -> [N, 8]
+            s1, s2 = f"s{k}a", f"s{k}b"
+            inits += [numpy_helper.from_array(np.array([-1, 2, 4], np.int64), s1),
+                      numpy_helper.from_array(np.array([-1, W], np.int64), s2)]
+            r, t = f"r{k}", f"t{k}"
+            nodes += [helper.make_node("Reshape", [a, s1], [r], name=f"n{k}r"),
+                      helper.make_node("Transpose", [r], [t], perm=[0, 2, 1], name=f"n{k}"),
+                      helper.make_node("Reshape", [t, s2], [new("T")], name=f"n{k}s")]
+        elif op == "Concat":  # halves of two tensors
+            b = pick()
+            h1, h2 = f"h{k}a", f"h{k}b"
+            nodes += [helper.make_node("Split", [a], [h1, f"h{k}c"], axis=1, num_outputs=2, name=f"n{k}p"),
+                      helper.make_node("Split", [b], [f"h{k}d", h2], axis=1, num_outputs=2, name=f"n{k}q"),
+                      helper.make_node("Concat", [h1, h2], [new("C")], axis=1, name=f"n{k}")]
+        elif op == "ReduceSum":
+            ax = f"ax{k}"
+            inits.append(numpy_helper.from_array(np.array([1], np.int64), ax))
+            r = f"rs{k}"
+            nodes += [helper.make_node("ReduceSum", [a, ax], [r], keepdims=1, name=f"n{k}"),
+                      helper.make_node("Sub", [a, r], [new("D")], name=f"n{k}d")]
+        else:
+            nodes.append(helper.make_node(op, [a], [new(op)], name=f"n{k}"))
+    outs = list(dict.fromkeys([tensors[-1], rng.choice(tensors[1:])]))
+    g = helper.make_graph(nodes, f"random{seed}", [helper.make_tensor_value_info("x", F, ["N", W])],
+                          [helper.make_tensor_value_info(o, F, ["N", W]) for o in outs], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_no_two_live_tensors_share_a_buffer(seed):
+    """Over random graphs: the stages' pooled buffers never hold two live tensors at once, every
+    node lands in a stage (or is computed inline), and pooling never costs more than a buffer per
+    tensor."""
+    plan = analyze(_random_graph(seed))
+    sched = plan.schedule
+    schedule.check(sched, plan.main)
+    placed = {n.name for st in sched.stages for n, _ in st.nodes + st.epilogue}
+    inline = {n.name for n, _, _ in sched.virtual.values()}
+    for node, op in plan.ops:
+        if not (op.view and node.outputs[0] in plan.views):
+            assert node.name in placed or node.name in inline, f"{node.describe()} is in no stage"
+    assert sched.buffers.bytes_pooled <= sched.buffers.bytes_unpooled
+
+
+@pytest.mark.parametrize("seed", [0, 3, 7, 11])
+def test_random_graphs_match_onnxruntime(seed):
+    model = _random_graph(seed)
+    net = luisaml.compile(model)
+    for n in (1, 5):
+        x = np.random.default_rng(n).standard_normal((n, W)).astype(np.float32)
+        got, want = net.run({"x": x}), ort_run(model, {"x": x})
+        for name, w in want.items():
+            np.testing.assert_allclose(got[name], w, rtol=2e-5, atol=2e-6, err_msg=f"seed {seed} {name}")
+
+
+def test_elementwise_chains_fuse_into_the_producer_and_inline_into_readers():
+    """MatMul -> Add(bias) -> Relu is one stage (the epilogue); Transpose -> Neg read by a second
+    MatMul is computed inline where it is read (cheap enough to recompute for each of the reads
+    a MatMul makes): no buffer holds either."""
+    rng = np.random.default_rng(0)
+    inits = {"w1": rng.standard_normal((8, 8)).astype(np.float32), "b1": rng.standard_normal(8).astype(np.float32),
+             "w2": rng.standard_normal((4, 4)).astype(np.float32)}
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["m1"], name="mm1"),
+        helper.make_node("Add", ["m1", "b1"], ["a1"], name="bias"),
+        helper.make_node("Relu", ["a1"], ["r1"], name="relu"),
+        helper.make_node("Reshape", ["r1", "shape"], ["v"], name="view"),
+        helper.make_node("Transpose", ["v"], ["t"], perm=[0, 2, 1], name="tr"),
+        helper.make_node("Neg", ["t"], ["s"], name="sig"),
+        helper.make_node("MatMul", ["s", "w2"], ["y"], name="mm2"),
+    ]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, ["N", 8])],
+                          [helper.make_tensor_value_info("y", F, ["N", 2, 4])],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()]
+                          + [numpy_helper.from_array(np.array([-1, 4, 2], np.int64), "shape")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    net = luisaml.compile(model)
+    st1 = stage_of(net, "mm1")
+    assert [n.name for n, _ in st1.epilogue] == ["bias", "relu"] and st1.out == "r1"
+    st2 = stage_of(net, "mm2")
+    assert st2.index == st1.index + 1 and st2.domain in ("element", "items")
+    assert stage_of(net, "tr") is st2 and stage_of(net, "sig") is st2  # computed where mm2 reads them
+    pooled = {m for slot in net.plan.schedule.buffers.slots for m in slot.members}
+    assert pooled == {"r1"}, net.plan.schedule.describe()
+    x = rng.standard_normal((6, 8)).astype(np.float32)
+    np.testing.assert_allclose(net.run({"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_transformer_encoder_with_a_moving_batch_axis(tmp_path):
+    """torch's batch-first TransformerEncoder moves the batch to axis 1 inside attention: it
+    compiles with the defaults, runs as stages at each batch size, and matches onnxruntime."""
+    import torch
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32, batch_first=True, dropout=0.0)
+    m = torch.nn.TransformerEncoder(layer, num_layers=1, enable_nested_tensor=False).eval()
+    path = tmp_path / "tfm.onnx"
+    torch.onnx.export(m, (torch.randn(3, 5, 16),), str(path), input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "B"}, "y": {0: "B"}}, dynamo=False, opset_version=17)
+    net = luisaml.compile(str(path))
+    assert isinstance(net, luisaml.PerBatchNetwork) and "Transpose" in net.why
+    with pytest.raises(luisaml.UsageError, match="no per-sample `forward`"):
+        net.forward
+    assert all(st.domain != "sample" for st in net.plan.schedule.stages)
+    for n in (2, 4):
+        x = np.random.default_rng(n).standard_normal((n, 5, 16)).astype(np.float32)
+        np.testing.assert_allclose(net.run({"x": x})["y"], ort_run(onnx.load(str(path)), {"x": x})["y"],
+                                   rtol=1e-4, atol=1e-5)
