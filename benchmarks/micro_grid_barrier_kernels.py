@@ -31,7 +31,7 @@ def barrier_kernel(a, b, counter, flag, n: int, shift: int, stages: int):
         # grid barrier: every block's thread 0 arrives, then waits for all arrivals of this stage
         sync_block()
         if t == 0:
-            counter.atomic_fetch_add(0, 1)
+            arrived = counter.atomic_fetch_add(0, 1)  # noqa: F841 (the DSL refuses a discarded value)
             target = (s + 1) * nblocks
             spins = 0
             while counter.atomic_fetch_add(0, 0) < target and spins < 20000000:

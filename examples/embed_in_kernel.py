@@ -61,22 +61,28 @@ def grid_inputs() -> np.ndarray:
     return np.stack([u, v], -1).reshape(-1, 2).astype(np.float32)
 
 
-def main(out_dir: str) -> float:
+def main(out_dir: str) -> tuple[float, float]:
+    """Render, compare, write the picture; return (the largest difference from net.run's per-sample
+    kernel, which runs `forward` itself: 0; the largest difference from net.run's stages, which
+    sum the same products in another order: float rounding)."""
     path = os.path.join(out_dir, "neural_image.onnx")
     model = make_model(path)
     net = luisaml.compile(path)
     image = render(net)
-    reference = net.run({"uv": grid_inputs()})["rgb"].reshape(HEIGHT, WIDTH, 3)
-    diff = float(np.abs(image - reference).max())
+    stages = net.run({"uv": grid_inputs()})["rgb"].reshape(HEIGHT, WIDTH, 3)
+    per_sample = luisaml.compile(path, schedule="per-sample").run({"uv": grid_inputs()})["rgb"].reshape(HEIGHT, WIDTH, 3)
+    exact, close = float(np.abs(image - per_sample).max()), float(np.abs(image - stages).max())
     torch_ref = model(torch.from_numpy(grid_inputs())).detach().numpy().reshape(HEIGHT, WIDTH, 3)
-    print(f"user kernel vs net.run: largest difference {diff:.3g}")
-    print(f"user kernel vs torch:   largest difference {np.abs(image - torch_ref).max():.3g}")
+    print(f"user kernel vs net.run, per-sample kernel: largest difference {exact:.3g}")
+    print(f"user kernel vs net.run, stages:            largest difference {close:.3g}")
+    print(f"user kernel vs torch:                      largest difference {np.abs(image - torch_ref).max():.3g}")
     from luisaml.png import write_png
 
     write_png(os.path.join(out_dir, "neural_image.png"), image)
     print(f"wrote {os.path.join(out_dir, 'neural_image.png')}")
-    return diff
+    return exact, close
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp()) < 1e-5 else 1)
+    exact, close = main(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp())
+    sys.exit(0 if exact == 0.0 and close < 1e-5 else 1)

@@ -6,7 +6,6 @@ setting luisaml refuses: one line `luisaml: error: ...` on stderr), 1 an interna
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import logging
 import os
@@ -216,66 +215,19 @@ def _onnxruntime(model, weights, feeds) -> dict[str, np.ndarray] | None:
 
 
 def cmd_inspect(a) -> int:
-    import copy
+    """Print what a model compiles to, without a device: the report of luisaml/report.py as text,
+    or as one JSON document (--json: its keys are documented in luisaml/report.py's docstring);
+    --html FILE also writes it as one self-contained page. Exit 1 when nodes are unsupported."""
+    from . import report
 
-    from . import passes
-    from .compiler import unsupported_nodes
-    from .loaders import load_proto
-    from .runtime import CompileOptions, plan_for
-
-    with phase("load", model=_name(a.model)):
-        proto = load_proto(a.model, a.weights)
-    options = CompileOptions(batch_axis=_batch_axis(a.batch_axis), input_shapes=parse_input_shapes(a.input_shapes))
-    with phase("passes"):
-        prep = passes.prepare(copy.deepcopy(proto), batch_axis=options.batch_axis, input_shapes=options.input_shapes)
-    g = prep.model.graph
-    print(f"model: {a.model}")
-    opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(prep.model.opsets.items()))
-    print(f"opsets: {opsets}")
-    print(f"batch axis: {prep.symbol or 'none (one instance)'}")
-    for kind, names in (("inputs", g.inputs), ("outputs", g.outputs)):
-        print(f"{kind}:")
-        for n in names:
-            print(f"  {_describe(g.var(n), prep)}")
-    counts = collections.Counter(f"{n.domain + '::' if n.domain else ''}{n.op_type}" for n in g.nodes)
-    print(f"nodes after folding: {len(g.nodes)}")
-    for op, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
-        print(f"  {op:28s} {c}")
-    missing = unsupported_nodes(g, prep.model)
-    if missing:
-        print(f"unsupported nodes ({len(missing)}):")
-        for line in missing:
-            print(f"  {line}")
-        return 1
-    with phase("plan"):
-        plan, why, _ = plan_for(proto, _name(a.model), options, "off")
-    if why:
-        print(f"per-sample execution: impossible ({why}); the network compiles for each batch size it runs "
-              "with, shapes fixed (the plan below is at batch 2)")
-    notes = [(n, op.describe()) for n, op in plan.ops if op.describe()]
-    if notes:
-        print("how nodes compile:")
-        for n, d in notes:
-            print(f"  {n.describe()}: {d}")
-    if plan.schedule is not None:
-        print(f"stages ({len(plan.schedule.stages)}, launched as one command list):")
-        for st in plan.schedule.stages:
-            print(f"  {st.describe()}")
-        print("buffers across stages: " + plan.schedule.buffers.report())
-    print("registers of forward (one sample): " + plan.allocation.report())
-    if plan.fusion_note:
-        print("batch kernel: " + plan.fusion_note)
-    print(f"weight blob: {plan.blob.size} bytes in {len(plan.blob.layout)} tensors")
-    return 0
-
-
-def _describe(v, prep) -> str:
-    """Return "'name': dtype[shape]" with the batch dimension shown as its symbol."""
-    from .model import shape_str, type_str
-
-    dim = prep.batch.dims.get(v.name)  # passes/batch.py: the shape with the batch symbol
-    shape = dim.onnx_shape if dim is not None else v.shape
-    return f"'{v.name}': {type_str(v.elem_type)}{shape_str(shape)}"
+    rep = report.build(a.model, a.weights, batch_axis=_batch_axis(a.batch_axis),
+                       input_shapes=parse_input_shapes(a.input_shapes), name=_name(a.model))
+    if a.html:
+        with open(a.html, "w", encoding="utf-8") as f:
+            f.write(report.html(rep))
+        note("wrote %s", a.html)
+    print(report.to_json(rep) if a.json else report.text(rep))
+    return 1 if rep["unsupported"] else 0
 
 
 def cmd_emit(a) -> int:
@@ -357,8 +309,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", action="store_true", help="also run onnxruntime and print the largest difference")
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("inspect", parents=[verbosity],
-                       help="inputs, outputs, op counts, unsupported nodes, register allocation")
+                       help="per node: stage, output, parameters, FLOPs, bytes; the stages; both allocations")
     _common(p)
+    p.add_argument("--json", action="store_true", help="print the report as one JSON document (stable keys)")
+    p.add_argument("--html", metavar="FILE", help="also write the report as one self-contained HTML page: the "
+                                                  "graph by stage and the live ranges of both allocations")
     p.set_defaults(fn=cmd_inspect)
     p = sub.add_parser("emit", parents=[verbosity], help="print the generated module")
     _common(p)

@@ -3,7 +3,7 @@ Plan that holds the generated source (see DESIGN.md for the flow)."""
 from __future__ import annotations
 
 from . import fusion
-from .emission import emit_graph, generate, graph_scope  # noqa: F401  (operators emit subgraphs through these)
+from .emission import collect_oversized, emit_graph, generate, graph_scope  # noqa: F401  (operators emit subgraphs through these)
 from .errors import CompileError
 from .limits import DEFAULT as DEFAULT_LIMITS
 from .limits import Limits
@@ -19,7 +19,7 @@ from .safe_source import Identifiers
 
 def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", precision: str = "fp32",
                limits: Limits = DEFAULT_LIMITS, check_indices: bool = True, schedule: str = "stages",
-               mlp: MLPConfig | None = None) -> Plan:
+               mlp: MLPConfig | None = None, merge_stages: bool = True) -> Plan:
     """Return the full compile plan of a prepared model, generated source included.
 
     fuse: "off", "gpu" or "emulated" (luisaml/fusion.py: a recognised MLP gets the cooperative
@@ -27,7 +27,8 @@ def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", pre
     limits: size limits (luisaml.Limits); check_indices: run-time gather/scatter indices flag an
     error the runtime raises (False: they are clamped without a word); schedule: "stages" (the
     graph as parallel stages, schedule.py) or "per-sample" (one kernel, a thread per sample); mlp:
-    the fused MLP kernel's knobs (luisaml.mlp.MLPConfig; None: chosen per shape)."""
+    the fused MLP kernel's knobs (luisaml.mlp.MLPConfig; None: chosen per shape); merge_stages:
+    one kernel for every stage (a stage index picks the body) rather than a kernel each."""
     g = prep.model.graph
     missing = unsupported_nodes(g, prep.model)
     if missing:
@@ -50,11 +51,26 @@ def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", pre
     mark_accumulated(plan)
     bind_derived(plan)
     plan.fused, plan.fusion_note = fusion.fuse(plan, fuse, precision, mlp)
-    if schedule == "stages":
-        with phase("schedule"):
-            plan.schedule = schedule_pass.build(main, set(g.outputs), per_sample=prep.symbol is not None)
-    with phase("codegen"):
-        plan.source = generate(plan, model_name)
+    if schedule != "stages":
+        with phase("codegen"):
+            plan.source = generate(plan, model_name)
+    else:
+        # shared memory and a block size belong to a whole kernel: the GPU's fused MLP stays apart
+        plan.merged_stages = merge_stages and not (plan.fused is not None and plan.fused.mode == "gpu")
+        materialise: set[str] = set()
+        while True:  # ends: `materialise` grows every round
+            with phase("schedule"):
+                plan.schedule = schedule_pass.build(main, set(g.outputs), per_sample=prep.symbol is not None,
+                                                    materialise=frozenset(materialise))
+            with phase("codegen"), collect_oversized() as oversized:
+                plan.source = generate(plan, model_name)
+            if not oversized:
+                break
+            if oversized <= materialise:  # long, but not an inline tensor (an epilogue's): keep it
+                with phase("codegen"):
+                    plan.source = generate(plan, model_name)
+                break
+            materialise |= oversized
     limits.check_bytes("the weight blob (all the model's constants)", plan.blob.size, "weight_bytes")
     return plan
 

@@ -5,6 +5,7 @@ emitted into `forward` and into the kernels without one emission seeing the othe
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -90,20 +91,57 @@ def generate(plan: Plan, model_name: str) -> str:
                     "buffers, writes its outputs.", emit_batch_kernel(plan, module))]
     else:
         kernels = []
+        fused = any(st.domain == "fused" for st in plan.schedule.stages)
         for st in plan.schedule.stages:
             params = kernel_params(plan)
             if st.domain == "fused":  # the fused MLP's cooperative kernel (luisaml/mlp.py)
                 op = st.root[1]
                 body, decls = op.emit_kernel(module, _io_ident(plan, op.inputs[0]), _io_ident(plan, op.outputs[0]), "n")
                 type_decls += decls
-                params = params + [TILE_COUNTER, "n: int"]
             else:
                 body = emit_stage(plan, st, module)
+            if fused:
+                params = params + [TILE_COUNTER, "n: int"]
             kernels.append((f"stage_{st.index}", params, st.describe(), body))
+        if plan.merged_stages and kernels:
+            kernels = [_merged(kernels)]
     plan.checks = list(module.checks)
     if plan.checks:
-        kernels = [(name, params + [KernelContext.ERRORS], doc, body) for name, params, doc, body in kernels]
+        kernels = [(name, _with_errors(params), doc, body) for name, params, doc, body in kernels]
     return _render(plan, model_name, module, fwd, fwd_params, kernels, type_decls)
+
+
+def _with_errors(params: list[str]) -> list[str]:
+    """The parameters with the run-time checks' flag buffer, before a merged kernel's stage index."""
+    if params and params[-1] == STAGE_PARAM:
+        return params[:-1] + [KernelContext.ERRORS, STAGE_PARAM]
+    return params + [KernelContext.ERRORS]
+
+
+STAGE_PARAM = "stage: int"
+MERGE_GROUP = 16
+
+
+def _merged(kernels: list[tuple[str, list[str], str, str]]) -> tuple[str, list[str], str, str]:
+    """Return one kernel running stage `stage` of the network: the stages' bodies under ifs on
+    the index (every stage takes the same parameters). On the CPU backend a kernel costs a clang
+    run of its own (about a second each), so a network of 25 stages builds in one instead of 25
+    (benchmarks/NOTES.md).
+
+    The ifs are two levels of flat `if`s, a range test per MERGE_GROUP stages and an equality test
+    inside, never an elif chain: an elif is an if nested in the else, and LuisaCompute's AST-to-IR
+    conversion aborts the process (ExceededDepthLimit) past about a hundred levels (DenseNet-121
+    has 300 stages)."""
+    lines = []
+    for k, (_, _, doc, body) in enumerate(kernels):
+        if k % MERGE_GROUP == 0:
+            lines.append(f"    if stage < {k + MERGE_GROUP}:" if k == 0 else
+                         f"    if stage >= {k} and stage < {k + MERGE_GROUP}:")
+        lines.append(f"        if stage == {k}:")
+        lines.append(f"            # {comment_text(doc)}")
+        lines += ["        " + ln for ln in body.splitlines()]
+    doc = f"The network's {len(kernels)} stages: launch k runs stage k (each one parallel loop)."
+    return ("stages", kernels[0][1] + [STAGE_PARAM], doc, "\n".join(lines))
 
 
 def _io_ident(plan: Plan, t: Tensor) -> str:
@@ -195,6 +233,28 @@ def emit_batch_kernel(plan: Plan, module: Module) -> str:
 # ---- stages --------------------------------------------------------------------------------------
 
 
+# An inline expression longer than this is materialised instead. The schedule's budget counts
+# nodes, but index arithmetic repeats the reader's index once per coordinate it unravels, so a
+# chain of remaps (Concat of Concats, Transpose after Slice ...) grows geometrically in text: 20 MB
+# of source for six nested Concats before this check. Typical inline expressions are under 1,000.
+INLINE_CHARS = 4096
+
+_oversized: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("oversized", default=None)
+
+
+@contextlib.contextmanager
+def collect_oversized() -> Iterator[set[str]]:
+    """Within the block, an inline tensor whose expression (or the index it is read at) would pass
+    INLINE_CHARS is recorded in the yielded set and read as 0, so the emission finishes quickly;
+    the compiler schedules again with those tensors materialised (compiler.build_plan)."""
+    found: set[str] = set()
+    token = _oversized.set(found)
+    try:
+        yield found
+    finally:
+        _oversized.reset(token)
+
+
 @dataclass
 class Inline(Storage):
     """A tensor computed where it is read: its producer's element() as an expression (schedule.py:
@@ -205,9 +265,17 @@ class Inline(Storage):
     module: Module
 
     def load(self, i: str) -> str:
+        found = _oversized.get()
+        if found is not None and len(i) > INLINE_CHARS // 2:
+            found.add(self.op.outputs[self.k].name)
+            return "0"
         ctx = KernelContext(self.module)
         ctx.pure = True
-        return f"({self.op.element(ctx, i, self.k)})"
+        expr = f"({self.op.element(ctx, i, self.k)})"
+        if found is not None and len(expr) > INLINE_CHARS:
+            found.add(self.op.outputs[self.k].name)
+            return "0"
+        return expr
 
 
 @dataclass

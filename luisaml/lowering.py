@@ -16,6 +16,7 @@ from .operator import Derived, Operator
 from .passes import Prepared
 from .passes import batch as batch_pass
 from .passes.batch import BatchDim
+from .passes.infer import PROBE_A
 from .plan import Blob, BlobWeight, DerivedInput, GraphCode, IOSpec, Plan
 from .regalloc import Allocation, Request, Step, allocate
 from .storage import Buffer, Tensor, constant_storage
@@ -34,7 +35,7 @@ def _producer_note(name: str, producers: dict[str, Node]) -> str:
     return f" (output of {n.describe()})" if n else ""
 
 
-def _untyped(name: str, g: Graph, producers: dict[str, Node], opset: int) -> ModelError:
+def _untyped(name: str, g: Graph, producers: dict[str, Node], opset: int, symbol: str | None = None) -> ModelError:
     """Return the error for a tensor inference could not type: the producing node's own shape
     inference error when onnx gives one (an inner dimension that does not match, say), so the
     message blames the node with the bad inputs rather than the tensor after it."""
@@ -60,8 +61,17 @@ def _untyped(name: str, g: Graph, producers: dict[str, Node], opset: int) -> Mod
             if "InferenceError" in detail or "InferenceError" in type(e).__name__:
                 detail = re.sub(r"\[\w+\] Inference error\(s\): |\(op_type:[^)]*\):\s*", "", detail)
                 shapes = ", ".join(g.var(i).describe() for i in node.inputs if i)
-                return ModelError(f"{node.describe()}: its inputs ({shapes}) do not fit: {detail}")
-    return ModelError(f"tensor '{name}'{_producer_note(name, producers)}: its type and shape could not be inferred")
+                probe = f" (shapes at the probe batch size {PROBE_A} of '{symbol}')" if symbol else ""
+                return ModelError(f"{node.describe()}: its inputs ({shapes}){probe} do not fit: {detail}")
+    where = f"tensor '{name}'{_producer_note(name, producers)}"
+    v = g.var(name)
+    # the ONNX backend reads these two forms to find the inputs it must bind as constants
+    if v.elem_type != 0 and v.shape is None:
+        return ModelError(f"{where}: its shape could not be inferred")
+    if v.elem_type != 0:
+        k = next(k for k, d in enumerate(v.shape) if not isinstance(d, int))
+        return ModelError(f"{where}: dimension {k} of {shape_str(v.shape)} could not be inferred")
+    return ModelError(f"{where}: its type and shape could not be inferred")
 
 
 def sample_dim(v: Variable, prep: Prepared, producers) -> BatchDim:
@@ -95,7 +105,7 @@ def build_tensors(g: Graph, prep: Prepared, outer: dict[str, Tensor] | None = No
         v = g.var(name)
         untyped = v.elem_type == 0 or v.shape is None or not all(isinstance(d, int) for d in v.shape)
         if untyped and name in producers:
-            raise _untyped(name, g, producers, prep.model.opset(""))
+            raise _untyped(name, g, producers, prep.model.opset(""), prep.symbol)
         if v.dtype is None:
             raise ModelError(
                 f"tensor '{name}'{_producer_note(name, producers)}: element type "

@@ -65,18 +65,22 @@ class CompiledNetwork:
 
     @property
     def inputs(self) -> list[IOSpec]:
+        """The graph inputs as run() takes them: name, dtype, shape (the batch as its symbol)."""
         return self.plan.inputs
 
     @property
     def outputs(self) -> list[IOSpec]:
+        """The graph outputs the kernels write: name, dtype, shape (the batch as its symbol)."""
         return [s for s in self.plan.outputs]
 
     @property
     def output_names(self) -> list[str]:
+        """Every graph output's name, in graph order (what run() returns by default)."""
         return list(self.plan.model.graph.outputs)
 
     @property
     def batch_symbol(self) -> str | None:
+        """The symbol of the batch dimension, or None when the graph runs as one instance."""
         return self.plan.symbol
 
     @property
@@ -130,6 +134,7 @@ class CompiledNetwork:
         return getattr(self.module, self.plan_array_type(s))
 
     def plan_array_type(self, s: IOSpec) -> str:
+        """Return the name of the generated module's luisa array type holding one sample of s."""
         name = f"Arr_{s.dtype.dsl}_{max(s.numel, 1)}"
         if not hasattr(self.module, name):
             import luisa
@@ -381,16 +386,19 @@ class CompiledNetwork:
                 pass
             elif self.plan.schedule is None:
                 self.kernel(*args, self.weights, *scratch, *extra, dispatch_size=n)
-            else:
-                pool = self._pool_buffers(n)
-                for k, (stage, kernel) in enumerate(zip(self.plan.schedule.stages, self.kernels)):
+            else:  # the stages, one dispatch each (of their own kernel, or of the merged one)
+                stages = self.plan.schedule.stages
+                common = [*args, self.weights, *self._pool_buffers(n), *scratch]
+                if any(st.domain == "fused" for st in stages):  # the fused MLP: its tile counter, the batch
+                    common += [self._tile_counter(), n]
+                for k, stage in enumerate(stages):
                     count = stage.dispatch(n)
                     if not count or (only is not None and k != only):
                         continue
-                    if stage.domain == "fused":  # the fused MLP: its tile counter and the batch size
-                        kernel(*args, self.weights, *pool, *scratch, self._tile_counter(), n, *extra, dispatch_size=count)
+                    if self.plan.merged_stages:
+                        self.kernel(*common, *extra, k, dispatch_size=count)
                     else:
-                        kernel(*args, self.weights, *pool, *scratch, *extra, dispatch_size=count)
+                        self.kernels[k](*common, *extra, dispatch_size=count)
         self._compiled = True
 
     def _pool_buffers(self, n: int) -> list:
@@ -502,6 +510,7 @@ class PerBatchNetwork(CompiledNetwork):
 
     @property
     def forward(self):
+        """Raise UsageError: a network whose batch moves has no per-sample function."""
         raise UsageError(
             f"this network has no per-sample `forward`: {self.why}; it runs with its batch size fixed per run "
             "(net.run), which a user kernel calling one sample cannot do"
@@ -513,6 +522,7 @@ class PerBatchNetwork(CompiledNetwork):
 
     @property
     def batch_symbol(self) -> str | None:
+        """The symbol of the batch dimension its shapes are fixed along at each run."""
         return self.symbol
 
     def network_for(self, n: int) -> CompiledNetwork:

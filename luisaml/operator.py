@@ -90,14 +90,17 @@ class Operator:
         return CompileError(f"{self.node.describe()}: {message}")
 
     def has_input(self, i: int) -> bool:
+        """Return whether input i is given (optional inputs may be absent)."""
         return i < len(self.inputs) and self.inputs[i] is not None
 
     def input(self, i: int) -> Tensor:
+        """Return input i; an absent one is an error naming the node."""
         if not self.has_input(i):
             raise self.error(f"input {i} is required")
         return self.inputs[i]
 
     def output(self, i: int = 0) -> Tensor:
+        """Return output i."""
         return self.outputs[i]
 
     def const(self, i: int, what: str | None = None) -> np.ndarray:
@@ -135,6 +138,7 @@ class Operator:
             raise self.mixing(message)
 
     def expect(self, cond: bool, message: str) -> None:
+        """Raise a CompileError naming the node with `message` unless cond."""
         if not cond:
             raise self.error(message)
 
@@ -148,6 +152,7 @@ class Operator:
             )
 
     def expect_shape(self, t: Tensor, shape: tuple[int, ...], role: str) -> None:
+        """Raise unless tensor t (input `role`) has this shape."""
         if tuple(t.shape) != tuple(shape):
             raise self.error(f"{role} '{t.name}' has shape {shape_str(t.shape)}, expected {shape_str(shape)}")
 

@@ -135,6 +135,7 @@ class Plan:
     fusion_note: str = ""  # what fusion decided and why, for inspect
     schedule: Any = None  # luisaml.schedule.Schedule when the network runs as stages, else one kernel
     plan_note: str = ""  # why this plan (stages or the per-sample kernel), for inspect
+    merged_stages: bool = False  # the stages are one kernel dispatched once per stage (kernels: ["stages"])
 
     @property
     def tensors(self) -> dict[str, Tensor]:
@@ -179,6 +180,8 @@ class Plan:
         """The generated kernels the runtime launches, in order."""
         if self.schedule is None:
             return ["batch_kernel"]
+        if self.merged_stages:
+            return ["stages"] if self.schedule.stages else []
         return [f"stage_{st.index}" for st in self.schedule.stages]
 
     @property

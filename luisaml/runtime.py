@@ -8,7 +8,7 @@ import copy
 import os
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Optional, Union
 
 import onnx
 
@@ -22,22 +22,33 @@ from .network import CompiledNetwork, PerBatchNetwork
 from .passes.infer import PROBE_A, input_shapes as declared_shapes
 from .plan import Plan
 
+# the string (and literal) options of compile() and analyze(), for type checkers and editors
+Backend = Literal["auto", "cpu", "cuda"]
+BatchAxis = Optional[Literal["auto", 0]]
+Precision = Literal["fp32", "fp16"]
+Float64 = Literal["reject", "float32"]
+Fuse = Literal["auto", True, False]
+FuseMode = Literal["off", "gpu", "emulated"]
 Schedule = Literal["auto", "stages", "per-sample"]
+ModelSource = Union[str, "os.PathLike[str]", onnx.ModelProto]
+WeightsSource = Union[str, "os.PathLike[str]", bytes, Mapping[str, Any], None]
 
 
 @dataclass(frozen=True)
 class CompileOptions:
     """What compile() takes besides the model: see compile's docstring for each."""
 
-    batch_axis: Any = "auto"
+    batch_axis: BatchAxis = "auto"
     input_shapes: Mapping[str, list] | None = None
-    precision: Literal["fp32", "fp16"] = "fp32"
-    fuse: Any = "auto"
-    float64: Literal["reject", "float32"] = "reject"
+    precision: Precision = "fp32"
+    fuse: Fuse | FuseMode = "auto"
+    float64: Float64 = "reject"
     limits: Limits = field(default_factory=lambda: DEFAULT_LIMITS)
     check_indices: bool = True
     schedule: Schedule = "auto"
     mlp: MLPConfig | None = None
+    # one kernel for every stage: None decides by backend (the CPU backend: yes)
+    merge_stages: bool | None = None
 
     def check(self) -> None:
         """Raise UsageError for an option value luisaml does not know."""
@@ -55,8 +66,9 @@ def _model_name(model) -> str:
     return getattr(getattr(model, "graph", None), "name", None) or "model"
 
 
-def analyze(model, weights=None, *, batch_axis="auto", input_shapes=None, fuse="off", precision="fp32",
-            float64: str = "reject", limits: Limits | None = None, check_indices: bool = True,
+def analyze(model: ModelSource, weights: WeightsSource = None, *, batch_axis: BatchAxis = "auto",
+            input_shapes: Mapping[str, list] | None = None, fuse: FuseMode = "off", precision: Precision = "fp32",
+            float64: Float64 = "reject", limits: Limits | None = None, check_indices: bool = True,
             schedule: Schedule = "auto", mlp: MLPConfig | None = None) -> Plan:
     """Return the compile plan of a model without starting a device (what `inspect` shows); a
     graph whose batch moves is planned at batch 2 (it compiles per batch size when it runs).
@@ -93,8 +105,11 @@ def plan_for(proto: onnx.ModelProto, name: str, opts: CompileOptions, fuse_mode:
 
 def _build(prep, name: str, opts: CompileOptions, fuse_mode: str) -> Plan:
     schedule = "per-sample" if opts.schedule == "per-sample" else "stages"
+    # one kernel for all stages on the CPU backend, where every kernel is a clang run of its own
+    # (10 small kernels: 30 s apart, 3.5 s merged); on CUDA each stage keeps its own registers
+    merge = opts.merge_stages if opts.merge_stages is not None else fuse_mode != "gpu"
     return compiler.build_plan(prep, name, fuse=fuse_mode, precision=opts.precision, limits=opts.limits,
-                               check_indices=opts.check_indices, schedule=schedule, mlp=opts.mlp)
+                               check_indices=opts.check_indices, schedule=schedule, mlp=opts.mlp, merge_stages=merge)
 
 
 def fixed_shapes(proto: onnx.ModelProto, symbol: str, n: int, given: Mapping | None) -> dict[str, list]:
@@ -122,16 +137,16 @@ def fusion_mode(fuse, backend: str, precision: str = "fp32") -> str:
 
 
 def compile(
-    model,
-    weights=None,
+    model: ModelSource,
+    weights: WeightsSource = None,
     *,
-    backend: str = "auto",
-    batch_axis="auto",
+    backend: Backend = "auto",
+    batch_axis: BatchAxis = "auto",
     input_shapes: Mapping[str, list] | None = None,
     verbose: bool = False,
-    precision: str = "fp32",
-    fuse="auto",
-    float64: str = "reject",
+    precision: Precision = "fp32",
+    fuse: Fuse = "auto",
+    float64: Float64 = "reject",
     limits: Limits | None = None,
     check_indices: bool = True,
     schedule: Schedule = "auto",
@@ -141,6 +156,8 @@ def compile(
 
     model: a path (.onnx or LuisaML .json), or an onnx.ModelProto.
     weights: a safetensors file, a header-less blob, bytes, or a dict of arrays (optional).
+    backend: "auto" (LUISAML_BACKEND when set, else CUDA where a CUDA device works, else the CPU),
+    "cpu" or "cuda". A process runs one LuisaCompute device: the first compile picks it.
     batch_axis: "auto" (the symbolic dimension leading an input and an output is the batch), 0,
     or None (one instance of the graph as its shapes say). A graph whose nodes keep samples
     apart runs per sample for any batch size; one that moves the batch axis (attention's
@@ -167,10 +184,10 @@ def compile(
 
         logging.basicConfig()
         logger.setLevel(logging.INFO)
-    opts = CompileOptions(batch_axis, input_shapes, precision, fuse, float64, limits or DEFAULT_LIMITS,
-                          check_indices, schedule, mlp)
-    opts.check()
     name = device.init(backend)
+    opts = CompileOptions(batch_axis, input_shapes, precision, fuse, float64, limits or DEFAULT_LIMITS,
+                          check_indices, schedule, mlp, merge_stages=name == "cpu")
+    opts.check()
     mode = fusion_mode(fuse, name, precision)
     with phase("load", model=_model_name(model)):
         proto = loaders.load_proto(model, weights, limits=opts.limits)

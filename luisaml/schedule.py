@@ -98,7 +98,8 @@ def kind(op: Operator, per_sample: bool) -> str:
 
     if isinstance(op, FusedMLP):
         return "fused"
-    if op.subgraphs or op.accumulates or op.derived_inputs():
+    # (derived inputs are kernel parameters or constants: every stage kernel has them)
+    if op.subgraphs or op.accumulates:
         return "whole"
     if op.inline and type(op).has_element():
         return "inline"
@@ -109,9 +110,11 @@ def kind(op: Operator, per_sample: bool) -> str:
     return "whole"
 
 
-def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool = True) -> Schedule:
+def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool = True,
+          materialise: frozenset[str] = frozenset()) -> Schedule:
     """Return the schedule of a lowered main graph (`fuse=False`: every node its own stage, no
-    inline tensors: what the fusion tests compare against)."""
+    inline tensors: what the fusion tests compare against; `materialise`: tensors that get a
+    buffer although they could be inline, those whose expression emission found too long)."""
     ops = [(n, op) for n, op in code.ops if not (op.view and n.outputs[0] in code.views)]
     views = dict(code.views)
     kinds = {n.name: kind(op, per_sample) for n, op in ops}
@@ -138,7 +141,8 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
                 c_out = c_op.outputs[0] if c_op.outputs else None
                 if (kinds[c_node.name] != "inline" or not c_op.elementwise or c_out is None
                         or tuple(c_out.shape) != tuple(code.tensors[cur].shape) or len(c_node.outputs) != 1
-                        or c_node.name in claimed):  # (a node joins one epilogue: Mul of two roots' outputs)
+                        or c_node.name in claimed  # (a node joins one epilogue: Mul of two roots' outputs)
+                        or cur not in c_node.inputs):  # (it reads a view of cur: another index space)
                     break
                 claimed.add(c_node.name)
                 chain.append((c_node, c_op))
@@ -158,7 +162,7 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
             if kinds[n.name] != "inline" or n.name in in_chain:
                 continue
             for k, o in enumerate(n.outputs):
-                if not o or o in pinned or o not in readers:
+                if not o or o in pinned or o in materialise or o not in readers:
                     continue
                 ins = [i for i in n.inputs if i]
                 s = 1 + sum(size.get(_root(i, views), 0) for i in ins)

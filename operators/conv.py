@@ -1,6 +1,8 @@
 """Convolutions: Conv and ConvTranspose over 1-D, 2-D and 3-D inputs, and Col2Im (groups, dilations, pads,
-strides, auto_pad; ConvTranspose also output_padding and output_shape). Each output element is a
-direct sum over its window, accumulated in float also for half inputs (shaders/conv.py.j2).
+strides, auto_pad; ConvTranspose also output_padding and output_shape), accumulated in float also for
+half inputs. In a stage a Conv thread computes a tile of positions along a row x output channels
+from weights prepacked at compile time (Conv.emit_item); `forward`, ConvTranspose and Col2Im sum
+each output element's window on its own (shaders/conv.py.j2).
 
 The window geometry here (strides, dilations, pads, output size) is shared with the pools."""
 from __future__ import annotations
@@ -9,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from luisaml import dtypes
 from luisaml import indexing as ix
 from luisaml.operator import Operator
 from luisaml.registry import register
@@ -223,8 +226,12 @@ class ConvBase(Operator):
     def forward(self, ctx) -> None:
         self.emit(ctx, *self.window_fns())
 
-    def element(self, ctx, i: str, k: int = 0) -> str:
-        return self.emit_element(ctx, i, *self.window_fns())
+    def work_items(self) -> int:
+        """One work item per output element (Conv overrides this with its tiles)."""
+        return self.output().numel
+
+    def emit_item(self, ctx, item: str) -> None:
+        ctx.line(self.output().store(item, self.emit_element(ctx, item, *self.window_fns())))
 
     def window_fns(self):
         """Return (window_dims, x_coords, w_coords): how an input coordinate follows from an output
@@ -250,6 +257,162 @@ class Conv(ConvBase):
             return pre, bounds(iv, g.pads_begin[d] > 0, size if last >= size else None), iv
 
         return window_dims, (lambda n, c_abs, sp: [n, c_abs] + sp), (lambda m, c, c_abs, ks, mg: [m, c] + ks)
+
+    # ---- the stage form: a work item is a tile of P output positions x O output channels --------
+
+    def tiles(self) -> tuple[int, int, int, int]:
+        """Return (P positions along the last spatial dimension, O channels of one group, strips
+        per row, channel blocks per group). P is 8, 4, 2 or 1: clang forms one vector of a channel's
+        P consecutive outputs from the P scalar accumulators (P = 7 for LeNet's 28-wide rows
+        measured 25 ms, not vectorised, against 3.0 ms with P = 4).
+        O channels share each input load, up to 64 / P accumulators and 16 channels, chosen to pad
+        the group's channels least."""
+        mg = self.M // self.group
+        row = self.geo.out[-1]
+        # a strip that divides the row: a ragged last strip runs the masked copy of the loop nest,
+        # slower than narrower strips (LeNet: 8.6 ms with P = 8 on 28-wide rows, 3.0 ms with 4)
+        P = next(p for p in (8, 4, 2, 1) if row % p == 0)
+        top = min(64 // P, 16)
+        O = mg if mg <= top else min(range(4, top + 1), key=lambda o: (-(-mg // o) * o - mg, -o))
+        return P, O, -(-row // P), -(-mg // O)
+
+    def work_items(self) -> int:
+        _, _, strips, blocks = self.tiles()
+        y = self.output()
+        return y.shape[0] * self.group * blocks * int(np.prod(self.geo.out[:-1], dtype=np.int64)) * strips
+
+    def packed_w(self):
+        """Return the byte offset in the blob of W prepacked as float32 [group][C/group][kernel
+        taps][channel blocks x O] (a tap's O channels consecutive), or None when W is not a constant
+        of the weight blob."""
+        from luisaml.plan import BlobWeight
+
+        w = self.input(1)
+        if w.value is None or not isinstance(w.home, BlobWeight):
+            return None
+        _, O, _, blocks = self.tiles()
+        mg, cg = self.M // self.group, w.shape[1]
+        taps = int(np.prod(self.kernel, dtype=np.int64))
+        v = np.asarray(w.value, np.float32).reshape(self.group, mg, cg, taps).transpose(0, 2, 3, 1)
+        packed = np.zeros((self.group, cg, taps, blocks * O), np.float32)
+        packed[..., :mg] = v
+        t = Tensor(f"{w.name}/packed[{cg}x{taps}x{blocks * O}]", dtypes.FLOAT, packed.shape, False, packed)
+        return w.home.blob.add(t)
+
+    def emit_item(self, ctx, item: str) -> None:
+        x, w, y = self.input(0), self.input(1), self.output()
+        g, k = self.geo, self.k
+        P, O, strips, blocks = self.tiles()
+        mg, cg = self.M // self.group, x.shape[1] // self.group
+        # item -> (n, group, channel block, outer output coordinates, strip), the strip fastest
+        dims = [y.shape[0], self.group, blocks] + list(g.out[:-1]) + [strips]
+        n, grp, cb, *outer, strip = [ctx.let(c, "t") if d > 1 else "0" for c, d in zip(ix.unravel(item, tuple(dims)), dims)]
+        m0 = ctx.let(ix.mul(cb, O), "m")
+        o_last = ctx.let(ix.mul(strip, P), "o")
+        safe = mg % O or O  # channels j >= safe may fall past the group in the last block
+        acc = [[ctx.fresh("acc") for _ in range(O)] for _ in range(P)]
+        b = self.input(2) if self.has_input(2) else None
+        for j in range(O):
+            m = ix.add(ix.mul(grp, mg), m0, str(j))
+            init = load_f(b, m if j < safe else f"min({m}, {self.M - 1})") if b is not None else "0.0"
+            for pp in range(P):
+                ctx.line(f"{acc[pp][j]} = {init if pp == 0 else acc[0][j]}")
+        packed = self.packed_w()
+        taps = int(np.prod(self.kernel, dtype=np.int64))
+        if packed is not None:
+            wbase = ctx.let(ix.add(str(packed), ix.mul(grp, cg * taps * blocks * O * 4), ix.mul(cb, O * 4)), "wb")
+        else:
+            wm = [ctx.let(ix.add(ix.mul(grp, mg), m0, str(j)) if j < safe
+                          else f"min({ix.add(ix.mul(grp, mg), m0, str(j))}, {self.M - 1})", "wm") for j in range(O)]
+        sizes = x.shape[2:]
+        # the last dimension's window bounds: when a strip's whole window is inside the row, its
+        # loads need no masks (a second copy of the loop nest)
+        s_l, d_l, pad_l, kl = g.strides[-1], g.dilations[-1], g.pads_begin[-1], g.kernel[-1]
+        lo_fails = pad_l > 0
+        hi_fails = (strips * P - 1) * s_l + (kl - 1) * d_l - pad_l >= sizes[-1]
+
+        def nest(masked: bool) -> None:
+            """Emit the loops over the group's channels and the kernel taps, outer spatial dims
+            guarded by conditions, the last one's loads masked (or not)."""
+
+            def outer_taps(d, c, x_base, kvs):
+                if d == k - 1:
+                    last_taps(c, x_base, kvs)
+                    return
+                with ctx.loop(g.kernel[d], "k") as kv:
+                    iv = ctx.let(lin([(outer[d], g.strides[d]), (kv, g.dilations[d])], -g.pads_begin[d]), "ix")
+                    last = (g.out[d] - 1) * g.strides[d] + (g.kernel[d] - 1) * g.dilations[d] - g.pads_begin[d]
+                    cond = bounds(iv, g.pads_begin[d] > 0, sizes[d] if last >= sizes[d] else None)
+                    base = ix.add(x_base, ix.mul(iv, x.strides[2 + d]))
+                    if cond:
+                        ctx.line(f"if {' and '.join(cond)}:")
+                        with ctx.indent():
+                            outer_taps(d + 1, c, base, kvs + [kv])
+                    else:
+                        outer_taps(d + 1, c, base, kvs + [kv])
+
+            def last_taps(c, x_base, kvs):
+                with ctx.loop(kl, "k") as kv:
+                    tap = ix.ravel(kvs + [kv], tuple(int(np.prod(self.kernel[d + 1:], dtype=np.int64)) for d in range(k)))
+                    if packed is not None:
+                        wk = ctx.let(ix.add(wbase, ix.mul(ix.add(ix.mul(c, taps), tap), blocks * O * 4)), "wk")
+                        ws = [ctx.let(f"weights.read(float, {ix.add(wk, str(4 * j))})", "w") for j in range(O)]
+                    else:
+                        ws = [ctx.let(load_f(w, ix.ravel([wm[j], c] + kvs + [kv], w.strides)), "w") for j in range(O)]
+                    i0 = ctx.let(lin([(o_last, s_l), (kv, d_l)], -pad_l), "ix")
+                    for pp in range(P):
+                        iw = ix.add(i0, str(pp * s_l))
+                        if masked:
+                            cond = bounds(f"({iw})", lo_fails, sizes[-1] if hi_fails else None)
+                            clamped = f"min(max({iw}, 0), {sizes[-1] - 1})"
+                            xv = ctx.let(f"({load_f(x, ix.add(x_base, clamped))} if {' and '.join(cond)} else 0.0)", "xv")
+                        else:
+                            xv = ctx.let(load_f(x, ix.add(x_base, iw)), "xv")
+                        for j in range(O):
+                            ctx.line(f"{acc[pp][j]} = fma({xv}, {ws[j]}, {acc[pp][j]})")
+
+            with ctx.loop(cg, "c") as c:
+                c_abs = ix.add(ix.mul(grp, cg), c) if self.group > 1 else c
+                outer_taps(0, c, ix.add(ix.mul(n, x.strides[0]), ix.mul(c_abs, x.strides[1])), [])
+
+        if lo_fails or hi_fails:
+            lo = lin([(o_last, s_l)], -pad_l)
+            hi = lin([(o_last, s_l)], (P - 1) * s_l + (kl - 1) * d_l - pad_l)
+            cond = ([f"{lo} >= 0"] if lo_fails else []) + ([f"{hi} < {sizes[-1]}"] if hi_fails else [])
+            ctx.line(f"if {' and '.join(cond)}:")
+            with ctx.indent():
+                nest(False)
+            ctx.line("else:")
+            with ctx.indent():
+                nest(True)
+        else:
+            nest(False)
+        # the finished values first, one statement each, then the stores (clang vectorises the tile
+        # only so: benchmarks/NOTES.md)
+        done = [[ctx.let(f"half({acc[pp][j]})" if y.dtype.dsl == "half" else acc[pp][j], "f") for j in range(O)]
+                for pp in range(P)]
+        for j in range(O):
+            m = ix.add(ix.mul(grp, mg), m0, str(j))
+            base = ix.add(ix.mul(n, y.strides[0]), ix.mul(m, y.strides[1]),
+                          *(ix.mul(o, st) for o, st in zip(outer, y.strides[2:-1])), o_last)
+            in_row = g.out[-1] % P or P  # a last strip past the row's end (P need not divide the row)
+            if j >= safe:
+                ctx.line(f"if {ix.add(m0, str(j))} < {mg}:")
+                ctx.level += 1
+            for pp in range(P):
+                line = y.store(ix.add(base, str(pp)), done[pp][j])
+                if pp < in_row:
+                    ctx.line(line)
+                else:
+                    ctx.line(f"if {ix.add(o_last, str(pp))} < {g.out[-1]}:")
+                    with ctx.indent():
+                        ctx.line(line)
+            if j >= safe:
+                ctx.level -= 1
+
+    def describe(self) -> str:
+        P, O, _, _ = self.tiles()
+        return super().describe() + f"; a thread per {P} outputs along the row x {O} channels"
 
 
 @register("ConvTranspose", since=1)

@@ -1,13 +1,15 @@
-"""Gemm and MatMul: a dot product per output element (shaders/matmul.py.j2), accumulated in float
-for float and half (rounded to half once), in int for integers."""
+"""Gemm and MatMul: a stage thread computes a tile of outputs with vector accumulators, constant
+weights prepacked at compile time (shaders/matmul.py.j2); accumulated in float for float and half
+(rounded to half once), in int for integers."""
 from __future__ import annotations
 
 import numpy as np
 
+from luisaml import dtypes
 from luisaml import indexing as ix
 from luisaml.operator import Operator
 from luisaml.registry import register
-from luisaml.storage import literal
+from luisaml.storage import Tensor, literal
 
 from .common import compute_dtype, convert, upcast
 
@@ -25,19 +27,142 @@ def _same_types(op: Operator, names: list[tuple[int, str]]) -> None:
             )
 
 
-def dot(ctx, K: int, acc_dt, load_a, load_b, finish) -> str:
-    """Emit sum over k < K of load_a(k) * load_b(k) into a fresh accumulator; return finish(acc)."""
-    acc = ctx.fresh("acc")
-    ctx.line(f"{acc} = {literal(0, acc_dt)}")
-    with ctx.loop(K, "k") as kk:
-        ctx.line(f"{acc} += {load_a(kk)} * {load_b(kk)}")
-    return finish(acc)
+# Accumulators one thread holds: 32 floats (4 AVX registers once clang vectorises them); tiles of 64
+# spilled (the transformer's 1024x128x64 MatMul: 8.8-15.6 ms with 2x32 tiles, under 1.4 ms with
+# 1x32; benchmarks/NOTES.md, "CPU stage kernels"); on a GPU they are 32 of a thread's registers.
+MAX_ACC = 32
+WIDE = 32  # the widest column block: 64 measured no faster (63-256x4-4), and spilled before the stores were split
+
+
+def tile_shape(M: int, N: int) -> tuple[int, int]:
+    """Return (rows R, columns O) of a work item's tile: O a multiple of 4 (vector lanes), all of N
+    up to WIDE, else the block of 8..WIDE columns that pads N least (then the widest); then as
+    many rows as divide M within MAX_ACC accumulators (rows that divide M need no bounds checks)."""
+    n4 = max(-(-N // 4), 1) * 4
+    if n4 <= WIDE:
+        O = n4
+    else:
+        O = min(range(8, WIDE + 1, 4), key=lambda o: (-(-N // o) * o - N, -o))
+    R = max(r for r in range(1, min(MAX_ACC // O, 8) + 1) if M % r == 0) if M else 1
+    return R, O
+
+
+def chains(R: int, O: int, K: int) -> int:
+    """Return how many accumulator sets take turns over k. A narrow tile (one vector of 8 or fewer
+    columns, a single row) is a chain of dependent multiply-adds, one k step per FMA latency: 4 sets
+    hide it. Wider tiles keep one set: two sets of a 1 x 32 tile measured slower over K=256
+    (4.4 ms vs 2.4 ms a 63-256x4-4 layer; benchmarks/NOTES.md)."""
+    return max(1, min(4, K)) if R * -(-O // 8) == 1 else 1
+
+
+class Dense(Operator):
+    """The stage form Gemm and MatMul share: a work item computes an R x O tile of one batch
+    entry's output (shaders/matmul.py.j2, tile), consecutive items along the columns (consecutive
+    GPU threads read consecutive weights and share the A row). A constant B of the weight blob is
+    prepacked once at compile time as float32 [B batch][K][columns padded to whole tiles], so a
+    tile's row of B is O consecutive words; any other B is read where it is. Subclasses set M, N,
+    K and nbatch (the batch entries per sample) and implement loaders() and b_matrix()."""
+
+    stores_once = True
+
+    def loaders(self):
+        """Return (load_a(bi, m, k), load_b(bi, k, n), finish(bi, m, n, acc) -> the output value,
+        accumulator dtype): scalar loads in the accumulator's dtype."""
+        raise NotImplementedError
+
+    def b_matrix(self, value: np.ndarray) -> np.ndarray:
+        """Return B's value as [B batch entries, K, N]."""
+        raise NotImplementedError
+
+    def b_entry(self, bi: str) -> str:
+        """Return B's batch entry for batch entry bi of the output."""
+        return "0"
+
+    def tiles(self) -> tuple[int, int, int, int]:
+        """Return (R, O, row blocks, column blocks) of this node's work items."""
+        R, O = tile_shape(self.M, self.N)
+        return R, O, self.M // R, -(-self.N // O)
+
+    def work_items(self) -> int:
+        _, _, rows, cols = self.tiles()
+        return self.nbatch * rows * cols
+
+    def packed_b(self):
+        """Return (byte offset in the blob, words per k row, words per batch entry of B) of B
+        prepacked, or None when B is not a float constant of the weight blob."""
+        from luisaml.plan import BlobWeight
+
+        b = self.input(1)
+        if b.value is None or not isinstance(b.home, BlobWeight) or compute_dtype(b.dtype).dsl != "float":
+            return None
+        _, O, _, cols = self.tiles()
+        w = self.b_matrix(np.asarray(b.value, dtype=np.float32))
+        Np = cols * O
+        packed = np.zeros((w.shape[0], self.K, Np), np.float32)
+        packed[:, :, : self.N] = w
+        t = Tensor(f"{b.name}/packed[{self.K}x{Np}]", dtypes.FLOAT, packed.shape, False, packed)
+        return b.home.blob.add(t), Np, self.K * Np
+
+    def emit_item(self, ctx, item: str) -> None:
+        y = self.output()
+        M, N, K = self.M, self.N, self.K
+        load_a, load_b, finish, acc_dt = self.loaders()
+        R, O, rows, cols = self.tiles()
+        cb = ctx.let(ix.mod(item, cols), "cb") if cols > 1 else "0"
+        rest = ix.div(item, cols)
+        rb = ctx.let(ix.mod(rest, rows), "rb") if rows > 1 else "0"
+        bi = ctx.let(ix.div(rest, rows), "bi") if self.nbatch > 1 else "0"
+        ms = [ctx.let(ix.add(ix.mul(rb, R), str(r)), "m") for r in range(R)]
+        n0 = ctx.let(ix.mul(cb, O), "n")
+        # the columns that may fall past N (in the last column block only)
+        safe = N % O or O
+        pre = lambda k: []
+        packed = self.packed_b()
+        if packed is not None:
+            off, row, entry = packed
+            base = ctx.let(ix.add(str(off), ix.mul(self.b_entry(bi), entry * 4), ix.mul(cb, O * 4)), "wb")
+            wk = ctx.fresh("wk")
+            pre = lambda k: [f"{wk} = {ix.add(base, ix.mul(k, row * 4))}"]
+
+            def bv(k, j):
+                return f"weights.read(float, {ix.add(wk, str(4 * j))})"
+        else:
+            cols_of = [ctx.let(ix.add(n0, str(j)) if j < safe else f"min({ix.add(n0, str(j))}, {N - 1})", "c")
+                       for j in range(O)]
+
+            def bv(k, j):
+                return load_b(bi, k, cols_of[j])
+
+        def mad(a, w, acc):
+            # fma: one instruction in the CPU backend's x86 code (a multiply and an add otherwise)
+            return f"fma({a}, {w}, {acc})" if acc_dt.dsl == "float" else f"{acc} + {a} * {w}"
+
+        acc = [[[ctx.fresh("acc") for _ in range(O)] for _ in range(R)] for _ in range(chains(R, O, K))]
+        ctx.render("matmul.py.j2", tile=True, acc=acc, K=K, zero=literal(0, acc_dt), pre=pre, bv=bv,
+                   a=lambda r, k: load_a(bi, ms[r], k), mad=mad)
+        # the finished values first, one statement each, then the stores: an expression per store
+        # (bias, alpha, an epilogue's select) kept clang from vectorising the tile at all (63-256x4-4:
+        # 20 ms a layer instead of 7, benchmarks/NOTES.md)
+        done = [[ctx.let(finish(bi, ms[r], ix.add(n0, str(j)), acc[0][r][j]), "f") for j in range(O)]
+                for r in range(R)]
+        for r in range(R):
+            for j in range(O):
+                n = ix.add(n0, str(j))
+                store = y.store(ix.add(ix.mul(bi, M * N), ix.mul(ms[r], N), n), done[r][j])
+                if j < safe:
+                    ctx.line(store)
+                else:
+                    ctx.line(f"if {n} < {N}:")
+                    with ctx.indent():
+                        ctx.line(store)
 
 
 @register("Gemm", since=7)
-class Gemm(Operator):
+class Gemm(Dense):
     """Y = alpha * A' B' + beta * C, A' = A or A^T, B' = B or B^T, C broadcast to [M, N]
     (C is optional from opset 11; opsets 7-10 only require it, with the same meaning)."""
+
+    nbatch = 1
 
     def check(self):
         a, b = self.input(0), self.input(1)
@@ -63,22 +188,21 @@ class Gemm(Operator):
                 self.expect(v == int(v), f"integer Gemm needs a whole {name}, got {v}")
 
     def loaders(self):
-        """Return (load_a(m, k), load_b(k, n), finish(m, n, acc) -> the output value, accumulator dtype)."""
         a, b, y = self.input(0), self.input(1), self.output()
         c = self.input(2) if self.has_input(2) and self.beta != 0 else None
         M, N, K = self.M, self.N, self.K
         acc_dt = compute_dtype(y.dtype)
 
-        def load_a(m, k):
+        def load_a(_, m, k):
             return upcast(a.load(ix.add(ix.mul(k, M), m) if self.ta else ix.add(ix.mul(m, K), k)), a.dtype)
 
-        def load_b(k, n):
+        def load_b(_, k, n):
             return upcast(b.load(ix.add(ix.mul(n, K), k) if self.tb else ix.add(ix.mul(k, N), n)), b.dtype)
 
         def scaled(v, s):
             return v if s == 1 else f"{literal(s, acc_dt)} * {v}"
 
-        def finish(m, n, acc):
+        def finish(_, m, n, acc):
             v = scaled(acc, self.alpha)
             if c is not None:
                 cv = upcast(c.load(ix.broadcast_index(ix.add(ix.mul(m, N), n), (M, N), c.shape)), c.dtype)
@@ -87,24 +211,23 @@ class Gemm(Operator):
 
         return load_a, load_b, finish, acc_dt
 
+    def b_matrix(self, value):
+        return (value.T if self.tb else value)[None]
+
     def forward(self, ctx):
         y = self.output()
         load_a, load_b, finish, acc_dt = self.loaders()
-        ctx.render("matmul.py.j2", batch=1, M=self.M, N=self.N, K=self.K, zero=literal(0, acc_dt),
-                   a=lambda _, m, k: load_a(m, k), bm=lambda _, k, n: load_b(k, n),
-                   store=lambda _, m, n, acc: y.store(ix.add(ix.mul(m, self.N), n), finish(m, n, acc)))
-
-    def element(self, ctx, i, k=0):
-        load_a, load_b, finish, acc_dt = self.loaders()
-        m, n = ctx.let(ix.div(i, self.N), "m"), ctx.let(ix.mod(i, self.N), "n")
-        return dot(ctx, self.K, acc_dt, lambda kk: load_a(m, kk), lambda kk: load_b(kk, n), lambda acc: finish(m, n, acc))
+        ctx.render("matmul.py.j2", tile=False, batch=1, M=self.M, N=self.N, K=self.K, zero=literal(0, acc_dt),
+                   a=load_a, bm=load_b,
+                   store=lambda b, m, n, acc: y.store(ix.add(ix.mul(m, self.N), n), finish(b, m, n, acc)))
 
     def describe(self):
-        return f"naive dot products, M={self.M} N={self.N} K={self.K}"
+        R, O, _, _ = self.tiles()
+        return f"M={self.M} N={self.N} K={self.K}: a thread per tile of {R}x{O} outputs"
 
 
 @register("MatMul", since=1)
-class MatMul(Operator):
+class MatMul(Dense):
     """numpy matmul: 1-D operands promoted (and the added dimension dropped), leading (batch)
     dimensions broadcast."""
 
@@ -123,12 +246,12 @@ class MatMul(Operator):
             self.batch_shape = tuple(np.broadcast_shapes(self.a_batch, self.b_batch))
         except ValueError:
             raise self.error(f"batch dimensions do not broadcast: A {list(a.shape)} x B {list(b.shape)}") from None
+        self.nbatch = int(np.prod(self.batch_shape, dtype=np.int64))
         y = self.output()
-        want = int(np.prod(self.batch_shape, dtype=np.int64)) * self.M * self.N
+        want = self.nbatch * self.M * self.N
         self.expect(y.numel == want, f"output '{y.name}' has shape {list(y.shape)}, expected {want} elements")
 
     def loaders(self):
-        """Return (load_a(bi, m, k), load_b(bi, k, n), finish(acc), accumulator dtype)."""
         a, b, y = self.input(0), self.input(1), self.output()
         M, N, K = self.M, self.N, self.K
         acc_dt = compute_dtype(y.dtype)
@@ -143,25 +266,25 @@ class MatMul(Operator):
         def load_b(bi, k, n):
             return upcast(b.load(ix.add(base(self.b_batch, bi, K * N), ix.mul(k, N), n)), b.dtype)
 
-        return load_a, load_b, (lambda acc: convert(acc, acc_dt, y.dtype)), acc_dt
+        return load_a, load_b, (lambda bi, m, n, acc: convert(acc, acc_dt, y.dtype)), acc_dt
+
+    def b_matrix(self, value):
+        return value.reshape(-1, self.K, self.N)
+
+    def b_entry(self, bi):
+        return ix.broadcast_index(bi, self.batch_shape, self.b_batch) if self.batch_shape else "0"
 
     def forward(self, ctx):
         y = self.output()
         M, N, K = self.M, self.N, self.K
-        nb = int(np.prod(self.batch_shape, dtype=np.int64))
         load_a, load_b, finish, acc_dt = self.loaders()
 
         def store(bi, m, n, acc):
-            return y.store(ix.add(ix.mul(bi, M * N), ix.mul(m, N), n), finish(acc))
+            return y.store(ix.add(ix.mul(bi, M * N), ix.mul(m, N), n), finish(bi, m, n, acc))
 
-        ctx.render("matmul.py.j2", batch=nb, M=M, N=N, K=K, zero=literal(0, acc_dt), a=load_a, bm=load_b, store=store)
-
-    def element(self, ctx, i, k=0):
-        M, N = self.M, self.N
-        load_a, load_b, finish, acc_dt = self.loaders()
-        bi = ctx.let(ix.div(i, M * N), "b") if self.batch_shape else "0"
-        m, n = ctx.let(ix.mod(ix.div(i, N), M), "m"), ctx.let(ix.mod(i, N), "n")
-        return dot(ctx, self.K, acc_dt, lambda kk: load_a(bi, m, kk), lambda kk: load_b(bi, kk, n), finish)
+        ctx.render("matmul.py.j2", tile=False, batch=self.nbatch, M=M, N=N, K=K, zero=literal(0, acc_dt), a=load_a,
+                   bm=load_b, store=store)
 
     def describe(self):
-        return f"naive dot products, batch={list(self.batch_shape)} M={self.M} N={self.N} K={self.K}"
+        R, O, _, _ = self.tiles()
+        return f"batch={list(self.batch_shape)} M={self.M} N={self.N} K={self.K}: a thread per tile of {R}x{O} outputs"

@@ -47,6 +47,7 @@ class Transpose(Operator):
             raise self.mixing(f"perm {self.perm} moves the batch axis of '{x.name}': per-sample execution needs it first")
 
     inline = True
+    inline_cost = 0  # index arithmetic only: cheap to redo wherever it is read
 
     def forward(self, ctx):
         x, y = self.input(0), self.output()
@@ -121,6 +122,7 @@ class Slice(Operator):
         self.first, self.step = first, step
 
     inline = True
+    inline_cost = 0
 
     def forward(self, ctx):
         x, y = self.input(0), self.output()
@@ -224,6 +226,7 @@ class Split(Operator):
         )
 
     inline = True
+    inline_cost = 0
 
     def forward(self, ctx):
         x = self.input(0)

@@ -470,7 +470,7 @@ class LRN(Operator):
         """Render the window sum of the element at (sample n, channel c, spatial s) inside the
         loops `outer` (none: one element); with `store`, store it. Return its value."""
         x, y = self.input(0), self.output()
-        C, S = x.shape[1], int(np.prod(x.shape[2:], dtype=np.int64))
+        _, C, S = self.dims()
         before = (self.size - 1) // 2  # channels below c in the window; ceil((size-1)/2) above
         j = ctx.fresh("j") if self.size > 1 else "0"
         cc, sq, v = ctx.fresh("cc"), ctx.fresh("sq"), ctx.fresh("v")

@@ -1,6 +1,10 @@
 """Reductions (ReduceSum/Mean/Max/Min/Prod/L1/L2/SumSquare/LogSum/LogSumExp) and ArgMax/ArgMin,
-over coalesced kept and reduced loop nests (shaders/reduce.py.j2). Float and half accumulate in
-float (half is rounded once at the end); integers accumulate in int."""
+over coalesced kept and reduced loop nests (shaders/reduce.py.j2), and the line-by-line
+operators CumSum, CumProd and Hardmax (`Lines`, which TopK shares). Float and half accumulate in
+float (half is rounded once at the end); integers accumulate in int.
+
+In a stage a reduction runs one thread per output element (element()), a line operator one work
+item per line (emit_item()); forward() runs the same code inside loops over all of them."""
 from __future__ import annotations
 
 import numpy as np
@@ -21,6 +25,12 @@ from .common import (
     reduction_loops,
     upcast,
 )
+
+
+def kept_base(ctx, i: str, kept, kx) -> str:
+    """Return the flat index in x of the first element reduced into output element i (a row of
+    a Softmax): i enumerates the kept coordinates in order (common.reduction_loops)."""
+    return ctx.let(ix.ravel(ix.unravel(i, tuple(n for _, n in kept)), tuple(kx)), "base")
 
 
 class Reduce(Operator):
@@ -77,17 +87,17 @@ class Reduce(Operator):
         self.emit(ctx, kept, affine(0, kept, kx), red, rx, lambda v: y.store(affine(0, kept, ky), v))
 
     def element(self, ctx, i, k=0):
-        # output element i is the kept coordinates in order: its first input element is at
-        # unravel(i) . kx
         kept, kx, _, red, rx = reduction_loops(ctx, self.input(0), self.axes)
-        base = ctx.let(ix.ravel(ix.unravel(i, tuple(n for _, n in kept)), tuple(kx)), "base")
-        return self.emit(ctx, [], base, red, rx)
+        return self.emit(ctx, [], kept_base(ctx, i, kept, kx), red, rx)
 
     def result_dtype(self):
         return self.acc
 
     def lit(self, v) -> str:
         return literal(v, self.acc)
+
+
+BLOCKED_SUM = 1 << 14  # a float sum of this many elements or more is added up in blocks (Fold.blocks)
 
 
 class Fold(Reduce):
@@ -106,9 +116,27 @@ class Fold(Reduce):
         step = self.bool_step if self.acc.is_bool else self.step
         # {max} / {min}: NaN-propagating for floats (numpy's maximum.reduce), the builtins otherwise
         fns = {k: f(ctx, self.acc) for k, f in (("max", max_fn), ("min", min_fn)) if f"{{{k}}}" in step}
-        update = step.format(acc=acc, x=x, abs_x=abs_expr(x, self.acc), **fns)
-        p = {"init": [f"{acc} = {self.init_expr(first)}"], "x": x, "load": load, "update": [f"{acc} = {update}"]}
+        p = {"init": [f"{acc} = {self.init_expr(first)}"], "x": x, "load": load}
+        if self.acc.is_float and step.startswith("{acc} + ") and self.count >= BLOCKED_SUM:
+            part = ctx.fresh("part")
+            p["block"] = self.blocks(ctx, acc, part)
+            p["update"] = [f"{part} = {step.format(acc=part, x=x, abs_x=abs_expr(x, self.acc), **fns)}"]
+        else:
+            p["update"] = [f"{acc} = {step.format(acc=acc, x=x, abs_x=abs_expr(x, self.acc), **fns)}"]
         return [p], self.finish_expr(acc)
+
+    def blocks(self, ctx, acc: str, part: str) -> dict:
+        """Return the blocked loop of a long float sum (shaders/reduce.py.j2): a partial sum per
+        block of about sqrt(count) elements, added into the accumulator after each block. One
+        float32 accumulator over 2^28 values of 0.5 stops growing at 2^25 (each addend is under
+        half its ulp); blocked, the error is that of sqrt(count) terms twice."""
+        size = 1 << max(8, (self.count.bit_length() + 1) // 2)
+        r = ctx.fresh("r")
+        sizes = tuple(n for _, n in self.red)
+        coords = ix.unravel(r, sizes) if len(sizes) > 1 else [r]
+        return {"blk": ctx.fresh("blk"), "n": -(-self.count // size), "size": size, "q": ctx.fresh("q"), "r": r,
+                "guard": self.count % size != 0, "count": self.count, "acc": acc, "part": part, "zero": self.lit(0),
+                "coords": [f"{v} = {c}" for (v, _), c in zip(self.red, coords)]}
 
     def finish_expr(self, acc: str) -> str:
         return self.finish.format(acc=acc)

@@ -6,7 +6,10 @@ interpolation weights (float64, as ONNX's reference does, rounded once to float3
 reads them from constant tables (shaders/accumulate.py.j2). Interpolation is separable: an output
 element is the sum over every combination of taps of the product of the axes' weights times the
 input element. Nearest modes keep one index per axis and copy the element (exact for every dtype);
-linear and cubic accumulate in float (half is rounded once at the end)."""
+linear and cubic accumulate in float (half is rounded once at the end).
+
+In stages, an output element is one thread (element()); nearest Resize is a pure expression of
+the index (inline, like a Gather). GridSample and RoiAlign run one thread per output element too."""
 from __future__ import annotations
 
 import math

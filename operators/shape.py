@@ -34,8 +34,7 @@ def emit_nest(ctx, y, value) -> None:
         return v
 
     i = ix.ravel(coords, y.strides)
-    v = value(i, coords, let)
-    body.append(y.store(i, v))
+    body.append(y.store(i, value(i, coords, let)))  # value() binds its variables first
     ctx.render("nest.py.j2", loops=[(v, n) for v, n in loops if n > 1], body=body)
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from luisaml import indexing as ix
 from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import literal
 
 from .common import affine, compute_dtype, convert, reduction_loops, upcast
+from .reduce import kept_base
 
 
 class Softmax(Operator):
@@ -61,10 +61,8 @@ class Softmax(Operator):
         return rows or None
 
     def emit_item(self, ctx, item):
-        # row `item` is the kept coordinates in order: its first element is at unravel(item) . kx
         kept, kx, _, red, rx = reduction_loops(ctx, self.input(0), self.red_axes)
-        base = ctx.let(ix.ravel(ix.unravel(item, tuple(n for _, n in kept)), tuple(kx)), "base")
-        self.emit(ctx, [], base, red, rx)
+        self.emit(ctx, [], kept_base(ctx, item, kept, kx), red, rx)
 
 
 class SoftmaxV1(Softmax):

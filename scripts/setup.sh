@@ -6,8 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+pkgs=(libvulkan1 clang libx11-6 libxext6 libsm6 libice6)
+# the tests render `luisaml inspect --html` in a headless Chromium (Playwright drives Debian's)
+if [ "${1:-}" = "--test" ]; then pkgs+=(chromium); fi
 need=()
-for pkg in libvulkan1 clang libx11-6 libxext6 libsm6 libice6; do
+for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -21,7 +24,7 @@ PY=${PYTHON:-python3}
 echo "[setup] pip install luisaml and its dependencies"
 $PY -m pip install -q --disable-pip-version-check "torch==2.13.0" onnxscript onnxruntime
 if [ "${1:-}" = "--test" ]; then
-  $PY -m pip install -q --disable-pip-version-check -e ".[test]" warp-lang
+  $PY -m pip install -q --disable-pip-version-check -e ".[test]" warp-lang playwright
 else
   $PY -m pip install -q --disable-pip-version-check -e .
 fi

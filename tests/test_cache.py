@@ -201,17 +201,24 @@ def test_every_truncation_of_real_bitcode_is_found(tmp_path):
 
 def test_scan_removes_damaged_kernels_and_remembers_good_ones(tmp_path, monkeypatch):
     good = _real_bitcode()[0].read_bytes()
-    for name, data in (("good", good), ("cut", good[: len(good) // 2]), ("empty", b""), ("fresh", b"")):
+    for name, data in (("good", good), ("cut", good[: len(good) // 2]), ("empty", b""), ("growing", b"BC")):
         (tmp_path / f"kernel_{name}.bc").write_bytes(data)
         (tmp_path / f"kernel_{name}.hash").write_text(name)
-        if name != "fresh":  # a file written just now may still be being written: left alone
-            _aged(tmp_path / f"kernel_{name}.bc", 600)
-    assert sorted(cache.scan_kernels(tmp_path)) == ["kernel_cut.bc", "kernel_empty.bc"]
+    (tmp_path / "kernel_folder.bc").mkdir()  # LuisaCompute aborts on a folder where a kernel belongs
+    real_sleep = cache.time.sleep
+
+    def writer_meanwhile(s):  # another process is still writing kernel_growing.bc: left alone
+        with open(tmp_path / "kernel_growing.bc", "ab") as f:
+            f.write(b"\xc0\xde")
+        real_sleep(s)
+
+    monkeypatch.setattr(cache.time, "sleep", writer_meanwhile)
+    assert sorted(cache.scan_kernels(tmp_path)) == ["kernel_cut.bc", "kernel_empty.bc", "kernel_folder.bc"]
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
-        "kernel_fresh.bc", "kernel_fresh.hash", "kernel_good.bc", "kernel_good.hash"]
+        "kernel_good.bc", "kernel_good.hash", "kernel_growing.bc", "kernel_growing.hash"]
     # the manifest spares the second scan from reading what it found complete
     monkeypatch.setattr(cache, "bitcode_problem", lambda d: pytest.fail(f"read {d} again"))
-    (tmp_path / "kernel_fresh.bc").unlink()
+    (tmp_path / "kernel_growing.bc").unlink()
     assert cache.scan_kernels(tmp_path) == []
 
 

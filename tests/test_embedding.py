@@ -14,7 +14,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 def test_example_user_kernel_equals_net_run(tmp_path):
     import embed_in_kernel
 
-    assert embed_in_kernel.main(str(tmp_path)) == 0.0
+    exact, close = embed_in_kernel.main(str(tmp_path))
+    assert exact == 0.0  # the per-sample kernel runs `forward` itself: bit for bit
+    assert close < 1e-5  # the stages sum in another order
     assert (tmp_path / "neural_image.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -155,3 +155,42 @@ def test_transformer_encoder_with_a_moving_batch_axis(tmp_path):
         x = np.random.default_rng(n).standard_normal((n, 5, 16)).astype(np.float32)
         np.testing.assert_allclose(net.run({"x": x})["y"], ort_run(onnx.load(str(path)), {"x": x})["y"],
                                    rtol=1e-4, atol=1e-5)
+
+
+def test_nested_concats_inline_within_bounds():
+    """Six nested Concats, each also read by a Relu (DenseNet's pattern): inlined as the budget
+    allows, the index arithmetic of the remaps would repeat the reader's index geometrically (20 MB
+    of source before the emission's length check); the schedule materialises what grows too long,
+    the source stays small, and the result equals onnxruntime's."""
+    nodes, prev = [], "x"
+    for k in range(6):
+        nodes += [helper.make_node("Relu", [prev], [f"r{k}"], name=f"relu{k}"),
+                  helper.make_node("Concat", [prev, f"r{k}"], [f"c{k}"], axis=1, name=f"cat{k}")]
+        prev = f"c{k}"
+    nodes.append(helper.make_node("Transpose", [prev], ["y"], perm=[0, 2, 3, 1], name="tr"))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, ["N", 2, 4, 4])],
+                          [helper.make_tensor_value_info("y", F, ["N", 4, 4, 128])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    net = luisaml.compile(model)
+    assert len(net.plan.source) < 100_000, len(net.plan.source)
+    assert set(net.plan.schedule.virtual) != {f"c{k}" for k in range(5)} | {f"r{k}" for k in range(6)}
+    x = np.random.default_rng(0).standard_normal((3, 2, 4, 4)).astype(np.float32)
+    np.testing.assert_array_equal(net.run({"x": x})["y"], ort_run(model, {"x": x})["y"])
+
+
+def test_a_network_of_many_stages_builds_and_runs():
+    """300 stages in the CPU backend's one merged kernel: selected by two levels of flat ifs, never
+    an elif chain that LuisaCompute's AST conversion aborts on past about a hundred levels (the
+    process died on DenseNet-121's 300 stages)."""
+    nodes, prev = [], "x"
+    for k in range(300):
+        nodes.append(helper.make_node("Softmax", [prev], [f"s{k}"], axis=1, name=f"softmax{k}"))
+        prev = f"s{k}"
+    nodes.append(helper.make_node("Identity", [prev], ["y"], name="out"))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, ["N", 3])],
+                          [helper.make_tensor_value_info("y", F, ["N", 3])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    net = luisaml.compile(model)
+    assert len(net.plan.schedule.stages) >= 250, len(net.plan.schedule.stages)
+    x = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
+    np.testing.assert_allclose(net.run({"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-6)

@@ -10,6 +10,17 @@ try:  # warp is the outside reference; its tests skip cleanly where it is not in
 except ImportError:  # pragma: no cover - exercised only without warp
     wp = None
 
+def assert_floats_equal(got, want, err_msg: str = "") -> None:
+    """Equal to the last bit on the CPU backend (the same float32 operations in the same order);
+    within a few ulps on CUDA, whose compiler contracts multiply-adds into FMAs."""
+    import os
+
+    if os.environ.get("LUISAML_BACKEND", "cpu") == "cuda":
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=err_msg)
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=err_msg)
+
+
 if wp is not None:
     wp.config.quiet = True
 

@@ -9,6 +9,7 @@ import luisaml
 from luisaml.fvdb import GridBatch, JaggedTensor
 
 from fvdb_reference import bezier, bundle_feeds, fvdb_model, fvdb_node, sample_bezier, sample_trilinear
+from conftest import assert_floats_equal
 
 BATCHED = ("points_jdata", "points_jidx")
 
@@ -37,8 +38,8 @@ def _check(out, gb, points, data):
     inside = tri.any(1).mean()
     assert 0.3 < inside < 0.95  # points inside and outside the grids
     # the same float32 operations in the same order as fVDB's CPU path: equal to the last bit
-    np.testing.assert_array_equal(out["tri"], tri)
-    np.testing.assert_array_equal(out["bez"], bez)
+    assert_floats_equal(out["tri"], tri)
+    assert_floats_equal(out["bez"], bez)
 
 
 def test_samplers_per_point(scene):
@@ -92,7 +93,10 @@ def test_sampling_feeds_an_mlp_in_one_kernel(scene):
     f = sample_trilinear(gb, points, data)
     want = np.maximum(f @ w1 + b1, 0) @ w2
     np.testing.assert_allclose(net.run(feeds)["y"], want, rtol=1e-4, atol=1e-5)
-    assert "nvdb_value" in net.source and net.source.count("@luisa.func") == 2
+    # the grid is read in the kernel; the network is one launch: forward, plus the stages (one
+    # kernel on the CPU backend, a kernel per stage on CUDA)
+    assert "nvdb_value" in net.source
+    assert net.source.count("@luisa.func") == 1 + len(net.plan.kernels)
 
 
 def test_voxel_data_rows_must_match_the_grid(scene):

@@ -92,3 +92,54 @@ def test_onehot_batch_mode():
     inits = {"depth": np.array(5, I64), "v": np.array([0, 1], np.float32)}
     model = graph_model([helper.make_node("OneHot", ["i", "depth", "v"], ["y"], axis=1)], feeds, inits, opset=11, batch="N")
     assert_matches_ort(model, feeds, batch_axis=0)
+
+
+def test_stage_forms(monkeypatch):
+    """The generators inline where a batched model reads them (EyeLike and a window added to a
+    per-sample input, OneHot read by a Neg) or in a stage of their own (outputs; Range with a
+    runtime start, whose length only a graph output can declare), at two batch
+    sizes; AffineGrid whose size is the input's shape (batch-dependent) compiles per batch size."""
+    import luisaml.passes.fold as fold
+
+    from stage_forms import assert_per_batch, assert_stage_forms
+    from util import stage_of
+
+    monkeypatch.setattr(fold, "NOT_FOLDED", fold.NOT_FOLDED | {"HannWindow", "BlackmanWindow"})
+    nodes = [
+        helper.make_node("Expand", ["z", "s34"], ["e"], name="expand"),
+        helper.make_node("EyeLike", ["e"], ["eye"], name="eye", k=1),
+        helper.make_node("Add", ["x", "eye"], ["x_eye"], name="add_eye"),
+        helper.make_node("EyeLike", ["e"], ["eye_out"], name="eye_out", k=-1),
+        helper.make_node("OneHot", ["i", "depth", "v"], ["oh"], name="onehot"),
+        helper.make_node("OneHot", ["i", "depth", "v"], ["oh1"], name="onehot1", axis=1),
+        helper.make_node("Neg", ["oh1"], ["neg_oh"], name="neg_oh"),
+        helper.make_node("Add", ["s0", "z"], ["sz"], name="start"),
+        helper.make_node("Range", ["sz", "l", "d"], ["rng"], name="range"),
+        helper.make_node("HannWindow", ["n4"], ["hann"], name="hann"),
+        helper.make_node("Add", ["x4", "hann"], ["x_hann"], name="add_hann"),
+        helper.make_node("BlackmanWindow", ["n4"], ["blackman"], name="blackman", periodic=0),
+    ]
+    inits = {"s34": np.array([3, 4], I64), "depth": np.array(5, I64), "v": np.array([-1.0, 2.0], np.float32),
+             "s0": np.array(1.0, np.float32), "l": np.array(3.0, np.float32), "d": np.array(0.5, np.float32),
+             "n4": np.array(4, I64)}
+    inputs = {"x": rand((2, 3, 4)), "z": np.zeros((), np.float32), "i": rand((2, 3), I64), "x4": rand((2, 4))}
+    model = graph_model(nodes, inputs, inits, opset=17, batch="N")
+    rng = next(o for o in model.graph.output if o.name == "rng")  # the length a constant start would give
+    del rng.type.tensor_type.shape.dim[:]
+    rng.type.tensor_type.shape.dim.add().dim_value = 4
+
+    def feeds(n):
+        return {"x": rand((n, 3, 4), seed=n), "z": np.zeros((), np.float32), "x4": rand((n, 4), seed=n + 2),
+                "i": np.random.default_rng(n).integers(-6, 6, (n, 3)).astype(I64)}
+
+    net = assert_stage_forms(model, feeds, ["eye", "eye_out", "onehot", "onehot1", "range", "hann", "blackman"])
+    for reader, node in (("add_eye", "EyeLike 'eye'"), ("neg_oh", "OneHot 'onehot1'"), ("add_hann", "HannWindow 'hann'")):
+        assert node in stage_of(net, reader).inlined, net.plan.schedule.describe()
+
+    nodes = [helper.make_node("Shape", ["x"], ["size"]), helper.make_node("AffineGrid", ["t", "size"], ["g"], name="grid"),
+             helper.make_node("AffineGrid", ["t", "size"], ["g1"], name="grid1", align_corners=1),
+             helper.make_node("Neg", ["g1"], ["neg_g"], name="neg_g")]
+    model = graph_model(nodes, {"t": rand((2, 2, 3)), "x": rand((2, 1, 3, 4))}, opset=20, batch="N")
+    net = assert_per_batch(model, lambda n: {"t": rand((n, 2, 3), seed=n), "x": rand((n, 1, 3, 4), seed=n)}, "grid")
+    assert stage_of(net.network_for(5), "grid").domain == "element"
+    assert "AffineGrid 'grid1'" in stage_of(net.network_for(5), "neg_g").inlined

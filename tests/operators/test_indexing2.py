@@ -51,15 +51,18 @@ def test_gather_nd():
 
 
 def test_out_of_range_indices():
-    """Constant indices out of range are a compile error naming the node; runtime ones are
-    clamped into the axis (a kernel cannot raise)."""
+    """Constant indices out of range are a compile error naming the node; runtime ones fail the
+    run naming the node, or with check_indices=False are clamped into the axis."""
     x = rand((3, 4), seed=4)
     bad = np.array([[0, 4, 1, 2]], I64)
     model = graph_model([helper.make_node("GatherElements", ["x", "c"], ["y"], axis=1, name="ge")], {"x": x}, {"c": bad}, opset=13)
     with pytest.raises(luisaml.CompileError, match=r"'ge'.*index 4 at \[0, 1\] is out of range"):
         luisaml.compile(model, batch_axis=None)
-    model = graph_model([helper.make_node("GatherElements", ["x", "i"], ["y"], axis=1)], {"x": x, "i": bad}, opset=13)
-    got = luisaml.compile(model, batch_axis=None).run({"x": x, "i": bad})["y"]
+    model = graph_model([helper.make_node("GatherElements", ["x", "i"], ["y"], axis=1, name="gr")], {"x": x, "i": bad},
+                        opset=13)
+    with pytest.raises(luisaml.RunError, match=r"'gr'.*holds an index outside \[-4, 4\)"):
+        luisaml.compile(model, batch_axis=None).run({"x": x, "i": bad})
+    got = luisaml.compile(model, batch_axis=None, check_indices=False).run({"x": x, "i": bad})["y"]
     np.testing.assert_array_equal(got, np.take_along_axis(x[:1], np.clip(bad, 0, 3), axis=1))
 
 
@@ -71,9 +74,13 @@ def test_gather_batch_mode():
     feeds = {"x": x, "i": i, "j": np.stack([_indices((4, 2), 3, 7), _indices((4, 2), 5, 8)], axis=-1)}
     net, _ = assert_matches_ort(graph_model(nodes, feeds, opset=13, batch="N"), feeds, batch_axis=0)
     assert net.batch_symbol == "N"
-    model = graph_model([helper.make_node("GatherElements", ["x", "i"], ["y"], axis=0)], {"x": x, "i": i}, opset=13, batch="N")
-    with pytest.raises(luisaml.CompileError, match="batch axis"):
-        luisaml.compile(model, batch_axis=0)
+    # along the batch axis: samples mix, so the network compiles per batch size; no forward
+    model = graph_model([helper.make_node("GatherElements", ["x", "i"], ["y"], axis=0, name="across")], {"x": x, "i": i},
+                        opset=13, batch="N")
+    i0 = _indices((4, 3, 2), 4, seed=9)
+    net, _ = assert_matches_ort(model, {"x": x, "i": i0}, batch_axis=0)
+    with pytest.raises(luisaml.UsageError, match="'across'.*batch axis"):
+        net.forward
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.int32])

@@ -9,8 +9,7 @@ from onnx import helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from util import assert_matches_ort, graph_model, rand  # noqa: E402
-
-import luisaml  # noqa: E402
+from stage_forms import assert_per_batch, assert_stage_forms  # noqa: E402
 
 I64 = np.int64
 
@@ -41,6 +40,26 @@ def test_loss_half_and_batch():
     x, t = rand((4, 3, 2), seed=7), np.random.default_rng(8).integers(0, 3, (4, 2)).astype(I64)
     nodes = [helper.make_node("NegativeLogLikelihoodLoss", ["x", "t"], ["y"], reduction="none")]
     assert_matches_ort(graph_model(nodes, {"x": x, "t": t}, opset=13, batch="N"), {"x": x, "t": t}, batch_axis=0)
-    nodes = [helper.make_node("NegativeLogLikelihoodLoss", ["x", "t"], ["y"], reduction="mean")]
-    with pytest.raises(luisaml.model.ModelError, match="batch"):
-        luisaml.compile(graph_model(nodes, {"x": x, "t": t}, opset=13, batch="N"), batch_axis=0)
+    # a reduction over N, the batch axis, mixes samples: compiled per batch size
+    nodes = [helper.make_node("NegativeLogLikelihoodLoss", ["x", "t"], ["y"], name="nll", reduction="mean")]
+    assert_per_batch(graph_model(nodes, {"x": x, "t": t}, opset=13, batch="N"), _loss_feeds, "nll", sizes=(4, 6))
+
+
+def _loss_feeds(n):
+    return {"x": rand((n, 3, 2), seed=n), "t": np.random.default_rng(n).integers(0, 3, (n, 2)).astype(I64)}
+
+
+def test_stage_forms():
+    """Per-sample losses (reduction none) one thread per loss element in a batched model, at two
+    batch sizes; with its log-probabilities too, SoftmaxCrossEntropyLoss has two outputs and runs
+    one thread per sample."""
+    from util import stage_of
+
+    w = {"w": rand((3,), seed=9, low=0.2, high=2.0)}
+    nodes = [helper.make_node("NegativeLogLikelihoodLoss", ["x", "t", "w"], ["nll"], name="nll", reduction="none",
+                              ignore_index=1),
+             helper.make_node("SoftmaxCrossEntropyLoss", ["x", "t"], ["sce"], name="sce", reduction="none"),
+             helper.make_node("SoftmaxCrossEntropyLoss", ["x", "t"], ["sce2", "lp"], name="sce2", reduction="none")]
+    model = graph_model(nodes, {"x": rand((2, 3, 2)), "t": np.zeros((2, 2), I64)}, w, opset=13, batch="N")
+    net = assert_stage_forms(model, _loss_feeds, ["nll", "sce"])
+    assert stage_of(net, "sce2").domain == "sample"

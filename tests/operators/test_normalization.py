@@ -1,8 +1,9 @@
 """The normalizations against onnxruntime on random data of several shapes: BatchNormalization
 (inference and training mode), InstanceNormalization, LayerNormalization (axes, epsilon, Mean and
 InvStdDev outputs, broadcast Scale/B), GroupNormalization (opset 18 and 21), RMSNormalization,
-LpNormalization, MeanVarianceNormalization; half inputs; per-sample execution and the error for a
-normalization across the batch axis."""
+LpNormalization, MeanVarianceNormalization, LRN; half inputs; per-sample execution; the parallel
+stages each one runs in (a work item per group, a thread per element for LRN, BatchNormalization
+inline or fused after a Conv); and the per-batch compile of a normalization across the batch axis."""
 import sys
 from pathlib import Path
 
@@ -12,7 +13,8 @@ from onnx import helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_conv import model  # noqa: E402
-from util import assert_matches_ort, ort_run, rand  # noqa: E402
+from test_reduce import assert_compiles_per_batch, assert_runs_in_parallel  # noqa: E402
+from util import assert_matches_ort, ort_run, rand, stage_of  # noqa: E402
 
 import luisaml  # noqa: E402
 
@@ -127,26 +129,31 @@ def test_lp_and_mean_variance_normalization():
     assert_matches_ort(model(nodes, feeds), feeds, batch_axis=None, rtol=1e-4, atol=1e-5)
 
 
-def test_half_per_sample():
-    """Half data with float statistics, one thread per sample."""
+@pytest.mark.parametrize("schedule", ["stages", "per-sample"])
+def test_half_per_sample(schedule):
+    """Half data with float statistics, batched: parallel stages, and one thread per sample
+    running the per-sample function (each node's whole form)."""
     x = rand((3, 4, 2, 5), np.float16, seed=1)
     s, b = rand((4,), np.float16, seed=2), rand((4,), np.float16, seed=3)
     mean, var = rand((4,), np.float16, seed=4), positive((4,), 5).astype(np.float16)
     s5, b5 = rand((5,), np.float16, seed=6), rand((5,), np.float16, seed=7)
+    s2, b2 = rand((2,), np.float16, seed=8), rand((2,), np.float16, seed=9)
     feeds = {"x": x}
-    inits = {"s": s, "b": b, "mean": mean, "var": var, "s5": s5, "b5": b5}
+    inits = {"s": s, "b": b, "mean": mean, "var": var, "s5": s5, "b5": b5, "s2": s2, "b2": b2}
     nodes = [
         node("BatchNormalization", "bn", ["x", "s", "b", "mean", "var"]),
         node("InstanceNormalization", "inorm", ["x", "s", "b"]),
         node("LayerNormalization", "ln", ["x", "s5", "b5"], axis=-1),
         node("LpNormalization", "lp", ["x"], axis=1),
+        node("GroupNormalization", "gn", ["x", "s2", "b2"], num_groups=2),
+        node("LRN", "lrn", ["x"], size=3),
     ]
-    m = model(nodes, feeds, inits, opset=17, batch="N")
-    net = luisaml.compile(m)
+    m = model(nodes, feeds, inits, opset=18, batch="N")
+    net = luisaml.compile(m, schedule=schedule)
     assert net.batch_symbol == "N"
     got = net.run(feeds)
     # the reference: onnxruntime in float, rounded to half
-    m32 = model(nodes, {"x": x.astype(np.float32)}, {k: v.astype(np.float32) for k, v in inits.items()}, opset=17)
+    m32 = model(nodes, {"x": x.astype(np.float32)}, {k: v.astype(np.float32) for k, v in inits.items()}, opset=18)
     want = ort_run(m32, {"x": x.astype(np.float32)})
     for k, w in want.items():
         assert got[k].dtype == np.float16
@@ -158,17 +165,82 @@ def test_half_per_sample():
     [
         ("LayerNormalization", {"axis": 0}, ["s_all"]),
         ("LpNormalization", {"axis": 0}, []),
-        ("MeanVarianceNormalization", {}, []),
+        ("MeanVarianceNormalization", {"axes": [0, 2]}, []),
         ("BatchNormalization", {"training_mode": 1}, ["c", "c", "c", "c"]),
     ],
 )
-def test_normalizing_over_the_batch_axis_is_an_error(op, attrs, inputs):
-    x = rand((2, 3, 4), seed=1)
-    inits = {"s_all": rand((2, 3, 4), seed=2), "c": positive((3,), 3)}
+def test_normalizing_over_the_batch_axis_compiles_per_batch(op, attrs, inputs):
+    """Statistics over the batch axis mix samples: the network compiles per batch size (a work
+    item per group still) and has no per-sample `forward`."""
+    inits = {"s_all": rand((3, 4), seed=2), "c": positive((3,), 3)}
     outs = ["y", "rm", "rv"] if attrs.get("training_mode") else ["y"]
-    m = model([helper.make_node(op, ["x"] + inputs, outs, name="norm", **attrs)], {"x": x}, {k: inits[k] for k in set(inputs)}, opset=17, batch="N")
-    with pytest.raises(luisaml.CompileError, match="norm.*batch axis"):
-        luisaml.compile(m, batch_axis=0)
+    m = model([helper.make_node(op, ["x"] + inputs, outs, name="norm", **attrs)], {"x": rand((2, 3, 4), seed=1)},
+              {k: inits[k] for k in set(inputs)}, opset=17, batch="N")
+    net = assert_compiles_per_batch(m, "norm", lambda n: {"x": rand((n, 3, 4), seed=n)}, **F32)
+    assert stage_of(net, "norm").domain == "items"
+
+
+C4 = {"s": rand((4,), seed=11), "b": rand((4,), seed=12), "mean": rand((4,), seed=13), "var": positive((4,), 14),
+      "s5": rand((5,), seed=15), "s35": rand((3, 5), seed=16), "b5": rand((1, 5), seed=17), "g2": rand((2,), seed=18)}
+NORMS = [  # (op, opset, initializer inputs, attributes, the stage's domain)
+    ("BatchNormalization", 15, ["s", "b", "mean", "var"], {"epsilon": 1e-3}, "element"),
+    ("InstanceNormalization", 17, ["s", "b"], {"epsilon": 0.01}, "items"),
+    ("LayerNormalization", 17, ["s5", "b5"], {}, "items"),
+    ("LayerNormalization", 17, ["s35"], {"axis": 2}, "items"),
+    ("GroupNormalization", 18, ["g2", "g2"], {"num_groups": 2}, "items"),
+    ("LpNormalization", 17, [], {"axis": 1, "p": 1}, "items"),
+    ("LpNormalization", 17, [], {"axis": -1}, "items"),
+    ("MeanVarianceNormalization", 17, [], {"axes": [2, 3]}, "items"),
+    ("LRN", 17, [], {"size": 3, "alpha": 0.01}, "element"),
+]
+
+
+@pytest.mark.parametrize("op,opset,inputs,attrs,domain", NORMS, ids=[f"{p[0]}-{k}" for k, p in enumerate(NORMS)])
+def test_runs_in_parallel_stages(op, opset, inputs, attrs, domain):
+    """Batched: a work item per normalized group, a thread per element for LRN and for
+    BatchNormalization in inference (a per-channel map, its own stage when nothing precedes it)."""
+    x = rand((2, 4, 3, 5), seed=1)
+    nodes = [helper.make_node(op, ["x"] + inputs, ["y"], name="norm", **attrs)]
+    m = model(nodes, {"x": x}, {k: C4[k] for k in set(inputs)}, opset=opset, batch="N")
+    net = assert_runs_in_parallel(m, "norm", lambda n: {"x": rand((n, 4, 3, 5), seed=n)}, rtol=1e-4, atol=1e-5)
+    assert stage_of(net, "norm").domain == domain
+
+
+def test_rms_normalization_runs_one_item_per_row():
+    """RMSNormalization (checked against numpy: this onnxruntime has no opset-23 kernel)."""
+    s = rand((5,), seed=2)
+    m = model([node("RMSNormalization", "rms", ["x", "s"])], {"x": rand((2, 3, 5))}, {"s": s}, opset=23, batch="N")
+    net = luisaml.compile(m)
+    assert stage_of(net, "rms").domain == "items"
+    for n in (1, 3):
+        x = rand((n, 3, 5), seed=n)
+        np.testing.assert_allclose(net.run({"x": x})["rms"], _rms(x, s, -1, 1e-5), rtol=1e-5, atol=1e-5)
+
+
+def test_layer_normalization_then_relu_is_one_stage():
+    """A group's elements are stored once and never read back: the Relu after it is applied to
+    those stores (the epilogue of the groups' stage); Mean, a second output, is stored too."""
+    nodes = [node("LayerNormalization", "ln", ["x", "s5", "b5"], ["ln", "mean"], axis=-1), node("Relu", "relu", ["ln"])]
+    m = model(nodes, {"x": rand((2, 4, 3, 5))}, {k: C4[k] for k in ("s5", "b5")}, opset=17, batch="N")
+    net = assert_runs_in_parallel(m, "ln", lambda n: {"x": rand((n, 4, 3, 5), seed=n)}, rtol=1e-5, atol=1e-5)
+    (st,) = net.plan.schedule.stages
+    assert st.domain == "items" and [n.name for n, _ in st.epilogue] == ["relu"]
+
+
+def test_conv_batchnorm_relu_is_one_stage():
+    """Conv, then BatchNormalization in inference, then Relu: one stage, the Conv's, applying the
+    per-channel affine map and the Relu to each element before its one store."""
+    x = rand((2, 3, 6, 5), seed=1)
+    inits = {"w": rand((4, 3, 3, 3), seed=2), "cb": rand((4,), seed=3), **{k: C4[k] for k in ("s", "b", "mean", "var")}}
+    nodes = [node("Conv", "conv", ["x", "w", "cb"], pads=[1, 1, 1, 1]),
+             node("BatchNormalization", "bn", ["conv", "s", "b", "mean", "var"]),
+             node("Relu", "relu", ["bn"])]
+    m = model(nodes, {"x": x}, inits, opset=15, batch="N")
+    net = assert_runs_in_parallel(m, "bn", lambda n: {"x": rand((n, 3, 6, 5), seed=n)}, rtol=1e-5, atol=1e-5)
+    stages = net.plan.schedule.stages
+    assert len(stages) == 1, net.plan.schedule.describe()
+    assert stages[0].domain in ("element", "items") and stages[0].root[0].name == "conv"
+    assert [n.name for n, _ in stages[0].epilogue] == ["bn", "relu"]
 
 
 def test_lrn():

@@ -1,6 +1,7 @@
 """MaxPool (and its Indices), AveragePool, LpPool and the global pools against onnxruntime on random
 data: 1-D, 2-D, 3-D, pads, strides, dilations, ceil_mode, count_include_pad, every auto_pad, half,
-and per-sample (batch) execution. Each test compiles one model of several nodes."""
+per-sample (batch) execution and the parallel stages each pool runs in. Most tests compile one
+model of several nodes."""
 import sys
 from pathlib import Path
 
@@ -10,7 +11,8 @@ from onnx import helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_conv import model  # noqa: E402
-from util import assert_matches_ort, rand, single_node_model  # noqa: E402
+from test_reduce import assert_compiles_per_batch, assert_runs_in_parallel  # noqa: E402
+from util import assert_matches_ort, rand, single_node_model, stage_of  # noqa: E402
 
 import luisaml  # noqa: E402
 
@@ -89,21 +91,50 @@ def test_ceil_mode_window_in_the_right_pad_is_dropped():
         luisaml.compile(m, batch_axis=None)
 
 
-def test_pools_half_per_sample():
-    """Half data (the sum in float), one thread per sample."""
+@pytest.mark.parametrize("schedule", ["stages", "per-sample"])
+def test_pools_half_per_sample(schedule):
+    """Half data (the sum in float), batched: parallel stages, and one thread per sample running
+    the per-sample function (each pool's whole form)."""
     x = rand((3, 4, 6, 6), np.float16, seed=9)
     feeds = {"x": x}
     nodes = [
         node("MaxPool", "mx", ["x"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
         node("AveragePool", "avg", ["x"], kernel_shape=[2, 2], strides=[2, 2]),
         node("GlobalAveragePool", "gavg", ["x"]),
+        node("LpPool", "lp", ["x"], kernel_shape=[3, 2], p=2),
     ]
-    net, _ = assert_matches_ort(model(nodes, feeds, batch="N"), feeds, rtol=1e-3, atol=1e-3)
+    net, _ = assert_matches_ort(model(nodes, feeds, batch="N"), feeds, rtol=1e-3, atol=1e-3, schedule=schedule)
     assert net.batch_symbol == "N"
 
 
-def test_max_pool_indices_across_the_batch_is_an_error():
-    x = rand((2, 3, 4, 4), seed=1)
-    m = single_node_model("MaxPool", {"x": x}, outputs=["y", "i"], batch="N", kernel_shape=[2, 2])
-    with pytest.raises(luisaml.CompileError, match="Indices.*batch_axis=None"):
-        luisaml.compile(m)
+POOLS = [  # (op, attributes)
+    ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("MaxPool", {"kernel_shape": [2, 3], "dilations": [2, 1], "ceil_mode": 1}),
+    ("AveragePool", {"kernel_shape": [3, 3], "pads": [1, 2, 1, 0], "count_include_pad": 1}),
+    ("AveragePool", {"kernel_shape": [2, 2], "auto_pad": "SAME_UPPER"}),
+    ("LpPool", {"kernel_shape": [3, 2], "strides": [2, 2], "p": 3}),
+    ("GlobalAveragePool", {}),
+    ("GlobalMaxPool", {}),
+    ("GlobalLpPool", {"p": 2}),
+]
+
+
+@pytest.mark.parametrize("op,attrs", POOLS, ids=[f"{p[0]}-{k}" for k, p in enumerate(POOLS)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_pools_run_one_thread_per_element(op, attrs, dtype):
+    """Batched: a stage runs one thread per output element (its window), over the whole batch."""
+    m = single_node_model(op, {"x": rand((2, 3, 7, 6), dtype)}, batch="N", **attrs)
+    tol = {"rtol": 1e-3, "atol": 1e-3} if dtype == np.float16 else F32
+    net = assert_runs_in_parallel(m, f"{op}_0", lambda n: {"x": rand((n, 3, 7, 6), dtype, seed=n)}, **tol)
+    assert stage_of(net, f"{op}_0").domain == "element"
+
+
+def test_max_pool_indices_runs_one_item_per_element():
+    """With Indices, MaxPool has two outputs: a stage runs one work item per output element that
+    stores both. Its flat indices count the samples before, so it compiles per batch size and has
+    no per-sample `forward`."""
+    m = single_node_model("MaxPool", {"x": rand((2, 3, 5, 6))}, outputs=["y", "i"], batch="N",
+                          kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 1], storage_order=1)
+    net = assert_compiles_per_batch(m, "MaxPool_0", lambda n: {"x": rand((n, 3, 5, 6), seed=n)}, **F32)
+    assert stage_of(net, "MaxPool_0").domain == "items"
+    assert "flat indices across the batch" in net.why

@@ -1,6 +1,6 @@
 """Reductions and ArgMax/ArgMin against onnxruntime: axes as attribute (opset 13) and as input
-(opset 18, ReduceSum 13), keepdims, noop_with_empty_axes, negative axes, float/half/int, and the
-batch rules."""
+(opset 18, ReduceSum 13), keepdims, noop_with_empty_axes, negative axes, float/half/int, the
+batch rules, and the parallel stages they run in (with CumSum and Hardmax)."""
 import sys
 from pathlib import Path
 
@@ -9,7 +9,7 @@ import pytest
 from onnx import helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, rand, single_node_model  # noqa: E402
+from util import assert_matches_ort, graph_model, ort_run, rand, single_node_model, stage_of  # noqa: E402
 
 import luisaml  # noqa: E402
 
@@ -97,28 +97,89 @@ def test_argmax_argmin(dtype):
     assert all(v.dtype == np.int64 for v in got.values())
 
 
-def test_reduce_per_sample():
+@pytest.mark.parametrize("schedule", ["stages", "per-sample"])
+def test_reduce_per_sample(schedule):
     """Batch mode: ReduceMean over the last axis with keepdims, ReduceSum (axes input) over axis 1,
-    ArgMax over axis -1; batches of several sizes."""
+    ArgMax over axis -1, CumSum, Hardmax; batches of several sizes, as parallel stages and as the
+    per-sample function (each node's whole form)."""
     nodes = [
         helper.make_node("ReduceMean", ["x"], ["mean"], axes=[-1], keepdims=1),
         helper.make_node("ReduceSum", ["x", "ax1"], ["sum"], keepdims=0),
         helper.make_node("ArgMax", ["x"], ["arg"], axis=-1, keepdims=0),
         helper.make_node("Sub", ["x", "mean"], ["centred"]),
+        helper.make_node("CumSum", ["centred", "ax1"], ["cum"], reverse=1),
+        helper.make_node("Hardmax", ["x"], ["hard"], axis=1),
     ]
     model = graph_model(nodes, {"x": rand((2, 3, 5))}, {"ax1": np.array([1], np.int64)}, opset=13, batch="N")
     for n in (1, 6):
-        net, _ = assert_matches_ort(model, {"x": rand((n, 3, 5), seed=n)})
+        net, _ = assert_matches_ort(model, {"x": rand((n, 3, 5), seed=n)}, schedule=schedule)
         assert net.batch_symbol == "N"
 
 
+def assert_results_match_ort(net, model, feeds, rtol=1e-5, atol=1e-6):
+    """Assert net's outputs for `feeds` equal onnxruntime's (dtype and shape too)."""
+    got = net.run(feeds)
+    for name, w in ort_run(model, feeds).items():
+        assert got[name].dtype == w.dtype and got[name].shape == w.shape, name
+        if w.dtype.kind == "f":
+            np.testing.assert_allclose(got[name], w, rtol=rtol, atol=atol, err_msg=name)
+        else:
+            np.testing.assert_array_equal(got[name], w, err_msg=name)
+
+
+def assert_runs_in_parallel(model, node, make_feeds, batches=(1, 3), **tol):
+    """Compile a batched model once; assert `node` runs in an element or items stage and the
+    results equal onnxruntime's at each batch size; return the network."""
+    net = luisaml.compile(model)
+    st = stage_of(net, node)
+    assert st.domain in ("element", "items"), net.plan.schedule.describe()
+    for n in batches:
+        assert_results_match_ort(net, model, make_feeds(n), **tol)
+    return net
+
+
+def assert_compiles_per_batch(model, node, make_feeds, batches=(2, 3), **tol):
+    """For a node that mixes samples: assert the results equal onnxruntime's at each batch size
+    (the network compiles per batch size) and that no per-sample `forward` exists, naming it.
+    batch_axis=0: an output without the batch dimension leaves "auto" no batch to find."""
+    net = luisaml.compile(model, batch_axis=0)
+    for n in batches:
+        assert_results_match_ort(net, model, make_feeds(n), **tol)
+    with pytest.raises(luisaml.UsageError, match=f"'{node}'"):
+        net.forward  # noqa: B018
+    return net
+
+
+PARALLEL = [  # (op, opset, extra initializers, attributes)
+    *((op, 18, {"axes": np.array([1], np.int64)}, {"keepdims": 1}) for op in FLOAT_OPS),
+    ("ReduceMean", 18, {"axes": np.array([-1, 1], np.int64)}, {"keepdims": 0}),
+    ("ReduceMax", 18, {"axes": np.array([1, 2], np.int64)}, {"keepdims": 0}),  # one reduction per sample
+    ("ArgMax", 13, {}, {"axis": 2}),
+    ("ArgMin", 13, {}, {"axis": 1, "select_last_index": 1, "keepdims": 0}),
+    ("CumSum", 14, {"axis": np.array(1, np.int64)}, {}),
+    ("CumSum", 14, {"axis": np.array(-1, np.int64)}, {"exclusive": 1, "reverse": 1}),
+    ("Hardmax", 13, {}, {"axis": 1}),
+]
+
+
+@pytest.mark.parametrize("op,opset,inits,attrs", PARALLEL, ids=[f"{p[0]}-{k}" for k, p in enumerate(PARALLEL)])
+def test_runs_in_parallel_stages(op, opset, inits, attrs):
+    """Batched: one thread per output element (the reductions, ArgMax/ArgMin) or per line
+    (CumSum, Hardmax), the batch dispatched with them."""
+    x = _data(op, np.float32, shape=(2, 4, 5), seed=9)
+    m = single_node_model(op, {"x": x}, initializers=inits, opset=opset, batch="N", **attrs)
+    net = assert_runs_in_parallel(m, f"{op}_0", lambda n: {"x": _data(op, np.float32, shape=(n, 4, 5), seed=n)}, rtol=2e-5)
+    assert stage_of(net, f"{op}_0").domain == ("items" if op in ("CumSum", "Hardmax") else "element")
+
+
 @pytest.mark.parametrize("axes", [[0], [-3], None])
-def test_reduce_over_batch_axis_is_an_error(axes):
-    x = rand((2, 3, 5))
+def test_reduce_over_batch_axis_compiles_per_batch(axes):
+    """A reduction over the batch axis mixes samples: the network compiles per batch size and
+    runs it in parallel stages; it has no per-sample `forward`."""
     attrs = {"keepdims": 1} if axes is None else {"axes": axes, "keepdims": 1}
-    m = single_node_model("ReduceMean", {"x": x}, opset=13, batch="N", **attrs)
-    with pytest.raises(luisaml.CompileError, match=r"node 'ReduceMean_0' \(ReduceMean\): reduced axis (0|-3) is the batch axis"):
-        luisaml.compile(m, batch_axis=0)
+    m = single_node_model("ReduceMean", {"x": rand((2, 3, 5))}, opset=13, batch="N", **attrs)
+    net = assert_compiles_per_batch(m, "ReduceMean_0", lambda n: {"x": rand((n, 3, 5), seed=n)})
+    assert stage_of(net, "ReduceMean_0").domain == "element"
 
 
 def test_reduce_errors():
@@ -140,3 +201,18 @@ def test_reduce_max_min_bool():
     model = graph_model(nodes, {"x": x}, {"ax": np.array([0, 2], np.int64)}, opset=20)
     _, got = assert_matches_ort(model, {"x": x}, batch_axis=None)
     np.testing.assert_array_equal(got["any"], x.any(axis=(0, 2)))
+
+
+@pytest.mark.parametrize("op,axes,shape", [("ReduceSum", [1], (3, 1 << 22)), ("ReduceMean", [1, 3], (2, 300, 7, 97)),
+                                           ("ReduceL2", [0], (70001, 2))])
+def test_long_float_sums_are_added_in_blocks(op, axes, shape):
+    """A float32 sum of millions of terms, one accumulator, drifts by 1e-4 and more (and stops
+    growing past 2^25 for addends under 2); luisaml adds blocks of about sqrt(n) terms: within
+    float32 rounding of numpy's float64 sum, on whatever axes and strides the reduction takes."""
+    x = np.random.default_rng(5).uniform(0.1, 1.0, shape).astype(np.float32)
+    model = single_node_model(op, {"x": x}, initializers={"axes": np.array(axes, np.int64)}, keepdims=0)
+    y = luisaml.compile(model, batch_axis=None).run({"x": x})["y"]
+    xd = x.astype(np.float64)
+    want = {"ReduceSum": lambda: xd.sum(tuple(axes)), "ReduceMean": lambda: xd.mean(tuple(axes)),
+            "ReduceL2": lambda: np.sqrt((xd * xd).sum(tuple(axes)))}[op]()
+    np.testing.assert_allclose(y, want, rtol=3e-6)

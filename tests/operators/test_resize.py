@@ -9,7 +9,8 @@ import pytest
 from onnx import helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, rand  # noqa: E402
+from util import assert_matches_ort, graph_model, rand, stage_of  # noqa: E402
+from stage_forms import assert_per_batch, assert_stage_forms  # noqa: E402
 
 import luisaml  # noqa: E402
 
@@ -182,9 +183,10 @@ def test_batch_mode():
     model = graph_model(nodes, {"x": x}, inits, opset=19, batch="N")
     net, _ = assert_matches_ort(model, {"x": x}, batch_axis=0)
     assert net.batch_symbol == "N"
+    # resizing the batch axis mixes samples: compiled per batch size
     nodes, inits = _resize_nodes([("y", [2.0, 1, 1, 1], None, dict(mode="nearest"))])
-    with pytest.raises(luisaml.CompileError, match="batch axis"):
-        luisaml.compile(graph_model(nodes, {"x": x}, inits, opset=19, batch="N"), batch_axis=0)
+    model = graph_model(nodes, {"x": x}, inits, opset=19, batch="N")
+    assert_per_batch(model, lambda n: {"x": rand((n, 2, 4, 4), seed=n)}, "y", sizes=(3, 5))
 
 
 def test_errors_name_the_node():
@@ -198,3 +200,48 @@ def test_errors_name_the_node():
     nodes, inits = _resize_nodes([("y", [1, 1, 2, 2], None, dict(mode="cubic"))])
     with pytest.raises(luisaml.CompileError, match=r"Resize.*int32, expected float"):
         luisaml.compile(graph_model(nodes, {"x": xi}, inits, opset=19), batch_axis=None)
+
+
+def test_resize_stage_forms():
+    """Resize in a batched model: nearest inline (read by a Neg) and as an output (a crop with
+    extrapolation too), linear and cubic one thread per output element, at two batch sizes."""
+    specs = [("near", [1, 1, 2.0, 1.5], None, dict(mode="nearest")),
+             ("near_in", [1, 1, 0.5, 2.0], None, dict(mode="nearest", coordinate_transformation_mode="asymmetric")),
+             ("lin", [1, 1, 1.5, 0.5], None, dict(mode="linear")),
+             ("cub", None, [7, 3], dict(mode="cubic", coordinate_transformation_mode="align_corners", axes=[2, 3])),
+             ("crop", None, [3, 7], dict(mode="nearest", coordinate_transformation_mode="tf_crop_and_resize",
+                                         extrapolation_value=-1.0, axes=[2, 3]))]
+    nodes, inits = _resize_nodes(specs)
+    inits["crop_r"] = np.array([-0.2, 0.1, 0.9, 1.3], F32)
+    nodes[-1].input[1] = "crop_r"
+    nodes.append(helper.make_node("Neg", ["near_in"], ["neg"], name="neg"))
+    model = graph_model(nodes, {"x": rand((2, 2, 4, 5), seed=30)}, inits, opset=19, batch="N")
+    net = assert_stage_forms(model, lambda n: {"x": rand((n, 2, 4, 5), seed=n)}, [name for name, *_ in specs],
+                             rtol=1e-5, atol=1e-5)
+    assert "Resize 'near_in'" in stage_of(net, "neg").inlined
+
+
+def test_grid_sample_and_roi_align_stage_forms():
+    """GridSample (one thread per output element) in a batched model at two batch sizes; RoiAlign,
+    whose batch_indices pick images across the batch, compiled per batch size and run one thread
+    per output element."""
+    nodes = [helper.make_node("GridSample", ["x", "g"], ["lin"], name="lin", align_corners=1),
+             helper.make_node("GridSample", ["x", "g"], ["cub"], name="cub", mode="bicubic", padding_mode="reflection"),
+             helper.make_node("GridSample", ["x", "g"], ["near"], name="near", mode="nearest", padding_mode="border")]
+    model = graph_model(nodes, {"x": rand((2, 3, 4, 5)), "g": rand((2, 3, 2, 2))}, opset=16, batch="N")
+    assert_stage_forms(model, lambda n: {"x": rand((n, 3, 4, 5), seed=n), "g": rand((n, 3, 2, 2), seed=n + 1, low=-1.2, high=1.2)},
+                       ["lin", "cub", "near"], rtol=1e-5, atol=1e-5)
+
+    node = helper.make_node("RoiAlign", ["x", "rois", "idx"], ["y"], name="roi", output_height=2, output_width=3,
+                            sampling_ratio=2)
+    model = graph_model([node], {"x": rand((2, 3, 7, 8)), "rois": rand((2, 4)), "idx": np.zeros(2, np.int64)},
+                        opset=16, batch="N")
+
+    def feeds(n):
+        rng = np.random.default_rng(n)
+        lo = rng.uniform(-1, 4, (n, 2)).astype(F32)
+        return {"x": rand((n, 3, 7, 8), seed=n), "rois": np.concatenate([lo, lo + rng.uniform(0.5, 4, (n, 2)).astype(F32)], 1),
+                "idx": rng.integers(0, n, n).astype(np.int64)}
+
+    net = assert_per_batch(model, feeds, "roi", sizes=(2, 4))
+    assert stage_of(net.network_for(4), "roi").domain == "element"

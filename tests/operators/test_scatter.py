@@ -81,6 +81,10 @@ def test_scatter_batch_mode():
     model = graph_model([helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], axis=2)], feeds, opset=18, batch="N")
     net, _ = assert_matches_ort(model, feeds, batch_axis=0)
     assert net.batch_symbol == "N"
-    model = graph_model([helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], axis=0)], feeds, opset=18, batch="N")
-    with pytest.raises(luisaml.CompileError, match="batch axis"):
-        luisaml.compile(model, batch_axis=0)
+    # scattered along the batch axis: samples mix, so the network compiles per batch size
+    model = graph_model([helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], axis=0, name="across")], feeds,
+                        opset=18, batch="N")
+    i0 = _unique_along((3, 4, 2), 3, 0, seed=11)
+    net, _ = assert_matches_ort(model, {"x": x, "i": i0, "u": u}, batch_axis=0)
+    with pytest.raises(luisaml.UsageError, match="'across'.*batch axis"):
+        net.forward

@@ -9,7 +9,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, rand, single_node_model  # noqa: E402
+from util import assert_matches_ort, graph_model, rand, single_node_model, stage_of  # noqa: E402
+from stage_forms import assert_per_batch, assert_stage_forms  # noqa: E402
 
 import luisaml  # noqa: E402
 
@@ -270,35 +271,93 @@ def test_batch_concat_gather_slice_split():
         assert net.batch_symbol == "N"
 
 
-# The compiler sees most of these in the output's shape (the batch dimension moved or changed);
-# the operators check the rest (an output that keeps its shape, like Gather's, below).
-BATCH_AXIS_ERRORS = [
-    ("Concat", {"axis": 0}, 2, "mixes samples across the batch"),
-    ("Split", {"axis": 0, "num_outputs": 2}, 1, "mixes samples across the batch"),
-    ("Gather", {"axis": 0}, 1, "axis 0 is the batch axis"),
-    ("Transpose", {"perm": [1, 0, 2]}, 1, "batch dimension 'N' moved to axis 1"),
-    ("Slice", {}, 1, "mixes samples across the batch"),
+# Nodes that mix samples across the batch axis: the compiler sees most of them in the output's
+# shape (the batch dimension moved or changed), the operators the rest (an output that keeps its
+# shape, like Gather's). Such a graph compiles per batch size (luisaml.PerBatchNetwork).
+BATCH_AXIS_OPS = [
+    ("Concat", {"axis": 0}, 2),
+    ("Split", {"axis": 0, "num_outputs": 2}, 1),
+    ("Gather", {"axis": 0}, 1),
+    ("Transpose", {"perm": [1, 0, 2]}, 1),
+    ("Slice", {}, 1),
 ]
 
 
-@pytest.mark.parametrize("op,attrs,n_in,message", BATCH_AXIS_ERRORS, ids=[c[0] for c in BATCH_AXIS_ERRORS])
-def test_batch_axis_errors(op, attrs, n_in, message):
-    x = rand((4, 4, 3))
-    inputs = {"x": x, "x2": x} if n_in == 2 else {"x": x}
+@pytest.mark.parametrize("op,attrs,n_in", BATCH_AXIS_OPS, ids=[c[0] for c in BATCH_AXIS_OPS])
+def test_batch_axis_ops_run_per_batch(op, attrs, n_in):
+    inputs = {"x": rand((4, 4, 3)), "x2": rand((4, 4, 3), seed=1)} if n_in == 2 else {"x": rand((4, 4, 3))}
     inits = {"Gather": {"i": _ints(0, 1)}, "Slice": {"s": _ints(1), "e": _ints(3), "a": _ints(0)}}.get(op)
     outs = ["y0", "y1"] if op == "Split" else ["y"]
     node = helper.make_node(op, list(inputs) + list(inits or {}), outs, name="bad", **attrs)
     model = graph_model([node], inputs, inits, batch="N")
-    with pytest.raises(luisaml.ModelError, match=message) as e:
-        luisaml.compile(model, batch_axis=0)
-    assert "node 'bad'" in str(e.value)
+    assert_per_batch(model, lambda n: {k: rand((n, 4, 3), seed=n + j) for j, k in enumerate(inputs)}, "bad", sizes=(4, 6))
 
 
-def test_batch_gather_same_shape_error():
-    """Gather along the batch axis with one index: the operator names the problem before the
-    compiler sees an output [1, 3] without the batch dimension."""
+def test_batch_gather_same_shape():
+    """Gather along the batch axis with one index: the output [1, 3] keeps the sample's shape, the
+    operator sees that it mixes samples."""
     x, i = rand((2, 3)), _ints(0)
     model = graph_model([helper.make_node("Gather", ["x", "i"], ["y"], name="g", axis=0)], {"x": x}, {"i": i}, batch="N",
                         outputs=["y"])
-    with pytest.raises(luisaml.CompileError, match="node 'g' .*axis 0 is the batch axis"):
-        luisaml.compile(model, batch_axis=0)
+    assert_per_batch(model, lambda n: {"x": rand((n, 3), seed=n)}, "g")
+
+
+# ---- stages ----------------------------------------------------------------------------------
+
+
+def test_stage_forms():
+    """Views and Expand as graph outputs (a stage of their own) and read by another node (inline
+    there), and a Constant output, in a batched model at two batch sizes."""
+    x = rand((2, 3, 4), seed=20)
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["rs"], name="reshape"),
+        helper.make_node("Flatten", ["x"], ["flat"], name="flatten", axis=2),
+        helper.make_node("Unsqueeze", ["x", "ax_u"], ["unsq"], name="unsqueeze"),
+        helper.make_node("Squeeze", ["x1", "ax_s"], ["sq"], name="squeeze"),
+        helper.make_node("Expand", ["e", "s_e"], ["ex"], name="expand"),
+        helper.make_node("Expand", ["e", "s_e"], ["ex2"], name="expand_inline"),
+        helper.make_node("Neg", ["ex2"], ["neg_ex"], name="neg"),
+        helper.make_node("Constant", [], ["c"], name="constant", value=helper.make_tensor("c", 1, [3], [1.0, -2.0, 7.5])),
+    ]
+    inits = {"shape": _ints(0, 4, 3), "ax_u": _ints(1, 3), "ax_s": _ints(2), "s_e": _ints(1, 4, 3)}
+    model = graph_model(nodes, {"x": x, "x1": rand((2, 5, 1)), "e": rand((2, 1, 3))}, inits, batch="N")
+    net = assert_stage_forms(model, lambda n: {"x": rand((n, 3, 4), seed=n), "x1": rand((n, 5, 1), seed=n + 1),
+                                               "e": rand((n, 1, 3), seed=n + 2)},
+                             ["reshape", "flatten", "unsqueeze", "squeeze", "expand", "expand_inline", "constant"])
+    assert "Expand 'expand_inline'" in stage_of(net, "neg").inlined
+
+
+def test_reshape_transpose_chain_inline_in_matmul():
+    """Reshape -> Transpose -> Add -> Relu feeding a MatMul: the chain is computed inline where the
+    MatMul reads it, so none of the intermediates gets a buffer."""
+    x = rand((2, 3, 8), seed=21)
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
+             helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1], name="transpose"),
+             helper.make_node("Add", ["t", "bias"], ["a"], name="add"),
+             helper.make_node("Relu", ["a"], ["h"], name="relu"),
+             helper.make_node("MatMul", ["h", "w"], ["y"], name="matmul")]
+    inits = {"shape": _ints(0, 4, 6), "bias": rand((6, 4), seed=22), "w": rand((4, 5), seed=23)}
+    model = graph_model(nodes, {"x": x}, inits, batch="N")
+    net = assert_stage_forms(model, lambda n: {"x": rand((n, 3, 8), seed=n)}, ["matmul"])
+    st = stage_of(net, "matmul")
+    for name in ("transpose", "add", "relu"):
+        assert stage_of(net, name) is st, net.plan.schedule.describe()
+    pooled = {m for slot in net.plan.schedule.buffers.slots for m in slot.members}
+    assert not pooled & {"r", "t", "a", "h"}, net.plan.schedule.describe()
+
+
+def test_shape_and_size_in_stages(monkeypatch):
+    """Shape and Size when the folder leaves them (it never does for static shapes): literals,
+    inline where a Mul reads them."""
+    import luisaml.passes.fold as fold
+
+    monkeypatch.setattr(fold, "NOT_FOLDED", fold.NOT_FOLDED | {"Shape", "Size"})
+    nodes = [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+             helper.make_node("Shape", ["x"], ["tail"], name="tail", start=1),
+             helper.make_node("Mul", ["tail", "two"], ["tail2"], name="mul"),
+             helper.make_node("Size", ["x"], ["size"], name="size"),
+             helper.make_node("Mul", ["size", "two"], ["size2"], name="mul_size")]
+    x = rand((2, 3, 4), seed=24)
+    model = graph_model(nodes, {"x": x}, {"two": np.array(2, I64)})
+    net = assert_stage_forms(model, lambda n: {"x": x}, ["shape", "tail", "size"], sizes=(2,), batch_axis=None)
+    assert "Shape 'tail'" in stage_of(net, "mul").inlined and "Size 'size'" in stage_of(net, "mul_size").inlined

@@ -8,7 +8,8 @@ import pytest
 from onnx import helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, rand, single_node_model  # noqa: E402
+from util import assert_matches_ort, graph_model, rand, single_node_model, stage_of  # noqa: E402
+from stage_forms import assert_per_batch, assert_stage_forms  # noqa: E402
 
 import luisaml  # noqa: E402
 
@@ -68,9 +69,10 @@ def test_pad_batch_mode():
     model = graph_model(nodes, {"x": x}, {"p": np.array([0, 1, 2, 0, 2, 1], I64)}, opset=19, batch="N")
     net, _ = assert_matches_ort(model, {"x": x}, batch_axis=0)
     assert net.batch_symbol == "N"
+    # padding the batch axis mixes samples: compiled per batch size
+    nodes = [helper.make_node("Pad", ["x", "p"], ["y"], name="pad_n", mode="reflect")]
     bad = graph_model(nodes, {"x": x}, {"p": np.array([1, 0, 0, 0, 0, 0], I64)}, opset=19, batch="N")
-    with pytest.raises(luisaml.model.ModelError, match="mixes samples"):
-        luisaml.compile(bad, batch_axis=0)
+    assert_per_batch(bad, lambda n: {"x": rand((n, 3, 5), seed=n)}, "pad_n", sizes=(2, 4))
 
 
 def test_center_crop_pad():
@@ -143,12 +145,38 @@ def test_trilu_batch_mode():
     x = rand((3, 4, 4), seed=12)
     model = graph_model([helper.make_node("Trilu", ["x"], ["y"])], {"x": x}, opset=14, batch="N")
     assert_matches_ort(model, {"x": x}, batch_axis=0)
-    x2 = rand((3, 4), seed=13)
-    with pytest.raises(luisaml.CompileError, match="batch"):
-        luisaml.compile(graph_model([helper.make_node("Trilu", ["x"], ["y"])], {"x": x2}, opset=14, batch="N"), batch_axis=0)
+    # a 2-d input's rows are the batch: compiled per batch size
+    model = graph_model([helper.make_node("Trilu", ["x"], ["y"], name="tri")], {"x": rand((3, 4), seed=13)}, opset=14,
+                        batch="N")
+    assert_per_batch(model, lambda n: {"x": rand((n, 4), seed=n)}, "tri", sizes=(3, 6))
 
 
 def test_size():
     x = rand((2, 3, 4), seed=14)
     nodes = [helper.make_node("Size", ["x"], ["n"]), helper.make_node("Relu", ["x"], ["r"])]
     assert_matches_ort(graph_model(nodes, {"x": x}, opset=13), {"x": x}, batch_axis=None)
+
+
+def test_stage_forms():
+    """Each op inline in a batched model: as a graph output (a stage of its own) and read by a Neg
+    (computed where the Neg's stage reads it), at two batch sizes."""
+    x = rand((2, 4, 4, 6), seed=15)
+    inits = {"pc": np.array([0, 1, 2, 0, 0, 2, 1, 3], I64), "pr": np.array([0, 0, 2, 1, 0, 0, 1, 2], I64),
+             "pe": np.array([0, 1, -1, 2, 0, 2, 1, -2], I64), "pw": np.array([0, 0, 5, 7, 0, 0, 3, 2], I64),
+             "cv": np.array(-3.5, np.float32), "cc": np.array([3, 8], I64), "rep": np.array([1, 2, 1, 3], I64),
+             "k": np.array(1, I64)}
+    ops = [("Pad", ["x", "pc", "cv"], dict(mode="constant")), ("Pad", ["x", "pr"], dict(mode="reflect")),
+           ("Pad", ["x", "pe"], dict(mode="edge")), ("Pad", ["x", "pw"], dict(mode="wrap")),
+           ("CenterCropPad", ["x", "cc"], dict(axes=[2, 3])), ("Tile", ["x", "rep"], {}),
+           ("DepthToSpace", ["x"], dict(blocksize=2)), ("DepthToSpace", ["x"], dict(blocksize=2, mode="CRD")),
+           ("SpaceToDepth", ["x"], dict(blocksize=2)), ("Trilu", ["x", "k"], {}), ("Trilu", ["x"], dict(upper=0))]
+    nodes, names = [], []
+    for j, (op, ins, attrs) in enumerate(ops):
+        nodes.append(helper.make_node(op, ins, [f"out{j}"], name=f"{op}{j}", **attrs))
+        nodes.append(helper.make_node(op, ins, [f"in{j}"], name=f"{op}{j}_inline", **attrs))
+        nodes.append(helper.make_node("Neg", [f"in{j}"], [f"neg{j}"], name=f"neg{j}"))
+        names += [f"{op}{j}", f"{op}{j}_inline"]
+    model = graph_model(nodes, {"x": x}, inits, opset=19, batch="N")
+    net = assert_stage_forms(model, lambda n: {"x": rand((n, 4, 4, 6), seed=n)}, names)
+    for j, (op, _, _) in enumerate(ops):
+        assert f"{op} '{op}{j}_inline'" in stage_of(net, f"neg{j}").inlined

@@ -1,5 +1,6 @@
 """Softmax and LogSoftmax against onnxruntime: every axis (opset 13), the 2-D coercion of opset
-11, large inputs (the maximum is subtracted), half, and per-sample execution."""
+11, large inputs (the maximum is subtracted), half, per-sample execution, one work item per row in
+a stage, and the per-batch compile of a softmax over the batch axis."""
 import sys
 from pathlib import Path
 
@@ -8,9 +9,9 @@ import pytest
 from onnx import helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, rand, single_node_model  # noqa: E402
+from test_reduce import assert_compiles_per_batch, assert_runs_in_parallel  # noqa: E402
+from util import assert_matches_ort, graph_model, rand, single_node_model, stage_of  # noqa: E402
 
-import luisaml  # noqa: E402
 
 
 def _all_axes_model(op, x, opset, axes):
@@ -51,7 +52,9 @@ def test_softmax_half(op):
     assert_matches_ort(_all_axes_model(op, x, 13, [0, 1]), {"x": x}, batch_axis=None, rtol=2e-3, atol=2e-3)
 
 
-def test_softmax_per_sample():
+@pytest.mark.parametrize("schedule", ["stages", "per-sample"])
+def test_softmax_per_sample(schedule):
+    """As parallel stages and as the per-sample function (the whole form)."""
     x = rand((2, 4, 6), seed=4)
     nodes = [
         helper.make_node("Softmax", ["x"], ["sm"], axis=-1),
@@ -59,15 +62,37 @@ def test_softmax_per_sample():
     ]
     model = graph_model(nodes, {"x": x}, opset=13, batch="N")
     for n in (1, 5):
-        net, _ = assert_matches_ort(model, {"x": rand((n, 4, 6), seed=n, low=-9, high=9)})
+        net, _ = assert_matches_ort(model, {"x": rand((n, 4, 6), seed=n, low=-9, high=9)}, schedule=schedule)
         assert net.batch_symbol == "N"
 
 
-@pytest.mark.parametrize("opset,axis", [(13, 0), (13, -3), (11, 0)])
-def test_softmax_over_batch_axis_is_an_error(opset, axis, monkeypatch):
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("opset,axis", [(13, -1), (13, 1), (11, 1)])
+def test_softmax_runs_one_item_per_row(op, opset, axis, monkeypatch):
+    """Batched: a stage runs one work item per row (opset 11: the rows of the 2-D view)."""
     import luisaml.passes.upgrade as upgrade
 
-    monkeypatch.setattr(upgrade, "MIN_OPSET", 0)  # keep opset 11 (upgraded, the compiler would catch it)
+    monkeypatch.setattr(upgrade, "MIN_OPSET", 0)
+    m = single_node_model(op, {"x": rand((2, 4, 6))}, opset=opset, batch="N", axis=axis)
+    net = assert_runs_in_parallel(m, f"{op}_0", lambda n: {"x": rand((n, 4, 6), seed=n, low=-9, high=9)})
+    assert stage_of(net, f"{op}_0").domain == "items"
+
+
+def test_softmax_then_map_is_one_stage():
+    """Each element of a row is stored once and never read back: a following elementwise map is
+    applied to those stores (the epilogue of the rows' stage)."""
+    nodes = [helper.make_node("LogSoftmax", ["x"], ["ls"], axis=1, name="lsm"), helper.make_node("Neg", ["ls"], ["y"], name="neg")]
+    m = graph_model(nodes, {"x": rand((2, 4, 6))}, opset=13, batch="N")
+    net = assert_runs_in_parallel(m, "lsm", lambda n: {"x": rand((n, 4, 6), seed=n, low=-9, high=9)})
+    (st,) = net.plan.schedule.stages
+    assert st.domain == "items" and [n.name for n, _ in st.epilogue] == ["neg"]
+
+
+@pytest.mark.parametrize("opset,axis", [(13, 0), (13, -3), (11, 0)])
+def test_softmax_over_batch_axis_compiles_per_batch(opset, axis, monkeypatch):
+    """Normalising over the batch axis mixes samples: the network compiles per batch size."""
+    import luisaml.passes.upgrade as upgrade
+
+    monkeypatch.setattr(upgrade, "MIN_OPSET", 0)  # keep opset 11's 2-D coercion
     m = single_node_model("Softmax", {"x": rand((2, 4, 6))}, opset=opset, batch="N", axis=axis)
-    with pytest.raises(luisaml.CompileError, match=rf"node 'Softmax_0' \(Softmax\): axis {axis} is the batch axis"):
-        luisaml.compile(m, batch_axis=0)
+    assert_compiles_per_batch(m, "Softmax_0", lambda n: {"x": rand((n, 4, 6), seed=n)})

@@ -7,7 +7,8 @@ import pytest
 from onnx import helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, rand  # noqa: E402
+from util import assert_matches_ort, graph_model, rand, stage_of  # noqa: E402
+from stage_forms import assert_stage_forms  # noqa: E402
 
 import luisaml  # noqa: E402
 
@@ -72,3 +73,29 @@ def test_stft(onesided):
     fft = np.fft.rfft if onesided else np.fft.fft
     np.testing.assert_allclose(got["windowed"], _complex(fft(frames * win, axis=-1)), rtol=1e-5, atol=2e-5)
     np.testing.assert_allclose(got["plain"], _complex(fft(frames, axis=-1)), rtol=1e-5, atol=2e-5)
+
+
+def test_stage_forms():
+    """DFT and STFT one work item per output bin in a batched model, at two batch sizes: DFT against
+    onnxruntime (one with a Relu as its stage's epilogue), STFT against numpy."""
+    inits = {"a1": np.array(1, I64), "a2": np.array(2, I64)}
+    nodes = [helper.make_node("DFT", ["x", "", "a1"], ["fft"], name="fft"),
+             helper.make_node("DFT", ["z", "", "a2"], ["ifft"], name="ifft", inverse=1),
+             helper.make_node("DFT", ["x", "", "a1"], ["half"], name="half", onesided=1),
+             helper.make_node("Relu", ["half"], ["relu"], name="relu")]
+    model = graph_model(nodes, {"x": rand((2, 10, 3, 1)), "z": rand((2, 4, 6, 2))}, inits, opset=20, batch="N")
+    net = assert_stage_forms(model, lambda n: {"x": rand((n, 10, 3, 1), seed=n), "z": rand((n, 4, 6, 2), seed=n + 1)},
+                             ["fft", "ifft", "half"], rtol=1e-5, atol=2e-5)
+    assert stage_of(net, "relu") is stage_of(net, "half") and stage_of(net, "half").domain == "items"
+
+    inits = {"step": np.array(5, I64), "w": np.hanning(8).astype(np.float32)}
+    # onesided given: onnx's shape inference takes its default for 0 (the spec and onnxruntime: 1)
+    stft = helper.make_node("STFT", ["s", "step", "w"], ["y"], name="stft", onesided=1)
+    model = graph_model([stft], {"s": rand((2, 40, 1))}, inits, opset=17, batch="N")
+    net = luisaml.compile(model)
+    assert stage_of(net, "stft").domain == "items"
+    for n in (2, 5):
+        sig = rand((n, 40, 1), seed=n)
+        frames = np.stack([sig[:, f * 5: f * 5 + 8, 0] for f in range(7)], axis=1).astype(np.float64)
+        want = _complex(np.fft.rfft(frames * inits["w"], axis=-1))
+        np.testing.assert_allclose(net.run({"s": sig})["y"], want, rtol=1e-5, atol=2e-5)

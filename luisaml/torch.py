@@ -1,0 +1,133 @@
+"""luisaml.torch.compile: a torch.nn.Module exported through torch.onnx.export, compiled by
+luisaml, and handed back as a torch.nn.Module whose forward runs the compiled network.
+
+`import torch` below is the real torch: imports are absolute, so this module's own name does
+not shadow it."""
+from __future__ import annotations
+
+import inspect
+import io
+import warnings
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from .errors import UsageError
+from .network import CompiledNetwork
+
+BATCH = "batch"  # the symbol of the batch dimension given to every input's dim 0
+
+
+class CompiledModule(torch.nn.Module):
+    """A compiled network as a torch.nn.Module: forward(*inputs, **named_inputs) runs it and returns
+    torch tensors on the inputs' device, one tensor or a tuple as the original module did.
+
+    torch CUDA tensors on luisaml's CUDA backend are shared with the kernels through DLPack (no
+    copies); anything else goes through the host. Inference only: outputs carry no autograd graph,
+    and the weights are those of the module when it was compiled."""
+
+    def __init__(self, net: CompiledNetwork, input_names: list[str], output_names: list[str], single: bool):
+        super().__init__()
+        self.net = net
+        self.input_names = list(input_names)
+        self.output_names = list(output_names)
+        self._single = single
+
+    def forward(self, *inputs: Any, **named_inputs: Any):
+        """Return the compiled network's outputs for these inputs (positional in the order of the
+        module's forward, or by name)."""
+        if len(inputs) > len(self.input_names):
+            raise UsageError(f"forward takes {len(self.input_names)} input{'' if len(self.input_names) == 1 else 's'} "
+                             f"({', '.join(self.input_names)}), "
+                             f"got {len(inputs)}")
+        feeds = dict(zip(self.input_names, inputs))
+        twice = sorted(set(feeds) & set(named_inputs))
+        if twice:
+            raise UsageError(f"input(s) {twice} given both by position and by name")
+        feeds.update(named_inputs)
+        # the exporter drops an input the graph never reads; the module ignored it too
+        used = {s.name for s in self.net.inputs}
+        feeds = {k: (v if isinstance(v, torch.Tensor) else torch.as_tensor(v)) for k, v in feeds.items()
+                 if k in used or k not in self.input_names}
+        device = next((v.device for v in feeds.values()), torch.device("cpu"))
+        results = self.net.run(feeds, self.output_names)
+        out = tuple(_on(results[n], device) for n in self.output_names)
+        return out[0] if self._single else out
+
+    def extra_repr(self) -> str:
+        return (f"inputs={self.input_names}, outputs={self.output_names}, backend={self.net.backend!r}, "
+                f"stages={len(self.net.plan.schedule.stages) if self.net.plan.schedule is not None else 0}")
+
+
+def _on(value, device: torch.device) -> torch.Tensor:
+    t = value if isinstance(value, torch.Tensor) else torch.from_numpy(value)
+    return t if t.device == device else t.to(device)
+
+
+def _input_names(module: torch.nn.Module, n: int) -> list[str]:
+    """Return the names of the first n parameters of module.forward (input_k where it has none)."""
+    try:
+        params = [p for p in inspect.signature(module.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    names = [p.name for p in params[:n]]
+    return names + [f"input_{k}" for k in range(len(names), n)]
+
+
+def compile(module: torch.nn.Module, example_inputs: torch.Tensor | Sequence[torch.Tensor], *,
+            dynamic_axes: Mapping[str, Any] | None = None, input_names: Sequence[str] | None = None,
+            output_names: Sequence[str] | None = None, opset_version: int | None = None,
+            **options: Any) -> CompiledModule:
+    """Return `module` compiled by luisaml, as a torch.nn.Module that runs the compiled network.
+
+    example_inputs: a tensor or a tuple of tensors the module's forward takes (traced once).
+    dynamic_axes: torch.onnx.export's argument; default: dim 0 of every input, and of every output
+    whose dim 0 is the inputs' batch size, is the symbolic batch dimension "batch" (pass {} for
+    fixed shapes). input_names: default, the names of forward's parameters; output_names:
+    default "output" (one output) or "output_0", "output_1", ...; opset_version: the exporter's
+    (None: its default). The other options are luisaml.compile's (backend, precision, ...).
+
+    The module is exported with torch.onnx.export(dynamo=False) in eval mode."""
+    from . import runtime
+
+    if not isinstance(module, torch.nn.Module):
+        raise UsageError(f"luisaml.torch.compile takes a torch.nn.Module, got {type(module).__name__}")
+    args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    if not all(isinstance(a, torch.Tensor) for a in args):
+        raise UsageError("example_inputs must be a tensor or a tuple of tensors, got "
+                         f"{[type(a).__name__ for a in args]}")
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            example_out = module(*args)
+        single = isinstance(example_out, torch.Tensor)
+        outs = (example_out,) if single else example_out
+        if not isinstance(outs, (tuple, list)) or not all(isinstance(o, torch.Tensor) for o in outs):
+            raise UsageError(f"the module must return a tensor or a tuple of tensors, got {type(example_out).__name__}")
+        ins = list(input_names) if input_names is not None else _input_names(module, len(args))
+        if output_names is not None:
+            names_out = list(output_names)
+        else:
+            names_out = ["output"] if single else [f"output_{k}" for k in range(len(outs))]
+        if dynamic_axes is None:
+            batch = args[0].shape[0] if args and args[0].dim() else None
+            dynamic_axes = {n: {0: BATCH} for n, a in zip(ins, args) if a.dim()}
+            dynamic_axes.update({n: {0: BATCH} for n, o in zip(names_out, outs) if o.dim() and o.shape[0] == batch})
+        buf = io.BytesIO()
+        extra = {} if opset_version is None else {"opset_version": opset_version}
+        with warnings.catch_warnings():
+            # dynamo=False is a choice made here (the TorchScript exporter keeps dynamic axes
+            # simple); its deprecation notice is not the caller's to act on
+            warnings.simplefilter("ignore", DeprecationWarning)
+            torch.onnx.export(module, args, buf, dynamo=False, input_names=ins, output_names=names_out,
+                              dynamic_axes=dict(dynamic_axes), **extra)
+    finally:
+        module.train(was_training)
+    import onnx
+
+    proto = onnx.load_from_string(buf.getvalue())
+    proto.graph.name = type(module).__name__  # names the generated module's file and header
+    net = runtime.compile(proto, **options)
+    return CompiledModule(net, ins, names_out, single)
