@@ -135,6 +135,10 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
         for n, op in ops:
             if kinds[n.name] not in ("element", "items") or (kinds[n.name] == "items" and not op.stores_once):
                 continue
+            # the root is emitted where its epilogue ends (step 3): a reader of another output
+            # (TopK's indices) placed before that end would run before the root has written it
+            if any(o and o in readers for o in n.outputs[1:]):
+                continue
             cur, chain = n.outputs[0], []
             while cur not in pinned and len(readers.get(cur, [])) == 1:
                 c_node, c_op = readers[cur][0]

@@ -24,7 +24,7 @@ def literal(value, dtype: DType) -> str:
     if dtype.dsl in ("float", "half"):
         v = float(np.float32(value)) if dtype.dsl == "float" else float(np.float16(value))
         if math.isnan(v):
-            text = "(INF - INF)"  # computed: LuisaCompute's CUDA codegen aborts on a NaN literal
+            text = "quiet_nan()"  # not a literal: LuisaCompute's CUDA codegen aborts on a NaN literal
         elif math.isinf(v):
             text = "INF" if v > 0 else "(-INF)"
         else:
@@ -170,7 +170,7 @@ class Linear(Storage):
         if self.dtype.dsl in ("float", "half"):
             conv = f"{self.dtype.dsl}({i})"
         else:
-            conv = i
+            conv = f"({i})"  # an index like `i % 4`: `2 * i % 4` would be (2 * i) % 4
         return f"({literal(self.start, self.dtype)} + {literal(self.step, self.dtype)} * {conv})"
 
 

@@ -104,7 +104,7 @@ class Map(Operator):
     def inline_cost(self) -> int:  # type: ignore[override]
         """1 for arithmetic and selects, 4 when the expression calls a transcendental function."""
         text = self.value([f"v{k}" for k in range(len(self.operands()))])
-        slow = ("exp(", "log(", "tanh(", "sin(", "cos(", "pow(", "sqrt(", "erf", "tan(", "asin", "acos", "atan")
+        slow = ("exp(", "log(", "softplus(", "tanh(", "sin(", "cos(", "pow(", "sqrt(", "erf", "tan(", "asin", "acos", "atan")
         return 4 if any(f in text for f in slow) else 1
 
 
@@ -134,8 +134,9 @@ _map("Floor", 6, lambda s, x: f"floor({x})")
 _map("Ceil", 6, lambda s, x: f"ceil({x})")
 # 1 / (1 + e^-x): e^-x = inf for very negative x gives 0, as it should
 _map("Sigmoid", 6, lambda s, x: f"({s.lit(1)} / ({s.lit(1)} + exp(-{x})))")
-# log(1 + e^x) without overflow: max(x, 0) + log(1 + e^-|x|) (NaN reaches it through the log)
-_map("Softplus", 1, lambda s, x: f"(max({x}, {s.lit(0)}) + log({s.lit(1)} + exp(-abs({x}))))")
+# log(1 + e^x) without overflow or underflow (shaders/dsl_lib.py)
+_SOFTPLUS = {"helpers": lambda self: [("softplus", "dsl_lib")]}
+_map("Softplus", 1, lambda s, x: f"softplus({x})", **_SOFTPLUS)
 _map("Not", 1, lambda s, x: f"(not {x})", ("bool",))
 
 
@@ -534,8 +535,8 @@ _map("Asinh", 9, lambda s, x: f"asinh({x})")
 _map("Acosh", 9, lambda s, x: f"acosh({x})")
 _map("Atanh", 9, lambda s, x: f"atanh({x})")
 _map("Softsign", 1, lambda s, x: f"({x} / ({s.lit(1)} + abs({x})))")
-# x tanh(softplus(x)), softplus without overflow as in Softplus
-_map("Mish", 18, lambda s, x: f"({x} * tanh(max({x}, {s.lit(0)}) + log({s.lit(1)} + exp(-abs({x})))))")
+# x tanh(softplus(x)), softplus as in Softplus
+_map("Mish", 18, lambda s, x: f"({x} * tanh(softplus({x})))", **_SOFTPLUS)
 _map("IsNaN", 9, lambda s, x: f"isnan({x})", result_bool=True)
 _map("BitwiseNot", 18, lambda s, x: f"(~{x})", ("int",), exact_in_half=True)
 

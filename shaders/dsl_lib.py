@@ -103,3 +103,16 @@ def max_first(a, b):
     """C++'s std::max(a, b) = (a < b) ? b : a: a NaN a stays, a NaN b is dropped (for matching
     onnxruntime's kernels that fold with it)."""
     return b if a < b else a  # noqa: FURB136 (the max builtin is fmax, which differs on NaN)
+
+
+@luisa.func
+def softplus(x):
+    """log(1 + e^x) in float, without overflow or underflow: max(x, 0) + log1p(e^-|x|), with log1p
+    as Goldberg's log(u) e / (u - 1) for u = 1 + e (log(1 + e) alone is 0 below e = 6e-8: softplus
+    of -20 came out 0 instead of 2e-9, and Cast of it to bool False). NaN reaches it through exp."""
+    e = exp(-abs(x))
+    u = 1.0 + e
+    small = e
+    if u != 1.0:
+        small = log(u) * (e / (u - 1.0))
+    return max(x, 0.0) + small

@@ -9,6 +9,14 @@ INF = float("inf")
 
 
 @luisa.func
+def quiet_nan():
+    """A float NaN made at run time. LuisaCompute folds a constant stored in a local (`r = INF -
+    INF`, or a bitwise_cast of a literal) into a literal, and its CUDA codegen aborts the process on
+    a NaN literal; a value that depends on the thread's index is never folded."""
+    return bitwise_cast(float, 2143289344 + int(dispatch_id().x) * 0)  # 0x7fc00000
+
+
+@luisa.func
 def fmod_f32(a, b):
     """C fmod for floats, exact: the remainder of |a| by |b| is taken by subtracting b * 2^k
     (exact by Sterbenz's lemma, as b * 2^k <= r < 2 b * 2^k) from the top exponent down; the sign
@@ -17,7 +25,7 @@ def fmod_f32(a, b):
     y = abs(b)
     r = x
     if isnan(x) or isnan(y) or isinf(x) or y == 0.0:
-        r = INF - INF  # NaN, computed: LuisaCompute's CUDA codegen aborts on a NaN literal
+        r = quiet_nan()
     elif not isinf(y):
         while r >= y:
             # the largest t = y * 2^k <= r: start near it from the exponents, then correct

@@ -194,3 +194,28 @@ def test_a_network_of_many_stages_builds_and_runs():
     assert len(net.plan.schedule.stages) >= 250, len(net.plan.schedule.stages)
     x = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
     np.testing.assert_allclose(net.run({"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_a_root_with_an_epilogue_is_not_deferred_past_readers_of_its_other_outputs():
+    """TopK's values run through an epilogue (Mul) that ends late in the graph, while its indices
+    are read earlier (Tile, ReduceSum): the root may not move to the epilogue's end, or the
+    ReduceSum stage reads the indices before TopK writes them (the fuzz's graph 0:1299: zeros)."""
+    I64 = TensorProto.INT64
+    nodes = [
+        helper.make_node("TopK", ["x", "k"], ["vals", "idx"], axis=-1, name="topk"),
+        helper.make_node("Tile", ["idx", "reps"], ["tiled"], name="tile"),
+        helper.make_node("ReduceSum", ["tiled", "axes"], ["s"], keepdims=0, name="sum"),
+        helper.make_node("Mul", ["vals", "c"], ["y"], name="mul"),
+    ]
+    inits = [numpy_helper.from_array(np.array([4], np.int64), "k"),
+             numpy_helper.from_array(np.array([1, 1, 2], np.int64), "reps"),
+             numpy_helper.from_array(np.array([2], np.int64), "axes"),
+             numpy_helper.from_array(np.array(1.5, np.float32), "c")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, ["N", 8, 4])],
+                          [helper.make_tensor_value_info("s", I64, ["N", 8]),
+                           helper.make_tensor_value_info("y", F, ["N", 8, 4])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(1).standard_normal((3, 8, 4)).astype(np.float32)
+    got, want = luisaml.compile(model).run({"x": x}), ort_run(model, {"x": x})
+    np.testing.assert_array_equal(got["s"], want["s"])
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-6)

@@ -316,3 +316,34 @@ def test_batched_bias_relu():
     for n in (1, 5):
         x = rand((n, 3, 4), seed=n)
         np.testing.assert_allclose(net.run({"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["Softplus", "Mish"])
+def test_softplus_keeps_its_relative_accuracy_far_below_zero(op):
+    """softplus(x) ~ e^x for x << 0: log(1 + e^x) in float32 is 0 below x = -16.6, a 100%
+    relative error that an absolute tolerance hides (a Cast to bool after it turned True into
+    False in the fuzz). Held to numpy in float64, relatively, from -80 to 60."""
+    x = np.linspace(-80, 60, 701, dtype=np.float32).reshape(1, -1)
+    x64 = x.astype(np.float64)
+    sp = np.logaddexp(0.0, x64)
+    want = sp if op == "Softplus" else x64 * np.tanh(sp)
+    net = luisaml.compile(single_node_model(op, {"x": x}, opset=18), batch_axis=None)
+    np.testing.assert_allclose(net.run({"x": x})["y"], want, rtol=4e-6, atol=0)
+
+
+def test_an_int_constant_progression_broadcast_along_the_last_axis():
+    """An int constant that is an arithmetic progression ([-1, 1, 3, 5]) is computed as
+    start + step * index, not stored; read through a broadcast its index is `i % 4`, and
+    `2 * i % 4` without parentheses is (2 * i) % 4 (the fuzz's graph 1:1029)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    k = numpy_helper.from_array(np.array([[-1, 1, 3, 5]], np.int64), "k")
+    nodes = [helper.make_node("GreaterOrEqual", ["a", "k"], ["y"]), helper.make_node("Add", ["a", "k"], ["z"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", TensorProto.INT64, ["N", 3, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.BOOL, ["N", 3, 4]),
+                           helper.make_tensor_value_info("z", TensorProto.INT64, ["N", 3, 4])], [k])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    a = np.random.default_rng(3).integers(-6, 7, (2, 3, 4)).astype(np.int64)
+    got, want = luisaml.compile(model).run({"a": a}), ort_run(model, {"a": a})
+    np.testing.assert_array_equal(got["y"], want["y"])
+    np.testing.assert_array_equal(got["z"], want["z"])

@@ -39,8 +39,11 @@ ADDRESS_SPACE_LIMIT = int(os.environ.get("ROBUSTNESS_MEMORY_LIMIT", 8 << 30))
 
 def limit_resources() -> None:
     """No core files (an abort is an outcome here, not something to debug from a 2 GB core), and
-    a cap on address space."""
+    a cap on address space (not under CUDA: the driver reserves address space for the whole
+    device and beyond, and cuInit fails under an 8 GiB cap)."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if os.environ.get("LUISAML_BACKEND") == "cuda":
+        return
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     if hard == resource.RLIM_INFINITY or hard > ADDRESS_SPACE_LIMIT:
         resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_LIMIT, hard))
