@@ -104,7 +104,7 @@ class Map(Operator):
     def inline_cost(self) -> int:  # type: ignore[override]
         """1 for arithmetic and selects, 4 when the expression calls a transcendental function."""
         text = self.value([f"v{k}" for k in range(len(self.operands()))])
-        slow = ("exp(", "log(", "softplus(", "tanh(", "sin(", "cos(", "pow(", "sqrt(", "erf", "tan(", "asin", "acos", "atan")
+        slow = ("exp(", "log(", "softplus(", "tanh(", "sin(", "cos(", "pow(", "pow_f32(", "sqrt(", "erf", "tan(", "asin", "acos", "atan")
         return 4 if any(f in text for f in slow) else 1
 
 
@@ -252,7 +252,8 @@ class Mod(Map):
 class Pow(Map):
     """X ** Y with the type of X. A constant exponent of 2 is a multiplication (exact, as
     onnxruntime does); integer X with integer Y uses exact repeated squaring; integer X with a
-    float Y truncates pow(X, Y) (C conversion, as onnxruntime does)."""
+    float Y truncates pow(X, Y) (C conversion, as onnxruntime does). Float pow is
+    shaders/dsl_lib.pow_f32: C's pow also for an infinite exponent."""
 
     kinds = NUM
     same_type = False  # Y may have another numeric type than X (opset 12)
@@ -268,7 +269,9 @@ class Pow(Map):
         return range(1)
 
     def helpers(self):
-        return [("pow_i32", "dsl_lib")] if self.ipow and not self.square else []
+        if self.square:
+            return []
+        return [("pow_i32", "dsl_lib")] if self.ipow else [("pow_f32", "dsl_lib")]
 
     def up(self, v, t, k):
         if k == 0:
@@ -281,8 +284,8 @@ class Pow(Map):
         if self.ipow:
             return f"pow_i32({a}, {b})"
         if self.dtype.is_int:
-            return convert(f"pow({convert(a, self.dtype, dtypes.FLOAT)}, {b})", dtypes.FLOAT, self.dtype)
-        return f"pow({a}, {b})"
+            return convert(f"pow_f32({convert(a, self.dtype, dtypes.FLOAT)}, {b})", dtypes.FLOAT, self.dtype)
+        return f"pow_f32({a}, {b})"
 
 
 class Compare(Map):
@@ -532,7 +535,9 @@ _map("Atan", 7, lambda s, x: f"atan({x})")
 _map("Sinh", 9, lambda s, x: f"sinh({x})")
 _map("Cosh", 9, lambda s, x: f"cosh({x})")
 _map("Asinh", 9, lambda s, x: f"asinh({x})")
-_map("Acosh", 9, lambda s, x: f"acosh({x})")
+# NaN below 1: the backends' acosh is log(x + sqrt(x^2 - 1)), and for x << -1 the sum rounds to a
+# small positive number (acosh(-45.8) was -5.65)
+_map("Acosh", 9, lambda s, x: f"(acosh({x}) if {x} >= {s.lit(1)} else quiet_nan())")
 _map("Atanh", 9, lambda s, x: f"atanh({x})")
 _map("Softsign", 1, lambda s, x: f"({x} / ({s.lit(1)} + abs({x})))")
 # x tanh(softplus(x)), softplus as in Softplus

@@ -116,3 +116,24 @@ def softplus(x):
     if u != 1.0:
         small = log(u) * (e / (u - 1.0))
     return max(x, 0.0) + small
+
+
+@luisa.func
+def pow_f32(x, y):
+    """x ** y as C's pow, also where y is not finite (the CPU backend's pow gave 0 for every x
+    there, NaN included): NaN in, NaN out, except 1 ** y and x ** 0 (1); for y = +-inf, 1 where
+    |x| = 1, +inf where |x| < 1 and y = -inf or |x| > 1 and y = +inf, else 0."""
+    r = pow(x, y)
+    if isnan(x) or isnan(y):
+        r = x + y  # NaN
+        if x == 1.0 or y == 0.0:
+            r = 1.0
+    elif isinf(y):
+        ax = abs(x)
+        if ax == 1.0:
+            r = 1.0
+        elif (ax < 1.0 and y < 0.0) or (ax > 1.0 and y > 0.0):
+            r = abs(y)  # +inf
+        else:
+            r = 0.0
+    return r

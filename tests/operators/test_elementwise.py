@@ -347,3 +347,26 @@ def test_an_int_constant_progression_broadcast_along_the_last_axis():
     got, want = luisaml.compile(model).run({"a": a}), ort_run(model, {"a": a})
     np.testing.assert_array_equal(got["y"], want["y"])
     np.testing.assert_array_equal(got["z"], want["z"])
+
+
+@pytest.mark.parametrize("exponent", [-np.inf, np.inf, np.nan, 0.0, 2.5])
+def test_pow_with_a_non_finite_exponent_is_c_pow(exponent):
+    """The CPU backend's pow gave 0 for every x when y was infinite or NaN (the fuzz's graph
+    2:209); shaders/dsl_lib.pow_f32 is C's pow there, as onnxruntime. Exponent as a constant and
+    as a fed tensor."""
+    x = np.array([-2, -1, -0.5, -0.0, 0, 0.5, 1, 2, np.inf, -np.inf, np.nan], np.float32)
+    e = np.array(exponent, np.float32)
+    const = single_node_model("Pow", {"x": x}, initializers={"e": e}, opset=17)
+    fed = single_node_model("Pow", {"x": x, "e": np.full_like(x, exponent)}, opset=17)
+    for model, feeds in ((const, {"x": x}), (fed, {"x": x, "e": np.full_like(x, exponent)})):
+        got = luisaml.compile(model, batch_axis=None).run(feeds)["y"]
+        np.testing.assert_array_equal(got, ort_run(model, feeds)["y"])
+
+
+def test_acosh_is_nan_below_one():
+    """acosh(x) for x < 1 is NaN; the backends' log(x + sqrt(x^2 - 1)) gave -5.65 at x = -45.8
+    (the fuzz's graph 2:1812), the sum rounding to a small positive number."""
+    x = np.array([-80.4, -45.811596, -2, -1, 0, 0.5, 1, 1.5, 45.8, np.inf, -np.inf, np.nan], np.float32)
+    model = single_node_model("Acosh", {"x": x}, opset=17)
+    got = luisaml.compile(model, batch_axis=None).run({"x": x})["y"]
+    np.testing.assert_allclose(got, ort_run(model, {"x": x})["y"], rtol=1e-6, equal_nan=True)
