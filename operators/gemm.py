@@ -31,18 +31,24 @@ def _same_types(op: Operator, names: list[tuple[int, str]]) -> None:
 # spilled (the transformer's 1024x128x64 MatMul: 8.8-15.6 ms with 2x32 tiles, under 1.4 ms with
 # 1x32; benchmarks/NOTES.md, "CPU stage kernels"); on a GPU they are 32 of a thread's registers.
 MAX_ACC = 32
+# A constant B with K and N of 128 or more (a wide MLP layer) takes 2 x 16 tiles instead of 1 x 32:
+# each B load then feeds two rows. On the CPU backend 63-128x4-4 went 8.1-9.8 -> 6.0-7.5 ms and
+# 63-256x4-4 13.9-17.4 -> 9.8-10.5 ms (2 x 8 tiles: 12.1-14.1); not measured on CUDA yet.
+NARROW = 16
 WIDE = 32  # the widest column block: 64 measured no faster (63-256x4-4), and spilled before the stores were split
 
 
-def tile_shape(M: int, N: int) -> tuple[int, int]:
+def tile_shape(M: int, N: int, narrow: bool = False) -> tuple[int, int]:
     """Return (rows R, columns O) of a work item's tile: O a multiple of 4 (vector lanes), all of N
-    up to WIDE, else the block of 8..WIDE columns that pads N least (then the widest); then as
-    many rows as divide M within MAX_ACC accumulators (rows that divide M need no bounds checks)."""
+    up to WIDE (NARROW when `narrow`), else the block of 8..WIDE columns that pads N least (then
+    the widest); then as many rows as divide M within MAX_ACC accumulators (rows that divide M
+    need no bounds checks)."""
+    wide = NARROW if narrow else WIDE
     n4 = max(-(-N // 4), 1) * 4
-    if n4 <= WIDE:
+    if n4 <= wide:
         O = n4
     else:
-        O = min(range(8, WIDE + 1, 4), key=lambda o: (-(-N // o) * o - N, -o))
+        O = min(range(8, wide + 1, 4), key=lambda o: (-(-N // o) * o - N, -o))
     R = max(r for r in range(1, min(MAX_ACC // O, 8) + 1) if M % r == 0) if M else 1
     return R, O
 
@@ -80,7 +86,7 @@ class Dense(Operator):
 
     def tiles(self) -> tuple[int, int, int, int]:
         """Return (R, O, row blocks, column blocks) of this node's work items."""
-        R, O = tile_shape(self.M, self.N)
+        R, O = tile_shape(self.M, self.N, narrow=self.K >= 128 and self.N >= 128 and self.input(1).value is not None)
         return R, O, self.M // R, -(-self.N // O)
 
     def work_items(self) -> int:

@@ -127,3 +127,24 @@ def test_conv_batched_relu_epilogue_and_half():
     net, _ = assert_matches_ort(model, {"x": x, "xh": xh}, rtol=2e-3, atol=2e-3)
     _items(net, "c", "ch")
     assert [n.name for n, _ in stage_of(net, "c").epilogue] == ["relu"]
+
+
+def test_gemm_wide_constant_layers_take_two_row_tiles():
+    """A constant B with K and N of 128 or more takes 2 x 16 tiles (each B load feeds two rows)
+    instead of 1 x 32: N of 256 and of 130 (12-column tiles, a tail of 2), an odd M of 5 (1-row
+    tiles), M of 6, transB, and a K of 127 that keeps the wide tiles."""
+    from luisaml.operators.gemm import tile_shape
+
+    assert tile_shape(6, 256, narrow=True) == (2, 16) and tile_shape(6, 256) == (1, 32)
+    x5, x6 = rand((5, 128), seed=1), rand((6, 127), seed=2)
+    xs = rand((6, 128), seed=7)
+    inits = {"w": rand((128, 256), seed=3), "wt": rand((130, 128), seed=4), "b": rand((256,), seed=5),
+             "v": rand((127, 256), seed=6)}
+    nodes = [helper.make_node("Gemm", ["x5", "w", "b"], ["y"], name="gw"),
+             helper.make_node("Gemm", ["xs", "w"], ["ys"], name="gs"),
+             helper.make_node("Gemm", ["x5", "wt"], ["yt"], name="gt", transB=1),
+             helper.make_node("Gemm", ["x6", "v"], ["yv"], name="gv")]
+    feeds = {"x5": x5, "x6": x6, "xs": xs}
+    model = graph_model(nodes, feeds, inits)
+    net, _ = assert_matches_ort(model, feeds, rtol=1e-5, atol=1e-4)
+    _items(net, "gw", "gs", "gt", "gv")
