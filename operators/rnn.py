@@ -47,8 +47,8 @@ ACTIVATIONS: dict[str, tuple] = {
     "hardsigmoid": (0.2, 0.5, lambda x, a, b: f"min(max({a} * {x} + {b}, 0.0), 1.0)"),
     "elu": (1.0, False, lambda x, a, b: f"({x} if {x} >= 0.0 else {a} * (exp({x}) - 1.0))"),
     "softsign": (False, False, lambda x, a, b: f"({x} / (1.0 + abs({x})))"),
-    # log(1 + e^x) without overflowing for large x
-    "softplus": (False, False, lambda x, a, b: f"(max({x}, 0.0) + log(1.0 + exp(-abs({x}))))"),
+    # log(1 + e^x) without overflow or underflow (shaders/dsl_lib.py, as the Softplus operator)
+    "softplus": (False, False, lambda x, a, b: f"softplus({x})"),
 }
 
 
@@ -174,6 +174,8 @@ class Recurrent(Operator):
     def forward(self, ctx) -> None:
         x = self.input(0)
         S, B, I, H, D, G = self.S, self.B, self.I, self.H, self.D, self.gates
+        if any(fn.args[0] is ACTIVATIONS["softplus"][2] for acts in self.acts for fn in acts):
+            ctx.use_helper("softplus")
         b = ctx.fresh("b") if B > 1 else "0"
         outer = [(b, B)] if B > 1 else []
 

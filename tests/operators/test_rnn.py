@@ -248,3 +248,17 @@ def test_errors(attrs, message):
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
     with pytest.raises(luisaml.CompileError, match=r"node 'RNN_0' \(RNN\): " + message):
         luisaml.compile(m, batch_axis=None)
+
+
+def test_softplus_activation_keeps_its_relative_accuracy():
+    """An RNN step with a Softplus activation on pre-activations from -40 to -17, where log(1 + e^x)
+    in float32 is 0: held relatively to numpy's float64 softplus, as the Softplus operator is."""
+    H, I = 6, 1
+    x = np.ones((1, 1, I), np.float32)  # one step, one sample, one input feature
+    w = np.linspace(-40, -17, H, dtype=np.float32).reshape(1, H, I)
+    r = np.zeros((1, H, H), np.float32)
+    node = helper.make_node("RNN", ["X", "W", "R"], ["Y"], hidden_size=H, activations=["Softplus"])
+    model = graph_model([node], {"X": x}, {"W": w, "R": r}, opset=14)
+    got = luisaml.compile(model, batch_axis=None).run({"X": x})["Y"].reshape(-1)
+    want = np.logaddexp(0.0, w.reshape(-1).astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=4e-6, atol=0)
