@@ -95,6 +95,15 @@ class KernelContext:
             raise CompileError(f"internal error: a statement inside an inline expression: {text.strip()}")
         self.out.append("    " * self.level + text)
 
+    def line_if(self, cond: str | None, text: str) -> None:
+        """Emit a line, under `if cond:` unless cond is None (a store past a tile's safe part)."""
+        if cond is None:
+            self.line(text)
+            return
+        self.line(f"if {cond}:")
+        with self.indent():
+            self.line(text)
+
     def lines(self, text: str) -> None:
         """Emit a block of lines (e.g. a rendered template), keeping its relative indentation."""
         for raw in text.splitlines():

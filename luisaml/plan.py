@@ -84,6 +84,14 @@ class Blob:
         self.size += len(data)
         return self.layout[t.name][0]
 
+    def add_packed(self, name: str, make) -> int:
+        """Return the byte offset of the float32 array make() returns, stored as `name`; make runs
+        on first use only (an operator's prepacked weights, asked for at every emission)."""
+        if name not in self.layout:
+            packed = make()
+            self.add(Tensor(name, dtypes.FLOAT, packed.shape, False, packed))
+        return self.layout[name][0]
+
     def bytes(self) -> bytes:
         """Return the blob, padded to a multiple of 4 bytes and at least 4 bytes long."""
         raw = b"".join(self.parts)

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from luisaml import dtypes
 from luisaml import indexing as ix
 from luisaml.operator import Operator
 from luisaml.registry import register
@@ -293,11 +292,14 @@ class Conv(ConvBase):
         _, O, _, blocks = self.tiles()
         mg, cg = self.M // self.group, w.shape[1]
         taps = int(np.prod(self.kernel, dtype=np.int64))
-        v = np.asarray(w.value, np.float32).reshape(self.group, mg, cg, taps).transpose(0, 2, 3, 1)
-        packed = np.zeros((self.group, cg, taps, blocks * O), np.float32)
-        packed[..., :mg] = v
-        t = Tensor(f"{w.name}/packed[{cg}x{taps}x{blocks * O}]", dtypes.FLOAT, packed.shape, False, packed)
-        return w.home.blob.add(t)
+
+        def pack() -> np.ndarray:
+            v = np.asarray(w.value, np.float32).reshape(self.group, mg, cg, taps).transpose(0, 2, 3, 1)
+            packed = np.zeros((self.group, cg, taps, blocks * O), np.float32)
+            packed[..., :mg] = v
+            return packed
+
+        return w.home.blob.add_packed(f"{w.name}/packed[{cg}x{taps}x{blocks * O}]", pack)
 
     def emit_item(self, ctx, item: str) -> None:
         x, w, y = self.input(0), self.input(1), self.output()
@@ -400,13 +402,8 @@ class Conv(ConvBase):
                 ctx.line(f"if {ix.add(m0, str(j))} < {mg}:")
                 ctx.level += 1
             for pp in range(P):
-                line = y.store(ix.add(base, str(pp)), done[pp][j])
-                if pp < in_row:
-                    ctx.line(line)
-                else:
-                    ctx.line(f"if {ix.add(o_last, str(pp))} < {g.out[-1]}:")
-                    with ctx.indent():
-                        ctx.line(line)
+                ctx.line_if(None if pp < in_row else f"{ix.add(o_last, str(pp))} < {g.out[-1]}",
+                            y.store(ix.add(base, str(pp)), done[pp][j]))
             if j >= safe:
                 ctx.level -= 1
 

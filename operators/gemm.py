@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from luisaml import dtypes
 from luisaml import indexing as ix
 from luisaml.operator import Operator
 from luisaml.registry import register
-from luisaml.storage import Tensor, literal
+from luisaml.storage import literal
 
 from .common import compute_dtype, convert, upcast
 
@@ -102,12 +101,15 @@ class Dense(Operator):
         if b.value is None or not isinstance(b.home, BlobWeight) or compute_dtype(b.dtype).dsl != "float":
             return None
         _, O, _, cols = self.tiles()
-        w = self.b_matrix(np.asarray(b.value, dtype=np.float32))
         Np = cols * O
-        packed = np.zeros((w.shape[0], self.K, Np), np.float32)
-        packed[:, :, : self.N] = w
-        t = Tensor(f"{b.name}/packed[{self.K}x{Np}]", dtypes.FLOAT, packed.shape, False, packed)
-        return b.home.blob.add(t), Np, self.K * Np
+
+        def pack() -> np.ndarray:
+            w = self.b_matrix(np.asarray(b.value, dtype=np.float32))
+            packed = np.zeros((w.shape[0], self.K, Np), np.float32)
+            packed[:, :, : self.N] = w
+            return packed
+
+        return b.home.blob.add_packed(f"{b.name}/packed[{self.K}x{Np}]", pack), Np, self.K * Np
 
     def emit_item(self, ctx, item: str) -> None:
         y = self.output()
@@ -155,12 +157,7 @@ class Dense(Operator):
             for j in range(O):
                 n = ix.add(n0, str(j))
                 store = y.store(ix.add(ix.mul(bi, M * N), ix.mul(ms[r], N), n), done[r][j])
-                if j < safe:
-                    ctx.line(store)
-                else:
-                    ctx.line(f"if {n} < {N}:")
-                    with ctx.indent():
-                        ctx.line(store)
+                ctx.line_if(None if j < safe else f"{n} < {N}", store)
 
 
 @register("Gemm", since=7)

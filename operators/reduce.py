@@ -117,12 +117,11 @@ class Fold(Reduce):
         # {max} / {min}: NaN-propagating for floats (numpy's maximum.reduce), the builtins otherwise
         fns = {k: f(ctx, self.acc) for k, f in (("max", max_fn), ("min", min_fn)) if f"{{{k}}}" in step}
         p = {"init": [f"{acc} = {self.init_expr(first)}"], "x": x, "load": load}
+        into = acc  # what each element is added into: the accumulator, or a long sum's block partial
         if self.acc.is_float and step.startswith("{acc} + ") and self.count >= BLOCKED_SUM:
-            part = ctx.fresh("part")
-            p["block"] = self.blocks(ctx, acc, part)
-            p["update"] = [f"{part} = {step.format(acc=part, x=x, abs_x=abs_expr(x, self.acc), **fns)}"]
-        else:
-            p["update"] = [f"{acc} = {step.format(acc=acc, x=x, abs_x=abs_expr(x, self.acc), **fns)}"]
+            into = ctx.fresh("part")
+            p["block"] = self.blocks(ctx, acc, into)
+        p["update"] = [f"{into} = {step.format(acc=into, x=x, abs_x=abs_expr(x, self.acc), **fns)}"]
         return [p], self.finish_expr(acc)
 
     def blocks(self, ctx, acc: str, part: str) -> dict:

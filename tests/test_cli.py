@@ -11,6 +11,7 @@ import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper
+from util import unsupported_node_model
 
 import luisaml
 from luisaml import cli, log
@@ -83,11 +84,7 @@ def test_inspect_and_emit(tmp_path, capsys):
 
 
 def test_inspect_lists_unsupported_nodes(tmp_path, capsys):
-    g = helper.make_graph([helper.make_node("NotAnOp", ["x"], ["y"], name="mystery", domain="acme")], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("acme", 1)]),
-              tmp_path / "u.onnx")
+    onnx.save(unsupported_node_model(), tmp_path / "u.onnx")
     assert main(["inspect", str(tmp_path / "u.onnx")]) == 1
     assert "node 'mystery' (acme::NotAnOp)" in capsys.readouterr().out
 

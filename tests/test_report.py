@@ -11,8 +11,8 @@ import tempfile
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
-from util import graph_model, rand
+from onnx import helper
+from util import graph_model, rand, unsupported_node_model
 
 from luisaml import report, runtime
 from luisaml.cli import main
@@ -155,11 +155,7 @@ def test_inspect_json_is_one_document_with_the_documented_keys(cnn_path, capsys)
 
 
 def test_inspect_json_of_unsupported_nodes_exits_1(tmp_path, capsys):
-    g = helper.make_graph([helper.make_node("NotAnOp", ["x"], ["y"], name="mystery", domain="acme")], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("acme", 1)]),
-              tmp_path / "u.onnx")
+    onnx.save(unsupported_node_model(), tmp_path / "u.onnx")
     assert main(["inspect", str(tmp_path / "u.onnx"), "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["unsupported"] and "mystery" in doc["unsupported"][0] and doc["nodes"] == [] and doc["stages"] is None

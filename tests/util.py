@@ -1,11 +1,33 @@
 """Helpers for tests: build small ONNX models, run them in onnxruntime and in luisaml."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import luisaml
+
+
+def cuda_only() -> list:
+    """Return the pytestmark of a CUDA test module: marked gpu, skipped without a CUDA device or
+    with another backend (LuisaCompute allows one backend per process)."""
+    from luisaml import device
+
+    return [pytest.mark.gpu, pytest.mark.skipif(
+        os.environ.get("LUISAML_BACKEND") != "cuda" or device.cuda_device_count() == 0,
+        reason="needs a CUDA device and LUISAML_BACKEND=cuda (one LuisaCompute backend per process)")]
+
+
+def unsupported_node_model() -> onnx.ModelProto:
+    """Return a model of one node luisaml does not know: 'mystery', acme::NotAnOp."""
+    g = helper.make_graph([helper.make_node("NotAnOp", ["x"], ["y"], name="mystery", domain="acme")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("acme", 1)])
+
 
 NP_TO_ONNX = {
     np.dtype(np.float32): TensorProto.FLOAT,

@@ -18,18 +18,12 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from util import export_batched, ort_run, torch_mlp
+from util import cuda_only, export_batched, ort_run, torch_mlp
 
 import luisaml
 from luisaml import device
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        os.environ.get("LUISAML_BACKEND") != "cuda" or device.cuda_device_count() == 0,
-        reason="needs a CUDA device and LUISAML_BACKEND=cuda (one LuisaCompute backend per process)",
-    ),
-]
+pytestmark = cuda_only()
 
 RTOL = 1e-5
 

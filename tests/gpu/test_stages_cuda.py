@@ -7,25 +7,16 @@ activation, and a graph compiled per batch size (a batch-first TransformerEncode
     LUISAML_BACKEND=cuda python -m pytest tests/gpu -q"""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
-from util import export_batched, ort_run, torch_mlp
+from util import cuda_only, export_batched, ort_run, torch_mlp
 
 import luisaml
-from luisaml import device
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        os.environ.get("LUISAML_BACKEND") != "cuda" or device.cuda_device_count() == 0,
-        reason="needs a CUDA device and LUISAML_BACKEND=cuda (one LuisaCompute backend per process)",
-    ),
-]
+pytestmark = cuda_only()
 
 RTOL = 1e-4
 
