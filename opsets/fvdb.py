@@ -5,6 +5,10 @@ Every op that reads a grid takes the seven GridBatch bundle tensors first (BUNDL
 then each JaggedTensor input as its four tensors (jdata, joffsets, jidx, jlidx); a per-point op
 returns the jdata of its result. Semantics are fVDB's (shared/reference/fvdb-ops.md); the
 operators are in operators/fvdb/, the torch functions that export them in luisaml/fvdb/torch_ops.py.
+
+Sparse convolution is two ops: SparseConvKernelMap (two bundles: the input grid's, then the output
+grid's) builds the kernel map of a grid pair once, and SparseConv3d(features, kernel_map, weight,
+bias) is the gather-GEMM every layer over that pair runs on it (luisaml/fvdb/sparse_conv.py).
 """
 from __future__ import annotations
 
@@ -67,6 +71,22 @@ _OPS = [
            (("total_voxels", "rows of the output; needed when batch_offsets is not a constant", None),)),
 ]
 OPS: dict[str, OpSpec] = {op.name: op for op in _OPS}
+KERNEL_MAP = "SparseConvKernelMap"
+KERNEL_MAP_DOC = (
+    "fVDB's sparse convolution relation between an input and an output grid (the same grid count B): "
+    "int32 [N_out, T], T = k0*k1*k2, row o the batch-global output voxel, column t = (a*k1 + b)*k2 + c the "
+    "tap; the batch-global index of the input voxel S*o + t - P (P = floor((K-1)/2)), or with transposed=1 "
+    "of the input voxel c with o = S*c + t - P; -1 where that voxel is inactive. Built once per grid pair, "
+    "read by every SparseConv3d over the pair. Inputs: the input grid's bundle (in_*), then the output "
+    "grid's (out_*)."
+)
+SPARSE_CONV = "SparseConv3d"
+SPARSE_CONV_DOC = (
+    "fVDB's sparse convolution over a kernel map: out[o] = bias + sum over taps t with kernel_map[o, t] >= 0 "
+    "of weight[:, :, t] @ features[kernel_map[o, t]]; weight [C_out, C_in, k0, k1, k2] (k0 along x), "
+    "features [N_in, C_in], output [N_out, C_out]. The transposed convolution is the same node over a "
+    "transposed kernel map."
+)
 GRID_FROM_NANOVDB = "GridFromNanoVDB"
 GRID_FROM_NANOVDB_DOC = (
     "The GridBatch bundle of the grids in a raw NanoVDB buffer (grids back to back, validated, blind data "
@@ -104,6 +124,37 @@ def output_rule(op_type: str, inputs: list, attrs: dict) -> list[tuple[int, list
     return [(elem, None if total is None or trailing is None else [int(total)] + trailing)]
 
 
+def kernel_map_input_names() -> list[str]:
+    """Return SparseConvKernelMap's input names: the input grid's bundle, then the output grid's."""
+    return [f"in_{n}" for n in BUNDLE] + [f"out_{n}" for n in BUNDLE]
+
+
+def kernel_map_rule(inputs: list, attrs: dict) -> tuple[int, list | None]:
+    """Return (elem_type, dims) of SparseConvKernelMap's output: [output voxels, taps], the rows
+    from the output_voxels attribute or a constant out_batch_offsets (attrs["output_voxels"])."""
+    if len(inputs) != 2 * len(BUNDLE):
+        raise ValueError(f"fvdb.{KERNEL_MAP} takes {2 * len(BUNDLE)} inputs (the input grid's bundle, then the "
+                         f"output grid's), got {len(inputs)}")
+    kernel = [int(k) for k in attrs.get("kernel_size", ())]
+    if len(kernel) not in (1, 3) or min(kernel) < 1:
+        raise ValueError(f"kernel_size must be 1 or 3 positive integers, got {kernel}")
+    taps = kernel[0] ** 3 if len(kernel) == 1 else kernel[0] * kernel[1] * kernel[2]
+    rows = attrs.get("output_voxels")
+    return TensorProto.INT32, None if rows is None else [int(rows), taps]
+
+
+def sparse_conv_rule(inputs: list) -> tuple[int, list | None]:
+    """Return (elem_type, dims) of SparseConv3d's output: [kernel_map rows, weight's C_out]."""
+    if len(inputs) not in (3, 4):
+        raise ValueError(f"fvdb.{SPARSE_CONV} takes 3 or 4 inputs (features, kernel_map, weight[, bias]), "
+                         f"got {len(inputs)}")
+    feats, kmap, weight = inputs[:3]
+    elem = feats[0] if feats is not None else TensorProto.FLOAT
+    if kmap is None or kmap[1] is None or weight is None or weight[1] is None:
+        return elem, None
+    return elem, [kmap[1][0], weight[1][0]]
+
+
 def _schema(spec: OpSpec) -> defs.OpSchema:
     S = defs.OpSchema
     ins = [S.FormalParameter(n, t, "GridBatch bundle") for n, t in zip(BUNDLE, _BUNDLE_TYPES)]
@@ -137,6 +188,38 @@ def _grid_from_nanovdb_schema() -> defs.OpSchema:
              type_constraints=[("T_f64", *_TYPE_CONSTRAINTS["T_f64"])])
 
 
+def _kernel_map_schema() -> defs.OpSchema:
+    S = defs.OpSchema
+    types = list(_BUNDLE_TYPES) * 2
+    ins = [S.FormalParameter(n, t, "GridBatch bundle") for n, t in zip(kernel_map_input_names(), types)]
+    outs = [S.FormalParameter("kernel_map", "tensor(int32)", "[N_out, T] input indices, -1 where missing")]
+    attrs = [
+        S.Attribute("kernel_size", S.AttrType.INTS, "kernel size, one value or one per axis (x, y, z)"),
+        S.Attribute("stride", onnx.helper.make_attribute("stride", [1]), "stride, one value or one per axis"),
+        S.Attribute("transposed", onnx.helper.make_attribute("transposed", 0), "1: the transposed relation"),
+        S.Attribute("output_voxels", S.AttrType.INT, "rows of the output (the output grids' active voxels); "
+                    "needed when out_batch_offsets is not a constant", required=False),
+    ]
+    schema = S(KERNEL_MAP, DOMAIN, VERSION, doc=KERNEL_MAP_DOC, inputs=ins, outputs=outs,
+               type_constraints=[("T_f64", *_TYPE_CONSTRAINTS["T_f64"])], attributes=attrs)
+    schema.set_type_and_shape_inference_function(_onnx_inference(KERNEL_MAP))
+    return schema
+
+
+def _sparse_conv_schema() -> defs.OpSchema:
+    S = defs.OpSchema
+    opt = S.FormalParameterOption.Optional
+    ins = [S.FormalParameter("features", "T", "[N_in, C_in] input voxel features in linear-index order"),
+           S.FormalParameter("kernel_map", "tensor(int32)", "[N_out, T] from SparseConvKernelMap"),
+           S.FormalParameter("weight", "T", "[C_out, C_in, k0, k1, k2]"),
+           S.FormalParameter("bias", "T", "[C_out]", param_option=opt)]
+    outs = [S.FormalParameter("output", "T", "[N_out, C_out]")]
+    schema = S(SPARSE_CONV, DOMAIN, VERSION, doc=SPARSE_CONV_DOC, inputs=ins, outputs=outs,
+               type_constraints=[("T", *_TYPE_CONSTRAINTS["T"])])
+    schema.set_type_and_shape_inference_function(_onnx_inference(SPARSE_CONV))
+    return schema
+
+
 def _dims_of(tp: onnx.TypeProto) -> list | None:
     if not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):
         return None
@@ -150,14 +233,25 @@ def _onnx_inference(op_type: str):
             tp = ctx.get_input_type(k)
             ins.append(None if tp is None else (tp.tensor_type.elem_type, _dims_of(tp)))
         attrs = {}
-        for name in ("cumulative", "total_voxels"):
+        for name in ("cumulative", "total_voxels", "output_voxels"):
             a = ctx.get_attribute(name)
             if a is not None:
                 attrs[name] = a.i
-        offsets = ctx.get_input_data(BUNDLE.index("batch_offsets")) if ctx.get_num_inputs() > 5 else None
-        if "total_voxels" not in attrs and offsets is not None and len(offsets.dims) == 1 and offsets.dims[0]:
-            attrs["total_voxels"] = int(onnx.numpy_helper.to_array(offsets)[-1])
-        elem, dims = output_rule(op_type, ins, attrs)[0]
+        a = ctx.get_attribute("kernel_size")
+        if a is not None:
+            attrs["kernel_size"] = list(a.ints)
+        # the row count from a constant batch_offsets (of the output grid for the kernel map)
+        key, pos = (("output_voxels", len(BUNDLE) + BUNDLE.index("batch_offsets")) if op_type == KERNEL_MAP
+                    else ("total_voxels", BUNDLE.index("batch_offsets")))
+        offsets = ctx.get_input_data(pos) if ctx.get_num_inputs() > pos else None
+        if key not in attrs and offsets is not None and len(offsets.dims) == 1 and offsets.dims[0]:
+            attrs[key] = int(onnx.numpy_helper.to_array(offsets)[-1])
+        if op_type == KERNEL_MAP:
+            elem, dims = kernel_map_rule(ins, attrs)
+        elif op_type == SPARSE_CONV:
+            elem, dims = sparse_conv_rule(ins)
+        else:
+            elem, dims = output_rule(op_type, ins, attrs)[0]
         out = onnx.TypeProto()
         out.tensor_type.elem_type = elem
         if dims is not None:
@@ -181,7 +275,8 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    for schema in [_schema(s) for s in _OPS] + [_grid_from_nanovdb_schema()]:
+    for schema in [_schema(s) for s in _OPS] + [_grid_from_nanovdb_schema(), _kernel_map_schema(),
+                                                _sparse_conv_schema()]:
         if not defs.has(schema.name, DOMAIN):
             defs.register_schema(schema)
     _registered = True

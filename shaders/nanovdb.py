@@ -145,3 +145,20 @@ def bezier_weight(t):
     elif t >= 0.5 and t < 1.5:
         r = (t - 1.5) * (t - 1.5)
     return r
+
+
+@luisa.func
+def nvdb_leaf_origin(blob, leaf, axis):
+    """Coordinate `axis` of a leaf's origin: its mBBoxMin (the active bbox's min) with the low 3
+    bits cleared."""
+    return bitwise_cast(int, blob.read(uint, leaf + axis * 4)) & -8
+
+
+@luisa.func
+def floor_div(x, s):
+    """floor(x / s) for a positive s, negative x included (whatever the backend's integer division
+    rounds to)."""
+    q = x // s
+    if q * s > x:
+        q -= 1
+    return q

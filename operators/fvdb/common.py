@@ -221,29 +221,31 @@ class GridOp(Operator):
         """Check the op's own jdata types and shapes (subclasses)."""
 
     # ---- checks -----------------------------------------------------------------------------
-    def check_bundle(self) -> int:
-        """Check the bundle's types and static shapes; return the grid count B."""
-        t = {n: self.input(k) for k, n in enumerate(schema.BUNDLE)}
+    def check_bundle(self, first: int = 0, prefix: str = "") -> int:
+        """Check the types and static shapes of the bundle at inputs first.. (names `prefix`grid_blob,
+        ...); return the grid count B."""
+        t = {prefix + n: self.input(first + k) for k, n in enumerate(schema.BUNDLE)}
         for name, kind in (("grid_blob", "UINT8"), ("grid_byte_offsets", "INT64"), ("leaf_batch_indices", "INT32"),
                            ("batch_offsets", "INT64"), ("list_indices", "INT32")):
-            self.expect_dtype(t[name], (kind,), name)
+            self.expect_dtype(t[prefix + name], (kind,), prefix + name)
         for name in ("voxel_sizes", "origins"):
-            self.expect_dtype(t[name], ("DOUBLE", "FLOAT"), name)
+            self.expect_dtype(t[prefix + name], ("DOUBLE", "FLOAT"), prefix + name)
         for name, x in t.items():
             self.expect(not x.batched, f"{name} '{x.name}' {shape_str(x.shape)} follows the batch axis; the "
                         "GridBatch bundle is shared by every sample (give it static shapes)")
-        self.expect(t["grid_blob"].rank == 1, f"grid_blob '{t['grid_blob'].name}' must be 1-D, got "
-                    f"{shape_str(t['grid_blob'].shape)}")
-        off = t["grid_byte_offsets"]
+        blob = t[prefix + "grid_blob"]
+        self.expect(blob.rank == 1, f"{prefix}grid_blob '{blob.name}' must be 1-D, got {shape_str(blob.shape)}")
+        off = t[prefix + "grid_byte_offsets"]
         self.expect(off.rank == 1 and 1 <= off.shape[0] <= MAX_GRIDS_PER_BATCH,
-                    f"grid_byte_offsets '{off.name}' must be [B] with 1 <= B <= {MAX_GRIDS_PER_BATCH}, got "
+                    f"{prefix}grid_byte_offsets '{off.name}' must be [B] with 1 <= B <= {MAX_GRIDS_PER_BATCH}, got "
                     f"{shape_str(off.shape)}")
         b = off.shape[0]
-        self.expect_shape(t["voxel_sizes"], (b, 3), "voxel_sizes")
-        self.expect_shape(t["origins"], (b, 3), "origins")
-        self.expect_shape(t["batch_offsets"], (b + 1,), "batch_offsets")
-        self.expect(t["leaf_batch_indices"].rank == 1, f"leaf_batch_indices '{t['leaf_batch_indices'].name}' "
-                    f"must be 1-D, got {shape_str(t['leaf_batch_indices'].shape)}")
+        self.expect_shape(t[prefix + "voxel_sizes"], (b, 3), prefix + "voxel_sizes")
+        self.expect_shape(t[prefix + "origins"], (b, 3), prefix + "origins")
+        self.expect_shape(t[prefix + "batch_offsets"], (b + 1,), prefix + "batch_offsets")
+        leaves = t[prefix + "leaf_batch_indices"]
+        self.expect(leaves.rank == 1, f"{prefix}leaf_batch_indices '{leaves.name}' must be 1-D, got "
+                    f"{shape_str(leaves.shape)}")
         return b
 
     def check_jagged(self, jt: Jagged, shared: bool) -> None:

@@ -1,6 +1,7 @@
 """A numpy reference of fVDB's per-point ops, written from fVDB's sources (shared/reference/fvdb-ops.md):
 the float32 arithmetic of its CPU path, with C++'s promotions where fVDB mixes in double literals.
 Voxel lookups use the host reader (luisaml.fvdb.ijk_to_index), which tests/fvdb checks against warp.
+Sparse convolution is written from section 5's relation alone, with loops over ijk dictionaries.
 Also: model builders for fvdb.* nodes."""
 from __future__ import annotations
 
@@ -149,6 +150,39 @@ def splat_bezier(gb: GridBatch, points: JaggedTensor, values: np.ndarray) -> np.
 def points_in_grid(gb: GridBatch, points: JaggedTensor) -> np.ndarray:
     """fVDB's PointsInGrid.cu: isActive(round(world_to_voxel(p)))."""
     return lookup(gb, nanovdb_round(world_to_voxel(gb, points)).astype(np.int32), grid_ids(points)) >= 0
+
+
+def sparse_conv3d(grid_in: GridBatch, features: np.ndarray, grid_out: GridBatch, weight: np.ndarray,
+                  bias: np.ndarray | None = None, stride=1, transposed: bool = False) -> np.ndarray:
+    """fVDB's sparse convolution (fvdb-ops.md section 5), float64: out[c] = bias + sum over taps t of
+    W[:, :, t] @ in[S*c + t - P], P = (K - 1) // 2; transposed: out[f] += W[:, :, t] @ in[c] for
+    every active c and f = S*c + t - P, no kernel flip. Rows are batch-global voxel indices; grid b of
+    the output pairs with grid b of the input."""
+    w = np.asarray(weight, np.float64)
+    K = w.shape[2:]
+    P = [(k - 1) // 2 for k in K]
+    S = [stride] * 3 if np.ndim(stride) == 0 else list(stride)
+    x = np.asarray(features, np.float64)
+    out = np.zeros((grid_out.total_voxels, w.shape[0]))
+    if bias is not None:
+        out += np.asarray(bias, np.float64)
+    taps = [(a, b, c) for a in range(K[0]) for b in range(K[1]) for c in range(K[2])]
+    for g, (vin, vout) in enumerate(zip(grid_in.ijk.unbind(), grid_out.ijk.unbind())):
+        rows_in = {tuple(int(u) for u in v): int(grid_in.batch_offsets[g]) + n for n, v in enumerate(vin)}
+        rows_out = {tuple(int(u) for u in v): int(grid_out.batch_offsets[g]) + n for n, v in enumerate(vout)}
+        if transposed:
+            for c, n in rows_in.items():
+                for t in taps:
+                    o = rows_out.get(tuple(S[a] * c[a] + t[a] - P[a] for a in range(3)))
+                    if o is not None:
+                        out[o] += w[:, :, t[0], t[1], t[2]] @ x[n]
+        else:
+            for c, o in rows_out.items():
+                for t in taps:
+                    n = rows_in.get(tuple(S[a] * c[a] + t[a] - P[a] for a in range(3)))
+                    if n is not None:
+                        out[o] += w[:, :, t[0], t[1], t[2]] @ x[n]
+    return out
 
 
 # ---- models ------------------------------------------------------------------------------------

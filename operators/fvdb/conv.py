@@ -1,0 +1,353 @@
+"""Sparse convolution: SparseConvKernelMap builds the kernel map of a grid pair once (fVDB's
+relation, luisaml/fvdb/sparse_conv.py), SparseConv3d is the gather-GEMM over it.
+
+Why two nodes: the map depends only on the grid pair, kernel size and stride, so a network whose
+layers share a pair (every stride-1 layer of a U-Net level) exports one map node and feeds it to
+each layer: the reuse is in the graph, the schedule keeps the map in a buffer across stages, and a
+layer is a plain items operator whose output takes the usual epilogues (BatchNormalization, Relu).
+Over constant grids the map folds on the host at compile time (evaluate).
+
+A kernel-map work item is one voxel slot of one output leaf (most slots of a surface's leaves are
+empty and return at once); a convolution work item is R output voxels x O output channels, the
+channel blocks of a voxel block on consecutive threads, weights prepacked [tap][C_in][C_out] so a
+thread's O weights are consecutive words and a warp reads whole rows of them. A tap no voxel of the
+block has is skipped.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from luisaml import dtypes
+from luisaml import indexing as ix
+from luisaml.fvdb import layout as L
+from luisaml.fvdb.layout import NanoVDBError
+from luisaml.fvdb.nanovdb import active_voxels, ijk_to_index
+from luisaml.fvdb.sparse_conv import ConvGeometry, conv_geometry, kernel_map
+from luisaml.model import shape_str
+from luisaml.operator import CompileError, Derived, Operator
+from luisaml.opsets import fvdb as schema
+from luisaml.registry import register
+
+from .common import META_FIELDS, GridOp, GridRef, Meta, bundle_grids, grid_metadata
+
+BUNDLE = len(schema.BUNDLE)
+OUT = BUNDLE  # the output grid's bundle starts at input 7
+LEAF_SLOTS = 512
+
+
+def leaf_positions(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch_indices, batch_offsets) -> np.ndarray:
+    """Return the byte position (int32 [leaves]) of every leaf of a checked bundle, in batch order."""
+    grids = bundle_grids(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch_indices, batch_offsets)
+    pos = [g.leaf_offset + L.LEAF_NODE_SIZE * np.arange(g.leaf_count, dtype=np.int64) for g in grids]
+    return np.concatenate(pos).astype(np.int32) if pos else np.zeros(0, np.int32)
+
+
+def _geometry(node) -> ConvGeometry:
+    try:
+        return conv_geometry(node.attrs.get("kernel_size", ()), node.attrs.get("stride", 1))
+    except ValueError as e:
+        raise CompileError(f"{node.describe()}: {e}") from None
+
+
+@register(schema.KERNEL_MAP, domain="fvdb", since=1)
+class SparseConvKernelMap(GridOp):
+    """int32 [N_out, T]: the batch-global input voxel each output voxel reads at each tap, or -1."""
+
+    @classmethod
+    def infer(cls, node, inputs):
+        attrs = dict(node.attrs)
+        offsets = inputs[OUT + 5] if len(inputs) > OUT + 5 else None
+        if "output_voxels" not in attrs and offsets is not None and offsets.value is not None and offsets.value.size:
+            attrs["output_voxels"] = int(np.asarray(offsets.value).reshape(-1)[-1])
+        try:
+            elem, dims = schema.kernel_map_rule(list(inputs), attrs)
+        except ValueError as e:
+            raise CompileError(f"{node.describe()}: {e}") from None
+        return [(elem, None if dims is None else tuple(dims))]
+
+    @classmethod
+    def evaluate(cls, node, inputs):
+        geo = _geometry(node)
+        try:
+            grids_in = bundle_grids(*inputs[:6])
+            grids_out = bundle_grids(*inputs[OUT:OUT + 6])
+        except NanoVDBError as e:
+            raise CompileError(f"{node.describe()}: {e}") from None
+        if len(grids_in) != len(grids_out):
+            raise CompileError(f"{node.describe()}: the input bundle has {len(grids_in)} grids, the output bundle "
+                               f"{len(grids_out)}; a kernel map pairs grid b with grid b")
+        offsets = np.asarray(inputs[5], np.int64).reshape(-1)
+
+        def lookup(b, ijk):
+            idx = ijk_to_index(grids_in[b], ijk.astype(np.int32))
+            return np.where(idx >= 0, idx + offsets[b], -1)
+
+        out = kernel_map([active_voxels(g) for g in grids_out], lookup, geo, bool(node.attrs.get("transposed", 0)))
+        return [out]
+
+    def check(self):
+        names = schema.kernel_map_input_names()
+        self.expect(len(self.inputs) == len(names), f"takes {len(names)} inputs (the input grid's bundle, then the "
+                    f"output grid's), got {len(self.inputs)}")
+        self.B = self.check_bundle(0, "in_")
+        b_out = self.check_bundle(OUT, "out_")
+        self.expect(b_out == self.B, f"the input bundle has {self.B} grids, the output bundle {b_out}; a kernel map "
+                    "pairs grid b with grid b")
+        self.geo = _geometry(self.node)
+        self.transposed = bool(self.attr("transposed", 0))
+        y = self.output()
+        self.expect_dtype(y, ("INT32",), "output")
+        self.expect(y.rank == 2 and y.shape[1] == self.geo.taps, f"output '{y.name}' has shape {shape_str(y.shape)}, "
+                    f"expected [output voxels, {self.geo.taps}] for kernel {list(self.geo.kernel)}")
+        self.leaves = self.input(OUT + 4).shape[0]
+        self.expect(not y.batched, f"output '{y.name}' follows the batch axis; give the grids static shapes")
+
+    def derived_inputs(self):
+        rows = self.output().shape[0]
+        return [Derived(grid_metadata, tuple(range(6)), dtypes.INT32, (self.B, META_FIELDS)),
+                Derived(grid_metadata, tuple(range(OUT, OUT + 6)), dtypes.INT32, (self.B, META_FIELDS),
+                        (("expect_voxels", rows),)),
+                Derived(leaf_positions, tuple(range(OUT, OUT + 6)), dtypes.INT32, (self.leaves,))]
+
+    def work_items(self):
+        return self.leaves * LEAF_SLOTS if self.output().shape[0] else 0
+
+    def emit_item(self, ctx, item):
+        meta_in, meta_out, leaf_pos = self.derived
+        y, geo, T = self.output(), self.geo, self.geo.taps
+        blob_out, base_out = self.input(OUT).storage.byte_address()
+        blob_in, base_in = self.input(0).storage.byte_address()
+        value = ctx.use_helper("nvdb_leaf_value", "nanovdb")
+        corner = ctx.use_helper("nvdb_leaf_origin", "nanovdb")
+        leaf_i = ctx.let(ix.div(item, LEAF_SLOTS), "l")
+        slot = ctx.let(ix.mod(item, LEAF_SLOTS), "slot")
+        leaf = ctx.let(ix.add(base_out, leaf_pos.load(leaf_i)) if base_out != "0" else leaf_pos.load(leaf_i), "leaf")
+        b = ctx.let(self.input(OUT + 4).load(leaf_i), "b")
+        c = [ctx.let(f"{corner}({blob_out}, {leaf}, {a}) + {s}", "c")
+             for a, s in enumerate((f"({slot} >> 6)", f"(({slot} >> 3) & 7)", f"({slot} & 7)"))]
+        v_out = ctx.let(f"{value}({blob_out}, {leaf}, {', '.join(c)})", "v")
+        ctx.line(f"if {v_out} > 0:")
+        with ctx.indent():
+            m = ctx.let(ix.mul(b, META_FIELDS), "m")  # grid b's row of both metadata tables
+            row = ctx.let(ix.mul(f"({meta_out.load(ix.add(m, str(int(Meta.VOXEL_OFFSET))))} + {v_out} - 1)", T), "row")
+
+            def field(f: Meta) -> str:
+                return meta_in.load(ix.add(m, str(int(f))))
+
+            tiles = field(Meta.TILES) if base_in == "0" else ix.add(base_in, field(Meta.TILES))
+            g = GridRef(ctx, blob_in, ctx.let(tiles, "tiles"), ctx.let(field(Meta.TILE_COUNT), "ntiles"), field)
+            voxel_offset = ctx.let(g.voxel_offset, "voff")
+            self.emit_taps(ctx, g, c, voxel_offset, lambda tap, v: ctx.store(y, ix.add(row, tap), v))
+
+    def emit_taps(self, ctx, g: GridRef, c: list[str], voxel_offset: str, store) -> None:
+        """Emit the loop over the taps of output voxel c: the input voxel each reads, looked up in the
+        input grid (through one leaf when the whole stencil lies in it), stored by store(tap, index)."""
+        geo = self.geo
+        K, S, P = geo.kernel, geo.stride, geo.padding
+        fdiv = ctx.use_helper("floor_div", "nanovdb")
+        ctx.use_helper("nvdb_value", "nanovdb")  # GridRef.lookup's traversal
+        # the stencil box's low corner per axis and its extent (the same on every axis: the widest)
+        if self.transposed:
+            # c_in = (c + P - d) / S for d in [0, K): between floor((c + P - K + 1) / S) and floor((c + P) / S)
+            base = [ctx.let(f"{fdiv}({ix.add(c[a], str(P[a] - K[a] + 1))}, {S[a]})" if S[a] > 1
+                            else ix.add(c[a], str(P[a] - K[a] + 1)), "lo") for a in range(3)]
+            span = max(-(-(K[a] - 1) // S[a]) for a in range(3))
+        else:
+            base = [ctx.let(ix.add(ix.mul(c[a], S[a]), str(-P[a])) if P[a] else ix.mul(c[a], S[a]), "lo")
+                    for a in range(3)]
+            span = max(K) - 1
+        stencil = g.stencil_leaf(base, 0, span)
+        with ctx.loop(geo.taps, "tap") as tap:
+            d = [ctx.let(ix.div(tap, K[1] * K[2]), "da"), ctx.let(ix.mod(ix.div(tap, K[2]), K[1]), "db"),
+                 ctx.let(ix.mod(tap, K[2]), "dc")]
+            index = ctx.fresh("index")
+            ctx.line(f"{index} = -1")
+            valid = []
+            if self.transposed:
+                q = [ctx.let(f"{c[a]} + {P[a]} - {d[a]}", "q") for a in range(3)]
+                src = [ctx.let(f"{fdiv}({q[a]}, {S[a]})", "src") if S[a] > 1 else q[a] for a in range(3)]
+                valid = [f"{src[a]} * {S[a]} == {q[a]}" for a in range(3) if S[a] > 1]
+            else:
+                src = [f"{base[a]} + {d[a]}" for a in range(3)]
+            if valid:
+                ctx.line(f"if {' and '.join(valid)}:")
+                ctx.level += 1
+            v = g.cached_lookup(stencil, src)
+            ctx.line(f"if {v} > 0:")
+            with ctx.indent():
+                ctx.line(f"{index} = {voxel_offset} + {v} - 1")
+            if valid:
+                ctx.level -= 1
+            store(tap, index)
+
+    def forward(self, ctx):
+        with ctx.loop(self.work_items(), "item") as item:
+            self.emit_item(ctx, item)
+
+    def describe(self):
+        kind = "transposed " if self.transposed else ""
+        return (f"{kind}kernel map, kernel {list(self.geo.kernel)}, stride {list(self.geo.stride)}: a thread per "
+                f"voxel slot of the output grid's {self.leaves} leaves")
+
+
+# Accumulators per thread: R voxels x O channels within 32 (operators/gemm.py: 32 floats keep the
+# CPU backend's tiles in vector registers; 32 of a GPU thread's registers).
+MAX_ACC = 32
+MAX_CHANNELS = 16
+
+
+def conv_tile(n_out: int, c_out: int) -> tuple[int, int]:
+    """Return (R output voxels, O output channels) of a SparseConv3d work item: O a multiple of 4 up
+    to MAX_CHANNELS that pads C_out least (then the widest), R the voxels that fill MAX_ACC (at
+    most 4: a tap is skipped only when no voxel of the block has it)."""
+    n4 = max(-(-c_out // 4), 1) * 4
+    O = n4 if n4 <= MAX_CHANNELS else min(range(4, MAX_CHANNELS + 1, 4), key=lambda o: (-(-c_out // o) * o - c_out, -o))
+    R = max(1, min(4, MAX_ACC // O, n_out))
+    return R, O
+
+
+@register(schema.SPARSE_CONV, domain="fvdb", since=1)
+class SparseConv3d(Operator):
+    """out[o] = bias + sum over taps t with kernel_map[o, t] >= 0 of weight[:, :, t] @ features[kernel_map[o, t]]."""
+
+    stores_once = True
+
+    @classmethod
+    def infer(cls, node, inputs):
+        ins = [None if v is None or v.shape is None else (v.elem_type, list(v.shape)) for v in inputs]
+        try:
+            elem, dims = schema.sparse_conv_rule(ins)
+        except ValueError as e:
+            raise CompileError(f"{node.describe()}: {e}") from None
+        return [(elem, None if dims is None else tuple(dims))]
+
+    def check(self):
+        x, kmap, w = self.input(0), self.input(1), self.input(2)
+        self.expect_dtype(x, ("FLOAT",), "input 0 (features)")
+        self.expect_dtype(w, ("FLOAT",), "input 2 (weight)")
+        self.expect_dtype(kmap, ("INT32",), "input 1 (kernel_map)")
+        self.expect(x.rank == 2, f"features '{x.name}' must be [N_in, C_in], got {shape_str(x.shape)}")
+        self.expect(kmap.rank == 2, f"kernel_map '{kmap.name}' must be [N_out, taps], got {shape_str(kmap.shape)}")
+        self.expect(w.rank == 5, f"weight '{w.name}' must be [C_out, C_in, k0, k1, k2], got {shape_str(w.shape)}")
+        self.n_in, self.c_in = x.shape
+        self.n_out, self.taps = kmap.shape
+        self.c_out = w.shape[0]
+        self.expect(w.shape[1] == self.c_in, f"weight '{w.name}' {shape_str(w.shape)} has {w.shape[1]} input "
+                    f"channels, features '{x.name}' {shape_str(x.shape)} have {self.c_in}")
+        self.expect(int(np.prod(w.shape[2:])) == self.taps, f"weight '{w.name}' {shape_str(w.shape)} has "
+                    f"{int(np.prod(w.shape[2:]))} taps, kernel_map '{kmap.name}' {shape_str(kmap.shape)} has {self.taps}")
+        if self.has_input(3):
+            self.expect_dtype(self.input(3), ("FLOAT",), "input 3 (bias)")
+            self.expect_shape(self.input(3), (self.c_out,), "input 3 (bias)")
+        for k in range(len(self.inputs)):
+            t = self.inputs[k]
+            self.expect(t is None or not t.batched, f"input {k} '{t.name if t else ''}' follows the batch axis; "
+                        "voxel features, kernel maps and weights are shared (give them static shapes)")
+        y = self.output()
+        self.expect_shape(y, (self.n_out, self.c_out), "output")
+        if kmap.value is not None:
+            v = np.asarray(kmap.value)
+            bad = (v < -1) | (v >= self.n_in)
+            self.expect(not bad.any(), f"kernel_map '{kmap.name}' holds index "
+                        f"{int(v[bad][0]) if bad.any() else 0} outside [-1, {self.n_in}) (the features' rows)")
+
+    def tiles(self) -> tuple[int, int, int, int]:
+        """Return (R voxels, O channels, voxel blocks, channel blocks)."""
+        R, O = conv_tile(self.n_out, self.c_out)
+        return R, O, -(-self.n_out // R), -(-self.c_out // O)
+
+    def work_items(self):
+        _, _, blocks, cblocks = self.tiles()
+        return blocks * cblocks
+
+    def packed_weight(self):
+        """Return the byte offset in the blob of the weight prepacked as float32 [tap][C_in][channel
+        blocks x O], or None when the weight is not a constant of the weight blob."""
+        from luisaml.plan import BlobWeight
+
+        w = self.input(2)
+        if w.value is None or not isinstance(w.home, BlobWeight):
+            return None
+        _, O, _, cblocks = self.tiles()
+
+        def pack() -> np.ndarray:
+            v = np.asarray(w.value, np.float32).reshape(self.c_out, self.c_in, self.taps).transpose(2, 1, 0)
+            packed = np.zeros((self.taps, self.c_in, cblocks * O), np.float32)
+            packed[..., : self.c_out] = v
+            return packed
+
+        return w.home.blob.add_packed(f"{w.name}/packed[{self.taps}x{self.c_in}x{cblocks * O}]", pack)
+
+    def emit_item(self, ctx, item):
+        x, kmap, w, y = self.input(0), self.input(1), self.input(2), self.output()
+        R, O, _, cblocks = self.tiles()
+        C_in, C_out, T = self.c_in, self.c_out, self.taps
+        cb = ctx.let(ix.mod(item, cblocks), "cb") if cblocks > 1 else "0"
+        vb = ix.div(item, cblocks) if cblocks > 1 else item
+        n0 = ctx.let(ix.mul(cb, O), "n")
+        safe = C_out % O or O  # channels j >= safe may fall past C_out in the last block
+        rows_in = self.n_out % R or R  # voxels r >= rows_in may fall past N_out in the last block
+        outs = [ctx.let(ix.add(ix.mul(vb, R), str(r)), "o") for r in range(R)]
+        loads = [o if r < rows_in else f"min({o}, {self.n_out - 1})" for r, o in enumerate(outs)]
+        acc = [[ctx.fresh("acc") for _ in range(O)] for _ in range(R)]
+        bias = self.input(3) if self.has_input(3) else None
+        for j in range(O):
+            col = ix.add(n0, str(j)) if j < safe else f"min({ix.add(n0, str(j))}, {C_out - 1})"
+            init = ctx.let(bias.load(col), "bias") if bias is not None else "0.0"
+            for r in range(R):
+                ctx.line(f"{acc[r][j]} = {init}")
+        packed = self.packed_weight()
+        if packed is not None:
+            wbase = ctx.let(ix.add(str(packed), ix.mul(cb, O * 4)), "wb")
+        else:
+            wcols = [ctx.let(ix.add(n0, str(j)) if j < safe else f"min({ix.add(n0, str(j))}, {C_out - 1})", "m")
+                     for j in range(O)]
+        # a kernel map fed at run time: an index past the features is flagged (run() raises naming
+        # this node) and read as missing
+        checked = kmap.value is None
+        flag = ctx.flag_error(str(self.error(f"kernel_map '{kmap.name}' holds an index outside [-1, {self.n_in}) "
+                                             f"(the rows of features '{x.name}')"))) if checked else None
+        with ctx.loop(T, "tap") as tap:
+            ks = []
+            for r in range(R):
+                k = ctx.fresh("k")
+                ctx.line(f"{k} = {kmap.load(ix.add(ix.mul(loads[r], T), tap))}")
+                if checked:
+                    ctx.line(f"if {k} < -1 or {k} >= {self.n_in}:")
+                    with ctx.indent():
+                        if flag is not None:
+                            ctx.line(flag)
+                        ctx.line(f"{k} = -1")
+                ks.append(k)
+            if self.n_in > 0:  # (with no input voxels every tap is missing or flagged: the output is the bias)
+                ctx.line(f"if {' or '.join(f'{k} >= 0' for k in ks)}:")
+                with ctx.indent():
+                    rows = [ctx.let(ix.mul(f"max({k}, 0)", C_in), "xr") for k in ks]
+                    if packed is not None:
+                        wt = ctx.let(ix.add(wbase, ix.mul(tap, C_in * cblocks * O * 4)), "wt")
+                    with ctx.loop(C_in, "c") as c:
+                        if packed is not None:
+                            wk = ctx.let(ix.add(wt, ix.mul(c, cblocks * O * 4)), "wk")
+                            ws = [ctx.let(f"weights.read(float, {ix.add(wk, str(4 * j))})", "w") for j in range(O)]
+                        else:
+                            ws = [ctx.let(w.load(ix.add(ix.mul(wcols[j], C_in * T), ix.mul(c, T), tap)), "w")
+                                  for j in range(O)]
+                        for r in range(R):
+                            xv = x.load(ix.add(rows[r], c))
+                            a = ctx.let(xv if R == 1 else f"({xv} if {ks[r]} >= 0 else 0.0)", "a")
+                            for j in range(O):
+                                ctx.line(f"{acc[r][j]} = fma({a}, {ws[j]}, {acc[r][j]})")
+        for r in range(R):
+            for j in range(O):
+                col = ix.add(n0, str(j))
+                conds = ([] if r < rows_in else [f"{outs[r]} < {self.n_out}"]) + ([] if j < safe else [f"{col} < {C_out}"])
+                ctx.line_if(" and ".join(conds) or None, y.store(ix.add(ix.mul(outs[r], C_out), col), acc[r][j]))
+
+    def forward(self, ctx):
+        with ctx.loop(self.work_items(), "item") as item:
+            self.emit_item(ctx, item)
+
+    def describe(self):
+        R, O, _, _ = self.tiles()
+        return (f"gather-GEMM over a kernel map of {self.taps} taps, {self.c_in}->{self.c_out} channels: a thread "
+                f"per {R} output voxels x {O} channels")
