@@ -1,30 +1,53 @@
-"""luisaml: compile ONNX models into LuisaCompute kernels that run as one launch."""
+"""luisaml: compile ONNX models into LuisaCompute kernels that run as one launch.
+
+`import luisaml` imports neither onnx nor torch: what compiles (`compile`, `CompileOptions`,
+`Operator`, `register`, `MLPConfig`, `NetworkInstance`) is imported on first use, so that
+`luisaml.load("model.lml")` runs a built artifact without them."""
 from __future__ import annotations
 
-from .errors import (BackendUnavailable, BatchMixingError, CompileError, InputError, LimitError, LuisamlError,
-                     ModelError, RunError, UsageError, WeightsError)
-from .instance import NetworkInstance
+import importlib
+from typing import TYPE_CHECKING
+
+from .artifact import load
+from .errors import (ArtifactError, BackendUnavailable, BatchMixingError, CompileError, IncompatibleArtifact,
+                     InputError, LimitError, LuisamlError, ModelError, RunError, UsageError, WeightsError)
 from .limits import Limits
-from .mlp import MLPConfig
 from .network import CompiledNetwork, PerBatchNetwork
-from .operator import Operator
-from .registry import register
-from .runtime import CompileOptions, compile
 from .session import InferenceSession, NodeArg
+
+if TYPE_CHECKING:
+    from .instance import NetworkInstance
+    from .mlp import MLPConfig
+    from .operator import Operator
+    from .registry import register
+    from .runtime import CompileOptions, compile
 
 __version__ = "0.1.0"
 __all__ = [
     "compile", "CompileOptions", "MLPConfig", "CompiledNetwork", "PerBatchNetwork", "NetworkInstance", "Operator", "register",
     "Limits", "LuisamlError", "ModelError", "CompileError", "BatchMixingError", "WeightsError", "LimitError",
-    "InputError", "RunError", "UsageError", "BackendUnavailable", "InferenceSession", "NodeArg",
+    "InputError", "RunError", "UsageError", "BackendUnavailable", "InferenceSession", "NodeArg", "load", "ArtifactError",
+    "IncompatibleArtifact",
 ]
+
+# public name -> the module that defines it, imported on first use (these import onnx)
+_LAZY = {
+    "compile": "runtime", "CompileOptions": "runtime", "MLPConfig": "mlp", "NetworkInstance": "instance",
+    "Operator": "operator", "register": "registry",
+}
 
 
 def __getattr__(name: str):
-    """Import `luisaml.torch` on first use (`luisaml.torch.compile`), so that `import luisaml` does
-    not import torch."""
-    if name == "torch":
-        import importlib
-
-        return importlib.import_module(".torch", __name__)
+    """Import what compiles on first use (`luisaml.compile`, `luisaml.torch.compile`, ...) and the
+    submodules (`luisaml.model`), so that `import luisaml` imports neither onnx nor torch."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("__"):
+        try:
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
     raise AttributeError(f"module 'luisaml' has no attribute {name!r}")

@@ -149,8 +149,29 @@ def write_module(source: str, path: str | os.PathLike | None = None, *, max_byte
         return _write_module(data, cache_dir(path), max_bytes)
 
 
+def find_module(source: str, path: str | os.PathLike | None = None) -> Path | None:
+    """Return the cached file holding exactly `source` (its use recorded), or None. A module gets
+    into the cache only after safe_source.check_source passed it (compile() and luisaml.load check
+    before they write), so the caller may import the file without parsing it again: the cache
+    folder is as trusted as luisaml, which imports what it finds there."""
+    data = source.encode()
+    out = cache_dir(path) / _module_name(data)
+    try:
+        same = out.stat().st_size == len(data) and out.read_bytes() == data
+    except OSError:
+        return None
+    if same:
+        _mark_used(out)
+        return out
+    return None
+
+
+def _module_name(data: bytes) -> str:
+    return f"net_{hashlib.sha256(data).hexdigest()[:20]}.py"
+
+
 def _write_module(data: bytes, folder: Path, max_bytes: int | None) -> Path:
-    out = folder / f"net_{hashlib.sha256(data).hexdigest()[:20]}.py"
+    out = folder / _module_name(data)
     try:
         # bytes, not text: a damaged file (bad UTF-8 included) is simply rewritten
         same = out.stat().st_size == len(data) and out.read_bytes() == data
@@ -653,6 +674,6 @@ class _Bits:
 
 __all__ = [
     "ROOT", "MAX_BYTES", "CacheError", "root", "fallback_root", "cache_dir", "locks_dir", "templates_dir",
-    "digest", "write_module", "import_module", "entries", "prune", "info", "clear", "Folder",
+    "digest", "write_module", "find_module", "import_module", "entries", "prune", "info", "clear", "Folder",
     "kernel_cache_dir", "check_kernel_cache", "scan_kernels", "bitcode_problem",
 ]

@@ -63,6 +63,26 @@ def cuda_device_count() -> int:
     return count.value
 
 
+_SM_COUNT: int | None = None
+
+
+def sm_count() -> int:
+    """Return the multiprocessor count of CUDA device 0 (persistent blocks fill every SM); 132
+    where the driver cannot say."""
+    global _SM_COUNT
+    if _SM_COUNT is None:
+        _SM_COUNT = 132
+        try:
+            cuda = ctypes.CDLL("libcuda.so.1")
+            dev, v = ctypes.c_int(0), ctypes.c_int(0)
+            if cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0:
+                if cuda.cuDeviceGetAttribute(ctypes.byref(v), 16, dev) == 0 and v.value > 0:
+                    _SM_COUNT = v.value  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+        except OSError:
+            pass
+    return _SM_COUNT
+
+
 def check_backend(backend: str) -> None:
     """Raise BackendUnavailable naming what is missing for `backend`."""
     missing = missing_libraries()

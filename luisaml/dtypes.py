@@ -4,9 +4,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import TensorProto
 
 from .errors import ModelError, RangeError
+
+# ONNX's TensorProto.DataType numbers, fixed by its spec: written out so that this module (and so
+# luisaml.load of a .lml artifact) does not import onnx; tests/test_artifact.py checks them
+ONNX_TYPES: dict[str, int] = {
+    "UNDEFINED": 0, "FLOAT": 1, "UINT8": 2, "INT8": 3, "UINT16": 4, "INT16": 5, "INT32": 6, "INT64": 7,
+    "STRING": 8, "BOOL": 9, "FLOAT16": 10, "DOUBLE": 11, "UINT32": 12, "UINT64": 13, "COMPLEX64": 14,
+    "COMPLEX128": 15, "BFLOAT16": 16,
+}
+_ONNX_NAMES = {v: k for k, v in ONNX_TYPES.items()}
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,7 @@ class DType:
 
 
 def _dt(name: str, np_dtype, dsl: str, kernel_np=None) -> DType:
-    return DType(name, getattr(TensorProto, name), np.dtype(np_dtype), dsl, np.dtype(kernel_np or np_dtype))
+    return DType(name, ONNX_TYPES[name], np.dtype(np_dtype), dsl, np.dtype(kernel_np or np_dtype))
 
 
 # int64 lives in 32-bit registers inside a kernel: luisa-python's 64-bit integer arithmetic
@@ -71,7 +79,7 @@ DOUBLE = _dt("DOUBLE", np.float64, "float", np.float32)
 
 # The same float64, for a model compiled with float64="float32": generic operators compute it in
 # float32 (about 7 significant digits), the host converts at the kernel's boundary.
-DOUBLE_AS_FLOAT = DType("DOUBLE", TensorProto.DOUBLE, np.dtype(np.float64), "float", np.dtype(np.float32), True)
+DOUBLE_AS_FLOAT = DType("DOUBLE", ONNX_TYPES["DOUBLE"], np.dtype(np.float64), "float", np.dtype(np.float32), True)
 
 SUPPORTED: dict[int, DType] = {d.onnx: d for d in (FLOAT, FLOAT16, INT32, INT64, BOOL, UINT32, UINT8, DOUBLE)}
 _BY_NUMPY: dict[np.dtype, DType] = {d.numpy: d for d in SUPPORTED.values()}
@@ -83,6 +91,10 @@ class UnsupportedDType(ModelError, TypeError):
 
 def onnx_name(elem_type: int) -> str:
     """Return the TensorProto name of an ONNX element type number."""
+    if elem_type in _ONNX_NAMES:
+        return _ONNX_NAMES[elem_type]
+    from onnx import TensorProto  # the newer types (float8, int4, ...)
+
     try:
         return TensorProto.DataType.Name(elem_type)
     except ValueError:
@@ -106,6 +118,11 @@ def from_numpy(dtype) -> DType:
         return _BY_NUMPY[np.dtype(dtype)]
     except KeyError:
         raise UnsupportedDType(f"numpy dtype {np.dtype(dtype)} is not supported") from None
+
+
+def shape_str(shape) -> str:
+    """Return a shape as '[2, B, 3]', or '[?]' for unknown rank (how messages write shapes)."""
+    return "[?]" if shape is None else "[" + ", ".join(str(d) for d in shape) + "]"
 
 
 def to_kernel(array: np.ndarray, dtype: DType, what: str) -> np.ndarray:

@@ -34,6 +34,16 @@ class LimitError(ModelError):
     with, found before any memory is committed."""
 
 
+class ArtifactError(ModelError):
+    """A .lml artifact that cannot be loaded: not an artifact, damaged (a hash does not match), or
+    holding a module the safe-source check refuses; the message names the file and what failed."""
+
+
+class IncompatibleArtifact(ArtifactError):
+    """A .lml artifact built by a luisaml, luisa-python or format version this one cannot run, or
+    for another backend; the message says what to rebuild it with."""
+
+
 class InputError(LuisamlError, ValueError):
     """Feeds that do not match the network's inputs (shape, batch size, value range)."""
 
@@ -72,6 +82,7 @@ class BackendUnavailable(LuisamlError, RuntimeError):
 
 
 __all__ = [
-    "LuisamlError", "ModelError", "CompileError", "BatchMixingError", "WeightsError", "LimitError", "InputError",
+    "LuisamlError", "ModelError", "CompileError", "BatchMixingError", "WeightsError", "LimitError", "ArtifactError",
+    "IncompatibleArtifact", "InputError",
     "InputNameError", "InputTypeError", "UsageError", "RangeError", "RunError", "CacheError", "BackendUnavailable",
 ]

@@ -10,7 +10,6 @@ luisa-python 0.3.7's CPU backend cannot compile shared memory or sync_block. The
 are what benchmarks/NOTES.md measured; designs measured and rejected there are not kept here."""
 from __future__ import annotations
 
-import ctypes
 import os
 from dataclasses import dataclass, field
 
@@ -18,6 +17,7 @@ import numpy as np
 
 from . import dtypes
 from .codegen import KernelContext, Module
+from .device import sm_count
 from .errors import CompileError, UsageError
 from .model import Node
 from .operator import Operator
@@ -405,22 +405,3 @@ def choose_tiling(T: int, NT: int, Np: int, max_acc: int = MAX_ACC) -> tuple[int
 
 def _largest_divisor_at_most(k: int, cap: int) -> int:
     return max(d for d in range(1, min(k, cap) + 1) if k % d == 0)
-
-
-_SM_COUNT: int | None = None
-
-
-def sm_count() -> int:
-    """Return the multiprocessor count of CUDA device 0 (persistent blocks fill every SM)."""
-    global _SM_COUNT
-    if _SM_COUNT is None:
-        _SM_COUNT = 132
-        try:
-            cuda = ctypes.CDLL("libcuda.so.1")
-            dev, v = ctypes.c_int(0), ctypes.c_int(0)
-            if cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0:
-                if cuda.cuDeviceGetAttribute(ctypes.byref(v), 16, dev) == 0 and v.value > 0:
-                    _SM_COUNT = v.value  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
-        except OSError:
-            pass
-    return _SM_COUNT

@@ -10,7 +10,7 @@ import onnx
 from onnx import numpy_helper
 
 from . import dtypes
-from .dtypes import DType
+from .dtypes import DType, shape_str  # noqa: F401  (shape_str: re-exported, written without onnx)
 from .errors import ModelError  # re-exported: luisaml.model.ModelError
 
 # A dimension is a known int, or a symbol (str) such as the batch dimension's name.
@@ -47,11 +47,6 @@ class Variable:
     def describe(self) -> str:
         """Return 'name: dtype[shape]' for messages."""
         return f"'{self.name}': {type_str(self.elem_type)}{shape_str(self.shape)}"
-
-
-def shape_str(shape: Shape | None) -> str:
-    """Return a shape as '[2, B, 3]', or '[?]' for unknown rank."""
-    return "[?]" if shape is None else "[" + ", ".join(str(d) for d in shape) + "]"
 
 
 def type_str(elem_type: int) -> str:

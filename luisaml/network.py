@@ -7,17 +7,18 @@ import contextlib
 import hashlib
 import os
 import time
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
 from . import cache, device, dtypes
+from .dtypes import shape_str
 from .errors import InputError, InputNameError, InputTypeError, RunError, UsageError
 from .interop import dlpack_buffer, is_torch, to_numpy, torch_dtype
 from .log import SLOW_BUILD_S, phase
-from .model import shape_str
-from .passes.infer import PROBE_A
-from .plan import IOSpec, Plan
+
+if TYPE_CHECKING:  # (not imported at run time: a network loaded from a .lml runs without onnx)
+    from .plan import IOSpec, Plan
 
 
 def _feeds_and_outputs(feeds, outputs, inputs: list[IOSpec]) -> tuple[Mapping[str, Any], list[str] | None]:
@@ -39,6 +40,8 @@ def _expected(spec: IOSpec) -> str:
 
 class CompiledNetwork:
     """A model compiled into one generated module: run it, or call `forward` from your own kernel."""
+
+    artifact = None  # the luisaml.artifact.Artifact it was loaded from (luisaml.load), else None
 
     def __init__(self, plan: Plan, module, path: str, backend: str):
         self.plan = plan
@@ -148,6 +151,13 @@ class CompiledNetwork:
         ins = ", ".join(f"{s.name}: {s.dtype.name.lower()}{_expected(s)}" for s in self.plan.inputs)
         outs = ", ".join(f"{s.name}: {s.dtype.name.lower()}{_expected(s)}" for s in self.plan.outputs)
         return f"<CompiledNetwork ({ins}) -> ({outs}) on {self.backend}>"
+
+    def save(self, path: str | os.PathLike, *, model_name: str | None = None):
+        """Write everything a run needs into one .lml file (`luisaml.load` runs it without onnx)
+        and return its path; model_name: the name `inspect` shows (default: the graph's)."""
+        from .artifact import save
+
+        return save(self, path, model_name=model_name)
 
     # ---- running ---------------------------------------------------------------------------
     def check_feeds(self, feeds: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int, bool]:
@@ -500,6 +510,8 @@ class PerBatchNetwork(CompiledNetwork):
     `forward` does not exist, since no per-sample function does."""
 
     def __init__(self, probe: CompiledNetwork, why: str, symbol: str, declared: dict[str, list], compile_at):
+        from .passes.infer import PROBE_A
+
         super().__init__(probe.plan, probe.module, probe.path, probe.backend)
         self.why = why
         self.symbol = symbol

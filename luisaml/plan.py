@@ -7,7 +7,7 @@ emits code or touches a device."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -15,11 +15,13 @@ from . import dtypes
 from .dtypes import DType
 from .limits import DEFAULT as DEFAULT_LIMITS
 from .limits import Limits
-from .model import Graph, Model, Node
-from .operator import Operator
 from .regalloc import Allocation
 from .safe_source import Identifiers
 from .storage import Storage, Tensor, Weight
+
+if TYPE_CHECKING:  # annotations only: IOSpec and Blob are also what a .lml artifact loads, without onnx
+    from .model import Graph, Model, Node
+    from .operator import Operator
 
 BLOB_ALIGN = 16
 

@@ -1,17 +1,19 @@
 """InferenceSession: onnxruntime's session API (get_inputs, get_outputs, run) over a compiled
-network, so that code written for onnxruntime runs unchanged with `luisaml.InferenceSession` in
-place of `onnxruntime.InferenceSession`."""
+network or a built .lml artifact, so that code written for onnxruntime runs unchanged with
+`luisaml.InferenceSession` in place of `onnxruntime.InferenceSession`."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
-
-import onnx
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .dtypes import onnx_name
 from .errors import ModelError, UsageError
 from .network import CompiledNetwork
+
+if TYPE_CHECKING:  # onnx is imported when a session compiles a model, not for a .lml artifact
+    import onnx
+    from .plan import IOSpec
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,22 @@ class NodeArg:
 def _node_arg(vi: onnx.ValueInfoProto) -> NodeArg:
     """Return the NodeArg of a declared graph input or output, as onnxruntime reads it."""
     return NodeArg(vi.name, _shape(vi.type), _type(vi.type))
+
+
+def _spec_arg(s: IOSpec) -> NodeArg:
+    """Return the NodeArg of a compiled input or output (what a .lml artifact records)."""
+    return NodeArg(s.name, [d if isinstance(d, (int, str)) else None for d in s.shape],
+                   f"tensor({s.dtype.name.lower()})")
+
+
+def _constant_arg(name: str, value) -> NodeArg:
+    """Return the NodeArg of a constant the graph passes straight to an output."""
+    import numpy as np
+
+    from .dtypes import from_numpy
+
+    a = np.asarray(value)
+    return NodeArg(name, list(a.shape), f"tensor({from_numpy(a.dtype).name.lower()})")
 
 
 def _shape(t: onnx.TypeProto) -> list[int | str | None]:
@@ -61,7 +79,8 @@ class InferenceSession:
 
     `InferenceSession(path_or_bytes, weights=None, **compile_options)`: the model is a path (.onnx
     or LuisaML .json), the bytes of a serialised ModelProto, or an onnx.ModelProto; `weights` and
-    `compile_options` are what `luisaml.compile` takes. onnxruntime's own arguments are accepted so
+    `compile_options` are what `luisaml.compile` takes. A built artifact (`model.lml`) is loaded
+    instead (luisaml.load: no onnx, no compile; its options were fixed when it was built). onnxruntime's own arguments are accepted so
     that its code runs unchanged, by keyword or in its positional order (path, sess_options,
     providers, provider_options): `providers` picks the backend when `backend` is not given
     (["CUDAExecutionProvider", ...] CUDA where it works, ["CPUExecutionProvider"] the CPU);
@@ -82,6 +101,13 @@ class InferenceSession:
             sess_options, weights = weights, None
             providers = ort_args[0] if ort_args else providers
         del sess_options, provider_options  # nothing in luisaml to set with them
+        from .artifact import is_artifact
+
+        if is_artifact(path_or_bytes):
+            self._load_artifact(path_or_bytes, weights, providers, compile_options)
+            return
+        import onnx
+
         model = path_or_bytes
         if isinstance(model, (bytes, bytearray, memoryview)):
             try:
@@ -99,6 +125,21 @@ class InferenceSession:
         self._net = compile(proto, **compile_options)
         # a graph input no node reads may be gone from the compiled network; onnxruntime still takes it
         self._unused = {a.name for a in self._inputs} - {s.name for s in self._net.inputs}
+
+    def _load_artifact(self, path, weights, providers: Sequence | None, options: dict) -> None:
+        from .artifact import load
+
+        extra = sorted(k for k in options if k != "backend")
+        if weights is not None or extra:
+            raise UsageError(f"'{os.fspath(path)}' is a built artifact: its weights and compile options were fixed "
+                             f"when it was built (got {', '.join(['weights'] * (weights is not None) + extra)})")
+        backend = options.get("backend") or (backend_for(providers) if providers is not None else None)
+        self._net = load(path, backend=backend)
+        self._inputs = [_spec_arg(s) for s in self._net.inputs]
+        specs = {s.name: s for s in self._net.inputs + self._net.outputs}
+        self._outputs = [_spec_arg(specs[n]) if n in specs else _constant_arg(n, self._net.plan.model.graph.var(n).value)
+                         for n in self._net.output_names]
+        self._unused = set()
 
     @property
     def network(self) -> CompiledNetwork:
