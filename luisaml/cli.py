@@ -1,4 +1,5 @@
-"""The command line: `luisaml run | inspect | emit | bench MODEL` and `luisaml cache info | clear`,
+"""The command line: `luisaml build MODEL -o FILE.lml`, `luisaml run | inspect | emit | bench MODEL`
+(an .onnx or .json model, or a built .lml artifact) and `luisaml cache info | clear`,
 with their logging (-v, -q) and exit codes: 0 done, 2 bad input (a model, file, argument or
 setting luisaml refuses: one line `luisaml: error: ...` on stderr), 1 an internal error (one line;
 -v adds the traceback), 141 when the reader of stdout went away (`luisaml emit m.onnx | head`),
@@ -41,7 +42,7 @@ def _version() -> str:
 
 # ---- arguments -------------------------------------------------------------------------------
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="an .onnx file or a LuisaML .json model")
+    p.add_argument("model", help="an .onnx file or a LuisaML .json model (run, inspect, emit, bench: or a built .lml)")
     p.add_argument("--weights", "-w", help="a safetensors file or a header-less weight blob")
     p.add_argument("--batch-axis", default="auto", choices=["auto", "0", "none"],
                    help="auto: one thread per sample along the dynamic leading dimension of an input and an "
@@ -146,9 +147,26 @@ def _name(model) -> str:
     return os.path.basename(str(model))
 
 
+def _is_artifact(a) -> bool:
+    """True when the command's model is a built .lml artifact; raise UsageError for the options
+    that were fixed when it was built."""
+    from .artifact import is_artifact
+
+    if not is_artifact(a.model):
+        return False
+    fixed = [flag for flag, given in (("--weights", a.weights), ("--input-shapes", a.input_shapes),
+                                      ("--batch-axis", a.batch_axis != "auto")) if given]
+    if fixed:
+        raise UsageError(f"{a.model} is a built artifact: {', '.join(fixed)} was fixed when it was built "
+                         "(`luisaml build` takes them)")
+    return True
+
+
 def _compile(a):
     import luisaml
 
+    if _is_artifact(a):
+        return luisaml.load(a.model, backend=None if a.backend == "auto" else a.backend)
     with phase("compile", model=_name(a.model), backend=a.backend):
         net = luisaml.compile(a.model, a.weights, backend=a.backend, batch_axis=_batch_axis(a.batch_axis),
                               input_shapes=parse_input_shapes(a.input_shapes))
@@ -168,7 +186,11 @@ def cmd_run(a) -> int:
     with phase("run", backend=net.backend):
         out = net.run(feeds)
     np.set_printoptions(precision=6, suppress=True, threshold=64, edgeitems=4)
-    ref = _onnxruntime(a.model, a.weights, feeds) if a.compare else None
+    ref = None
+    if a.compare and net.artifact is not None:
+        print("onnxruntime needs the ONNX model, not the built artifact: outputs not compared")
+    elif a.compare:
+        ref = _onnxruntime(a.model, a.weights, feeds)
     for name, v in out.items():
         print(f"{name}: {v.dtype}{list(v.shape)}")
         print(v)
@@ -220,6 +242,8 @@ def cmd_inspect(a) -> int:
     --html FILE also writes it as one self-contained page. Exit 1 when nodes are unsupported."""
     from . import report
 
+    if _is_artifact(a):
+        return _inspect_artifact(a)
     rep = report.build(a.model, a.weights, batch_axis=_batch_axis(a.batch_axis),
                        input_shapes=parse_input_shapes(a.input_shapes), name=_name(a.model))
     if a.html:
@@ -230,9 +254,61 @@ def cmd_inspect(a) -> int:
     return 1 if rep["unsupported"] else 0
 
 
+def _inspect_artifact(a) -> int:
+    """inspect for a built .lml: what the artifact records (its versions, backend, hash, members)
+    and the report made when it was built; reads the file only (no device, no compile)."""
+    from . import artifact, report
+
+    with phase("artifact read", path=a.model):
+        art = artifact.read(a.model)
+    rep = art.report
+    m = art.manifest
+    about = {"path": a.model, "format_version": m["format_version"], "backend": m["backend"],
+             "built_with": m["built_with"], "created": m.get("created"), "content_hash": m["content_hash"],
+             "members": {k: v["bytes"] for k, v in m["members"].items()}}
+    if a.html:
+        if rep is None:
+            raise UsageError(f"{a.model} holds no inspect report (see the warning when it was built): no --html")
+        with open(a.html, "w", encoding="utf-8") as f:
+            f.write(report.html(rep))
+        note("wrote %s", a.html)
+    if a.json:
+        print(report.to_json({**(rep or {}), "artifact": about}))
+        return 0
+    built = m["built_with"]
+    print(f"artifact {a.model}: format {about['format_version']}, {m['backend']} backend, built {about['created']} "
+          f"with luisaml {built.get('luisaml')}, luisa-python {built.get('luisa_python')}, Python {built.get('python')}")
+    print(f"content hash {about['content_hash']}; " + ", ".join(f"{k} {_mib(n)}" for k, n in about["members"].items()))
+    print(report.text(rep) if rep is not None else "(no inspect report in the artifact)")
+    return 0
+
+
+def cmd_build(a) -> int:
+    """Compile a model and write it as one .lml artifact (luisaml/artifact.py)."""
+    if a.weights and a.weights_file:
+        raise UsageError(f"weights given twice: {a.weights_file} and --weights {a.weights}")
+    a.weights = a.weights or a.weights_file
+    if _is_artifact(a):
+        raise UsageError(f"{a.model} is already a built artifact; build takes an .onnx or .json model")
+    t0 = time.perf_counter()
+    net = _compile(a)
+    path = net.save(a.output, model_name=_name(a.model))
+    from .artifact import read
+
+    art = read(path)  # what load will check, checked now
+    print(f"wrote {path} ({_mib(os.path.getsize(path))}, {net.backend} backend, content hash "
+          f"{art.content_hash[:16]}) in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
 def cmd_emit(a) -> int:
     from .runtime import analyze
 
+    if _is_artifact(a):
+        from .artifact import read
+
+        sys.stdout.write(read(a.model).source)
+        return 0
     with phase("analyze", model=_name(a.model)):
         source = analyze(a.model, a.weights, batch_axis=_batch_axis(a.batch_axis),
                          input_shapes=parse_input_shapes(a.input_shapes)).source
@@ -298,7 +374,15 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=_version())
     ap.add_argument("-v", "--verbose", action="count", default=0, help="log compile phases and times (-vv: debug)")
     ap.add_argument("-q", "--quiet", action="count", default=0, help="only errors on stderr")
-    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{run,inspect,emit,bench,cache}")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{build,run,inspect,emit,bench,cache}")
+    p = sub.add_parser("build", parents=[verbosity],
+                       help="compile a model into one .lml file that luisaml.load runs without onnx")
+    _common(p)
+    p.add_argument("weights_file", nargs="?", metavar="weights", help="the weights (as --weights)")
+    p.add_argument("--output", "-o", required=True, metavar="FILE.lml", help="the artifact to write")
+    p.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="the backend it runs on (an artifact runs on the backend it was built for)")
+    p.set_defaults(fn=cmd_build)
     p = sub.add_parser("run", parents=[verbosity], help="compile and run a model, print its outputs")
     _common(p)
     p.add_argument("--input", "-i", action="append", metavar="NAME=FILE.npy",

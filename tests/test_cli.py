@@ -1,5 +1,6 @@
-"""The command line: run (with --compare), inspect, emit, cache; --version, -v/-q, --input-shapes,
-dynamic dims written -1/'?', one-line errors and exit codes, a closed pipe."""
+"""The command line: run (with --compare), inspect, emit, cache, build (a .lml artifact that run,
+inspect, emit and bench take too); --version, -v/-q, --input-shapes, dynamic dims written -1/'?',
+one-line errors and exit codes, a closed pipe."""
 import logging
 import os
 import re
@@ -87,6 +88,80 @@ def test_inspect_lists_unsupported_nodes(tmp_path, capsys):
     onnx.save(unsupported_node_model(), tmp_path / "u.onnx")
     assert main(["inspect", str(tmp_path / "u.onnx")]) == 1
     assert "node 'mystery' (acme::NotAnOp)" in capsys.readouterr().out
+
+
+# ---- build and the .lml artifact ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def built(cls_model, tmp_path_factory):
+    """(model path, torch module, .lml) of cls_model built with its spatial dims fixed, batch kept."""
+    path, m = cls_model
+    out = tmp_path_factory.mktemp("lml") / "cls.lml"
+    assert main(["build", str(path), "--input-shapes", "x:?x3x8x8", "-o", str(out), "-q"]) == 0
+    return path, m, out
+
+
+def test_build_writes_one_artifact_that_run_inspect_and_emit_take(built, tmp_path, capsys):
+    from luisaml import artifact
+
+    path, m, out = built
+    art = artifact.read(out)
+    assert art.backend == "cpu" and art.model == "cls.onnx"
+    x = np.random.default_rng(2).standard_normal((3, 3, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(out), "--input", f"x={tmp_path / 'x.npy'}", "--out", str(tmp_path / "o"), "--compare"]) == 0
+    assert "onnxruntime needs the ONNX model, not the built artifact" in capsys.readouterr().out
+    y = np.load(tmp_path / "o" / "y.npy")
+    np.testing.assert_allclose(y, m(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert y.tobytes() == luisaml.compile(path, input_shapes={"x": [None, 3, 8, 8]}).run({"x": x})["y"].tobytes()
+    assert main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"artifact {out}: format 1, cpu backend") and f"content hash {art.content_hash}" in text
+    assert "model: cls.onnx" in text and "Conv" in text
+    assert main(["inspect", str(out), "--json", "--html", str(tmp_path / "r.html")]) == 0
+    rep = __import__("json").loads(capsys.readouterr().out)
+    assert rep["artifact"]["content_hash"] == art.content_hash and rep["nodes"] and rep["schema"] == 1
+    assert "<svg" in (tmp_path / "r.html").read_text()
+    assert main(["emit", str(out)]) == 0
+    assert capsys.readouterr().out == art.source
+
+
+def test_build_says_what_it_wrote(cls_model, tmp_path, capsys):
+    path, _ = cls_model
+    out = tmp_path / "b.lml"
+    assert main(["build", str(path), "--input-shapes", "x:2x3x8x8", "--batch-axis", "none", "-o", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert re.fullmatch(rf"wrote {re.escape(str(out))} \(\S+ \w?i?B, cpu backend, content hash [0-9a-f]{{16}}\) "
+                        r"in \S+ s\n", said), said
+
+
+def test_inspect_of_an_artifact_starts_no_device(built):
+    _, _, out = built
+    code = ("import sys; from luisaml.cli import main; rc = main(['inspect', sys.argv[1]]); "
+            "assert rc == 0 and 'luisa' not in sys.modules, sorted(m for m in sys.modules if 'luisa' in m)")
+    r = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True,
+                       env=dict(os.environ, LUISAML_BACKEND="cuda"))  # a backend this machine may lack: never started
+    assert r.returncode == 0, r.stderr
+    assert "content hash" in r.stdout
+
+
+@pytest.mark.parametrize("args, says", [
+    (["build", "{model}"], "the following arguments are required: --output/-o"),
+    (["build", "{lml}", "-o", "{tmp}/again.lml"], "is already a built artifact"),
+    (["build", "{model}", "w.safetensors", "--weights", "v.safetensors", "-o", "{tmp}/x.lml"], "weights given twice"),
+    (["build", "{model}", "-o", "{tmp}/x.lml"], "only the batch dimension 'batch' may be dynamic"),
+    (["run", "{lml}", "--input-shapes", "x:1x3x8x8"], "--input-shapes was fixed when it was built"),
+    (["inspect", "{lml}", "--batch-axis", "none"], "--batch-axis was fixed when it was built"),
+    (["inspect", "{damaged}"], "is damaged"),
+    (["run", "{tmp}/text.lml"], "is not a luisaml artifact (not a zip file)"),
+])
+def test_bad_artifact_input_is_one_line_and_exit_2(built, tmp_path, capsys, args, says):
+    path, _, out = built
+    raw = bytearray(out.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # inside a member: its CRC or its hash fails
+    (tmp_path / "damaged.lml").write_bytes(bytes(raw))
+    (tmp_path / "text.lml").write_text("not a zip")
+    assert main([a.format(model=path, lml=out, tmp=tmp_path, damaged=tmp_path / "damaged.lml") for a in args]) == 2
+    assert says in _one_line_error(capsys.readouterr().err)
 
 
 # ---- dynamic dims and --input-shapes --------------------------------------------------------------
