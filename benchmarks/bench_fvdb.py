@@ -1,0 +1,291 @@
+"""Sparse convolution 3x3x3, 64 -> 64 channels over a surface-like grid (a sphere shell), luisaml's
+fvdb.SparseConv3d against a torch gather-matmul-scatter reference on the same inputs, same process.
+
+CUDA, the issue's size (~200k voxels of a shell in a 512^3 extent; writes
+benchmarks/results/fvdb-<gpu>.json, e.g. fvdb-h200.json):
+    python benchmarks/bench_fvdb.py
+CPU backend, a smaller shell (writes benchmarks/results/fvdb-cpu.json):
+    python benchmarks/bench_fvdb.py --cpu [--radius 24]
+
+Measured, correctness first (the command fails when luisaml's output differs from the reference by
+more than 1e-5 relative, max|y - y_ref| / max|y_ref|, or the device-built kernel map differs from the
+host's by one entry):
+- `layer`: one SparseConv3d. luisaml compiles KernelMap -> SparseConv3d over constant grids (the map
+  folds on the host at compile time, so a run is the convolution stage alone); the reference runs,
+  per tap, index_select of the input rows, a [n_t, 64] x [64, 64] matmul and index_add_ into the
+  output, its per-tap (output, input) index pairs built once from the same kernel map, untimed.
+  On CUDA the reference is true float32 (TF32 off, as fVDB's and spconv's fp32 paths).
+- `layer_bn_relu`: the same with BatchNorm (inference) and ReLU after it: luisaml fuses both into the
+  convolution's stores; the reference adds torch's batch_norm and relu.
+- `kernel_map`: the map built on the device (grids bound at run time): luisaml's KernelMap stage alone.
+Times: P50/P95/P99 in ms; on CUDA device spans from CUPTI (a forward: its first kernel's start to its
+last kernel's end), on the CPU wall time of net.run (host copies included) interleaved with the
+reference."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+if importlib.util.find_spec("luisaml") is None:  # run from a checkout without `pip install -e .`
+    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+REL_TOL = 1e-5
+CHANNELS = 64
+KERNEL = 3
+GPU_RADIUS = 126.0  # a one-voxel shell of radius 126: ~200k voxels
+CPU_RADIUS = 24.0
+TARGET = 3.0  # the issue's target against a torch gather-matmul-scatter reference on the H200
+
+
+def shell_voxels(radius: float, center: int = 256) -> np.ndarray:
+    """Return the voxels (int32 [N, 3]) within half a voxel of a sphere of `radius` around
+    (center, center, center): a closed one-voxel surface inside a 512^3 extent."""
+    r = int(np.ceil(radius)) + 1
+    jk = np.stack(np.meshgrid(np.arange(-r, r + 1), np.arange(-r, r + 1), indexing="ij"), -1).reshape(-1, 2)
+    parts = []
+    for i in range(-r, r + 1):  # one slice at a time: the box is (2r)^3
+        d = np.sqrt(i * i + (jk ** 2).sum(1))
+        on = jk[np.abs(d - radius) < 0.5]
+        parts.append(np.concatenate([np.full((len(on), 1), i), on], 1))
+    return (np.concatenate(parts) + center).astype(np.int32)
+
+
+def rel_err(y, ref) -> float:
+    y, ref = np.asarray(y, np.float64), np.asarray(ref, np.float64)
+    return float(np.max(np.abs(y - ref), initial=0.0) / max(np.max(np.abs(ref), initial=0.0), 1e-30))
+
+
+def percentiles(ms: list[float]) -> dict:
+    p50, p95, p99 = np.percentile(ms, [50, 95, 99])
+    return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "n": len(ms)}
+
+
+class TorchReference:
+    """Gather-matmul-scatter over a kernel map: per tap, index_select, mm, index_add_ (the pairs of
+    each tap built once here, as a rulebook)."""
+
+    def __init__(self, kmap, w, b, device):
+        import torch
+
+        k = torch.as_tensor(kmap, dtype=torch.int64, device=device)
+        self.pairs = []
+        for t in range(k.shape[1]):
+            rows = torch.nonzero(k[:, t] >= 0).reshape(-1)
+            self.pairs.append((rows, k[rows, t]))
+        self.w = torch.as_tensor(w, device=device).reshape(w.shape[0], w.shape[1], -1)
+        self.wt = [self.w[:, :, t].T.contiguous() for t in range(self.w.shape[2])]
+        self.b = torch.as_tensor(b, device=device)
+        self.n_out = k.shape[0]
+
+    def __call__(self, x, bn=None):
+        import torch
+
+        out = self.b.expand(self.n_out, -1).clone()
+        for (rows, src), wt in zip(self.pairs, self.wt):
+            out.index_add_(0, rows, torch.index_select(x, 0, src) @ wt)
+        if bn is not None:
+            scale, shift, mean, var = bn
+            out = torch.relu(torch.nn.functional.batch_norm(out, mean, var, scale, shift, False, 0.0, 1e-5))
+        return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cpu", action="store_true", help="the CPU backend and a smaller shell")
+    ap.add_argument("--radius", type=float, help=f"shell radius in voxels (default {GPU_RADIUS:g} on CUDA, "
+                    f"{CPU_RADIUS:g} on the CPU)")
+    ap.add_argument("--reps", type=int, help="timed runs per measurement (default 50 on CUDA, 10 on the CPU)")
+    ap.add_argument("--out-dir", help="where the JSON goes (default benchmarks/results)")
+    ap.add_argument("--tile", help="R,O: the voxels x channels of a convolution thread instead of the operator's "
+                    "choice (for measuring tile shapes)")
+    a = ap.parse_args(argv)
+    import torch
+
+    import luisaml
+    from luisaml.fvdb import GridBatch
+    from luisaml.fvdb import torch_ops as F
+
+    cuda = not a.cpu
+    if cuda and not torch.cuda.is_available():
+        print("no CUDA device: run with --cpu", file=sys.stderr)
+        return 2
+    backend = "cuda" if cuda else "cpu"
+    luisaml.device.init(backend)
+    if a.tile:  # a measurement of another tile shape: replace the operator's choice for this process
+        from luisaml.operators.fvdb import conv as conv_op
+
+        tile = tuple(int(v) for v in a.tile.split(","))
+        conv_op.conv_tile = lambda n_out, c_out: tile
+    reps = a.reps or (50 if cuda else 10)
+    radius = a.radius or (GPU_RADIUS if cuda else CPU_RADIUS)
+    dev = "cuda" if cuda else "cpu"
+    name = torch.cuda.get_device_name(0) if cuda else "cpu"
+    tag = "h200" if "H200" in name else ("cpu" if not cuda else "".join(c for c in name.lower() if c.isalnum()))
+
+    t0 = time.perf_counter()
+    gb = GridBatch.from_ijk([shell_voxels(radius)])
+    rng = np.random.default_rng(0)
+    n = gb.total_voxels
+    w = (rng.standard_normal((CHANNELS, CHANNELS, KERNEL, KERNEL, KERNEL)) / np.sqrt(CHANNELS * 27)).astype(np.float32)
+    b = rng.standard_normal(CHANNELS).astype(np.float32)
+    bn = [rng.standard_normal(CHANNELS).astype(np.float32), rng.standard_normal(CHANNELS).astype(np.float32),
+          rng.standard_normal(CHANNELS).astype(np.float32), rng.uniform(0.5, 2, CHANNELS).astype(np.float32)]
+    x_np = rng.standard_normal((n, CHANNELS)).astype(np.float32)
+    bundle = F.bundle_tensors(gb)
+    kmap = F.sparse_conv_kernel_map(bundle, bundle, KERNEL).numpy()  # the host's map (numpy)
+    pairs = int((kmap >= 0).sum())
+    print(f"shell radius {radius:g}: {n} voxels, {gb.total_leaves} leaves, {pairs} (input, output) pairs "
+          f"({pairs / n:.1f} of 27 taps a voxel); set-up {time.perf_counter() - t0:.1f} s", flush=True)
+
+    layer_m, fused_m, map_m, map_feeds = _models(gb, w, b, bn)
+    t0 = time.perf_counter()
+    layer = luisaml.compile(layer_m, backend=backend, batch_axis=None)
+    fused = luisaml.compile(fused_m, backend=backend, batch_axis=None)
+    mapper = luisaml.compile(map_m, backend=backend, batch_axis=None)
+    x = torch.from_numpy(x_np).to(dev)
+    layer.run({"x": x}), fused.run({"x": x}), mapper.run(map_feeds)  # the first runs build the kernels
+    compile_s = time.perf_counter() - t0
+    print(f"compiled in {compile_s:.1f} s:\n  " + layer.plan.schedule.describe().replace("\n", "\n  ")
+          + "\n  " + fused.plan.schedule.describe().replace("\n", "\n  "), flush=True)
+
+    ref = TorchReference(kmap, w, b, dev)
+    bn_t = [torch.from_numpy(v).to(dev) for v in bn]
+    failed = []
+    if cuda:  # the reference in true float32
+        torch.backends.cuda.matmul.allow_tf32 = False
+    with torch.no_grad():
+        want, want_bn = ref(x), ref(x, bn_t)
+        got, got_bn = layer.run({"x": x})["y"], fused.run({"x": x})["y"]
+        got_map = mapper.run(map_feeds)["kmap"]
+    errs = {"layer": rel_err(_np(got), _np(want)), "layer_bn_relu": rel_err(_np(got_bn), _np(want_bn))}
+    # the reference against section 5's relation written out: every pair of a few output voxels
+    check = rng.choice(n, min(n, 64), replace=False)
+    direct = np.stack([b + sum(w.reshape(CHANNELS, CHANNELS, -1)[:, :, t] @ x_np[kmap[o, t]]
+                               for t in range(27) if kmap[o, t] >= 0) for o in check])
+    errs["reference"] = rel_err(_np(want)[check], direct)
+    map_mismatch = int((_np(got_map) != kmap).sum())
+    for k, e in errs.items():
+        if not np.isfinite(e) or e > REL_TOL:
+            failed.append(f"{k}: relative error {e:.2e} > {REL_TOL}")
+    if map_mismatch:
+        failed.append(f"kernel_map: {map_mismatch} entries differ from the host's")
+    print(f"correctness: {json.dumps(errs)}; device kernel map differs in {map_mismatch} entries", flush=True)
+    if failed:
+        for f in failed:
+            print("FAILED correctness: " + f)
+        return 1
+
+    with torch.no_grad():
+        runs = {"layer": (lambda: layer.run({"x": x}), lambda: ref(x)),
+                "layer_bn_relu": (lambda: fused.run({"x": x}), lambda: ref(x, bn_t)),
+                "kernel_map": (lambda: mapper.run(map_feeds), None)}
+        times = _time(runs, reps, cuda)
+    rec = {"date": datetime.date.today().isoformat(), "device": name, "backend": backend,
+           "torch": torch.__version__, "command": "python benchmarks/bench_fvdb.py" + (" --cpu" if a.cpu else "")
+           + (f" --radius {a.radius:g}" if a.radius else "") + (f" --reps {a.reps}" if a.reps else "")
+           + (f" --tile {a.tile}" if a.tile else ""),
+           "grid": {"shape": f"sphere shell, radius {radius:g}, in a 512^3 extent", "voxels": n,
+                    "leaves": int(gb.total_leaves), "pairs": pairs},
+           "conv": {"kernel": KERNEL, "stride": 1, "in_channels": CHANNELS, "out_channels": CHANNELS},
+           "baseline": "torch gather-matmul-scatter (per tap: index_select, mm, index_add_), fp32"
+           + (", TF32 off" if cuda else ""),
+           "timing": times.pop("timing"), "rel_err": errs, "compile_and_first_runs_s": compile_s,
+           "plan": {"layer": layer.plan.schedule.describe(), "layer_bn_relu": fused.plan.schedule.describe()},
+           "target_speedup": TARGET if cuda else None, **times}
+    for k in ("layer", "layer_bn_relu"):
+        rec[k]["speedup"] = rec[k]["torch_ms"]["p50"] / rec[k]["luisaml_ms"]["p50"]
+    out_dir = Path(a.out_dir) if a.out_dir else HERE / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"fvdb-{tag}.json"
+    path.write_text(json.dumps(rec, indent=1) + "\n")
+    print(f"\n{name}  {rec['date']}  torch {torch.__version__}  timing: {rec['timing']}")
+    print("| measurement | luisaml ms P50 / P95 / P99 | torch ms P50 / P95 / P99 | speedup |")
+    print("|---|---|---|---|")
+    for k in ("layer", "layer_bn_relu", "kernel_map"):
+        r = rec[k]
+        lm = " / ".join(f"{r['luisaml_ms'][p]:.3f}" for p in ("p50", "p95", "p99"))
+        tm = " / ".join(f"{r['torch_ms'][p]:.3f}" for p in ("p50", "p95", "p99")) if "torch_ms" in r else "-"
+        print(f"| {k} | {lm} | {tm} | {r.get('speedup', float('nan')):.2f}x |")
+    print(f"wrote {path}")
+    return 0
+
+
+def _np(t) -> np.ndarray:
+    return t.detach().cpu().numpy() if hasattr(t, "detach") else np.asarray(t)
+
+
+def _models(gb, w, b, bn):
+    """Return (layer, layer + BN + ReLU, kernel map) ONNX models and the kernel map model's feeds:
+    the first two over constant grids (their map folds at compile time), the last over grids fed
+    at run time (built on the device)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from luisaml.opsets import fvdb as schema
+
+    names = schema.kernel_map_input_names()
+    grid = dict(zip(names, list(gb.bundle()) * 2))
+    kmap_node = helper.make_node(schema.KERNEL_MAP, names, ["kmap"], name="kmap", domain=schema.DOMAIN,
+                                 kernel_size=[KERNEL], stride=[1], output_voxels=gb.total_voxels)
+
+    def conv(out):
+        return helper.make_node(schema.SPARSE_CONV, ["x", "kmap", "w", "b"], [out], name="conv", domain=schema.DOMAIN)
+
+    n = gb.total_voxels
+    elem = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.int64): TensorProto.INT64,
+            np.dtype(np.float64): TensorProto.DOUBLE, np.dtype(np.int32): TensorProto.INT32}
+
+    def model(nodes, inits, inputs, out_type=TensorProto.FLOAT, out_shape=(n, CHANNELS), out="y"):
+        g = helper.make_graph(nodes, "bench_fvdb", inputs, [helper.make_tensor_value_info(out, out_type, out_shape)],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+
+    x_in = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, CHANNELS])]
+    consts = {**grid, "w": w, "b": b}
+    layer = model([kmap_node, conv("y")], consts, x_in)
+    norm = helper.make_node("BatchNormalization", ["h", "scale", "shift", "mean", "var"], ["h1"], name="bn")
+    fused = model([kmap_node, conv("h"), norm, helper.make_node("Relu", ["h1"], ["y"], name="relu")],
+                  {**consts, **dict(zip(("scale", "shift", "mean", "var"), bn))}, x_in)
+    map_in = [helper.make_tensor_value_info(k, elem[np.asarray(v).dtype], list(np.shape(v))) for k, v in grid.items()]
+    mapper = model([kmap_node], {}, map_in, TensorProto.INT32, (n, KERNEL ** 3), "kmap")
+    return layer, fused, mapper, {k: np.asarray(v) for k, v in grid.items()}
+
+
+def _time(runs: dict, reps: int, cuda: bool) -> dict:
+    """Return {measurement: {luisaml_ms, torch_ms}} and the timing method."""
+    import torch
+
+    out: dict = {}
+    if cuda:
+        from bench_mlp import device_times
+
+        how = None
+        for k, (ours, theirs) in runs.items():
+            ms, how = device_times(ours, torch.cuda.synchronize, reps)
+            out[k] = {"luisaml_ms": percentiles(ms), "luisaml_timing": how}
+            if theirs is not None:
+                ms, how_t = device_times(theirs, torch.cuda.synchronize, reps)
+                out[k]["torch_ms"], out[k]["torch_timing"] = percentiles(ms), how_t
+        out["timing"] = "CUPTI device spans (first kernel start to last kernel end of a forward)"
+        return out
+    from bench_models import interleaved
+
+    for k, (ours, theirs) in runs.items():
+        fns = {"luisaml": ours} if theirs is None else {"luisaml": ours, "torch": theirs}
+        ms = interleaved(fns, reps)
+        out[k] = {f"{name}_ms": percentiles(v) for name, v in ms.items()}
+    out["timing"] = "host wall time of net.run (copies included) and of the torch reference, interleaved"
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
