@@ -48,7 +48,7 @@ import numpy as np
 from . import cache, device, dtypes
 from .errors import ArtifactError, IncompatibleArtifact, LuisamlError, UsageError
 from .limits import Limits
-from .log import phase
+from .log import logger, phase
 from .network import CompiledNetwork, PerBatchNetwork
 from .plan import Blob, IOSpec
 from .regalloc import Allocation, Slot
@@ -158,8 +158,7 @@ def _dispatch_to_data(st) -> dict[str, Any]:
     if st.domain == "fused":
         op = st.root[1]
         d = {"fused": {"tile": op.T, "threads": op.NT, "blocks_per_sm": op.blocks_per_sm, "mode": op.mode}}
-        probe = _fused_dispatch
-        ok = all(probe(n, **d["fused"]) == st.dispatch(n) for n in (0, 1, 7, 129, 100_000))
+        ok = all(_fused_dispatch(n, **d["fused"]) == st.dispatch(n) for n in (0, 1, 7, 129, 100_000))
     else:
         fixed = st.dispatch(0)
         d = {"per_sample": st.dispatch(1) - fixed, "fixed": fixed}
@@ -349,7 +348,7 @@ def save(net: CompiledNetwork, path: str | os.PathLike, *, model_name: str | Non
             "input_shapes (--input-shapes NAME:DIMxDIM...) and batch_axis=None (--batch-axis none) to build one "
             "network")
     plan = net.plan
-    stored = getattr(net, "artifact", None)
+    stored = net.artifact  # a loaded network saves what it was loaded from
     name = model_name or (stored.model if stored is not None else None) or (plan.model.graph.name or "model")
     with phase("artifact save", path=os.fspath(path)):
         data, consts = network_data(plan)
@@ -388,7 +387,6 @@ def _report(plan: Plan, name: str) -> dict | None:
     """The inspect report of the plan; None (said in the log) when it cannot be made: the
     artifact still runs, `inspect` then shows the manifest only."""
     from . import report
-    from .log import logger
 
     try:
         return report.from_plan(plan, model_name=name)
@@ -430,7 +428,10 @@ class Artifact:
 
     @property
     def source(self) -> str:
-        return self.members[MODULE].decode("ascii")
+        try:
+            return self.members[MODULE].decode("ascii")
+        except UnicodeDecodeError:
+            raise ArtifactError(f"'{self.path}': its module is not ASCII text (luisaml generates ASCII only)") from None
 
 
 def read(path: str | os.PathLike) -> Artifact:
@@ -481,9 +482,12 @@ def _read_manifest(z: zipfile.ZipFile, where: str) -> dict:
             f"'{where}' is an artifact of format version {version}, this luisaml ({_luisaml_version()}) reads version "
             f"{FORMAT_VERSION}: " + ("upgrade luisaml" if newer else "build it again with this luisaml")
             + f" (built with luisaml {manifest.get('built_with', {}).get('luisaml', '?')})")
-    for key in ("members", "network", "built_with", "backend", "content_hash"):
-        if key not in manifest:
-            raise ArtifactError(f"'{where}' is damaged: its manifest has no '{key}'")
+    for key, kind in (("members", dict), ("network", dict), ("built_with", dict), ("backend", str),
+                      ("content_hash", str)):
+        if not isinstance(manifest.get(key), kind):
+            raise ArtifactError(f"'{where}' is damaged: its manifest has no '{key}' {kind.__name__}")
+    if not all(isinstance(v, dict) for v in manifest["members"].values()):
+        raise ArtifactError(f"'{where}' is damaged: its manifest's members are not {{name: {{sha256, bytes}}}}")
     return manifest
 
 
@@ -506,8 +510,6 @@ def check_compatible(art: Artifact, backend: str) -> None:
     """Raise IncompatibleArtifact when this process cannot run the artifact exactly as built:
     another backend, luisaml or luisa-python version; log a warning when a shader library it
     imports changed since (its outputs may then differ from the build's)."""
-    from .log import logger
-
     built = art.built_with
     if art.backend != backend:
         raise IncompatibleArtifact(
@@ -580,7 +582,12 @@ def load(path: str | os.PathLike, *, backend: str | None = None) -> CompiledNetw
         t = time.perf_counter()
         name = device.init(art.backend)
         art.seconds["device init"] = time.perf_counter() - t
-        plan = plan_from_data(art.manifest["network"], art.source, art.members[WEIGHTS], _constants(art))
+        try:
+            plan = plan_from_data(art.manifest["network"], art.source, art.members[WEIGHTS], _constants(art))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            if isinstance(e, LuisamlError):
+                raise
+            raise ArtifactError(f"'{art.path}': its manifest's network entry is malformed ({type(e).__name__}: {e})") from None
         module, module_path = _module_of(art)
         missing = [k for k in plan.kernels + ["forward"] if not hasattr(module, k)]
         if missing:

@@ -191,6 +191,9 @@ def test_damaged_files_are_refused(mlp, tmp_path):
     for name in ("cut.lml", "text.lml"):
         with pytest.raises(luisaml.ArtifactError, match="not a luisaml artifact|damaged"):
             luisaml.load(tmp_path / name)
+    malformed = _rewrite(lml, tmp_path / "n.lml", manifest={"network": {"kernels": []}})  # hashes made to match
+    with pytest.raises(luisaml.ArtifactError, match="network entry is malformed"):
+        luisaml.load(malformed)
     with zipfile.ZipFile(tmp_path / "zip.lml", "w") as z:
         z.writestr("a.txt", "x")
     with pytest.raises(luisaml.ArtifactError, match="without manifest.json"):
@@ -219,6 +222,9 @@ def test_a_module_outside_the_whitelist_is_refused_not_run(mlp, tmp_path):
     with pytest.raises(luisaml.ArtifactError, match="not one luisaml generates"):
         luisaml.load(bad)
     assert not marker.exists()
+    accented = _rewrite(lml, tmp_path / "u.lml", members={"module.py": (source + "# \u00e9\n").encode()})
+    with pytest.raises(luisaml.ArtifactError, match="not ASCII"):
+        luisaml.load(accented)
 
 
 def test_networks_an_artifact_cannot_hold_are_refused(tmp_path):
