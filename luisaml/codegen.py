@@ -51,6 +51,7 @@ class Module:
 
     def __init__(self) -> None:
         self.array_types: dict[tuple[str, int], str] = {}
+        self.shared_types: dict[tuple[str, int], str] = {}  # (GPU kernels only: shared memory)
         self.helpers: dict[str, set[str]] = {}  # shaders module -> DSL functions imported from it
         # what each run-time check reports: code k + 1 in the `errors` buffer means checks[k]
         self.checks: list[str] = []
@@ -70,6 +71,14 @@ class Module:
         if key not in self.array_types:
             self.array_types[key] = f"Arr_{dsl}_{key[1]}"
         return self.array_types[key]
+
+
+    def shared_type(self, dsl: str, n: int) -> str:
+        """Return the module-level name of luisa.SharedArrayType(n, dsl), declaring it once."""
+        key = (dsl, max(int(n), 1))
+        if key not in self.shared_types:
+            self.shared_types[key] = f"Shared_{dsl}_{key[1]}"
+        return self.shared_types[key]
 
 
 class KernelContext:
@@ -170,6 +179,12 @@ class KernelContext:
         """Declare a local array of n elements here and return its name."""
         name = self.fresh(prefix)
         self.line(f"{name} = {self.module.array_type(dsl, n)}()")
+        return name
+
+    def shared_array(self, dsl: str, n: int, prefix: str = "sh") -> str:
+        """Declare an array of n elements in the block's shared memory here; return its name."""
+        name = self.fresh(prefix)
+        self.line(f"{name} = {self.module.shared_type(dsl, n)}()")
         return name
 
     def local_tensor(self, like: Tensor, prefix: str = "tmp") -> Tensor:

@@ -19,7 +19,7 @@ from .safe_source import Identifiers
 
 def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", precision: str = "fp32",
                limits: Limits = DEFAULT_LIMITS, check_indices: bool = True, schedule: str = "stages",
-               mlp: MLPConfig | None = None, merge_stages: bool = True) -> Plan:
+               mlp: MLPConfig | None = None, merge_stages: bool = True, blocks: bool = False) -> Plan:
     """Return the full compile plan of a prepared model, generated source included.
 
     fuse: "off", "gpu" or "emulated" (luisaml/fusion.py: a recognised MLP gets the cooperative
@@ -28,7 +28,9 @@ def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", pre
     error the runtime raises (False: they are clamped without a word); schedule: "stages" (the
     graph as parallel stages, schedule.py) or "per-sample" (one kernel, a thread per sample); mlp:
     the fused MLP kernel's knobs (luisaml.mlp.MLPConfig; None: chosen per shape); merge_stages:
-    one kernel for every stage (a stage index picks the body) rather than a kernel each."""
+    one kernel for every stage (a stage index picks the body) rather than a kernel each; blocks:
+    large GEMMs and convolutions run as cooperative blocks through shared memory (CUDA only:
+    operators/tiled.py)."""
     g = prep.model.graph
     missing = unsupported_nodes(g, prep.model)
     if missing:
@@ -61,7 +63,7 @@ def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", pre
         while True:  # ends: `materialise` grows every round
             with phase("schedule"):
                 plan.schedule = schedule_pass.build(main, set(g.outputs), per_sample=prep.symbol is not None,
-                                                    materialise=frozenset(materialise))
+                                                    materialise=frozenset(materialise), blocks=blocks)
             with phase("codegen"), collect_oversized() as oversized:
                 plan.source = generate(plan, model_name)
             if not oversized:

@@ -105,6 +105,7 @@ def generate(plan: Plan, model_name: str) -> str:
             kernels.append((f"stage_{st.index}", params, st.describe(), body))
         if plan.merged_stages and kernels:
             kernels = [_merged(kernels)]
+    type_decls += [(name, f"luisa.SharedArrayType({n}, {dsl})") for (dsl, n), name in sorted(module.shared_types.items())]
     plan.checks = list(module.checks)
     if plan.checks:
         kernels = [(name, _with_errors(params), doc, body) for name, params, doc, body in kernels]
@@ -313,7 +314,7 @@ def stage_bindings(plan: Plan, st: Stage, ctx: KernelContext) -> dict[Tensor, St
         table[op.outputs[0]] = Inline(op, 0, ctx.module)
     if st.epilogue:
         root_out = st.root[1].outputs[0]
-        if st.domain == "items":
+        if st.domain in ("items", "blocks"):
             table[root_out] = Epilogue(tensors[st.out], st.epilogue[-1][1], root_out, ctx.module)
     if st.allocation is not None:
         layout = scratch_layout(st.allocation)
@@ -341,9 +342,14 @@ def stage_bindings(plan: Plan, st: Stage, ctx: KernelContext) -> dict[Tensor, St
 def emit_stage(plan: Plan, st: Stage, module: Module) -> str:
     """Return the body of one stage's kernel."""
     ctx = KernelContext(module, errors=KernelContext.ERRORS if plan.check_indices else None)
-    ctx.line("tid = int(dispatch_id().x)")
+    if st.domain == "blocks":  # a block of threads per work item: tid counts blocks
+        ctx.line(f"set_block_size({st.threads}, 1, 1)")
+        ctx.line("thread = int(thread_id().x)")
+        ctx.line("tid = int(block_id().x)")
+    else:
+        ctx.line("tid = int(dispatch_id().x)")
     item = "tid"
-    if st.batched and st.domain in ("element", "items"):
+    if st.batched and st.domain in ("element", "items", "blocks"):
         ctx.line(f"sample = tid // {st.items}")
         ctx.line(f"item = tid % {st.items}")
         item = "item"
@@ -368,6 +374,10 @@ def emit_stage(plan: Plan, st: Stage, module: Module) -> str:
             node, op = st.root
             with node_context(node):
                 op.emit_item(ctx, item)
+        elif st.domain == "blocks":
+            node, op = st.root
+            with node_context(node):
+                op.emit_block(ctx, item, "thread")
         else:
             for node, op in st.nodes:
                 ctx.comment(f"{quoted(node.name)}: {quoted(node.op_type)}")

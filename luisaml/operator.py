@@ -191,6 +191,15 @@ class Operator:
         """Emit the code of work item `item` (a DSL int expression) of work_items()."""
         raise NotImplementedError
 
+    def block_tiling(self):
+        """Return the cooperative GPU form's tiling (operators/tiled.py: a block of threads per
+        tile, through shared memory), or None when this node has none or is too small for it."""
+        return None
+
+    def emit_block(self, ctx: "KernelContext", item: str, thread: str) -> None:
+        """Emit thread `thread` of block `item` of block_tiling().blocks."""
+        raise NotImplementedError
+
     @classmethod
     def has_element(cls) -> bool:
         """Return whether the class implements element()."""

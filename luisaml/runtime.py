@@ -49,6 +49,9 @@ class CompileOptions:
     mlp: MLPConfig | None = None
     # one kernel for every stage: None decides by backend (the CPU backend: yes)
     merge_stages: bool | None = None
+    # cooperative blocks through shared memory for large GEMMs and convolutions (operators/tiled.py):
+    # None decides by backend (CUDA: yes; the CPU backend cannot compile shared memory)
+    blocks: bool | None = None
 
     def check(self) -> None:
         """Raise UsageError for an option value luisaml does not know."""
@@ -110,7 +113,8 @@ def _build(prep, name: str, opts: CompileOptions, fuse_mode: str) -> Plan:
     # its own registers, and build_plan keeps a GPU fused MLP apart in any case
     merge = opts.merge_stages is not False
     return compiler.build_plan(prep, name, fuse=fuse_mode, precision=opts.precision, limits=opts.limits,
-                               check_indices=opts.check_indices, schedule=schedule, mlp=opts.mlp, merge_stages=merge)
+                               check_indices=opts.check_indices, schedule=schedule, mlp=opts.mlp, merge_stages=merge,
+                               blocks=opts.blocks is True)
 
 
 def fixed_shapes(proto: onnx.ModelProto, symbol: str, n: int, given: Mapping | None) -> dict[str, list]:
@@ -187,7 +191,8 @@ def compile(
         logger.setLevel(logging.INFO)
     name = device.init(backend)
     opts = CompileOptions(batch_axis, input_shapes, precision, fuse, float64, limits or DEFAULT_LIMITS,
-                          check_indices, schedule, mlp, merge_stages=name == "cpu")
+                          check_indices, schedule, mlp, merge_stages=name == "cpu",
+                          blocks=name == "cuda")
     opts.check()
     mode = fusion_mode(fuse, name, precision)
     with phase("load", model=_model_name(model)):

@@ -37,7 +37,7 @@ class Stage:
     """One parallel loop: its domain, the nodes emitted in it, the buffers it touches."""
 
     index: int
-    domain: str  # "element" | "items" | "sample" (whole nodes, a thread per sample) | "single" | "fused"
+    domain: str  # "element" | "items" | "blocks" | "sample" (whole nodes, a thread per sample) | "single" | "fused"
     nodes: list[tuple[Node, Operator]]  # the root (or the whole group), then its epilogue
     items: int  # work items per sample (element: the output's elements; items: work_items())
     batched: bool  # dispatched over the batch (items per sample x samples)
@@ -48,6 +48,7 @@ class Stage:
     inlined: list[str] = field(default_factory=list)  # nodes computed inline where this stage reads them
     allocation: Allocation | None = None  # registers of a whole group's internal tensors
     internal: list[str] = field(default_factory=list)  # a whole group's tensors kept in registers
+    threads: int = 1  # threads per work item: a "blocks" stage's block size, else 1
 
     @property
     def root(self) -> tuple[Node, Operator]:
@@ -57,7 +58,7 @@ class Stage:
         """Threads to dispatch for n samples."""
         if self.domain == "fused":
             return self.root[1].dispatch_size(n) if n else 0
-        return self.items * n if self.batched else self.items
+        return (self.items * n if self.batched else self.items) * self.threads
 
     def describe(self) -> str:
         """One line for inspect."""
@@ -69,6 +70,7 @@ class Stage:
             extra.append("inline " + ", ".join(self.inlined))
         per = f"{self.items:,} per sample" if self.batched else f"{self.items:,} in all"
         where = {"element": "one thread per element of", "items": "one thread per work item of",
+                 "blocks": f"a block of {self.threads} threads per tile of",
                  "sample": "one thread per sample", "single": "one thread",
                  "fused": "blocks of threads on tiles of samples of"}[self.domain]
         target = f" '{self.out}'" if self.out else ""
@@ -111,10 +113,11 @@ def kind(op: Operator, per_sample: bool) -> str:
 
 
 def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool = True,
-          materialise: frozenset[str] = frozenset()) -> Schedule:
+          materialise: frozenset[str] = frozenset(), blocks: bool = False) -> Schedule:
     """Return the schedule of a lowered main graph (`fuse=False`: every node its own stage, no
     inline tensors: what the fusion tests compare against; `materialise`: tensors that get a
-    buffer although they could be inline, those whose expression emission found too long)."""
+    buffer although they could be inline, those whose expression emission found too long;
+    `blocks`: nodes with a cooperative form (Operator.block_tiling) take it, GPUs only)."""
     ops = [(n, op) for n, op in code.ops if not (op.view and n.outputs[0] in code.views)]
     views = dict(code.views)
     kinds = {n.name: kind(op, per_sample) for n, op in ops}
@@ -221,9 +224,11 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
             stages.append(Stage(len(stages), "element", [(n, op)], t.numel, per_sample and t.batched, out=out,
                                 epilogue=epilogue_of.get(n.name, [])))
         else:
-            stages.append(Stage(len(stages), "items", [(n, op)], int(op.work_items()),
+            tiling = op.block_tiling() if blocks else None
+            stages.append(Stage(len(stages), "blocks" if tiling else "items", [(n, op)],
+                                int(tiling.blocks if tiling else op.work_items()),
                                 per_sample and any(x is not None and x.batched for x in op.outputs), out=out,
-                                epilogue=epilogue_of.get(n.name, [])))
+                                epilogue=epilogue_of.get(n.name, []), threads=tiling.threads if tiling else 1))
     close_group()
     for st in stages:
         _fill_io(st, code, virtual, views, readers, pinned)
@@ -305,7 +310,7 @@ def _fill_io(st: Stage, code: GraphCode, virtual: dict, views: dict[str, str], r
     if st.domain in ("element", "fused"):
         st.writes = [st.out]
         return
-    if st.domain == "items":  # every output needs a home, also one nobody reads (TopK's indices)
+    if st.domain in ("items", "blocks"):  # every output needs a home, also one nobody reads (TopK's indices)
         root_outs = [o for o in st.root[0].outputs if o and o not in virtual]
         st.writes = [st.out] + [o for o in root_outs if o != st.root[0].outputs[0] and o != st.out]
         return

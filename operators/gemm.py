@@ -160,6 +160,36 @@ class Dense(Operator):
                 ctx.line_if(None if j < safe else f"{n} < {N}", store)
 
 
+    # ---- the GPU form: a block of threads per tile, through shared memory (operators/tiled.py) ----
+
+    def block_tiling(self):
+        from . import tiled
+
+        if any(t.dtype.dsl != "float" for t in (self.input(0), self.input(1), self.output())):
+            return None
+        return tiled.choose(self.M, self.N, self.K, self.nbatch, m_fast=False)
+
+    def emit_block(self, ctx, item: str, thread: str) -> None:
+        from . import tiled
+
+        y, M, N = self.output(), self.M, self.N
+        load_a, load_b, finish, _ = self.loaders()
+        packed = self.packed_b()
+
+        def b_column(bi, n):
+            if packed is None:
+                return lambda k: load_b(bi, k, n)
+            off, row, entry = packed
+            base = ctx.let(ix.add(str(off), ix.mul(self.b_entry(bi), entry * 4), ix.mul(n, 4)), "wb")
+            return lambda k: f"weights.read(float, {ix.add(base, ix.mul(k, row * 4))})"
+
+        def store(bi, m, n, value):
+            return y.store(ix.add(ix.mul(bi, M * N), ix.mul(m, N), n), value)
+
+        tiled.emit(ctx, self.block_tiling(), item, thread, lambda bi, m: (lambda k: load_a(bi, m, k)), b_column,
+                   finish, store, a_m_contiguous=bool(getattr(self, "ta", 0)))
+
+
 @register("Gemm", since=7)
 class Gemm(Dense):
     """Y = alpha * A' B' + beta * C, A' = A or A^T, B' = B or B^T, C broadcast to [M, N]

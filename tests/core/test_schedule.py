@@ -219,3 +219,45 @@ def test_a_root_with_an_epilogue_is_not_deferred_past_readers_of_its_other_outpu
     got, want = luisaml.compile(model).run({"x": x}), ort_run(model, {"x": x})
     np.testing.assert_array_equal(got["s"], want["s"])
     np.testing.assert_allclose(got["y"], want["y"], rtol=1e-6)
+
+
+# ---- the GPU's cooperative blocks (operators/tiled.py), planned here without a GPU ---------------
+
+
+def _conv_chain(c_out2: int, size: int) -> onnx.ModelProto:
+    """Conv 3->32 (3x3, pad 1) + Relu, then Conv 32->c_out2 (3x3, stride 2), batch N."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((32, 3, 3, 3), dtype=np.float32), "W1"),
+             numpy_helper.from_array(rng.standard_normal((c_out2, 32, 3, 3), dtype=np.float32), "W2")]
+    nodes = [helper.make_node("Conv", ["x", "W1"], ["a"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "W2"], ["y"], strides=[2, 2])]
+    out = (size - 3) // 2 + 1
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, size, size])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", c_out2, out, out])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_blocks_are_planned_for_large_products_only():
+    """With blocks on (what compile() asks for on CUDA), a convolution whose implicit GEMM fills
+    its tiles runs as a blocks stage (dispatch = blocks x threads per sample, the Relu in its
+    epilogue), one that would leave most of a tile empty keeps the items form; the CPU backend's
+    default plan has no blocks at all (it cannot compile shared memory)."""
+    from luisaml import runtime
+    from luisaml.operators import tiled
+
+    plan, _, _ = runtime.plan_for(_conv_chain(64, 32), "m", runtime.CompileOptions(blocks=True, merge_stages=False), "off")
+    first, second = plan.schedule.stages
+    assert first.domain == "blocks" and [n.op_type for n, _ in first.epilogue] == ["Relu"]
+    t = tiled.choose(32 * 32, 32, 27, 1, m_fast=True)
+    assert (first.items, first.threads) == (t.blocks, t.threads)
+    assert first.dispatch(5) == 5 * t.blocks * t.threads
+    assert "set_block_size" in plan.source and "sync_block()" in plan.source
+    assert second.domain == "blocks"  # 15 x 15 positions x 64 channels
+
+    small, _, _ = runtime.plan_for(_conv_chain(8, 12), "m", runtime.CompileOptions(blocks=True, merge_stages=False), "off")
+    assert [st.domain for st in small.schedule.stages] == ["blocks", "items"]  # 8 channels: under MIN_SIDE
+
+    cpu, _, _ = runtime.plan_for(_conv_chain(64, 32), "m", runtime.CompileOptions(), "off")
+    assert {st.domain for st in cpu.schedule.stages} == {"items"} and "sync_block" not in cpu.source

@@ -60,7 +60,7 @@ def test_conv_bn_pool_gemm_softmax(tmp_path):
     model = _torch_model(ConvNet(), (2, 3, 32, 32), tmp_path / "cnn.onnx")
     x = np.random.default_rng(0).standard_normal((33, 3, 32, 32)).astype(np.float32)
     net = _check(model, {"x": x})
-    assert {st.domain for st in net.plan.schedule.stages} <= {"element", "items"}
+    assert {st.domain for st in net.plan.schedule.stages} <= {"element", "items", "blocks"}
 
 
 def test_rows_and_remaps(tmp_path):

@@ -1,0 +1,131 @@
+"""The cooperative block stages (operators/tiled.py: a block of threads per GEMM or implicit-GEMM
+convolution tile, through shared memory) on the CUDA backend, against onnxruntime: Gemm with
+transposes, alpha/beta and a broadcast C; MatMul batched and broadcast, with a run-time B
+(attention's Q K^T); Conv 1-D/2-D/3-D with strides, pads, dilations and groups, with and without
+bias, with an epilogue; shapes that fill tiles exactly and ragged ones. Each test also asserts
+the node ran as a "blocks" stage, so a heuristic change cannot quietly test the items form
+(tiled.choose leaves products under half-filled tiles to the items form: the shapes here fill
+more than half).
+
+    LUISAML_BACKEND=cuda python -m pytest tests/gpu/test_blocks_cuda.py -q"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from util import cuda_only, ort_run
+
+import luisaml
+
+pytestmark = cuda_only()
+
+RTOL = 2e-5
+
+
+def _model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, "g", inputs, outputs, [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10  # the lent machine's onnxruntime reads IR 10 at most
+    return m
+
+
+def _vi(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def _check(model, feeds, blocks: int):
+    net = luisaml.compile(model)
+    assert net.backend == "cuda"
+    domains = [st.domain for st in net.plan.schedule.stages]
+    assert domains.count("blocks") == blocks, domains
+    got, want = net.run(feeds), ort_run(model, feeds)
+    for name, w in want.items():
+        scale = float(np.abs(w).max())
+        np.testing.assert_allclose(got[name], w, rtol=RTOL, atol=RTOL * scale, err_msg=name)
+
+
+@pytest.mark.parametrize("M,K,N,ta,tb,c_shape", [
+    (128, 64, 128, 0, 0, None),  # whole tiles
+    (200, 37, 100, 0, 1, [100]),  # ragged M, N and K, B transposed, C a row
+    (60, 300, 40, 1, 0, [60, 1]),  # A transposed, C a column
+    (64, 513, 96, 1, 1, [64, 96]),
+])
+def test_gemm(M, K, N, ta, tb, c_shape):
+    rng = np.random.default_rng(M + K + N)
+    a = rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32)
+    b = rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32)
+    inits = {"B": b}
+    ins = ["A", "B"]
+    if c_shape is not None:
+        inits["C"] = rng.standard_normal(c_shape, dtype=np.float32)
+        ins.append("C")
+    node = helper.make_node("Gemm", ins, ["Y"], transA=ta, transB=tb, alpha=0.5, beta=2.0)
+    model = _model([node], [_vi("A", list(a.shape))], [_vi("Y", [M, N])], inits)
+    _check(model, {"A": a}, blocks=1)
+
+
+def test_matmul_batched_runtime_b_with_relu():
+    """Attention's scores: [B, H, S, D] x [B, H, D, S], both operands computed at run time."""
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((2, 4, 56, 32), dtype=np.float32)
+    k = rng.standard_normal((2, 4, 32, 40), dtype=np.float32)
+    nodes = [helper.make_node("MatMul", ["Q", "K"], ["S"]), helper.make_node("Relu", ["S"], ["Y"])]
+    model = _model(nodes, [_vi("Q", list(q.shape)), _vi("K", list(k.shape))], [_vi("Y", [2, 4, 56, 40])], {})
+    _check(model, {"Q": q, "K": k}, blocks=1)
+
+
+def test_matmul_broadcast_constant_b():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 50, 128), dtype=np.float32)
+    w = rng.standard_normal((128, 384), dtype=np.float32)
+    model = _model([helper.make_node("MatMul", ["X", "W"], ["Y"])], [_vi("X", [3, 50, 128])], [_vi("Y", [3, 50, 384])],
+                   {"W": w})
+    _check(model, {"X": x}, blocks=1)
+
+
+@pytest.mark.parametrize("x_shape,w_shape,attrs,bias", [
+    ([2, 16, 20, 20], [32, 16, 3, 3], dict(pads=[1, 1, 1, 1]), True),
+    ([1, 3, 33, 31], [64, 3, 7, 7], dict(pads=[3, 3, 3, 3], strides=[2, 2]), False),  # ResNet's stem, ragged
+    ([2, 32, 14, 14], [64, 16, 3, 3], dict(pads=[2, 2, 2, 2], dilations=[2, 2], group=2), True),
+    ([1, 64, 9, 9], [128, 64, 1, 1], dict(strides=[2, 2]), True),  # a downsample shortcut
+    ([2, 8, 101], [24, 8, 5], dict(pads=[2, 1]), True),  # 1-D, asymmetric pads
+    ([1, 4, 6, 10, 10], [20, 4, 3, 3, 3], dict(pads=[1, 1, 1, 1, 1, 1]), True),  # 3-D
+])
+def test_conv(x_shape, w_shape, attrs, bias):
+    rng = np.random.default_rng(sum(x_shape))
+    x = rng.standard_normal(x_shape, dtype=np.float32)
+    inits = {"W": rng.standard_normal(w_shape, dtype=np.float32)}
+    ins = ["X", "W"]
+    if bias:
+        inits["Bias"] = rng.standard_normal(w_shape[0], dtype=np.float32)
+        ins.append("Bias")
+    conv = helper.make_node("Conv", ins, ["C"], **attrs)
+    probe = _model([conv], [_vi("X", x_shape)], [_vi("C", None)], inits)
+    out_shape = list(ort_run(probe, {"X": x})["C"].shape)
+    nodes = [conv, helper.make_node("Relu", ["C"], ["Y"])]
+    model = _model(nodes, [_vi("X", x_shape)], [_vi("Y", out_shape)], inits)
+    _check(model, {"X": x}, blocks=1)
+
+
+def test_conv_runtime_weights():
+    """W an input of the graph (not prepacked): read where it is."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 8, 12, 12), dtype=np.float32)
+    w = rng.standard_normal((32, 8, 3, 3), dtype=np.float32)
+    conv = helper.make_node("Conv", ["X", "W"], ["Y"], pads=[1, 1, 1, 1])
+    model = _model([conv], [_vi("X", [2, 8, 12, 12]), _vi("W", [32, 8, 3, 3])], [_vi("Y", [2, 32, 12, 12])], {})
+    _check(model, {"X": x, "W": w}, blocks=1)
+
+
+def test_batched_conv_net_per_sample():
+    """A dynamic batch: the blocks stage runs per sample (block -> sample, tile)."""
+    rng = np.random.default_rng(4)
+    w1 = rng.standard_normal((32, 3, 3, 3), dtype=np.float32) * 0.3
+    w2 = rng.standard_normal((64, 32, 3, 3), dtype=np.float32) * 0.1
+    nodes = [helper.make_node("Conv", ["X", "W1"], ["A"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["A"], ["R"]),
+             helper.make_node("Conv", ["R", "W2"], ["Y"], pads=[1, 1, 1, 1], strides=[2, 2])]
+    model = _model(nodes, [_vi("X", ["N", 3, 24, 24])], [_vi("Y", ["N", 64, 12, 12])], {"W1": w1, "W2": w2})
+    for n in (1, 5):
+        x = rng.standard_normal((n, 3, 24, 24), dtype=np.float32)
+        _check(model, {"X": x}, blocks=2)
