@@ -19,8 +19,6 @@ from util import export_batched, graph_model, ort_run, torch_mlp, value_info
 import luisaml
 from luisaml import artifact, dtypes
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 # a fresh process loads the artifact, says which heavy modules it imported, and saves the outputs
 LOAD_AND_RUN = """
 import sys, json, numpy as np, luisaml
@@ -37,8 +35,10 @@ def _load_in_fresh_process(path, feeds: dict, tmp_path) -> tuple[dict, dict]:
     """Return (outputs, what the process said) of luisaml.load(path).run(feeds) in a new process."""
     np.savez(tmp_path / "feeds.npz", **feeds)
     env = dict(os.environ, LUISAML_BACKEND="cpu")
+    # cwd: the folder `-c` puts on sys.path, never a checkout that would shadow the luisaml in use
     r = subprocess.run([sys.executable, "-c", LOAD_AND_RUN, str(path), str(tmp_path / "feeds.npz"),
-                        str(tmp_path / "out.npz")], capture_output=True, text=True, env=env, timeout=600)
+                        str(tmp_path / "out.npz")], capture_output=True, text=True, env=env, timeout=600,
+                       cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     with np.load(tmp_path / "out.npz") as z:
         return {k: z[k] for k in z.files}, json.loads(r.stdout.strip().splitlines()[-1])
@@ -263,11 +263,11 @@ def test_onnx_type_numbers_written_out_are_onnxs():
     assert dtypes.onnx_name(TensorProto.FLOAT8E4M3FN) == "FLOAT8E4M3FN"  # beyond the table: asks onnx
 
 
-def test_import_luisaml_and_load_leave_onnx_alone():
+def test_import_luisaml_and_load_leave_onnx_alone(tmp_path):
     code = ("import sys, luisaml; assert 'onnx' not in sys.modules and 'torch' not in sys.modules; "
             "luisaml.InferenceSession, luisaml.CompiledNetwork, luisaml.load; assert 'onnx' not in sys.modules; "
             "luisaml.compile; assert 'onnx' in sys.modules")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
 
 
 def test_manifest_is_documented_json_and_holds_no_pickle(mlp):

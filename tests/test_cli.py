@@ -134,12 +134,12 @@ def test_build_says_what_it_wrote(cls_model, tmp_path, capsys):
                         r"in \S+ s\n", said), said
 
 
-def test_inspect_of_an_artifact_starts_no_device(built):
+def test_inspect_of_an_artifact_starts_no_device(built, tmp_path):
     _, _, out = built
     code = ("import sys; from luisaml.cli import main; rc = main(['inspect', sys.argv[1]]); "
             "assert rc == 0 and 'luisa' not in sys.modules, sorted(m for m in sys.modules if 'luisa' in m)")
     r = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True,
-                       env=dict(os.environ, LUISAML_BACKEND="cuda"))  # a backend this machine may lack: never started
+                       env=dict(os.environ, LUISAML_BACKEND="cuda"), cwd=tmp_path)  # cuda: never started
     assert r.returncode == 0, r.stderr
     assert "content hash" in r.stdout
 

@@ -37,9 +37,11 @@ def _round_trip(net, feeds: dict, tmp_path) -> dict:
     want = net.run(feeds)
     lml = net.save(tmp_path / "net.lml")
     np.savez(tmp_path / "feeds.npz", **feeds)
+    # cwd: the folder `-c` puts on sys.path, never a checkout that would shadow the luisaml of
+    # PYTHONPATH (benchmarks/NOTES.md, "Running the GPU command on the lent machine")
     r = subprocess.run([sys.executable, "-c", LOAD_AND_RUN, str(lml), str(tmp_path / "feeds.npz"),
                         str(tmp_path / "out.npz")], capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, LUISAML_BACKEND="cuda"))
+                       env=dict(os.environ, LUISAML_BACKEND="cuda"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     said = json.loads(r.stdout.strip().splitlines()[-1])
     assert said["imported"] == [] and said["backend"] == "cuda"
@@ -91,7 +93,7 @@ def test_a_cuda_artifact_is_refused_on_the_cpu_backend(tmp_path):
     path = export_batched(torch_mlp([4, 8, 2]), 4, tmp_path / "m.onnx")
     lml = luisaml.compile(path, backend="cuda").save(tmp_path / "m.lml")
     code = "import luisaml, sys; luisaml.load(sys.argv[1], backend='cpu')"
-    r = subprocess.run([sys.executable, "-c", code, str(lml)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", code, str(lml)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode != 0 and "built for the cuda backend and cannot run on cpu" in r.stderr
 
 
