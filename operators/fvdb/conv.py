@@ -343,6 +343,59 @@ class SparseConv3d(Operator):
                 conds = ([] if r < rows_in else [f"{outs[r]} < {self.n_out}"]) + ([] if j < safe else [f"{col} < {C_out}"])
                 ctx.line_if(" and ".join(conds) or None, y.store(ix.add(ix.mul(outs[r], C_out), col), acc[r][j]))
 
+    # ---- the GPU form: an implicit GEMM in blocks through shared memory (operators/tiled.py) ------
+    # rows = output voxels, columns = output channels, k = (tap, input channel): A[o, k] is the
+    # feature row the kernel map names for tap (0 where it names none), B the prepacked weight
+
+    def block_tiling(self):
+        from luisaml.operators import tiled
+
+        if self.n_in == 0 or self.n_out == 0:
+            return None
+        return tiled.choose(self.n_out, self.c_out, self.taps * self.c_in, 1, m_fast=False)
+
+    def emit_block(self, ctx, item, thread):
+        from luisaml.operators import tiled
+
+        x, kmap, w, y = self.input(0), self.input(1), self.input(2), self.output()
+        C_in, C_out, T = self.c_in, self.c_out, self.taps
+        checked = kmap.value is None  # a map fed at run time: an index past the features is flagged
+        flag = ctx.flag_error(str(self.error(f"kernel_map '{kmap.name}' holds an index outside [-1, {self.n_in}) "
+                                             f"(the rows of features '{x.name}')"))) if checked else None
+
+        def a_row(_, o):
+            row = ctx.let(ix.mul(o, T), "kr")
+
+            def load(k):
+                tap, c = ctx.let(ix.div(k, C_in), "tap"), ctx.let(ix.mod(k, C_in), "c")
+                v = ctx.fresh("v")
+                ctx.line(f"{v} = {kmap.load(ix.add(row, tap))}")
+                if checked:
+                    ctx.line(f"if {v} < -1 or {v} >= {self.n_in}:")
+                    with ctx.indent():
+                        if flag is not None:
+                            ctx.line(flag)
+                        ctx.line(f"{v} = -1")
+                return f"({x.load(ix.add(ix.mul(f'max({v}, 0)', C_in), c))} if {v} >= 0 else 0.0)"
+
+            return load
+
+        packed = self.packed_weight()
+        _, O, _, cblocks = self.tiles()
+
+        def b_column(_, n):
+            if packed is not None:  # [tap][C_in][channel blocks x O]: k = tap * C_in + c is its row
+                base = ctx.let(ix.add(str(packed), ix.mul(n, 4)), "wb")
+                return lambda k: f"weights.read(float, {ix.add(base, ix.mul(k, cblocks * O * 4))})"
+            # weight [C_out, C_in, taps]: element (n, c, tap)
+            base = ctx.let(ix.mul(n, C_in * T), "wb")
+            return lambda k: w.load(ix.add(base, ix.mul(ix.mod(k, C_in), T), ix.div(k, C_in)))
+
+        bias = self.input(3) if self.has_input(3) else None
+        tiled.emit(ctx, self.block_tiling(), item, thread, a_row, b_column,
+                   lambda _, o, n, acc: f"{acc} + {bias.load(n)}" if bias is not None else acc,
+                   lambda _, o, n, v: y.store(ix.add(ix.mul(o, C_out), n), v), a_m_contiguous=False)
+
     def forward(self, ctx):
         with ctx.loop(self.work_items(), "item") as item:
             self.emit_item(ctx, item)
