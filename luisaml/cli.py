@@ -236,6 +236,12 @@ def _onnxruntime(model, weights, feeds) -> dict[str, np.ndarray] | None:
         return None
 
 
+def _target(p) -> None:
+    p.add_argument("--target", default="cpu", choices=["cpu", "cuda"],
+                   help="the backend whose plan to show, without a device (cuda: the fused MLP kernel and "
+                        "cooperative blocks stages, as compile chooses them there)")
+
+
 def cmd_inspect(a) -> int:
     """Print what a model compiles to, without a device: the report of luisaml/report.py as text,
     or as one JSON document (--json: its keys are documented in luisaml/report.py's docstring);
@@ -245,7 +251,7 @@ def cmd_inspect(a) -> int:
     if _is_artifact(a):
         return _inspect_artifact(a)
     rep = report.build(a.model, a.weights, batch_axis=_batch_axis(a.batch_axis),
-                       input_shapes=parse_input_shapes(a.input_shapes), name=_name(a.model))
+                       input_shapes=parse_input_shapes(a.input_shapes), name=_name(a.model), target=a.target)
     if a.html:
         with open(a.html, "w", encoding="utf-8") as f:
             f.write(report.html(rep))
@@ -311,7 +317,8 @@ def cmd_emit(a) -> int:
         return 0
     with phase("analyze", model=_name(a.model)):
         source = analyze(a.model, a.weights, batch_axis=_batch_axis(a.batch_axis),
-                         input_shapes=parse_input_shapes(a.input_shapes)).source
+                         input_shapes=parse_input_shapes(a.input_shapes), target=a.target,
+                         fuse="gpu" if a.target == "cuda" else "off").source
     sys.stdout.write(source)
     return 0
 
@@ -398,9 +405,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report as one JSON document (stable keys)")
     p.add_argument("--html", metavar="FILE", help="also write the report as one self-contained HTML page: the "
                                                   "graph by stage and the live ranges of both allocations")
+    _target(p)
     p.set_defaults(fn=cmd_inspect)
     p = sub.add_parser("emit", parents=[verbosity], help="print the generated module")
     _common(p)
+    _target(p)
     p.set_defaults(fn=cmd_emit)
     p = sub.add_parser("bench", parents=[verbosity], help="time net.run on random inputs")
     _common(p)

@@ -32,8 +32,9 @@ these keep their names and meanings while "schema" is 1:
   bytes), `note` (how the operator compiles, or "")}.
 - `totals`: {`nodes`, `params`, `flops` (the sum over nodes with a formula), `flops_unknown`
   (names of the nodes without one), `bytes`, `weight_blob_bytes`, `weight_tensors`}.
-- `stages`: in launch order, each {`index`, `domain` ("element", "items", "sample", "single",
-  "fused"), `items` (work items per sample, or in all when not `batched`), `batched`, `out`,
+- `stages`: in launch order, each {`index`, `domain` ("element", "items", "blocks", "sample",
+  "single", "fused"), `items` (work items per sample, or in all when not `batched`; a blocks
+  stage's items are blocks of `threads` threads), `threads`, `batched`, `out`,
   `nodes`, `epilogue`, `inlined` (node names), `reads`, `writes` (tensors in device buffers),
   `describe` (the line inspect prints), `registers` (a whole group's allocation, below, or
   null)}; null when the network runs as one per-sample kernel (`schedule="per-sample"`).
@@ -62,6 +63,7 @@ import json
 import math
 from typing import Any, Mapping
 
+from .errors import UsageError
 from .model import shape_str, type_str
 
 SCHEMA = 1
@@ -84,10 +86,11 @@ _NORMS = {"Softmax": (5, 0), "LogSoftmax": (5, 0), "LayerNormalization": (5, 1),
 
 # ---- building ----------------------------------------------------------------------------------
 def build(model, weights=None, *, batch_axis="auto", input_shapes: Mapping[str, list] | None = None,
-          name: str | None = None, limits=None) -> dict[str, Any]:
+          name: str | None = None, limits=None, target: str = "cpu") -> dict[str, Any]:
     """Return the report of a model (a path or an onnx.ModelProto) planned without a device, as
     `luisaml inspect` shows it; a model with unsupported nodes gets a report listing them, with
-    nothing planned."""
+    nothing planned. target: the backend whose plan to show, "cpu" or "cuda" (the fused MLP
+    kernel and the cooperative blocks stages are CUDA's: compile() chooses them there)."""
     import os
 
     from . import passes
@@ -103,7 +106,10 @@ def build(model, weights=None, *, batch_axis="auto", input_shapes: Mapping[str, 
     limits = limits or DEFAULT
     with phase("load", model=name):
         proto = load_proto(model, weights, limits=limits)
-    options = CompileOptions(batch_axis=batch_axis, input_shapes=input_shapes, limits=limits)
+    if target not in ("cpu", "cuda"):
+        raise UsageError(f"target must be 'cpu' or 'cuda', not {target!r}")
+    options = CompileOptions(batch_axis=batch_axis, input_shapes=input_shapes, limits=limits,
+                             merge_stages=target == "cpu", blocks=target == "cuda")
     options.check()
     with phase("passes"):
         prep = passes.prepare(copy.deepcopy(proto), batch_axis=batch_axis, input_shapes=input_shapes, limits=limits)
@@ -124,7 +130,7 @@ def build(model, weights=None, *, batch_axis="auto", input_shapes: Mapping[str, 
         return {**head, "nodes": [], "totals": None, "stages": None, "registers": None, "buffers": None,
                 "batch_kernel": ""}
     with phase("plan"):
-        plan, why, _ = plan_for(proto, name, options, "off")
+        plan, why, _ = plan_for(proto, name, options, "gpu" if target == "cuda" else "off")
     rep = from_plan(plan, model_name=name, why=why)
     return {**rep, **{k: head[k] for k in ("opsets", "inputs", "outputs", "op_counts", "unsupported")},
             "batch_symbol": prep.symbol}
@@ -171,6 +177,7 @@ def from_plan(plan, *, model_name: str = "model", why: str | None = None) -> dic
             "index": st.index,
             "domain": st.domain,
             "items": st.items,
+            "threads": getattr(st, "threads", 1),
             "batched": st.batched,
             "out": st.out,
             "nodes": [n.name for n, _ in st.nodes],

@@ -72,13 +72,17 @@ def _model_name(model) -> str:
 def analyze(model: ModelSource, weights: WeightsSource = None, *, batch_axis: BatchAxis = "auto",
             input_shapes: Mapping[str, list] | None = None, fuse: FuseMode = "off", precision: Precision = "fp32",
             float64: Float64 = "reject", limits: Limits | None = None, check_indices: bool = True,
-            schedule: Schedule = "auto", mlp: MLPConfig | None = None) -> Plan:
+            schedule: Schedule = "auto", mlp: MLPConfig | None = None, target: str = "cpu") -> Plan:
     """Return the compile plan of a model without starting a device (what `inspect` shows); a
     graph whose batch moves is planned at batch 2 (it compiles per batch size when it runs).
 
-    fuse: "off", "gpu" or "emulated"; the other options as `compile` takes them."""
+    fuse: "off", "gpu" or "emulated"; target: the backend the plan is for, "cpu" (stages merged
+    into one kernel) or "cuda" (cooperative blocks stages); the other options as `compile` takes
+    them."""
+    if target not in ("cpu", "cuda"):
+        raise UsageError(f"target must be 'cpu' or 'cuda', not {target!r}")
     opts = CompileOptions(batch_axis, input_shapes, precision, fuse, float64, limits or DEFAULT_LIMITS,
-                          check_indices, schedule, mlp)
+                          check_indices, schedule, mlp, merge_stages=target == "cpu", blocks=target == "cuda")
     opts.check()
     with phase("load", model=_model_name(model)):
         proto = loaders.load_proto(model, weights, limits=opts.limits)

@@ -1,6 +1,7 @@
 """The command line: run (with --compare), inspect, emit, cache, build (a .lml artifact that run,
 inspect, emit and bench take too); --version, -v/-q, --input-shapes, dynamic dims written -1/'?',
 one-line errors and exit codes, a closed pipe."""
+import json
 import logging
 import os
 import re
@@ -371,3 +372,23 @@ def test_cache_info_and_clear(tmp_path, capsys, monkeypatch):
     assert main(["cache", "clear"]) == 0
     assert "LuisaCompute kernels: removed 1 files (4 B)" in capsys.readouterr().out
     assert not (tmp_path / "k" / "kernel_A.bc").exists()
+
+
+def test_inspect_and_emit_for_the_cuda_target(tmp_path, capsys):
+    """--target cuda shows what compile() builds on CUDA, without a device: a convolution that
+    fills its tiles as a blocks stage (threads per block in the JSON), its kernel with shared
+    memory; the default (cpu) plan has neither."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU())
+    path = tmp_path / "conv.onnx"
+    torch.onnx.export(m, (torch.zeros(2, 3, 16, 16),), str(path), dynamo=False, input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "n"}, "y": {0: "n"}})
+    assert main(["inspect", str(path), "--json", "--target", "cuda"]) == 0
+    stages = json.loads(capsys.readouterr().out)["stages"]
+    assert [(s["domain"], s["threads"] > 1) for s in stages] == [("blocks", True)]
+    assert main(["inspect", str(path), "--json"]) == 0
+    assert [s["domain"] for s in json.loads(capsys.readouterr().out)["stages"]] == ["items"]
+    assert main(["emit", str(path), "--target", "cuda"]) == 0
+    assert "sync_block()" in capsys.readouterr().out
+    assert main(["emit", str(path)]) == 0
+    assert "sync_block()" not in capsys.readouterr().out
