@@ -1,3 +1,4 @@
 """The `fvdb` operator domain (schemas in opsets/fvdb.py): sparse-grid queries, transforms,
 sampling, splatting and sparse convolution on NanoVDB OnIndex grids read straight from a ByteBuffer."""
 from . import conv, grid, index, sample, splat, transform  # noqa: F401
+from . import pool, topology  # noqa: F401

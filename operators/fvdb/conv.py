@@ -66,8 +66,13 @@ class SparseConvKernelMap(GridOp):
         return [(elem, None if dims is None else tuple(dims))]
 
     @classmethod
+    def geometry(cls, node) -> ConvGeometry:
+        """Return the node's tap geometry (a subclass may pool instead: operators/fvdb/pool.py)."""
+        return _geometry(node)
+
+    @classmethod
     def evaluate(cls, node, inputs):
-        geo = _geometry(node)
+        geo = cls.geometry(node)
         try:
             grids_in = bundle_grids(*inputs[:6])
             grids_out = bundle_grids(*inputs[OUT:OUT + 6])
@@ -93,7 +98,7 @@ class SparseConvKernelMap(GridOp):
         b_out = self.check_bundle(OUT, "out_")
         self.expect(b_out == self.B, f"the input bundle has {self.B} grids, the output bundle {b_out}; a kernel map "
                     "pairs grid b with grid b")
-        self.geo = _geometry(self.node)
+        self.geo = self.geometry(self.node)
         self.transposed = bool(self.attr("transposed", 0))
         y = self.output()
         self.expect_dtype(y, ("INT32",), "output")

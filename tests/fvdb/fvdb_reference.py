@@ -234,3 +234,123 @@ def fvdb_model(nodes, feeds: dict[str, np.ndarray], batched=(), constants=(), ou
     m.graph.output.extend([types[o] for o in outputs])
     onnx.checker.check_model(m)
     return m
+
+
+# ---- pooling and topology (fvdb-ops.md section 3, written from it alone: loops over ijk dictionaries) ----
+
+
+def _rows(gb: GridBatch, b: int) -> dict[tuple, int]:
+    """Return {ijk: batch-global row} of grid b."""
+    vox = gb.ijk.unbind()[b]
+    return {tuple(int(u) for u in v): int(gb.batch_offsets[b]) + n for n, v in enumerate(vox)}
+
+
+def _three(v) -> list[int]:
+    return [int(v)] * 3 if np.ndim(v) == 0 else [int(u) for u in v]
+
+
+def pool(fine: GridBatch, features: np.ndarray, coarse: GridBatch, pool_size, stride=0, mode="max") -> np.ndarray:
+    """fVDB's max_pool / avg_pool: coarse voxel c pools fine voxels c*S + [0, K)^3 (S = K where the
+    stride is 0); max over the active ones (-inf if none), or their float64 sum / (K0*K1*K2)."""
+    K = _three(pool_size)
+    S = [k if s == 0 else s for k, s in zip(K, _three(stride))]
+    x = np.asarray(features, np.float64)
+    out = np.zeros((coarse.total_voxels, x.shape[1]))
+    for b in range(coarse.grid_count):
+        fine_rows = _rows(fine, b)
+        for c, o in _rows(coarse, b).items():
+            found = [fine_rows[f] for f in ((c[0] * S[0] + i, c[1] * S[1] + j, c[2] * S[2] + k)
+                                            for i in range(K[0]) for j in range(K[1]) for k in range(K[2]))
+                     if f in fine_rows]
+            if mode == "max":
+                out[o] = x[found].max(0) if found else -np.inf
+            else:
+                out[o] = x[found].sum(0) / (K[0] * K[1] * K[2])
+    return out
+
+
+def refine(coarse: GridBatch, features: np.ndarray, fine: GridBatch, factor) -> np.ndarray:
+    """fVDB's refine: fine voxel f takes the features of coarse voxel floor(f / S), 0 where inactive."""
+    S = _three(factor)
+    x = np.asarray(features, np.float64)
+    out = np.zeros((fine.total_voxels, x.shape[1]))
+    for b in range(fine.grid_count):
+        coarse_rows = _rows(coarse, b)
+        for f, o in _rows(fine, b).items():
+            parent = tuple(f[a] // S[a] for a in range(3))  # Python's // is floor division
+            if parent in coarse_rows:
+                out[o] = x[coarse_rows[parent]]
+    return out
+
+
+def voxel_sets(gb: GridBatch) -> list[set]:
+    """Return the active voxels of each grid as a set of tuples."""
+    return [set(_rows(gb, b)) for b in range(gb.grid_count)]
+
+
+def coarsened_grid(gb: GridBatch, factor):
+    """Return (voxel sets, voxel sizes, origins) of fVDB's coarsened_grid."""
+    f = np.array(_three(factor))
+    sets = [{tuple(v[a] // int(f[a]) for a in range(3)) for v in s} for s in voxel_sets(gb)]
+    return sets, gb.voxel_sizes * f, gb.origins + (f - 1) * gb.voxel_sizes / 2
+
+
+def refined_grid(gb: GridBatch, factor, mask=None):
+    """Return (voxel sets, voxel sizes, origins) of fVDB's refined_grid (mask: bool per voxel, index order)."""
+    f = _three(factor)
+    sets = []
+    for b in range(gb.grid_count):
+        s = set()
+        for v, row in _rows(gb, b).items():
+            if mask is None or mask[row]:
+                s |= {(v[0] * f[0] + i, v[1] * f[1] + j, v[2] * f[2] + k)
+                      for i in range(f[0]) for j in range(f[1]) for k in range(f[2])}
+        sets.append(s)
+    h = gb.voxel_sizes / np.array(f)
+    return sets, h, gb.origins - (np.array(f) - 1) * h / 2
+
+
+def dilated_grid(gb: GridBatch, n: int):
+    """Return the voxel sets of n passes of 26-neighbour dilation."""
+    out = []
+    for s in voxel_sets(gb):
+        for _ in range(n):
+            s = {(v[0] + i, v[1] + j, v[2] + k) for v in s for i in (-1, 0, 1) for j in (-1, 0, 1) for k in (-1, 0, 1)}
+        out.append(s)
+    return out
+
+
+def conv_grid(gb: GridBatch, K, S, transposed=False):
+    """Return the voxel sets of fVDB's conv_grid (every c with f = S*c + t - P for an active f) or
+    conv_transpose_grid (every S*c + t - P of an active c)."""
+    K, S = _three(K), _three(S)
+    P = [(k - 1) // 2 for k in K]
+    taps = [(a, b, c) for a in range(K[0]) for b in range(K[1]) for c in range(K[2])]
+    out = []
+    for s in voxel_sets(gb):
+        r = set()
+        for v in s:
+            for t in taps:
+                if transposed:
+                    r.add(tuple(S[a] * v[a] + t[a] - P[a] for a in range(3)))
+                else:
+                    q = [v[a] - t[a] + P[a] for a in range(3)]
+                    if all(q[a] % S[a] == 0 for a in range(3)):
+                        r.add(tuple(q[a] // S[a] for a in range(3)))
+        out.append(r)
+    return out
+
+
+def point_voxels(points: np.ndarray, h, o, nearest: bool = False) -> set:
+    """fVDB's from_points (round(x) = floor(double(x) + 0.5)) or from_nearest_voxels_to_points
+    (floor(x) + {0,1}^3), x = p * float(1/h) + float(-o/h) in float32 for float32 points."""
+    s, t = (1.0 / np.asarray(h, np.float64)).astype(F32), (-np.asarray(o, np.float64) / h).astype(F32)
+    out = set()
+    for p in np.asarray(points, F32):
+        x = [float(p[a] * s[a] + t[a]) for a in range(3)]
+        if nearest:
+            base = [int(np.floor(u)) for u in x]
+            out |= {(base[0] + i, base[1] + j, base[2] + k) for i in (0, 1) for j in (0, 1) for k in (0, 1)}
+        else:
+            out.add(tuple(int(np.floor(u + 0.5)) for u in x))
+    return out
