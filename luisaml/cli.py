@@ -396,7 +396,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="an input (default: random); cast to the model's dtype where that loses no kind")
     p.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--batch", type=_count(0), default=4, help="batch size of random inputs")
-    p.add_argument("--out", help="folder to write each output as NAME.npy")
+    p.add_argument("--out", help="folder to write each output as NAME.npy (a '/' in NAME written '_')")
     p.add_argument("--compare", action="store_true", help="also run onnxruntime and print the largest difference")
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("inspect", parents=[verbosity],

@@ -159,3 +159,29 @@ def test_rapidocr_text_direction_classifier(tmp_path_factory):
     m = onnx.load_from_string(raw)
     x = np.random.default_rng(1).uniform(-1, 1, (1, 3, 48, 192)).astype(np.float32)
     _compare(m, {"x": x}, batch_axis=None, input_shapes={"x": [1, 3, 48, 192]})
+
+
+def test_rapidocr_classifier_shapes_from_the_command_line(tmp_path_factory, tmp_path, capsys):
+    """The CLI on rapidocr's cls model, whose input is declared [-1, 3, ?, ?]: --input-shapes fixes
+    the spatial dims (`?` keeps the batch, which --batch-axis 0 then takes), and `run` casts a
+    float64 .npy to the model's float32 and matches onnxruntime."""
+    import json
+
+    from luisaml.cli import main
+
+    raw = _wheel_file(tmp_path_factory, "rapidocr-onnxruntime==1.4.4",
+                      "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx")
+    path = tmp_path / "cls.onnx"
+    path.write_bytes(raw)
+    assert main(["inspect", str(path), "--input-shapes", "x:?x3x48x192", "--batch-axis", "0", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    (x_info,) = rep["inputs"]
+    assert x_info["shape"][1:] == [3, 48, 192] and rep["batch_symbol"] == x_info["shape"][0]
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 3, 48, 192))  # float64 on purpose
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--input-shapes", "x:1x3x48x192", "--batch-axis", "none",
+                 "--input", f"x={tmp_path / 'x.npy'}", "--out", str(out), "-q"]) == 0
+    want = ort_run(onnx.load_from_string(raw), {"x": x.astype(np.float32)})
+    for name, w in want.items():
+        np.testing.assert_allclose(np.load(out / f"{name.replace('/', '_')}.npy"), w, rtol=1e-4, atol=1e-5, err_msg=name)
