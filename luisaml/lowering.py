@@ -63,6 +63,15 @@ def _untyped(name: str, g: Graph, producers: dict[str, Node], opset: int, symbol
                 shapes = ", ".join(g.var(i).describe() for i in node.inputs if i)
                 probe = f" (shapes at the probe batch size {PROBE_A} of '{symbol}')" if symbol else ""
                 return ModelError(f"{node.describe()}: its inputs ({shapes}){probe} do not fit: {detail}")
+    if node is not None and node.domain not in ("", "ai.onnx"):
+        # a custom operator that knows why its outputs stay untyped says so (an fvdb topology node
+        # over grids that are not constants: operators/fvdb/topology.py)
+        from . import registry
+
+        cls = registry.resolve(node.op_type, node.domain, 1)
+        reason = getattr(cls, "untyped_reason", None)
+        if reason is not None:
+            return ModelError(f"{node.describe()}: {reason(node, g)}")
     where = f"tensor '{name}'{_producer_note(name, producers)}"
     v = g.var(name)
     # the ONNX backend reads these two forms to find the inputs it must bind as constants

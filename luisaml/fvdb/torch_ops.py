@@ -761,7 +761,7 @@ class _GridFn(torch.autograd.Function):
     @staticmethod
     @_host_forward
     def forward(ctx, op_type: str, attrs: tuple, shapes: tuple, *tensors):
-        outs = tuple(torch.from_numpy(a) for a in _grid_op(op_type, attrs, tensors))
+        outs = tuple(torch.from_numpy(np.array(a)) for a in _grid_op(op_type, attrs, tensors))
         ctx.mark_non_differentiable(*outs)
         return outs
 

@@ -91,12 +91,11 @@ class GridOp(Operator):
 
     @classmethod
     def infer(cls, node, inputs):
-        for k, name in enumerate(node.inputs):
-            if name and (k >= len(inputs) or inputs[k] is None or inputs[k].value is None):
-                raise CompileError(
-                    f"{node.describe()}: input '{name}' is not a constant: building grids on the device is not "
-                    "implemented yet (it needs outputs sized at run time), so the grids this node reads must be "
-                    "constants (initializers), and it is evaluated when the model is compiled")
+        # an input not known yet (a Constant node the fold pass has still to read) leaves the
+        # outputs untyped for now; one that is never known fails in check()
+        if any(name and (k >= len(inputs) or inputs[k] is None or inputs[k].value is None)
+               for k, name in enumerate(node.inputs)):
+            return []
         values = [None if v is None else v.value for v in inputs]
         return [(from_numpy(a.dtype).onnx, a.shape) for a in evaluate_grid_op(node, values)]
 
@@ -104,10 +103,20 @@ class GridOp(Operator):
     def evaluate(cls, node, inputs):
         return evaluate_grid_op(node, inputs)
 
-    def check(self):
-        raise self.error("is evaluated on the host when the model is compiled, so its inputs must all be constants "
-                         "(building grids on the device is not implemented yet)")
+    @classmethod
+    def untyped_reason(cls, node, graph) -> str:
+        """Why the node's outputs have no shapes (lowering's error): an input that is not a constant."""
+        return _not_constant([i for i in node.inputs if i and graph.var(i).value is None] or node.inputs)
 
+    def check(self):
+        raise self.error(_not_constant([t.name for t in self.inputs if t is not None and t.value is None]
+                                       or self.node.inputs))
+
+
+def _not_constant(names: list[str]) -> str:
+    return (f"input '{names[0]}' is not a constant: building grids on the device is not implemented yet (it needs "
+            "outputs sized at run time), so the grids this node reads must be constants (initializers), and it is "
+            "evaluated when the model is compiled")
 
 for _name in schema.GRID_OPS:
     register(_name, domain="fvdb", since=1)(type(_name, (GridOp,), {"__doc__": schema.GRID_OPS[_name].doc}))
