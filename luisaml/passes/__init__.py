@@ -1,6 +1,7 @@
 """Passes from a loaded model to one ready to compile: opset upgrade, expansion of ONNX function ops
 luisaml has no operator for, shape/dtype inference with constant folding, batch-dimension
-discovery and annotation (batch.py), Identity/Dropout and dead-node removal."""
+discovery and annotation (batch.py), Identity/Dropout and dead-node removal, BatchNormalization
+folded into a convolution."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 from ..limits import DEFAULT, Limits
 from ..model import Model, model_from_proto
 from .batch import BatchPlan, annotate
-from .cleanup import remove_dead, remove_passthrough
+from .cleanup import fold_batchnorm, remove_dead, remove_passthrough
 from .functions import expand_functions
 from .infer import PROBE_A, PROBE_B, Specialised, find_batch_symbol, set_input_shapes, specialise
 from .upgrade import upgrade_opset
@@ -40,6 +41,7 @@ def prepare(proto, batch_axis="auto", input_shapes=None, *, limits: Limits = DEF
     model = model_from_proto(spec.proto)
     remove_passthrough(model)
     remove_dead(model)
+    fold_batchnorm(model)
     return Prepared(model, annotate(model, symbol, spec.shapes_b, spec.values_b))
 
 

@@ -1,5 +1,10 @@
-"""Graph clean-up on the Model: Identity and inference-mode Dropout removal, dead-node removal."""
+"""Graph clean-up on the Model: Identity and inference-mode Dropout removal, dead-node removal,
+BatchNormalization folded into the convolution before it."""
 from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
 
 from ..model import Graph, Model, Node, outer_reads, subgraphs
 
@@ -64,3 +69,73 @@ def remove_dead(model: Model) -> int:
     removed = len(g.nodes) - len(keep)
     g.nodes = list(reversed(keep))
     return removed
+
+
+# (op type, domain) of the convolutions a BatchNormalization folds into: (weight input, bias input);
+# both keep output channels on axis 0 of the weight and axis 1 of the output
+_FOLDS_INTO = {("Conv", ""): (1, 2), ("SparseConv3d", "fvdb"): (2, 3)}
+
+
+def fold_batchnorm(model: Model) -> int:
+    """Fold each inference BatchNormalization whose parameters are constants into the Conv (or
+    fvdb SparseConv3d) it reads, when that is the convolution's only reader and the convolution's
+    weight and bias are constants: W' = W * s per output channel, B' = (B - mean) * s + beta,
+    s = gamma / sqrt(var + epsilon), computed in float64. Return how many were folded.
+
+    Why: as an epilogue the BatchNormalization costs per-channel loads and index arithmetic at
+    every store, which on the CPU backend kept clang from vectorising the convolution's tile
+    (fVDB's 64-channel sparse convolution: 124 ms with a BatchNorm + Relu epilogue, 25 ms without);
+    folded, the stage is the convolution and a Relu."""
+    g = model.graph
+    outputs = set(g.outputs)
+    readers: dict[str, list[Node]] = {}
+    for n in g.nodes:
+        for i in set(n.inputs) | outer_reads(n):
+            if i:
+                readers.setdefault(i, []).append(n)
+    producers = g.producers()
+    folded, drop = 0, set()
+    for bn in g.nodes:
+        if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx") or len(bn.inputs) != 5:
+            continue
+        if any(o for o in bn.outputs[1:]) or int(bn.attrs.get("training_mode", 0)):
+            continue
+        conv = producers.get(bn.inputs[0])
+        key = (conv.op_type, "" if conv.domain == "ai.onnx" else conv.domain) if conv is not None else None
+        if key not in _FOLDS_INTO or bn.inputs[0] in outputs or len(readers.get(bn.inputs[0], [])) != 1:
+            continue
+        w_at, b_at = _FOLDS_INTO[key]
+        params = [g.var(i) if i and g.has_var(i) else None for i in bn.inputs[1:]]
+        w = g.var(conv.inputs[w_at])
+        b = g.var(conv.inputs[b_at]) if len(conv.inputs) > b_at and conv.inputs[b_at] else None
+        if any(p is None or p.value is None for p in params) or w.value is None or (b is not None and b.value is None):
+            continue
+        if w.value.dtype.kind != "f" or w.value.ndim < 2:
+            continue
+        gamma, beta, mean, var = (np.asarray(p.value, np.float64).reshape(-1) for p in params)
+        c = w.value.shape[0]
+        if not all(a.size == c for a in (gamma, beta, mean, var)):
+            continue
+        s = gamma / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
+        w_new = (np.asarray(w.value, np.float64) * s.reshape((c,) + (1,) * (w.value.ndim - 1))).astype(w.value.dtype)
+        b_old = np.asarray(b.value, np.float64).reshape(-1) if b is not None else np.zeros(c)
+        b_new = ((b_old - mean) * s + beta).astype(w.value.dtype)
+        w_name, b_name = _fresh(g, f"{w.name}/folded"), _fresh(g, f"{bn.name}/folded_bias")
+        g.vars[w_name] = replace(w, name=w_name, value=w_new)
+        g.vars[b_name] = replace(w, name=b_name, value=b_new, shape=(c,), symbolic=None)
+        inputs = list(conv.inputs) + [""] * (b_at + 1 - len(conv.inputs))
+        inputs[w_at], inputs[b_at] = w_name, b_name
+        conv.inputs = inputs
+        conv.outputs = [bn.outputs[0]] + list(conv.outputs[1:])
+        drop.add(id(bn))
+        folded += 1
+    g.nodes = [n for n in g.nodes if id(n) not in drop]
+    return folded
+
+
+def _fresh(g: Graph, base: str) -> str:
+    name, k = base, 1
+    while g.has_var(name):
+        k += 1
+        name = f"{base}{k}"
+    return name

@@ -1,7 +1,7 @@
 """fvdb.SparseConv3d's GPU form (an implicit GEMM in cooperative blocks, operators/tiled.py) on the
 CUDA backend against tests/fvdb's numpy reference of fVDB's semantics: 64 -> 64 channels (blocks),
 stride 1 and 2, transposed, a kernel map built on the device and one folded on the host, bias, a
-BatchNorm + Relu epilogue.
+BatchNorm (folded into the weights) + Relu epilogue.
 
     LUISAML_BACKEND=cuda python -m pytest tests/gpu/test_sparse_conv_cuda.py -q"""
 from __future__ import annotations
@@ -61,7 +61,7 @@ def test_64_channels_in_blocks(K, stride, transposed, constant):
     S.assert_close(got, S.sparse_conv3d(gb, x, g_out, w, b, stride, transposed))
 
 
-def test_blocks_stage_with_batchnorm_relu_epilogue():
+def test_blocks_stage_with_folded_batchnorm_and_relu_epilogue():
     rng, gb = _grids()
     c = 64
     x = rng.standard_normal((gb.total_voxels, c)).astype(np.float32)
@@ -77,7 +77,8 @@ def test_blocks_stage_with_batchnorm_relu_epilogue():
     net = luisaml.compile(S.fvdb_model(nodes, {**feeds, **consts}, constants=tuple(consts), outputs=["y"]),
                           batch_axis=None)
     conv = [st for st in net.plan.schedule.stages if st.root[0].op_type == S.schema.SPARSE_CONV][0]
-    assert conv.domain == "blocks" and [n.op_type for n, _ in conv.epilogue] == ["BatchNormalization", "Relu"]
+    # (the BatchNormalization folds into the constant weight and bias: passes/cleanup.py)
+    assert conv.domain == "blocks" and [n.op_type for n, _ in conv.epilogue] == ["Relu"]
     h = S.sparse_conv3d(gb, x, gb, w, b)
     want = np.maximum((h - mean) / np.sqrt(var.astype(np.float64) + 1e-5) * scale + shift, 0)
     S.assert_close(net.run(feeds)["y"], want)

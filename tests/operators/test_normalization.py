@@ -228,19 +228,28 @@ def test_layer_normalization_then_relu_is_one_stage():
 
 
 def test_conv_batchnorm_relu_is_one_stage():
-    """Conv, then BatchNormalization in inference, then Relu: one stage, the Conv's, applying the
-    per-channel affine map and the Relu to each element before its one store."""
+    """Conv, then BatchNormalization in inference, then Relu: one stage, the Conv's. With constant
+    weights the BatchNormalization folds into them (passes/cleanup.fold_batchnorm: no node left,
+    Relu the epilogue); with weights fed at run time it is the epilogue's per-channel map applied
+    to each element before its one store. Both against onnxruntime."""
     x = rand((2, 3, 6, 5), seed=1)
-    inits = {"w": rand((4, 3, 3, 3), seed=2), "cb": rand((4,), seed=3), **{k: C4[k] for k in ("s", "b", "mean", "var")}}
+    w = rand((4, 3, 3, 3), seed=2)
+    params = {"cb": rand((4,), seed=3), **{k: C4[k] for k in ("s", "b", "mean", "var")}}
     nodes = [node("Conv", "conv", ["x", "w", "cb"], pads=[1, 1, 1, 1]),
              node("BatchNormalization", "bn", ["conv", "s", "b", "mean", "var"]),
              node("Relu", "relu", ["bn"])]
-    m = model(nodes, {"x": x}, inits, opset=15, batch="N")
-    net = assert_runs_in_parallel(m, "bn", lambda n: {"x": rand((n, 3, 6, 5), seed=n)}, rtol=1e-5, atol=1e-5)
-    stages = net.plan.schedule.stages
-    assert len(stages) == 1, net.plan.schedule.describe()
-    assert stages[0].domain in ("element", "items") and stages[0].root[0].name == "conv"
-    assert [n.name for n, _ in stages[0].epilogue] == ["bn", "relu"]
+    for w_fed, epilogue in ((False, ["relu"]), (True, ["bn", "relu"])):
+        inits = params if w_fed else {"w": w, **params}
+        m = model(nodes, {"x": x, "w": w} if w_fed else {"x": x}, inits, opset=15, batch="N")
+        if w_fed:  # (model() gives every input the batch dimension; the weights have none)
+            m.graph.input[1].type.tensor_type.shape.dim[0].dim_value = 4
+        net = assert_runs_in_parallel(m, "conv", lambda n: {"x": rand((n, 3, 6, 5), seed=n), **({"w": w} if w_fed else {})},
+                                      rtol=1e-5, atol=1e-5)
+        stages = net.plan.schedule.stages
+        assert len(stages) == 1, net.plan.schedule.describe()
+        assert stages[0].domain in ("element", "items") and stages[0].root[0].name == "conv"
+        assert [n.name for n, _ in stages[0].epilogue] == epilogue
+        assert ("bn" in [n.name for n, _ in net.plan.ops]) == w_fed
 
 
 def test_lrn():
