@@ -99,7 +99,8 @@ def dilated(voxels: Voxels, h: np.ndarray, o: np.ndarray, dilation: int) -> tupl
     return [_checked((v.astype(np.int64)[:, None, :] + ball).reshape(-1, 3), "dilated") for v in voxels], h, o
 
 
-def pruned(voxels: Voxels, h: np.ndarray, o: np.ndarray, masks: Sequence[np.ndarray]) -> tuple[Voxels, np.ndarray, np.ndarray]:
+def pruned(voxels: Voxels, h: np.ndarray, o: np.ndarray,
+           masks: Sequence[np.ndarray]) -> tuple[Voxels, np.ndarray, np.ndarray]:
     """fVDB's pruned_grid: the voxels whose mask entry (index order) is true."""
     return [v[np.asarray(m, bool).reshape(-1)] for v, m in zip(voxels, masks)], h, o
 

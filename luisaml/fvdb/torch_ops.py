@@ -757,6 +757,14 @@ def refine(coarse, fine, coarse_data: torch.Tensor, subdiv_factor) -> torch.Tens
     return _PoolFn.apply("Refine", coarse_data, refine_map(coarse, fine, subdiv_factor))
 
 
+def pool_over_map(op_type: str, features: torch.Tensor, pmap: torch.Tensor) -> torch.Tensor:
+    """MaxPool, AvgPool (over a pooling_map) or Refine (over a refine_map) with a map built once for
+    the grid pair; differentiable in the features."""
+    if op_type not in schema.POOL_OPS:
+        raise ValueError(f"op_type must be one of {sorted(schema.POOL_OPS)}, got {op_type!r}")
+    return _PoolFn.apply(op_type, features, pmap)
+
+
 class _GridFn(torch.autograd.Function):
     @staticmethod
     @_host_forward
@@ -861,6 +869,7 @@ __all__ += [
     "gridbatch_from_nearest_voxels_to_points",
     "gridbatch_from_points",
     "max_pool",
+    "pool_over_map",
     "pooling_map",
     "pruned_grid",
     "refine",

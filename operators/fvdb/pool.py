@@ -183,7 +183,8 @@ class _Pool(Operator):
                     base = ctx.let(ix.mul(k, C), "xr")
                     for j in range(O):
                         v = x.load(ix.add(base, cols[j]))
-                        ctx.line(f"{acc[j]} = max({acc[j]}, {v})" if self.reduce == "max" else f"{acc[j]} = {acc[j]} + {v}")
+                        step = f"max({acc[j]}, {v})" if self.reduce == "max" else f"{acc[j]} + {v}"
+                        ctx.line(f"{acc[j]} = {step}")
         scale = repr(float(np.float32(1.0 / T))) if self.reduce == "avg" else None
         for j in range(O):
             value = f"{acc[j]} * {scale}" if scale else acc[j]
