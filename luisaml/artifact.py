@@ -238,6 +238,7 @@ class StoredPlan:
     fusion_note: str = ""
     plan_note: str = ""
     derived: list = field(default_factory=list)  # (an artifact never holds host-derived inputs)
+    readbacks: list = field(default_factory=list)  # (nor outputs sized at run time)
 
 
 def _blob_from(raw: bytes, layout: dict) -> Blob:
@@ -253,6 +254,10 @@ def network_data(plan) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     StoredPlan of a loaded network)."""
     g = plan.model.graph
     sched = plan.schedule
+    if getattr(plan, "readbacks", None):
+        raise UsageError(
+            f"cannot save a network with outputs sized at run time ({plan.readbacks[0].node}: count, prefix sum, "
+            "host read-back, fill): the artifact format stores static shapes only")
     if plan.derived:
         raise UsageError(
             "cannot save a network with host-derived inputs (" + ", ".join(d.ident for d in plan.derived)

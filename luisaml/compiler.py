@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import fusion
 from .emission import collect_oversized, emit_graph, generate, graph_scope  # noqa: F401  (operators emit subgraphs through these)
+from .dynamic import Readback
 from .errors import CompileError
 from .limits import DEFAULT as DEFAULT_LIMITS
 from .limits import Limits
@@ -73,7 +74,22 @@ def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", pre
                     plan.source = generate(plan, model_name)
                 break
             materialise |= oversized
+        plan.readbacks = readbacks(plan)
     limits.check_bytes("the weight blob (all the model's constants)", plan.blob.size, "weight_bytes")
     return plan
 
 
+
+
+def readbacks(plan: Plan) -> list[Readback]:
+    """Return what the runtime reads back between stages: after each phase marked readback, the
+    row count of its node's run-time sized outputs (luisaml/dynamic.py)."""
+    out = []
+    for st in plan.schedule.stages:
+        if not st.readback:
+            continue
+        node, op = st.root
+        k, index = op.rows_total()
+        out.append(Readback(st.index, node.outputs[k], int(index), node.describe(),
+                            [node.outputs[j] for j in op.runtime_sized if j < len(node.outputs) and node.outputs[j]]))
+    return out

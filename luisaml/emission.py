@@ -87,6 +87,10 @@ def generate(plan: Plan, model_name: str) -> str:
     fwd, fwd_params = emit_forward(plan, module)
     type_decls: list[tuple[str, str]] = []
     if plan.schedule is None:
+        sized = runtime_sized_node(plan)
+        if sized is not None:
+            raise CompileError(f"{sized}: its outputs are sized at run time (count, prefix sum, read-back, "
+                               "fill), which needs schedule='stages', not one per-sample kernel")
         kernels = [("batch_kernel", kernel_params(plan), "One thread per sample: reads the sample's inputs from "
                     "buffers, writes its outputs.", emit_batch_kernel(plan, module))]
     else:
@@ -187,8 +191,21 @@ def emit_forward(plan: Plan, module: Module) -> tuple[KernelContext, list[str]]:
     fwd_params.append("weights")
     if plan.scratch:  # the caller gives the buffers and which per-sample region to use
         fwd_params += plan.scratch_params + ["scratch_region"]
+    sized = runtime_sized_node(plan)
+    if sized is not None:  # no per-sample function: its outputs' sizes come from a host read-back
+        fwd.comment(f"no per-sample forward: {sized} has outputs sized at run time")
+        fwd.line("pass")
+        return fwd, fwd_params
     emit_graph(fwd, plan.main, fwd_io)
     return fwd, fwd_params
+
+
+def runtime_sized_node(plan: Plan) -> str | None:
+    """Return the description of the first node with run-time sized outputs, or None."""
+    for node, op in plan.ops:
+        if op.runtime_sized:
+            return node.describe()
+    return None
 
 
 def _io_bindings(plan: Plan, shared_out: bool) -> tuple[dict[str, Storage], list[IOSpec]]:
@@ -296,6 +313,17 @@ class Epilogue(Storage):
             return self.target.store(i, self.end.element(ctx, i, 0))
 
 
+@dataclass
+class Dropped(Storage):
+    """A run-time sized output that is not a graph output: no node may read it (lowering checks),
+    so its stores are dropped rather than given a buffer."""
+
+    writable = True
+
+    def store(self, i: str, value: str) -> str:
+        return "pass"
+
+
 def stage_bindings(plan: Plan, st: Stage, ctx: KernelContext) -> dict[Tensor, Storage]:
     """Return where every tensor a stage touches lives in its kernel: graph inputs and outputs in
     their buffers, tensors crossing stages in pooled buffers, inline tensors as expressions, the
@@ -310,6 +338,9 @@ def stage_bindings(plan: Plan, st: Stage, ctx: KernelContext) -> dict[Tensor, St
             table[t] = Buffer(buffer_ident(slot), f"sample * {slot.size}" if t.batched else "0")
     for name, (_, op, k) in sched.virtual.items():
         table[tensors[name]] = Inline(op, k, ctx.module)
+    for t in tensors.values():
+        if getattr(t, "runtime_rows", None) is not None and t not in table:
+            table[t] = Dropped()
     for node, op in st.epilogue[:-1]:  # the chain's intermediate tensors, inside this stage only
         table[op.outputs[0]] = Inline(op, 0, ctx.module)
     if st.epilogue:
@@ -370,6 +401,10 @@ def emit_stage(plan: Plan, st: Stage, module: Module) -> str:
                 with bind({op.outputs[0]: Value(v)}), node_context(end_node):
                     v = end.element(ctx, item, 0)
             ctx.line(plan.tensors[st.out].store(item, v))
+        elif st.domain == "items" and st.phase is not None:
+            node, op = st.root
+            with node_context(node):
+                op.phases()[st.phase].emit(ctx, item)
         elif st.domain == "items":
             node, op = st.root
             with node_context(node):

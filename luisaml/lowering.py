@@ -112,8 +112,18 @@ def build_tensors(g: Graph, prep: Prepared, outer: dict[str, Tensor] | None = No
             tensors[name] = outer[name]
             continue
         v = g.var(name)
+        rows = runtime_rows(name, producers, prep.model)
+        if rows is not None:
+            tensors[name] = _runtime_tensor(v, rows, producers)
+            continue
         untyped = v.elem_type == 0 or v.shape is None or not all(isinstance(d, int) for d in v.shape)
         if untyped and name in producers:
+            node = producers[name]
+            sized = next((i for i in node.inputs if i and runtime_rows(i, producers, prep.model)), None)
+            if sized is not None:  # its shape is unknown because it reads such a tensor: say that
+                raise ModelError(f"{node.describe()}: input '{sized}' has a first dimension known only at run "
+                                 f"time ({runtime_rows(sized, producers, prep.model)}); no node can read it yet: "
+                                 "make it a graph output")
             raise _untyped(name, g, producers, prep.model.opset(""), prep.symbol)
         if v.dtype is None:
             raise ModelError(
@@ -129,7 +139,51 @@ def build_tensors(g: Graph, prep: Prepared, outer: dict[str, Tensor] | None = No
 
 
 def io_spec(t: Tensor, v: Variable, prep: Prepared, ident: str, producers) -> IOSpec:
+    rows = getattr(t, "runtime_rows", None)
+    if rows is not None:  # its first dimension is the symbol the runtime sizes after a read-back
+        return IOSpec(t.name, ident, t.dtype, (rows,) + tuple(t.shape[1:]), t.shape, False, rows=rows)
     return IOSpec(t.name, ident, t.dtype, sample_dim(v, prep, producers).onnx_shape, t.shape, t.batched)
+
+
+def runtime_rows(name: str, producers: dict[str, Node], model: Model) -> str | None:
+    """Return the symbol of a tensor's run-time row count (the output of a node whose operator
+    declares it runtime_sized: luisaml/dynamic.py), or None for a tensor of static shape."""
+    node = producers.get(name)
+    if node is None:
+        return None
+    cls = registry.resolve(node.op_type, node.domain, model.opset(node.domain))
+    if cls is None or node.outputs.index(name) not in cls.runtime_sized:
+        return None
+    return f"rows of {node.name or node.op_type}"
+
+
+def _runtime_tensor(v: Variable, rows: str, producers: dict[str, Node]) -> Tensor:
+    """Return the Tensor of a run-time sized output: 0 rows at compile time (whatever number an
+    exporter wrote there: the runtime sizes it), its other dimensions static."""
+    where = f"tensor '{v.name}'{_producer_note(v.name, producers)}"
+    if v.dtype is None or v.shape is None or len(v.shape) < 1 or not all(isinstance(d, int) for d in v.shape[1:]):
+        raise ModelError(f"{where}: its first dimension is sized at run time, but its type or other dimensions "
+                         f"could not be inferred ({shape_str(v.shape) if v.shape is not None else 'no shape'})")
+    t = Tensor(v.name, v.dtype, (0,) + tuple(int(d) for d in v.shape[1:]), False, None)
+    t.runtime_rows = rows
+    return t
+
+
+def check_runtime_sized(code: GraphCode) -> None:
+    """Raise for a node that reads a run-time sized tensor: its size is unknown until the host reads
+    it back, so only the runtime (as a graph output) may take it."""
+    for node, op in code.ops:
+        for t in op.inputs:
+            if t is not None and getattr(t, "runtime_rows", None) is not None:
+                raise ModelError(
+                    f"{node.describe()}: input '{t.name}' has a first dimension known only at run time "
+                    f"({t.runtime_rows}); no node can read it yet: make it a graph output")
+        for sub in op.subgraphs.values():
+            for name in outer_reads(node):
+                t = code.tensors.get(name)
+                if t is not None and getattr(t, "runtime_rows", None) is not None:
+                    raise ModelError(f"{node.describe()}: its subgraph reads '{name}', whose first dimension is "
+                                     "known only at run time; make it a graph output")
 
 
 # ---- operators -------------------------------------------------------------------------------
@@ -324,6 +378,7 @@ def build_graph_code(g: Graph, prep: Prepared, blob: Blob, outer: dict[str, Tens
     """Return the tensors, operators and storage plan of a graph (a subgraph when outer is given)."""
     tensors = build_tensors(g, prep, outer)
     ops = build_operators(g, prep.model, tensors, prep, blob)
+    check_runtime_sized(GraphCode(g, tensors, ops, None, {}))
     check_batch_mixing(ops)
     allocation, views = plan_storage(g, tensors, ops, blob, main=outer is None)
     return GraphCode(g, tensors, ops, allocation, views)

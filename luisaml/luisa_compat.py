@@ -40,6 +40,18 @@ def read_buffer(buf, dtype: np.dtype, count: int) -> np.ndarray:
     return out
 
 
+def read_element(buf, dtype: np.dtype, index: int):
+    """Return element `index` of a device buffer, downloading only its bytes: luisa.Buffer has no
+    view, and copy_to copies the whole buffer (an offsets array of a million rays for one total)."""
+    from luisa import globalvars, lcapi
+
+    out = np.zeros(1, dtype=dtype)
+    stream = globalvars.vars.stream
+    stream.add(lcapi.BufferDownloadCommand.create(buf.handle, int(index) * out.itemsize, out.itemsize, out))
+    stream.synchronize()
+    return out[0]
+
+
 def upload(array: np.ndarray, dsl: str):
     """Return a new luisa.Buffer of DSL type `dsl` holding `array` (Buffer.from_array infers the
     element type from the first element, which is wrong for half, uint and bool)."""

@@ -48,7 +48,7 @@ class CompiledNetwork:
         self.module = module
         self.path = path
         self.backend = backend
-        self.forward = module.forward  # the @luisa.func of one sample
+        self._forward = module.forward  # the @luisa.func of one sample
         self.kernels = [getattr(module, name) for name in plan.kernels]  # launched in this order
         self.kernel = self.kernels[0] if self.kernels else None  # (a graph of no node has none)
         self._weights = None
@@ -56,6 +56,16 @@ class CompiledNetwork:
         self._derived: dict[str, tuple[bytes, Any]] = {}  # ident -> (digest of its sources, buffer)
 
     # ---- what it is ----------------------------------------------------------------------
+    @property
+    def forward(self):
+        """The per-sample `@luisa.func` for user kernels; a network whose outputs are sized at run
+        time has none (UsageError naming the node)."""
+        if self.plan.readbacks:
+            raise UsageError(f"this network has no per-sample `forward`: {self.plan.readbacks[0].node} has "
+                             "outputs sized at run time (count, prefix sum, read-back, fill), which one sample "
+                             "inside a user kernel cannot do; use net.run")
+        return self._forward
+
     @property
     def source(self) -> str:
         """The generated module's source."""
@@ -272,7 +282,7 @@ class CompiledNetwork:
         arrays, batch, torch_in = self.check_feeds(feeds)
         n = batch if self.plan.symbol is not None else 1
         args, out_bufs = self._bind(arrays, n)
-        self._launch_and_wait(args, n)
+        rows = self._launch_and_wait(args, n, out_bufs)
         results: dict[str, Any] = {}
         for s, buf, count in out_bufs:
             if s.name not in wanted:
@@ -280,7 +290,7 @@ class CompiledNetwork:
             from .luisa_compat import read_buffer
 
             raw = read_buffer(buf, self.io_dtype(s).kernel_numpy, count)
-            shape = self._output_shape(s, n)
+            shape = (rows[s.name],) + tuple(s.kernel_shape[1:]) if s.rows is not None else self._output_shape(s, n)
             results[s.name] = raw.astype(self.io_dtype(s).numpy, copy=False).reshape(shape)
         for name in self.plan.host_outputs:
             if name in wanted:
@@ -301,7 +311,9 @@ class CompiledNetwork:
             self._run_host(feeds, self.output_names)
             arrays, batch, _ = self.check_feeds(feeds)
             n = batch if self.plan.symbol is not None else 1
-            args, _ = self._bind(arrays, n)
+            args, out_bufs = self._bind(arrays, n)
+            if self.plan.readbacks:  # a full run sizes the run-time sized outputs' buffers in args
+                self._launch_and_wait(args, n, out_bufs)
             scratch = [self._buffer(f"scratch_{dsl}", dsl, size * max(n, 1))
                        for dsl, size in sorted(self.plan.kernel_scratch.items())]
             stages = self.plan.schedule.stages if self.plan.schedule is not None else [None]
@@ -343,9 +355,12 @@ class CompiledNetwork:
         args += self._derived_buffers(arrays)
         return args, out_bufs
 
-    def _launch_and_wait(self, args: list, n: int) -> None:
+    def _launch_and_wait(self, args: list, n: int, out_bufs: list | None = None) -> dict[str, int]:
         """Launch the batch kernel for n samples with this plan's scratch buffers; wait for it; raise
-        RunError for what a run-time check flagged (an index out of range, naming the node)."""
+        RunError for what a run-time check flagged (an index out of range, naming the node). With
+        read-backs (luisaml/dynamic.py) the stages run in segments: up to a node's prefix sum, then
+        its row count read back, its outputs' buffers sized in args and out_bufs, then on; return
+        {run-time sized output: rows}."""
         import luisa
 
         scratch = [
@@ -353,16 +368,67 @@ class CompiledNetwork:
             for dsl, per_sample in sorted(self.plan.kernel_scratch.items())
         ]
         errors = self._error_flag() if self.plan.checks else None
+        rows: dict[str, int] = {}
+        start = 0
+        for rb in self.plan.readbacks:
+            if n > 0:
+                self.launch(args, scratch, n, errors, span=(start, rb.after_stage + 1))
+            luisa.synchronize()
+            self._raise_flagged(errors)
+            total = self._read_total(rb, out_bufs, n) if n > 0 else 0
+            for name in rb.outputs:
+                rows[name] = total
+                self._size_output(name, total, args, out_bufs)
+            start = rb.after_stage + 1
         if n > 0:
-            self.launch(args, scratch, n, errors)
+            self.launch(args, scratch, n, errors, span=(start, None) if self.plan.readbacks else None)
         luisa.synchronize()
+        self._raise_flagged(errors)
+        return rows
+
+    def _raise_flagged(self, errors) -> None:
+        """Raise RunError for the check a launch flagged (its message names the node)."""
         if errors is not None:
             code = np.zeros(1, np.int32)
             errors.copy_to(code)
             if code[0]:
                 k = int(code[0]) - 1
                 what = self.plan.checks[k] if 0 <= k < len(self.plan.checks) else f"check {k + 1}"
-                raise RunError(f"{what} (compile with check_indices=False to clamp such indices instead)")
+                advice = " (compile with check_indices=False to clamp such indices instead)" if "index" in what else ""
+                raise RunError(what + advice)
+
+    def _read_total(self, rb, out_bufs: list | None, n: int) -> int:
+        """Return the row count a read-back reads (element rb.index of rb.tensor, in an output's
+        buffer or a pooled one), checked: RunError naming the node for a count no buffer can hold."""
+        from .luisa_compat import read_element
+
+        buf = next((b for s, b, _ in out_bufs or [] if s.name == rb.tensor), None)
+        if buf is None:
+            root = rb.tensor
+            while root in self.plan.main.views:
+                root = self.plan.main.views[root]
+            slot = next(sl for sl in self.plan.schedule.buffers.slots if root in sl.members)
+            buf = self._buffer(f"buf_{slot.dtype}_{slot.id}", slot.dtype, slot.size * max(n, 1))
+        total = int(read_element(buf, np.int32, rb.index))
+        if total < 0:
+            raise RunError(f"{rb.node}: its outputs' row count read back as {total} (the sum of its counts "
+                           "overflowed 32 bits)")
+        for name in rb.outputs:
+            s = next((s for s in self.plan.outputs if s.name == name), None)
+            if s is not None:
+                self.plan.limits.check_elements(f"output '{name}' of {rb.node} with {total} rows",
+                                                total * s.numel_per_row, self.io_dtype(s).itemsize)
+        return total
+
+    def _size_output(self, name: str, rows: int, args: list, out_bufs: list | None) -> None:
+        """Give run-time sized output `name` a buffer of `rows` rows, in args and out_bufs."""
+        for k, (s, _, _) in enumerate(out_bufs or []):
+            if s.name != name:
+                continue
+            count = rows * s.numel_per_row
+            buf = self._buffer(s.ident, self.io_dtype(s).dsl, count)
+            out_bufs[k] = (s, buf, count)
+            args[len(self.plan.inputs) + k] = buf
 
     def _error_flag(self):
         """The int buffer run-time checks flag (KernelContext.flag_error), zeroed for this launch."""
@@ -378,11 +444,13 @@ class CompiledNetwork:
         """The shape run() returns for output s with n samples (k*B rows when batched)."""
         return ((n * s.kernel_shape[0],) + tuple(s.kernel_shape[1:])) if s.batched else tuple(s.kernel_shape)
 
-    def launch(self, args: list, scratch: list, n: int, errors=None, only: int | None = None) -> None:
+    def launch(self, args: list, scratch: list, n: int, errors=None, only: int | None = None,
+               span: tuple[int, int | None] | None = None) -> None:
         """Enqueue the network's kernels for n samples on LuisaCompute's stream, one after another in
         one command list, without synchronising: args are the input and output buffers (then the
         derived ones) in parameter order, scratch the scratch buffers, errors the int buffer the
-        run-time checks flag (needed when plan.checks is not empty); only: launch just that stage."""
+        run-time checks flag (needed when plan.checks is not empty); only: launch just that stage;
+        span: launch stages [first, last) (last None: to the end), the segments between read-backs."""
         first = not getattr(self, "_compiled", False)
         if first:
             cache.check_kernel_cache()  # a truncated cached kernel or an unwritable folder would abort
@@ -404,6 +472,8 @@ class CompiledNetwork:
                 for k, stage in enumerate(stages):
                     count = stage.dispatch(n)
                     if not count or (only is not None and k != only):
+                        continue
+                    if span is not None and (k < span[0] or (span[1] is not None and k >= span[1])):
                         continue
                     if self.plan.merged_stages:
                         self.kernel(*common, *extra, k, dispatch_size=count)
@@ -450,7 +520,7 @@ class CompiledNetwork:
     # ---- zero-copy torch interop (CUDA) ---------------------------------------------------
     def _zero_copy(self, feeds: Mapping[str, Any]) -> bool:
         """True when every input is a torch CUDA tensor the kernel can read in place."""
-        if self.backend != "cuda" or not feeds or self.plan.derived or self.plan.host_outputs:
+        if self.backend != "cuda" or not feeds or self.plan.derived or self.plan.host_outputs or self.plan.readbacks:
             return False
         if not all(is_torch(v) and v.is_cuda for v in feeds.values()):
             return False

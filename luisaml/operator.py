@@ -44,6 +44,10 @@ class Operator:
     # outputs every sample adds into when the node reads per-sample inputs in batch mode (atomics
     # into a buffer the runtime zeroes first); such an output must be a graph output
     accumulates: ClassVar[tuple[int, ...]] = ()
+    # outputs whose first dimension is known only at run time (luisaml/dynamic.py): the node runs
+    # as phases(), the host reads their row count back before the phase that fills them; no other
+    # node may read them, so they are graph outputs or dropped
+    runtime_sized: ClassVar[tuple[int, ...]] = ()
 
     # ---- how a stage may run this node (luisaml/schedule.py) ----------------------------------
     # element() is a cheap expression of its inputs with no statements when ctx.pure: its outputs
@@ -189,6 +193,15 @@ class Operator:
 
     def emit_item(self, ctx: "KernelContext", item: str) -> None:
         """Emit the code of work item `item` (a DSL int expression) of work_items()."""
+        raise NotImplementedError
+
+    def phases(self) -> list:
+        """Return the luisaml.dynamic.Phase list of a node with runtime_sized outputs, in launch order."""
+        raise NotImplementedError
+
+    def rows_total(self) -> tuple[int, int]:
+        """Return (output index, element) of the static-size output that holds the row count of the
+        runtime_sized outputs once the phase marked readback has run."""
         raise NotImplementedError
 
     def block_tiling(self):

@@ -37,10 +37,16 @@ class IOSpec:
     kernel_shape: tuple[int, ...]  # per sample (batch dimension 1)
     batched: bool
     accumulated: bool = False  # every sample adds into it (a buffer the runtime zeroes first)
+    rows: str | None = None  # the symbol of a first dimension sized at run time (luisaml/dynamic.py)
 
     @property
     def numel(self) -> int:
         return int(np.prod(self.kernel_shape, dtype=np.int64))
+
+    @property
+    def numel_per_row(self) -> int:
+        """Elements per row of the first dimension (what a run-time row count multiplies)."""
+        return int(np.prod(self.kernel_shape[1:], dtype=np.int64))
 
 
 @dataclass
@@ -146,6 +152,8 @@ class Plan:
     schedule: Any = None  # luisaml.schedule.Schedule when the network runs as stages, else one kernel
     plan_note: str = ""  # why this plan (stages or the per-sample kernel), for inspect
     merged_stages: bool = False  # the stages are one kernel dispatched once per stage (kernels: ["stages"])
+    # totals the host reads back between stages to size run-time sized outputs (luisaml/dynamic.py)
+    readbacks: list = field(default_factory=list)
 
     @property
     def tensors(self) -> dict[str, Tensor]:

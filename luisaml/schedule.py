@@ -49,6 +49,9 @@ class Stage:
     allocation: Allocation | None = None  # registers of a whole group's internal tensors
     internal: list[str] = field(default_factory=list)  # a whole group's tensors kept in registers
     threads: int = 1  # threads per work item: a "blocks" stage's block size, else 1
+    phase: int | None = None  # a phase of a node with run-time sized outputs (luisaml/dynamic.py)
+    phase_name: str = ""
+    readback: bool = False  # the host reads the node's row count back after this stage
 
     @property
     def root(self) -> tuple[Node, Operator]:
@@ -74,6 +77,8 @@ class Stage:
                  "sample": "one thread per sample", "single": "one thread",
                  "fused": "blocks of threads on tiles of samples of"}[self.domain]
         target = f" '{self.out}'" if self.out else ""
+        if self.phase is not None:
+            target = f" ({self.phase_name}{', then the host reads the row count back' if self.readback else ''})"
         return f"stage {self.index} [{self.domain}, {per}] {where}{target}: {names}" + (
             f" ({'; '.join(extra)})" if extra else "")
 
@@ -100,6 +105,8 @@ def kind(op: Operator, per_sample: bool) -> str:
 
     if isinstance(op, FusedMLP):
         return "fused"
+    if op.runtime_sized:
+        return "phased"
     # (derived inputs are kernel parameters or constants: every stage kernel has them)
     if op.subgraphs or op.accumulates:
         return "whole"
@@ -208,6 +215,11 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
             group.append((n, op))
             continue
         close_group()
+        if k == "phased":  # count, prefix sum, (the host reads the total back), fill: luisaml/dynamic.py
+            for j, ph in enumerate(op.phases()):
+                stages.append(Stage(len(stages), "items", [(n, op)], int(ph.items), False, phase=j,
+                                    phase_name=ph.name, readback=ph.readback))
+            continue
         if k == "fused":
             stages.append(Stage(len(stages), "fused", [(n, op)], 1, True, out=n.outputs[0]))
             continue
@@ -305,8 +317,17 @@ def _fill_io(st: Stage, code: GraphCode, virtual: dict, views: dict[str, str], r
         for i in list(n.inputs) + sorted(outer_reads(n)):
             if i:
                 visit(i)
-    st.reads = reads
     st.inlined = inlined
+    if st.phase is not None:
+        # every phase writes the node's static outputs (offsets, counts) and the later ones read
+        # what the earlier wrote, which keeps them in their buffers from the first phase to the
+        # last; the run-time sized outputs are the runtime's own buffers, never pooled
+        node, op = st.root
+        static = [o for k, o in enumerate(node.outputs) if o and o not in virtual and k not in op.runtime_sized]
+        st.reads = reads + (static if st.phase > 0 else [])
+        st.writes = static
+        return
+    st.reads = reads
     if st.domain in ("element", "fused"):
         st.writes = [st.out]
         return

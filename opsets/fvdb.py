@@ -485,3 +485,100 @@ def register_pooling_and_topology() -> None:
 
 
 register_pooling_and_topology()
+
+
+# ---- rays through the grid: outputs sized at run time (operators/fvdb/ray.py) ---------------------
+
+VOXELS_ALONG_RAYS = "VoxelsAlongRays"
+SEGMENTS_ALONG_RAYS = "SegmentsAlongRays"
+_RAYS = (("ray_origins", "T"), ("ray_directions", "T"))
+RAY_ROWS = "ray_hits"  # the symbolic first dimension of the outputs sized at run time
+OPS[VOXELS_ALONG_RAYS] = OpSpec(
+    VOXELS_ALONG_RAYS,
+    "fVDB voxels_along_rays: each ray (world space, through the grid of its jidx) mapped by the dual "
+    "transform, clipped to the grid's bounding box and walked by NanoVDB's hierarchical DDA; every active "
+    "voxel it crosses with [t0, t1] (world-ray times), hits shorter than eps dropped, consecutive repeats of "
+    "a voxel merged, at most max_voxels per ray (-1: all). Outputs: a JaggedTensor of ldim 2 (grid -> ray): "
+    "voxels (int32 [M, 3] ijk, or [M] indices with return_ijk=0, plus the grid's batch offset when "
+    "cumulative), times [M, 2], joffsets int64 [R+1], jidx int32 [M] (the ray of each row), jlidx int32 "
+    "[R, 2] (grid, ray in grid). M is known only at run time.",
+    _RAYS, "voxels",
+    (("max_voxels", "most voxels per ray; -1: no limit", -1),
+     ("return_ijk", "1: ijk per hit; 0: the voxel's index", 1),
+     ("cumulative", "with return_ijk=0, add the grid's batch offset to the indices", 0)))
+OPS[SEGMENTS_ALONG_RAYS] = OpSpec(
+    SEGMENTS_ALONG_RAYS,
+    "fVDB segments_along_rays: the same walk as VoxelsAlongRays, runs of consecutive active voxels merged "
+    "into [t0, t1] spans; spans shorter than eps dropped, at most max_segments per ray (-1: all). Outputs: "
+    "segments [M, 2], joffsets int64 [R+1], jidx int32 [M], jlidx int32 [R, 2] (ldim 2: grid -> ray).",
+    _RAYS, "segments",
+    (("max_segments", "most segments per ray; -1: no limit", -1),))
+RAY_OUTPUTS = {
+    VOXELS_ALONG_RAYS: ("voxels", "times", "joffsets", "jidx", "jlidx"),
+    SEGMENTS_ALONG_RAYS: ("segments", "joffsets", "jidx", "jlidx"),
+}
+
+
+def ray_rule(op_type: str, inputs: list, attrs: dict) -> list[tuple[int, list | None]]:
+    """Return [(elem_type, dims)] of a ray op's outputs: the rows sized at run time are RAY_ROWS, the
+    rays R the rows of ray_origins' jdata."""
+    want = len(OPS[op_type].input_names())
+    if len(inputs) != want:
+        raise ValueError(f"fvdb.{op_type} takes {want} inputs ({', '.join(OPS[op_type].input_names())}), "
+                         f"got {len(inputs)}")
+    origins = inputs[len(BUNDLE)]
+    rays = None if origins is None or origins[1] is None else origins[1][0]
+    elem = origins[0] if origins is not None else TensorProto.FLOAT
+    plus_one = rays + 1 if isinstance(rays, int) else None
+    jagged = [(TensorProto.INT64, [plus_one]), (TensorProto.INT32, [RAY_ROWS]), (TensorProto.INT32, [rays, 2])]
+    if op_type == SEGMENTS_ALONG_RAYS:
+        return [(elem, [RAY_ROWS, 2])] + jagged
+    voxels = [RAY_ROWS, 3] if int(attrs.get("return_ijk", 1)) else [RAY_ROWS]
+    return [(TensorProto.INT32, voxels), (elem, [RAY_ROWS, 2])] + jagged
+
+
+def _ray_schema(op_type: str) -> defs.OpSchema:
+    S = defs.OpSchema
+    spec = OPS[op_type]
+    ins = [S.FormalParameter(n, t, "GridBatch bundle") for n, t in zip(BUNDLE, _BUNDLE_TYPES)]
+    for name, jtype in spec.jagged:
+        for part, t in zip(JAGGED, _JAGGED_TYPES):
+            ins.append(S.FormalParameter(f"{name}_{part}", t or jtype, f"JaggedTensor {name}"))
+    types = {"voxels": "tensor(int32)", "times": "T", "segments": "T", "joffsets": "tensor(int64)",
+             "jidx": "tensor(int32)", "jlidx": "tensor(int32)"}
+    outs = [S.FormalParameter(n, types[n], "the result JaggedTensor's " + n) for n in RAY_OUTPUTS[op_type]]
+    attrs = [S.Attribute(n, onnx.helper.make_attribute(n, default), doc) for n, doc, default in spec.attributes]
+    attrs.append(S.Attribute("eps", onnx.helper.make_attribute("eps", 0.0), "drop hits shorter than this (time)"))
+    schema = S(op_type, DOMAIN, VERSION, doc=spec.doc, inputs=ins, outputs=outs,
+               type_constraints=[(k, *_TYPE_CONSTRAINTS[k]) for k in ("T", "T_f64")], attributes=attrs)
+
+    def infer(ctx) -> None:
+        ins_ = []
+        for k in range(ctx.get_num_inputs()):
+            tp = ctx.get_input_type(k)
+            ins_.append(None if tp is None else (tp.tensor_type.elem_type, _dims_of(tp)))
+        a = ctx.get_attribute("return_ijk")
+        for k, (elem, dims) in enumerate(ray_rule(op_type, ins_, {"return_ijk": a.i if a is not None else 1})):
+            out = onnx.TypeProto()
+            out.tensor_type.elem_type = elem
+            shape = out.tensor_type.shape
+            for d in dims:
+                dim = shape.dim.add()
+                if isinstance(d, int):
+                    dim.dim_value = d
+                elif d:
+                    dim.dim_param = d
+            ctx.set_output_type(k, out)
+
+    schema.set_type_and_shape_inference_function(infer)
+    return schema
+
+
+def register_rays() -> None:
+    """Register the ray ops' schemas with onnx.defs (once per process)."""
+    for op_type in RAY_OUTPUTS:
+        if not defs.has(op_type, DOMAIN):
+            defs.register_schema(_ray_schema(op_type))
+
+
+register_rays()

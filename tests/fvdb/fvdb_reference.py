@@ -354,3 +354,112 @@ def point_voxels(points: np.ndarray, h, o, nearest: bool = False) -> set:
         else:
             out.add(tuple(int(np.floor(u + 0.5)) for u in x))
     return out
+
+
+# ---- rays (VoxelsAlongRays, SegmentsAlongRays) ------------------------------------------------------
+# Written from the semantics alone (fvdb-ops.md section 3), not from shaders/hdda.py: the ray mapped by
+# the dual transform, then a plain voxel-by-voxel Amanatides-Woo walk in float64 through the box of the
+# active voxels [min, max + 1), testing each voxel against the set of active ijk.
+
+
+def dual_ray(gb: GridBatch, b: int, origin, direction) -> tuple[np.ndarray, np.ndarray]:
+    """Return (eye, direction) of a world ray in grid b's dual index space (voxel ijk = [ijk, ijk+1))."""
+    scale = (1.0 / gb.voxel_sizes[b]).astype(F32).astype(np.float64)
+    translate = (-gb.origins[b] / gb.voxel_sizes[b] + 0.5).astype(F32).astype(np.float64)
+    return (np.asarray(origin, np.float64) * scale + translate, np.asarray(direction, np.float64) * scale)
+
+
+def ray_walk(active: set, eye: np.ndarray, d: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list:
+    """Return [(ijk, t0, t1)] of every active voxel the ray eye + t*d (t >= 0) crosses inside the box
+    [lo, hi + 1), in order, each with the times it enters and leaves it."""
+    if not d.any() or (lo > hi).any():
+        return []
+    t_in, t_out = 0.0, np.inf
+    for a in range(3):
+        if d[a] == 0:
+            if not lo[a] <= eye[a] <= hi[a] + 1:
+                return []
+            continue
+        ta, tb = sorted(((lo[a] - eye[a]) / d[a], (hi[a] + 1 - eye[a]) / d[a]))
+        t_in, t_out = max(t_in, ta), min(t_out, tb)
+    if t_in >= t_out:
+        return []
+    mid = eye + d * (t_in + min(1e-9, (t_out - t_in) / 2))  # a point just inside the first voxel
+    v = np.floor(mid).astype(np.int64)
+    step = np.sign(d).astype(np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t_next = np.where(d > 0, (v + 1 - eye) / d, np.where(d < 0, (v - eye) / d, np.inf))
+        t_delta = np.where(d != 0, 1.0 / np.abs(d), np.inf)
+    hits, t = [], t_in
+    while t < t_out:
+        a = int(np.argmin(t_next))
+        t_leave = min(t_next[a], t_out)
+        if tuple(v) in active:
+            hits.append((tuple(int(c) for c in v), t, t_leave))
+        t = t_leave
+        v[a] += step[a]
+        t_next[a] += t_delta[a]
+    return hits
+
+
+def _ray_hits(gb: GridBatch, origins: JaggedTensor, directions: JaggedTensor):
+    """Yield (ray, grid b, its active-voxel walk) for every ray of a batch."""
+    from luisaml.fvdb.nanovdb import active_voxels
+
+    b_of = grid_ids(origins)
+    active = [set(map(tuple, active_voxels(g).tolist())) for g in gb.grids]
+    for r in range(len(origins.jdata)):
+        b = int(b_of[r])
+        g = gb.grids[b]
+        lo, hi = (g.root_bbox[0], g.root_bbox[1]) if g.voxel_count else (np.ones(3), np.zeros(3))
+        eye, d = dual_ray(gb, b, origins.jdata[r], directions.jdata[r])
+        yield r, b, ray_walk(active[b], eye, d, np.asarray(lo, np.int64), np.asarray(hi, np.int64))
+
+
+def voxels_along_rays(gb: GridBatch, origins: JaggedTensor, directions: JaggedTensor, max_voxels: int = -1,
+                      eps: float = 0.0) -> list[list[tuple]]:
+    """Return per ray [(ijk, t0, t1)]: active voxels, hits shorter than eps dropped, a repeat of the previous
+    voxel merged into it, at most max_voxels."""
+    out = []
+    for _, _, hits in _ray_hits(gb, origins, directions):
+        kept: list = []
+        for ijk, t0, t1 in hits:
+            if t1 - t0 < eps:
+                continue
+            if kept and kept[-1][0] == ijk:
+                kept[-1] = (ijk, min(kept[-1][1], t0), max(kept[-1][2], t1))
+                continue
+            kept.append((ijk, t0, t1))
+            if len(kept) == max_voxels:
+                break
+        out.append(kept)
+    return out
+
+
+def segments_along_rays(gb: GridBatch, origins: JaggedTensor, directions: JaggedTensor, max_segments: int = -1,
+                        eps: float = 0.0) -> list[list[tuple]]:
+    """Return per ray [(t0, t1)]: runs of consecutive active voxels (each leaving where the next enters),
+    spans shorter than eps dropped, at most max_segments."""
+    out = []
+    for _, _, hits in _ray_hits(gb, origins, directions):
+        runs: list = []
+        for _, t0, t1 in hits:
+            if runs and runs[-1][1] == t0:
+                runs[-1] = (runs[-1][0], t1)
+            else:
+                runs.append((t0, t1))
+        kept = []
+        for t0, t1 in runs:
+            if t1 - t0 < eps:
+                continue
+            kept.append((t0, t1))
+            if len(kept) == max_segments:
+                break
+        out.append(kept)
+    return out
+
+
+def ray_node(op_type: str, outputs: list[str], name: str | None = None, **attrs) -> onnx.NodeProto:
+    """Return an fvdb ray node (outputs: the op's JaggedTensor parts) reading the standard input names."""
+    return helper.make_node(op_type, schema.OPS[op_type].input_names(), outputs, name=name or outputs[0],
+                            domain=schema.DOMAIN, **attrs)

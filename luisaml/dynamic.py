@@ -1,0 +1,86 @@
+"""Outputs whose row count is known only at run time: the phases such a node runs as, the in-place
+prefix sum they share, and what the runtime reads back between them.
+
+A node whose output size depends on the data (fVDB's rays: how many voxels each ray crosses)
+declares those outputs in `Operator.runtime_sized` and runs as a sequence of phases, one stage
+each (schedule.py): a count phase writes each work item's row count into an offsets tensor of
+static size, the scan phases below turn it into exclusive offsets in place, the host reads back
+the one total it needs to allocate (a `Readback`, network.py), and the fill phase writes every
+item's rows at its offset. The count and the fill run the same code, so they agree; a fill that
+would pass its item's range flags a run-time error naming the node instead of writing.
+
+Why no shared memory: the CPU backend cannot compile it. The scan is three plain stages over
+SCAN_CHUNK-sized chunks: each chunk scanned by one thread, the chunk totals chained by one
+thread (items / SCAN_CHUNK additions), then every element adds its chunk's base. For 1M rays that
+is 4,096 sequential steps in the middle stage; everything else is parallel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+SCAN_CHUNK = 256
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One stage of a node with run-time sized outputs: `items` threads run emit(ctx, item);
+    readback: the host reads the total back after this phase, before the next is launched."""
+
+    name: str
+    items: int
+    emit: Callable[..., None]
+    readback: bool = False
+
+
+@dataclass
+class Readback:
+    """What the runtime reads between two stages: element `index` of tensor `tensor` (a graph
+    output or a pooled buffer), the row count of the node's run-time sized `outputs`."""
+
+    after_stage: int  # the last stage launched before the read
+    tensor: str
+    index: int
+    node: str  # the node's description, for errors
+    outputs: list[str] = field(default_factory=list)  # run-time sized tensors with this many rows
+
+
+def scan_phases(offsets, count: int) -> list[Phase]:
+    """Return the phases turning offsets[1..count] (per-item counts, as the count phase wrote them)
+    into the exclusive prefix sum offsets[0..count] in place; the last one reads back the total
+    offsets[count]. `offsets` is the Tensor (count + 1 elements)."""
+    chunks = max(-(-count // SCAN_CHUNK), 1)
+
+    def chunk_scan(ctx, item):
+        # offsets[1 + c*CHUNK .. ] become the running sums inside chunk c
+        first = ctx.let(f"1 + {item} * {SCAN_CHUNK}", "first")
+        last = ctx.let(f"min({first} + {SCAN_CHUNK}, {count + 1})", "end")
+        acc = ctx.fresh("acc")
+        ctx.line(f"{acc} = 0")
+        k = ctx.fresh("k")
+        ctx.line(f"for {k} in range({first}, {last}):")
+        with ctx.indent():
+            ctx.line(f"{acc} += {offsets.load(k)}")
+            ctx.line(offsets.store(k, acc))
+
+    def chain(ctx, item):
+        # each chunk's last element becomes the global running sum (one thread, `chunks` steps)
+        ctx.line(offsets.store("0", "0"))
+        c = ctx.fresh("c")
+        ctx.line(f"for {c} in range(1, {chunks}):")
+        with ctx.indent():
+            prev = ctx.let(f"{c} * {SCAN_CHUNK}", "prev")  # chunk c-1's last element
+            here = ctx.let(f"min(({c} + 1) * {SCAN_CHUNK}, {count})", "here")
+            ctx.line(offsets.store(here, f"{offsets.load(here)} + {offsets.load(prev)}"))
+
+    def add_base(ctx, item):
+        # element j of chunk c > 0 (not its last: chain() did that one) adds chunk c-1's total
+        j = ctx.let(f"{item} + 1", "j")
+        c = ctx.let(f"{item} // {SCAN_CHUNK}", "c")
+        ctx.line(f"if {c} > 0 and ({j} % {SCAN_CHUNK} != 0) and {j} != {count}:")
+        with ctx.indent():
+            ctx.line(offsets.store(j, f"{offsets.load(j)} + {offsets.load(f'{c} * {SCAN_CHUNK}')}"))
+
+    return [Phase("scan chunks", chunks if count else 0, chunk_scan),
+            Phase("scan chain", 1, chain),
+            Phase("scan add", count if count > SCAN_CHUNK else 0, add_base, readback=True)]

@@ -1,0 +1,217 @@
+"""fvdb.VoxelsAlongRays and SegmentsAlongRays (NanoVDB's hierarchical DDA in shaders/hdda.py, outputs sized
+at run time by luisaml/dynamic.py) against the numpy reference's plain voxel walk, on grids from the
+project's builder and warp's: two grids in a batch, negative coordinates and several root tiles, rays
+from outside and inside, axis-aligned rays, rays that miss, an empty grid, a single voxel.
+
+How results are compared: integers (hit counts, ijk, indices, jidx, jlidx) exactly; times within 2e-5 of
+the ray's time scale (float32 against float64). A ray that grazes a voxel edge crosses two faces at times
+equal to within float32 rounding, and the two walks may then visit either diagonal neighbour for ~0 time:
+the random-ray tests run with eps = 1e-3 (hits shorter than that are dropped by both, as fVDB's eps does),
+and the eps = 0 tests use rays whose crossings are far apart (axis-aligned, or chosen away from ties)."""
+import numpy as np
+import pytest
+
+import luisaml
+from luisaml.errors import LuisamlError, UsageError
+from luisaml.fvdb import GridBatch, JaggedTensor
+
+from fvdb_reference import bundle_feeds, fvdb_model, ray_node, segments_along_rays, voxels_along_rays
+
+VOXEL_OUTS = ["voxels", "times", "vox_joffsets", "vox_jidx", "vox_jlidx"]
+SEGMENT_OUTS = ["segments", "seg_joffsets", "seg_jidx", "seg_jlidx"]
+T_TOL = 2e-5
+
+
+def _rays(gb: GridBatch, n: int, rng, inside: float = 0.3):
+    """Return (origins, directions) JaggedTensors: per grid, rays from a box around its voxels towards
+    random active voxels (some starting inside the grid), plus random directions."""
+    origins, directions = [], []
+    from luisaml.fvdb.nanovdb import active_voxels
+
+    for b, g in enumerate(gb.grids):
+        vox = active_voxels(g)
+        h, o = gb.voxel_sizes[b], gb.origins[b]
+        if len(vox):
+            lo, hi = vox.min(0) - 4, vox.max(0) + 4
+            target = vox[rng.integers(0, len(vox), n)] + rng.uniform(-0.5, 0.5, (n, 3))
+        else:
+            lo, hi = np.full(3, -4), np.full(3, 4)
+            target = rng.uniform(-2, 2, (n, 3))
+        start = rng.uniform(lo, hi, (n, 3))
+        centre = (lo + hi) / 2
+        outside = rng.random(n) > inside
+        start[outside] = centre + (start[outside] - centre) * 3  # well outside the bounding box
+        d = target - start
+        d[: n // 8] = rng.normal(size=(n // 8, 3))  # and some in any direction
+        origins.append((start * h + o).astype(np.float32))
+        directions.append((d * h * rng.uniform(0.5, 2.0, (n, 1))).astype(np.float32))
+    return JaggedTensor.from_list(origins), JaggedTensor.from_list(directions)
+
+
+def _run(gb, origins, directions, nodes, outputs=None):
+    feeds = bundle_feeds(gb, ray_origins=origins, ray_directions=directions)
+    net = luisaml.compile(fvdb_model(nodes, feeds, outputs=outputs))
+    return net, net.run(feeds)
+
+
+def _check_jagged(out, prefix, counts, origins, gb):
+    """joffsets from the reference's counts, jidx the ray of each row, jlidx (grid, ray in grid)."""
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    np.testing.assert_array_equal(out[f"{prefix}_joffsets"], offsets)
+    np.testing.assert_array_equal(out[f"{prefix}_jidx"], np.repeat(np.arange(len(counts), dtype=np.int32), counts))
+    b = origins.jidx if origins.jidx.size else np.zeros(len(counts), np.int32)
+    np.testing.assert_array_equal(out[f"{prefix}_jlidx"], np.stack([b, np.arange(len(counts)) - origins.joffsets[b]], 1))
+
+
+def _check_voxels(out, ref, origins, gb, return_ijk=True, cumulative=False):
+    counts = [len(r) for r in ref]
+    _check_jagged(out, "vox", counts, origins, gb)
+    flat = [h for r in ref for h in r]
+    times = np.array([(t0, t1) for _, t0, t1 in flat]).reshape(-1, 2)
+    np.testing.assert_allclose(out["times"], times, rtol=T_TOL, atol=T_TOL)
+    ijk = np.array([v for v, _, _ in flat], np.int32).reshape(-1, 3)
+    if return_ijk:
+        np.testing.assert_array_equal(out["voxels"], ijk)
+        return
+    from luisaml.fvdb import ijk_to_index
+
+    ray_grid = (origins.jidx if origins.jidx.size else np.zeros(len(ref), np.int32)).repeat(counts)
+    want = np.array([ijk_to_index(gb.grids[b], v[None])[0] + (gb.batch_offsets[b] if cumulative else 0)
+                     for b, v in zip(ray_grid, ijk)], np.int32)
+    np.testing.assert_array_equal(out["voxels"], want)
+
+
+def _check_segments(out, ref, origins, gb):
+    _check_jagged(out, "seg", [len(r) for r in ref], origins, gb)
+    want = np.array([s for r in ref for s in r]).reshape(-1, 2)
+    np.testing.assert_allclose(out["segments"], want, rtol=T_TOL, atol=T_TOL)
+
+
+@pytest.fixture(scope="module")
+def two_grids():
+    rng = np.random.default_rng(12)
+    # a shell and scattered voxels, negative coordinates, voxels in several root tiles
+    p = rng.normal(size=(3000, 3))
+    shell = np.round(p / np.linalg.norm(p, axis=1, keepdims=True) * 14 + [-3, 5, -8]).astype(np.int32)
+    far = np.array([[-4100, 3, 2], [4100, -5, 7], [-4101, 3, 2], [-4099, 3, 2]], np.int32)
+    vox1 = rng.integers(-12, 12, (500, 3)).astype(np.int32)
+    return GridBatch.from_ijk([np.concatenate([shell, far]), vox1], voxel_sizes=[[0.5, 0.5, 0.5], [0.1, 0.2, 0.15]],
+                              origins=[[1.0, -2.0, 0.5], [-0.3, 0.2, 0.05]])
+
+
+def test_voxels_and_segments_equal_the_reference_walk_on_two_grids(two_grids):
+    gb = two_grids
+    origins, directions = _rays(gb, 150, np.random.default_rng(1))
+    nodes = [ray_node("VoxelsAlongRays", VOXEL_OUTS, eps=1e-3), ray_node("SegmentsAlongRays", SEGMENT_OUTS, eps=1e-3)]
+    _, out = _run(gb, origins, directions, nodes)
+    ref_v = voxels_along_rays(gb, origins, directions, eps=1e-3)
+    ref_s = segments_along_rays(gb, origins, directions, eps=1e-3)
+    assert sum(map(len, ref_v)) > 250 and sum(map(len, ref_s)) > 100  # the rays do hit (325 and 306 here)
+    _check_voxels(out, ref_v, origins, gb)
+    _check_segments(out, ref_s, origins, gb)
+
+
+def _axis_rays(gb: GridBatch, b: int):
+    """Rays along +x, -y and +z through voxel centres of grid b (world space), starting outside its box:
+    every crossing is a whole voxel step, so eps = 0 has no ties."""
+    from luisaml.fvdb.nanovdb import active_voxels
+
+    vox = active_voxels(gb.grids[b])
+    lo, hi = vox.min(0) - 3, vox.max(0) + 3
+    h, o = gb.voxel_sizes[b], gb.origins[b]
+    picks = vox[:: max(len(vox) // 8, 1)][:8]
+    origins, directions = [], []
+    for v in picks:
+        for axis, sign in ((0, 1), (1, -1), (2, 1)):
+            start = v.astype(np.float64).copy()
+            start[axis] = lo[axis] if sign > 0 else hi[axis]
+            d = np.zeros(3)
+            d[axis] = sign * h[axis]
+            origins.append(start * h + o)
+            directions.append(d)
+    return np.array(origins, np.float32), np.array(directions, np.float32)
+
+
+def test_axis_aligned_rays_with_eps_zero_and_max_counts(two_grids):
+    gb = two_grids
+    per_grid = [_axis_rays(gb, b) for b in range(2)]
+    origins = JaggedTensor.from_list([o for o, _ in per_grid])
+    directions = JaggedTensor.from_list([d for _, d in per_grid])
+    nodes = [ray_node("VoxelsAlongRays", VOXEL_OUTS), ray_node("SegmentsAlongRays", SEGMENT_OUTS)]
+    _, out = _run(gb, origins, directions, nodes)
+    ref_v, ref_s = voxels_along_rays(gb, origins, directions), segments_along_rays(gb, origins, directions)
+    assert all(len(r) > 0 for r in ref_v)  # every ray starts outside and crosses its target voxel
+    _check_voxels(out, ref_v, origins, gb)
+    _check_segments(out, ref_s, origins, gb)
+    # at most 2 voxels and 1 segment per ray: the first ones of each ray's walk
+    nodes = [ray_node("VoxelsAlongRays", VOXEL_OUTS, max_voxels=2), ray_node("SegmentsAlongRays", SEGMENT_OUTS,
+                                                                               max_segments=1)]
+    _, out = _run(gb, origins, directions, nodes)
+    _check_voxels(out, voxels_along_rays(gb, origins, directions, max_voxels=2), origins, gb)
+    _check_segments(out, segments_along_rays(gb, origins, directions, max_segments=1), origins, gb)
+
+
+@pytest.mark.parametrize("cumulative", [False, True])
+def test_voxel_indices_instead_of_ijk(two_grids, cumulative):
+    gb = two_grids
+    origins, directions = _rays(gb, 60, np.random.default_rng(5))
+    node = ray_node("VoxelsAlongRays", VOXEL_OUTS, eps=1e-3, return_ijk=0, cumulative=int(cumulative))
+    _, out = _run(gb, origins, directions, [node])
+    assert out["voxels"].ndim == 1
+    ref = voxels_along_rays(gb, origins, directions, eps=1e-3)
+    assert sum(map(len, ref)) > 50
+    _check_voxels(out, ref, origins, gb, return_ijk=False, cumulative=cumulative)
+
+
+def test_rays_that_miss_an_empty_grid_and_a_single_voxel():
+    gb = GridBatch.from_ijk([np.zeros((0, 3), np.int32), np.array([[2, -3, 5]], np.int32)],
+                            voxel_sizes=[[1.0, 1.0, 1.0], [0.25, 0.25, 0.25]], origins=[[0.0, 0.0, 0.0], [0.1, 0.0, -0.2]])
+    h, o = gb.voxel_sizes[1], gb.origins[1]
+    centre = np.array([2, -3, 5]) * h + o
+    o1 = np.array([centre - [1, 0, 0], centre + [0, 2, 0], centre + [5, 5, 5], centre - [1, 0, 0], centre],
+                  np.float32)
+    d1 = np.array([[1, 0, 0], [0, -1, 0], [1, 1, 1], [-1, 0, 0], [0, 0, 0]], np.float32)  # hit, hit, miss, away, zero
+    origins = JaggedTensor.from_list([np.array([[0, 0, 0], [3, 3, 3]], np.float32), o1])
+    directions = JaggedTensor.from_list([np.array([[1, 0, 0], [0, 1, 0]], np.float32), d1])
+    nodes = [ray_node("VoxelsAlongRays", VOXEL_OUTS), ray_node("SegmentsAlongRays", SEGMENT_OUTS)]
+    _, out = _run(gb, origins, directions, nodes)
+    ref_v = voxels_along_rays(gb, origins, directions)
+    assert [len(r) for r in ref_v] == [0, 0, 1, 1, 0, 0, 0]  # (the reference agrees with what the rays were made for)
+    _check_voxels(out, ref_v, origins, gb)
+    _check_segments(out, segments_along_rays(gb, origins, directions), origins, gb)
+
+
+def test_a_grid_built_by_warp(warp_ref):
+    rng = np.random.default_rng(3)
+    p = rng.normal(size=(4000, 3))
+    ijk = np.unique(np.round(p / np.linalg.norm(p, axis=1, keepdims=True) * 40).astype(np.int32), axis=0)
+    gb = GridBatch.from_buffer(warp_ref.volume_bytes(warp_ref.volume_from_ijk(ijk, voxel_size=0.1)))
+    origins, directions = _rays(gb, 200, rng)
+    nodes = [ray_node("VoxelsAlongRays", VOXEL_OUTS, eps=1e-3), ray_node("SegmentsAlongRays", SEGMENT_OUTS, eps=1e-3)]
+    _, out = _run(gb, origins, directions, nodes)
+    ref_v = voxels_along_rays(gb, origins, directions, eps=1e-3)
+    assert sum(map(len, ref_v)) > 200
+    _check_voxels(out, ref_v, origins, gb)
+    _check_segments(out, segments_along_rays(gb, origins, directions, eps=1e-3), origins, gb)
+
+
+def test_run_time_sized_outputs_cannot_be_read_embedded_or_saved(two_grids, tmp_path):
+    gb = two_grids
+    origins, directions = _rays(gb, 4, np.random.default_rng(2))
+    feeds = bundle_feeds(gb, ray_origins=origins, ray_directions=directions)
+    from onnx import helper
+
+    # a node reading the voxels (sized only at run time) is refused, naming the node and the input
+    reader = helper.make_node("Neg", ["times"], ["neg"], name="negate")
+    with pytest.raises(LuisamlError, match=r"negate.*'times'.*run time"):
+        luisaml.compile(fvdb_model([ray_node("VoxelsAlongRays", VOXEL_OUTS), reader], feeds,
+                                   outputs=["neg", "vox_joffsets"]))
+    net = luisaml.compile(fvdb_model([ray_node("SegmentsAlongRays", SEGMENT_OUTS)], feeds))
+    with pytest.raises(UsageError, match="sized at run time"):
+        net.forward
+    with pytest.raises(UsageError, match="sized at run time"):
+        net.save(tmp_path / "rays.lml")
+    # the same network runs twice with the same answer (buffers re-sized per run)
+    a, b = net.run(feeds), net.run(feeds)
+    for k in SEGMENT_OUTS:
+        np.testing.assert_array_equal(a[k], b[k])
