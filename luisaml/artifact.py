@@ -200,6 +200,7 @@ class StoredSchedule:
     buffers: Allocation
 
     def describe(self) -> str:
+        """Return the stages' lines and the buffer allocation, as Schedule.describe does."""
         return "\n".join([s.describe() for s in self.stages] + ["buffers: " + self.buffers.report()])
 
 
@@ -212,6 +213,7 @@ class StoredGraph:
     constants: dict[str, np.ndarray] = field(default_factory=dict)
 
     def var(self, name: str):
+        """Return the variable `name` as Graph.var does, as far as the runtime reads it (name, value)."""
         return SimpleNamespace(name=name, value=self.constants.get(name))
 
 
@@ -412,27 +414,33 @@ class Artifact:
 
     @property
     def backend(self) -> str:
+        """Return the backend it was built for ("cpu" or "cuda"): the only one it runs on."""
         return self.manifest["backend"]
 
     @property
     def model(self) -> str:
+        """Return the name of the model it was built from."""
         return self.manifest.get("model", "model")
 
     @property
     def built_with(self) -> dict:
+        """Return the versions it was built with (luisaml, luisa_python, python, numpy, shaders)."""
         return self.manifest["built_with"]
 
     @property
     def content_hash(self) -> str:
+        """Return the sha256 of its manifest (which covers every member through its hash)."""
         return self.manifest["content_hash"]
 
     @property
     def report(self) -> dict | None:
+        """Return the inspect report made when it was built (luisaml/report.py, schema 1), or None."""
         raw = self.members.get(REPORT)
         return json.loads(raw) if raw is not None else None
 
     @property
     def source(self) -> str:
+        """Return the generated module's source; raise ArtifactError when it is not ASCII."""
         try:
             return self.members[MODULE].decode("ascii")
         except UnicodeDecodeError:

@@ -176,6 +176,8 @@ def _compile(a):
 
 # ---- commands --------------------------------------------------------------------------------
 def cmd_run(a) -> int:
+    """Compile (or load) a model, run it on the given or random inputs and print its outputs;
+    with --compare, onnxruntime's too and the largest difference."""
     given = _read_inputs(a.input)
     net = _compile(a)
     feeds = _cast_inputs(net, given)
@@ -308,6 +310,7 @@ def cmd_build(a) -> int:
 
 
 def cmd_emit(a) -> int:
+    """Print the generated module of a model (or the one a built artifact holds)."""
     from .runtime import analyze
 
     if _is_artifact(a):
@@ -324,6 +327,7 @@ def cmd_emit(a) -> int:
 
 
 def cmd_bench(a) -> int:
+    """Time compile + first run, then net.run on random inputs: P50, P95, P99."""
     t0 = time.perf_counter()
     net = _compile(a)
     feeds = _random_feeds(net, a.batch)
@@ -346,6 +350,7 @@ def _mib(n: int) -> str:
 
 
 def cmd_cache_info(a) -> int:
+    """Print every cache folder with its files and bytes, and the bound on generated modules."""
     from . import cache
 
     folders = cache.info()
@@ -360,6 +365,7 @@ def cmd_cache_info(a) -> int:
 
 
 def cmd_cache_clear(a) -> int:
+    """Empty luisaml's caches (and LuisaCompute's kernel files unless --keep-kernels)."""
     from . import cache
 
     for f in cache.clear(kernels=not a.keep_kernels):

@@ -55,6 +55,7 @@ class CompiledModule(torch.nn.Module):
         return out[0] if self._single else out
 
     def extra_repr(self) -> str:
+        """Return what repr() shows inside the parentheses: inputs, outputs, backend, stages."""
         return (f"inputs={self.input_names}, outputs={self.output_names}, backend={self.net.backend!r}, "
                 f"stages={len(self.net.plan.schedule.stages) if self.net.plan.schedule is not None else 0}")
 

@@ -32,6 +32,37 @@ def test_every_public_name_has_a_docstring():
                 assert (fn.__doc__ or "").strip(), f"{cls.__name__}.{name} has no docstring"
 
 
+def _undocumented(module) -> list[str]:
+    """Return the public functions, classes, methods and properties defined in `module` that have
+    no docstring."""
+    missing = []
+    for name, obj in vars(module).items():
+        if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
+            continue
+        if not (inspect.isfunction(obj) or inspect.isclass(obj)):
+            continue
+        if not (inspect.getdoc(obj) or "").strip():
+            missing.append(name)
+        if inspect.isclass(obj):
+            for k, member in vars(obj).items():
+                fn = member.fget if isinstance(member, property) else getattr(member, "__func__", member)
+                if k.startswith("_") or inspect.isclass(fn) or not (callable(fn) or isinstance(member, property)):
+                    continue
+                if not (fn.__doc__ or "").strip():
+                    missing.append(f"{name}.{k}")
+    return missing
+
+
+def test_every_public_function_of_the_user_facing_modules_has_a_docstring():
+    import importlib
+
+    for name in ("luisaml.runtime", "luisaml.session", "luisaml.artifact", "luisaml.torch", "luisaml.report",
+                 "luisaml.log", "luisaml.cache", "luisaml.cli", "luisaml.limits", "luisaml.errors"):
+        module = importlib.import_module(name)
+        assert (module.__doc__ or "").strip(), f"{name} has no module docstring"
+        assert not _undocumented(module), f"{name}: no docstring on {_undocumented(module)}"
+
+
 def _use_section() -> str:
     """README.md's "Use" section up to its first subsection: where compile's keywords are listed."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -214,6 +214,27 @@ def test_incompatible_files_are_refused_saying_what_to_do(mlp, tmp_path, change,
     assert isinstance(e.value, luisaml.IncompatibleArtifact)
 
 
+def test_another_luisaml_version_is_refused_here_and_on_the_command_line(mlp, tmp_path, capsys):
+    """The luisaml version is checked on its own (the luisa-python case above fails first on it
+    only when both differ), and the CLI says it in one line with exit code 2."""
+    from luisaml.cli import main
+
+    *_, lml = mlp
+    built = dict(artifact.read(lml).built_with)
+    here = luisaml.__version__
+    built["luisaml"] = here + ".other"
+    old = _rewrite(lml, tmp_path / "old.lml", manifest={"built_with": built})
+    with pytest.raises(luisaml.IncompatibleArtifact,
+                       match=rf"built with luisaml {here}\.other, this process has luisaml {here}: build it again"):
+        luisaml.load(old)
+    for command in ("run", "bench"):
+        assert main([command, str(old)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("luisaml: error: ") and "build it again" in err[0], err
+    assert main(["inspect", str(old)]) == 0  # reading it needs no compatible runtime
+    assert f"with luisaml {here}.other" in capsys.readouterr().out
+
+
 def test_a_module_outside_the_whitelist_is_refused_not_run(mlp, tmp_path):
     *_, lml = mlp
     marker = tmp_path / "ran"

@@ -304,6 +304,69 @@ def test_phase_and_still_running_notes(caplog):
     assert [getattr(r, "note", False) for r in caplog.records].count(True) == 1
 
 
+def _phases(messages: list[str]) -> list[str]:
+    """The names of the phases that ended, in order ('name: 0.12 s' records)."""
+    return [m.split(": ")[0] for m in messages if re.fullmatch(r"[\w ]+: \d+\.\d\d s", m)]
+
+
+def _fresh_model(tmp_path, widths):
+    """Export a Tanh MLP of these widths (pick widths no other test in this file uses, so that this
+    process has not built its kernel yet); return (path, module)."""
+    torch.manual_seed(3)
+    layers = []
+    for a, b in zip(widths, widths[1:]):
+        layers += [torch.nn.Linear(a, b), torch.nn.Tanh()]
+    m = torch.nn.Sequential(*layers[:-1])
+    path = tmp_path / "phases.onnx"
+    torch.onnx.export(m, (torch.zeros(2, widths[0]),), str(path), dynamo=False, input_names=["x"],
+                      output_names=["y"], dynamic_axes={"x": {0: "n"}, "y": {0: "n"}})
+    return path, m
+
+
+def test_compile_and_first_run_log_their_phases_with_times_and_a_slow_build(tmp_path, caplog, monkeypatch):
+    """Through `logging` in the API: load, passes, schedule, codegen and the kernel build, each
+    with its time; a kernel build longer than SLOW_BUILD_S is noted, saying what it builds (the
+    threshold lowered here so that this small model's build counts as slow)."""
+    from luisaml import network
+
+    path, m = _fresh_model(tmp_path, [6, 13, 3])
+    monkeypatch.setattr(network, "SLOW_BUILD_S", 0.0)
+    caplog.set_level(logging.INFO, logger="luisaml")
+    net = luisaml.compile(path)
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    np.testing.assert_allclose(net.run({"x": x})["y"], m(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6)
+    msgs = [r.getMessage() for r in caplog.records]
+    done = _phases(msgs)
+    for name in ("load", "passes", "schedule", "codegen", "kernel build"):
+        assert name in done, (name, msgs)
+    assert done.index("load") < done.index("passes") < done.index("schedule") < done.index("kernel build")
+    assert msgs.index("load (model=phases.onnx) ...") < msgs.index(next(m for m in msgs if m.startswith("passes: ")))
+    start = next(m for m in msgs if m.startswith("kernel build (") and m.endswith(" ..."))
+    assert f"model={os.path.basename(net.path)}" in start and "backend=cpu" in start
+    noted = [r.getMessage() for r in caplog.records if getattr(r, "note", False)]
+    assert any(n.startswith(start[:-4] + ": still running after") for n in noted), msgs
+
+
+def test_cli_notes_a_slow_build_by_default_and_shows_the_phases_with_v(tmp_path, capsys, monkeypatch):
+    from luisaml import network
+
+    path, _ = _fresh_model(tmp_path, [7, 11, 2])
+    monkeypatch.setattr(network, "SLOW_BUILD_S", 0.0)  # this small model's first build counts as slow
+    assert main(["run", str(path), "--batch", "2"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    building = [ln for ln in err if "still running" in ln]
+    assert len(building) == 1 and re.fullmatch(
+        r"luisaml: note: kernel build \(model=net_\w+\.py, backend=cpu, kernels=\d+\): still running after \d+ s \.\.\.",
+        building[0]), err
+    assert all(ln.startswith("luisaml: note: ") for ln in err), err  # the phases themselves are -v's
+    assert main(["-v", "run", str(path), "--batch", "2"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    done = _phases([ln.removeprefix("luisaml: ") for ln in err])
+    assert {"load", "passes", "schedule", "codegen", "compile", "kernel build", "run"} <= set(done), err
+    assert main(["-q", "run", str(path), "--batch", "2"]) == 0
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("args, says", [
     (["run", "no/such.onnx"], "model file 'no/such.onnx' does not exist"),
     (["run", "{model}", "--input", "x=no/such.npy"], "No such file or directory: 'no/such.npy'"),
@@ -337,12 +400,15 @@ def _luisaml(*args, **kw):
                             env=dict(os.environ, LUISAML_BACKEND="cpu"), **kw)
 
 
-def test_closed_pipe_and_exit_codes_in_a_subprocess(tmp_path):
+@pytest.mark.parametrize("command", ["emit", "inspect", "run"])
+def test_closed_pipe_and_exit_codes_in_a_subprocess(tmp_path, command):
     path, _ = _export(tmp_path)
-    p = _luisaml("emit", str(path))
+    p = _luisaml(command, str(path), "-q")
     p.stdout.close()  # `luisaml emit m.onnx | head`: the reader is gone before the writer writes
     err = p.stderr.read().decode()
     assert p.wait() == 141 and err == ""
+    if command != "emit":
+        return
     for args, code in ((["run", str(tmp_path / "none.onnx")], 2), (["inspect"], 2), (["--version"], 0)):
         p = _luisaml(*args)
         _, err = p.communicate()

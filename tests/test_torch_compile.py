@@ -68,3 +68,37 @@ def test_fixed_shapes_when_told_and_errors():
         lt.compile(lambda x: x, torch.ones(1))
     with pytest.raises(luisaml.UsageError, match="takes 1 input "):
         compiled(torch.ones(4, 3), torch.ones(4, 3))
+
+
+def _on_cuda(fn):
+    """Mark a test that needs luisaml's CUDA backend (skipped elsewhere, as tests/gpu are)."""
+    from util import cuda_only
+
+    for mark in cuda_only():
+        fn = mark(fn)
+    return fn
+
+
+@_on_cuda
+def test_cuda_tensors_in_cuda_tensors_out_without_copies():
+    """On the CUDA backend the compiled module takes and returns torch CUDA tensors, shared with
+    the kernels through DLPack: no buffer of luisaml's own for an input or an output."""
+    torch.manual_seed(2)
+    two = TwoHeads().eval()
+    mlp = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).eval()
+    cases = [(two, (torch.randn(2, 3, 8, 8), torch.randn(2, 5))), (mlp, (torch.randn(8, 32),))]
+    for module, example in cases:
+        compiled = lt.compile(module, example)
+        assert compiled.net.backend == "cuda"
+        n = 4099
+        cpu_inputs = tuple(torch.randn(n, *e.shape[1:]) for e in example)
+        got = compiled(*(x.cuda() for x in cpu_inputs))
+        got = (got,) if isinstance(got, torch.Tensor) else got
+        with torch.no_grad():
+            want = module(*cpu_inputs)  # torch on the CPU: no TF32 in the reference
+        want = (want,) if isinstance(want, torch.Tensor) else want
+        for g, w in zip(got, want):
+            assert g.is_cuda and g.dtype == w.dtype and g.shape == w.shape
+            torch.testing.assert_close(g.cpu(), w, rtol=1e-4, atol=1e-4 * float(w.abs().max()))
+        io = {s.ident for s in compiled.net.inputs + compiled.net.outputs}
+        assert not [k for k in compiled.net._buffers if k[0] in io], "torch CUDA tensors were copied"
