@@ -876,3 +876,89 @@ __all__ += [
     "refine_map",
     "refined_grid",
 ]
+
+
+# ---- rays (outputs sized at run time) -------------------------------------------------------------
+
+_TORCH_OF = {1: torch.float32, 6: torch.int32, 7: torch.int64, 11: torch.float64}  # TensorProto -> torch
+_RAY_NETS: OrderedDict = OrderedDict()  # (op, attrs, input types) -> the compiled one-node network
+_RAY_NETS_KEPT = 8
+
+
+class _RayFn(torch.autograd.Function):
+    @staticmethod
+    @_host_forward
+    def forward(ctx, op_type: str, attrs: tuple, *tensors):
+        outs = tuple(torch.from_numpy(np.array(a)) for a in _walk_rays(op_type, attrs, tensors))
+        ctx.mark_non_differentiable(*outs)
+        return outs
+
+    @staticmethod
+    def symbolic(g, op_type, attrs, *tensors):
+        from torch.onnx import symbolic_helper
+
+        kwargs = {f"{k}_f" if isinstance(v, float) else f"{k}_i": v for k, v in attrs}
+        outs = g.op(f"{schema.DOMAIN}::{op_type}", *tensors, outputs=len(schema.RAY_OUTPUTS[op_type]), **kwargs)
+        origins = tensors[len(schema.BUNDLE)]
+        ins = [None] * len(schema.BUNDLE) + [(1, symbolic_helper._get_tensor_sizes(origins))]
+        for out, (elem, dims) in zip(outs, schema.ray_rule(op_type, ins + [None] * (len(tensors) - len(ins)),
+                                                           dict(attrs))):
+            sizes = [d if isinstance(d, int) else None for d in dims]  # the run-time rows stay unknown
+            out.setType(origins.type().with_dtype(_TORCH_OF[elem]).with_sizes(sizes))
+        return outs
+
+
+def _walk_rays(op_type: str, attrs: tuple, tensors) -> list[np.ndarray]:
+    """Return the ray op's outputs for host tensors: the op compiled as a one-node luisaml network on
+    the process's device (kept for the next call of the same types), so eager torch and an exported,
+    compiled model walk with the same code."""
+    import onnx
+    from onnx import helper
+
+    from ..dtypes import from_numpy
+    from ..runtime import compile as compile_model
+
+    arrays = [np.ascontiguousarray(t.detach().cpu().numpy()) for t in tensors]
+    names = schema.OPS[op_type].input_names()
+    key = (op_type, attrs, tuple((a.dtype.str, a.shape) for a in arrays))
+    net = _RAY_NETS.get(key)
+    if net is None:
+        ins = [helper.make_tensor_value_info(n, from_numpy(a.dtype).onnx, list(a.shape)) for n, a in zip(names, arrays)]
+        outs = list(schema.RAY_OUTPUTS[op_type])
+        node = helper.make_node(op_type, names, outs, name=op_type, domain=schema.DOMAIN, **dict(attrs))
+        m = helper.make_model(helper.make_graph([node], op_type, ins, []),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+        types = {v.name: v for v in onnx.shape_inference.infer_shapes(m).graph.value_info}
+        m.graph.output.extend([types[o] for o in outs])
+        net = _RAY_NETS[key] = compile_model(m, batch_axis=None)
+        while len(_RAY_NETS) > _RAY_NETS_KEPT:
+            _RAY_NETS.popitem(last=False)
+    out = net.run(dict(zip(names, arrays)))
+    return [out[o] for o in schema.RAY_OUTPUTS[op_type]]
+
+
+def voxels_along_rays(bundle, ray_origins, ray_directions, max_voxels: int = -1, eps: float = 0.0,
+                      return_ijk: bool = True, cumulative: bool = False) -> tuple[torch.Tensor, ...]:
+    """fVDB voxels_along_rays: (voxels int32 [M, 3] ijk or [M] indices, times [M, 2], joffsets int64
+    [R+1], jidx int32 [M], jlidx int32 [R, 2]), a JaggedTensor of ldim 2 (grid -> ray); not
+    differentiable. Rays: world-space JaggedTensors (a tensor per grid) or their four tensors."""
+    attrs = (("max_voxels", int(max_voxels)), ("return_ijk", int(bool(return_ijk))),
+             ("cumulative", int(bool(cumulative))), ("eps", float(eps)))
+    return _RayFn.apply("VoxelsAlongRays", attrs,
+                        *_args(bundle, _rays(ray_origins), _rays(ray_directions)))
+
+
+def _rays(rays) -> tuple:
+    """The four tensors of a JaggedTensor of rays, or the (jdata, joffsets, jidx, jlidx) given."""
+    return jagged_tensors(rays) if isinstance(rays, JaggedTensor) else tuple(rays)
+
+
+def segments_along_rays(bundle, ray_origins, ray_directions, max_segments: int = -1,
+                        eps: float = 0.0) -> tuple[torch.Tensor, ...]:
+    """fVDB segments_along_rays: (segments [M, 2], joffsets int64 [R+1], jidx int32 [M], jlidx int32
+    [R, 2]): runs of active voxels along each ray as [t0, t1]; not differentiable."""
+    attrs = (("max_segments", int(max_segments)), ("eps", float(eps)))
+    return _RayFn.apply("SegmentsAlongRays", attrs, *_args(bundle, _rays(ray_origins), _rays(ray_directions)))
+
+
+__all__ += ["segments_along_rays", "voxels_along_rays"]

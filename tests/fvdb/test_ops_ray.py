@@ -215,3 +215,40 @@ def test_run_time_sized_outputs_cannot_be_read_embedded_or_saved(two_grids, tmp_
     a, b = net.run(feeds), net.run(feeds)
     for k in SEGMENT_OUTS:
         np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_torch_functions_walk_as_the_reference_and_export_to_the_nodes(two_grids, tmp_path):
+    import torch
+
+    from luisaml.fvdb import torch_ops as F
+
+    gb = two_grids
+    origins, directions = _rays(gb, 40, np.random.default_rng(7))
+    bundle = F.bundle_tensors(gb)
+    seg = F.segments_along_rays(bundle, origins, directions, eps=1e-3)
+    vox = F.voxels_along_rays(bundle, origins, directions, eps=1e-3, max_voxels=5)
+    out = {**{k: v.numpy() for k, v in zip(SEGMENT_OUTS, seg)}, **{k: v.numpy() for k, v in zip(VOXEL_OUTS, vox)}}
+    _check_segments(out, segments_along_rays(gb, origins, directions, eps=1e-3), origins, gb)
+    _check_voxels(out, voxels_along_rays(gb, origins, directions, eps=1e-3, max_voxels=5), origins, gb)
+
+    o_parts, d_parts = F.jagged_tensors(origins), F.jagged_tensors(directions)
+
+    class Walk(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            for k, t in enumerate(bundle + o_parts[1:]):
+                self.register_buffer(f"b{k}", t)
+
+        def forward(self, o, d):
+            b = [getattr(self, f"b{k}") for k in range(len(bundle) + 3)]
+            rest = tuple(b[len(bundle):])
+            return F.segments_along_rays(b[:len(bundle)], (o,) + rest, (d,) + rest, eps=1e-3)
+
+    path = tmp_path / "walk.onnx"
+    F.export_onnx(Walk(), (o_parts[0], d_parts[0]), str(path), input_names=["o", "d"], output_names=SEGMENT_OUTS)
+    import onnx
+
+    assert [n.op_type for n in onnx.load(str(path)).graph.node if n.domain == "fvdb"] == ["SegmentsAlongRays"]
+    got = luisaml.compile(str(path), batch_axis=None).run({"o": origins.jdata, "d": directions.jdata})
+    for k in SEGMENT_OUTS:
+        np.testing.assert_array_equal(got[k], out[k], err_msg=k)
