@@ -8,6 +8,8 @@ Environment, read once when this module is imported:
                         it holds generated/, locks/ and templates/
   LUISAML_CACHE_MAX_MB  the bound on generated/ in MiB (default 512): beyond it the least recently
                         used modules are removed
+  LUISAML_KERNEL_CACHE_MAX_MB  the bound on LuisaCompute's kernel files in MiB (default 4096), applied
+                        once per process before the first kernel build, least recently used first
 """
 from __future__ import annotations
 
@@ -36,6 +38,10 @@ try:
     _MAX_ERROR = None
 except ValueError:  # reported when the bound is first needed, not as an import error of luisaml
     MAX_BYTES, _MAX_ERROR = None, f"LUISAML_CACHE_MAX_MB={os.environ['LUISAML_CACHE_MAX_MB']!r} is not a number of MiB"
+try:
+    KERNEL_MAX_BYTES: int | None = int(float(os.environ.get("LUISAML_KERNEL_CACHE_MAX_MB", "4096")) * 2**20)
+except ValueError:
+    KERNEL_MAX_BYTES = None  # (a bad value leaves LuisaCompute's folder alone; cache info says so)
 MAX_ENTRIES = 20_000  # generated modules kept at most, whatever their size (a folder stays listable)
 # a module used this recently is never evicted: another process may be between writing and importing it
 GRACE_S = 60.0
@@ -450,12 +456,14 @@ _checked_lock = threading.Lock()
 _SETTLE_S = 0.05
 
 
-def check_kernel_cache(folder: str | os.PathLike | None = None, *, min_free_bytes: int = MIN_FREE_BYTES) -> Path:
+def check_kernel_cache(folder: str | os.PathLike | None = None, *, min_free_bytes: int = MIN_FREE_BYTES,
+                       max_bytes: int | None = KERNEL_MAX_BYTES) -> Path:
     """Make LuisaCompute's kernel cache safe to use before a kernel build and return its folder
     (once per process and folder). LuisaCompute exits the process on a truncated cached kernel and
     aborts when it cannot write one, so: raise BackendUnavailable when the folder cannot be created
     or written or its disk has less than min_free_bytes free, and delete every kernel_*.bc that is
-    not a complete LLVM bitcode file (with its .hash: LuisaCompute then rebuilds it)."""
+    not a complete LLVM bitcode file (with its .hash: LuisaCompute then rebuilds it); then keep its
+    kernel files within max_bytes (prune_kernels; None: no bound)."""
     d = Path(folder) if folder is not None else kernel_cache_dir()
     if d in _checked:
         return d
@@ -471,11 +479,55 @@ def check_kernel_cache(folder: str | os.PathLike | None = None, *, min_free_byte
                 "cannot write a compiled kernel); free some space, e.g. with `luisaml cache clear`"
             )
         bad = scan_kernels(d)
+        if max_bytes is not None:
+            prune_kernels(d, max_bytes)
         if bad:
             logger.warning("removed %d damaged kernel(s) from LuisaCompute's cache '%s' (they are rebuilt): %s",
                            len(bad), d, ", ".join(sorted(bad)[:5]) + (" ..." if len(bad) > 5 else ""))
         _checked.add(d)
     return d
+
+
+# a kernel file used this recently is never pruned: another process may be building or loading it
+KERNEL_GRACE_S = 600.0
+
+
+def prune_kernels(d: Path, max_bytes: int) -> int:
+    """Remove LuisaCompute's least recently used kernels (a kernel_<hash>.* group of files: used =
+    the latest access or change of any of them) until its kernel files fit in max_bytes, down to 90%
+    so that not every process prunes again; groups used in the last KERNEL_GRACE_S seconds stay, and
+    nothing but kernel_* files is touched (the folder is LuisaCompute's). Return files removed."""
+    groups: dict[str, list] = {}  # stem -> [used, bytes, paths]
+    for e in _scandir(d):
+        if not e.name.startswith("kernel_"):
+            continue
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        g = groups.setdefault(e.name.split(".", 1)[0], [0.0, 0, []])
+        g[0] = max(g[0], st.st_atime, st.st_mtime)
+        g[1] += st.st_size
+        g[2].append(e.path)
+    total = sum(g[1] for g in groups.values())
+    if total <= max_bytes:
+        return 0
+    now, goal, removed = time.time(), int(max_bytes * 0.9), 0
+    for used, size, paths in sorted(groups.values(), key=lambda g: g[0]):
+        if total <= goal:
+            break
+        if now - used < KERNEL_GRACE_S:
+            continue
+        for path in paths:
+            try:
+                os.unlink(path)
+                removed += 1
+            except OSError:
+                pass
+        total -= size
+    logger.info("kernel cache: removed %d least recently used kernel files from '%s' (%.0f MiB left, bound "
+                "%.0f MiB: LUISAML_KERNEL_CACHE_MAX_MB)", removed, d, total / 2**20, max_bytes / 2**20)
+    return removed
 
 
 def _check_writable(d: Path) -> None:

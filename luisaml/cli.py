@@ -350,7 +350,7 @@ def _mib(n: int) -> str:
 
 
 def cmd_cache_info(a) -> int:
-    """Print every cache folder with its files and bytes, and the bound on generated modules."""
+    """Print every cache folder with its files and bytes, and the bounds on generated modules and kernels."""
     from . import cache
 
     folders = cache.info()
@@ -359,6 +359,9 @@ def cmd_cache_info(a) -> int:
         print(f"{f.what:{width}s}  {f.files:6d} files  {_mib(f.bytes):>10s}  {f.path}")
     bound = f"{cache.MAX_BYTES / 2**20:.0f} MiB" if cache.MAX_BYTES is not None else "invalid"
     print(f"bound on generated modules: {bound} (LUISAML_CACHE_MAX_MB), least recently used removed first")
+    kbound = f"{cache.KERNEL_MAX_BYTES / 2**20:.0f} MiB" if cache.KERNEL_MAX_BYTES is not None else "none (invalid value)"
+    print(f"bound on LuisaCompute's kernel files: {kbound} (LUISAML_KERNEL_CACHE_MAX_MB), applied before a process's "
+          "first kernel build, least recently used removed first")
     print("LuisaCompute's kernels live beside the Python executable and are shared by every LuisaCompute "
           "program of that Python")
     return 0
@@ -383,7 +386,8 @@ def _parser() -> argparse.ArgumentParser:
                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(
                      "exit codes: 0 done, 2 bad input, 1 internal error (-v shows its traceback)\n"
                      "environment: LUISAML_BACKEND (auto, cpu, cuda), LUISAML_CACHE (the cache folder),\n"
-                     "  LUISAML_CACHE_MAX_MB (its bound, default 512); `luisaml cache info` shows them"))
+                     "  LUISAML_CACHE_MAX_MB (its bound, default 512), LUISAML_KERNEL_CACHE_MAX_MB (the bound on\n"
+                     "  LuisaCompute's kernel files, default 4096); `luisaml cache info` shows them"))
     ap.add_argument("--version", action="version", version=_version())
     ap.add_argument("-v", "--verbose", action="count", default=0, help="log compile phases and times (-vv: debug)")
     ap.add_argument("-q", "--quiet", action="count", default=0, help="only errors on stderr")

@@ -235,3 +235,36 @@ def test_check_kernel_cache(tmp_path, monkeypatch):
         cache.check_kernel_cache("/dev/null/.cache")
     with pytest.raises(luisaml.BackendUnavailable, match="MiB are free on the disk of .*luisaml cache clear"):
         cache.check_kernel_cache(tmp_path / "other", min_free_bytes=1 << 62)
+
+
+def test_kernel_files_beyond_the_bound_go_least_recently_used_first(tmp_path):
+    """(.ptx: files the bitcode check leaves alone.) LuisaCompute's folder is kept within LUISAML_KERNEL_CACHE_MAX_MB: whole kernels (all files of a
+    kernel_<hash>) leave oldest first, down to 90% of the bound; a kernel used in the last ten minutes and
+    every file that is not a kernel stay."""
+    import os
+    import time
+
+    from luisaml import cache
+
+    now = time.time()
+    sizes = {}
+    for k, age_h in enumerate([5, 4, 3, 2, 1]):  # kernel_0 the least recently used
+        for ext, size in ((".ptx", 3000), (".hash", 100)):
+            p = tmp_path / f"kernel_{k}{ext}"
+            p.write_bytes(b"x" * size)
+            os.utime(p, (now - age_h * 3600, now - age_h * 3600))
+            sizes[p.name] = size
+    fresh = tmp_path / "kernel_new.ptx"
+    fresh.write_bytes(b"x" * 3000)  # old-fashioned big, but used just now
+    (tmp_path / "other.bin").write_bytes(b"x" * 9000)  # not LuisaCompute's kernel: never touched
+    total = sum(sizes.values()) + 3000
+    assert cache.prune_kernels(tmp_path, total) == 0  # within the bound: nothing goes
+    removed = cache.prune_kernels(tmp_path, 3 * 3100 + 3000)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    # 18,500 bytes against a bound of 12,300 (goal 11,070): kernel_0, kernel_1 and kernel_2 go, whole
+    assert removed == 6
+    assert left == ["kernel_3.hash", "kernel_3.ptx", "kernel_4.hash", "kernel_4.ptx", "kernel_new.ptx", "other.bin"]
+    # and the bound is applied when the folder is checked before the first build
+    cache._checked.discard(tmp_path)
+    cache.check_kernel_cache(tmp_path, min_free_bytes=0, max_bytes=3100)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kernel_new.ptx", "other.bin"]
