@@ -275,6 +275,10 @@ def register() -> None:
     global _registered
     if _registered:
         return
+    # onnx.reference builds a table of every registered schema by name when it is first imported and
+    # refuses two domains with one name: fvdb.MaxPool and fvdb.AvgPool would make that import (the
+    # fold pass's evaluator) fail for the rest of the process. Imported first, it sees ONNX's own only.
+    import onnx.reference  # noqa: F401
     for schema in [_schema(s) for s in _OPS] + [_grid_from_nanovdb_schema(), _kernel_map_schema(),
                                                 _sparse_conv_schema()]:
         if not defs.has(schema.name, DOMAIN):

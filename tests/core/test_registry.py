@@ -75,3 +75,30 @@ def test_unsupported_operator_names_every_node():
     msg = str(e.value)
     assert "2 unsupported node(s)" in msg
     assert "node 'first_bad' (NoSuchOp)" in msg and "node 'second_bad' (nowhere::AlsoMissing)" in msg
+
+
+def test_folding_works_after_the_fvdb_schemas_are_registered(tmp_path):
+    """fvdb.MaxPool shares ONNX's MaxPool name; onnx.reference (the fold pass's evaluator) refuses to
+    import once two domains have one name, so in a fresh process that registered the fvdb domain first,
+    a model whose constants must fold still compiles and equals numpy."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import numpy as np
+        from onnx import TensorProto, helper
+        from luisaml.opsets import fvdb  # noqa: F401  (registers fvdb.MaxPool, fvdb.AvgPool, ...)
+        import luisaml
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+        c = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.FLOAT, [4], [1, 2, 3, 4]))
+        nodes = [c, helper.make_node("Shape", ["c"], ["s"]), helper.make_node("Expand", ["c", "s"], ["e"]),
+                 helper.make_node("Add", ["x", "e"], ["y"])]
+        m = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+        got = luisaml.compile(m).run({"x": np.ones((2, 4), np.float32)})["y"]
+        np.testing.assert_array_equal(got, np.ones((2, 4), np.float32) + np.arange(1, 5, dtype=np.float32))
+        print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
