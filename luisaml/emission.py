@@ -208,20 +208,21 @@ def runtime_sized_node(plan: Plan) -> str | None:
     return None
 
 
-def _io_bindings(plan: Plan, shared_out: bool) -> tuple[dict[str, Storage], list[IOSpec]]:
+def _io_bindings(plan: Plan, shared_out: bool, sample: str = "sample") -> tuple[dict[str, Storage], list[IOSpec]]:
     """Return the storage of every graph input and output in a launched kernel (a batched one is a
-    region `sample * numel` of its buffer), and, with shared_out, the shared outputs that every
-    thread computes and thread 0 writes (the per-sample kernel's case)."""
+    region `sample * numel` of its buffer, `sample` the variable holding the sample), and, with
+    shared_out, the shared outputs that every thread computes and thread 0 writes (the per-sample
+    kernel's case)."""
     io: dict[str, Storage] = {}
     shared: list[IOSpec] = []
     for s in plan.inputs:
-        base = f"sample * {s.numel}" if s.batched and s.numel else "0"
+        base = f"{sample} * {s.numel}" if s.batched and s.numel else "0"
         io[s.name] = Bytes(s.ident, base) if s.dtype.is_byte else Buffer(s.ident, base)
     for s in plan.outputs:
         if s.accumulated:  # every thread adds into the zeroed output buffer itself
             io[s.name] = Buffer(s.ident)
         elif s.batched or plan.symbol is None or not shared_out:
-            io[s.name] = Buffer(s.ident, f"sample * {s.numel}" if s.batched and s.numel else "0")
+            io[s.name] = Buffer(s.ident, f"{sample} * {s.numel}" if s.batched and s.numel else "0")
         else:
             shared.append(s)
     return io, shared
@@ -324,18 +325,19 @@ class Dropped(Storage):
         return "pass"
 
 
-def stage_bindings(plan: Plan, st: Stage, ctx: KernelContext) -> dict[Tensor, Storage]:
+def stage_bindings(plan: Plan, st: Stage, ctx: KernelContext, sample: str = "sample") -> dict[Tensor, Storage]:
     """Return where every tensor a stage touches lives in its kernel: graph inputs and outputs in
     their buffers, tensors crossing stages in pooled buffers, inline tensors as expressions, the
-    stage's epilogue tensors inline too, a whole group's internal tensors in registers."""
+    stage's epilogue tensors inline too, a whole group's internal tensors in registers; batched
+    tensors at the sample the variable `sample` holds."""
     sched = plan.schedule
     tensors = plan.tensors
-    io, _ = _io_bindings(plan, shared_out=False)
+    io, _ = _io_bindings(plan, shared_out=False, sample=sample)
     table: dict[Tensor, Storage] = {tensors[name]: storage for name, storage in io.items()}
     for slot in sched.buffers.slots:
         for m in slot.members:
             t = tensors[m]
-            table[t] = Buffer(buffer_ident(slot), f"sample * {slot.size}" if t.batched else "0")
+            table[t] = Buffer(buffer_ident(slot), f"{sample} * {slot.size}" if t.batched else "0")
     for name, (_, op, k) in sched.virtual.items():
         table[tensors[name]] = Inline(op, k, ctx.module)
     for t in tensors.values():
@@ -405,6 +407,19 @@ def emit_stage(plan: Plan, st: Stage, module: Module) -> str:
             node, op = st.root
             with node_context(node):
                 op.phases()[st.phase].emit(ctx, item)
+        elif st.domain == "items" and st.samples > 1:
+            # a work item of the first of every `samples` samples computes all of them (their rows
+            # share the loads of B); the others' items idle. Samples past the last read the last
+            # one's data and store nothing.
+            node, op = st.root
+            ctx.line(f"n_samples = int(dispatch_size().x) // {st.items}")
+            ctx.line(f"if sample % {st.samples} == 0:")
+            with ctx.indent(), node_context(node):
+                rows = []
+                for r in range(st.samples):
+                    s_r = ctx.let(f"min(sample + {r}, n_samples - 1)" if r else "sample", "sr")
+                    rows.append((f"sample + {r} < n_samples" if r else None, stage_bindings(plan, st, ctx, s_r)))
+                op.emit_item(ctx, item, rows=rows)
         elif st.domain == "items":
             node, op = st.root
             with node_context(node):

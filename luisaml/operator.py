@@ -204,6 +204,11 @@ class Operator:
         runtime_sized outputs once the phase marked readback has run."""
         raise NotImplementedError
 
+    def samples_per_item(self) -> int:
+        """Return how many samples one work item of a batched items stage computes (emit_item then
+        gets their bindings as `rows`); 1 unless a tile across samples reuses loads (Dense on the CPU)."""
+        return 1
+
     def block_tiling(self):
         """Return the cooperative GPU form's tiling (operators/tiled.py: a block of threads per
         tile, through shared memory), or None when this node has none or is too small for it."""

@@ -52,6 +52,7 @@ class Stage:
     phase: int | None = None  # a phase of a node with run-time sized outputs (luisaml/dynamic.py)
     phase_name: str = ""
     readback: bool = False  # the host reads the node's row count back after this stage
+    samples: int = 1  # samples a work item covers (Operator.samples_per_item): items of the others idle
 
     @property
     def root(self) -> tuple[Node, Operator]:
@@ -71,6 +72,8 @@ class Stage:
             extra.append("epilogue " + ", ".join(f"{nd.op_type} '{nd.name}'" for nd, _ in self.epilogue))
         if self.inlined:
             extra.append("inline " + ", ".join(self.inlined))
+        if self.samples > 1:
+            extra.append(f"{self.samples} samples a work item")
         per = f"{self.items:,} per sample" if self.batched else f"{self.items:,} in all"
         where = {"element": "one thread per element of", "items": "one thread per work item of",
                  "blocks": f"a block of {self.threads} threads per tile of",
@@ -237,10 +240,11 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
                                 epilogue=epilogue_of.get(n.name, [])))
         else:
             tiling = op.block_tiling() if blocks else None
+            batched = per_sample and any(x is not None and x.batched for x in op.outputs)
             stages.append(Stage(len(stages), "blocks" if tiling else "items", [(n, op)],
-                                int(tiling.blocks if tiling else op.work_items()),
-                                per_sample and any(x is not None and x.batched for x in op.outputs), out=out,
-                                epilogue=epilogue_of.get(n.name, []), threads=tiling.threads if tiling else 1))
+                                int(tiling.blocks if tiling else op.work_items()), batched, out=out,
+                                epilogue=epilogue_of.get(n.name, []), threads=tiling.threads if tiling else 1,
+                                samples=op.samples_per_item() if batched and not blocks and not tiling else 1))
     close_group()
     for st in stages:
         _fill_io(st, code, virtual, views, readers, pinned)

@@ -8,7 +8,7 @@ import numpy as np
 from luisaml import indexing as ix
 from luisaml.operator import Operator
 from luisaml.registry import register
-from luisaml.storage import literal
+from luisaml.storage import bind, literal
 
 from .common import compute_dtype, convert, upcast
 
@@ -111,16 +111,37 @@ class Dense(Operator):
 
         return b.home.blob.add_packed(f"{b.name}/packed[{self.K}x{Np}]", pack), Np, self.K * Np
 
-    def emit_item(self, ctx, item: str) -> None:
+    def samples_per_item(self) -> int:
+        # one row a sample (an MLP layer run per sample): two samples a work item read each row of
+        # the prepacked B once for both (CPU backend, 63-256x4-4 at batch 512: 5.9-6.9 -> 3.0-3.5 ms
+        # the whole model, 63-128x4-4 3.4-3.8 -> 2.0-2.1 ms; benchmarks/NOTES.md, "Two samples a work item")
+        wide = self.K >= 128 and self.N >= 128
+        return 2 if self.M == 1 and self.nbatch == 1 and wide and self.packed_b() is not None else 1
+
+    def emit_item(self, ctx, item: str, rows: list | None = None) -> None:
+        """rows (samples_per_item > 1): per sample of the tile, (its store condition or None, its
+        binding table); the tile's rows are those samples' single rows."""
         y = self.output()
         M, N, K = self.M, self.N, self.K
         load_a, load_b, finish, acc_dt = self.loaders()
-        R, O, rows, cols = self.tiles()
+        R, O, nrows, cols = self.tiles()
         cb = ctx.let(ix.mod(item, cols), "cb") if cols > 1 else "0"
         rest = ix.div(item, cols)
-        rb = ctx.let(ix.mod(rest, rows), "rb") if rows > 1 else "0"
-        bi = ctx.let(ix.div(rest, rows), "bi") if self.nbatch > 1 else "0"
-        ms = [ctx.let(ix.add(ix.mul(rb, R), str(r)), "m") for r in range(R)]
+        rb = ctx.let(ix.mod(rest, nrows), "rb") if nrows > 1 else "0"
+        bi = ctx.let(ix.div(rest, nrows), "bi") if self.nbatch > 1 else "0"
+        if rows:  # M == 1: row r of the tile is row 0 of sample r
+            R = len(rows)
+            ms = ["0"] * R
+        else:
+            ms = [ctx.let(ix.add(ix.mul(rb, R), str(r)), "m") for r in range(R)]
+            rows = [(None, None)] * R
+
+        def at_row(r, emit):
+            # what row r's sample reads and writes is bound in its own table
+            if rows[r][1] is None:
+                return emit()
+            with bind(rows[r][1]):
+                return emit()
         n0 = ctx.let(ix.mul(cb, O), "n")
         # the columns that may fall past N (in the last column block only)
         safe = N % O or O
@@ -147,17 +168,18 @@ class Dense(Operator):
 
         acc = [[[ctx.fresh("acc") for _ in range(O)] for _ in range(R)] for _ in range(chains(R, O, K))]
         ctx.render("matmul.py.j2", tile=True, acc=acc, K=K, zero=literal(0, acc_dt), pre=pre, bv=bv,
-                   a=lambda r, k: load_a(bi, ms[r], k), mad=mad)
+                   a=lambda r, k: at_row(r, lambda: load_a(bi, ms[r], k)), mad=mad)
         # the finished values first, one statement each, then the stores: an expression per store
         # (bias, alpha, an epilogue's select) kept clang from vectorising the tile at all (63-256x4-4:
         # 20 ms a layer instead of 7, benchmarks/NOTES.md)
-        done = [[ctx.let(finish(bi, ms[r], ix.add(n0, str(j)), acc[0][r][j]), "f") for j in range(O)]
-                for r in range(R)]
+        done = [[ctx.let(at_row(r, lambda: finish(bi, ms[r], ix.add(n0, str(j)), acc[0][r][j])), "f")
+                 for j in range(O)] for r in range(R)]
         for r in range(R):
             for j in range(O):
                 n = ix.add(n0, str(j))
-                store = y.store(ix.add(ix.mul(bi, M * N), ix.mul(ms[r], N), n), done[r][j])
-                ctx.line_if(None if j < safe else f"{n} < {N}", store)
+                store = at_row(r, lambda: y.store(ix.add(ix.mul(bi, M * N), ix.mul(ms[r], N), n), done[r][j]))
+                conds = [c for c in (rows[r][0], None if j < safe else f"{n} < {N}") if c]
+                ctx.line_if(" and ".join(f"({c})" for c in conds) if conds else None, store)
 
 
     # ---- the GPU form: a block of threads per tile, through shared memory (operators/tiled.py) ----
