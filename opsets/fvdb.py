@@ -252,17 +252,7 @@ def _onnx_inference(op_type: str):
             elem, dims = sparse_conv_rule(ins)
         else:
             elem, dims = output_rule(op_type, ins, attrs)[0]
-        out = onnx.TypeProto()
-        out.tensor_type.elem_type = elem
-        if dims is not None:
-            shape = out.tensor_type.shape
-            for d in dims:
-                dim = shape.dim.add()
-                if isinstance(d, int):
-                    dim.dim_value = d
-                elif d:
-                    dim.dim_param = d
-        ctx.set_output_type(0, out)
+        _set_output(ctx, 0, elem, dims)
 
     return infer
 
@@ -393,6 +383,7 @@ def pool_rule(inputs: list) -> tuple[int, list | None]:
 
 
 def _set_output(ctx, k: int, elem: int, dims) -> None:
+    """Set output k's type in a shape-inference context: elem, and dims (ints, symbols or None) when known."""
     out = onnx.TypeProto()
     out.tensor_type.elem_type = elem
     if dims is not None:
@@ -563,16 +554,7 @@ def _ray_schema(op_type: str) -> defs.OpSchema:
             ins_.append(None if tp is None else (tp.tensor_type.elem_type, _dims_of(tp)))
         a = ctx.get_attribute("return_ijk")
         for k, (elem, dims) in enumerate(ray_rule(op_type, ins_, {"return_ijk": a.i if a is not None else 1})):
-            out = onnx.TypeProto()
-            out.tensor_type.elem_type = elem
-            shape = out.tensor_type.shape
-            for d in dims:
-                dim = shape.dim.add()
-                if isinstance(d, int):
-                    dim.dim_value = d
-                elif d:
-                    dim.dim_param = d
-            ctx.set_output_type(k, out)
+            _set_output(ctx, k, elem, dims)
 
     schema.set_type_and_shape_inference_function(infer)
     return schema
