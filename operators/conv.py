@@ -423,7 +423,8 @@ class Conv(ConvBase):
             return None
         taps = int(np.prod(self.kernel, dtype=np.int64))
         rows = y.shape[0] * int(np.prod(self.geo.out, dtype=np.int64))
-        return tiled.choose(rows, self.M // self.group, x.shape[1] // self.group * taps, self.group, m_fast=True)
+        return tiled.choose(rows, self.M // self.group, x.shape[1] // self.group * taps, self.group, m_fast=True,
+                            pipelined=True)
 
     def emit_block(self, ctx, item: str, thread: str) -> None:
         from . import tiled
@@ -464,6 +465,12 @@ class Conv(ConvBase):
             base = ctx.let(ix.mul(ix.add(ix.mul(bi, mg), n), w.strides[0]), "wb")  # W[m, c, taps...] = W[m][k]
             return lambda k: load_f(w, ix.add(base, k))
 
+        b_quad = None
+        if packed is not None and packed % 16 == 0 and (blocks * O) % 4 == 0:
+            def b_quad(bi, n):  # n a multiple of 4: 4 consecutive packed columns, one 16-byte load
+                base = ctx.let(ix.add(str(packed), ix.mul(bi, K * blocks * O * 4), ix.mul(n, 4)), "wq")
+                return lambda k: f"weights.read(float4, {ix.add(base, ix.mul(k, blocks * O * 4))})"
+
         def channel(bi, n):
             return ix.add(ix.mul(bi, mg), n) if self.group > 1 else n
 
@@ -474,7 +481,7 @@ class Conv(ConvBase):
             nn, pos = (ix.div(m, positions), ix.mod(m, positions)) if y.shape[0] > 1 else ("0", m)
             return store_f(y, ix.add(ix.mul(nn, y.strides[0]), ix.mul(channel(bi, n), y.strides[1]), pos), value)
 
-        tiled.emit(ctx, tl, item, thread, a_row, b_column, finish, store, a_m_contiguous=True)
+        tiled.emit(ctx, tl, item, thread, a_row, b_column, finish, store, a_m_contiguous=True, b_quad=b_quad)
 
 
 @register("ConvTranspose", since=1)

@@ -12,7 +12,10 @@ shared memory. Shared memory holds float4s of 4 consecutive rows (of A) or colum
 k, and a thread's TM rows are TM / 4 such groups, BM / (TM / 4) apart (its columns likewise): per
 k a thread reads (TM + TN) / 4 float4s for TM x TN multiply-adds, a warp's float4 loads are
 consecutive or broadcast (no bank conflicts). Tile kt + 1's operands are loaded into registers
-while tile kt's multiply-adds run."""
+while tile kt's multiply-adds run. A product of few tiles (DEEP_TILES) and 64 x 64 tiles keep two
+shared buffers (tile kt + 1 stored into the other while kt is read: one barrier a step instead of
+two) and load B as float4s where the operator offers them (Conv's prepacked weights); only Conv
+asks for them so far (choose's `pipelined`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -42,6 +45,7 @@ class Tiling:
     TN: int
     BK: int  # k per shared-memory step
     m_fast: bool  # consecutive threads take consecutive rows (Conv's NCHW stores) or columns (Gemm)
+    double: bool = False  # two shared buffers, one barrier a step; B as float4 loads where offered
 
     @property
     def threads(self) -> int:
@@ -61,28 +65,41 @@ class Tiling:
         return self.nbatch * self.row_blocks * self.col_blocks
 
     def describe(self) -> str:
-        return (f"blocks of {self.threads} threads on {self.BM} x {self.BN} tiles through shared memory, "
-                f"{self.TM} x {self.TN} a thread, k steps of {self.BK}")
+        return (f"blocks of {self.threads} threads on {self.BM} x {self.BN} tiles through shared memory"
+                f"{' (double-buffered)' if self.double else ''}, {self.TM} x {self.TN} a thread, k steps of {self.BK}")
 
 
 def _side(n: int) -> int:
     return 128 if n >= 96 else 64 if n >= 48 else 32
 
 
-def choose(M: int, N: int, K: int, nbatch: int, m_fast: bool) -> Tiling | None:
+# a product of at most this many tiles (per sample) leaves most SMs one block at batch 32 (ResNet-18's
+# layer3 and layer4: 128 blocks of 128-256 threads, a warp or two per scheduler): latency-bound, it
+# takes k steps of 16 and double-buffered shared memory (layer4 0.435 -> 0.325 ms, layer3 0.346 -> 0.281)
+DEEP_TILES = 4
+
+
+def choose(M: int, N: int, K: int, nbatch: int, m_fast: bool, pipelined: bool = False) -> Tiling | None:
     """Return the tiling of a product, or None when it is too small for a block (MIN_SIDE,
-    MIN_FILL)."""
+    MIN_FILL). pipelined: the product may take 64 x 64 tiles for 64 columns, k steps of 16 when it
+    has few tiles, and double-buffered shared memory for both (measured on Conv only: Gemm, MatMul
+    and fvdb's SparseConv3d keep the single-buffered tiles until measured)."""
     if M < MIN_SIDE or N < MIN_SIDE or K < 1:
         return None
-    BM, BN = _side(M), _side(N)
+    BN = _side(N)
+    # 64 columns: 64 x 64 tiles rather than 128 x 64 (ResNet-18's layer1 at batch 32: 1,568 blocks of
+    # 64 threads fill two waves, 800 of 128 two and a sliver; 0.326 -> 0.245 ms with double buffers)
+    BM = 64 if pipelined and BN == 64 and M >= 48 else _side(M)
     if M * N < MIN_FILL * (-(-M // BM) * BM) * (-(-N // BN) * BN):
         return None
     TM = 8 if BM >= 64 else 4
     TN = 8 if BN >= 64 else 4
     NT = (BM // TM) * (BN // TN)
+    deep = pipelined and -(-M // BM) * -(-N // BN) <= DEEP_TILES
     # every thread copies whole float4s of both tiles each step: BK grows until they divide evenly
-    BK = next(bk for bk in (8, 16, 32) if (BM * bk // 4) % NT == 0 and (BN * bk // 4) % NT == 0)
-    return Tiling(M, N, K, nbatch, BM, BN, TM, TN, BK, m_fast)
+    BK = next(bk for bk in ((16, 32, 8) if deep else (8, 16, 32))
+              if (BM * bk // 4) % NT == 0 and (BN * bk // 4) % NT == 0)
+    return Tiling(M, N, K, nbatch, BM, BN, TM, TN, BK, m_fast, double=deep or (pipelined and (BM, BN) == (64, 64)))
 
 
 # a(bi, m) emits what row m of A needs once (before the k loop) and returns k -> A[bi, m, k];
@@ -93,12 +110,16 @@ Finish = Callable[[str, str, str, str], str]
 
 
 def emit(ctx, tl: Tiling, item: str, thread: str, a: RowLoader, b: RowLoader, finish: Finish, store: Finish,
-         a_m_contiguous: bool) -> None:
+         a_m_contiguous: bool, b_quad: RowLoader | None = None) -> None:
     """Emit block `item`'s tile (item < tl.blocks) for thread `thread` of tl.threads.
     a_m_contiguous: A's consecutive rows are consecutive in memory (Conv's im2col view of NCHW);
-    otherwise its consecutive k are (a row-major Gemm A): the copy then walks k fastest."""
+    otherwise its consecutive k are (a row-major Gemm A): the copy then walks k fastest.
+    b_quad(bi, n) (optional, n a multiple of 4): k -> the float4 B[bi, k, n .. n + 3] in one load."""
     M, N, K, BM, BN, TM, TN, BK = tl.M, tl.N, tl.K, tl.BM, tl.BN, tl.TM, tl.TN, tl.BK
     NT = tl.threads
+    double = tl.double
+    if not double or N % BN or K % BK:
+        b_quad = None
     cb = ctx.let(ix.mod(item, tl.col_blocks), "cb") if tl.col_blocks > 1 else "0"
     rest = ix.div(item, tl.col_blocks)
     rb = ctx.let(ix.mod(rest, tl.row_blocks), "rb") if tl.row_blocks > 1 else "0"
@@ -110,38 +131,49 @@ def emit(ctx, tl: Tiling, item: str, thread: str, a: RowLoader, b: RowLoader, fi
         tr, tc = ctx.let(ix.mod(thread, rows), "tr"), ctx.let(ix.div(thread, rows), "tc")
     else:
         tc, tr = ctx.let(ix.mod(thread, cols), "tc"), ctx.let(ix.div(thread, cols), "tr")
-    a_sh = ctx.shared_array("float4", BK * BM // 4, "ash")
-    b_sh = ctx.shared_array("float4", BK * BN // 4, "bsh")
+    nbuf = 2 if double else 1
+    a_size, b_size = BK * BM // 4, BK * BN // 4
+    a_sh = ctx.shared_array("float4", nbuf * a_size, "ash")
+    b_sh = ctx.shared_array("float4", nbuf * b_size, "bsh")
 
-    def copies(side: int, quad_fast: bool, base: str, limit: int, loader: RowLoader):
+    def copies(side: int, quad_fast: bool, base: str, limit: int, loader: RowLoader, quad: RowLoader | None):
         """Return this thread's float4s of a tile, fixed over k: [(shared index, k offset within the
-        step, [(in-range condition or None, k -> load)] x 4)]."""
+        step, [(in-range condition or None, k -> load)] x 4, or one k -> float4 load)]."""
         quads = side // 4
         out = []
         for e in range(side * BK // 4 // NT):
             u = f"({ix.add(thread, str(e * NT))})" if e else thread
             q, kk = (ix.mod(u, quads), ix.div(u, quads)) if quad_fast else (ix.div(u, BK), ix.mod(u, BK))
             q, kk = ctx.let(q, "q"), ctx.let(kk, "kk")
-            lanes = []
-            for lane in range(4):
-                g = ctx.let(ix.add(base, ix.mul(q, 4), str(lane)), "g")
-                cond = f"{g} < {limit}" if limit % side else None
-                lanes.append((cond, loader(bi, g if cond is None else f"min({g}, {limit - 1})")))
+            if quad is not None:
+                lanes = [(None, quad(bi, ctx.let(ix.add(base, ix.mul(q, 4)), "g")))]
+            else:
+                lanes = []
+                for lane in range(4):
+                    g = ctx.let(ix.add(base, ix.mul(q, 4), str(lane)), "g")
+                    cond = f"{g} < {limit}" if limit % side else None
+                    lanes.append((cond, loader(bi, g if cond is None else f"min({g}, {limit - 1})")))
             out.append((ctx.let(ix.add(ix.mul(kk, quads), q), "sh"), kk, lanes))
         return out
 
-    ahead = [(a_sh, *c) for c in copies(BM, a_m_contiguous, m0, M, a)] + \
-            [(b_sh, *c) for c in copies(BN, True, n0, N, b)]
-    regs = [[ctx.fresh("pf") for _ in range(4)] for _ in ahead]
+    ahead = [(a_sh, a_size, *c) for c in copies(BM, a_m_contiguous, m0, M, a, None)] + \
+            [(b_sh, b_size, *c) for c in copies(BN, True, n0, N, b, b_quad)]
+    regs = [[ctx.fresh("pf") for _ in lanes] for (_, _, _, _, lanes) in ahead]
 
     def fetch(k0: str, ragged: bool) -> None:
         """Load the step at k0 into the registers (ragged: k may pass K)."""
-        for (_, _, kk, lanes), names in zip(ahead, regs):
+        for (_, _, _, kk, lanes), names in zip(ahead, regs):
             k = ctx.let(ix.add(k0, kk), "k")
             for (cond, load), name in zip(lanes, names):
                 conds = [c for c in (cond, f"{k} < {K}" if ragged else None) if c]
                 value = load(f"min({k}, {K - 1})" if ragged else k)
                 ctx.line(f"{name} = " + (f"({value} if {' and '.join(conds)} else 0.0)" if conds else value))
+
+    def put(buf: str | None) -> None:
+        """Store the registers into shared buffer `buf` (0 or 1; None: the only one)."""
+        for (dst, size, idx, _, _), names in zip(ahead, regs):
+            at = idx if buf is None else ix.add(idx, ix.mul(buf, size))
+            ctx.line(f"{dst}[{at}] = " + (names[0] if len(names) == 1 else f"float4({', '.join(names)})"))
 
     acc = [[ctx.fresh("acc") for _ in range(TN)] for _ in range(TM)]
     for row in acc:
@@ -149,21 +181,34 @@ def emit(ctx, tl: Tiling, item: str, thread: str, a: RowLoader, b: RowLoader, fi
             ctx.line(f"{name} = 0.0")
     steps = -(-K // BK)
     fetch("0", K < BK)
-    with ctx.loop(steps, "kt") as kt:
-        for (dst, idx, _, _), names in zip(ahead, regs):
-            ctx.line(f"{dst}[{idx}] = float4({', '.join(names)})")
+    if double:
+        put(None)
         ctx.line("sync_block()")
+    with ctx.loop(steps, "kt") as kt:
+        a_off = b_off = "0"
+        if not double:
+            put(None)
+            ctx.line("sync_block()")
+        elif steps > 1:
+            cur = ctx.let(ix.mod(kt, 2), "cur")
+            a_off, b_off = ctx.let(ix.mul(cur, a_size), "ao"), ctx.let(ix.mul(cur, b_size), "bo")
         if steps > 1:  # the next step's operands, in flight during this step's multiply-adds
             ctx.line(f"if {kt} + 1 < {steps}:")
             with ctx.indent():
                 fetch(ctx.let(ix.mul(ix.add(kt, "1"), BK), "k0"), K % BK != 0)
         for kk in range(BK):
-            av = [ctx.let(f"{a_sh}[{ix.add(tr, str(kk * BM // 4 + g * rows))}]", "a") for g in range(TM // 4)]
-            bv = [ctx.let(f"{b_sh}[{ix.add(tc, str(kk * BN // 4 + g * cols))}]", "b") for g in range(TN // 4)]
+            av = [ctx.let(f"{a_sh}[{ix.add(tr, a_off, str(kk * BM // 4 + g * rows))}]", "a") for g in range(TM // 4)]
+            bv = [ctx.let(f"{b_sh}[{ix.add(tc, b_off, str(kk * BN // 4 + g * cols))}]", "b") for g in range(TN // 4)]
             for i in range(TM):
                 for j in range(TN):
                     ctx.line(f"{acc[i][j]} = fma({av[i // 4]}.{'xyzw'[i % 4]}, {bv[j // 4]}.{'xyzw'[j % 4]}, {acc[i][j]})")
-        ctx.line("sync_block()")
+        if not double:
+            ctx.line("sync_block()")
+        elif steps > 1:
+            ctx.line(f"if {kt} + 1 < {steps}:")
+            with ctx.indent():
+                put(f"(1 - {cur})")
+            ctx.line("sync_block()")
     for i in range(TM):  # row i of the thread: lane i % 4 of group i // 4
         m = ctx.let(ix.add(m0, ix.mul(tr, 4), str((i // 4) * rows * 4 + i % 4)), "m")
         for j in range(TN):

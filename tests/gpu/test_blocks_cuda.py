@@ -91,6 +91,12 @@ def test_matmul_broadcast_constant_b():
     ([1, 64, 9, 9], [128, 64, 1, 1], dict(strides=[2, 2]), True),  # a downsample shortcut
     ([2, 8, 101], [24, 8, 5], dict(pads=[2, 1]), True),  # 1-D, asymmetric pads
     ([1, 4, 6, 10, 10], [20, 4, 3, 3, 3], dict(pads=[1, 1, 1, 1, 1, 1]), True),  # 3-D
+    # the three tilings tiled.choose picks: 5 tiles of 128 x 128, one shared buffer (ResNet's layer2)
+    ([1, 32, 24, 24], [128, 32, 3, 3], dict(pads=[1, 1, 1, 1]), True),
+    # 64 x 64 tiles, double-buffered, the weights as float4 loads (layer1)
+    ([2, 16, 30, 30], [64, 16, 3, 3], dict(pads=[1, 1, 1, 1]), True),
+    # two tiles of 64 x 128 for 49 positions: k steps of 16, double-buffered, float4 weights (layer4)
+    ([2, 64, 7, 7], [256, 64, 3, 3], dict(pads=[1, 1, 1, 1]), False),
 ])
 def test_conv(x_shape, w_shape, attrs, bias):
     rng = np.random.default_rng(sum(x_shape))
