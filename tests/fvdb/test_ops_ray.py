@@ -252,3 +252,27 @@ def test_torch_functions_walk_as_the_reference_and_export_to_the_nodes(two_grids
     got = luisaml.compile(str(path), batch_axis=None).run({"o": origins.jdata, "d": directions.jdata})
     for k in SEGMENT_OUTS:
         np.testing.assert_array_equal(got[k], out[k], err_msg=k)
+
+
+def test_non_finite_rays_have_no_hits_and_leave_the_others_alone(two_grids):
+    """NaN or infinite origins and directions (hostile or broken input) end their walk at once with no
+    hit; every other ray's result is the one it has without them."""
+    gb = two_grids
+    origins, directions = _rays(gb, 12, np.random.default_rng(9))
+    o, d = origins.jdata.copy(), directions.jdata.copy()
+    bad = np.array([0, 3, 5, 14, 20])
+    o[0, 1], d[3, 0], d[5] = np.nan, np.inf, -np.inf
+    o[14] = np.inf
+    d[20] = [np.nan, 0.0, 1.0]
+    broken = (JaggedTensor.from_list([o[:12], o[12:]]), JaggedTensor.from_list([d[:12], d[12:]]))
+    nodes = [ray_node("VoxelsAlongRays", VOXEL_OUTS, eps=1e-3), ray_node("SegmentsAlongRays", SEGMENT_OUTS, eps=1e-3)]
+    _, out = _run(gb, *broken, nodes)
+    _, clean = _run(gb, origins, directions, nodes)
+    for prefix, rows in (("vox", ["voxels", "times"]), ("seg", ["segments"])):
+        counts, want = np.diff(out[f"{prefix}_joffsets"]), np.diff(clean[f"{prefix}_joffsets"])
+        assert (counts[bad] == 0).all()
+        good = np.setdiff1d(np.arange(len(counts)), bad)
+        np.testing.assert_array_equal(counts[good], want[good])
+        for name in rows:
+            keep = np.repeat(np.isin(np.arange(len(counts)), good), want)
+            np.testing.assert_array_equal(out[name], clean[name][keep])
