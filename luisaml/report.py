@@ -34,7 +34,8 @@ these keep their names and meanings while "schema" is 1:
   (names of the nodes without one), `bytes`, `weight_blob_bytes`, `weight_tensors`}.
 - `stages`: in launch order, each {`index`, `domain` ("element", "items", "blocks", "sample",
   "single", "fused"), `items` (work items per sample, or in all when not `batched`; a blocks
-  stage's items are blocks of `threads` threads), `threads`, `batched`, `out`,
+  stage's items are blocks of `threads` threads), `threads`, `readback` (the host reads a row
+  count back after it: outputs sized at run time, luisaml/dynamic.py), `batched`, `out`,
   `nodes`, `epilogue`, `inlined` (node names), `reads`, `writes` (tensors in device buffers),
   `describe` (the line inspect prints), `registers` (a whole group's allocation, below, or
   null)}; null when the network runs as one per-sample kernel (`schedule="per-sample"`).
@@ -178,6 +179,7 @@ def from_plan(plan, *, model_name: str = "model", why: str | None = None) -> dic
             "domain": st.domain,
             "items": st.items,
             "threads": getattr(st, "threads", 1),
+            "readback": bool(getattr(st, "readback", False)),
             "batched": st.batched,
             "out": st.out,
             "nodes": [n.name for n, _ in st.nodes],
@@ -297,7 +299,9 @@ def _io_info(s) -> dict[str, Any]:
 def _tensor_info(t, symbol: str | None) -> dict[str, Any]:
     """Return a tensor's name, dtype and shape, its batch rows written with the batch symbol."""
     shape: list = list(t.shape)
-    if t.batched and symbol is not None and shape:
+    if getattr(t, "runtime_rows", None) is not None:  # rows known only at run time: their symbol
+        shape[0] = t.runtime_rows
+    elif t.batched and symbol is not None and shape:
         shape[0] = symbol if shape[0] == 1 else f"{shape[0]}*{symbol}"
     return {"name": t.name, "dtype": t.dtype.name.lower(), "shape": shape}
 
@@ -442,7 +446,10 @@ def text(rep: Mapping) -> str:
     lines.append(f"totals: {t['nodes']} nodes, {t['params']:,} parameters, {_si(t['flops'], 'FLOP')} {per}{unknown}, "
                  f"{_bytes(t['bytes'])} read and written {per}")
     if rep["stages"] is not None:
-        lines.append(f"stages ({len(rep['stages'])}, launched as one command list):")
+        breaks = sum(1 for st in rep["stages"] if st.get("readback"))
+        how = ("launched as one command list" if not breaks else
+               f"launched as {breaks + 1} command lists, the host reading a row count back between them")
+        lines.append(f"stages ({len(rep['stages'])}, {how}):")
         lines += [f"  {st['describe']}" for st in rep["stages"]]
         lines.append("buffers across stages: " + _alloc_text(rep["buffers"]))
     lines.append(f"forward's register allocation: {_alloc_text(rep['registers'])}")

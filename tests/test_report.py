@@ -143,7 +143,7 @@ def test_inspect_json_is_one_document_with_the_documented_keys(cnn_path, capsys)
     assert set(doc["totals"]) == {"nodes", "params", "flops", "flops_unknown", "bytes", "weight_blob_bytes",
                                   "weight_tensors"}
     assert set(doc["stages"][0]) == {"index", "domain", "items", "batched", "out", "nodes", "epilogue", "inlined",
-                                     "reads", "writes", "describe", "registers", "threads"}
+                                     "reads", "writes", "describe", "registers", "threads", "readback"}
     assert set(doc["registers"]) == {"steps", "slots", "tensors", "bytes", "bytes_unpooled", "live_bytes",
                                      "peak_bytes", "inplace", "views"}
     assert set(doc["registers"]["tensors"][0]) == {"name", "slot", "first", "last", "elements", "bytes"}

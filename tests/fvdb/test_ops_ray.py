@@ -276,3 +276,16 @@ def test_non_finite_rays_have_no_hits_and_leave_the_others_alone(two_grids):
         for name in rows:
             keep = np.repeat(np.isin(np.arange(len(counts)), good), want)
             np.testing.assert_array_equal(out[name], clean[name][keep])
+
+
+def test_inspect_shows_the_phases_and_the_run_time_rows(two_grids):
+    from luisaml import report
+
+    gb = two_grids
+    origins, directions = _rays(gb, 4, np.random.default_rng(2))
+    feeds = bundle_feeds(gb, ray_origins=origins, ray_directions=directions)
+    rep = report.build(fvdb_model([ray_node("SegmentsAlongRays", SEGMENT_OUTS)], feeds), batch_axis=None)
+    assert [st["readback"] for st in rep["stages"]] == [False, False, False, True, False]  # count, scan x3, fill
+    outs = rep["nodes"][0]["outputs"]
+    assert outs[0]["shape"] == ["rows of segments", 2] and outs[1]["shape"] == [len(origins.jdata) + 1]
+    assert "launched as 2 command lists, the host reading a row count back between them" in report.text(rep)
