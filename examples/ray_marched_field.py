@@ -87,9 +87,9 @@ def segments_model(grid, rays: int) -> onnx.ModelProto:
     return m
 
 
-def march(field, origins, directions, offsets, spans, steps: int) -> tuple[np.ndarray, np.ndarray, int]:
+def march(distance, origins, directions, offsets, spans, steps: int) -> tuple[np.ndarray, np.ndarray, int]:
     """Sphere-trace every ray inside its spans only; return (hit mask, hit t, field evaluations).
-    field(points [n, 3]) -> (distance [n], inside band [n])."""
+    distance(points [n, 3]) -> (the field's distance [n], inside the band [n])."""
     n = len(origins)
     first, last = offsets[:-1], offsets[1:]
     seg = first.copy()  # each ray's current span
@@ -101,7 +101,7 @@ def march(field, origins, directions, offsets, spans, steps: int) -> tuple[np.nd
         idx = np.flatnonzero(live)
         if not len(idx):
             break
-        d, inside = field(origins[idx] + t[idx, None] * directions[idx])
+        d, inside = distance(origins[idx] + t[idx, None] * directions[idx])
         evaluations += len(idx)
         now = inside & (d < EPSILON)
         hit[idx[now]] = True
@@ -117,10 +117,10 @@ def march(field, origins, directions, offsets, spans, steps: int) -> tuple[np.nd
     return hit, t, evaluations
 
 
-def shade(field, p: np.ndarray, d: np.ndarray) -> np.ndarray:
+def shade(distance, p: np.ndarray, d: np.ndarray) -> np.ndarray:
     """Return colours [n, 3] of surface points p seen along d (normals from central differences)."""
     e = NORMAL_STEP
-    grad = np.stack([field(p + e * a)[0] - field(p - e * a)[0] for a in np.eye(3, dtype=np.float32)], 1)
+    grad = np.stack([distance(p + e * a)[0] - distance(p - e * a)[0] for a in np.eye(3, dtype=np.float32)], 1)
     nrm = grad / np.maximum(np.linalg.norm(grad, axis=1, keepdims=True), 1e-12)
     light = np.array([0.5, 0.8, 0.6]) / np.linalg.norm([0.5, 0.8, 0.6])
     diffuse = np.maximum(nrm @ light, 0.0)[:, None]
@@ -143,7 +143,7 @@ def main(out_dir: str, cfg: Settings = Settings(), png: str | None = None) -> di
     sdf_net = luisaml.compile(path)
     report["field_s"] = time.perf_counter() - t
 
-    def field(p):
+    def distance(p):
         out = sdf_net.run({"x": np.ascontiguousarray(p, np.float32)})
         return out["sdf"][:, 0], out["inside"].astype(bool).reshape(-1)
 
@@ -158,7 +158,7 @@ def main(out_dir: str, cfg: Settings = Settings(), png: str | None = None) -> di
     report["voxels"], report["rays"], report["segments"] = grid.total_voxels, len(origins), len(spans)
     report["rays_in_band"] = int(np.count_nonzero(np.diff(offsets)))
     t = time.perf_counter()
-    hit, t_hit, report["evaluations"] = march(field, origins, directions, offsets, spans, cfg.march_steps)
+    hit, t_hit, report["evaluations"] = march(distance, origins, directions, offsets, spans, cfg.march_steps)
     p = origins + t_hit[:, None] * directions
     report["march_s"] = time.perf_counter() - t
     report["hits"] = int(hit.sum())
@@ -174,7 +174,7 @@ def main(out_dir: str, cfg: Settings = Settings(), png: str | None = None) -> di
     image[band] = image[band] * (1 - np.minimum(length[band, None] * 2.0, 0.6)) + \
         np.array([0.2, 0.45, 0.55]) * np.minimum(length[band, None] * 2.0, 0.6)
     if hit.any():
-        image[hit] = shade(field, p[hit], directions[hit])
+        image[hit] = shade(distance, p[hit], directions[hit])
     image = np.clip(image, 0.0, 1.0).reshape(cfg.image, cfg.image, 3).astype(np.float32)
     report["image"] = image
     png = png or os.path.join(out_dir, "ray_marched_field.png")
