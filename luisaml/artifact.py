@@ -38,6 +38,7 @@ import re
 import sys
 import time
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -484,7 +485,7 @@ def _read_manifest(z: zipfile.ZipFile, where: str) -> dict:
         raise ArtifactError(f"'{where}': {MANIFEST} declares {info.file_size} bytes (at most {MAX_MANIFEST_BYTES})")
     try:
         manifest = json.loads(z.read(info))
-    except (ValueError, zipfile.BadZipFile, OSError, EOFError) as e:
+    except (ValueError, zipfile.BadZipFile, OSError, EOFError, zlib.error) as e:
         raise ArtifactError(f"'{where}' is damaged: {MANIFEST} cannot be read ({e})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ArtifactError(f"'{where}' is not a luisaml artifact ({MANIFEST} does not say format '{FORMAT}')")
@@ -515,7 +516,8 @@ def _read_member(z: zipfile.ZipFile, name: str, info: dict, where: str) -> bytes
                             f"says {info.get('bytes')}")
     try:
         return z.read(zi)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:  # a CRC error, a cut file
+    # a CRC error, a cut file, a corrupt deflate stream (zlib.error: which one depends on where the damage is)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error) as e:
         raise ArtifactError(f"'{where}' is damaged: its member '{name}' cannot be read ({e})") from None
 
 
