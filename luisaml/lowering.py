@@ -116,6 +116,9 @@ def build_tensors(g: Graph, prep: Prepared, outer: dict[str, Tensor] | None = No
         if rows is not None:
             tensors[name] = _runtime_tensor(v, rows, producers)
             continue
+        if name in prep.bound:  # rows bound at run time: ROWS_PROBE here, any number when it runs
+            tensors[name] = _bound_tensor(v, prep.bound[name])
+            continue
         untyped = v.elem_type == 0 or v.shape is None or not all(isinstance(d, int) for d in v.shape)
         if untyped and name in producers:
             node = producers[name]
@@ -138,7 +141,18 @@ def build_tensors(g: Graph, prep: Prepared, outer: dict[str, Tensor] | None = No
     return tensors
 
 
+def _bound_tensor(v: Variable, rows: str) -> Tensor:
+    """Return the Tensor of an input whose rows are bound at run time (passes/infer.py, bound_inputs)."""
+    if v.dtype is None:
+        raise ModelError(f"input '{v.name}': element type {dtypes.onnx_name(v.elem_type)} is not supported")
+    t = Tensor(v.name, v.dtype, tuple(int(d) for d in v.shape), False, None)
+    t.bound_rows = rows
+    return t
+
+
 def io_spec(t: Tensor, v: Variable, prep: Prepared, ident: str, producers) -> IOSpec:
+    if getattr(t, "bound_rows", None) is not None:
+        return IOSpec(t.name, ident, t.dtype, (t.bound_rows,) + tuple(t.shape[1:]), t.shape, False, rows=t.bound_rows)
     rows = getattr(t, "runtime_rows", None)
     if rows is not None:  # its first dimension is the symbol the runtime sizes after a read-back
         return IOSpec(t.name, ident, t.dtype, (rows,) + tuple(t.shape[1:]), t.shape, False, rows=rows)

@@ -199,6 +199,12 @@ class CompiledNetwork:
                         f"'{batch[0]}' has {batch[1]}"
                     )
                 batch = batch or (s.name, n)
+            elif s.rows is not None:  # rows bound at run time: any number of them
+                if a.ndim != len(s.kernel_shape) or tuple(a.shape[1:]) != tuple(s.kernel_shape[1:]):
+                    raise InputError(f"input '{s.name}': expected shape {shape_str(s.shape)} (any number of "
+                                     f"rows), got {shape_str(a.shape)}")
+                self.plan.limits.check_elements(f"input '{s.name}' {shape_str(a.shape)}", a.size,
+                                                self.io_dtype(s).itemsize)
             elif tuple(a.shape) != tuple(s.kernel_shape):
                 raise InputError(f"input '{s.name}': expected shape {_expected(s)}, got {shape_str(a.shape)}")
             arrays[s.name] = a

@@ -204,6 +204,12 @@ class Operator:
         runtime_sized outputs once the phase marked readback has run."""
         raise NotImplementedError
 
+    @classmethod
+    def reads_bound_rows(cls, op_type: str, k: int) -> bool:
+        """Whether input k may have rows bound at run time (any number, one compiled network for
+        all): only when the node reads it by index and nothing it computes depends on its size."""
+        return False
+
     def samples_per_item(self) -> int:
         """Return how many samples one work item of a batched items stage computes (emit_item then
         gets their bindings as `rows`); 1 unless a tile across samples reuses loads (Dense on the CPU)."""

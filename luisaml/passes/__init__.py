@@ -4,7 +4,7 @@ discovery and annotation (batch.py), Identity/Dropout and dead-node removal, Bat
 folded into a convolution."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..limits import DEFAULT, Limits
 from ..model import Model, model_from_proto
@@ -23,6 +23,7 @@ class Prepared:
     model: Model
     batch: BatchPlan  # every variable's shape per sample (passes/batch.py)
     float64_as_float: bool = False  # compile(float64="float32"): float64 tensors compute in float32
+    bound: dict[str, str] = field(default_factory=dict)  # inputs with rows bound at run time -> their symbol
 
     @property
     def symbol(self) -> str | None:
@@ -42,7 +43,7 @@ def prepare(proto, batch_axis="auto", input_shapes=None, *, limits: Limits = DEF
     remove_passthrough(model)
     remove_dead(model)
     fold_batchnorm(model)
-    return Prepared(model, annotate(model, symbol, spec.shapes_b, spec.values_b))
+    return Prepared(model, annotate(model, symbol, spec.shapes_b, spec.values_b), bound=dict(spec.bound or {}))
 
 
 def _implemented(op_type: str, domain: str, opset: int) -> bool:

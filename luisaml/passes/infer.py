@@ -19,6 +19,9 @@ from .fold import fold_to_fixpoint
 # The two batch sizes a batched model is specialised to: a dimension that is 2 in the first and
 # 3 in the second is the batch dimension; one that is equal in both is static.
 PROBE_A, PROBE_B = 2, 3
+# the rows of inputs bound at run time (bound_inputs) in the probes, then in a third that shows
+# whether anything else depends on them
+ROWS_PROBE, ROWS_CHECK = 8, 13
 
 
 def _onnx_infer(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -228,12 +231,76 @@ def unresolved_inputs(proto: onnx.ModelProto) -> dict[str, list]:
 
 @dataclass
 class Specialised:
-    """The model at batch PROBE_A, plus what differs at PROBE_B: batch dims and batch-dependent data."""
+    """The model at batch PROBE_A, plus what differs at PROBE_B: batch dims and batch-dependent data;
+    bound: inputs whose rows are bound at run time (bound_inputs), name -> the symbol of their rows."""
 
     proto: onnx.ModelProto
     symbol: str | None
     shapes_b: dict[str, list[int | None]]
     values_b: dict[str, np.ndarray]
+    bound: dict[str, str] | None = None
+
+
+def bound_inputs(proto: onnx.ModelProto, unresolved: dict[str, list], symbol: str | None) -> dict[str, str]:
+    """Return the inputs whose rows are bound at run time: a dynamic first dimension that is not the
+    batch, every other dimension fixed, and every node reading it an operator that can read rows of
+    any number (Operator.reads_bound_rows: fVDB's grid bytes and voxel data). Name -> the symbol of
+    its rows; an unnamed dynamic dimension is named 'rows of <input>' in proto."""
+    from .. import registry
+
+    registry._load_builtin()
+    opsets = {o.domain: o.version for o in proto.opset_import}
+    out: dict[str, str] = {}
+    for name, dims in unresolved.items():
+        if not dims or isinstance(dims[0], int) or dims[0] == symbol or any(not isinstance(d, int) for d in dims[1:]):
+            continue
+        readers = [(n, k) for n in proto.graph.node for k, i in enumerate(n.input) if i == name]
+        ok = bool(readers) and name not in _subgraph_inputs(proto.graph)
+        for n, k in readers:
+            cls = registry.resolve(n.op_type, n.domain, opsets.get(n.domain, 1))
+            ok = ok and cls is not None and cls.reads_bound_rows(n.op_type, k)
+        if not ok:
+            continue
+        vi = next(v for v in proto.graph.input if v.name == name)
+        d = _dims(vi)[0]
+        if not d.HasField("dim_param") or not d.dim_param or d.dim_param == symbol:
+            d.Clear()
+            d.dim_param = f"rows of {name}"
+        out[name] = d.dim_param
+    return out
+
+
+def _subgraph_inputs(g: onnx.GraphProto) -> set[str]:
+    """Return every name the nodes of g's subgraphs (at any depth) read."""
+    out: set[str] = set()
+    for n in g.node:
+        for a in n.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                out |= {i for m in sub.node for i in m.input} | _subgraph_inputs(sub)
+    return out
+
+
+def _check_bound_rows(a: onnx.ModelProto, c: onnx.ModelProto, bound: dict[str, str]) -> None:
+    """Raise for a tensor whose shape or folded value differs between two probes that differ only in
+    the rows of the bound inputs: it depends on their size, which one compiled network cannot."""
+    shapes_a, shapes_c = _all_shapes(a), _all_shapes(c)
+    producers = {o: n for n in a.graph.node for o in n.output}
+    values_c = {t.name: numpy_helper.to_array(t) for t in c.graph.initializer}
+    inputs = ", ".join(f"'{k}' ({v})" for k, v in bound.items())
+    for name, shape in shapes_a.items():
+        if name in bound:
+            continue
+        other = shapes_c.get(name)
+        if other is not None and other != shape:
+            n = producers.get(name)
+            where = f" (output of node '{n.name or n.op_type}' ({n.op_type}))" if n is not None else ""
+            raise ModelError(f"tensor '{name}'{where}: its shape depends on the rows of {inputs}, which are bound "
+                             "at run time; fix them with input_shapes={name: [...]}")
+    for t in a.graph.initializer:
+        other = values_c.get(t.name)
+        if other is not None and not np.array_equal(numpy_helper.to_array(t), other):
+            raise ModelError(f"constant '{t.name}' folds to a value that depends on the rows of {inputs}, which are "
+                             "bound at run time; fix them with input_shapes={name: [...]}")
 
 
 def _all_shapes(proto: onnx.ModelProto) -> dict[str, list[int | None]]:
@@ -258,6 +325,9 @@ def _graph_shapes(g: onnx.GraphProto) -> dict[str, list[int | None]]:
 def specialise(proto: onnx.ModelProto, symbol: str | None, limits: Limits = DEFAULT_LIMITS) -> Specialised:
     """Fold and infer the model with every dim numeric; with a batch symbol, at two batch sizes."""
     unresolved = unresolved_inputs(proto)
+    bound = bound_inputs(proto, unresolved, symbol)
+    rows = {v: ROWS_PROBE for v in bound.values()}
+    unresolved = {k: v for k, v in unresolved.items() if k not in bound}
     if symbol is None:
         if unresolved:
             raise ModelError(
@@ -265,7 +335,9 @@ def specialise(proto: onnx.ModelProto, symbol: str | None, limits: Limits = DEFA
                 + ", ".join(f"'{k}' {shape_str(v)}" for k, v in unresolved.items())
                 + "; give input_shapes={name: [...]} or compile with batch_axis='auto' for a batch dimension"
             )
-        return Specialised(fold_to_fixpoint(set_symbols(proto, {}), infer_shapes, limits=limits), None, {}, {})
+        a = fold_to_fixpoint(set_symbols(proto, rows), infer_shapes, limits=limits)
+        _check_rows_probe(proto, a, bound, {}, limits)
+        return Specialised(a, None, {}, {}, bound)
     others = {k: v for k, v in unresolved.items() if any(not isinstance(d, int) and d != symbol for d in v)}
     if others:
         raise ModelError(
@@ -273,7 +345,16 @@ def specialise(proto: onnx.ModelProto, symbol: str | None, limits: Limits = DEFA
             + ", ".join(f"'{k}' is {shape_str(v)}" for k, v in others.items())
             + "; fix the other dimensions with input_shapes={name: [...]}"
         )
-    a = fold_to_fixpoint(set_symbols(proto, {symbol: PROBE_A}), infer_shapes, limits=limits)
-    b = fold_to_fixpoint(set_symbols(proto, {symbol: PROBE_B}), infer_shapes, limits=limits)
+    a = fold_to_fixpoint(set_symbols(proto, {symbol: PROBE_A, **rows}), infer_shapes, limits=limits)
+    b = fold_to_fixpoint(set_symbols(proto, {symbol: PROBE_B, **rows}), infer_shapes, limits=limits)
+    _check_rows_probe(proto, a, bound, {symbol: PROBE_A}, limits)
     values_b = {t.name: numpy_helper.to_array(t) for t in b.graph.initializer}
-    return Specialised(a, symbol, _all_shapes(b), values_b)
+    return Specialised(a, symbol, _all_shapes(b), values_b, bound)
+
+
+def _check_rows_probe(proto, a, bound: dict[str, str], batch: dict[str, int], limits: Limits) -> None:
+    """With bound inputs, specialise once more with other rows and check nothing else changed."""
+    if bound:
+        other = {v: ROWS_CHECK for v in bound.values()}
+        _check_bound_rows(a, fold_to_fixpoint(set_symbols(proto, {**batch, **other}), infer_shapes, limits=limits),
+                          bound)

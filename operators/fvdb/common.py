@@ -105,6 +105,14 @@ def bundle_grids(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch_
     return chosen
 
 
+def grid_metadata_for_data(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch_indices, batch_offsets,
+                           voxel_data) -> np.ndarray:
+    """grid_metadata, the voxel data's rows checked against the grids' voxels (voxel data bound at run
+    time: its size is known only then)."""
+    return grid_metadata(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch_indices, batch_offsets,
+                         expect_voxels=int(np.shape(voxel_data)[0]))
+
+
 def grid_metadata(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch_indices, batch_offsets,
                   expect_voxels: int | None = None) -> np.ndarray:
     """Return the metadata table (int32 [B, META_FIELDS]) of a checked GridBatch bundle (bundle_grids)."""
@@ -198,6 +206,21 @@ class GridOp(Operator):
 
     # jagged inputs whose jdata is shared by every sample (voxel data), by position
     shared_jagged: ClassVar[tuple[int, ...]] = ()
+    # the grid may be any size, bound at run time (grid_blob, leaf_batch_indices and list_indices with
+    # rows bound at run time): the op reads the grid through the metadata derived when it is bound, and
+    # nothing it computes depends on the bundle's sizes (per-point and per-ray ops)
+    any_grid: ClassVar[bool] = False
+    # ... and so may the shared voxel data (read by the row the grid gives, checked against the grid's
+    # voxel count when it is bound)
+    any_voxel_data: ClassVar[bool] = False
+
+    @classmethod
+    def reads_bound_rows(cls, op_type: str, k: int) -> bool:
+        nb = len(schema.BUNDLE)
+        if k < nb:
+            return cls.any_grid and schema.BUNDLE[k] in ("grid_blob", "leaf_batch_indices", "list_indices")
+        j, part = divmod(k - nb, len(schema.JAGGED))
+        return cls.any_voxel_data and j in cls.shared_jagged and schema.JAGGED[part] in ("jdata", "jidx")
 
     def check(self) -> None:
         spec = schema.OPS[self.node.op_type]

@@ -54,6 +54,8 @@ def _infer(node, inputs):
 class RayOp(GridOp):
     """Base of the ray ops: the checks, the metadata and the phases; subclasses emit one walk."""
 
+    any_grid = True  # (GridOp: a grid of any size, bound at run time)
+
     infer = staticmethod(_infer)
     JOFFSETS = 0  # output index of joffsets (subclasses)
 

@@ -7,10 +7,13 @@ from typing import Iterator
 
 import numpy as np
 
+from luisaml import dtypes
 from luisaml import indexing as ix
+from luisaml.operator import Derived
+from luisaml.opsets import fvdb as schema
 from luisaml.registry import register
 
-from .common import GridOp, GridRef, infer_rule
+from .common import META_FIELDS, GridOp, GridRef, grid_metadata_for_data, infer_rule
 
 # fVDB's trilinear corner order (di, dj, dk): (0,0,0) (0,0,1) (0,1,1) (0,1,0) (1,0,0) (1,0,1) (1,1,1) (1,1,0),
 # i.e. di = c >> 2, dj = (c >> 1) & 1, dk = (c & 1) ^ dj.
@@ -90,6 +93,7 @@ class _Sample(_Interpolation):
     """features[n] = sum over taps of w * data[row] (shared data), zero for points without a grid."""
 
     shared_jagged = (1,)
+    any_grid = any_voxel_data = True
 
     def check_inputs(self):
         super().check_inputs()
@@ -98,6 +102,14 @@ class _Sample(_Interpolation):
 
     def metadata_params(self):
         return (("expect_voxels", self.voxels),)
+
+    def derived_inputs(self):
+        data = self.jagged[1].jdata
+        if getattr(data, "bound_rows", None) is None:
+            return super().derived_inputs()
+        # the voxel data's rows are known when it is bound: checked then against the grids' voxels
+        k = len(schema.BUNDLE) + len(schema.JAGGED)  # input index of voxel_data_jdata
+        return [Derived(grid_metadata_for_data, tuple(range(6)) + (k,), dtypes.INT32, (self.B, META_FIELDS))]
 
     def forward(self, ctx):
         y = self.output()
