@@ -383,7 +383,8 @@ def _derived_tensor(node: Node, op: Operator, d: Derived, srcs: list[Tensor], pl
             "them on the host when they are bound"
         )
     spec = DerivedInput(plan.names.get(name, "d"), dtype, tuple(d.shape), d.compute, tuple(t.name for t in srcs),
-                        dict(d.params), {t.name: t.value for t in srcs if t.value is not None})
+                        dict(d.params), {t.name: t.value for t in srcs if t.value is not None},
+                        tuple(t.name for k, t in zip(d.sources, srcs) if k in d.shape_only))
     plan.derived.append(spec)
     return Tensor(name, dtype, tuple(d.shape), False, None, Buffer(spec.ident))
 

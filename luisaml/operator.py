@@ -31,6 +31,7 @@ class Derived:
     dtype: DType
     shape: tuple[int, ...]
     params: tuple[tuple[str, Any], ...] = ()  # keyword arguments, part of the identity
+    shape_only: tuple[int, ...] = ()  # sources whose shape alone compute() uses (their contents are not hashed)
 
 
 class Operator:

@@ -60,6 +60,7 @@ class DerivedInput:
     sources: tuple[str, ...]  # graph inputs (or constants), in compute()'s argument order
     params: dict
     constants: dict[str, np.ndarray]  # the sources that are constants
+    shape_only: tuple[str, ...] = ()  # sources whose shape alone matters (a change of contents is no change)
 
     def value(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         """Return the derived array for the graph inputs' host arrays."""

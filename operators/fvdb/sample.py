@@ -109,7 +109,8 @@ class _Sample(_Interpolation):
             return super().derived_inputs()
         # the voxel data's rows are known when it is bound: checked then against the grids' voxels
         k = len(schema.BUNDLE) + len(schema.JAGGED)  # input index of voxel_data_jdata
-        return [Derived(grid_metadata_for_data, tuple(range(6)) + (k,), dtypes.INT32, (self.B, META_FIELDS))]
+        return [Derived(grid_metadata_for_data, tuple(range(6)) + (k,), dtypes.INT32, (self.B, META_FIELDS),
+                        shape_only=(k,))]
 
     def forward(self, ctx):
         y = self.output()
