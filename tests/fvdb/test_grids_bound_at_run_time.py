@@ -154,3 +154,20 @@ def test_a_torch_module_exported_with_dynamic_grid_sizes(tmp_path):
         out = net.run({n: a.numpy() for n, a in zip(names, args)})
         np.testing.assert_allclose(out["y"], want_y.numpy(), rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(out["inside"], want_inside.numpy())
+
+
+def test_a_bundle_that_does_not_hold_together_is_refused_when_bound():
+    """The grid is checked when it is bound (its size is not known before): another grid's leaves, a
+    blob cut short, an offset that is no grid's start; each a clear error, and the network still runs a
+    good grid afterwards."""
+    gb, other = _grid(1, 400, 6.0), _grid(2, 2500, 14.0)
+    net = luisaml.compile(_model(gb, channels=2))
+    data = np.zeros((gb.total_voxels, 2), np.float32)
+    good = bundle_feeds(gb, points=_points(gb, 8, 0), data=data)
+    cases = {"leaf_batch_indices": other.bundle()[4], "grid_blob": good["grid_blob"][: len(good["grid_blob"]) // 2],
+             "grid_byte_offsets": good["grid_byte_offsets"] + 8}
+    for name, value in cases.items():
+        with pytest.raises(LuisamlError):
+            net.run({**good, name: value})
+    out = net.run(good)
+    np.testing.assert_array_equal(out["inside"], points_in_grid(gb, JaggedTensor.from_list([good["points_jdata"]])))
