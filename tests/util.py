@@ -1,7 +1,9 @@
 """Helpers for tests: build small ONNX models, run them in onnxruntime and in luisaml."""
 from __future__ import annotations
 
+import contextlib
 import os
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -9,6 +11,25 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import luisaml
+
+
+@contextlib.contextmanager
+def example_module(filename: str):
+    """Import examples/<filename> as a module for the duration of a test module's fixture (registered
+    in sys.modules while it runs: dataclasses look their module up there)."""
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parent.parent / "examples" / filename
+    name = f"{path.stem}_example"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(name, None)
 
 
 def cuda_only() -> list:

@@ -1,29 +1,18 @@
 """A small run of examples/ray_marched_field.py: the neural SDF's narrow band walked by fvdb.SegmentsAlongRays
 (one ray per pixel), the field marched inside the spans only, the hits shaded."""
-import importlib.util
-import os
-import sys
-
 import numpy as np
 import pytest
 
 from luisaml.fvdb import JaggedTensor
 
 from fvdb_reference import segments_along_rays
-
-EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+from util import example_module
 
 
 @pytest.fixture(scope="module")
 def example():
-    sys.path.insert(0, EXAMPLES)
-    spec = importlib.util.spec_from_file_location("ray_marched_field_example", os.path.join(EXAMPLES, "ray_marched_field.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
-    sys.path.remove(EXAMPLES)
+    with example_module("ray_marched_field.py") as module:
+        yield module
 
 
 def test_ray_marched_field_walks_the_band_and_hits_the_shape(example, tmp_path):

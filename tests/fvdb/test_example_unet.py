@@ -1,23 +1,15 @@
 """A small run of examples/sparse_unet.py: a grid from a point cloud and its coarse level folded from
 fvdb.GridBatchFromPoints / fvdb.ConvGrid, sparse convolutions down and up, max pool, refine and a
 skip connection, exported from torch, compiled by luisaml and compared with the torch module."""
-import importlib.util
-import os
-import sys
-
 import pytest
 
-EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "sparse_unet.py")
+from util import example_module
 
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("sparse_unet_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with example_module("sparse_unet.py") as module:
+        yield module
 
 
 def test_sparse_unet_exports_compiles_and_equals_torch(example):

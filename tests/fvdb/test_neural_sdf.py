@@ -1,23 +1,15 @@
 """A fast run of examples/neural_sdf.py: narrow-band grid, torch training through the fvdb torch functions,
 export with fvdb.* nodes, luisaml compile, and a user kernel that sphere-traces the field via net.forward."""
-import importlib.util
-import os
-import sys
-
 import numpy as np
 import pytest
 
-EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "neural_sdf.py")
+from util import example_module
 
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("neural_sdf_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with example_module("neural_sdf.py") as module:
+        yield module
 
 
 def test_neural_sdf_trains_compiles_and_renders(example, tmp_path):
