@@ -12,6 +12,7 @@ from luisaml.errors import LuisamlError
 from luisaml.fvdb import GridBatch, JaggedTensor
 from luisaml.opsets import fvdb as schema
 
+from conftest import assert_floats_equal
 from fvdb_reference import bundle_feeds, fvdb_model, fvdb_node, points_in_grid, sample_trilinear
 
 # the inputs whose first dimension an exporter leaves dynamic when the grid changes between calls
@@ -171,3 +172,40 @@ def test_a_bundle_that_does_not_hold_together_is_refused_when_bound():
             net.run({**good, name: value})
     out = net.run(good)
     np.testing.assert_array_equal(out["inside"], points_in_grid(gb, JaggedTensor.from_list([good["points_jdata"]])))
+
+
+def test_index_transform_and_ray_ops_over_grids_bound_at_run_time():
+    """The other ops that take a grid of any size: IJKToIndex, CoordsInGrid and WorldToVoxel per point,
+    SegmentsAlongRays per ray; one network, two grids of different sizes, against the reference."""
+    from fvdb_reference import lookup, ray_node, segments_along_rays, world_to_voxel
+
+    seg_outs = ["segments", "seg_joffsets", "seg_jidx", "seg_jlidx"]
+
+    def feeds_for(gb, seed):
+        rng = np.random.default_rng(seed)
+        vox = gb.ijk.jdata
+        ijk = (vox[rng.integers(0, len(vox), 64)] + rng.integers(-1, 2, (64, 3))).astype(np.int32)
+        x = _points(gb, 64, seed)
+        centre = gb.voxel_to_world(vox).mean(0)
+        o = np.repeat((centre + [0.0, 0.0, -3.0])[None], 32, 0).astype(np.float32)
+        d = (gb.voxel_to_world(vox[rng.integers(0, len(vox), 32)]) - o).astype(np.float32)
+        return ijk, x, o, d, bundle_feeds(gb, ijk=ijk, points=x, ray_origins=o, ray_directions=d)
+
+    first, second = _grid(1, 400, 6.0), _grid(2, 2500, 14.0)
+    *_, feeds = feeds_for(first, 0)
+    nodes = [fvdb_node("IJKToIndex", "index", cumulative=1), fvdb_node("CoordsInGrid", "active"),
+             fvdb_node("WorldToVoxel", "xv"), ray_node("SegmentsAlongRays", seg_outs, eps=1e-3)]
+    m = fvdb_model(nodes, feeds, batched=("ijk_jdata", "points_jdata"), outputs=["index", "active", "xv"] + seg_outs)
+    net = luisaml.compile(_dynamic(m, ("grid_blob", "leaf_batch_indices", "list_indices"), "rows"))
+    for gb, seed in ((first, 1), (second, 2)):
+        ijk, x, o, d, feeds = feeds_for(gb, seed)
+        out = net.run(feeds)
+        want = lookup(gb, ijk, np.zeros(len(ijk), np.int32))
+        np.testing.assert_array_equal(out["index"], want)
+        np.testing.assert_array_equal(out["active"], want >= 0)
+        assert_floats_equal(out["xv"], world_to_voxel(gb, JaggedTensor.from_list([x])))
+        ref = segments_along_rays(gb, JaggedTensor.from_list([o]), JaggedTensor.from_list([d]), eps=1e-3)
+        assert sum(map(len, ref)) > 10
+        np.testing.assert_array_equal(np.diff(out["seg_joffsets"]), [len(r) for r in ref])
+        np.testing.assert_allclose(out["segments"], np.array([s for r in ref for s in r]).reshape(-1, 2),
+                                   rtol=2e-5, atol=2e-5)
