@@ -244,7 +244,7 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
             stages.append(Stage(len(stages), "blocks" if tiling else "items", [(n, op)],
                                 int(tiling.blocks if tiling else op.work_items()), batched, out=out,
                                 epilogue=epilogue_of.get(n.name, []), threads=tiling.threads if tiling else 1,
-                                samples=op.samples_per_item() if batched and not blocks and not tiling else 1))
+                                samples=op.samples_per_item() if batched and not blocks else 1))
     close_group()
     for st in stages:
         _fill_io(st, code, virtual, views, readers, pinned)
