@@ -108,6 +108,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", help="where the JSON goes (default benchmarks/results)")
     ap.add_argument("--tile", help="R,O: the voxels x channels of a convolution thread instead of the operator's "
                     "choice (for measuring tile shapes)")
+    ap.add_argument("--pipelined", action="store_true", help="the GPU tiles tiled.choose gives Conv (64 x 64, "
+                    "double-buffered) instead of the operator's choice (for measuring tilings)")
     a = ap.parse_args(argv)
     import torch
 
@@ -126,6 +128,12 @@ def main(argv=None) -> int:
 
         tile = tuple(int(v) for v in a.tile.split(","))
         conv_op.conv_tile = lambda n_out, c_out: tile
+    if a.pipelined:  # a measurement of another tiling: replace the operator's choice for this process
+        from luisaml.operators import tiled
+        from luisaml.operators.fvdb.conv import SparseConv3d
+
+        SparseConv3d.block_tiling = lambda op: tiled.choose(op.n_out, op.c_out, op.taps * op.c_in, 1, m_fast=False,
+                                                            pipelined=True)
     reps = a.reps or (50 if cuda else 10)
     radius = a.radius or (GPU_RADIUS if cuda else CPU_RADIUS)
     dev = "cuda" if cuda else "cpu"
@@ -193,7 +201,7 @@ def main(argv=None) -> int:
     rec = {"date": datetime.date.today().isoformat(), "device": name, "backend": backend,
            "torch": torch.__version__, "command": "python benchmarks/bench_fvdb.py" + (" --cpu" if a.cpu else "")
            + (f" --radius {a.radius:g}" if a.radius else "") + (f" --reps {a.reps}" if a.reps else "")
-           + (f" --tile {a.tile}" if a.tile else ""),
+           + (f" --tile {a.tile}" if a.tile else "") + (" --pipelined" if a.pipelined else ""),
            "grid": {"shape": f"sphere shell, radius {radius:g}, in a 512^3 extent", "voxels": n,
                     "leaves": int(gb.total_leaves), "pairs": pairs},
            "conv": {"kernel": KERNEL, "stride": 1, "in_channels": CHANNELS, "out_channels": CHANNELS},

@@ -110,12 +110,18 @@ Finish = Callable[[str, str, str, str], str]
 
 
 def emit(ctx, tl: Tiling, item: str, thread: str, a: RowLoader, b: RowLoader, finish: Finish, store: Finish,
-         a_m_contiguous: bool, b_quad: RowLoader | None = None) -> None:
+         a_m_contiguous: bool, b_quad: RowLoader | None = None, k_steps: str | None = None) -> None:
     """Emit block `item`'s tile (item < tl.blocks) for thread `thread` of tl.threads.
     a_m_contiguous: A's consecutive rows are consecutive in memory (Conv's im2col view of NCHW);
     otherwise its consecutive k are (a row-major Gemm A): the copy then walks k fastest.
-    b_quad(bi, n) (optional, n a multiple of 4): k -> the float4 B[bi, k, n .. n + 3] in one load."""
+    b_quad(bi, n) (optional, n a multiple of 4): k -> the float4 B[bi, k, n .. n + 3] in one load.
+    k_steps (optional): the tile's number of k steps, a run-time expression, for a product that
+    skips whole steps of its k range (fvdb's SparseConv3d runs only the taps its tile's voxels
+    read): a and b then receive the compacted k (below k_steps x BK), which they map to the real
+    one, and K must be a multiple of BK (every step whole)."""
     M, N, K, BM, BN, TM, TN, BK = tl.M, tl.N, tl.K, tl.BM, tl.BN, tl.TM, tl.TN, tl.BK
+    if k_steps is not None and K % BK:
+        raise ValueError(f"k_steps needs whole k steps: K = {K} is not a multiple of BK = {BK}")
     NT = tl.threads
     double = tl.double
     if not double or N % BN or K % BK:
@@ -179,7 +185,8 @@ def emit(ctx, tl: Tiling, item: str, thread: str, a: RowLoader, b: RowLoader, fi
     for row in acc:
         for name in row:
             ctx.line(f"{name} = 0.0")
-    steps = -(-K // BK)
+    steps = -(-K // BK) if k_steps is None else k_steps
+    many = k_steps is not None or steps > 1  # (with k_steps: a tile may have 0 or 1 steps as well)
     fetch("0", K < BK)
     if double:
         put(None)
@@ -189,10 +196,10 @@ def emit(ctx, tl: Tiling, item: str, thread: str, a: RowLoader, b: RowLoader, fi
         if not double:
             put(None)
             ctx.line("sync_block()")
-        elif steps > 1:
+        elif many:
             cur = ctx.let(ix.mod(kt, 2), "cur")
             a_off, b_off = ctx.let(ix.mul(cur, a_size), "ao"), ctx.let(ix.mul(cur, b_size), "bo")
-        if steps > 1:  # the next step's operands, in flight during this step's multiply-adds
+        if many:  # the next step's operands, in flight during this step's multiply-adds
             ctx.line(f"if {kt} + 1 < {steps}:")
             with ctx.indent():
                 fetch(ctx.let(ix.mul(ix.add(kt, "1"), BK), "k0"), K % BK != 0)
@@ -204,7 +211,7 @@ def emit(ctx, tl: Tiling, item: str, thread: str, a: RowLoader, b: RowLoader, fi
                     ctx.line(f"{acc[i][j]} = fma({av[i // 4]}.{'xyzw'[i % 4]}, {bv[j // 4]}.{'xyzw'[j % 4]}, {acc[i][j]})")
         if not double:
             ctx.line("sync_block()")
-        elif steps > 1:
+        elif many:
             ctx.line(f"if {kt} + 1 < {steps}:")
             with ctx.indent():
                 put(f"(1 - {cur})")

@@ -195,6 +195,20 @@ class SparseConvKernelMap(GridOp):
                 f"voxel slot of the output grid's {self.leaves} leaves")
 
 
+def rows_by_taps(kernel_map) -> np.ndarray:
+    """Return the output voxels (int32 [N_out]) ordered by the set of taps each reads (stable).
+
+    Why: a work item (CPU) or a tile (GPU) runs only the taps one of its voxels reads, and voxels
+    that read the same taps are scattered over a grid. On a one-voxel sphere shell (~200k voxels,
+    10.5 of 27 taps a voxel) a 128-voxel tile in index order reads 20.7 taps, in this order 13.0;
+    two voxels 14.1 against 10.5."""
+    active = np.asarray(kernel_map) >= 0
+    taps = active.shape[1]
+    words = [(active[:, w:w + 32].astype(np.uint64) << np.arange(min(32, taps - w), dtype=np.uint64)).sum(1)
+             for w in range(0, taps, 32)]
+    return np.lexsort(words[::-1]).astype(np.int32) if len(active) else np.zeros(0, np.int32)
+
+
 # Accumulators per thread: R voxels x O channels within 32 (operators/gemm.py: 32 floats keep the
 # CPU backend's tiles in vector registers; 32 of a GPU thread's registers).
 MAX_ACC = 32
@@ -256,6 +270,15 @@ class SparseConv3d(Operator):
             self.expect(not bad.any(), f"kernel_map '{kmap.name}' holds index "
                         f"{int(v[bad][0]) if bad.any() else 0} outside [-1, {self.n_in}) (the features' rows)")
 
+    def derived_inputs(self):
+        # a kernel map known at compile time: its voxels run in rows_by_taps' order
+        kmap = self.input(1)
+        return [Derived(rows_by_taps, (1,), dtypes.INT32, (self.n_out,))] if kmap.value is not None else []
+
+    def row(self, o: str) -> str:
+        """Output voxel of the node's o-th row of work (rows_by_taps' order, when known)."""
+        return self.derived[0].load(o) if self.derived else o
+
     def tiles(self) -> tuple[int, int, int, int]:
         """Return (R voxels, O channels, voxel blocks, channel blocks)."""
         R, O = conv_tile(self.n_out, self.c_out)
@@ -294,6 +317,7 @@ class SparseConv3d(Operator):
         rows_in = self.n_out % R or R  # voxels r >= rows_in may fall past N_out in the last block
         outs = [ctx.let(ix.add(ix.mul(vb, R), str(r)), "o") for r in range(R)]
         loads = [o if r < rows_in else f"min({o}, {self.n_out - 1})" for r, o in enumerate(outs)]
+        voxels = [ctx.let(self.row(o), "vox") for o in loads]  # the output voxels of the rows
         acc = [[ctx.fresh("acc") for _ in range(O)] for _ in range(R)]
         bias = self.input(3) if self.has_input(3) else None
         for j in range(O):
@@ -316,7 +340,7 @@ class SparseConv3d(Operator):
             ks = []
             for r in range(R):
                 k = ctx.fresh("k")
-                ctx.line(f"{k} = {kmap.load(ix.add(ix.mul(loads[r], T), tap))}")
+                ctx.line(f"{k} = {kmap.load(ix.add(ix.mul(voxels[r], T), tap))}")
                 if checked:
                     ctx.line(f"if {k} < -1 or {k} >= {self.n_in}:")
                     with ctx.indent():
@@ -346,11 +370,13 @@ class SparseConv3d(Operator):
             for j in range(O):
                 col = ix.add(n0, str(j))
                 conds = ([] if r < rows_in else [f"{outs[r]} < {self.n_out}"]) + ([] if j < safe else [f"{col} < {C_out}"])
-                ctx.line_if(" and ".join(conds) or None, y.store(ix.add(ix.mul(outs[r], C_out), col), acc[r][j]))
+                ctx.line_if(" and ".join(conds) or None, y.store(ix.add(ix.mul(voxels[r], C_out), col), acc[r][j]))
 
     # ---- the GPU form: an implicit GEMM in blocks through shared memory (operators/tiled.py) ------
-    # rows = output voxels, columns = output channels, k = (tap, input channel): A[o, k] is the
-    # feature row the kernel map names for tap (0 where it names none), B the prepacked weight
+    # rows = output voxels (rows_by_taps' order when the map is known), columns = output channels,
+    # k = (tap, input channel): A[o, k] is the feature row the kernel map names for tap (0 where it
+    # names none), B the prepacked weight. A tile runs only the taps one of its voxels reads: the
+    # block ORs its rows' tap masks first and walks k over that list (tiled.emit's k_steps).
 
     def block_tiling(self):
         from luisaml.operators import tiled
@@ -359,20 +385,90 @@ class SparseConv3d(Operator):
             return None
         return tiled.choose(self.n_out, self.c_out, self.taps * self.c_in, 1, m_fast=False)
 
+    def skips_taps(self, tl) -> bool:
+        """Whether the tiles run only their voxels' taps: a k step must lie within one tap."""
+        return self.c_in % tl.BK == 0
+
+    def emit_tile_taps(self, ctx, tl, item: str, thread: str) -> tuple[str, str]:
+        """Emit the tile's list of taps (those some voxel of its rows reads, in tap order) into
+        shared memory; return (the list's shared array, its length)."""
+        T, NT, BM = self.taps, tl.threads, tl.BM
+        kmap = self.input(1)
+        words = -(-T // 32)
+        m0 = ctx.let(ix.mul(ix.div(item, tl.col_blocks) if tl.col_blocks > 1 else item, BM), "tm0")
+        masks = ctx.shared_array("uint", NT * words, "tapmask")
+        taps = ctx.shared_array("int", T, "taps")
+        bits = [ctx.fresh("bits") for _ in range(words)]
+        for name in bits:
+            ctx.line(f"{name} = uint(0)")
+        for e in range(-(-BM // NT)):  # this thread's rows of the tile
+            r = ctx.let(ix.add(m0, ix.add(thread, str(e * NT)) if e else thread), "tr")
+            ctx.line(f"if {r} < {self.n_out}:")
+            with ctx.indent():
+                kr = ctx.let(ix.mul(self.row(r), T), "kr")
+                for w, name in enumerate(bits):
+                    with ctx.loop(min(32, T - 32 * w), "tb") as b:
+                        ctx.line(f"if {kmap.load(ix.add(kr, b, str(32 * w)) if w else ix.add(kr, b))} >= 0:")
+                        with ctx.indent():
+                            ctx.line(f"{name} = {name} | (uint(1) << uint({b}))")
+        for w, name in enumerate(bits):
+            ctx.line(f"{masks}[{ix.add(ix.mul(thread, words), str(w))}] = {name}")
+        for e in range(-(-T // NT)):  # (every entry a valid tap, also past the list's end)
+            t = ix.add(thread, str(e * NT)) if e else thread
+            ctx.line_if(f"{t} < {T}" if (e + 1) * NT > T else None, f"{taps}[{t}] = 0")
+        ctx.line("sync_block()")
+        half = NT // 2
+        while half:  # a tree OR of the threads' masks into masks[0 .. words)
+            ctx.line(f"if {thread} < {half}:")
+            with ctx.indent():
+                for w in range(words):
+                    at = ix.add(ix.mul(thread, words), str(w))
+                    ctx.line(f"{masks}[{at}] = {masks}[{at}] | {masks}[{ix.add(at, str(half * words))}]")
+            ctx.line("sync_block()")
+            half //= 2
+        count = ctx.fresh("ntaps")
+        ctx.line(f"{count} = " + " + ".join(f"int(popcount({masks}[{w}]))" for w in range(words)))
+        for e in range(-(-T // NT)):  # tap t goes to the number of the union's taps below it
+            t = ctx.let(ix.add(thread, str(e * NT)) if e else thread, "tt")
+            ctx.line(f"if {t} < {T}:")
+            with ctx.indent():
+                word = ctx.let(f"{t} >> 5", "tw")
+                u = ctx.let(f"{masks}[{word}]", "u")
+                below = ctx.let(f"int(popcount({u} & ((uint(1) << uint({t} & 31)) - uint(1))))", "below")
+                for w in range(words - 1):
+                    ctx.line(f"if {word} > {w}:")
+                    with ctx.indent():
+                        ctx.line(f"{below} += int(popcount({masks}[{w}]))")
+                ctx.line(f"if ((({u} >> uint({t} & 31)) & uint(1)) != uint(0)):")
+                with ctx.indent():
+                    ctx.line(f"{taps}[{below}] = {t}")
+        ctx.line("sync_block()")
+        return taps, count
+
     def emit_block(self, ctx, item, thread):
         from luisaml.operators import tiled
 
         x, kmap, w, y = self.input(0), self.input(1), self.input(2), self.output()
         C_in, C_out, T = self.c_in, self.c_out, self.taps
+        tl = self.block_tiling()
         checked = kmap.value is None  # a map fed at run time: an index past the features is flagged
         flag = ctx.flag_error(str(self.error(f"kernel_map '{kmap.name}' holds an index outside [-1, {self.n_in}) "
                                              f"(the rows of features '{x.name}')"))) if checked else None
+        taps, k_steps = None, None
+        if self.skips_taps(tl):
+            taps, count = self.emit_tile_taps(ctx, tl, item, thread)
+            k_steps = ctx.let(ix.mul(count, C_in // tl.BK), "ksteps")
+
+        def tap_of(k: str) -> tuple[str, str]:
+            """(tap, input channel) of k: the compacted k's tap is the tile's list's entry."""
+            at = ctx.let(ix.div(k, C_in), "kt")
+            return (ctx.let(f"{taps}[{at}]", "tap") if taps else at), ctx.let(ix.mod(k, C_in), "c")
 
         def a_row(_, o):
-            row = ctx.let(ix.mul(o, T), "kr")
+            row = ctx.let(ix.mul(self.row(o), T), "kr")
 
             def load(k):
-                tap, c = ctx.let(ix.div(k, C_in), "tap"), ctx.let(ix.mod(k, C_in), "c")
+                tap, c = tap_of(k)
                 v = ctx.fresh("v")
                 ctx.line(f"{v} = {kmap.load(ix.add(row, tap))}")
                 if checked:
@@ -391,15 +487,25 @@ class SparseConv3d(Operator):
         def b_column(_, n):
             if packed is not None:  # [tap][C_in][channel blocks x O]: k = tap * C_in + c is its row
                 base = ctx.let(ix.add(str(packed), ix.mul(n, 4)), "wb")
-                return lambda k: f"weights.read(float, {ix.add(base, ix.mul(k, cblocks * O * 4))})"
-            # weight [C_out, C_in, taps]: element (n, c, tap)
-            base = ctx.let(ix.mul(n, C_in * T), "wb")
-            return lambda k: w.load(ix.add(base, ix.mul(ix.mod(k, C_in), T), ix.div(k, C_in)))
+
+                def load(k):
+                    tap, c = tap_of(k)
+                    return f"weights.read(float, {ix.add(base, ix.mul(ix.add(ix.mul(tap, C_in), c), cblocks * O * 4))})"
+
+                return load
+            base = ctx.let(ix.mul(n, C_in * T), "wb")  # weight [C_out, C_in, taps]: element (n, c, tap)
+
+            def load(k):
+                tap, c = tap_of(k)
+                return w.load(ix.add(base, ix.mul(c, T), tap))
+
+            return load
 
         bias = self.input(3) if self.has_input(3) else None
-        tiled.emit(ctx, self.block_tiling(), item, thread, a_row, b_column,
+        tiled.emit(ctx, tl, item, thread, a_row, b_column,
                    lambda _, o, n, acc: f"{acc} + {bias.load(n)}" if bias is not None else acc,
-                   lambda _, o, n, v: y.store(ix.add(ix.mul(o, C_out), n), v), a_m_contiguous=False)
+                   lambda _, o, n, v: y.store(ix.add(ix.mul(self.row(o), C_out), n), v), a_m_contiguous=False,
+                   k_steps=k_steps)
 
     def forward(self, ctx):
         with ctx.loop(self.work_items(), "item") as item:

@@ -207,6 +207,24 @@ def test_constant_grids_fold_the_kernel_map(grids):
     assert_close(run_conv(gb, gb, x, w, b, grids_constant=True), sparse_conv3d(gb, x, gb, w, b))
 
 
+@pytest.mark.parametrize("K", [3, 5])
+def test_a_folded_map_runs_its_voxels_grouped_by_the_taps_they_read(grids, K):
+    """A map known at compile time runs its output voxels in rows_by_taps' order (items that share
+    taps skip the rest); each voxel's result still lands in its own row. K = 5: 125 taps, 4 words."""
+    from luisaml.operators.fvdb.conv import rows_by_taps
+
+    rng, gb = grids
+    kmap = F.sparse_conv_kernel_map(F.bundle_tensors(gb), F.bundle_tensors(gb), K).numpy()
+    order = rows_by_taps(kmap)
+    np.testing.assert_array_equal(np.sort(order), np.arange(len(kmap)))  # a permutation
+    keys = [tuple(sum(1 << b for b in range(32) if w + b < K ** 3 and kmap[o, w + b] >= 0)
+                  for w in range(0, K ** 3, 32)) for o in order]
+    assert keys == sorted(keys) and order.tolist() != list(range(len(kmap)))
+    x = rng.standard_normal((gb.total_voxels, 6)).astype(np.float32)
+    w, b = _weights(rng, 7, 6, K)
+    assert_close(run_conv(gb, gb, x, w, b, grids_constant=True), sparse_conv3d(gb, x, gb, w, b))
+
+
 def test_single_voxel():
     rng = np.random.default_rng(3)
     one = GridBatch.from_ijk([np.array([[-5, 7, 1000]], np.int32)])

@@ -45,8 +45,11 @@ def _grids():
 
 
 @pytest.mark.parametrize("K,stride,transposed,constant", [(3, 1, False, False), (3, 1, False, True),
-                                                          (2, 2, False, False), (3, 2, True, False)])
+                                                          (2, 2, False, False), (3, 2, True, False),
+                                                          (5, 1, False, True), (5, 1, True, False)])
 def test_64_channels_in_blocks(K, stride, transposed, constant):
+    """(Each tile runs only its voxels' taps: K = 5 has 125, four words of tap masks; a folded map
+    also runs its voxels in rows_by_taps' order.)"""
     rng, gb = _grids()
     if stride == 1:
         g_out = gb
@@ -59,6 +62,17 @@ def test_64_channels_in_blocks(K, stride, transposed, constant):
     w, b = S._weights(rng, 64, 64, K)
     got = S.run_conv(gb, g_out, x, w, b, S=stride, transposed=transposed, grids_constant=constant)
     S.assert_close(got, S.sparse_conv3d(gb, x, g_out, w, b, stride, transposed))
+
+
+@pytest.mark.parametrize("c_in,constant", [(12, True), (24, False)])
+def test_input_channels_not_whole_k_steps(c_in, constant):
+    """12 input channels: a k step of 8 spans two taps, so the tiles run every tap (no skipping);
+    24: whole steps again. Both 64 output channels (blocks)."""
+    rng, gb = _grids()
+    x = rng.standard_normal((gb.total_voxels, c_in)).astype(np.float32)
+    w, b = S._weights(rng, 64, c_in, 3)
+    got = S.run_conv(gb, gb, x, w, b, grids_constant=constant)
+    S.assert_close(got, S.sparse_conv3d(gb, x, gb, w, b))
 
 
 def test_blocks_stage_with_folded_batchnorm_and_relu_epilogue():
