@@ -54,6 +54,7 @@ class CompiledNetwork:
         self._weights = None
         self._buffers: dict[tuple[str, int], Any] = {}
         self._derived: dict[str, tuple[bytes, Any]] = {}  # ident -> (digest of its sources, buffer)
+        self._byte_inputs: dict[str, tuple[bytes, Any]] = {}  # byte input's ident -> (digest, ByteBuffer): _run_dlpack
 
     # ---- what it is ----------------------------------------------------------------------
     @property
@@ -223,20 +224,32 @@ class CompiledNetwork:
             self._buffers[key] = luisa.Buffer(max(count, 1), kind)
         return self._buffers[key]
 
-    def _derived_buffers(self, arrays: dict[str, np.ndarray]) -> list:
-        """Return the buffers of the host-derived inputs, recomputed only when their sources change."""
+    @staticmethod
+    def _digest(arrays: dict[str, np.ndarray], name: str, shape_only: bool, seen: dict) -> bytes:
+        """Return the digest of input `name` (its dtype and shape, and unless shape_only its bytes),
+        computed once per run: seen memoises it (a grid's bytes feed several derived inputs)."""
+        key = (name, shape_only)
+        if key not in seen:
+            a = np.ascontiguousarray(arrays[name])
+            h = hashlib.blake2b(digest_size=16)
+            h.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
+            if not shape_only:  # (voxel data whose rows alone are checked: not hashed per run)
+                h.update(memoryview(a).cast("B"))
+            seen[key] = h.digest()
+        return seen[key]
+
+    def _derived_buffers(self, arrays: dict[str, np.ndarray], seen: dict | None = None) -> list:
+        """Return the buffers of the host-derived inputs, recomputed only when their sources change
+        (seen: the run's memo of input digests, _digest)."""
         from .luisa_compat import upload
 
+        seen = {} if seen is None else seen
         out = []
         for d in self.plan.derived:
             h = hashlib.blake2b(digest_size=16)
             for name in d.sources:
-                if name in d.constants:
-                    continue
-                a = np.ascontiguousarray(arrays[name])
-                h.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
-                if name not in d.shape_only:  # (voxel data whose rows alone are checked: not hashed per run)
-                    h.update(memoryview(a).cast("B"))
+                if name not in d.constants:
+                    h.update(self._digest(arrays, name, name in d.shape_only, seen))
             key = h.digest()
             cached = self._derived.get(d.ident)
             if cached is None or cached[0] != key:
@@ -362,12 +375,13 @@ class CompiledNetwork:
         args += self._derived_buffers(arrays)
         return args, out_bufs
 
-    def _launch_and_wait(self, args: list, n: int, out_bufs: list | None = None) -> dict[str, int]:
+    def _launch_and_wait(self, args: list, n: int, out_bufs: list | None = None, make_output=None) -> dict[str, int]:
         """Launch the batch kernel for n samples with this plan's scratch buffers; wait for it; raise
         RunError for what a run-time check flagged (an index out of range, naming the node). With
         read-backs (luisaml/dynamic.py) the stages run in segments: up to a node's prefix sum, then
-        its row count read back, its outputs' buffers sized in args and out_bufs, then on; return
-        {run-time sized output: rows}."""
+        its row count read back, its outputs' buffers sized in args and out_bufs (make_output(spec,
+        rows) gives the buffer when set, else the network's own), then on; return {run-time sized
+        output: rows}."""
         import luisa
 
         scratch = [
@@ -385,7 +399,7 @@ class CompiledNetwork:
             total = self._read_total(rb, out_bufs, n) if n > 0 else 0
             for name in rb.outputs:
                 rows[name] = total
-                self._size_output(name, total, args, out_bufs)
+                self._size_output(name, total, args, out_bufs, make_output)
             start = rb.after_stage + 1
         if n > 0:
             self.launch(args, scratch, n, errors, span=(start, None) if self.plan.readbacks else None)
@@ -427,13 +441,14 @@ class CompiledNetwork:
                                                 total * s.numel_per_row, self.io_dtype(s).itemsize)
         return total
 
-    def _size_output(self, name: str, rows: int, args: list, out_bufs: list | None) -> None:
-        """Give run-time sized output `name` a buffer of `rows` rows, in args and out_bufs."""
+    def _size_output(self, name: str, rows: int, args: list, out_bufs: list | None, make=None) -> None:
+        """Give run-time sized output `name` a buffer of `rows` rows, in args and out_bufs: make(spec,
+        rows)'s (a torch tensor's, _run_dlpack) or a buffer of the network's own."""
         for k, (s, _, _) in enumerate(out_bufs or []):
             if s.name != name:
                 continue
             count = rows * s.numel_per_row
-            buf = self._buffer(s.ident, self.io_dtype(s).dsl, count)
+            buf = make(s, rows) if make is not None else self._buffer(s.ident, self.io_dtype(s).dsl, count)
             out_bufs[k] = (s, buf, count)
             args[len(self.plan.inputs) + k] = buf
 
@@ -525,19 +540,48 @@ class CompiledNetwork:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
     # ---- zero-copy torch interop (CUDA) ---------------------------------------------------
+    # backend -> the torch device type whose memory its kernels read and write in place (tests map
+    # "cpu" too, to run this path on the CPU backend)
+    _SHARED_DEVICES = {"cuda": "cuda"}
+
     def _zero_copy(self, feeds: Mapping[str, Any]) -> bool:
-        """True when every input is a torch CUDA tensor the kernel can read in place."""
-        if self.backend != "cuda" or not feeds or self.plan.derived or self.plan.host_outputs or self.plan.readbacks:
+        """True when every input is a torch tensor on the device the kernels run on: numeric inputs are
+        read in place, outputs written in place (run-time sized ones included); byte inputs (a grid's
+        bytes) and the sources of host-derived inputs are read on the host too (_dlpack_host)."""
+        kind = self._SHARED_DEVICES.get(self.backend)
+        if kind is None or not feeds or self.plan.host_outputs:
             return False
-        if not all(is_torch(v) and v.is_cuda for v in feeds.values()):
+        if not all(is_torch(v) and v.device.type == kind for v in feeds.values()):
             return False
-        return all(not s.dtype.is_byte and not s.dtype.is_bool for s in self.plan.inputs + self.plan.outputs)
+        return (all(not s.dtype.is_bool for s in self.plan.inputs + self.plan.outputs)
+                and not any(s.dtype.is_byte for s in self.plan.outputs))
+
+    def _dlpack_host(self, feeds: Mapping[str, Any], metas: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Return what the host must read of device feeds: byte inputs (uploaded as a ByteBuffer, which
+        DLPack cannot share) and the sources of derived inputs (a grid's metadata is derived on the host,
+        recomputed only when their digest changes, as in run() on numpy); a source whose shape alone
+        matters keeps its shape-only stand-in and is not copied."""
+        need = {s.name for s in self.plan.inputs if s.dtype.is_byte}
+        for d in self.plan.derived:
+            need |= {n for n in d.sources if n not in d.constants and n not in d.shape_only}
+        host = dict(metas)
+        for name in need:
+            host[name] = to_numpy(feeds[name], name)
+        return host
 
     def _run_dlpack(self, feeds: Mapping[str, Any], wanted: list[str]) -> dict[str, Any]:
         """run() for torch CUDA tensors: inputs and outputs share memory with LuisaCompute buffers
         through DLPack; torch's stream is drained before the kernel reads, and LuisaCompute's before
-        torch sees the outputs (neither library exposes its stream to the other)."""
+        torch sees the outputs (neither library exposes its stream to the other).
+
+        Every output is a tensor allocated for this run, a run-time sized one (luisaml/dynamic.py)
+        once its row count is read back: exactly that many rows, so two runs never share an output's
+        memory (a view of a capacity buffer kept by the network would be overwritten by the next run
+        while the caller still holds the first one). The read-back of the total is the run's only
+        host round trip; the data stays on the device."""
         import torch
+
+        from .luisa_compat import byte_buffer
 
         metas = {}
         for k, v in feeds.items():  # shape and dtype checks without touching the data
@@ -547,24 +591,53 @@ class CompiledNetwork:
         n = batch if self.plan.symbol is not None else 1
         self.check_batch(n)
         where = next(iter(feeds.values())).device
-        keep, args = [], []
+
+        def drain_torch():
+            if where.type == "cuda":
+                torch.cuda.current_stream(where).synchronize()
+
+        host = self._dlpack_host(feeds, metas)
+        seen: dict = {}  # this run's input digests
+        items: list = []  # torch tensors (shared through DLPack) or luisa buffers, in parameter order
         for s in self.plan.inputs:
+            if s.dtype.is_byte:
+                # uploaded again only when its bytes change (no kernel writes an input)
+                key = self._digest(host, s.name, False, seen)
+                cached = self._byte_inputs.get(s.ident)
+                if cached is None or cached[0] != key:
+                    cached = self._byte_inputs[s.ident] = (
+                        key, byte_buffer(dtypes.to_kernel(host[s.name], self.io_dtype(s), f"input '{s.name}'")))
+                items.append(cached[1])
+                continue
             t = feeds[s.name].detach()
             want = torch_dtype(self.io_dtype(s).kernel_numpy)
             if self.io_dtype(s) is dtypes.INT64 and t.numel():
-                lo, hi = int(t.min()), int(t.max())
+                lo, hi = (int(v) for v in torch.aminmax(t))
                 dtypes.to_kernel(np.array([lo, hi]), dtypes.INT64, f"input '{s.name}'")  # range check
-            t = t.to(want).contiguous()
-            keep.append(t)
+            items.append(t.to(want).contiguous())
         outs = {}
         for s in self.plan.outputs:
-            shape = self._output_shape(s, n)
+            # a run-time sized output starts with no rows: the stages before its read-back never write it
+            shape = (0,) + tuple(s.kernel_shape[1:]) if s.rows is not None else self._output_shape(s, n)
             make = torch.zeros if s.accumulated else torch.empty
             outs[s.name] = make(shape, dtype=torch_dtype(self.io_dtype(s).kernel_numpy), device=where)
-        torch.cuda.current_stream(where).synchronize()
-        for t in keep + list(outs.values()):
-            args.append(dlpack_buffer(t))
-        self._launch_and_wait(args, n)
+            items.append(outs[s.name])
+        derived = self._derived_buffers(host, seen)
+        drain_torch()
+        args = [dlpack_buffer(x) if is_torch(x) else x for x in items] + derived
+        first_out = len(self.plan.inputs)
+        out_bufs = [(s, args[first_out + k], 0) for k, s in enumerate(self.plan.outputs)]
+
+        def sized(s: IOSpec, rows: int):
+            # a fresh tensor of the read-back rows; torch's stream drained again, since its caching
+            # allocator may hand out a block that work on torch's stream used last
+            t = torch.empty((rows,) + tuple(s.kernel_shape[1:]), dtype=torch_dtype(self.io_dtype(s).kernel_numpy),
+                            device=where)
+            outs[s.name] = t
+            drain_torch()
+            return dlpack_buffer(t)
+
+        self._launch_and_wait(args, n, out_bufs, make_output=sized)
         results = {}
         for s in self.plan.outputs:
             if s.name in wanted:

@@ -889,7 +889,7 @@ class _RayFn(torch.autograd.Function):
     @staticmethod
     @_host_forward
     def forward(ctx, op_type: str, attrs: tuple, *tensors):
-        outs = tuple(torch.from_numpy(np.array(a)) for a in _walk_rays(op_type, attrs, tensors))
+        outs = tuple(_walk_rays(op_type, attrs, tensors))
         ctx.mark_non_differentiable(*outs)
         return outs
 
@@ -908,22 +908,27 @@ class _RayFn(torch.autograd.Function):
         return outs
 
 
-def _walk_rays(op_type: str, attrs: tuple, tensors) -> list[np.ndarray]:
-    """Return the ray op's outputs for host tensors: the op compiled as a one-node luisaml network on
-    the process's device (kept for the next call of the same types), so eager torch and an exported,
-    compiled model walk with the same code."""
+def _walk_rays(op_type: str, attrs: tuple, tensors) -> list[torch.Tensor]:
+    """Return the ray op's outputs on the rays' device: the op compiled as a one-node luisaml network
+    on the process's device (kept for the next call of the same types), so eager torch and an
+    exported, compiled model walk with the same code. Rays on CUDA with luisaml on CUDA stay there:
+    the network reads the tensors and writes its outputs in place (DLPack; the grid's bytes are read
+    on the host for its metadata, and the read-back of the row count is the only other round trip).
+    Otherwise the walk runs on host copies and its outputs are moved to the rays' device."""
     import onnx
     from onnx import helper
 
     from ..dtypes import from_numpy
     from ..runtime import compile as compile_model
 
-    arrays = [np.ascontiguousarray(t.detach().cpu().numpy()) for t in tensors]
     names = schema.OPS[op_type].input_names()
-    key = (op_type, attrs, tuple((a.dtype.str, a.shape) for a in arrays))
+    rays = tensors[len(schema.BUNDLE)]
+    np_types = [torch.empty((), dtype=t.dtype).numpy().dtype for t in tensors]
+    key = (op_type, attrs, tuple((d.str, tuple(t.shape)) for d, t in zip(np_types, tensors)))
     net = _RAY_NETS.get(key)
     if net is None:
-        ins = [helper.make_tensor_value_info(n, from_numpy(a.dtype).onnx, list(a.shape)) for n, a in zip(names, arrays)]
+        ins = [helper.make_tensor_value_info(n, from_numpy(d).onnx, list(t.shape))
+               for n, d, t in zip(names, np_types, tensors)]
         outs = list(schema.RAY_OUTPUTS[op_type])
         node = helper.make_node(op_type, names, outs, name=op_type, domain=schema.DOMAIN, **dict(attrs))
         m = helper.make_model(helper.make_graph([node], op_type, ins, []),
@@ -933,8 +938,12 @@ def _walk_rays(op_type: str, attrs: tuple, tensors) -> list[np.ndarray]:
         net = _RAY_NETS[key] = compile_model(m, batch_axis=None)
         while len(_RAY_NETS) > _RAY_NETS_KEPT:
             _RAY_NETS.popitem(last=False)
+    if rays.is_cuda and net.backend == "cuda":
+        out = net.run({n: t.detach().to(rays.device) for n, t in zip(names, tensors)})
+        return [out[o] for o in schema.RAY_OUTPUTS[op_type]]
+    arrays = [np.ascontiguousarray(t.detach().cpu().numpy()) for t in tensors]
     out = net.run(dict(zip(names, arrays)))
-    return [out[o] for o in schema.RAY_OUTPUTS[op_type]]
+    return [torch.from_numpy(np.array(out[o])).to(rays.device) for o in schema.RAY_OUTPUTS[op_type]]
 
 
 def voxels_along_rays(bundle, ray_origins, ray_directions, max_voxels: int = -1, eps: float = 0.0,
