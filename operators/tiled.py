@@ -14,8 +14,9 @@ k a thread reads (TM + TN) / 4 float4s for TM x TN multiply-adds, a warp's float
 consecutive or broadcast (no bank conflicts). Tile kt + 1's operands are loaded into registers
 while tile kt's multiply-adds run. A product of few tiles (DEEP_TILES) and 64 x 64 tiles keep two
 shared buffers (tile kt + 1 stored into the other while kt is read: one barrier a step instead of
-two) and load B as float4s where the operator offers them (Conv's prepacked weights); only Conv
-asks for them so far (choose's `pipelined`)."""
+two) and load B as float4s where the operator offers them (Conv's prepacked weights); Conv and
+fvdb's SparseConv3d ask for them (choose's `pipelined`). A product may also skip whole k steps
+(emit's k_steps: SparseConv3d runs only the taps its tile's voxels read)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -82,8 +83,8 @@ DEEP_TILES = 4
 def choose(M: int, N: int, K: int, nbatch: int, m_fast: bool, pipelined: bool = False) -> Tiling | None:
     """Return the tiling of a product, or None when it is too small for a block (MIN_SIDE,
     MIN_FILL). pipelined: the product may take 64 x 64 tiles for 64 columns, k steps of 16 when it
-    has few tiles, and double-buffered shared memory for both (measured on Conv only: Gemm, MatMul
-    and fvdb's SparseConv3d keep the single-buffered tiles until measured)."""
+    has few tiles, and double-buffered shared memory for both (measured on Conv and fvdb's
+    SparseConv3d, which ask for it: Gemm and MatMul keep the single-buffered tiles until measured)."""
     if M < MIN_SIDE or N < MIN_SIDE or K < 1:
         return None
     BN = _side(N)
