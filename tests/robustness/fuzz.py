@@ -190,7 +190,9 @@ def _reference_evaluator(model, feeds) -> dict | None:
 
 def localise(g: Graph, batch: int, got_error: bool = False) -> dict:
     """Return what the first differing node of graph g is: compile g alone with its intermediates
-    as outputs and compare node by node with onnxruntime (and with onnx.reference)."""
+    as outputs and compare node by node with onnxruntime (and with onnx.reference). When every node
+    agrees that way, each node's output is tried as the only output (what luisaml fuses or inlines
+    depends on which tensors are outputs): the first that differs alone is the culprit, `fused_only`."""
     import luisaml
 
     info: dict = {"culprit": None}
@@ -206,25 +208,98 @@ def localise(g: Graph, batch: int, got_error: bool = False) -> dict:
         for o in n.output:
             d = difference(got, want, [o])
             if d:
-                values = [want.get(i, feeds.get(i, g.inits.get(i))) for i in n.input if i]
-                special = [v is not None and v.dtype.kind == "f" and bool(np.any(~np.isfinite(v))) for v in values]
-                w = np.asarray(want[o])
-                int_range = int(np.abs(w.astype(np.float64)).max()) if w.dtype.kind in "iu" and w.size else None
-                info.update(culprit=n.op_type, culprit_node=n.name, kind=d[0], detail=d[1],
-                            attrs={a.name: helper.get_attribute_value(a) for a in n.attribute},
-                            input_special=any(special),
-                            input_dtypes=[str(v.dtype) for v in values if v is not None], int_range=int_range,
-                            largest_input=max((float(np.nanmax(np.abs(v[np.isfinite(v)]))) for v in values
-                                               if v is not None and v.dtype.kind == "f" and np.isfinite(v).any()),
-                                              default=None),
-                            reference_agrees=_agrees(got.get(o), ref.get(o) if ref else None))
+                info.update(_culprit(g, n, o, d, got, want, feeds, ref))
+                return info
+    for n in g.nodes:  # every node agrees with its output exposed: try each output as the only one
+        for o in n.output:
+            alone = Graph(g.seed, g.index, g.nodes, g.inputs, g.inits, [o], g.feeds)
+            m1, f1 = to_model([alone], batch)
+            w1 = ort_run(m1, f1)
+            try:
+                g1 = luisaml.compile(m1).run(f1)
+            except Exception as e:  # noqa: BLE001
+                info["localise_error"] = f"{type(e).__name__}: {short(str(e), 200)}"
+                return info
+            d = difference(g1, w1, [o])
+            if d:
+                # the node's inputs as the all-outputs run computed them (they agreed there)
+                info.update(_culprit(g, n, o, d, {**got, **g1}, {**want, **w1}, feeds, _reference_evaluator(m1, f1)),
+                            fused_only=True)
                 return info
     info["mixed_only"] = True  # alone, every node agrees: the difference needs the other graphs
     return info
 
 
+def _culprit(g: Graph, n, o: str, d: tuple[str, str], got: dict, want: dict, feeds: dict, ref: dict | None) -> dict:
+    """Return the record fields of culprit node n whose output o differs (d: kind, detail): the
+    node's inputs as onnxruntime computed them (special values, dtypes, largest magnitude), whether
+    luisaml agrees with onnx.reference on the whole graph, and the node evaluated by onnx.reference
+    on each engine's own inputs (_node_evidence)."""
+    values = [want.get(i, feeds.get(i, g.inits.get(i))) for i in n.input if i]
+    special = [v is not None and v.dtype.kind == "f" and bool(np.any(~np.isfinite(v))) for v in values]
+    w = np.asarray(want[o])
+    int_range = int(np.abs(w.astype(np.float64)).max()) if w.dtype.kind in "iu" and w.size else None
+    info = dict(culprit=n.op_type, culprit_node=n.name, kind=d[0], detail=d[1],
+                attrs={a.name: helper.get_attribute_value(a) for a in n.attribute},
+                input_special=any(special),
+                input_dtypes=[str(v.dtype) for v in values if v is not None], int_range=int_range,
+                largest_input=max((float(np.nanmax(np.abs(v[np.isfinite(v)]))) for v in values
+                                   if v is not None and v.dtype.kind == "f" and np.isfinite(v).any()),
+                                  default=None),
+                reference_agrees=_agrees(got.get(o), ref.get(o) if ref else None))
+    ours = {i: got.get(i, feeds.get(i, g.inits.get(i))) for i in n.input if i}
+    theirs = {i: want.get(i, feeds.get(i, g.inits.get(i))) for i in n.input if i}
+    info.update(node_evidence(n, o, ours, got.get(o), theirs, want.get(o)))
+    return info
+
+
+def node_evidence(node, output: str, ours: dict, our_out, theirs: dict, their_out) -> dict:
+    """Return what decides between the engines at one node, from each engine's own input values:
+    upstream_differs (the node's inputs are not bit-identical between luisaml and onnxruntime),
+    own_inputs_agree / ort_own_inputs_agree (onnx.reference, numpy underneath, evaluating the node
+    alone on luisaml's / onnxruntime's inputs gives that engine's output; None when it cannot run the
+    node), amplification (the output's relative difference over the inputs' largest relative one)."""
+    if any(v is None for v in list(ours.values()) + list(theirs.values())) or our_out is None or their_out is None:
+        return {}
+    upstream = any(not np.array_equal(np.asarray(ours[k]), np.asarray(theirs[k]),
+                                      equal_nan=np.asarray(ours[k]).dtype.kind == "f") for k in ours)
+    ev = {"upstream_differs": upstream,
+          "own_inputs_agree": _agrees(our_out, _node_reference(node, output, ours)),
+          "ort_own_inputs_agree": _agrees(their_out, _node_reference(node, output, theirs))}
+    rel_in = max((_relative(ours[k], theirs[k]) for k in ours if np.asarray(ours[k]).dtype.kind == "f"), default=0.0)
+    rel_out = _relative(our_out, their_out) if np.asarray(our_out).dtype.kind == "f" else None
+    if rel_out is not None:
+        ev["amplification"] = float("inf") if rel_in == 0 else rel_out / rel_in
+    return ev
+
+
+def _relative(a, b) -> float:
+    """The largest |a - b| / (|b| + ATOL) over the elements finite in both (0 when there are none)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    ok = np.isfinite(a) & np.isfinite(b)
+    return float((np.abs(a[ok] - b[ok]) / (np.abs(b[ok]) + ATOL)).max()) if ok.any() else 0.0
+
+
+def _node_reference(node, output: str, values: dict):
+    """Return onnx.reference's value of one node's output for the given input values, or None."""
+    try:
+        from onnx.reference import ReferenceEvaluator
+
+        ins = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype), np.shape(v))
+               for k, v in values.items()]
+        graph = helper.make_graph([node], "node", ins, [helper.make_tensor_value_info(output, 0, None)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=9)
+        with np.errstate(all="ignore"):
+            return np.asarray(ReferenceEvaluator(model).run([output], {k: np.asarray(v) for k, v in values.items()})[0])
+    except Exception:  # noqa: BLE001 - the reference cannot run every op
+        return None
+
+
 def _agrees(got, ref) -> bool | None:
-    """Whether luisaml's value equals onnx.reference's (NaN where either has NaN), or None."""
+    """Whether luisaml's value equals onnx.reference's within the fuzz's tolerance, NaN exactly where
+    it has NaN (a NaN on one side only is a disagreement, whichever side), or None."""
     if got is None or ref is None:
         return None
     got, ref = np.asarray(got), np.asarray(ref)
@@ -232,7 +307,7 @@ def _agrees(got, ref) -> bool | None:
         return False
     if got.dtype.kind == "f":
         gn, rn = np.isnan(got), np.isnan(ref.astype(got.dtype))
-        if (rn & ~gn).any():
+        if (rn != gn).any():
             return False
         ok = gn | np.isclose(got.astype(np.float64), ref.astype(np.float64), RTOL, ATOL, equal_nan=True)
         return bool(ok.all())
@@ -426,8 +501,11 @@ def reproduce(seed: int, index: int, folder: Path) -> int:
     if not d:
         print("matches onnxruntime")
         return 0
+    from . import fuzz_triage
+
     info = localise(g, n)
     print(f"differs: {d[1]}\nfirst differing node: {json.dumps(info, default=str)}")
+    print(f"triage: {fuzz_triage.classify({'kind': d[0], **info}) or 'untriaged (a mismatch no known class explains)'}")
     return 1
 
 
