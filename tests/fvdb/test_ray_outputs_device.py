@@ -134,6 +134,32 @@ def test_shared_path_outputs_are_fresh_tensors_never_aliased_across_runs(case, s
     assert {k: v.size for k, v in net._buffers.items() if k[0] in io} == sizes
 
 
+def test_shared_path_reads_the_grid_on_the_host_once_and_again_when_it_changes(case, shared_on_cpu, monkeypatch):
+    import luisaml.network as network
+
+    net, feeds = case
+    copied = []
+    to_numpy = network.to_numpy
+    def counted(x, name):
+        if isinstance(x, torch.Tensor):  # (run() on numpy feeds passes arrays)
+            copied.append(name)
+        return to_numpy(x, name)
+
+    monkeypatch.setattr(network, "to_numpy", counted)
+    tf = _torch(feeds[1])
+    net.run(tf)
+    copied.clear()
+    _assert_same(net.run(_torch(feeds[1])), net.run(feeds[1]))  # other tensors, the same contents
+    assert copied == [], "an unchanged grid was copied to the host again"
+    moved = dict(feeds[1], origins=feeds[1]["origins"] + 0.25)  # the grid moved: other metadata
+    with torch.no_grad():
+        tf["origins"] += 0.25  # in place: the same tensor, new contents
+    got, want = net.run(tf), net.run(moved)
+    assert "origins" in copied
+    _assert_same(got, want)
+    assert not np.array_equal(want["segments"], net.run(feeds[1])["segments"])  # the change mattered
+
+
 def test_shared_path_with_no_rows(case, shared_on_cpu):
     net, feeds = case
     out = net.run(_torch(feeds[2]))
