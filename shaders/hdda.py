@@ -83,12 +83,19 @@ def hdda_probe(blob, tiles, tile_count, i, j, k, I):
 
 @luisa.func
 def hdda_clip(F, lo_x, lo_y, lo_z, hi_x, hi_y, hi_z):
-    """Clip the ray in F (t from 0 to FLT_MAX) to the cells [lo, hi] + [0, 1) (nanovdb Ray::clip
-    of a CoordBBox, which pads max by 1); set F_TIME and F_MAX_TIME; return whether it hits. An axis
-    whose direction is 0 constrains nothing when the origin lies on [lo, hi + 1], as the IEEE
-    infinities and NaNs of NanoVDB's arithmetic give, and misses otherwise."""
-    t0 = 0.0
-    t1 = FLT_MAX
+    """hdda_clip_span of the ray in F from t = 0 to FLT_MAX (fVDB's rays without a time span)."""
+    return hdda_clip_span(F, 0.0, FLT_MAX, lo_x, lo_y, lo_z, hi_x, hi_y, hi_z)
+
+
+@luisa.func
+def hdda_clip_span(F, t_min, t_max, lo_x, lo_y, lo_z, hi_x, hi_y, hi_z):
+    """Clip the ray in F (t from t_min to t_max) to the cells [lo, hi] + [0, 1) (nanovdb Ray::clip
+    of a CoordBBox, which pads max by 1, starting from the ray's time span); set F_TIME and
+    F_MAX_TIME; return whether it hits. An axis whose direction is 0 constrains nothing when the
+    origin lies on [lo, hi + 1], as the IEEE infinities and NaNs of NanoVDB's arithmetic give, and
+    misses otherwise."""
+    t0 = t_min
+    t1 = t_max
     hit = True
     for axis in range(3):
         lo = float(lo_x)

@@ -880,7 +880,7 @@ __all__ += [
 
 # ---- rays (outputs sized at run time) -------------------------------------------------------------
 
-_TORCH_OF = {1: torch.float32, 6: torch.int32, 7: torch.int64, 11: torch.float64}  # TensorProto -> torch
+_TORCH_OF = {1: torch.float32, 6: torch.int32, 7: torch.int64, 9: torch.bool, 11: torch.float64}  # TensorProto -> torch
 _RAY_NETS: OrderedDict = OrderedDict()  # (op, attrs, input types) -> the compiled one-node network
 _RAY_NETS_KEPT = 8
 
@@ -899,6 +899,7 @@ class _RayFn(torch.autograd.Function):
 
         kwargs = {f"{k}_f" if isinstance(v, float) else f"{k}_i": v for k, v in attrs}
         outs = g.op(f"{schema.DOMAIN}::{op_type}", *tensors, outputs=len(schema.RAY_OUTPUTS[op_type]), **kwargs)
+        outs = outs if len(schema.RAY_OUTPUTS[op_type]) > 1 else (outs,)  # (g.op gives one output bare)
         origins = tensors[len(schema.BUNDLE)]
         ins = [None] * len(schema.BUNDLE) + [(1, symbolic_helper._get_tensor_sizes(origins))]
         for out, (elem, dims) in zip(outs, schema.ray_rule(op_type, ins + [None] * (len(tensors) - len(ins)),
@@ -970,4 +971,36 @@ def segments_along_rays(bundle, ray_origins, ray_directions, max_segments: int =
     return _RayFn.apply("SegmentsAlongRays", attrs, *_args(bundle, _rays(ray_origins), _rays(ray_directions)))
 
 
-__all__ += ["segments_along_rays", "voxels_along_rays"]
+def _per_ray(t, rays: tuple) -> tuple:
+    """The four tensors of a per-ray value: a JaggedTensor or its four tensors, or a tensor [R] laid out as the rays."""
+    if isinstance(t, JaggedTensor):
+        return jagged_tensors(t)
+    if isinstance(t, (tuple, list)):
+        return tuple(t)
+    return (torch.as_tensor(t, dtype=rays[0].dtype),) + tuple(rays[1:])
+
+
+def uniform_ray_samples(bundle, ray_origins, ray_directions, t_min, t_max, step_size: float, cone_angle: float = 0.0,
+                        include_end_segments: bool = True, return_midpoints: bool = False,
+                        eps: float = 0.0) -> tuple[torch.Tensor, ...]:
+    """fVDB uniform_ray_samples: (samples [M, 2] ([t0, t1]) or [M] midpoints, joffsets int64 [R+1], jidx int32
+    [M], jlidx int32 [R, 2]): samples every step_size (growing as t * cone_angle) along the runs of active
+    voxels of each ray within its [t_min, t_max] (per-ray tensors [R] or JaggedTensors laid out as the rays);
+    not differentiable."""
+    attrs = (("step_size", float(step_size)), ("cone_angle", float(cone_angle)),
+             ("include_end_segments", int(bool(include_end_segments))),
+             ("return_midpoints", int(bool(return_midpoints))), ("eps", float(eps)))
+    o = _rays(ray_origins)
+    return _RayFn.apply("UniformRaySamples", attrs,
+                        *_args(bundle, o, _rays(ray_directions), _per_ray(t_min, o), _per_ray(t_max, o)))
+
+
+def rays_intersect_voxels(bundle, ray_origins, ray_directions, eps: float = 0.0) -> torch.Tensor:
+    """fVDB rays_intersect_voxels: bool [R], whether each ray crosses an active voxel for at least eps (the
+    jdata of a JaggedTensor laid out as the rays); not differentiable."""
+    (hit,) = _RayFn.apply("RaysIntersectVoxels", (("eps", float(eps)),),
+                          *_args(bundle, _rays(ray_origins), _rays(ray_directions)))
+    return hit
+
+
+__all__ += ["rays_intersect_voxels", "segments_along_rays", "uniform_ray_samples", "voxels_along_rays"]

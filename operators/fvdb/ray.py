@@ -1,18 +1,24 @@
-"""Rays through a grid: VoxelsAlongRays and SegmentsAlongRays (fVDB's ops/VoxelsAlongRays.cu,
-SegmentsAlongRays.cu), each ray walked by NanoVDB's hierarchical DDA (shaders/hdda.py).
+"""Rays through a grid: VoxelsAlongRays, SegmentsAlongRays, UniformRaySamples and RaysIntersectVoxels
+(fVDB's ops/VoxelsAlongRays.cu, SegmentsAlongRays.cu, SampleRaysUniform.cu and GridBatch.rays_intersect_voxels),
+each ray walked by NanoVDB's hierarchical DDA (shaders/hdda.py).
 
-How many hits a ray has is known only once it is walked, so these nodes run as phases
+How many hits a ray has is known only once it is walked, so the first three run as phases
 (luisaml/dynamic.py): `count` walks every ray and writes its hit count into joffsets[ray + 1] (and
 jlidx), the prefix sum turns joffsets into offsets in place, the host reads the total back and
 sizes the outputs, and `fill` walks every ray again, writing its hits from joffsets[ray]. Both walks
 run the same code; a fill that finds more or fewer hits than its count flags a run-time error.
+RaysIntersectVoxels has one bool per ray: a plain items op, one thread per ray.
 
 Where this differs from fVDB on purpose: the segment walk re-aligns the DDA to the tree's level up
 to three times before testing a cell, as fVDB's voxel walk does (fVDB's segment walk re-aligns once
 and then tests the corner of a coarse cell, which can start a span early or end a walk); a ray whose
-direction is zero, or whose grid id is outside the batch, has no hits (jlidx (b, -1) for the latter).
+direction is zero, or whose grid id is outside the batch, has no hits (jlidx (b, -1) for the latter);
+UniformRaySamples' differences are in its schema doc (opsets/fvdb.py).
 """
 from __future__ import annotations
+
+import contextlib
+from typing import Iterator
 
 import numpy as np
 
@@ -25,6 +31,8 @@ from luisaml.registry import register
 
 from .common import META_FIELDS, GridOp, Meta, bundle_grids
 
+FLT_MAX = 3.4028234663852886e38
+DELTA = 1e-5  # NanoVDB's Delta<float> (shaders/hdda.py DELTA): fVDB's smallest end piece of a segment
 RAY_FIELDS = 9  # per grid: float32 bits of the dual translate (3), the tree's bbox min (3) and max (3)
 
 
@@ -52,17 +60,19 @@ def _infer(node, inputs):
 
 
 class RayOp(GridOp):
-    """Base of the ray ops: the checks, the metadata and the phases; subclasses emit one walk."""
+    """Base of the ray ops: the checks, the metadata, the walk's set-up and the phases; subclasses
+    emit what they do along one walk (emit_hits), or, without outputs sized at run time, one item."""
 
     any_grid = True  # (GridOp: a grid of any size, bound at run time)
 
     infer = staticmethod(_infer)
-    JOFFSETS = 0  # output index of joffsets (subclasses)
+    JOFFSETS = 0  # output index of joffsets (subclasses with runtime_sized outputs)
 
     def check_inputs(self):
-        origins, directions = self.jagged
+        origins, directions = self.jagged[:2]
         for jt in (origins, directions):
             self.expect_points(jt)
+        for jt in self.jagged:
             self.expect(not jt.jdata.batched, f"{jt.name}_jdata '{jt.jdata.name}' follows the batch axis; rays are "
                         "walked once for the whole batch (give them a static first dimension)")
         self.rays = origins.jdata.shape[0]
@@ -74,9 +84,10 @@ class RayOp(GridOp):
         names = schema.RAY_OUTPUTS[self.node.op_type]
         self.expect(len(self.outputs) == len(names) and all(t is not None for t in self.outputs),
                     f"has {len(names)} outputs ({', '.join(names)}), got {len(self.outputs)}")
-        self.expect_shape(self.output(self.JOFFSETS), (self.rays + 1,), "output joffsets")
-        self.expect_dtype(self.output(self.JOFFSETS), ("INT64",), "output joffsets")
-        self.expect_shape(self.output(self.JOFFSETS + 2), (self.rays, 2), "output jlidx")
+        if self.runtime_sized:
+            self.expect_shape(self.output(self.JOFFSETS), (self.rays + 1,), "output joffsets")
+            self.expect_dtype(self.output(self.JOFFSETS), ("INT64",), "output joffsets")
+            self.expect_shape(self.output(self.JOFFSETS + 2), (self.rays, 2), "output jlidx")
         self.check_outputs()
 
     def check_outputs(self) -> None:
@@ -100,26 +111,32 @@ class RayOp(GridOp):
     def rows_total(self):
         return self.JOFFSETS, self.rays
 
-    def emit_walk(self, ctx, ray: str, fill: bool) -> None:
-        """Emit one ray's walk: its grid, the dual-space ray clipped to the grid's box, the DDA; the
-        count phase stores the hit count and jlidx, the fill phase the hits (emit_hits)."""
+    def grid_id(self, ctx, ray: str) -> str:
+        """Emit and return the grid id of a ray (its jidx; 0 for a single tensor)."""
+        origins = self.jagged[0]
+        return ctx.let(origins.jidx.load(ray), "b") if origins.jidx.numel else "0"
+
+    def time_span(self, ctx, ray: str) -> tuple[str, str, str] | None:
+        """Return (t_min, t_max, condition) of a ray whose walk is limited in time, or None: from 0 on."""
+        return None
+
+    @contextlib.contextmanager
+    def walk(self, ctx, ray: str, b: str, on_grid=None) -> Iterator[tuple[tuple, str]]:
+        """Emit the set-up of one ray's walk and yield (walk state, metadata row m) where it has begun:
+        inside `0 <= b < B` (on_grid() emitted there first), the dual-space ray clipped to the grid's
+        box (and to time_span), the DDA initialised; after it, flag a walk that overflowed."""
         meta, ray_meta = self.derived
-        origins, directions = self.jagged
-        joffsets, jlidx = self.output(self.JOFFSETS), self.output(self.JOFFSETS + 2)
+        origins, directions = self.jagged[:2]
         blob, base = self.input(0).storage.byte_address()
-        for helper in ("hdda_clip", "hdda_init", "hdda_next_voxel", "hdda_next_segment", "hdda_overflowed"):
+        for helper in ("hdda_clip", "hdda_clip_span", "hdda_init", "hdda_next_voxel", "hdda_next_segment",
+                       "hdda_overflowed"):
             ctx.use_helper(helper, "hdda")
         f_state = ctx.local_array("float", 19, "ray_f")  # shaders/hdda.py: HDDA_FLOATS, HDDA_INTS
         i_state = ctx.local_array("int", 15, "ray_i")
-        b = ctx.let(origins.jidx.load(ray), "b") if origins.jidx.numel else "0"
-        count = ctx.fresh("count")
-        ctx.line(f"{count} = 0")
         ctx.line(f"if {b} >= 0 and {b} < {self.B}:")
         with ctx.indent():
-            if not fill:
-                first = origins.joffsets.load(b)
-                ctx.store(jlidx, f"{ray} * 2", b)
-                ctx.store(jlidx, f"{ray} * 2 + 1", f"{ray} - {first}")
+            if on_grid is not None:
+                on_grid()
             m = ctx.let(f"{b} * {META_FIELDS}", "m")
             rm = ctx.let(f"{b} * {RAY_FIELDS}", "rm")
             f = ctx.use_helper("nvdb_float", "nanovdb")
@@ -138,21 +155,38 @@ class RayOp(GridOp):
                 ctx.line(f"{f_state}[{6 + a}] = 1.0 / {d} if {d} != 0.0 else 0.0")
                 moving.append(f"{d} != 0.0")
             box = ", ".join(ray_meta.load(f"{rm} + {3 + k}") for k in range(6))
-            ctx.line(f"if ({' or '.join(moving)}) and hdda_clip({f_state}, {box}):")
+            span = self.time_span(ctx, ray)
+            clip = f"hdda_clip({f_state}, {box})" if span is None else \
+                f"({span[2]}) and hdda_clip_span({f_state}, {span[0]}, {span[1]}, {box})"
+            ctx.line(f"if ({' or '.join(moving)}) and {clip}:")
             with ctx.indent():
                 ctx.line(f"hdda_init({blob}, {tiles}, {ntiles}, {f_state}, {i_state})")
-                start = ctx.let(joffsets.load(ray), "start") if fill else None
-                end = ctx.let(joffsets.load(f"{ray} + 1"), "end") if fill else None
-                self.emit_hits(ctx, ray, count, (blob, tiles, ntiles, f_state, i_state), start, end, b, m)
+                yield (blob, tiles, ntiles, f_state, i_state), m
                 overflow = ctx.flag_error(f"{self.node.describe()}: a ray's DDA walk passed 2^24 steps (a degenerate "
                                           "ray whose time no longer advances)")
                 if overflow:
                     ctx.line_if(f"hdda_overflowed({i_state})", overflow)
+
+    def emit_walk(self, ctx, ray: str, fill: bool) -> None:
+        """Emit one ray's walk: the count phase stores the hit count and jlidx (grid, ray in grid;
+        (b, -1) for a grid id outside the batch), the fill phase the hits (emit_hits)."""
+        joffsets, jlidx = self.output(self.JOFFSETS), self.output(self.JOFFSETS + 2)
+        b = self.grid_id(ctx, ray)
+        count = ctx.fresh("count")
+        ctx.line(f"{count} = 0")
         if not fill:
-            ctx.line(f"if not ({b} >= 0 and {b} < {self.B}):")
-            with ctx.indent():
-                ctx.store(jlidx, f"{ray} * 2", b)
-                ctx.store(jlidx, f"{ray} * 2 + 1", "-1")
+            ctx.store(jlidx, f"{ray} * 2", b)
+            ctx.store(jlidx, f"{ray} * 2 + 1", "-1")
+
+        def on_grid():
+            if not fill:
+                ctx.store(jlidx, f"{ray} * 2 + 1", f"{ray} - {self.jagged[0].joffsets.load(b)}")
+
+        with self.walk(ctx, ray, b, on_grid) as (walk, m):
+            start = ctx.let(joffsets.load(ray), "start") if fill else None
+            end = ctx.let(joffsets.load(f"{ray} + 1"), "end") if fill else None
+            self.emit_hits(ctx, ray, count, walk, start, end, b, m)
+        if not fill:
             ctx.store(joffsets, f"{ray} + 1", count)
         else:
             mismatch = ctx.flag_error(f"{self.node.describe()}: a ray's fill walk found a different number of hits "
@@ -277,3 +311,139 @@ class SegmentsAlongRays(RayOp):
     def describe(self):
         return (f"HDDA walk of {self.rays} rays into segments: count, prefix sum, host read-back, fill "
                 f"(max_segments {self.max_segments}, eps {self.eps})")
+
+
+@register(schema.UNIFORM_RAY_SAMPLES, domain="fvdb", since=1)
+class UniformRaySamples(RayOp):
+    """Samples at a uniform (or cone-growing) step along each ray's runs of active voxels within its
+    [t_min, t_max], as [t0, t1] or midpoints: a JaggedTensor (grid -> ray). fVDB's SampleRaysUniform.cu
+    fill walk; where it differs on purpose (count = rows written, non-finite spans, stalled steps):
+    opsets/fvdb.py's doc of the op."""
+
+    runtime_sized = (0, 2)  # samples, jidx
+    JOFFSETS = 1
+
+    def check_inputs(self):
+        super().check_inputs()
+        for jt in self.jagged[2:]:
+            self.expect_dtype(jt.jdata, ("FLOAT",), f"{jt.name}_jdata")
+            self.expect_shape(jt.jdata, (self.rays,), f"{jt.name}_jdata (one time per ray)")
+
+    def check_outputs(self):
+        self.step = float(np.float32(self.attr("step_size")))  # fVDB's kernel: ScalarType (float32)
+        self.cone = float(np.float32(self.attr("cone_angle", 0.0)))
+        self.expect(np.isfinite(self.step) and self.step > 0.0, f"step_size must be > 0, got {self.step}")
+        self.expect(np.isfinite(self.cone) and self.cone >= 0.0, f"cone_angle must be >= 0, got {self.cone}")
+        self.include_end = bool(self.attr("include_end_segments", 1))
+        self.midpoints = bool(self.attr("return_midpoints", 0))
+        out = self.output(0)
+        self.expect(out.shape[1:] == (() if self.midpoints else (2,)), f"output samples '{out.name}' must be "
+                    f"{'[M] (return_midpoints=1)' if self.midpoints else '[M, 2]'}, got {shape_str(out.shape)}")
+
+    def time_span(self, ctx, ray):
+        lo, hi = (ctx.let(jt.jdata.load(ray), name) for jt, name in zip(self.jagged[2:], ("tmin", "tmax")))
+        return lo, hi, f"{lo} >= {-FLT_MAX!r} and {lo} <= {FLT_MAX!r} and {lo} <= {hi}"
+
+    def step_at(self, t: str) -> str:
+        """fVDB's _calcDt: clamp(t * cone_angle, step_size, 1e10)."""
+        return repr(self.step) if self.cone == 0.0 else f"min(max({t} * {self.cone!r}, {self.step!r}), 1e10)"
+
+    def emit_hits(self, ctx, ray, count, walk, start, end, b, m):
+        blob, tiles, ntiles, F, I = walk
+        samples, jidx = self.output(0), self.output(2)
+        t0, t1, dt, stalled = (ctx.fresh(n) for n in ("t0", "t1", "dt", "stalled"))
+        ctx.line(f"{t0} = {self.jagged[2].jdata.load(ray)}")  # the samples' grid starts at t_min
+        ctx.line(f"{dt} = {self.step_at(t0)}")
+        ctx.line(f"{t1} = {t0}")
+        ctx.line(f"{stalled} = False")
+
+        def sample(a: str, z: str) -> None:
+            if start is not None:
+                row = ctx.let(f"{start} + {count}", "row")
+                ctx.line(f"if {row} < {end}:")  # never past the range the count sized
+                with ctx.indent():
+                    if self.midpoints:
+                        ctx.store(samples, row, f"({a} + {z}) / 2.0")
+                    else:
+                        ctx.store(samples, f"{row} * 2", a)
+                        ctx.store(samples, f"{row} * 2 + 1", z)
+                    ctx.store(jidx, row, ray)
+            ctx.line(f"{count} += 1")
+
+        def advance() -> None:  # t0 = t1; the step at t0; t1 += step; a step that no longer moves t stops
+            ctx.line(f"{t0} = {t1}")
+            ctx.line(f"{dt} = {self.step_at(t0)}")
+            ctx.line(f"{t1} = {t1} + {dt}")
+            ctx.line(f"{stalled} = not ({t1} > {t0})")
+
+        ctx.line(f"while (not {stalled}) and hdda_next_segment({blob}, {tiles}, {ntiles}, {F}, {I}):")
+        with ctx.indent():
+            s0, s1 = ctx.let(f"{F}[17]", "s0"), ctx.let(f"{F}[18]", "s1")  # F_HIT_T0, F_HIT_T1
+            ctx.line(f"if {s1} - {s0} >= {self.eps!r}:")
+            with ctx.indent():
+                if self.include_end:  # the grid points inside the segment cut it; the end pieces kept
+                    ctx.line(f"{t0} = {t0} + ceil(({s0} - {t0}) / {dt}) * {dt}")
+                    ctx.line(f"{t1} = {t0} + {dt}")
+                    ctx.line(f"if {t0} > {s1}:")
+                    with ctx.indent():
+                        sample(s0, s1)
+                    ctx.line("else:")
+                    with ctx.indent():
+                        ctx.line(f"if {t0} - {s0} > {DELTA!r}:")
+                        with ctx.indent():
+                            sample(s0, t0)
+                        ctx.line(f"while (not {stalled}) and {t1} < {s1}:")
+                        with ctx.indent():
+                            sample(t0, t1)
+                            advance()
+                        ctx.line(f"if (not {stalled}) and {s1} - {t0} > {DELTA!r}:")
+                        with ctx.indent():
+                            sample(t0, s1)
+                else:  # whole steps whose midpoint lies in [s0, s1)
+                    ctx.line(f"{t0} = {t0} + floor(({s0} - {t0}) / {dt} + 0.5) * {dt}")
+                    ctx.line(f"{dt} = {self.step_at(t0)}")
+                    ctx.line(f"{t1} = {t0} + {dt}")
+                    mid = f"({t0} + {t1}) * 0.5"
+                    ctx.line(f"while (not {stalled}) and {mid} < {s1} and {mid} >= {s0}:")
+                    with ctx.indent():
+                        sample(t0, t1)
+                        advance()
+        flag = ctx.flag_error(f"{self.node.describe()}: a ray's sample step no longer advances its float32 time "
+                              "(step_size too small for the ray's times)")
+        if flag:
+            ctx.line_if(stalled, flag)
+
+    def describe(self):
+        how = "cut at the segment ends" if self.include_end else "whole steps"
+        return (f"HDDA walk of {self.rays} rays into samples of step {self.step} (cone {self.cone}, {how}"
+                f"{', midpoints' if self.midpoints else ''}): count, prefix sum, host read-back, fill (eps {self.eps})")
+
+
+@register(schema.RAYS_INTERSECT_VOXELS, domain="fvdb", since=1)
+class RaysIntersectVoxels(RayOp):
+    """Whether each ray crosses an active voxel for at least eps (fVDB: voxels_along_rays with
+    max_voxels=1, hit = a count > 0): bool [R], laid out as the rays. One item per ray, no phases."""
+
+    def check_outputs(self):
+        hit = self.output(0)
+        self.expect_dtype(hit, ("BOOL",), "output hit")
+        self.expect_shape(hit, (self.rays,), "output hit (one per ray)")
+
+    def work_items(self):
+        return self.rays
+
+    def emit_item(self, ctx, ray):
+        found = ctx.fresh("found")
+        ctx.line(f"{found} = False")
+        with self.walk(ctx, ray, self.grid_id(ctx, ray)) as ((blob, tiles, ntiles, F, I), _):
+            ctx.line(f"while (not {found}) and hdda_next_voxel({blob}, {tiles}, {ntiles}, {F}, {I}):")
+            with ctx.indent():
+                ctx.line(f"{found} = {F}[18] - {F}[17] >= {self.eps!r}")  # F_HIT_T1 - F_HIT_T0
+        ctx.store(self.output(0), ray, found)
+
+    def forward(self, ctx):
+        with ctx.loop(self.rays, "ray") as ray:
+            self.emit_item(ctx, ray)
+
+    def describe(self):
+        return f"HDDA walk of {self.rays} rays to their first active voxel (eps {self.eps}): a thread per ray"

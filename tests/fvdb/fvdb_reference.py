@@ -369,12 +369,13 @@ def dual_ray(gb: GridBatch, b: int, origin, direction) -> tuple[np.ndarray, np.n
     return (np.asarray(origin, np.float64) * scale + translate, np.asarray(direction, np.float64) * scale)
 
 
-def ray_walk(active: set, eye: np.ndarray, d: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list:
-    """Return [(ijk, t0, t1)] of every active voxel the ray eye + t*d (t >= 0) crosses inside the box
-    [lo, hi + 1), in order, each with the times it enters and leaves it."""
+def ray_walk(active: set, eye: np.ndarray, d: np.ndarray, lo: np.ndarray, hi: np.ndarray, t_min: float = 0.0,
+             t_max: float = np.inf) -> list:
+    """Return [(ijk, t0, t1)] of every active voxel the ray eye + t*d (t_min <= t <= t_max) crosses inside
+    the box [lo, hi + 1), in order, each with the times it enters and leaves it."""
     if not d.any() or (lo > hi).any():
         return []
-    t_in, t_out = 0.0, np.inf
+    t_in, t_out = float(t_min), float(t_max)
     for a in range(3):
         if d[a] == 0:
             if not lo[a] <= eye[a] <= hi[a] + 1:
@@ -402,8 +403,9 @@ def ray_walk(active: set, eye: np.ndarray, d: np.ndarray, lo: np.ndarray, hi: np
     return hits
 
 
-def _ray_hits(gb: GridBatch, origins: JaggedTensor, directions: JaggedTensor):
-    """Yield (ray, grid b, its active-voxel walk) for every ray of a batch."""
+def _ray_hits(gb: GridBatch, origins: JaggedTensor, directions: JaggedTensor, spans=None):
+    """Yield (ray, grid b, its active-voxel walk) for every ray of a batch; spans: per-ray (t_min, t_max)
+    arrays (default: from 0 on)."""
     from luisaml.fvdb.nanovdb import active_voxels
 
     b_of = grid_ids(origins)
@@ -413,7 +415,8 @@ def _ray_hits(gb: GridBatch, origins: JaggedTensor, directions: JaggedTensor):
         g = gb.grids[b]
         lo, hi = (g.root_bbox[0], g.root_bbox[1]) if g.voxel_count else (np.ones(3), np.zeros(3))
         eye, d = dual_ray(gb, b, origins.jdata[r], directions.jdata[r])
-        yield r, b, ray_walk(active[b], eye, d, np.asarray(lo, np.int64), np.asarray(hi, np.int64))
+        span = (0.0, np.inf) if spans is None else (float(spans[0][r]), float(spans[1][r]))
+        yield r, b, ray_walk(active[b], eye, d, np.asarray(lo, np.int64), np.asarray(hi, np.int64), *span)
 
 
 def voxels_along_rays(gb: GridBatch, origins: JaggedTensor, directions: JaggedTensor, max_voxels: int = -1,
@@ -457,6 +460,118 @@ def segments_along_rays(gb: GridBatch, origins: JaggedTensor, directions: Jagged
                 break
         out.append(kept)
     return out
+
+
+# ---- UniformRaySamples, RaysIntersectVoxels -------------------------------------------------------
+# Written from fVDB's source: GridBatch.rays_intersect_voxels (fvdb/grid_batch.py) is voxels_along_rays with
+# max_voxels=1 and `count > 0`; uniform_ray_samples is ops/SampleRaysUniform.cu's fill callback (the one that
+# writes the rows) run over the runs of active voxels of the walk above, clipped to the ray's [t_min, t_max],
+# step by step in float32 (the kernel's ScalarType; _calcDt returns float). Not from our kernel.
+
+NANOVDB_DELTA = F32(1e-5)  # nanovdb::math::Delta<float>::value()
+
+
+def rays_intersect_voxels(gb: GridBatch, origins: JaggedTensor, directions: JaggedTensor,
+                          eps: float = 0.0) -> np.ndarray:
+    """Return bool [R]: whether voxels_along_rays(max_voxels=1, eps) finds a voxel for the ray."""
+    return np.array([len(v) > 0 for v in voxels_along_rays(gb, origins, directions, max_voxels=1, eps=eps)], bool)
+
+
+class StalledRay(ValueError):
+    """A ray whose float32 step no longer advances its time (fVDB's loop would never end)."""
+
+
+def uniform_ray_samples(gb: GridBatch, origins: JaggedTensor, directions: JaggedTensor, t_min: np.ndarray,
+                        t_max: np.ndarray, step_size: float, cone_angle: float = 0.0,
+                        include_end_segments: bool = True, return_midpoints: bool = False, eps: float = 0.0,
+                        margin: float = 5e-5) -> tuple[list[list], list[bool]]:
+    """Return (per ray its samples: [(t0, t1)], or [mid] with return_midpoints, float32; per ray whether any
+    decision of the walk or of the loop lay within `margin` (relative) of its threshold, where a float32 walk,
+    whose times differ from this float64 one by ~1e-6, may decide the other way). A ray whose t_min is not
+    finite or whose t_max is NaN has no samples (as luisaml documents); a stalled step raises StalledRay."""
+    step, cone, big = F32(step_size), F32(cone_angle), F32(1e10)
+
+    def calc_dt(t):  # _calcDt: Clamp(t * coneAngle, minStepSize, maxStepSize) = Min(Max(x, lo), hi)
+        return min(max(F32(t * cone), step), big)
+
+    out, unsure = [], []
+    for r, _, hits in _ray_hits(gb, origins, directions, spans=(t_min, t_max)):
+        lo, hi = F32(t_min[r]), F32(t_max[r])
+        if not (np.isfinite(lo) and lo <= hi):
+            out.append([])
+            unsure.append(False)
+            continue
+        near = False
+
+        def close(x, y) -> None:
+            nonlocal near
+            x, y = float(x), float(y)
+            near |= abs(x - y) <= margin * max(1.0, abs(x), abs(y))
+
+        for _, h0, h1 in hits:  # a voxel crossed for ~0 time: the walks may differ in it (a corner, a face)
+            close(h0, h1)
+        runs: list = []
+        for _, h0, h1 in hits:
+            if runs and runs[-1][1] == h0:
+                runs[-1] = (runs[-1][0], h1)
+            else:
+                if runs:
+                    close(runs[-1][1], h0)  # two runs nearly touching: one segment or two
+                runs.append((h0, h1))
+        rows: list = []
+
+        def add(a, z) -> None:
+            rows.append(F32((a + z) / F32(2.0)) if return_midpoints else (a, z))
+
+        t0 = lo
+        dt = calc_dt(t0)
+        for h0, h1 in runs:
+            s0, s1 = F32(h0), F32(h1)
+            if eps > 0:
+                close(s1 - s0, eps)
+            if s1 - s0 < F32(eps):
+                continue
+            if include_end_segments:
+                t0 = F32(t0 + F32(np.ceil(F32(s0 - t0) / dt)) * dt)
+                t1 = F32(t0 + dt)
+                close(t0, s0), close(t0 - dt, s0), close(t0, s1)
+                if t0 > s1:
+                    add(s0, s1)
+                    continue
+                if t0 - s0 > NANOVDB_DELTA:
+                    add(s0, t0)
+                while True:
+                    close(t1, s1)
+                    if not t1 < s1:
+                        break
+                    add(t0, t1)
+                    t0 = t1
+                    dt = calc_dt(t0)
+                    t1 = F32(t1 + dt)
+                    if not t1 > t0:
+                        raise StalledRay(f"ray {r}: t = {t0}")
+                close(s1, t0)
+                if s1 - t0 > NANOVDB_DELTA:
+                    add(t0, s1)
+            else:
+                t0 = F32(t0 + F32(np.floor(F32(s0 - t0) / dt + F32(0.5))) * dt)
+                close(t0 - dt * F32(0.5), s0)
+                dt = calc_dt(t0)
+                t1 = F32(t0 + dt)
+                while True:
+                    mid = F32(t0 + t1) * F32(0.5)
+                    close(mid, s1), close(mid, s0)
+                    if not (mid < s1 and mid >= s0):
+                        break
+                    add(t0, t1)
+                    t0 = t1
+                    dt = calc_dt(t0)
+                    t1 = F32(t1 + dt)
+                    if not t1 > t0:
+                        raise StalledRay(f"ray {r}: t = {t0}")
+        out.append(rows)
+        unsure.append(near)
+    return out, unsure
 
 
 def ray_node(op_type: str, outputs: list[str], name: str | None = None, **attrs) -> onnx.NodeProto:
