@@ -176,6 +176,92 @@ def _write_internal_level(
     )
 
 
+def grid_layout(n_leaf: int, n_lower: int, n_upper: int) -> tuple[int, int, int, int, int]:
+    """Return the breadth-first offsets (from TreeData: root, upper, lower, leaf) and mGridSize."""
+    off_root = L.TREE_DATA_SIZE
+    off_upper = off_root + L.ROOT_DATA_SIZE + n_upper * L.ROOT_TILE_SIZE  # one root tile per upper node
+    off_lower = off_upper + n_upper * L.UPPER_NODE_SIZE
+    off_leaf = off_lower + n_lower * L.LOWER_NODE_SIZE
+    return off_root, off_upper, off_lower, off_leaf, L.GRID_DATA_SIZE + off_leaf + n_leaf * L.LEAF_NODE_SIZE
+
+
+HEADER_SIZE = L.GRID_DATA_SIZE + L.TREE_DATA_SIZE + L.ROOT_DATA_SIZE  # what grid_header returns
+
+
+def grid_header(n: int, n_leaf: int, n_lower: int, n_upper: int, bbox_min, bbox_max,
+                voxel_size: float | Iterable[float] = 1.0, origin: float | Iterable[float] = 0.0,
+                name: str = "", grid_class: int = L.GRID_CLASS_INDEX) -> tuple[bytes, int]:
+    """Return (GridData, TreeData and RootData without its tiles: the first HEADER_SIZE bytes of the
+    grid build_grid writes for n voxels in these nodes with this active bbox; its mGridSize). The
+    device builder (operators/fvdb/topology.py) writes the rest of the grid around it."""
+    buf = np.zeros(HEADER_SIZE, np.uint8)
+    # int32, as build_grid's ijk.min / max: the world bbox's max + 1 wraps at INT32_MAX there (as NanoVDB's Coord does)
+    _write_header(buf, n, n_leaf, n_lower, n_upper, np.asarray(bbox_min).astype(np.int32),
+                  np.asarray(bbox_max).astype(np.int32), as_voxel_size(voxel_size), as_vec3(origin, "origin"),
+                  _encode_name(name), grid_class)
+    return buf.tobytes(), grid_layout(n_leaf, n_lower, n_upper)[4]
+
+
+def _write_header(buf: np.ndarray, n: int, n_leaf: int, n_lower: int, n_upper: int, bbox_min: np.ndarray,
+                  bbox_max: np.ndarray, h: np.ndarray, o: np.ndarray, name_raw: bytes, grid_class: int) -> None:
+    """Write GridData, TreeData and RootData (not its tiles) into buf's first HEADER_SIZE bytes."""
+    off_root, off_upper, off_lower, off_leaf, grid_size = grid_layout(n_leaf, n_lower, n_upper)
+    n_tiles = n_upper
+    tree = L.GRID_DATA_SIZE
+    root = tree + off_root
+    if not n:
+        # NanoVDB's empty CoordBBox / Vec3dBBox: min = +max, max = -max.
+        bbox_min = np.full(3, _INT32_MAX, np.int64)
+        bbox_max = np.full(3, _INT32_MIN, np.int64)
+    # RootData: active bbox, tile count; background and stats stay 0 (no stats).
+    struct.pack_into("<6i", buf, root + L.ROOT_OFF_BBOX, *bbox_min.tolist(), *bbox_max.tolist())
+    struct.pack_into("<I", buf, root + L.ROOT_OFF_TABLE_SIZE, n_tiles)
+
+    # TreeData: node offsets (0 for an empty level), counts, no active tiles, voxel count.
+    struct.pack_into(
+        "<4q3I3IQ",
+        buf,
+        tree,
+        off_leaf if n_leaf else 0,
+        off_lower if n_lower else 0,
+        off_upper if n_upper else 0,
+        off_root,
+        n_leaf,
+        n_lower,
+        n_upper,
+        0,
+        0,
+        0,
+        n,
+    )
+
+    # GridData.
+    flags = L.FLAG_IS_BREADTH_FIRST | (L.FLAG_HAS_BBOX if n else 0)
+    struct.pack_into(
+        "<QQIIIIQ",
+        buf,
+        0,
+        L.MAGIC_GRID,
+        L.CHECKSUM_DISABLED,
+        L.pack_version(*L.WRITE_VERSION),
+        flags,
+        0,
+        1,
+        grid_size,
+    )
+    buf[L.GRID_OFF_GRID_NAME : L.GRID_OFF_GRID_NAME + len(name_raw)] = np.frombuffer(name_raw, np.uint8)
+    _write_map(buf, h, o)
+    if n:
+        # Like NanoVDB: the world bbox of the index bbox [min, max + 1].
+        world = np.stack([bbox_min * h + o, (bbox_max + 1) * h + o])
+    else:
+        world = np.array([[_DBL_MAX] * 3, [-_DBL_MAX] * 3])
+    struct.pack_into("<6d", buf, L.GRID_OFF_WORLD_BBOX, *world.reshape(-1).tolist())
+    struct.pack_into(
+        "<IIqIIQQ", buf, L.GRID_OFF_GRID_CLASS, grid_class, L.GRID_TYPE_ON_INDEX, grid_size, 0, 0, n + 1, 0
+    )
+
+
 def build_grid(
     ijk: np.ndarray,
     voxel_size: float | Iterable[float] = 1.0,
@@ -292,53 +378,7 @@ def build_grid(
         bbox_min = np.full(3, _INT32_MAX, np.int64)
         bbox_max = np.full(3, _INT32_MIN, np.int64)
 
-    # RootData: active bbox, tile count; background and stats stay 0 (no stats).
-    struct.pack_into("<6i", buf, root + L.ROOT_OFF_BBOX, *bbox_min.tolist(), *bbox_max.tolist())
-    struct.pack_into("<I", buf, root + L.ROOT_OFF_TABLE_SIZE, n_tiles)
-
-    # TreeData: node offsets (0 for an empty level), counts, no active tiles, voxel count.
-    struct.pack_into(
-        "<4q3I3IQ",
-        buf,
-        tree,
-        off_leaf if n_leaf else 0,
-        off_lower if n_lower else 0,
-        off_upper if n_upper else 0,
-        off_root,
-        n_leaf,
-        n_lower,
-        n_upper,
-        0,
-        0,
-        0,
-        n,
-    )
-
-    # GridData.
-    flags = L.FLAG_IS_BREADTH_FIRST | (L.FLAG_HAS_BBOX if n else 0)
-    struct.pack_into(
-        "<QQIIIIQ",
-        buf,
-        0,
-        L.MAGIC_GRID,
-        L.CHECKSUM_DISABLED,
-        L.pack_version(*L.WRITE_VERSION),
-        flags,
-        0,
-        1,
-        grid_size,
-    )
-    buf[L.GRID_OFF_GRID_NAME : L.GRID_OFF_GRID_NAME + len(name_raw)] = np.frombuffer(name_raw, np.uint8)
-    _write_map(buf, h, o)
-    if n:
-        # Like NanoVDB: the world bbox of the index bbox [min, max + 1].
-        world = np.stack([bbox_min * h + o, (bbox_max + 1) * h + o])
-    else:
-        world = np.array([[_DBL_MAX] * 3, [-_DBL_MAX] * 3])
-    struct.pack_into("<6d", buf, L.GRID_OFF_WORLD_BBOX, *world.reshape(-1).tolist())
-    struct.pack_into(
-        "<IIqIIQQ", buf, L.GRID_OFF_GRID_CLASS, grid_class, L.GRID_TYPE_ON_INDEX, grid_size, 0, 0, n + 1, 0
-    )
+    _write_header(buf, n, n_leaf, n_lower, n_upper, bbox_min, bbox_max, h, o, name_raw, grid_class)
     return buf.tobytes()
 
 
