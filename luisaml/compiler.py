@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import fusion
 from .emission import collect_oversized, emit_graph, generate, graph_scope  # noqa: F401  (operators emit subgraphs through these)
-from .dynamic import Readback
+from .dynamic import Readback, readback_of
 from .errors import CompileError
 from .limits import DEFAULT as DEFAULT_LIMITS
 from .limits import Limits
@@ -47,7 +47,7 @@ def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", pre
     outputs = [io_spec(tensors[n], g.var(n), prep, names.get(n, "y"), producers)
                for n in dict.fromkeys(g.outputs) if n in written]
     for s in outputs:
-        if s.dtype.is_byte:
+        if s.dtype.is_byte and s.rows is None:  # (bytes sized at run time: a new grid's blob, written word-wise)
             raise CompileError(f"output '{s.name}': uint8 outputs are not supported")
     plan = Plan(prep.model, prep.symbol, main, inputs, outputs, blob, names=names, limits=limits,
                 check_indices=check_indices)
@@ -89,7 +89,5 @@ def readbacks(plan: Plan) -> list[Readback]:
         if not st.readback:
             continue
         node, op = st.root
-        k, index = op.rows_total()
-        out.append(Readback(st.index, node.outputs[k], int(index), node.describe(),
-                            [node.outputs[j] for j in op.runtime_sized if j < len(node.outputs) and node.outputs[j]]))
+        out.append(readback_of(st.index, node, op, op.phases()[st.phase]))
     return out

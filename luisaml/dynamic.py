@@ -9,6 +9,15 @@ the one total it needs to allocate (a `Readback`, network.py), and the fill phas
 item's rows at its offset. The count and the fill run the same code, so they agree; a fill that
 would pass its item's range flags a run-time error naming the node instead of writing.
 
+A node that needs more than one total (a grid builder: how many bytes each new grid takes, how
+many leaves it has) marks its read-back phase with a `HostRead` instead of True: the runtime reads
+`count` int32 words of the node's own int scratch (`Operator.scratch`, device memory that persists
+from its first phase to its last) and gives them to the node's host step, which returns the rows of
+each run-time sized output and small arrays to write into that scratch before the next phase (a
+HostResult; a step may raise RunError for what the device flagged). A node may have any number of
+read-back phases; each one splits the launch there (network.py). The host step is O(what it reads):
+per-grid headers, never per-voxel work.
+
 Why no shared memory: the CPU backend cannot compile it. The scan is three plain stages over
 SCAN_CHUNK-sized chunks: each chunk scanned by one thread, the chunk totals chained by one
 thread (items / SCAN_CHUNK additions), then every element adds its chunk's base. For 1M rays that
@@ -19,18 +28,40 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 SCAN_CHUNK = 256
+
+
+@dataclass
+class HostResult:
+    """What a node's host step returns: rows of its run-time sized outputs (by output index) and
+    (word index, int32 words) to write into the node's int scratch before its next phase runs."""
+
+    rows: dict[int, int]
+    writes: list[tuple[int, np.ndarray]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class HostRead:
+    """A read-back of `count` int32 words from word `index` of the node's int scratch, handed to
+    step(words) -> HostResult (which may raise RunError)."""
+
+    index: int
+    count: int
+    step: Callable[[np.ndarray], HostResult]
 
 
 @dataclass(frozen=True)
 class Phase:
     """One stage of a node with run-time sized outputs: `items` threads run emit(ctx, item);
-    readback: the host reads the total back after this phase, before the next is launched."""
+    readback: the host reads back after this phase, before the next is launched: True for the one
+    total Operator.rows_total names, a HostRead for the node's own host step."""
 
     name: str
     items: int
     emit: Callable[..., None]
-    readback: bool = False
+    readback: bool | HostRead = False
 
 
 @dataclass
@@ -43,6 +74,49 @@ class Readback:
     index: int
     node: str  # the node's description, for errors
     outputs: list[str] = field(default_factory=list)  # run-time sized tensors with this many rows
+    # a HostRead phase: tensor is "" and index/count address the int scratch; step returns the rows
+    # of each output (by name) and the scratch writes
+    count: int = 1
+    step: Callable[[np.ndarray], HostResult] | None = None
+
+
+def readback_of(stage: int, node, op, phase: Phase) -> Readback:
+    """Return the Readback after `stage`, a phase of node (its operator op) marked readback."""
+    sized = [node.outputs[j] for j in op.runtime_sized if j < len(node.outputs) and node.outputs[j]]
+    if isinstance(phase.readback, HostRead):
+        hr = phase.readback
+
+        def step(words: np.ndarray) -> HostResult:
+            res = hr.step(words)
+            rows = {node.outputs[j]: int(r) for j, r in res.rows.items() if j < len(node.outputs) and node.outputs[j]}
+            return HostResult(rows, res.writes)
+
+        return Readback(stage, "", hr.index, node.describe(), sized, hr.count, step)
+    k, index = op.rows_total()
+    return Readback(stage, node.outputs[k], int(index), node.describe(), sized)
+
+
+def download_words(buf, index: int, count: int) -> np.ndarray:
+    """Return int32 words index..index+count of a device buffer, downloading only those bytes."""
+    from luisa import globalvars, lcapi
+
+    out = np.zeros(max(count, 1), np.int32)
+    if count:
+        stream = globalvars.vars.stream
+        stream.add(lcapi.BufferDownloadCommand.create(buf.handle, int(index) * 4, count * 4, out))
+        stream.synchronize()
+    return out[:count]
+
+
+def upload_words(buf, index: int, words: np.ndarray) -> None:
+    """Write int32 words into a device buffer from word `index` (ordered before later launches)."""
+    from luisa import globalvars, lcapi
+
+    words = np.ascontiguousarray(words, np.int32).reshape(-1)
+    if words.size:
+        stream = globalvars.vars.stream
+        stream.add(lcapi.BufferUploadCommand.create(buf.handle, int(index) * 4, words.size * 4, words))
+        stream.synchronize()  # (the array must outlive the copy)
 
 
 def scan_phases(offsets, count: int) -> list[Phase]:

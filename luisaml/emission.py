@@ -221,6 +221,8 @@ def _io_bindings(plan: Plan, shared_out: bool, sample: str = "sample") -> tuple[
     for s in plan.outputs:
         if s.accumulated:  # every thread adds into the zeroed output buffer itself
             io[s.name] = Buffer(s.ident)
+        elif s.dtype.is_byte:  # (only sized at run time: compiler.py) a ByteBuffer its node writes word-wise
+            io[s.name] = Bytes(s.ident)
         elif s.batched or plan.symbol is None or not shared_out:
             io[s.name] = Buffer(s.ident, f"{sample} * {s.numel}" if s.batched and s.numel else "0")
         else:

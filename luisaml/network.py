@@ -220,8 +220,15 @@ class CompiledNetwork:
             import luisa
             from luisa.types import half, uint
 
-            kind = {"float": float, "int": int, "uint": uint, "half": half, "bool": bool}[dsl]
             self._buffers = {k: v for k, v in self._buffers.items() if k[0] != ident}
+            if dsl == "ubyte":  # bytes sized at run time (a new grid's blob): a ByteBuffer of whole words
+                from .luisa_compat import fix_byte_buffer
+
+                buf = luisa.ByteBuffer(max(-(-count // 4) * 4, 4))
+                fix_byte_buffer(buf)
+                self._buffers[key] = buf
+                return buf
+            kind = {"float": float, "int": int, "uint": uint, "half": half, "bool": bool}[dsl]
             self._buffers[key] = luisa.Buffer(max(count, 1), kind)
         return self._buffers[key]
 
@@ -397,8 +404,7 @@ class CompiledNetwork:
                 self.launch(args, scratch, n, errors, span=(start, rb.after_stage + 1))
             luisa.synchronize()
             self._raise_flagged(errors)
-            total = self._read_total(rb, out_bufs, n) if n > 0 else 0
-            for name in rb.outputs:
+            for name, total in self._read_rows(rb, out_bufs, n, scratch).items():
                 rows[name] = total
                 self._size_output(name, total, args, out_bufs, make_output)
             start = rb.after_stage + 1
@@ -418,6 +424,26 @@ class CompiledNetwork:
                 what = self.plan.checks[k] if 0 <= k < len(self.plan.checks) else f"check {k + 1}"
                 advice = " (compile with check_indices=False to clamp such indices instead)" if "index" in what else ""
                 raise RunError(what + advice)
+
+    def _read_rows(self, rb, out_bufs: list | None, n: int, scratch: list) -> dict[str, int]:
+        """Return {run-time sized output: rows} of a read-back: its one total (_read_total), or what
+        the node's host step makes of the words it reads from the int scratch, whose writes into that
+        scratch it then uploads (luisaml/dynamic.py HostRead)."""
+        if rb.step is None or n <= 0:
+            total = self._read_total(rb, out_bufs, n) if n > 0 else 0
+            return {name: total for name in rb.outputs}
+        from .dynamic import download_words, upload_words
+
+        buf = scratch[sorted(self.plan.kernel_scratch).index("int")]
+        result = rb.step(download_words(buf, rb.index, rb.count))
+        for name, total in result.rows.items():
+            s = next((s for s in self.plan.outputs if s.name == name), None)
+            if s is not None:
+                self.plan.limits.check_elements(f"output '{name}' of {rb.node} with {total} rows",
+                                                total * s.numel_per_row, self.io_dtype(s).itemsize)
+        for index, words in result.writes:
+            upload_words(buf, index, words)
+        return result.rows
 
     def _read_total(self, rb, out_bufs: list | None, n: int) -> int:
         """Return the row count a read-back reads (element rb.index of rb.tensor, in an output's

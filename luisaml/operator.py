@@ -200,6 +200,11 @@ class Operator:
         """Return the luisaml.dynamic.Phase list of a node with runtime_sized outputs, in launch order."""
         raise NotImplementedError
 
+    def scratch(self) -> dict[str, int]:
+        """Return DSL type -> elements of device memory a phased node keeps across its phases (the
+        `scratch_<type>` kernel argument, from element 0; luisaml/dynamic.py); none by default."""
+        return {}
+
     def rows_total(self) -> tuple[int, int]:
         """Return (output index, element) of the static-size output that holds the row count of the
         runtime_sized outputs once the phase marked readback has run."""

@@ -192,6 +192,9 @@ class Plan:
             if st.allocation is not None:
                 for dsl, (size, _) in scratch_layout(st.allocation).items():
                     out[dsl] = max(out.get(dsl, 0), size)
+            if st.phase is not None:  # a phased node's own scratch (Operator.scratch, luisaml/dynamic.py)
+                for dsl, size in st.root[1].scratch().items():
+                    out[dsl] = max(out.get(dsl, 0), int(size))
         return out
 
     @property
