@@ -1,27 +1,50 @@
 """The topology ops (CoarsenedGrid, RefinedGrid, DilatedGrid, PrunedGrid, ConvGrid, ConvTransposeGrid)
 and the grid constructors (GridBatchFromIJK, GridBatchFromPoints, GridBatchFromNearestVoxelsToPoints):
-a new GridBatch bundle, evaluated on the host when the model is compiled.
+a new GridBatch bundle.
 
-The new bundle's sizes depend on the grids, so these nodes fold over constant inputs with the
-project's builder (luisaml/fvdb/topology.py, builder.py), as GridFromNanoVDB does; building grids
-on the device (keys, sort, unique, nodes) needs outputs sized at run time and is not implemented
-yet, so a node whose inputs are not all constants is a compile error naming it.
+Over constant inputs every one of them folds on the host when the model is compiled, with the
+project's builder (luisaml/fvdb/topology.py, builder.py), as GridFromNanoVDB does.
+
+GridBatchFromIJK, GridBatchFromPoints and GridBatchFromNearestVoxelsToPoints (8 voxel keys a point)
+also build on the device, over ijk or points bound at run time (`DeviceGridBuild`): the new
+bundle's sizes depend on the data, so the node runs as phases (luisaml/dynamic.py) over its own
+int scratch: voxel keys, leaves deduplicated by a hash table,
+leaf masks, a radix sort of the distinct leaves into NanoVDB's order, lower and upper nodes as runs
+of that order, a summary per grid that the host reads back (one HostRead); the host step lays the
+grids out and writes their 832-byte headers with builder.grid_header (the same code build_grid
+runs, so the headers' doubles are exact), and the device writes every node (shaders/grid_build.py
+owns the stages' DSL). The bytes equal the host builder's. Its voxel sizes and origins must be
+constants (they are per-grid literals in the kernels, and the headers' doubles come from them);
+float64 points are refused (the kernels compute in float32, fVDB in double for them). The other
+ops still need constant inputs; over inputs bound at run time they are a compile error naming
+the node.
 """
 from __future__ import annotations
 
-import numpy as np
+import struct
 
+import numpy as np
+from onnx import TensorProto
+
+from luisaml import dtypes
+from luisaml.dynamic import HostRead, HostResult, Phase
+from luisaml.fvdb import layout as L
 from luisaml.fvdb import topology as T
+from luisaml.fvdb.builder import HEADER_SIZE, grid_header, grid_layout
+from luisaml.fvdb.grid_batch import MAX_GRIDS_PER_BATCH
 from luisaml.fvdb.layout import NanoVDBError
 from luisaml.fvdb.jagged import JaggedTensor
 from luisaml.dtypes import from_numpy
-from luisaml.operator import CompileError, Operator
+from luisaml.model import shape_str
+from luisaml.operator import CompileError, Derived, Operator
 from luisaml.opsets import fvdb as schema
 from luisaml.registry import register
+from luisaml.shaders import grid_build as G
 
 from .common import bundle_grids
 
 BUNDLE = len(schema.BUNDLE)
+GRID_BYTES, GRID_LEAVES = "grid_bytes", "grid_leaves"  # the symbolic rows of the outputs sized at run time
 
 
 def _masks(node, mask, counts) -> list[np.ndarray]:
@@ -114,9 +137,424 @@ class GridOp(Operator):
 
 
 def _not_constant(names: list[str]) -> str:
-    return (f"input '{names[0]}' is not a constant: building grids on the device is not implemented yet (it needs "
-            "outputs sized at run time), so the grids this node reads must be constants (initializers), and it is "
-            "evaluated when the model is compiled")
+    return (f"input '{names[0]}' is not a constant: this op builds grids on the host only (the GridBatchFrom* "
+            "constructors also build them on the device), so the grids this node reads must be constants "
+            "(initializers), and it is evaluated when the model is compiled")
+
+
+# ---- building on the device ------------------------------------------------------------------------
+
+
+def _transform_table(table: tuple = ()) -> np.ndarray:
+    """Return float32 [B, 12] per grid: float32(1/h), float32(-o/h) (fVDB's world-to-voxel, computed in
+    double and cast), float32(h), float32(o) (the voxel_sizes and origins outputs)."""
+    return np.asarray(table, np.float32).reshape(-1, 12)
+
+
+def _levels(size: int) -> list[int]:
+    """Return the word counts of a prefix sum's levels: size, then one word per SCAN-word chunk, up
+    to a level that fits one chunk."""
+    out = [max(int(size), 0)]
+    while out[-1] > G.SCAN:
+        out.append(-(-out[-1] // G.SCAN))
+    return out
+
+
+class _Scratch:
+    """Word offsets of a device grid build's int scratch, for N voxel keys of B grids (upper bounds:
+    N leaves, N lower and N upper nodes)."""
+
+    def __init__(self, n: int, grids: int):
+        self.words = 0
+        self.n, self.grids = n, grids
+        self.ctr = self.take(G.C_WORDS)
+        self.summary = self.take(G.S_WORDS * grids)  # right after ctr: one read-back takes both
+        cap = 2
+        while cap < 2 * n:
+            cap *= 2
+        self.cap = cap
+        self.vox = self.take(4 * n)
+        self.owner = self.take(cap)
+        self.slot = self.take(n)
+        self.ids = self.take(n + 1)
+        self.lkey = self.take(4 * n)
+        self.mask = self.take(16 * n)
+        self.key2 = self.take(n)
+        self.order = (self.take(n), self.take(n))
+        self.chunks = max(-(-n // G.CHUNK), 1)
+        self.hist = self.take(256 * self.chunks + 1)
+        self.skey = self.take(4 * n)
+        self.counts = self.take(n + 1)
+        self.new_lower = self.take(n + 1)
+        self.new_upper = self.take(n + 1)
+        self.leaf_box = self.take(6 * n)
+        self.lower_first = self.take(n + 1)
+        self.upper_first = self.take(n + 1)
+        self.upper_lower = self.take(n + 1)
+        self.lower_box = self.take(6 * n)
+        self.upper_box = self.take(6 * n)
+        self.grid_first = self.take(2 * grids)
+        self.layout = self.take(16 + G.G_WORDS * grids)  # word 0: the blob's words, 1: all voxels; rows from 16
+        self.headers = self.take((HEADER_SIZE // 4) * grids)
+        self.aux: dict[int, list[int]] = {}
+        for base, size in ((self.ids, n), (self.hist, 256 * self.chunks), (self.counts, n), (self.new_lower, n),
+                           (self.new_upper, n)):  # the prefix sums' upper levels
+            self.levels(base, size)
+
+    def take(self, words: int) -> int:
+        base = self.words
+        self.words += max(int(words), 1)
+        return base
+
+    def levels(self, base: int, size: int) -> list[int]:
+        """Return the bases of the levels of a prefix sum over `size` words at base (taken in __init__)."""
+        if base not in self.aux:
+            self.aux[base] = [base] + [self.take(m) for m in _levels(size)[1:]]
+        return self.aux[base]
+
+
+class DeviceGridBuild(GridOp):
+    """GridBatchFromIJK / GridBatchFromPoints / GridBatchFromNearestVoxelsToPoints: fold on the host over
+    constants (GridOp), build on the device over ijk or points bound at run time (the phases below;
+    module docstring)."""
+
+    OPS = ("GridBatchFromIJK", "GridBatchFromPoints", "GridBatchFromNearestVoxelsToPoints")
+    runtime_sized = (0, 4)  # grid_blob (bytes), leaf_batch_indices (leaves)
+    HEADER_WORDS = HEADER_SIZE // 4
+    ZERO_THREADS = 16384  # threads zeroing the blob (each every ZERO_THREADS-th word)
+
+    @classmethod
+    def infer(cls, node, inputs):
+        if all(not name or (k < len(inputs) and inputs[k] is not None and inputs[k].value is not None)
+               for k, name in enumerate(node.inputs)):
+            return super().infer(node, inputs)  # folds
+        offsets = inputs[1] if len(inputs) > 1 else None
+        if offsets is None or offsets.shape is None or len(offsets.shape) != 1 or not isinstance(offsets.shape[0], int):
+            return []
+        grids = int(offsets.shape[0]) - 1
+        return [(TensorProto.UINT8, (GRID_BYTES,)), (TensorProto.INT64, (grids,)), (TensorProto.DOUBLE, (grids, 3)),
+                (TensorProto.DOUBLE, (grids, 3)), (TensorProto.INT32, (GRID_LEAVES,)),
+                (TensorProto.INT64, (grids + 1,)), (TensorProto.INT32, (0,))]
+
+    def check(self):
+        n_in = len(self.inputs)
+        if n_in < 2 or not self.has_input(0) or not self.has_input(1):
+            raise self.error("takes the jagged tensor's jdata and joffsets (inputs 0 and 1)")
+        jdata, joffsets = self.input(0), self.input(1)
+        points = self.node.op_type != "GridBatchFromIJK"
+        self.nearest = self.node.op_type == "GridBatchFromNearestVoxelsToPoints"
+        what = "points" if points else "ijk"
+        if points and jdata.dtype.name == "DOUBLE":
+            raise self.error(f"points_jdata '{jdata.name}' is float64: the device builder computes in float32 and "
+                             "fVDB in double for float64 points, so they are built on the host only (constants)")
+        self.expect_dtype(jdata, ("FLOAT", "FLOAT16") if points else ("INT32", "INT64"), f"{what}_jdata")
+        self.expect(jdata.rank == 2 and jdata.shape[1] == 3 and not jdata.batched,
+                    f"{what}_jdata '{jdata.name}' must be [N, 3] with a static N, got {shape_str(jdata.shape)}")
+        self.expect_dtype(joffsets, ("INT64",), f"{what}_joffsets")
+        self.expect(joffsets.rank == 1 and 2 <= joffsets.shape[0] <= MAX_GRIDS_PER_BATCH + 1 and not joffsets.batched,
+                    f"{what}_joffsets '{joffsets.name}' must be [B + 1] with 1 <= B <= {MAX_GRIDS_PER_BATCH}, got "
+                    f"{shape_str(joffsets.shape)}")
+        self.N, self.B = int(jdata.shape[0]), int(joffsets.shape[0]) - 1
+        values = []
+        for k, name, default in ((4, "voxel_sizes", 1.0), (5, "origins", 0.0)):
+            if not self.has_input(k):
+                values.append(default)
+                continue
+            t = self.input(k)
+            if t.value is None:
+                raise self.error(f"{name} '{t.name}' must be a constant to build grids on the device (the kernels "
+                                 "hold each grid's transform as literals and the headers' doubles come from it)")
+            values.append(t.value)
+        try:
+            self.h = T.per_grid(values[0], self.B, "voxel_sizes", True)
+            self.o = T.per_grid(values[1], self.B, "origins", False)
+        except ValueError as e:
+            raise self.error(str(e)) from None
+        for k, name in enumerate(schema.BUNDLE):
+            t = self.outputs[k] if k < len(self.outputs) else None
+            if t is None or k in self.runtime_sized:
+                continue
+            want = {"grid_byte_offsets": (self.B,), "voxel_sizes": (self.B, 3), "origins": (self.B, 3),
+                    "batch_offsets": (self.B + 1,), "list_indices": (0,)}[name]
+            self.expect_shape(t, want, f"output {name}")
+        self.points = points
+        self.K = self.N * (8 if self.nearest else 1)  # voxel keys: 8 per point for the nearest voxels
+        self.S = _Scratch(self.K, self.B)
+
+    def expect(self, ok: bool, message: str) -> None:
+        if not ok:
+            raise self.error(message)
+
+    def expect_dtype(self, t, names, what: str) -> None:
+        self.expect(t.dtype.name in names, f"{what} '{t.name}' must be {' or '.join(n.lower() for n in names)}, got "
+                    f"{t.dtype.name.lower()}")
+
+    def expect_shape(self, t, shape, what: str) -> None:
+        self.expect(tuple(t.shape) == tuple(shape), f"{what} '{t.name}' must have shape {list(shape)}, got "
+                    f"{shape_str(t.shape)}")
+
+    def derived_inputs(self):
+        rows = [np.concatenate([(1.0 / h).astype(np.float32), (-o / h).astype(np.float32), h.astype(np.float32),
+                                o.astype(np.float32)]) for h, o in zip(self.h, self.o)]
+        table = tuple(float(v) for v in np.asarray(rows, np.float32).reshape(-1))
+        return [Derived(_transform_table, (), dtypes.FLOAT, (self.B, 12), (("table", table),))]
+
+    def scratch(self):
+        return {"int": self.S.words}
+
+    def describe(self):
+        return (f"grids built on the device from {self.N:,} {'points' if self.points else 'ijk'} ({self.K:,} voxel keys) into {self.B} "
+                "grid(s): hash, radix sort, nodes, host read-back of the layout, write")
+
+    # ---- phases -----------------------------------------------------------------------------
+    def _call(self, ctx, helper: str, *args) -> None:
+        name = ctx.use_helper(helper, "grid_build")
+        ctx.line(f"{name}(scratch_int, {', '.join(str(a) for a in args)})")
+
+    def _ctr(self, word: int) -> str:
+        return f"scratch_int.read({self.S.ctr + word})"
+
+    def _scan(self, name: str, bases: list[int], size: int, n_expr: str, total_at) -> list[Phase]:
+        """Phases of an exclusive prefix sum in place over the first n (a DSL expression, at most size)
+        words at each base (the same length), the total of each written at total_at(n, base)."""
+        sizes = _levels(size)
+        levels = [self.S.levels(b, size) for b in bases]
+        out = []
+
+        def n_at(k: int) -> str:
+            return n_expr if k == 0 else f"(({n_expr}) + {G.SCAN ** k - 1}) // {G.SCAN ** k}"
+
+        for k in range(len(sizes) - 1):
+            def up(ctx, item, k=k):
+                nk = ctx.let(n_at(k), "n")
+                for lv in levels:
+                    self._call(ctx, "gb_scan_up", lv[k], lv[k + 1], nk, item)
+            out.append(Phase(f"{name}: sum chunks, level {k}", sizes[k + 1], up))
+
+        def top(ctx, item):
+            n = ctx.let(n_expr, "n")
+            nk = ctx.let(n_at(len(sizes) - 1), "n")
+            for b, lv in zip(bases, levels):
+                self._call(ctx, "gb_scan_top", lv[-1], nk, total_at(n, b))
+        out.append(Phase(f"{name}: top level", 1, top))
+        for k in reversed(range(len(sizes) - 1)):
+            def down(ctx, item, k=k):
+                nk = ctx.let(n_at(k), "n")
+                for lv in levels:
+                    self._call(ctx, "gb_scan_down", lv[k], lv[k + 1], nk, item)
+            out.append(Phase(f"{name}: add chunk bases, level {k}", sizes[k], down))
+        return out
+
+    def phases(self):
+        S, N, B = self.S, self.K, self.B  # (N: voxel keys)
+        leaves = self._ctr(G.C_LEAVES)
+        items = max(N, 1)
+        out = [Phase("clear", max(S.cap, B, 1), lambda ctx, t: self._call(ctx, "gb_clear", S.owner, S.cap, S.ctr,
+                                                                           S.grid_first, B, t)),
+               Phase("voxel keys", items, self._emit_voxels),
+               Phase("hash leaves", items, lambda ctx, p: self._guarded(ctx, p, "gb_insert", S.vox, S.owner, S.slot,
+                                                                          S.ids, S.cap, p))]
+        out += self._scan("leaf ids", [S.ids], N, str(N), lambda n, b: S.ctr + G.C_LEAVES)
+        out += [Phase("leaf keys", items, lambda ctx, p: self._guarded(ctx, p, "gb_leaf_init", S.vox, S.owner, S.slot,
+                                                                         S.ids, S.lkey, S.mask, S.order[0], p)),
+                Phase("leaf masks", items, lambda ctx, p: self._guarded(ctx, p, "gb_leaf_bit", S.vox, S.owner, S.slot,
+                                                                          S.ids, S.mask, p)),
+                Phase("tile ranges", max(-(-N // 64), 1), lambda ctx, c: self._call(ctx, "gb_ranges", S.lkey, S.ctr, c)),
+                Phase("sort keys", items, lambda ctx, i: self._call(ctx, "gb_sort_keys", S.lkey, S.key2, S.ctr, i))]
+        hist_n = f"256 * (({leaves} + {G.CHUNK - 1}) // {G.CHUNK})"
+        for p in range(G.PASSES):
+            def hist(ctx, c, p=p):
+                src = ctx.let(f"{ctx.use_helper('gb_pass_source', 'grid_build')}(scratch_int, {S.ctr}, {S.order[0]}, "
+                              f"{S.order[1]}, {p})", "src")
+                self._call(ctx, "gb_hist", S.ctr, S.lkey, S.key2, src, S.hist, p, c)
+
+            def scatter(ctx, c, p=p):
+                src = ctx.let(f"{ctx.use_helper('gb_pass_source', 'grid_build')}(scratch_int, {S.ctr}, {S.order[0]}, "
+                              f"{S.order[1]}, {p})", "src")
+                dst = ctx.let(f"{S.order[0] + S.order[1]} - {src}", "dst")
+                self._call(ctx, "gb_scatter", S.ctr, S.lkey, S.key2, src, dst, S.hist, p, c)
+            out.append(Phase(f"radix pass {p}: histograms", S.chunks, hist))
+            out += self._scan(f"radix pass {p}", [S.hist], 256 * S.chunks, hist_n, lambda n, b: S.ctr + G.C_DUMMY)
+            out.append(Phase(f"radix pass {p}: scatter", S.chunks, scatter))
+
+        def rank(ctx, r):
+            order = ctx.let(f"{ctx.use_helper('gb_pass_source', 'grid_build')}(scratch_int, {S.ctr}, {S.order[0]}, "
+                            f"{S.order[1]}, {G.PASSES})", "order")
+            self._call(ctx, "gb_rank", S.ctr, S.lkey, S.mask, order, S.skey, S.counts, S.new_lower, S.new_upper,
+                       S.leaf_box, r)
+        out.append(Phase("leaves in order", items, rank))
+        out += self._scan("voxel, lower and upper ids", [S.counts, S.new_lower, S.new_upper], N, leaves,
+                          lambda n, b: f"{b} + {n}")
+        out += [Phase("node ranges", items, lambda ctx, r: self._call(
+                    ctx, "gb_firsts", S.ctr, S.skey, S.new_lower, S.new_upper, S.lower_first, S.upper_first,
+                    S.upper_lower, S.grid_first, r)),
+                Phase("lower bboxes", items, lambda ctx, l: self._call(ctx, "gb_lower_box", S.ctr, S.lower_first,
+                                                                        S.leaf_box, S.lower_box, l)),
+                Phase("upper bboxes", items, lambda ctx, u: self._call(ctx, "gb_upper_box", S.ctr, S.upper_lower,
+                                                                        S.lower_box, S.upper_box, u)),
+                Phase("grid summaries", B, lambda ctx, b: self._call(
+                    ctx, "gb_summary", S.ctr, S.new_lower, S.new_upper, S.counts, S.grid_first, S.upper_box,
+                    S.summary, b), readback=HostRead(S.ctr, G.C_WORDS + G.S_WORDS * B, self._host_step)),
+                Phase("zero the blob", self.ZERO_THREADS, self._emit_zero),
+                Phase("grid headers", self.HEADER_WORDS * B, lambda ctx, t: self._emit_blob_call(
+                    ctx, "gb_header_word", S.layout + 16, S.headers, B, t)),
+                Phase("leaves", items, self._emit_leaves),
+                Phase("lower nodes", items, lambda ctx, l: self._emit_blob_call(
+                    ctx, "gb_write_lower", S.ctr, S.layout + 16, S.skey, S.lower_first, S.new_upper, S.lower_box, l)),
+                Phase("upper nodes and root tiles", items, lambda ctx, u: self._emit_blob_call(
+                    ctx, "gb_write_upper", S.ctr, S.layout + 16, S.skey, S.lower_first, S.upper_first, S.upper_lower,
+                    S.upper_box, u)),
+                Phase("offsets and transforms", B, self._emit_statics)]
+        return out
+
+    def _guarded(self, ctx, item: str, helper: str, *args) -> None:
+        ctx.line(f"if {item} < {self.K}:")
+        with ctx.indent():
+            self._call(ctx, helper, *args)
+
+    def _blob(self) -> str:
+        blob, base = self.output(0).storage.byte_address()
+        assert base == "0", base  # (a run-time sized output is its own ByteBuffer)
+        return blob
+
+    def _emit_blob_call(self, ctx, helper: str, *args) -> None:
+        name = ctx.use_helper(helper, "grid_build")
+        ctx.line(f"{name}(scratch_int, {self._blob()}, {', '.join(str(a) for a in args)})")
+
+    def _emit_zero(self, ctx, t) -> None:
+        name = ctx.use_helper("gb_zero_blob", "grid_build")
+        ctx.line(f"{name}({self._blob()}, scratch_int.read({self.S.layout}), {self.ZERO_THREADS}, {t})")
+
+    def _emit_voxels(self, ctx, q) -> None:
+        """Voxel key q: its point p (q, or q // 8 with the nearest voxels' corner q % 8), p's grid (the
+        last b with joffsets[b] <= p, a binary search) and the voxel; thread 0 checks that joffsets
+        rise from 0 to N."""
+        S, N, B = self.S, self.N, self.B
+        jdata, joff = self.input(0), self.input(1)
+        ctx.line(f"if {q} == 0:")
+        with ctx.indent():
+            bad = ctx.fresh("bad")
+            ctx.line(f"{bad} = {joff.load('0')} != 0 or {joff.load(str(B))} != {N}")
+            k = ctx.fresh("k")
+            ctx.line(f"for {k} in range(0, {B}):")
+            with ctx.indent():
+                ctx.line(f"{bad} = {bad} or {joff.load(k)} > {joff.load(f'{k} + 1')}")
+            ctx.line(f"if {bad}:")
+            with ctx.indent():
+                ctx.line(f"{ctx.use_helper('gb_error', 'grid_build')}(scratch_int, {S.ctr}, {G.ERR_OFFSETS})")
+        ctx.line(f"if {q} < {self.K}:")
+        with ctx.indent():
+            p = ctx.let(f"{q} // 8", "p") if self.nearest else q
+            lo, hi = ctx.fresh("lo"), ctx.fresh("hi")
+            ctx.line(f"{lo} = 0")
+            ctx.line(f"{hi} = {B - 1}")
+            ctx.line(f"while {lo} < {hi}:")
+            with ctx.indent():
+                mid = ctx.let(f"({lo} + {hi} + 1) // 2", "mid")
+                ctx.line(f"if {joff.load(mid)} <= {p}:")
+                with ctx.indent():
+                    ctx.line(f"{lo} = {mid}")
+                ctx.line("else:")
+                with ctx.indent():
+                    ctx.line(f"{hi} = {mid} - 1")
+            if self.points:
+                table = self.derived[0]
+                z = ctx.let(f"{ctx.use_helper('gb_zero', 'grid_build')}(scratch_int, {S.ctr})", "z")
+                xyz = []
+                for a in range(3):
+                    v = jdata.load(f"{p} * 3 + {a}")
+                    if jdata.dtype.dsl != "float":
+                        v = f"float({v})"
+                    sc = table.load(f"{lo} * 12 + {a}")
+                    tr = table.load(f"{lo} * 12 + {3 + a}")
+                    # numpy's float32 p * scale + translate: the product rounded before the sum
+                    xyz.append(ctx.let(f"({v} * {sc} + {z}) + {tr}", "x"))
+                if self.nearest:
+                    self._call(ctx, "gb_store_corner", S.vox, S.ctr, q, lo, *xyz, f"{q} % 8")
+                else:
+                    self._call(ctx, "gb_store_voxel", S.vox, S.ctr, p, lo, *xyz)
+            else:
+                ctx.line(f"scratch_int.write({S.vox} + 4 * {p}, {lo})")
+                for a in range(3):
+                    ctx.line(f"scratch_int.write({S.vox} + 4 * {p} + {1 + a}, {jdata.load(f'{p} * 3 + {a}')})")
+
+    def _emit_leaves(self, ctx, r) -> None:
+        S = self.S
+        order = ctx.let(f"{ctx.use_helper('gb_pass_source', 'grid_build')}(scratch_int, {S.ctr}, {S.order[0]}, "
+                        f"{S.order[1]}, {G.PASSES})", "order")
+        self._emit_blob_call(ctx, "gb_write_leaf", S.ctr, S.layout + 16, S.skey, S.mask, order, S.counts,
+                             S.new_lower, S.leaf_box, r)
+        out = self.outputs[4] if len(self.outputs) > 4 else None
+        if out is not None:
+            ctx.line(f"if {r} < {self._ctr(G.C_LEAVES)}:")
+            with ctx.indent():
+                ctx.store(out, r, f"scratch_int.read({S.skey} + 4 * {r})")
+
+    def _emit_statics(self, ctx, b) -> None:
+        """Grid b's byte offset, first voxel, voxel size and origin (float32 of the constants: float64
+        lives in 32 bits inside kernels)."""
+        S = self.S
+        row = f"{S.layout + 16} + {G.G_WORDS} * {b}"
+        outs = list(self.outputs) + [None] * (len(schema.BUNDLE) - len(self.outputs))
+        if outs[1] is not None:
+            ctx.store(outs[1], b, f"scratch_int.read({row} + {G.G_OFFSET})")
+        if outs[5] is not None:
+            ctx.store(outs[5], b, f"scratch_int.read({row} + {G.G_VOXEL_START})")
+            ctx.line(f"if {b} == {self.B - 1}:")
+            with ctx.indent():
+                ctx.store(outs[5], str(self.B), f"scratch_int.read({S.layout + 1})")
+        table = self.derived[0]
+        for k, col in ((2, 6), (3, 9)):
+            if outs[k] is not None:
+                for a in range(3):
+                    ctx.store(outs[k], f"{b} * 3 + {a}", table.load(f"{b} * 12 + {col + a}"))
+
+    # ---- the host step ----------------------------------------------------------------------
+    def _host_step(self, words: np.ndarray) -> HostResult:
+        """From the counters and the per-grid summaries: raise what the device flagged, lay the grids
+        out back to back, write their headers (builder.grid_header, numbered b of B like concat_grids),
+        and return the blob's bytes and the leaves as the rows of grid_blob and leaf_batch_indices."""
+        from luisaml.errors import RunError
+
+        S, B = self.S, self.B
+        ctr = words[:G.C_WORDS]
+        summary = words[G.C_WORDS:].reshape(B, G.S_WORDS).astype(np.int64)
+        err = int(ctr[G.C_ERROR])
+        what = self.node.describe()
+        if err == G.ERR_OFFSETS:
+            raise RunError(f"{what}: joffsets must rise from 0 to {self.N} (the rows of jdata)")
+        if err == G.ERR_COORDS:
+            raise RunError(f"{what}: points map to voxel coordinates that are not finite or do not fit int32")
+        layout = np.zeros((B, G.G_WORDS), np.int64)
+        headers = np.zeros((B, HEADER_SIZE), np.uint8)
+        offset = leaf = lower = upper = voxel = 0
+        for b in range(B):
+            nl, nlo, nup, nv = (int(v) for v in summary[b, :4])
+            head, size = grid_header(nv, nl, nlo, nup, summary[b, 4:7], summary[b, 7:10], self.h[b], self.o[b])
+            head = bytearray(head)
+            struct.pack_into("<II", head, L.GRID_OFF_GRID_INDEX, b, B)  # (concat_grids' numbering)
+            headers[b] = np.frombuffer(bytes(head), np.uint8)
+            off_root, off_upper, off_lower, off_leaf, _ = grid_layout(nl, nlo, nup)
+            tree = offset + L.GRID_DATA_SIZE
+            layout[b, [G.G_OFFSET, G.G_ROOT, G.G_TILES, G.G_UPPER, G.G_LOWER, G.G_LEAF]] = (
+                offset, tree + off_root, tree + off_root + L.ROOT_DATA_SIZE, tree + off_upper, tree + off_lower,
+                tree + off_leaf)
+            layout[b, [G.G_LEAF_START, G.G_LOWER_START, G.G_UPPER_START, G.G_VOXEL_START]] = leaf, lower, upper, voxel
+            offset += size
+            leaf, lower, upper, voxel = leaf + nl, lower + nlo, upper + nup, voxel + nv
+        if leaf != int(ctr[G.C_LEAVES]):
+            raise RunError(f"{what}: the device's grid summaries count {leaf} leaves, its hash {int(ctr[G.C_LEAVES])}")
+        if offset >= 2**31:
+            raise RunError(f"{what}: the new grids take {offset} bytes; the device builder writes at most 2 GiB "
+                           "(32-bit offsets)")
+        head = np.zeros(16, np.int64)
+        head[0], head[1] = offset // 4, voxel
+        writes = [(S.layout, np.concatenate([head, layout.reshape(-1)]).astype(np.int32)),
+                  (S.headers, headers.reshape(-1).view(np.int32))]
+        return HostResult({0: offset, 4: leaf}, writes)
+
+
 
 for _name in schema.GRID_OPS:
-    register(_name, domain="fvdb", since=1)(type(_name, (GridOp,), {"__doc__": schema.GRID_OPS[_name].doc}))
+    _base = DeviceGridBuild if _name in DeviceGridBuild.OPS else GridOp
+    register(_name, domain="fvdb", since=1)(type(_name, (_base,), {"__doc__": schema.GRID_OPS[_name].doc}))

@@ -4,8 +4,9 @@ against the numpy reference of fVDB's section-3 conventions (fvdb_reference: loo
 folded at compile time over constant inputs, the new bundle equals the builder's bundle of the
 reference voxels byte for byte, its voxels those of the reference and of warp's own builder, and a
 grid query compiled over it answers as the reference grid; over two grids in a batch with negative
-coordinates, a single voxel and an empty grid. A node whose inputs are not constants is a compile
-error naming it."""
+coordinates, a single voxel and an empty grid. A topology node whose inputs are not constants is a
+compile error naming it (GridBatchFromIJK / GridBatchFromPoints build on the device instead:
+test_grid_build_device.py)."""
 import io
 
 import numpy as np
@@ -186,7 +187,7 @@ def test_inputs_that_are_not_constants_are_a_compile_error():
     node = helper.make_node("DilatedGrid", list(schema.BUNDLE), [f"new_{n}" for n in schema.BUNDLE], name="grow",
                             domain=schema.DOMAIN, dilation=1)
     with pytest.raises(ModelError, match=r"node 'grow' \(fvdb::DilatedGrid\): input 'grid_blob' is not a "
-                                         r"constant: building grids on the device is not implemented yet"):
+                                         r"constant: this op builds grids on the host only"):
         _compile_query([node], feeds, (), np.zeros((1, 3), np.int32), 1)
 
 

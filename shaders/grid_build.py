@@ -1,0 +1,686 @@
+"""Building NanoVDB OnIndex grids on the device (LuisaCompute DSL): the stages of
+GridBatchFromIJK / GridBatchFromPoints over inputs bound at run time (operators/fvdb/topology.py
+emits one call of these per stage and owns the order; luisaml/dynamic.py the read-back between).
+
+Everything lives in the node's int scratch (`s`, Operator.scratch) at word offsets the operator
+computes (`GridBuildLayout`), plus the output blob (a ByteBuffer written with 32-bit stores). No
+shared memory and no barriers (the CPU backend compiles neither): every stage is one plain
+parallel loop, and the few sequential loops run over bounded counts (a chunk, a node's children).
+
+The pipeline, for N voxel keys (b, i, j, k) of B grids:
+
+1. leaves, deduplicated by a hash table: a point claims an empty slot with a compare-and-swap of
+   its index + 1, or finds its leaf's slot by comparing its key with the owner point's (whose key
+   an earlier stage wrote: no half-written key is ever read); voxel bits OR into the leaf's mask;
+   leaf ids are the owners' ranks (a prefix sum over points), so the id order is deterministic;
+2. the distinct leaves sorted into NanoVDB's order by an LSD radix sort of 8-bit digits (a chunk
+   of CHUNK leaves per thread: a digit histogram per chunk, a prefix sum over (digit, chunk), a
+   stable scatter per chunk): first the 27 bits upper slot << 12 | lower slot, then root tile k,
+   j, i and the grid, each relative to its minimum over the leaves (a pass whose digit is 0 for
+   every leaf does nothing: see PASSES);
+3. in that order, runs of leaves with the same lower (upper) node key are the lower (upper) nodes:
+   flags and prefix sums give every leaf its lower and upper id and its first voxel index;
+4. per node, a loop over its children (at most 4096 or 32768, sorted by slot) gives its bbox and
+   its child mask; per grid a summary row (counts, ranges, bbox) that the host reads back;
+5. after the read-back (the host lays out the grids and writes their 832-byte headers with the
+   project's builder: luisaml/fvdb/builder.py grid_header), the blob is zeroed and every leaf,
+   lower node, upper node and root tile writes its own bytes and the table entry its parent holds.
+
+Prefix sums are exclusive, in place, over chunks of SCAN words per thread, level by level (a
+chunk's total goes one level up; the top level fits one chunk), so no thread runs more than SCAN
+sequential steps.
+"""
+import luisa
+from luisa.builtin import bitwise_cast
+from luisa.types import uint  # noqa: F401
+
+SCAN = 32  # words a prefix-sum thread scans
+CHUNK = 32  # leaves a radix-sort thread histograms and scatters (its 256 counters zeroed first)
+HASH_EMPTY = 0
+
+# ctr words (offsets from the layout's ctr base)
+C_LEAVES = 0  # distinct leaves L
+C_ERROR = 1  # first error code a stage raised (0: none); the host step reports it
+C_ZERO = 2  # always 0: a value the compiler cannot see through (no fused multiply-add across it)
+C_MIN = 3  # 3..6: min of tile k, tile j, tile i, grid over the leaves
+C_MAX = 7  # 7..10: max of the same
+C_LOWERS = 11
+C_UPPERS = 12
+C_DUMMY = 14  # where a prefix sum whose total nobody reads writes it
+C_WORDS = 16
+
+ERR_OFFSETS = 1  # joffsets do not rise from 0 to N
+ERR_COORDS = 2  # a point maps to a voxel that is not finite or outside int32
+
+# NanoVDB struct sizes and offsets (luisaml/fvdb/layout.py; the tests check they agree)
+UPPER_NODE_SIZE = 270400
+LOWER_NODE_SIZE = 33856
+LEAF_NODE_SIZE = 96
+UPPER_OFF_CHILD_MASK = 4128
+UPPER_OFF_TABLE = 8256
+LOWER_OFF_CHILD_MASK = 544
+LOWER_OFF_TABLE = 1088
+LEAF_OFF_VALUE_MASK = 16
+LEAF_OFF_OFFSET = 80
+LEAF_OFF_PREFIX_SUM = 88
+LEAF_FLAGS_WORD = 2 << 24  # mFlags (byte 15) = has-bbox, above the three bbox-dif bytes
+
+# per-grid layout row the host uploads (words)
+G_OFFSET = 0  # the grid's GridData in the blob (bytes)
+G_ROOT = 1  # its RootData
+G_TILES = 2  # its first root tile
+G_UPPER = 3  # its first upper node
+G_LOWER = 4
+G_LEAF = 5
+G_LEAF_START = 6  # global id of its first leaf (sorted order)
+G_LOWER_START = 7
+G_UPPER_START = 8
+G_VOXEL_START = 9  # voxels of the grids before it
+G_WORDS = 16
+
+# per-grid summary row the device writes before the read-back (words)
+S_LEAVES = 0
+S_LOWERS = 1
+S_UPPERS = 2
+S_VOXELS = 3
+S_BBOX = 4  # 4..9: min i, j, k, max i, j, k
+S_WORDS = 16
+
+
+@luisa.func
+def gb_error(s, ctr, code):
+    """Record error `code` unless an earlier one is recorded."""
+    _old = s.atomic_compare_exchange(ctr + C_ERROR, 0, code)
+
+
+# ---- prefix sums ------------------------------------------------------------------------------
+
+
+@luisa.func
+def gb_scan_up(s, src, dst, n, c):
+    """Chunk c of the n words at src: exclusive running sums in place, the chunk's total to dst[c]."""
+    first = c * SCAN
+    if first < n:
+        last = min(first + SCAN, n)
+        acc = 0
+        for e in range(first, last):
+            v = s.read(src + e)
+            s.write(src + e, acc)
+            acc += v
+        s.write(dst + c, acc)
+
+
+@luisa.func
+def gb_scan_top(s, src, n, total_at):
+    """The top level (n <= SCAN words at src), one thread: exclusive sums in place, the total to total_at."""
+    acc = 0
+    for e in range(0, n):
+        v = s.read(src + e)
+        s.write(src + e, acc)
+        acc += v
+    s.write(total_at, acc)
+
+
+@luisa.func
+def gb_scan_down(s, src, aux, n, e):
+    """Word e of the n at src adds the sum of the chunks before its own (aux[e // SCAN])."""
+    if e < n:
+        s.write(src + e, s.read(src + e) + s.read(aux + e // SCAN))
+
+
+# ---- keys, hash, leaves -----------------------------------------------------------------------
+
+
+@luisa.func
+def gb_clear(s, owner, cap, ctr, grid_first, grids, t):
+    """Empty hash slot t; thread 0 resets the counters and ranges, the first B threads the grids' leaf ranges."""
+    if t < cap:
+        s.write(owner + t, HASH_EMPTY)
+    if t < grids:
+        s.write(grid_first + 2 * t, 0)
+        s.write(grid_first + 2 * t + 1, 0)
+    if t == 0:
+        for w in range(0, C_WORDS):
+            s.write(ctr + w, 0)
+        for a in range(0, 4):
+            s.write(ctr + C_MIN + a, 2147483647)
+            s.write(ctr + C_MAX + a, -2147483647 - 1)
+
+
+@luisa.func
+def gb_zero(s, ctr):
+    """0.0 read from memory: p * scale + gb_zero() + translate rounds the product on its own even
+    where the backend contracts a * b + c into a fused multiply-add (CUDA), as numpy does."""
+    return bitwise_cast(float, s.read(ctr + C_ZERO))
+
+
+@luisa.func
+def gb_round(x):
+    """floor(x + 0.5) of a float32 x as double arithmetic gives it (fVDB's round, NanoVDB's
+    Vec3::round adds a double 0.5): x - floor(x) is exact, so no float32 rounding of x + 0.5."""
+    r = floor(x)
+    return r + select(0.0, 1.0, x - r >= 0.5)
+
+
+@luisa.func
+def gb_store_voxel(s, vox, ctr, p, b, x, y, z):
+    """Point p's voxel (b, round(x, y, z)); a voxel that is not finite or outside int32 is an error."""
+    rx = gb_round(x)
+    ry = gb_round(y)
+    rz = gb_round(z)
+    ok = (rx >= -2147483648.0) and (rx < 2147483648.0) and (ry >= -2147483648.0) and (ry < 2147483648.0)
+    ok = ok and (rz >= -2147483648.0) and (rz < 2147483648.0)  # (false for NaN)
+    i = 0
+    j = 0
+    k = 0
+    if ok:
+        i = int(rx)
+        j = int(ry)
+        k = int(rz)
+    else:
+        gb_error(s, ctr, ERR_COORDS)
+    s.write(vox + 4 * p, b)
+    s.write(vox + 4 * p + 1, i)
+    s.write(vox + 4 * p + 2, j)
+    s.write(vox + 4 * p + 3, k)
+
+
+@luisa.func
+def gb_store_corner(s, vox, ctr, q, b, x, y, z, corner):
+    """Key q: corner (di, dj, dk) = bits 2, 1, 0 of `corner` of the voxel floor(x, y, z) (fVDB's
+    nearest voxels to a point); a floor that is not finite or outside int32 is an error."""
+    fx = floor(x)
+    fy = floor(y)
+    fz = floor(z)
+    # the corner + 1 must fit too: float32 below 2^31 is at most 2^31 - 128
+    ok = (fx >= -2147483648.0) and (fx < 2147483648.0) and (fy >= -2147483648.0) and (fy < 2147483648.0)
+    ok = ok and (fz >= -2147483648.0) and (fz < 2147483648.0)  # (false for NaN)
+    i = 0
+    j = 0
+    k = 0
+    if ok:
+        i = int(fx) + ((corner >> 2) & 1)
+        j = int(fy) + ((corner >> 1) & 1)
+        k = int(fz) + (corner & 1)
+    else:
+        gb_error(s, ctr, ERR_COORDS)
+    s.write(vox + 4 * q, b)
+    s.write(vox + 4 * q + 1, i)
+    s.write(vox + 4 * q + 2, j)
+    s.write(vox + 4 * q + 3, k)
+
+
+@luisa.func
+def gb_same_leaf(s, vox, p, q):
+    """Whether points p and q fall in the same leaf of the same grid."""
+    same = s.read(vox + 4 * p) == s.read(vox + 4 * q)
+    for a in range(1, 4):
+        same = same and ((s.read(vox + 4 * p + a) >> 3) == (s.read(vox + 4 * q + a) >> 3))
+    return same
+
+
+@luisa.func
+def gb_insert(s, vox, owner, slot_of, flag, cap, p):
+    """Find or claim point p's leaf in the hash table (open addressing, linear probing): slot_of[p]
+    is the slot, flag[p] 1 where p claimed it (its owner), else 0. The table has at least twice as
+    many slots as points, so a free slot is always found."""
+    b = s.read(vox + 4 * p)
+    li = s.read(vox + 4 * p + 1) >> 3
+    lj = s.read(vox + 4 * p + 2) >> 3
+    lk = s.read(vox + 4 * p + 3) >> 3
+    h = (uint(b) * uint(1640531527)) ^ (uint(li) * uint(73856093)) ^ (uint(lj) * uint(19349663)) ^ (
+        uint(lk) * uint(83492791))
+    h = h ^ (h >> uint(15))
+    at = int(h & uint(cap - 1))
+    found = -1
+    mine = 0
+    while found < 0:
+        old = s.atomic_compare_exchange(owner + at, HASH_EMPTY, p + 1)
+        if old == HASH_EMPTY:
+            found = at
+            mine = 1
+        elif gb_same_leaf(s, vox, p, old - 1):
+            found = at
+        else:
+            at = (at + 1) & (cap - 1)
+    s.write(slot_of + p, found)
+    s.write(flag + p, mine)
+
+
+@luisa.func
+def gb_leaf_init(s, vox, owner, slot_of, ids, lkey, mask, order, p):
+    """An owner point writes its leaf's key (b, i >> 3, j >> 3, k >> 3) at the leaf's id (its rank
+    among owners, ids[p] after the prefix sum), zeroes its mask and starts the sort permutation."""
+    if s.read(owner + s.read(slot_of + p)) == p + 1:
+        id = s.read(ids + p)
+        s.write(lkey + 4 * id, s.read(vox + 4 * p))
+        for a in range(1, 4):
+            s.write(lkey + 4 * id + a, s.read(vox + 4 * p + a) >> 3)
+        for w in range(0, 16):
+            s.write(mask + 16 * id + w, 0)
+        s.write(order + id, id)
+
+
+@luisa.func
+def gb_leaf_bit(s, vox, owner, slot_of, ids, mask, p):
+    """Point p sets its voxel's bit, x-major n = (i&7)<<6 | (j&7)<<3 | (k&7), in its leaf's mask."""
+    id = s.read(ids + s.read(owner + s.read(slot_of + p)) - 1)
+    n = ((s.read(vox + 4 * p + 1) & 7) << 6) | ((s.read(vox + 4 * p + 2) & 7) << 3) | (s.read(vox + 4 * p + 3) & 7)
+    _old = s.atomic_fetch_or(mask + 16 * id + (n >> 5), 1 << (n & 31))
+
+
+@luisa.func
+def gb_ranges(s, lkey, ctr, c):
+    """Leaves 64c.. fold their root tile (i, j, k >> 9 of the leaf key) and grid into the ranges."""
+    n = s.read(ctr + C_LEAVES)
+    first = c * 64
+    if first < n:
+        lo0 = 2147483647
+        lo1 = 2147483647
+        lo2 = 2147483647
+        lo3 = 2147483647
+        hi0 = -2147483647 - 1
+        hi1 = -2147483647 - 1
+        hi2 = -2147483647 - 1
+        hi3 = -2147483647 - 1
+        for id in range(first, min(first + 64, n)):
+            tk = s.read(lkey + 4 * id + 3) >> 9
+            tj = s.read(lkey + 4 * id + 2) >> 9
+            ti = s.read(lkey + 4 * id + 1) >> 9
+            b = s.read(lkey + 4 * id)
+            lo0 = min(lo0, tk)
+            lo1 = min(lo1, tj)
+            lo2 = min(lo2, ti)
+            lo3 = min(lo3, b)
+            hi0 = max(hi0, tk)
+            hi1 = max(hi1, tj)
+            hi2 = max(hi2, ti)
+            hi3 = max(hi3, b)
+        _a = s.atomic_fetch_min(ctr + C_MIN, lo0)
+        _b = s.atomic_fetch_min(ctr + C_MIN + 1, lo1)
+        _c = s.atomic_fetch_min(ctr + C_MIN + 2, lo2)
+        _d = s.atomic_fetch_min(ctr + C_MIN + 3, lo3)
+        _e = s.atomic_fetch_max(ctr + C_MAX, hi0)
+        _f = s.atomic_fetch_max(ctr + C_MAX + 1, hi1)
+        _g = s.atomic_fetch_max(ctr + C_MAX + 2, hi2)
+        _h = s.atomic_fetch_max(ctr + C_MAX + 3, hi3)
+
+
+@luisa.func
+def gb_sort_keys(s, lkey, key2, ctr, id):
+    """Leaf id's slot key: upper slot << 12 | lower slot (27 bits, the order inside a root tile)."""
+    if id < s.read(ctr + C_LEAVES):
+        li = s.read(lkey + 4 * id + 1)
+        lj = s.read(lkey + 4 * id + 2)
+        lk = s.read(lkey + 4 * id + 3)
+        upper = (((li >> 4) & 31) << 10) | (((lj >> 4) & 31) << 5) | ((lk >> 4) & 31)
+        lower = ((li & 15) << 8) | ((lj & 15) << 4) | (lk & 15)
+        s.write(key2 + id, (upper << 12) | lower)
+
+
+# ---- radix sort -------------------------------------------------------------------------------
+# PASSES passes, least significant first: the slot key's bytes (field 0), then root tile k, j, i
+# (fields 1..3, 20 bits each, taken relative to their minimum over the leaves) and the grid (field
+# 4, 10 bits). A pass whose digit is 0 for every leaf (the field's range is below its shift) does
+# nothing, so a cloud inside one root tile sorts in 4 passes, one spanning two tiles per axis in 7.
+
+PASSES = 15
+
+
+@luisa.func
+def gb_pass_field(p):
+    f = 4
+    if p < 4:
+        f = 0
+    elif p < 13:
+        f = 1 + (p - 4) // 3
+    return f
+
+
+@luisa.func
+def gb_pass_shift(p):
+    sh = 8 * (p - 13)
+    if p < 4:
+        sh = 8 * p
+    elif p < 13:
+        sh = 8 * ((p - 4) % 3)
+    return sh
+
+
+@luisa.func
+def gb_pass_active(s, ctr, p):
+    """Whether radix pass p has a digit that is not 0 for some leaf."""
+    f = gb_pass_field(p)
+    active = f == 0
+    if f > 0:
+        active = ((s.read(ctr + C_MAX + f - 1) - s.read(ctr + C_MIN + f - 1)) >> gb_pass_shift(p)) > 0
+    return active
+
+
+@luisa.func
+def gb_pass_source(s, ctr, order_a, order_b, p):
+    """The permutation buffer pass p reads: the active passes before it alternate A and B."""
+    flips = 0
+    for q in range(0, p):
+        if gb_pass_active(s, ctr, q):
+            flips += 1
+    src = order_a
+    if (flips & 1) == 1:
+        src = order_b
+    return src
+
+
+@luisa.func
+def gb_digit(s, ctr, lkey, key2, id, p):
+    f = gb_pass_field(p)
+    v = 0
+    if f == 0:
+        v = s.read(key2 + id)
+    elif f == 4:
+        v = s.read(lkey + 4 * id) - s.read(ctr + C_MIN + 3)
+    else:
+        v = (s.read(lkey + 4 * id + 4 - f) >> 9) - s.read(ctr + C_MIN + f - 1)  # f 1, 2, 3: tile k, j, i
+    return (v >> gb_pass_shift(p)) & 255
+
+
+@luisa.func
+def gb_hist(s, ctr, lkey, key2, src, hist, p, c):
+    """Chunk c's digit counts of pass p into hist[digit * chunks + c] (chunks = ceil(L / CHUNK))."""
+    n = s.read(ctr + C_LEAVES)
+    chunks = (n + CHUNK - 1) // CHUNK
+    if c < chunks and gb_pass_active(s, ctr, p):
+        for d in range(0, 256):
+            s.write(hist + d * chunks + c, 0)
+        for e in range(c * CHUNK, min(c * CHUNK + CHUNK, n)):
+            at = hist + gb_digit(s, ctr, lkey, key2, s.read(src + e), p) * chunks + c
+            s.write(at, s.read(at) + 1)
+
+
+@luisa.func
+def gb_scatter(s, ctr, lkey, key2, src, dst, hist, p, c):
+    """Chunk c moves its leaves, in order, to their digit's next place (a stable counting sort)."""
+    n = s.read(ctr + C_LEAVES)
+    chunks = (n + CHUNK - 1) // CHUNK
+    if c < chunks and gb_pass_active(s, ctr, p):
+        for e in range(c * CHUNK, min(c * CHUNK + CHUNK, n)):
+            id = s.read(src + e)
+            at = hist + gb_digit(s, ctr, lkey, key2, id, p) * chunks + c
+            pos = s.read(at)
+            s.write(at, pos + 1)
+            s.write(dst + pos, id)
+
+
+# ---- nodes in order ---------------------------------------------------------------------------
+
+
+@luisa.func
+def gb_rank(s, ctr, lkey, mask, order, skey, counts, new_lower, new_upper, leaf_box, r):
+    """Leaf r of the sorted order: its key (skey), its voxel count, whether it starts a lower or an
+    upper node (differs from leaf r - 1 there), and its active bbox (from its mask)."""
+    if r < s.read(ctr + C_LEAVES):
+        id = s.read(order + r)
+        b = s.read(lkey + 4 * id)
+        li = s.read(lkey + 4 * id + 1)
+        lj = s.read(lkey + 4 * id + 2)
+        lk = s.read(lkey + 4 * id + 3)
+        s.write(skey + 4 * r, b)
+        s.write(skey + 4 * r + 1, li)
+        s.write(skey + 4 * r + 2, lj)
+        s.write(skey + 4 * r + 3, lk)
+        lower = 1
+        upper = 1
+        if r > 0:
+            q = s.read(order + r - 1)
+            same_b = s.read(lkey + 4 * q) == b
+            pi = s.read(lkey + 4 * q + 1)
+            pj = s.read(lkey + 4 * q + 2)
+            pk = s.read(lkey + 4 * q + 3)
+            if same_b and (pi >> 4) == (li >> 4) and (pj >> 4) == (lj >> 4) and (pk >> 4) == (lk >> 4):
+                lower = 0
+            if same_b and (pi >> 9) == (li >> 9) and (pj >> 9) == (lj >> 9) and (pk >> 9) == (lk >> 9):
+                upper = 0
+        s.write(new_lower + r, lower)
+        s.write(new_upper + r, upper)
+        # the mask's 16 words: word w holds voxels (i&7) = w >> 1, (j&7) = 4 (w & 1) + bit >> 3, (k&7) = bit & 7
+        count = 0
+        imin = 8
+        imax = -1
+        lo = uint(0)  # the union of the 8 x-slices, j 0..3: bit 8j + k
+        hi = uint(0)  # j 4..7: bit 8(j - 4) + k
+        for w in range(0, 16):
+            word = uint(s.read(mask + 16 * id + w))
+            count += int(popcount(word))
+            if word != uint(0):
+                imin = min(imin, w >> 1)
+                imax = max(imax, w >> 1)
+            if (w & 1) == 0:
+                lo = lo | word
+            else:
+                hi = hi | word
+        jmin = 0
+        jmax = 7
+        if lo == uint(0):
+            jmin = 4 + int(ctz(hi)) // 8
+        else:
+            jmin = int(ctz(lo)) // 8
+        if hi == uint(0):
+            jmax = 3 - int(clz(lo)) // 8
+        else:
+            jmax = 7 - int(clz(hi)) // 8
+        kb = lo | hi
+        kb = (kb | (kb >> uint(16))) & uint(65535)
+        kb = (kb | (kb >> uint(8))) & uint(255)
+        kmin = int(ctz(kb))
+        kmax = 31 - int(clz(kb))
+        s.write(counts + r, count)
+        s.write(leaf_box + 6 * r, li * 8 + imin)
+        s.write(leaf_box + 6 * r + 1, lj * 8 + jmin)
+        s.write(leaf_box + 6 * r + 2, lk * 8 + kmin)
+        s.write(leaf_box + 6 * r + 3, li * 8 + imax)
+        s.write(leaf_box + 6 * r + 4, lj * 8 + jmax)
+        s.write(leaf_box + 6 * r + 5, lk * 8 + kmax)
+
+
+@luisa.func
+def gb_firsts(s, ctr, skey, new_lower, new_upper, lower_first, upper_first, upper_lower, grid_first, r):
+    """After the prefix sums (new_lower[r] = lower nodes before leaf r, new_lower[L] = all of them):
+    each node's first leaf, each upper node's first lower node, each grid's leaf range [first, end);
+    the last leaf writes the sentinels (one past the last node)."""
+    n = s.read(ctr + C_LEAVES)
+    if r < n:
+        low = s.read(new_lower + r)
+        up = s.read(new_upper + r)
+        if r == 0 or s.read(new_lower + r + 1) != low:
+            s.write(lower_first + low, r)
+        if r == 0 or s.read(new_upper + r + 1) != up:
+            s.write(upper_first + up, r)
+            s.write(upper_lower + up, low)
+        b = s.read(skey + 4 * r)
+        if r == 0 or s.read(skey + 4 * (r - 1)) != b:
+            s.write(grid_first + 2 * b, r)
+        if r == n - 1 or s.read(skey + 4 * (r + 1)) != b:
+            s.write(grid_first + 2 * b + 1, r + 1)
+        if r == n - 1:
+            lowers = s.read(new_lower + n)
+            uppers = s.read(new_upper + n)
+            s.write(lower_first + lowers, n)
+            s.write(upper_first + uppers, n)
+            s.write(upper_lower + uppers, lowers)
+            s.write(ctr + C_LOWERS, lowers)
+            s.write(ctr + C_UPPERS, uppers)
+
+
+@luisa.func
+def gb_box_of(s, src, first, last, dst):
+    """dst[0..6] = the bbox enclosing boxes first..last-1 of src (6 words each)."""
+    for a in range(0, 3):
+        lo = s.read(src + 6 * first + a)
+        hi = s.read(src + 6 * first + 3 + a)
+        for e in range(first + 1, last):
+            lo = min(lo, s.read(src + 6 * e + a))
+            hi = max(hi, s.read(src + 6 * e + 3 + a))
+        s.write(dst + a, lo)
+        s.write(dst + 3 + a, hi)
+
+
+@luisa.func
+def gb_lower_box(s, ctr, lower_first, leaf_box, lower_box, l):
+    if l < s.read(ctr + C_LOWERS):
+        gb_box_of(s, leaf_box, s.read(lower_first + l), s.read(lower_first + l + 1), lower_box + 6 * l)
+
+
+@luisa.func
+def gb_upper_box(s, ctr, upper_lower, lower_box, upper_box, u):
+    if u < s.read(ctr + C_UPPERS):
+        gb_box_of(s, lower_box, s.read(upper_lower + u), s.read(upper_lower + u + 1), upper_box + 6 * u)
+
+
+@luisa.func
+def gb_summary(s, ctr, new_lower, new_upper, counts, grid_first, upper_box, summary, b):
+    """Grid b's row for the host: leaves, lower and upper nodes, voxels, bbox (zeros when empty)."""
+    first = s.read(grid_first + 2 * b)
+    end = s.read(grid_first + 2 * b + 1)
+    row = summary + S_WORDS * b
+    for w in range(0, S_WORDS):
+        s.write(row + w, 0)
+    if end > first:
+        # a grid's first leaf starts a lower and an upper node (its grid differs from the leaf before)
+        s.write(row + S_LEAVES, end - first)
+        s.write(row + S_LOWERS, s.read(new_lower + end) - s.read(new_lower + first))
+        s.write(row + S_UPPERS, s.read(new_upper + end) - s.read(new_upper + first))
+        s.write(row + S_VOXELS, s.read(counts + end) - s.read(counts + first))
+        gb_box_of(s, upper_box, s.read(new_upper + first), s.read(new_upper + end), row + S_BBOX)
+
+
+# ---- writing the grids ------------------------------------------------------------------------
+
+
+@luisa.func
+def gb_zero_blob(blob, words, stride, t):
+    """Thread t zeroes words t, t + stride, ... of the blob."""
+    w = t
+    while w < words:
+        blob.write(w * 4, uint(0))
+        w += stride
+
+
+@luisa.func
+def gb_header_word(s, blob, layout, headers, grids, t):
+    """Word t % 208 of grid t // 208's 832-byte header (GridData, TreeData, RootData), from the host."""
+    if t < grids * 208:
+        b = t // 208
+        blob.write(s.read(layout + G_WORDS * b + G_OFFSET) + 4 * (t % 208), s.read(headers + t))
+
+
+@luisa.func
+def gb_write_u64(blob, at, lo):
+    """A non-negative 64-bit value below 2^31 at byte `at`."""
+    blob.write(at, lo)
+    blob.write(at + 4, 0)
+
+
+@luisa.func
+def gb_write_leaf(s, blob, ctr, layout, skey, mask, order, counts, new_lower, leaf_box, r):
+    """Sorted leaf r: its 96 bytes and its parent's table entry."""
+    if r < s.read(ctr + C_LEAVES):
+        b = s.read(skey + 4 * r)
+        g = layout + G_WORDS * b
+        pos = s.read(g + G_LEAF) + LEAF_NODE_SIZE * (r - s.read(g + G_LEAF_START))
+        for a in range(0, 3):
+            blob.write(pos + 4 * a, s.read(leaf_box + 6 * r + a))
+        dif = 0
+        for a in range(0, 3):
+            dif = dif | ((s.read(leaf_box + 6 * r + 3 + a) - s.read(leaf_box + 6 * r + a)) << (8 * a))
+        blob.write(pos + 12, dif | LEAF_FLAGS_WORD)
+        id = s.read(order + r)
+        lo = uint(0)
+        hi = uint(0)
+        acc = uint(0)
+        for w in range(0, 16):
+            word = s.read(mask + 16 * id + w)
+            blob.write(pos + LEAF_OFF_VALUE_MASK + 4 * w, word)
+            acc += uint(popcount(uint(word)))
+            if (w & 1) == 1 and w < 15:
+                f = w >> 1  # field f = popcount of 64-bit words 0..f, at bit 9f
+                sh = 9 * f
+                if sh + 9 <= 32:
+                    lo = lo | (acc << uint(sh))
+                elif sh >= 32:
+                    hi = hi | (acc << uint(sh - 32))
+                else:
+                    lo = lo | (acc << uint(sh))
+                    hi = hi | (acc >> uint(32 - sh))
+        gb_write_u64(blob, pos + LEAF_OFF_OFFSET, 1 + s.read(counts + r) - s.read(g + G_VOXEL_START))
+        blob.write(pos + LEAF_OFF_PREFIX_SUM, lo)
+        blob.write(pos + LEAF_OFF_PREFIX_SUM + 4, hi)
+        low = s.read(new_lower + r + 1) - 1
+        lower_pos = s.read(g + G_LOWER) + LOWER_NODE_SIZE * (low - s.read(g + G_LOWER_START))
+        slot = ((s.read(skey + 4 * r + 1) & 15) << 8) | ((s.read(skey + 4 * r + 2) & 15) << 4) | (
+            s.read(skey + 4 * r + 3) & 15)
+        gb_write_u64(blob, lower_pos + LOWER_OFF_TABLE + 8 * slot, pos - lower_pos)
+
+
+@luisa.func
+def gb_write_lower(s, blob, ctr, layout, skey, lower_first, new_upper, lower_box, l):
+    """Lower node l: bbox, child mask (its leaves, in slot order) and its parent's table entry."""
+    if l < s.read(ctr + C_LOWERS):
+        first = s.read(lower_first + l)
+        last = s.read(lower_first + l + 1)
+        b = s.read(skey + 4 * first)
+        g = layout + G_WORDS * b
+        pos = s.read(g + G_LOWER) + LOWER_NODE_SIZE * (l - s.read(g + G_LOWER_START))
+        for a in range(0, 6):
+            blob.write(pos + 4 * a, s.read(lower_box + 6 * l + a))
+        word = -1
+        bits = uint(0)
+        for r in range(first, last):
+            slot = ((s.read(skey + 4 * r + 1) & 15) << 8) | ((s.read(skey + 4 * r + 2) & 15) << 4) | (
+                s.read(skey + 4 * r + 3) & 15)
+            if (slot >> 5) != word:
+                if word >= 0:
+                    blob.write(pos + LOWER_OFF_CHILD_MASK + 4 * word, bits)
+                word = slot >> 5
+                bits = uint(0)
+            bits = bits | (uint(1) << uint(slot & 31))
+        blob.write(pos + LOWER_OFF_CHILD_MASK + 4 * word, bits)
+        up = s.read(new_upper + first + 1) - 1
+        upper_pos = s.read(g + G_UPPER) + UPPER_NODE_SIZE * (up - s.read(g + G_UPPER_START))
+        li = s.read(skey + 4 * first + 1)
+        lj = s.read(skey + 4 * first + 2)
+        lk = s.read(skey + 4 * first + 3)
+        uslot = (((li >> 4) & 31) << 10) | (((lj >> 4) & 31) << 5) | ((lk >> 4) & 31)
+        gb_write_u64(blob, upper_pos + UPPER_OFF_TABLE + 8 * uslot, pos - upper_pos)
+
+
+@luisa.func
+def gb_write_upper(s, blob, ctr, layout, skey, lower_first, upper_first, upper_lower, upper_box, u):
+    """Upper node u: bbox, child mask (its lower nodes, in slot order) and its root tile."""
+    if u < s.read(ctr + C_UPPERS):
+        first = s.read(upper_first + u)
+        b = s.read(skey + 4 * first)
+        g = layout + G_WORDS * b
+        local = u - s.read(g + G_UPPER_START)
+        pos = s.read(g + G_UPPER) + UPPER_NODE_SIZE * local
+        for a in range(0, 6):
+            blob.write(pos + 4 * a, s.read(upper_box + 6 * u + a))
+        word = -1
+        bits = uint(0)
+        for l in range(s.read(upper_lower + u), s.read(upper_lower + u + 1)):
+            r = s.read(lower_first + l)
+            slot = (((s.read(skey + 4 * r + 1) >> 4) & 31) << 10) | (((s.read(skey + 4 * r + 2) >> 4) & 31) << 5) | (
+                (s.read(skey + 4 * r + 3) >> 4) & 31)
+            if (slot >> 5) != word:
+                if word >= 0:
+                    blob.write(pos + UPPER_OFF_CHILD_MASK + 4 * word, bits)
+                word = slot >> 5
+                bits = uint(0)
+            bits = bits | (uint(1) << uint(slot & 31))
+        blob.write(pos + UPPER_OFF_CHILD_MASK + 4 * word, bits)
+        # the root tile: key = (u32(k) >> 12) | (u32(j) >> 12) << 21 | (u32(i) >> 12) << 42
+        ti = uint(s.read(skey + 4 * first + 1) >> 9) & uint(1048575)
+        tj = uint(s.read(skey + 4 * first + 2) >> 9) & uint(1048575)
+        tk = uint(s.read(skey + 4 * first + 3) >> 9) & uint(1048575)
+        tile = s.read(g + G_TILES) + 32 * local
+        blob.write(tile, tk | (tj << uint(21)))
+        blob.write(tile + 4, (tj >> uint(11)) | (ti << uint(10)))
+        gb_write_u64(blob, tile + 8, pos - s.read(g + G_ROOT))
