@@ -183,3 +183,34 @@ def test_device_build_needs_constant_transforms_and_float32_points():
 
 def test_no_voxels_at_all_gives_empty_grids():
     run_both("GridBatchFromIJK", np.zeros((0, 3), np.int32), [0, 0, 0])
+
+
+def test_the_built_bundle_feeds_another_compiled_network():
+    """A pipeline: one network builds a grid from points, a second (compiled once for grids of any size,
+    test_grids_bound_at_run_time.py) queries it; its answers equal those over the host-built grid and
+    the reference's, for two point sets."""
+    from fvdb_reference import bundle_feeds, fvdb_node, points_in_grid
+    from luisaml.fvdb import JaggedTensor
+
+    rng = np.random.default_rng(9)
+    h, o = [[0.25, 0.25, 0.25]], [[0.5, -1.0, 0.0]]
+    first = rng.normal(0, 2, (800, 3)).astype(np.float32)
+    build, feeds = model("GridBatchFromPoints", first, [0, 800], h, o)
+    builder = luisaml.compile(build, batch_axis=None)
+    gb0 = GridBatch.from_points([first], h, o)
+    query = rng.normal(0, 2, (300, 3)).astype(np.float32)
+    m = fvdb_model([fvdb_node("PointsInGrid", "inside")], bundle_feeds(gb0, points=query), batched=("points_jdata",))
+    for vi in m.graph.input:  # the grid's sizes are bound at run time
+        if vi.name in ("grid_blob", "leaf_batch_indices", "list_indices"):
+            vi.type.tensor_type.shape.dim[0].Clear()
+            vi.type.tensor_type.shape.dim[0].dim_param = f"rows_{vi.name}"
+    reader = luisaml.compile(m)
+    for pts in (first, rng.uniform(-3, 3, (800, 3)).astype(np.float32)):
+        built = builder.run({"jdata": pts, "joffsets": np.array([0, 800], np.int64)})
+        gb = GridBatch.from_points([pts], h, o)
+        qfeeds = {k: v for k, v in bundle_feeds(gb, points=query).items() if k.startswith("points_")}
+        got = reader.run({**qfeeds, **{n: built[f"new_{n}"] for n in schema.BUNDLE}})["inside"]
+        want = reader.run(bundle_feeds(gb, points=query))["inside"]
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got, points_in_grid(gb, JaggedTensor.from_list([query])))
+        assert got.any() and not got.all()
