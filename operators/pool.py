@@ -207,7 +207,7 @@ class LpPool(Pool):
         acc, v = ctx.fresh("acc"), ctx.fresh("v")
         levels, coords, _ = self.window(ctx, ov[2:], inside_only=True)
         body = [f"{v} = {load_f(self.input(0), self.x_index(ov, coords))}"]
-        return [f"{acc} = 0.0"], levels, body + [f"{acc} += {_pow_abs(v, self.p)}"], _root(acc, self.p)
+        return [f"{acc} = 0.0"], levels, body + [f"{acc} += {_pow_abs(v, self.p)}"], _root(ctx, acc, self.p)
 
 
 def _pow_abs(v: str, p: int) -> str:
@@ -218,11 +218,11 @@ def _pow_abs(v: str, p: int) -> str:
     return f"pow(abs({v}), {float(p)})"
 
 
-def _root(acc: str, p: int) -> str:
+def _root(ctx, acc: str, p: int) -> str:
     if p == 1:
         return acc
-    if p == 2:
-        return f"sqrt({acc})"
+    if p == 2:  # (a later division must not make it a reciprocal square root: math_lib.sqrt_f32)
+        return f"{ctx.use_helper('sqrt_f32', 'math_lib')}({acc})"
     return f"pow({acc}, {1.0 / p!r})"
 
 

@@ -107,11 +107,14 @@ class Fold(Reduce):
     step = "{acc} + {x}"
     bool_step = ""  # the step for bool data (ReduceMax/Min from opset 20), where kinds allows it
     finish = "{acc}"
+    helpers: tuple[tuple[str, str], ...] = ()  # (DSL function, shaders module) pairs finish calls
 
     def init_expr(self, first: str) -> str:
         return self.lit(0) if self.init == "0" else self.lit(1) if self.init == "1" else first
 
     def passes(self, ctx, first, load):
+        for name, module in self.helpers:
+            ctx.use_helper(name, module)
         acc, x = ctx.fresh("acc"), ctx.fresh("x")
         step = self.bool_step if self.acc.is_bool else self.step
         # {max} / {min}: NaN-propagating for floats (numpy's maximum.reduce), the builtins otherwise
@@ -165,9 +168,11 @@ class LogSumExp(Reduce):
         ], f"{m} + log({s})"
 
 
-def _fold(name: str, init: str, step: str, finish: str = "{acc}", kinds=("float", "int"), base=Fold, bool_step="") -> type:
+def _fold(name: str, init: str, step: str, finish: str = "{acc}", kinds=("float", "int"), base=Fold, bool_step="",
+          helpers=()) -> type:
     kinds = kinds + ("bool",) if bool_step else kinds
-    return type(name, (base,), {"init": init, "step": step, "finish": finish, "kinds": kinds, "bool_step": bool_step})
+    return type(name, (base,), {"init": init, "step": step, "finish": finish, "kinds": kinds, "bool_step": bool_step,
+                                "helpers": helpers})
 
 
 _FOLDS = {
@@ -177,7 +182,9 @@ _FOLDS = {
     "ReduceMin": _fold("ReduceMin", "first", "{min}({acc}, {x})", bool_step="({acc} and {x})"),
     "ReduceProd": _fold("ReduceProd", "1", "{acc} * {x}"),
     "ReduceL1": _fold("ReduceL1", "0", "{acc} + {abs_x}"),
-    "ReduceL2": _fold("ReduceL2", "0", "{acc} + {x} * {x}", "sqrt({acc})", ("float",)),
+    # (sqrt_f32: a Div reading it inline must not make a reciprocal square root of it)
+    "ReduceL2": _fold("ReduceL2", "0", "{acc} + {x} * {x}", "sqrt_f32({acc})", ("float",),
+                      helpers=(("sqrt_f32", "math_lib"),)),
     "ReduceSumSquare": _fold("ReduceSumSquare", "0", "{acc} + {x} * {x}"),
     "ReduceLogSum": _fold("ReduceLogSum", "0", "{acc} + {x}", "log({acc})", ("float",)),
     "ReduceLogSumExp": type("ReduceLogSumExp", (LogSumExp,), {}),

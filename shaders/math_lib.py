@@ -17,6 +17,20 @@ def quiet_nan():
 
 
 @luisa.func
+def sqrt_f32(x):
+    """sqrt(x) that a division cannot turn into a reciprocal square root. The backends' fast math
+    rewrites a / sqrt(b) as a * rsqrt(b) with a Newton step, which makes NaN of b = 0 and b = inf
+    (1 / sqrt(inf) must be 0, 1 / sqrt(0) inf) and is an ulp off elsewhere (3 / sqrt(4) gave
+    1.4999999 on the CPU backend): the max hides the sqrt from that rewrite, the select keeps the
+    NaN of a negative or NaN x, which the max would drop."""
+    s = sqrt(x)
+    r = max(s, 0.0)
+    if isnan(s):
+        r = s
+    return r
+
+
+@luisa.func
 def fmod_f32(a, b):
     """C fmod for floats, exact: the remainder of |a| by |b| is taken by subtracting b * 2^k
     (exact by Sterbenz's lemma, as b * 2^k <= r < 2 b * 2^k) from the top exponent down; the sign

@@ -153,6 +153,34 @@ def test_binary(dtype):
 
 
 @DTYPES
+def test_division_by_a_square_root(dtype):
+    """x / Sqrt(y), x / ReduceL2(y) and x / LpPool(y), each read inline by the Div: a backend's
+    fast math would make x * rsqrt(y) with a Newton step of the pair, NaN for y = 0 or inf (fuzz
+    graph 11:130) and an ulp off elsewhere (3 / sqrt(4)); numpy's division of the square root."""
+    x = sprinkled((6, 8), dtype, seed=13, nan_line=False)
+    y = np.abs(sprinkled((6, 8), dtype, seed=14, nan_line=False))
+    y[0, :4] = [0.0, INF, 4.0, -1.0]
+    x[0, :4] = [1.0, 1.0, 3.0, 1.0]
+    y4 = y.reshape(1, 6, 8, 1)
+    feeds = {"x": x, "y": y, "y4": y4}
+    nodes = [node("Sqrt", ["y"], "s"), node("Div", ["x", "s"], "by_sqrt"),
+             node("ReduceL2", ["y"], "l2", axes=[1], keepdims=1), node("Div", ["x", "l2"], "by_l2"),
+             node("LpPool", ["y4"], "lp", kernel_shape=[1, 1], p=2), node("Reshape", ["lp", "shape"], "lp2"),
+             node("Div", ["x", "lp2"], "by_lp")]
+    m = graph_model(nodes, feeds, {"shape": np.array([6, 8], np.int64)}, opset=13, outputs=["by_sqrt", "by_l2", "by_lp"])
+    got = luisaml.compile(m, batch_axis=None).run(feeds)
+    y32, x32 = y.astype(np.float32), x.astype(np.float32)
+    with np.errstate(all="ignore"):
+        want = {"by_sqrt": x32 / np.sqrt(y32), "by_l2": x32 / np.sqrt((y32 * y32).sum(1, keepdims=True)),
+                "by_lp": x32 / np.sqrt(y32 * y32)}
+    for name, w in want.items():
+        np.testing.assert_allclose(got[name].astype(np.float32), w.astype(dtype).astype(np.float32), err_msg=name,
+                                   **TOL[dtype])
+    if dtype == np.float32:
+        assert got["by_sqrt"][0, 2] == np.float32(1.5)  # correctly rounded, not 1.4999999
+
+
+@DTYPES
 def test_clip(dtype):
     """Clip as onnxruntime (std::min(std::max(x, lo), hi)): NaN x stays NaN, a NaN bound bounds
     nothing, min > max gives max; infinite bounds."""
