@@ -5,7 +5,8 @@ emits one call of these per stage and owns the order; luisaml/dynamic.py the rea
 Everything lives in the node's int scratch (`s`, Operator.scratch) at word offsets the operator
 computes (`GridBuildLayout`), plus the output blob (a ByteBuffer written with 32-bit stores). No
 shared memory and no barriers (the CPU backend compiles neither): every stage is one plain
-parallel loop, and the few sequential loops run over bounded counts (a chunk, a node's children).
+parallel loop, and its sequential loops run over bounded counts (a chunk, a leaf's mask words, the
+grids before a point's for its binary search).
 
 The pipeline, for N voxel keys (b, i, j, k) of B grids:
 
@@ -20,11 +21,13 @@ The pipeline, for N voxel keys (b, i, j, k) of B grids:
    every leaf does nothing: see PASSES);
 3. in that order, runs of leaves with the same lower (upper) node key are the lower (upper) nodes:
    flags and prefix sums give every leaf its lower and upper id and its first voxel index;
-4. per node, a loop over its children (at most 4096 or 32768, sorted by slot) gives its bbox and
-   its child mask; per grid a summary row (counts, ranges, bbox) that the host reads back;
+4. every leaf folds its bbox into its lower node's, upper node's and grid's (atomic min / max);
+   per grid a summary row (counts, ranges, bbox) that the host reads back;
 5. after the read-back (the host lays out the grids and writes their 832-byte headers with the
    project's builder: luisaml/fvdb/builder.py grid_header), the blob is zeroed and every leaf,
-   lower node, upper node and root tile writes its own bytes and the table entry its parent holds.
+   lower node, upper node and root tile writes its own bytes and the table entry its parent holds;
+   a child-mask word is one thread's (a node's children are a run sorted by slot: a binary search
+   finds the word's at most 32).
 
 Prefix sums are exclusive, in place, over chunks of SCAN words per thread, level by level (a
 chunk's total goes one level up; the top level fits one chunk), so no thread runs more than SCAN
@@ -132,13 +135,15 @@ def gb_scan_down(s, src, aux, n, e):
 
 
 @luisa.func
-def gb_clear(s, owner, cap, ctr, grid_first, grids, t):
-    """Empty hash slot t; thread 0 resets the counters and ranges, the first B threads the grids' leaf ranges."""
+def gb_clear(s, owner, cap, ctr, grid_first, grid_box, grids, t):
+    """Empty hash slot t; thread 0 resets the counters and ranges, the first B threads the grids' leaf
+    ranges and bboxes."""
     if t < cap:
         s.write(owner + t, HASH_EMPTY)
     if t < grids:
         s.write(grid_first + 2 * t, 0)
         s.write(grid_first + 2 * t + 1, 0)
+        gb_box_init(s, grid_box + 6 * t)
     if t == 0:
         for w in range(0, C_WORDS):
             s.write(ctr + w, 0)
@@ -482,19 +487,22 @@ def gb_rank(s, ctr, lkey, mask, order, skey, counts, new_lower, new_upper, leaf_
 
 
 @luisa.func
-def gb_firsts(s, ctr, skey, new_lower, new_upper, lower_first, upper_first, upper_lower, grid_first, r):
+def gb_firsts(s, ctr, skey, new_lower, new_upper, lower_first, upper_first, upper_lower, grid_first, lower_box,
+              upper_box, r):
     """After the prefix sums (new_lower[r] = lower nodes before leaf r, new_lower[L] = all of them):
-    each node's first leaf, each upper node's first lower node, each grid's leaf range [first, end);
-    the last leaf writes the sentinels (one past the last node)."""
+    each node's first leaf (and its bbox reset), each upper node's first lower node, each grid's leaf
+    range [first, end); the last leaf writes the sentinels (one past the last node)."""
     n = s.read(ctr + C_LEAVES)
     if r < n:
         low = s.read(new_lower + r)
         up = s.read(new_upper + r)
         if r == 0 or s.read(new_lower + r + 1) != low:
             s.write(lower_first + low, r)
+            gb_box_init(s, lower_box + 6 * low)
         if r == 0 or s.read(new_upper + r + 1) != up:
             s.write(upper_first + up, r)
             s.write(upper_lower + up, low)
+            gb_box_init(s, upper_box + 6 * up)
         b = s.read(skey + 4 * r)
         if r == 0 or s.read(skey + 4 * (r - 1)) != b:
             s.write(grid_first + 2 * b, r)
@@ -511,32 +519,31 @@ def gb_firsts(s, ctr, skey, new_lower, new_upper, lower_first, upper_first, uppe
 
 
 @luisa.func
-def gb_box_of(s, src, first, last, dst):
-    """dst[0..6] = the bbox enclosing boxes first..last-1 of src (6 words each)."""
+def gb_box_init(s, box):
     for a in range(0, 3):
-        lo = s.read(src + 6 * first + a)
-        hi = s.read(src + 6 * first + 3 + a)
-        for e in range(first + 1, last):
-            lo = min(lo, s.read(src + 6 * e + a))
-            hi = max(hi, s.read(src + 6 * e + 3 + a))
-        s.write(dst + a, lo)
-        s.write(dst + 3 + a, hi)
+        s.write(box + a, 2147483647)
+        s.write(box + 3 + a, -2147483647 - 1)
 
 
 @luisa.func
-def gb_lower_box(s, ctr, lower_first, leaf_box, lower_box, l):
-    if l < s.read(ctr + C_LOWERS):
-        gb_box_of(s, leaf_box, s.read(lower_first + l), s.read(lower_first + l + 1), lower_box + 6 * l)
+def gb_box_add(s, box, leaf_box, r):
+    """Fold leaf r's bbox into box (6 words) with atomic min / max."""
+    for a in range(0, 3):
+        _lo = s.atomic_fetch_min(box + a, s.read(leaf_box + 6 * r + a))
+        _hi = s.atomic_fetch_max(box + 3 + a, s.read(leaf_box + 6 * r + 3 + a))
 
 
 @luisa.func
-def gb_upper_box(s, ctr, upper_lower, lower_box, upper_box, u):
-    if u < s.read(ctr + C_UPPERS):
-        gb_box_of(s, lower_box, s.read(upper_lower + u), s.read(upper_lower + u + 1), upper_box + 6 * u)
+def gb_node_boxes(s, ctr, skey, new_lower, new_upper, leaf_box, lower_box, upper_box, grid_box, r):
+    """Leaf r's bbox folds into its lower node's, its upper node's and its grid's."""
+    if r < s.read(ctr + C_LEAVES):
+        gb_box_add(s, lower_box + 6 * (s.read(new_lower + r + 1) - 1), leaf_box, r)
+        gb_box_add(s, upper_box + 6 * (s.read(new_upper + r + 1) - 1), leaf_box, r)
+        gb_box_add(s, grid_box + 6 * s.read(skey + 4 * r), leaf_box, r)
 
 
 @luisa.func
-def gb_summary(s, ctr, new_lower, new_upper, counts, grid_first, upper_box, summary, b):
+def gb_summary(s, ctr, new_lower, new_upper, counts, grid_first, grid_box, summary, b):
     """Grid b's row for the host: leaves, lower and upper nodes, voxels, bbox (zeros when empty)."""
     first = s.read(grid_first + 2 * b)
     end = s.read(grid_first + 2 * b + 1)
@@ -549,7 +556,8 @@ def gb_summary(s, ctr, new_lower, new_upper, counts, grid_first, upper_box, summ
         s.write(row + S_LOWERS, s.read(new_lower + end) - s.read(new_lower + first))
         s.write(row + S_UPPERS, s.read(new_upper + end) - s.read(new_upper + first))
         s.write(row + S_VOXELS, s.read(counts + end) - s.read(counts + first))
-        gb_box_of(s, upper_box, s.read(new_upper + first), s.read(new_upper + end), row + S_BBOX)
+        for w in range(0, 6):
+            s.write(row + S_BBOX + w, s.read(grid_box + 6 * b + w))
 
 
 # ---- writing the grids ------------------------------------------------------------------------
@@ -622,27 +630,14 @@ def gb_write_leaf(s, blob, ctr, layout, skey, mask, order, counts, new_lower, le
 
 @luisa.func
 def gb_write_lower(s, blob, ctr, layout, skey, lower_first, new_upper, lower_box, l):
-    """Lower node l: bbox, child mask (its leaves, in slot order) and its parent's table entry."""
+    """Lower node l: bbox and its parent's table entry (gb_child_words writes its child mask)."""
     if l < s.read(ctr + C_LOWERS):
         first = s.read(lower_first + l)
-        last = s.read(lower_first + l + 1)
         b = s.read(skey + 4 * first)
         g = layout + G_WORDS * b
         pos = s.read(g + G_LOWER) + LOWER_NODE_SIZE * (l - s.read(g + G_LOWER_START))
         for a in range(0, 6):
             blob.write(pos + 4 * a, s.read(lower_box + 6 * l + a))
-        word = -1
-        bits = uint(0)
-        for r in range(first, last):
-            slot = ((s.read(skey + 4 * r + 1) & 15) << 8) | ((s.read(skey + 4 * r + 2) & 15) << 4) | (
-                s.read(skey + 4 * r + 3) & 15)
-            if (slot >> 5) != word:
-                if word >= 0:
-                    blob.write(pos + LOWER_OFF_CHILD_MASK + 4 * word, bits)
-                word = slot >> 5
-                bits = uint(0)
-            bits = bits | (uint(1) << uint(slot & 31))
-        blob.write(pos + LOWER_OFF_CHILD_MASK + 4 * word, bits)
         up = s.read(new_upper + first + 1) - 1
         upper_pos = s.read(g + G_UPPER) + UPPER_NODE_SIZE * (up - s.read(g + G_UPPER_START))
         li = s.read(skey + 4 * first + 1)
@@ -653,8 +648,8 @@ def gb_write_lower(s, blob, ctr, layout, skey, lower_first, new_upper, lower_box
 
 
 @luisa.func
-def gb_write_upper(s, blob, ctr, layout, skey, lower_first, upper_first, upper_lower, upper_box, u):
-    """Upper node u: bbox, child mask (its lower nodes, in slot order) and its root tile."""
+def gb_write_upper(s, blob, ctr, layout, skey, upper_first, upper_box, u):
+    """Upper node u: bbox and its root tile (gb_child_words writes its child mask)."""
     if u < s.read(ctr + C_UPPERS):
         first = s.read(upper_first + u)
         b = s.read(skey + 4 * first)
@@ -663,19 +658,6 @@ def gb_write_upper(s, blob, ctr, layout, skey, lower_first, upper_first, upper_l
         pos = s.read(g + G_UPPER) + UPPER_NODE_SIZE * local
         for a in range(0, 6):
             blob.write(pos + 4 * a, s.read(upper_box + 6 * u + a))
-        word = -1
-        bits = uint(0)
-        for l in range(s.read(upper_lower + u), s.read(upper_lower + u + 1)):
-            r = s.read(lower_first + l)
-            slot = (((s.read(skey + 4 * r + 1) >> 4) & 31) << 10) | (((s.read(skey + 4 * r + 2) >> 4) & 31) << 5) | (
-                (s.read(skey + 4 * r + 3) >> 4) & 31)
-            if (slot >> 5) != word:
-                if word >= 0:
-                    blob.write(pos + UPPER_OFF_CHILD_MASK + 4 * word, bits)
-                word = slot >> 5
-                bits = uint(0)
-            bits = bits | (uint(1) << uint(slot & 31))
-        blob.write(pos + UPPER_OFF_CHILD_MASK + 4 * word, bits)
         # the root tile: key = (u32(k) >> 12) | (u32(j) >> 12) << 21 | (u32(i) >> 12) << 42
         ti = uint(s.read(skey + 4 * first + 1) >> 9) & uint(1048575)
         tj = uint(s.read(skey + 4 * first + 2) >> 9) & uint(1048575)
@@ -684,3 +666,73 @@ def gb_write_upper(s, blob, ctr, layout, skey, lower_first, upper_first, upper_l
         blob.write(tile, tk | (tj << uint(21)))
         blob.write(tile + 4, (tj >> uint(11)) | (ti << uint(10)))
         gb_write_u64(blob, tile + 8, pos - s.read(g + G_ROOT))
+
+
+@luisa.func
+def gb_lower_slot(s, skey, r):
+    return ((s.read(skey + 4 * r + 1) & 15) << 8) | ((s.read(skey + 4 * r + 2) & 15) << 4) | (s.read(skey + 4 * r + 3) & 15)
+
+
+@luisa.func
+def gb_upper_slot(s, skey, r):
+    return ((((s.read(skey + 4 * r + 1) >> 4) & 31) << 10) | (((s.read(skey + 4 * r + 2) >> 4) & 31) << 5)
+            | ((s.read(skey + 4 * r + 3) >> 4) & 31))
+
+
+@luisa.func
+def gb_child_words(s, blob, ctr, layout, skey, lower_first, upper_lower, stride, t):
+    """Thread t writes child-mask words t, t + stride, ... of all nodes: the 128 words of each lower
+    node, then the 1024 of each upper. A node's children are sorted by slot, so word w's children are a
+    run found by binary search (the first with slot >= 32 w) and are at most 32."""
+    lowers = s.read(ctr + C_LOWERS)
+    total = lowers * 128 + s.read(ctr + C_UPPERS) * 1024
+    x = t
+    while x < total:
+        upper = x >= lowers * 128
+        node = x // 128
+        w = x % 128
+        if upper:
+            node = (x - lowers * 128) // 1024
+            w = (x - lowers * 128) % 1024
+        lo = s.read(lower_first + node)  # children: leaves of a lower node, lower nodes of an upper
+        hi = s.read(lower_first + node + 1)
+        if upper:
+            lo = s.read(upper_lower + node)
+            hi = s.read(upper_lower + node + 1)
+        end = hi
+        while lo < hi:  # the first child with slot >= 32 w
+            mid = (lo + hi) // 2
+            slot = 0
+            if upper:
+                slot = gb_upper_slot(s, skey, s.read(lower_first + mid))
+            else:
+                slot = gb_lower_slot(s, skey, mid)
+            if slot < 32 * w:
+                lo = mid + 1
+            else:
+                hi = mid
+        bits = uint(0)
+        c = lo
+        more = c < end
+        while more:
+            slot = 0
+            if upper:
+                slot = gb_upper_slot(s, skey, s.read(lower_first + c))
+            else:
+                slot = gb_lower_slot(s, skey, c)
+            if (slot >> 5) == w:
+                bits = bits | (uint(1) << uint(slot & 31))
+                c += 1
+                more = c < end
+            else:
+                more = False
+        if bits != uint(0):
+            r = s.read(lower_first + node)  # (the node's first leaf: its grid)
+            if upper:
+                r = s.read(lower_first + s.read(upper_lower + node))
+            g = layout + G_WORDS * s.read(skey + 4 * r)
+            at = s.read(g + G_LOWER) + LOWER_NODE_SIZE * (node - s.read(g + G_LOWER_START)) + LOWER_OFF_CHILD_MASK
+            if upper:
+                at = s.read(g + G_UPPER) + UPPER_NODE_SIZE * (node - s.read(g + G_UPPER_START)) + UPPER_OFF_CHILD_MASK
+            blob.write(at + 4 * w, bits)
+        x += stride

@@ -194,6 +194,7 @@ class _Scratch:
         self.lower_box = self.take(6 * n)
         self.upper_box = self.take(6 * n)
         self.grid_first = self.take(2 * grids)
+        self.grid_box = self.take(6 * grids)
         self.layout = self.take(16 + G.G_WORDS * grids)  # word 0: the blob's words, 1: all voxels; rows from 16
         self.headers = self.take((HEADER_SIZE // 4) * grids)
         self.aux: dict[int, list[int]] = {}
@@ -221,7 +222,7 @@ class DeviceGridBuild(GridOp):
     OPS = ("GridBatchFromIJK", "GridBatchFromPoints", "GridBatchFromNearestVoxelsToPoints")
     runtime_sized = (0, 4)  # grid_blob (bytes), leaf_batch_indices (leaves)
     HEADER_WORDS = HEADER_SIZE // 4
-    ZERO_THREADS = 16384  # threads zeroing the blob (each every ZERO_THREADS-th word)
+    ZERO_THREADS = 16384  # threads zeroing the blob, writing child masks (each every ZERO_THREADS-th word)
 
     @classmethod
     def infer(cls, node, inputs):
@@ -350,7 +351,7 @@ class DeviceGridBuild(GridOp):
         leaves = self._ctr(G.C_LEAVES)
         items = max(N, 1)
         out = [Phase("clear", max(S.cap, B, 1), lambda ctx, t: self._call(ctx, "gb_clear", S.owner, S.cap, S.ctr,
-                                                                           S.grid_first, B, t)),
+                                                                           S.grid_first, S.grid_box, B, t)),
                Phase("voxel keys", items, self._emit_voxels),
                Phase("hash leaves", items, lambda ctx, p: self._guarded(ctx, p, "gb_insert", S.vox, S.owner, S.slot,
                                                                           S.ids, S.cap, p))]
@@ -387,13 +388,12 @@ class DeviceGridBuild(GridOp):
                           lambda n, b: f"{b} + {n}")
         out += [Phase("node ranges", items, lambda ctx, r: self._call(
                     ctx, "gb_firsts", S.ctr, S.skey, S.new_lower, S.new_upper, S.lower_first, S.upper_first,
-                    S.upper_lower, S.grid_first, r)),
-                Phase("lower bboxes", items, lambda ctx, l: self._call(ctx, "gb_lower_box", S.ctr, S.lower_first,
-                                                                        S.leaf_box, S.lower_box, l)),
-                Phase("upper bboxes", items, lambda ctx, u: self._call(ctx, "gb_upper_box", S.ctr, S.upper_lower,
-                                                                        S.lower_box, S.upper_box, u)),
+                    S.upper_lower, S.grid_first, S.lower_box, S.upper_box, r)),
+                Phase("node bboxes", items, lambda ctx, r: self._call(
+                    ctx, "gb_node_boxes", S.ctr, S.skey, S.new_lower, S.new_upper, S.leaf_box, S.lower_box, S.upper_box,
+                    S.grid_box, r)),
                 Phase("grid summaries", B, lambda ctx, b: self._call(
-                    ctx, "gb_summary", S.ctr, S.new_lower, S.new_upper, S.counts, S.grid_first, S.upper_box,
+                    ctx, "gb_summary", S.ctr, S.new_lower, S.new_upper, S.counts, S.grid_first, S.grid_box,
                     S.summary, b), readback=HostRead(S.ctr, G.C_WORDS + G.S_WORDS * B, self._host_step)),
                 Phase("zero the blob", self.ZERO_THREADS, self._emit_zero),
                 Phase("grid headers", self.HEADER_WORDS * B, lambda ctx, t: self._emit_blob_call(
@@ -402,8 +402,10 @@ class DeviceGridBuild(GridOp):
                 Phase("lower nodes", items, lambda ctx, l: self._emit_blob_call(
                     ctx, "gb_write_lower", S.ctr, S.layout + 16, S.skey, S.lower_first, S.new_upper, S.lower_box, l)),
                 Phase("upper nodes and root tiles", items, lambda ctx, u: self._emit_blob_call(
-                    ctx, "gb_write_upper", S.ctr, S.layout + 16, S.skey, S.lower_first, S.upper_first, S.upper_lower,
-                    S.upper_box, u)),
+                    ctx, "gb_write_upper", S.ctr, S.layout + 16, S.skey, S.upper_first, S.upper_box, u)),
+                Phase("child masks", self.ZERO_THREADS, lambda ctx, t: self._emit_blob_call(
+                    ctx, "gb_child_words", S.ctr, S.layout + 16, S.skey, S.lower_first, S.upper_lower,
+                    self.ZERO_THREADS, t)),
                 Phase("offsets and transforms", B, self._emit_statics)]
         return out
 
