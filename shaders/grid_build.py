@@ -38,7 +38,7 @@ from luisa.builtin import bitwise_cast
 from luisa.types import uint  # noqa: F401
 
 SCAN = 32  # words a prefix-sum thread scans
-CHUNK = 32  # leaves a radix-sort thread histograms and scatters (its 256 counters zeroed first)
+CHUNK = 16  # leaves a radix-sort thread histograms and scatters (its 256 counters zeroed first)
 HASH_EMPTY = 0
 
 # ctr words (offsets from the layout's ctr base)
@@ -386,6 +386,15 @@ def gb_digit(s, ctr, lkey, key2, id, p):
     else:
         v = (s.read(lkey + 4 * id + 4 - f) >> 9) - s.read(ctr + C_MIN + f - 1)  # f 1, 2, 3: tile k, j, i
     return (v >> gb_pass_shift(p)) & 255
+
+
+@luisa.func
+def gb_hist_words(s, ctr, p):
+    """The counters pass p's prefix sum runs over: 256 per chunk of leaves, none for a pass that does nothing."""
+    words = 0
+    if gb_pass_active(s, ctr, p):
+        words = 256 * ((s.read(ctr + C_LEAVES) + CHUNK - 1) // CHUNK)
+    return words
 
 
 @luisa.func

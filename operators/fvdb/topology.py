@@ -315,32 +315,34 @@ class DeviceGridBuild(GridOp):
     def _ctr(self, word: int) -> str:
         return f"scratch_int.read({self.S.ctr + word})"
 
-    def _scan(self, name: str, bases: list[int], size: int, n_expr: str, total_at) -> list[Phase]:
-        """Phases of an exclusive prefix sum in place over the first n (a DSL expression, at most size)
-        words at each base (the same length), the total of each written at total_at(n, base)."""
+    def _scan(self, name: str, bases: list[int], size: int, n_expr, total_at) -> list[Phase]:
+        """Phases of an exclusive prefix sum in place over the first n (a DSL expression, or a function of
+        the emission's context returning one; at most size) words at each base (the same length), the
+        total of each written at total_at(n, base)."""
         sizes = _levels(size)
         levels = [self.S.levels(b, size) for b in bases]
         out = []
 
-        def n_at(k: int) -> str:
-            return n_expr if k == 0 else f"(({n_expr}) + {G.SCAN ** k - 1}) // {G.SCAN ** k}"
+        def n_at(ctx, k: int) -> str:
+            n = n_expr(ctx) if callable(n_expr) else n_expr
+            return n if k == 0 else f"(({n}) + {G.SCAN ** k - 1}) // {G.SCAN ** k}"
 
         for k in range(len(sizes) - 1):
             def up(ctx, item, k=k):
-                nk = ctx.let(n_at(k), "n")
+                nk = ctx.let(n_at(ctx, k), "n")
                 for lv in levels:
                     self._call(ctx, "gb_scan_up", lv[k], lv[k + 1], nk, item)
             out.append(Phase(f"{name}: sum chunks, level {k}", sizes[k + 1], up))
 
         def top(ctx, item):
-            n = ctx.let(n_expr, "n")
-            nk = ctx.let(n_at(len(sizes) - 1), "n")
+            n = ctx.let(n_at(ctx, 0), "n")
+            nk = ctx.let(n_at(ctx, len(sizes) - 1), "n")
             for b, lv in zip(bases, levels):
                 self._call(ctx, "gb_scan_top", lv[-1], nk, total_at(n, b))
         out.append(Phase(f"{name}: top level", 1, top))
         for k in reversed(range(len(sizes) - 1)):
             def down(ctx, item, k=k):
-                nk = ctx.let(n_at(k), "n")
+                nk = ctx.let(n_at(ctx, k), "n")
                 for lv in levels:
                     self._call(ctx, "gb_scan_down", lv[k], lv[k + 1], nk, item)
             out.append(Phase(f"{name}: add chunk bases, level {k}", sizes[k], down))
@@ -362,8 +364,9 @@ class DeviceGridBuild(GridOp):
                                                                           S.ids, S.mask, p)),
                 Phase("tile ranges", max(-(-N // 64), 1), lambda ctx, c: self._call(ctx, "gb_ranges", S.lkey, S.ctr, c)),
                 Phase("sort keys", items, lambda ctx, i: self._call(ctx, "gb_sort_keys", S.lkey, S.key2, S.ctr, i))]
-        hist_n = f"256 * (({leaves} + {G.CHUNK - 1}) // {G.CHUNK})"
         for p in range(G.PASSES):
+            def hist_n(ctx, p=p):
+                return f"{ctx.use_helper('gb_hist_words', 'grid_build')}(scratch_int, {S.ctr}, {p})"
             def hist(ctx, c, p=p):
                 src = ctx.let(f"{ctx.use_helper('gb_pass_source', 'grid_build')}(scratch_int, {S.ctr}, {S.order[0]}, "
                               f"{S.order[1]}, {p})", "src")
