@@ -133,3 +133,43 @@ def test_fuzz_graph_11_130_matches_or_stays_untriaged():
         return  # matches onnxruntime (the fix)
     assert info["culprit"] == "Div" and info.get("fused_only") and info["reference_agrees"] is False, info
     assert fuzz_triage.classify(info) is None, info
+
+
+def test_a_node_wrong_only_as_the_sole_output_is_localised_and_untriaged(monkeypatch):
+    """localise's second pass: every node agrees with all intermediates exposed, yet one differs as the
+    graph's only output (what a fused or inlined kernel does wrong). A compile that adds 1 to a lone
+    float output stands in for such a bug."""
+    import os
+
+    import luisaml
+    import luisaml.device
+
+    luisaml.device.init(os.environ.get("LUISAML_BACKEND") or "cpu")
+    g = next(g for g in (fuzz.valid_graph(0, i)[0] for i in range(40))
+             if g is not None and len(g.nodes) >= 2 and all(len(n.output) == 1 for n in g.nodes))
+    compile_ = luisaml.compile
+
+    class Wrong:
+        def __init__(self, net, name):
+            self.net, self.name = net, name
+
+        def run(self, feeds):
+            out = self.net.run(feeds)
+            v = np.asarray(out[self.name])
+            if v.dtype.kind == "f":
+                out[self.name] = v + np.float32(1)
+            return out
+
+    def compile_wrong(model, *a, **k):
+        net = compile_(model, *a, **k)
+        return Wrong(net, model.graph.output[0].name) if len(model.graph.output) == 1 else net
+
+    n = 2
+    want = fuzz.ort_run(*fuzz.to_model([g], n, intermediates=True))
+    first_float = next((nd.name for nd in g.nodes if want[nd.output[0]].dtype.kind == "f"), None)
+    assert first_float is not None, "the chosen graph has no float node output"
+    monkeypatch.setattr(luisaml, "compile", compile_wrong)
+    info = fuzz.localise(g, n)
+    assert info.get("fused_only") and info["culprit_node"] == first_float, info
+    assert info["own_inputs_agree"] is False, info
+    assert fuzz_triage.classify(info) is None, info
