@@ -50,6 +50,7 @@ C_MAX = 7  # 7..10: max of the same
 C_LOWERS = 11
 C_UPPERS = 12
 C_DUMMY = 14  # where a prefix sum whose total nobody reads writes it
+C_PASS = 15  # the radix pass running
 C_WORDS = 16
 
 ERR_OFFSETS = 1  # joffsets do not rise from 0 to N

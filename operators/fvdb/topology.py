@@ -160,58 +160,84 @@ def _levels(size: int) -> list[int]:
     return out
 
 
+class _Word:
+    """A region's base (or a size) that the stages read from the layout table at the scratch's start
+    (word `at`) instead of holding it as a literal: the kernels are then the same text for every
+    network of the op (the CUDA backend compiles each distinct kernel once, about a second cold)."""
+
+    def __init__(self, at: int, value: int):
+        self.at, self.value = at, int(value)
+
+    def __str__(self) -> str:
+        return f"scratch_int.read({self.at})"
+
+    def __format__(self, spec: str) -> str:
+        return str(self)
+
+    def __add__(self, other) -> str:
+        return f"({self} + {other})"
+
+    def __radd__(self, other) -> str:
+        return f"({other} + {self})"
+
+
 class _Scratch:
     """Word offsets of a device grid build's int scratch, for N voxel keys of B grids (upper bounds:
-    N leaves, N lower and N upper nodes)."""
+    N leaves, N lower and N upper nodes). Words 0..TABLE hold the layout table (the clear stage writes
+    it); ctr and the summaries sit at fixed words after it; every other base is a _Word."""
+
+    TABLE = 96  # regions from word 0, each prefix sum's levels from word 32 + 8 * its number
+    LEVELS = 32
+    CTR = TABLE  # fixed: the same in every network
+    SUMMARY = CTR + G.C_WORDS  # right after ctr: one read-back takes both
 
     def __init__(self, n: int, grids: int):
-        self.words = 0
+        self.words = self.SUMMARY + G.S_WORDS * grids
         self.n, self.grids = n, grids
-        self.ctr = self.take(G.C_WORDS)
-        self.summary = self.take(G.S_WORDS * grids)  # right after ctr: one read-back takes both
+        self.ctr, self.summary = self.CTR, self.SUMMARY
+        self.table: list[int] = []  # word k of the layout table
         cap = 2
         while cap < 2 * n:
             cap *= 2
-        self.cap = cap
-        self.vox = self.take(4 * n)
-        self.owner = self.take(cap)
-        self.slot = self.take(n)
-        self.ids = self.take(n + 1)
-        self.lkey = self.take(4 * n)
-        self.mask = self.take(16 * n)
-        self.key2 = self.take(n)
-        self.order = (self.take(n), self.take(n))
+        self.raw = {"keys": n, "grids": grids, "cap": cap}
         self.chunks = max(-(-n // G.CHUNK), 1)
-        self.hist = self.take(256 * self.chunks + 1)
-        self.skey = self.take(4 * n)
-        self.counts = self.take(n + 1)
-        self.new_lower = self.take(n + 1)
-        self.new_upper = self.take(n + 1)
-        self.leaf_box = self.take(6 * n)
-        self.lower_first = self.take(n + 1)
-        self.upper_first = self.take(n + 1)
-        self.upper_lower = self.take(n + 1)
-        self.lower_box = self.take(6 * n)
-        self.upper_box = self.take(6 * n)
-        self.grid_first = self.take(2 * grids)
-        self.grid_box = self.take(6 * grids)
-        self.layout = self.take(16 + G.G_WORDS * grids)  # word 0: the blob's words, 1: all voxels; rows from 16
-        self.headers = self.take((HEADER_SIZE // 4) * grids)
-        self.aux: dict[int, list[int]] = {}
-        for base, size in ((self.ids, n), (self.hist, 256 * self.chunks), (self.counts, n), (self.new_lower, n),
-                           (self.new_upper, n)):  # the prefix sums' upper levels
-            self.levels(base, size)
+        sizes = {"vox": 4 * n, "owner": cap, "slot": n, "ids": n + 1, "lkey": 4 * n, "mask": 16 * n, "key2": n,
+                 "order_a": n, "order_b": n, "hist": 256 * self.chunks + 1, "skey": 4 * n, "counts": n + 1,
+                 "new_lower": n + 1, "new_upper": n + 1, "leaf_box": 6 * n, "lower_first": n + 1,
+                 "upper_first": n + 1, "upper_lower": n + 1, "lower_box": 6 * n, "upper_box": 6 * n,
+                 "grid_first": 2 * grids, "grid_box": 6 * grids,
+                 "layout": 16 + G.G_WORDS * grids,  # word 0: the blob's words, 1: all voxels; rows from 16
+                 "headers": (HEADER_SIZE // 4) * grids}
+        for name, size in sizes.items():
+            self.raw[name] = self.take(size)
+        for name, value in self.raw.items():
+            setattr(self, name, self.word(value))
+        self.order = (self.order_a, self.order_b)
+        assert len(self.table) <= self.LEVELS, len(self.table)
+        self.table += [0] * (self.TABLE - len(self.table))
+        self.aux: dict[str, list] = {}
+        for j, (name, size) in enumerate((("ids", n), ("hist", 256 * self.chunks), ("counts", n), ("new_lower", n),
+                                          ("new_upper", n))):  # the prefix sums' upper levels, at fixed words
+            levels = _levels(size)[1:]
+            assert len(levels) < 8, levels  # (32^8 words: beyond 32-bit indexing)
+            self.aux[name] = [getattr(self, name)] + [self.word(self.take(m), self.LEVELS + 8 * j + k)
+                                                      for k, m in enumerate(levels)]
+
+    def word(self, value: int, at: int | None = None) -> _Word:
+        if at is None:
+            at = len(self.table)
+            self.table.append(0)
+        self.table[at] = int(value)
+        return _Word(at, value)
 
     def take(self, words: int) -> int:
         base = self.words
         self.words += max(int(words), 1)
         return base
 
-    def levels(self, base: int, size: int) -> list[int]:
-        """Return the bases of the levels of a prefix sum over `size` words at base (taken in __init__)."""
-        if base not in self.aux:
-            self.aux[base] = [base] + [self.take(m) for m in _levels(size)[1:]]
-        return self.aux[base]
+    def levels(self, name: str) -> list:
+        """Return the bases (_Word) of the levels of the prefix sum over region `name`."""
+        return self.aux[name]
 
 
 class DeviceGridBuild(GridOp):
@@ -320,11 +346,11 @@ class DeviceGridBuild(GridOp):
         the emission's context returning one; at most size) words at each base (the same length), the
         total of each written at total_at(n, base)."""
         sizes = _levels(size)
-        levels = [self.S.levels(b, size) for b in bases]
+        levels = [self.S.levels(b) for b in bases]
         out = []
 
         def n_at(ctx, k: int) -> str:
-            n = n_expr(ctx) if callable(n_expr) else n_expr
+            n = n_expr(ctx) if callable(n_expr) else str(n_expr)
             return n if k == 0 else f"(({n}) + {G.SCAN ** k - 1}) // {G.SCAN ** k}"
 
         for k in range(len(sizes) - 1):
@@ -337,8 +363,8 @@ class DeviceGridBuild(GridOp):
         def top(ctx, item):
             n = ctx.let(n_at(ctx, 0), "n")
             nk = ctx.let(n_at(ctx, len(sizes) - 1), "n")
-            for b, lv in zip(bases, levels):
-                self._call(ctx, "gb_scan_top", lv[-1], nk, total_at(n, b))
+            for lv in levels:
+                self._call(ctx, "gb_scan_top", lv[-1], nk, total_at(n, lv[0]))
         out.append(Phase(f"{name}: top level", 1, top))
         for k in reversed(range(len(sizes) - 1)):
             def down(ctx, item, k=k):
@@ -352,34 +378,43 @@ class DeviceGridBuild(GridOp):
         S, N, B = self.S, self.K, self.B  # (N: voxel keys)
         leaves = self._ctr(G.C_LEAVES)
         items = max(N, 1)
-        out = [Phase("clear", max(S.cap, B, 1), lambda ctx, t: self._call(ctx, "gb_clear", S.owner, S.cap, S.ctr,
-                                                                           S.grid_first, S.grid_box, B, t)),
+        out = [Phase("clear", max(S.raw["cap"], B, 1), self._emit_clear),
                Phase("voxel keys", items, self._emit_voxels),
                Phase("hash leaves", items, lambda ctx, p: self._guarded(ctx, p, "gb_insert", S.vox, S.owner, S.slot,
                                                                           S.ids, S.cap, p))]
-        out += self._scan("leaf ids", [S.ids], N, str(N), lambda n, b: S.ctr + G.C_LEAVES)
+        out += self._scan("leaf ids", ["ids"], N, S.keys, lambda n, b: S.ctr + G.C_LEAVES)
         out += [Phase("leaf keys", items, lambda ctx, p: self._guarded(ctx, p, "gb_leaf_init", S.vox, S.owner, S.slot,
                                                                          S.ids, S.lkey, S.mask, S.order[0], p)),
                 Phase("leaf masks", items, lambda ctx, p: self._guarded(ctx, p, "gb_leaf_bit", S.vox, S.owner, S.slot,
                                                                           S.ids, S.mask, p)),
                 Phase("tile ranges", max(-(-N // 64), 1), lambda ctx, c: self._call(ctx, "gb_ranges", S.lkey, S.ctr, c)),
                 Phase("sort keys", items, lambda ctx, i: self._call(ctx, "gb_sort_keys", S.lkey, S.key2, S.ctr, i))]
-        for p in range(G.PASSES):
-            def hist_n(ctx, p=p):
-                return f"{ctx.use_helper('gb_hist_words', 'grid_build')}(scratch_int, {S.ctr}, {p})"
-            def hist(ctx, c, p=p):
-                src = ctx.let(f"{ctx.use_helper('gb_pass_source', 'grid_build')}(scratch_int, {S.ctr}, {S.order[0]}, "
-                              f"{S.order[1]}, {p})", "src")
-                self._call(ctx, "gb_hist", S.ctr, S.lkey, S.key2, src, S.hist, p, c)
+        # the pass number is a counter in ctr (the last stage of a pass adds 1), not a literal: the
+        # PASSES passes are then the same kernels
+        pass_no = f"scratch_int.read({S.ctr + G.C_PASS})"
 
-            def scatter(ctx, c, p=p):
-                src = ctx.let(f"{ctx.use_helper('gb_pass_source', 'grid_build')}(scratch_int, {S.ctr}, {S.order[0]}, "
-                              f"{S.order[1]}, {p})", "src")
-                dst = ctx.let(f"{S.order[0] + S.order[1]} - {src}", "dst")
-                self._call(ctx, "gb_scatter", S.ctr, S.lkey, S.key2, src, dst, S.hist, p, c)
+        def hist_n(ctx):
+            return f"{ctx.use_helper('gb_hist_words', 'grid_build')}(scratch_int, {S.ctr}, {pass_no})"
+
+        def source(ctx) -> str:
+            return ctx.let(f"{ctx.use_helper('gb_pass_source', 'grid_build')}(scratch_int, {S.ctr}, {S.order[0]}, "
+                           f"{S.order[1]}, {pass_no})", "src")
+
+        def hist(ctx, c):
+            self._call(ctx, "gb_hist", S.ctr, S.lkey, S.key2, source(ctx), S.hist, pass_no, c)
+
+        def scatter(ctx, c):
+            src = source(ctx)
+            dst = ctx.let(f"{S.order[0] + S.order[1]} - {src}", "dst")
+            self._call(ctx, "gb_scatter", S.ctr, S.lkey, S.key2, src, dst, S.hist, pass_no, c)
+
+        def next_pass(ctx, t):
+            ctx.line(f"scratch_int.write({S.ctr + G.C_PASS}, {pass_no} + 1)")
+        for p in range(G.PASSES):
             out.append(Phase(f"radix pass {p}: histograms", S.chunks, hist))
-            out += self._scan(f"radix pass {p}", [S.hist], 256 * S.chunks, hist_n, lambda n, b: S.ctr + G.C_DUMMY)
+            out += self._scan(f"radix pass {p}", ["hist"], 256 * S.chunks, hist_n, lambda n, b: S.ctr + G.C_DUMMY)
             out.append(Phase(f"radix pass {p}: scatter", S.chunks, scatter))
+            out.append(Phase(f"radix pass {p}: next", 1, next_pass))
 
         def rank(ctx, r):
             order = ctx.let(f"{ctx.use_helper('gb_pass_source', 'grid_build')}(scratch_int, {S.ctr}, {S.order[0]}, "
@@ -387,7 +422,7 @@ class DeviceGridBuild(GridOp):
             self._call(ctx, "gb_rank", S.ctr, S.lkey, S.mask, order, S.skey, S.counts, S.new_lower, S.new_upper,
                        S.leaf_box, r)
         out.append(Phase("leaves in order", items, rank))
-        out += self._scan("voxel, lower and upper ids", [S.counts, S.new_lower, S.new_upper], N, leaves,
+        out += self._scan("voxel, lower and upper ids", ["counts", "new_lower", "new_upper"], N, leaves,
                           lambda n, b: f"{b} + {n}")
         out += [Phase("node ranges", items, lambda ctx, r: self._call(
                     ctx, "gb_firsts", S.ctr, S.skey, S.new_lower, S.new_upper, S.lower_first, S.upper_first,
@@ -400,7 +435,7 @@ class DeviceGridBuild(GridOp):
                     S.summary, b), readback=HostRead(S.ctr, G.C_WORDS + G.S_WORDS * B, self._host_step)),
                 Phase("zero the blob", self.ZERO_THREADS, self._emit_zero),
                 Phase("grid headers", self.HEADER_WORDS * B, lambda ctx, t: self._emit_blob_call(
-                    ctx, "gb_header_word", S.layout + 16, S.headers, B, t)),
+                    ctx, "gb_header_word", S.layout + 16, S.headers, S.grids, t)),
                 Phase("leaves", items, self._emit_leaves),
                 Phase("lower nodes", items, lambda ctx, l: self._emit_blob_call(
                     ctx, "gb_write_lower", S.ctr, S.layout + 16, S.skey, S.lower_first, S.new_upper, S.lower_box, l)),
@@ -412,8 +447,18 @@ class DeviceGridBuild(GridOp):
                 Phase("offsets and transforms", B, self._emit_statics)]
         return out
 
+    def _emit_clear(self, ctx, t) -> None:
+        """Thread 0 writes the layout table the later stages read; the stage itself holds literals."""
+        S = self.S
+        ctx.line(f"if {t} == 0:")
+        with ctx.indent():
+            for k, value in enumerate(S.table):
+                ctx.line(f"scratch_int.write({k}, {value})")
+        self._call(ctx, "gb_clear", S.raw["owner"], S.raw["cap"], S.ctr, S.raw["grid_first"], S.raw["grid_box"],
+                   self.B, t)
+
     def _guarded(self, ctx, item: str, helper: str, *args) -> None:
-        ctx.line(f"if {item} < {self.K}:")
+        ctx.line(f"if {item} < {self.S.keys}:")
         with ctx.indent():
             self._call(ctx, helper, *args)
 
@@ -554,8 +599,8 @@ class DeviceGridBuild(GridOp):
                            "(32-bit offsets)")
         head = np.zeros(16, np.int64)
         head[0], head[1] = offset // 4, voxel
-        writes = [(S.layout, np.concatenate([head, layout.reshape(-1)]).astype(np.int32)),
-                  (S.headers, headers.reshape(-1).view(np.int32))]
+        writes = [(S.layout.value, np.concatenate([head, layout.reshape(-1)]).astype(np.int32)),
+                  (S.headers.value, headers.reshape(-1).view(np.int32))]
         return HostResult({0: offset, 4: leaf}, writes)
 
 
