@@ -65,20 +65,32 @@ def _pass(var: str, n: int, body: list[str], pre=(), post=()) -> dict:
     return {"var": var, "n": n, "body": list(body), "pre": list(pre), "post": list(post)}
 
 
-def mean_var_passes(ctx, x: Tensor, blocks: Blocks, o: str) -> tuple[list[dict], str, str]:
-    """Return (passes, mean, variance): the two-pass population statistics of group o."""
+def mean_var_passes(ctx, x: Tensor, blocks: Blocks, o: str) -> tuple[list[dict], str, str, Callable[[str], str]]:
+    """Return (passes, mean, variance, centred): the two-pass population statistics of group o and
+    centred(v), the expression of v - mean. The group's first element x0 is taken out first: the
+    mean is x0 + shift, shift the mean of the differences from x0, and v - mean is computed as
+    (v - x0) - shift, never through the rounded mean. A group of equal values then centres to 0
+    exactly (sum / n of three equal floats near 245 is another float, which LayerNorm's eps-sized
+    variance made an output 2e-3 off its bias: fuzz graph 5:943), and close values keep the
+    digits a float32 mean near them would round away."""
     n = blocks.inner
     r1, r2 = _var(ctx, n, "r"), _var(ctx, n, "r")
-    s, mean, q, var, d = (ctx.fresh(p) for p in ("sum", "mean", "sq", "var", "d"))
-    p1 = _pass(r1, n, [f"{s} += {load_f(x, blocks.index(o, r1))}"], [f"{s} = 0.0"], [f"{mean} = {s} / {float(n)!r}"])
+    s, mean, q, var, d, x0, shift = (ctx.fresh(p) for p in ("sum", "mean", "sq", "var", "d", "x0", "shift"))
+
+    def centred(v: str) -> str:
+        return f"(({v} - {x0}) - {shift})"
+
+    p1 = _pass(r1, n, [f"{s} += {load_f(x, blocks.index(o, r1))} - {x0}"],
+               [f"{x0} = {load_f(x, blocks.index(o, '0'))}", f"{s} = 0.0"],
+               [f"{shift} = {s} / {float(n)!r}", f"{mean} = {x0} + {shift}"])
     p2 = _pass(
         r2,
         n,
-        [f"{d} = {load_f(x, blocks.index(o, r2))} - {mean}", f"{q} += {d} * {d}"],
+        [f"{d} = {centred(load_f(x, blocks.index(o, r2)))}", f"{q} += {d} * {d}"],
         [f"{q} = 0.0"],
         [f"{var} = {q} / {float(n)!r}"],
     )
-    return [p1, p2], mean, var
+    return [p1, p2], mean, var, centred
 
 
 def standardize_passes(
@@ -86,10 +98,10 @@ def standardize_passes(
 ) -> tuple[list[dict], str, str, str]:
     """Return (passes, mean, var, inv): the statistics passes of group o, then a pass that sets
     inv = inv_of(var) and stores y = affine((x - mean) * inv, r) at each element r."""
-    passes, mean, var = mean_var_passes(ctx, x, blocks, o)
+    passes, mean, var, centred = mean_var_passes(ctx, x, blocks, o)
     inv, r = ctx.fresh("inv"), _var(ctx, blocks.inner, "r")
     i = blocks.index(o, r)
-    value = affine(f"({load_f(x, i)} - {mean}) * {inv}", r)
+    value = affine(f"{centred(load_f(x, i))} * {inv}", r)
     passes.append(_pass(r, blocks.inner, [store_f(y, i, value)], [f"{inv} = {inv_of(var)}"]))
     return passes, mean, var, inv
 

@@ -78,6 +78,24 @@ def test_layer_and_rms_normalization():
         np.testing.assert_allclose(got[k], w, rtol=1e-5, atol=1e-5, err_msg=k)
 
 
+def test_layer_normalization_of_equal_values_is_the_bias():
+    """Rows of equal values have mean that value and variance 0, so the output is the bias (numpy,
+    exactly). sum / n rounds three floats near 245 to another value, which eps = 1e-5 turned into
+    outputs 2e-3 off (fuzz graph 5:943); mixed rows against numpy in float64."""
+    rng = np.random.default_rng(3)
+    x = np.repeat(rng.uniform(-300, 300, (6, 1)), 3, axis=1).astype(np.float32)
+    x[0] = 245.24873
+    x[5] = [245.24873, 245.2488, 245.24866]  # (not equal: numpy's float64 statistics)
+    s, b = rand((3,), seed=8), rand((3,), seed=9)
+    feeds = {"x": x, "s": s, "b": b}
+    got = luisaml.compile(model([node("LayerNormalization", "ln", ["x", "s", "b"])], feeds, opset=17),
+                          batch_axis=None).run(feeds)["ln"]
+    np.testing.assert_array_equal(got[:5], np.broadcast_to(b, (5, 3)))
+    x64 = x[5].astype(np.float64)
+    want = (x64 - x64.mean()) / np.sqrt(x64.var() + 1e-5) * s + b
+    np.testing.assert_allclose(got[5], want, rtol=1e-4, atol=1e-4)
+
+
 def _rms(x, scale, axis, eps):
     """numpy RMSNormalization (this onnxruntime has no kernel for opset 23's op)."""
     axes = tuple(range(axis % x.ndim, x.ndim))
