@@ -111,8 +111,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", help="where the JSON goes (default benchmarks/results)")
     ap.add_argument("--tile", help="R,O: the voxels x channels of a convolution thread instead of the operator's "
                     "choice (for measuring tile shapes)")
-    ap.add_argument("--pipelined", action="store_true", help="the GPU tiles tiled.choose gives Conv (64 x 64, "
-                    "double-buffered) instead of the operator's choice (for measuring tilings)")
+    ap.add_argument("--tilings", nargs="*", metavar="BM,BN,BK", help="CUDA: also time the layer with these "
+                    "double-buffered block tilings (e.g. 64,64,16 128,64,8), each checked first (for measuring)")
     a = ap.parse_args(argv)
     import torch
 
@@ -131,12 +131,6 @@ def main(argv=None) -> int:
 
         tile = tuple(int(v) for v in a.tile.split(","))
         conv_op.conv_tile = lambda n_out, c_out: tile
-    if a.pipelined:  # a measurement of another tiling: replace the operator's choice for this process
-        from luisaml.operators import tiled
-        from luisaml.operators.fvdb.conv import SparseConv3d
-
-        SparseConv3d.block_tiling = lambda op: tiled.choose(op.n_out, op.c_out, op.taps * op.c_in, 1, m_fast=False,
-                                                            pipelined=True)
     reps = a.reps or (50 if cuda else 10)
     radius = a.radius or (GPU_RADIUS if cuda else CPU_RADIUS)
     dev = "cuda" if cuda else "cpu"
@@ -206,10 +200,12 @@ def main(argv=None) -> int:
                 "kernel_map": (lambda: mapper.run(map_feeds), None),
                 "map_and_layer": (lambda: both.run(both_feeds), None)}
         times = _time(runs, reps, cuda)
+    if cuda and a.tilings:
+        times["tilings"] = _other_tilings(a.tilings, layer_m, backend, x, want, reps)
     rec = {"date": datetime.date.today().isoformat(), "device": name, "backend": backend,
            "torch": torch.__version__, "command": "python benchmarks/bench_fvdb.py" + (" --cpu" if a.cpu else "")
            + (f" --radius {a.radius:g}" if a.radius else "") + (f" --reps {a.reps}" if a.reps else "")
-           + (f" --tile {a.tile}" if a.tile else "") + (" --pipelined" if a.pipelined else ""),
+           + (f" --tile {a.tile}" if a.tile else "") + (f" --tilings {' '.join(a.tilings)}" if a.tilings else ""),
            "grid": {"shape": f"sphere shell, radius {radius:g}, in a 512^3 extent", "voxels": n,
                     "leaves": int(gb.total_leaves), "pairs": pairs},
            "conv": {"kernel": KERNEL, "stride": 1, "in_channels": CHANNELS, "out_channels": CHANNELS},
@@ -234,6 +230,36 @@ def main(argv=None) -> int:
         print(f"| {k} | {lm} | {tm} | {r.get('speedup', float('nan')):.2f}x |")
     print(f"wrote {path}")
     return 0
+
+
+def _other_tilings(tilings: list[str], layer_m, backend: str, x, want, reps: int) -> dict:
+    """Return {tiling: luisaml_ms} of the layer compiled with each BM,BN,BK (double-buffered tiles,
+    8 x 8 a thread, 4 x 4 where a side is 32) in place of the operator's choice, each checked."""
+    import torch
+
+    import luisaml
+    from bench_mlp import device_times
+    from luisaml.operators import tiled
+    from luisaml.operators.fvdb.conv import SparseConv3d
+
+    chosen = SparseConv3d.block_tiling
+    out = {}
+    try:
+        for spec in tilings:
+            BM, BN, BK = (int(v) for v in spec.split(","))
+            SparseConv3d.block_tiling = lambda op, BM=BM, BN=BN, BK=BK: tiled.Tiling(
+                op.n_out, op.c_out, op.taps * op.c_in, 1, BM, BN, 8 if BM >= 64 else 4, 8 if BN >= 64 else 4, BK,
+                False, double=True)
+            net = luisaml.compile(layer_m, backend=backend, batch_axis=None)
+            with torch.no_grad():
+                err = rel_err(_np(net.run({"x": x})["y"]), _np(want))
+                ms, how = device_times(lambda: net.run({"x": x}), torch.cuda.synchronize, reps) if err <= REL_TOL else ([], "")
+            out[spec] = {"rel_err": err, "luisaml_ms": percentiles(ms) if ms else None, "timing": how}
+            print(f"tiling {spec}: rel err {err:.1e}" + (f", {out[spec]['luisaml_ms']['p50']:.3f} ms" if ms else
+                                                         " FAILED correctness"), flush=True)
+    finally:
+        SparseConv3d.block_tiling = chosen
+    return out
 
 
 def _np(t) -> np.ndarray:
