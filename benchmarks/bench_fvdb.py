@@ -111,8 +111,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", help="where the JSON goes (default benchmarks/results)")
     ap.add_argument("--tile", help="R,O: the voxels x channels of a convolution thread instead of the operator's "
                     "choice (for measuring tile shapes)")
-    ap.add_argument("--tilings", nargs="*", metavar="BM,BN,BK", help="CUDA: also time the layer with these "
-                    "double-buffered block tilings (e.g. 64,64,16 128,64,8), each checked first (for measuring)")
+    ap.add_argument("--tilings", nargs="*", metavar="BM,BN,BK[,TM,TN]", help="CUDA: also time the layer with "
+                    "these double-buffered block tilings (e.g. 64,64,16 128,64,8 64,64,8,4,8), each checked first "
+                    "(for measuring; TM x TN a thread's tile, default 8 x 8, 4 where a side is 32)")
     a = ap.parse_args(argv)
     import torch
 
@@ -233,8 +234,8 @@ def main(argv=None) -> int:
 
 
 def _other_tilings(tilings: list[str], layer_m, backend: str, x, want, reps: int) -> dict:
-    """Return {tiling: luisaml_ms} of the layer compiled with each BM,BN,BK (double-buffered tiles,
-    8 x 8 a thread, 4 x 4 where a side is 32) in place of the operator's choice, each checked."""
+    """Return {tiling: luisaml_ms} of the layer compiled with each BM,BN,BK[,TM,TN] (double-buffered
+    tiles) in place of the operator's choice, each checked."""
     import torch
 
     import luisaml
@@ -246,10 +247,11 @@ def _other_tilings(tilings: list[str], layer_m, backend: str, x, want, reps: int
     out = {}
     try:
         for spec in tilings:
-            BM, BN, BK = (int(v) for v in spec.split(","))
-            SparseConv3d.block_tiling = lambda op, BM=BM, BN=BN, BK=BK: tiled.Tiling(
-                op.n_out, op.c_out, op.taps * op.c_in, 1, BM, BN, 8 if BM >= 64 else 4, 8 if BN >= 64 else 4, BK,
-                False, double=True)
+            v = [int(t) for t in spec.split(",")]
+            BM, BN, BK = v[:3]
+            TM, TN = v[3:5] if len(v) == 5 else (8 if BM >= 64 else 4, 8 if BN >= 64 else 4)
+            SparseConv3d.block_tiling = lambda op, BM=BM, BN=BN, BK=BK, TM=TM, TN=TN: tiled.Tiling(
+                op.n_out, op.c_out, op.taps * op.c_in, 1, BM, BN, TM, TN, BK, False, double=True)
             net = luisaml.compile(layer_m, backend=backend, batch_axis=None)
             with torch.no_grad():
                 err = rel_err(_np(net.run({"x": x})["y"]), _np(want))
