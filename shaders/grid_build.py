@@ -88,7 +88,8 @@ S_LOWERS = 1
 S_UPPERS = 2
 S_VOXELS = 3
 S_BBOX = 4  # 4..9: min i, j, k, max i, j, k
-S_WORDS = 16
+S_TRANSFORM = 16  # 16..27: the grid's voxel size and origin, float64 bits (copied by the first stage)
+S_WORDS = 32
 
 
 @luisa.func
@@ -158,6 +159,12 @@ def gb_zero(s, ctr):
     """0.0 read from memory: p * scale + gb_zero() + translate rounds the product on its own even
     where the backend contracts a * b + c into a fused multiply-add (CUDA), as numpy does."""
     return bitwise_cast(float, s.read(ctr + C_ZERO))
+
+
+@luisa.func
+def gb_float(bits):
+    """The float32 whose bits are the int `bits` (the transforms' table)."""
+    return bitwise_cast(float, bits)
 
 
 @luisa.func
@@ -558,7 +565,7 @@ def gb_summary(s, ctr, new_lower, new_upper, counts, grid_first, grid_box, summa
     first = s.read(grid_first + 2 * b)
     end = s.read(grid_first + 2 * b + 1)
     row = summary + S_WORDS * b
-    for w in range(0, S_WORDS):
+    for w in range(0, S_TRANSFORM):
         s.write(row + w, 0)
     if end > first:
         # a grid's first leaf starts a lower and an upper node (its grid differs from the leaf before)

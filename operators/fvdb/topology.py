@@ -13,11 +13,12 @@ leaf masks, a radix sort of the distinct leaves into NanoVDB's order, lower and 
 of that order, a summary per grid that the host reads back (one HostRead); the host step lays the
 grids out and writes their 832-byte headers with builder.grid_header (the same code build_grid
 runs, so the headers' doubles are exact), and the device writes every node (shaders/grid_build.py
-owns the stages' DSL). The bytes equal the host builder's. Its voxel sizes and origins must be
-constants (they are per-grid literals in the kernels, and the headers' doubles come from them);
-float64 points are refused (the kernels compute in float32, fVDB in double for them). The other
-ops still need constant inputs; over inputs bound at run time they are a compile error naming
-the node.
+owns the stages' DSL). The bytes equal the host builder's. Voxel sizes and origins may be
+constants or graph inputs: they reach the kernels as a table derived on the host (grid_transforms:
+float32 for the arithmetic and the voxel_sizes / origins outputs, float64 bits that the first stage
+copies into the summaries, so the host step writes the headers' exact doubles). Float64 points are
+refused (the kernels compute in float32, fVDB in double for them). The other ops still need constant
+inputs; over inputs bound at run time they are a compile error naming the node.
 """
 from __future__ import annotations
 
@@ -145,10 +146,28 @@ def _not_constant(names: list[str]) -> str:
 # ---- building on the device ------------------------------------------------------------------------
 
 
-def _transform_table(table: tuple = ()) -> np.ndarray:
-    """Return float32 [B, 12] per grid: float32(1/h), float32(-o/h) (fVDB's world-to-voxel, computed in
-    double and cast), float32(h), float32(o) (the voxel_sizes and origins outputs)."""
-    return np.asarray(table, np.float32).reshape(-1, 12)
+TRANSFORM_WORDS = 24  # per grid: h, o as float64 bits (12), float32 bits of 1/h, -o/h, h, o (12)
+
+
+def grid_transforms(*arrays, grids: int = 1, has: tuple = (False, False)) -> np.ndarray:
+    """Return int32 [B, TRANSFORM_WORDS] per grid: the voxel size and origin (the arrays given, in that
+    order, where `has` says so; else 1 and 0) as float64 bits (what the host step writes into the
+    headers, exact), then the float32 bits of fVDB's world-to-voxel float32(1/h), float32(-o/h)
+    (computed in double and cast) and of float32(h), float32(o) (the voxel_sizes / origins outputs)."""
+    from luisaml.errors import InputError
+
+    it = iter(arrays)
+    try:
+        h = T.per_grid(next(it) if has[0] else 1.0, grids, "voxel_sizes", True)
+        o = T.per_grid(next(it) if has[1] else 0.0, grids, "origins", False)
+    except ValueError as e:
+        raise InputError(f"the device grid build's {e}") from None
+    out = np.zeros((grids, TRANSFORM_WORDS), np.int32)
+    out[:, 0:6] = np.ascontiguousarray(h, np.float64).view(np.int32)
+    out[:, 6:12] = np.ascontiguousarray(o, np.float64).view(np.int32)
+    for k, v in enumerate(((1.0 / h), (-o / h), h, o)):
+        out[:, 12 + 3 * k:15 + 3 * k] = np.ascontiguousarray(v.astype(np.float32)).view(np.int32)
+    return out
 
 
 def _levels(size: int) -> list[int]:
@@ -282,21 +301,17 @@ class DeviceGridBuild(GridOp):
                     f"{what}_joffsets '{joffsets.name}' must be [B + 1] with 1 <= B <= {MAX_GRIDS_PER_BATCH}, got "
                     f"{shape_str(joffsets.shape)}")
         self.N, self.B = int(jdata.shape[0]), int(joffsets.shape[0]) - 1
-        values = []
-        for k, name, default in ((4, "voxel_sizes", 1.0), (5, "origins", 0.0)):
+        for k, name in ((4, "voxel_sizes"), (5, "origins")):
             if not self.has_input(k):
-                values.append(default)
                 continue
             t = self.input(k)
-            if t.value is None:
-                raise self.error(f"{name} '{t.name}' must be a constant to build grids on the device (the kernels "
-                                 "hold each grid's transform as literals and the headers' doubles come from it)")
-            values.append(t.value)
-        try:
-            self.h = T.per_grid(values[0], self.B, "voxel_sizes", True)
-            self.o = T.per_grid(values[1], self.B, "origins", False)
-        except ValueError as e:
-            raise self.error(str(e)) from None
+            try:  # a constant is checked now; one bound at run time when it is bound (grid_transforms)
+                if t.value is not None:
+                    T.per_grid(t.value, self.B, name, k == 4)
+                elif not (tuple(t.shape) in ((self.B, 3), (3,), ()) and not t.batched):
+                    raise ValueError(f"{name} has shape {list(t.shape)}, expected [{self.B}, 3], [3] or a scalar")
+            except ValueError as e:
+                raise self.error(str(e)) from None
         for k, name in enumerate(schema.BUNDLE):
             t = self.outputs[k] if k < len(self.outputs) else None
             if t is None or k in self.runtime_sized:
@@ -321,10 +336,11 @@ class DeviceGridBuild(GridOp):
                     f"{shape_str(t.shape)}")
 
     def derived_inputs(self):
-        rows = [np.concatenate([(1.0 / h).astype(np.float32), (-o / h).astype(np.float32), h.astype(np.float32),
-                                o.astype(np.float32)]) for h, o in zip(self.h, self.o)]
-        table = tuple(float(v) for v in np.asarray(rows, np.float32).reshape(-1))
-        return [Derived(_transform_table, (), dtypes.FLOAT, (self.B, 12), (("table", table),))]
+        # the voxel sizes and origins as constants or graph inputs: derived on the host when bound
+        has = (self.has_input(4), self.has_input(5))
+        sources = tuple(k for k, h in zip((4, 5), has) if h)
+        return [Derived(grid_transforms, sources, dtypes.INT32, (self.B, TRANSFORM_WORDS),
+                        (("grids", self.B), ("has", has)))]
 
     def scratch(self):
         return {"int": self.S.words}
@@ -456,6 +472,15 @@ class DeviceGridBuild(GridOp):
                 ctx.line(f"scratch_int.write({k}, {value})")
         self._call(ctx, "gb_clear", S.raw["owner"], S.raw["cap"], S.ctr, S.raw["grid_first"], S.raw["grid_box"],
                    self.B, t)
+        # grid t's voxel size and origin, float64 bits, into its summary row: the host step reads them back
+        table = self.derived[0]
+        ctx.line(f"if {t} < {self.B}:")
+        with ctx.indent():
+            k = ctx.fresh("w")
+            ctx.line(f"for {k} in range(0, 12):")
+            with ctx.indent():
+                ctx.line(f"scratch_int.write({S.summary} + {G.S_WORDS} * {t} + {G.S_TRANSFORM} + {k}, "
+                         f"{table.load(f'{t} * {TRANSFORM_WORDS} + {k}')})")
 
     def _guarded(self, ctx, item: str, helper: str, *args) -> None:
         ctx.line(f"if {item} < {self.S.keys}:")
@@ -509,14 +534,15 @@ class DeviceGridBuild(GridOp):
                     ctx.line(f"{hi} = {mid} - 1")
             if self.points:
                 table = self.derived[0]
+                f = ctx.use_helper("gb_float", "grid_build")
                 z = ctx.let(f"{ctx.use_helper('gb_zero', 'grid_build')}(scratch_int, {S.ctr})", "z")
                 xyz = []
                 for a in range(3):
                     v = jdata.load(f"{p} * 3 + {a}")
                     if jdata.dtype.dsl != "float":
                         v = f"float({v})"
-                    sc = table.load(f"{lo} * 12 + {a}")
-                    tr = table.load(f"{lo} * 12 + {3 + a}")
+                    sc = ctx.let(f"{f}({table.load(f'{lo} * {TRANSFORM_WORDS} + {12 + a}')})", "sc")
+                    tr = ctx.let(f"{f}({table.load(f'{lo} * {TRANSFORM_WORDS} + {15 + a}')})", "tr")
                     # numpy's float32 p * scale + translate: the product rounded before the sum
                     xyz.append(ctx.let(f"({v} * {sc} + {z}) + {tr}", "x"))
                 if self.nearest:
@@ -541,7 +567,7 @@ class DeviceGridBuild(GridOp):
                 ctx.store(out, r, f"scratch_int.read({S.skey} + 4 * {r})")
 
     def _emit_statics(self, ctx, b) -> None:
-        """Grid b's byte offset, first voxel, voxel size and origin (float32 of the constants: float64
+        """Grid b's byte offset, first voxel, voxel size and origin (their float32 values: float64
         lives in 32 bits inside kernels)."""
         S = self.S
         row = f"{S.layout + 16} + {G.G_WORDS} * {b}"
@@ -554,10 +580,11 @@ class DeviceGridBuild(GridOp):
             with ctx.indent():
                 ctx.store(outs[5], str(self.B), f"scratch_int.read({S.layout + 1})")
         table = self.derived[0]
-        for k, col in ((2, 6), (3, 9)):
+        f = ctx.use_helper("gb_float", "grid_build")
+        for k, col in ((2, 18), (3, 21)):
             if outs[k] is not None:
                 for a in range(3):
-                    ctx.store(outs[k], f"{b} * 3 + {a}", table.load(f"{b} * 12 + {col + a}"))
+                    ctx.store(outs[k], f"{b} * 3 + {a}", f"{f}({table.load(f'{b} * {TRANSFORM_WORDS} + {col + a}')})")
 
     # ---- the host step ----------------------------------------------------------------------
     def _host_step(self, words: np.ndarray) -> HostResult:
@@ -568,7 +595,10 @@ class DeviceGridBuild(GridOp):
 
         S, B = self.S, self.B
         ctr = words[:G.C_WORDS]
-        summary = words[G.C_WORDS:].reshape(B, G.S_WORDS).astype(np.int64)
+        rows = np.ascontiguousarray(words[G.C_WORDS:].reshape(B, G.S_WORDS))
+        summary = rows.astype(np.int64)
+        h = rows[:, G.S_TRANSFORM:G.S_TRANSFORM + 6].copy().view(np.float64)  # (the clear stage copied them)
+        o = rows[:, G.S_TRANSFORM + 6:G.S_TRANSFORM + 12].copy().view(np.float64)
         err = int(ctr[G.C_ERROR])
         what = self.node.describe()
         if err == G.ERR_OFFSETS:
@@ -580,7 +610,7 @@ class DeviceGridBuild(GridOp):
         offset = leaf = lower = upper = voxel = 0
         for b in range(B):
             nl, nlo, nup, nv = (int(v) for v in summary[b, :4])
-            head, size = grid_header(nv, nl, nlo, nup, summary[b, 4:7], summary[b, 7:10], self.h[b], self.o[b])
+            head, size = grid_header(nv, nl, nlo, nup, summary[b, 4:7], summary[b, 7:10], h[b], o[b])
             head = bytearray(head)
             struct.pack_into("<II", head, L.GRID_OFF_GRID_INDEX, b, B)  # (concat_grids' numbering)
             headers[b] = np.frombuffer(bytes(head), np.uint8)

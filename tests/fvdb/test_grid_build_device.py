@@ -166,19 +166,31 @@ def test_what_the_device_flags_is_a_run_error_naming_the_node():
     assert_same_bundle(got, host_bundle("GridBatchFromPoints", pts, [0, 4]))
 
 
-def test_device_build_needs_constant_transforms_and_float32_points():
+def test_float64_points_are_built_on_the_host_only():
     pts = np.zeros((4, 3), np.float64)
     m, _ = model("GridBatchFromPoints", pts, [0, 4])
     with pytest.raises(luisaml.CompileError, match=r"node 'build' \(fvdb::GridBatchFromPoints\): points_jdata "
                                                    r"'jdata' is float64"):
         luisaml.compile(m, batch_axis=None)
-    feeds = {"jdata": np.zeros((4, 3), np.float32), "joffsets": np.array([0, 4], np.int64),
-             "jidx": np.zeros(0, np.int32), "jlidx": np.zeros((0, 1), np.int32), "voxel_sizes": np.ones((1, 3)),
-             "origins": np.zeros((1, 3))}
+
+
+def test_voxel_sizes_and_origins_bound_at_run_time():
+    """The transforms may be graph inputs too: the headers get their exact doubles (they travel as
+    float64 bits through the summary the host reads back), the kernels their float32 values."""
+    pts = np.random.default_rng(10).uniform(-3, 3, (400, 3)).astype(np.float32)
+    feeds = {"jdata": pts, "joffsets": np.array([0, 150, 400], np.int64), "jidx": np.zeros(0, np.int32),
+             "jlidx": np.zeros((0, 1), np.int32), "voxel_sizes": np.full((2, 3), 0.5), "origins": np.zeros((2, 3))}
     node = helper.make_node("GridBatchFromPoints", list(feeds), OUTS, name="build", domain=schema.DOMAIN)
-    m = fvdb_model([node], feeds, constants=["jidx", "jlidx", "origins"])
-    with pytest.raises(luisaml.CompileError, match="voxel_sizes 'voxel_sizes' must be a constant"):
-        luisaml.compile(m, batch_axis=None)
+    net = luisaml.compile(fvdb_model([node], feeds, constants=["jidx", "jlidx"]), batch_axis=None)
+    run = {k: feeds[k] for k in ("jdata", "joffsets", "voxel_sizes", "origins")}
+    for h, o in (([[0.5, 0.5, 0.5], [0.25, 1.0, 2.0]], [[0.0, 0.0, 0.0], [1.5, -2.0, 0.125]]),
+                 ([[0.1, 0.2, 0.3], [0.07, 0.07, 0.07]], [[0.01, 0.0, -0.3], [0.0, 0.0, 0.0]])):
+        got = net.run({**run, "voxel_sizes": np.array(h), "origins": np.array(o)})
+        want = host_bundle("GridBatchFromPoints", pts, [0, 150, 400], h, o)
+        assert_same_bundle(got, want, float32_exact=False)
+        assert GridBatch.from_buffer(got["new_grid_blob"]).voxel_sizes.tolist() == h  # the exact doubles
+    with pytest.raises(luisaml.errors.InputError, match="voxel size must be positive"):
+        net.run({**run, "voxel_sizes": np.full((2, 3), -1.0)})
 
 
 def test_no_voxels_at_all_gives_empty_grids():
