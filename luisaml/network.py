@@ -518,6 +518,8 @@ class CompiledNetwork:
                 common = [*args, self.weights, *self._pool_buffers(n), *scratch]
                 if any(st.domain == "fused" for st in stages):  # the fused MLP: its tile counter, the batch
                     common += [self._tile_counter(), n]
+                if first and self.backend == "cuda" and not self.plan.merged_stages:
+                    self._build_in_parallel(common + extra)
                 for k, stage in enumerate(stages):
                     count = stage.dispatch(n)
                     if not count or (only is not None and k != only):
@@ -529,6 +531,16 @@ class CompiledNetwork:
                     else:
                         self.kernels[k](*common, *extra, dispatch_size=count)
         self._compiled = True
+
+    def _build_in_parallel(self, args: list) -> None:
+        """Build the stage kernels in worker processes before the first launch (luisaml/parallel_build.py:
+        the launches then hit LuisaCompute's disk cache); a kernel no worker built is built at launch."""
+        from . import parallel_build
+
+        workers = parallel_build.workers_for(len(self.kernels))
+        if workers:
+            with phase("parallel kernel build", kernels=len(self.kernels), workers=workers):
+                parallel_build.build(self.path, self.backend, self.plan.kernels, args, workers)
 
     def _pool_buffers(self, n: int) -> list:
         """The stages' pooled buffers for n samples (a region per sample of each slot)."""
