@@ -687,7 +687,8 @@ def gb_write_upper(s, blob, ctr, layout, skey, upper_first, upper_box, u):
 
 @luisa.func
 def gb_lower_slot(s, skey, r):
-    return ((s.read(skey + 4 * r + 1) & 15) << 8) | ((s.read(skey + 4 * r + 2) & 15) << 4) | (s.read(skey + 4 * r + 3) & 15)
+    return (((s.read(skey + 4 * r + 1) & 15) << 8) | ((s.read(skey + 4 * r + 2) & 15) << 4)
+            | (s.read(skey + 4 * r + 3) & 15))
 
 
 @luisa.func

@@ -346,7 +346,8 @@ class DeviceGridBuild(GridOp):
         return {"int": self.S.words}
 
     def describe(self):
-        return (f"grids built on the device from {self.N:,} {'points' if self.points else 'ijk'} ({self.K:,} voxel keys) into {self.B} "
+        return (f"grids built on the device from {self.N:,} {'points' if self.points else 'ijk'} ({self.K:,} voxel "
+                f"keys) into {self.B} "
                 "grid(s): hash, radix sort, nodes, host read-back of the layout, write")
 
     # ---- phases -----------------------------------------------------------------------------
@@ -403,7 +404,8 @@ class DeviceGridBuild(GridOp):
                                                                          S.ids, S.lkey, S.mask, S.order[0], p)),
                 Phase("leaf masks", items, lambda ctx, p: self._guarded(ctx, p, "gb_leaf_bit", S.vox, S.owner, S.slot,
                                                                           S.ids, S.mask, p)),
-                Phase("tile ranges", max(-(-N // 64), 1), lambda ctx, c: self._call(ctx, "gb_ranges", S.lkey, S.ctr, c)),
+                Phase("tile ranges", max(-(-N // 64), 1),
+                      lambda ctx, c: self._call(ctx, "gb_ranges", S.lkey, S.ctr, c)),
                 Phase("sort keys", items, lambda ctx, i: self._call(ctx, "gb_sort_keys", S.lkey, S.key2, S.ctr, i))]
         # the pass number is a counter in ctr (the last stage of a pass adds 1), not a literal: the
         # PASSES passes are then the same kernels

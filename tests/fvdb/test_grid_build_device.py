@@ -1,12 +1,13 @@
-"""GridBatchFromIJK, GridBatchFromPoints and GridBatchFromNearestVoxelsToPoints built on the device (operators/fvdb/topology.py
-DeviceGridBuild, shaders/grid_build.py) over ijk and points bound at run time, against the host
-builder (GridBatch.from_ijk / from_points, topology.from_nearest_voxels: what folding at compile time
-gives): the seven bundle
-arrays equal, the blob byte for byte, over several sizes, two grids and an empty one in a batch,
-a single voxel, duplicates, negative coordinates and voxels spread over many root tiles; one
-compiled network runs on two different point sets; what the device flags is a RunError naming
-the node. On CUDA (LUISAML_BACKEND=cuda) the same tests run there: every array here is integer or
-bytes except the voxel sizes and origins, which are the constants' float32 values on either backend.
+"""GridBatchFromIJK, GridBatchFromPoints and GridBatchFromNearestVoxelsToPoints built on the device
+(operators/fvdb/topology.py DeviceGridBuild, shaders/grid_build.py) over ijk and points bound at run
+time, against the host builder (GridBatch.from_ijk / from_points, topology.from_nearest_voxels: what
+folding at compile time gives): the seven bundle arrays equal, the blob byte for byte, over several
+sizes, two grids and an empty one in a batch, no voxels at all, a single voxel, duplicates, negative
+coordinates, the int32 extremes and voxels spread over many root tiles, transforms bound at run time;
+one compiled network runs on several point sets, and its bundle feeds a second network; what the
+device flags is a RunError naming the node. On CUDA (LUISAML_BACKEND=cuda) the same tests run there:
+every array here is integer or bytes except the voxel sizes and origins, which are their float32
+values on either backend.
 """
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ def test_ijk_two_grids_negative_and_duplicates_equal_the_host_bundle():
 def test_ijk_int64_one_voxel_an_empty_grid_and_many_root_tiles():
     rng = np.random.default_rng(2)
     wide = rng.integers(-1_000_000, 1_000_000, (60, 3))  # a root tile each, all three levels sparse
-    ijk = np.concatenate([[[-7, 3, -1_000]], wide, [[2**31 - 1, -(2**31), 0]], [[0, 0, 2**31 - 1]], [[-(2**31)] * 3]]).astype(np.int64)
+    extremes = [[2**31 - 1, -(2**31), 0], [0, 0, 2**31 - 1], [-(2**31)] * 3]  # (int64 in, int32 inside)
+    ijk = np.concatenate([[[-7, 3, -1_000]], wide, extremes]).astype(np.int64)
     run_both("GridBatchFromIJK", ijk, [0, 1, 1, len(ijk) - 1, len(ijk)])
 
 
