@@ -42,6 +42,8 @@ if importlib.util.find_spec("luisaml") is None:  # run from a checkout without `
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
+from bench_mlp import percentiles  # noqa: E402,F401  (bench_spconv.py takes it from here too)
+
 REL_TOL = 1e-5
 CHANNELS = 64
 KERNEL = 3
@@ -66,11 +68,6 @@ def shell_voxels(radius: float, center: int = 256) -> np.ndarray:
 def rel_err(y, ref) -> float:
     y, ref = np.asarray(y, np.float64), np.asarray(ref, np.float64)
     return float(np.max(np.abs(y - ref), initial=0.0) / max(np.max(np.abs(ref), initial=0.0), 1e-30))
-
-
-def percentiles(ms: list[float]) -> dict:
-    p50, p95, p99 = np.percentile(ms, [50, 95, 99])
-    return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "n": len(ms)}
 
 
 class TorchReference:

@@ -37,6 +37,8 @@ if importlib.util.find_spec("luisaml") is None:  # run from a checkout without `
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "tests" / "fvdb"))
 
+from bench_mlp import kernel_ms, percentiles, timed  # noqa: E402
+
 TARGET_MS = 5.0
 H = 1.0 / 128  # world size of a voxel (float32-exact, so the voxel_sizes output equals the host's too)
 OUTS = ["grid_blob", "grid_byte_offsets", "voxel_sizes", "origins", "leaf_batch_indices", "batch_offsets",
@@ -51,41 +53,6 @@ def sphere_points(n: int, radius: float, center: float, rng) -> np.ndarray:
     d /= np.linalg.norm(d, axis=1, keepdims=True)
     p = center + radius * d + rng.uniform(-0.5, 0.5, (n, 3))
     return (p * H).astype(np.float32)
-
-
-def percentiles(ms: list[float]) -> dict:
-    p50, p95, p99 = np.percentile(ms, [50, 95, 99])
-    return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "n": len(ms)}
-
-
-def timed(fn, reps: int) -> list[float]:
-    """Host wall milliseconds of fn, reps times after two warm-up calls."""
-    for _ in range(2):
-        fn()
-    ms = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ms.append((time.perf_counter() - t) * 1e3)
-    return ms
-
-
-def kernel_ms(fn, reps: int) -> list[float]:
-    """Per-build sum of CUDA kernel durations (CUPTI through torch.profiler)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-            torch.cuda.synchronize()
-    kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                     if e.device_type == torch.autograd.DeviceType.CUDA
-                     and not e.name.lower().startswith(("memcpy", "memset")))
-    if not kernels or len(kernels) % reps:
-        raise RuntimeError(f"{len(kernels)} kernels for {reps} builds")
-    per = len(kernels) // reps
-    return [sum(b - a for a, b in kernels[i * per:(i + 1) * per]) / 1e3 for i in range(reps)]
 
 
 def check(net, pts: np.ndarray) -> tuple[list[str], dict]:

@@ -80,6 +80,37 @@ def percentiles(ms: list[float]) -> dict:
     return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "n": len(ms)}
 
 
+def timed(fn, reps: int, warmup: int = 2) -> list[float]:
+    """Host wall milliseconds of fn, reps times after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    ms = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ms.append((time.perf_counter() - t) * 1e3)
+    return ms
+
+
+def kernel_ms(fn, reps: int) -> list[float]:
+    """Per-call sum of CUDA kernel durations (CUPTI through torch.profiler): the device's own work,
+    without the gaps between kernels (device_times' spans include them)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+            torch.cuda.synchronize()
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                     if e.device_type == torch.autograd.DeviceType.CUDA
+                     and not e.name.lower().startswith(("memcpy", "memset")))
+    if not kernels or len(kernels) % reps:
+        raise RuntimeError(f"{len(kernels)} kernels for {reps} calls")
+    per = len(kernels) // reps
+    return [sum(b - a for a, b in kernels[i * per:(i + 1) * per]) / 1e3 for i in range(reps)]
+
+
 # ---- timing ---------------------------------------------------------------------------------------
 
 

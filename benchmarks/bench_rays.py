@@ -43,6 +43,8 @@ if importlib.util.find_spec("luisaml") is None:  # run from a checkout without `
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "tests" / "fvdb"))
 
+from bench_mlp import kernel_ms, percentiles, timed  # noqa: E402
+
 TARGET_RAYS_PER_S = 50e6
 EPS = 1e-3
 T_TOL = 2e-5
@@ -62,41 +64,6 @@ def camera_rays(n: int, radius: float, center: float, h: float, rng) -> tuple[np
     d = target - eye
     d /= np.linalg.norm(d, axis=1, keepdims=True)
     return np.repeat(eye[None], n, 0).astype(np.float32), d[:n].astype(np.float32)
-
-
-def percentiles(ms: list[float]) -> dict:
-    p50, p95, p99 = np.percentile(ms, [50, 95, 99])
-    return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "n": len(ms)}
-
-
-def timed(fn, reps: int) -> list[float]:
-    """Host wall milliseconds of fn, reps times after three warm-up calls."""
-    for _ in range(3):
-        fn()
-    ms = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ms.append((time.perf_counter() - t) * 1e3)
-    return ms
-
-
-def kernel_ms(fn, reps: int) -> list[float]:
-    """Per-forward sum of CUDA kernel durations (CUPTI through torch.profiler)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-            torch.cuda.synchronize()
-    kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                     if e.device_type == torch.autograd.DeviceType.CUDA
-                     and not e.name.lower().startswith(("memcpy", "memset")))
-    if not kernels or len(kernels) % reps:
-        raise RuntimeError(f"{len(kernels)} kernels for {reps} forwards")
-    per = len(kernels) // reps
-    return [sum(b - a for a, b in kernels[i * per:(i + 1) * per]) / 1e3 for i in range(reps)]
 
 
 def main(argv=None) -> int:
@@ -192,7 +159,7 @@ def main(argv=None) -> int:
                 torch.cuda.synchronize()  # the outputs' conversions on torch's stream: ready to use
             return res
 
-        run, run_t = timed(lambda: net.run(feeds), reps), timed(run_torch, reps)
+        run, run_t = timed(lambda: net.run(feeds), reps, warmup=3), timed(run_torch, reps, warmup=3)
         r = {"rows": hits, "rays_hit": int(np.count_nonzero(counts)), "compile_and_first_run_s": compile_s,
              "checked_rays": len(sample), "run_torch_ms": percentiles(run_t), "run_ms": percentiles(run),
              "plan": net.plan.schedule.describe()}
