@@ -56,17 +56,14 @@ C_WORDS = 16
 ERR_OFFSETS = 1  # joffsets do not rise from 0 to N
 ERR_COORDS = 2  # a point maps to a voxel that is not finite or outside int32
 
-# NanoVDB struct sizes and offsets (luisaml/fvdb/layout.py; the tests check they agree)
+# NanoVDB struct sizes and offsets (luisaml/fvdb/layout.py; the tests check they agree), the
+# readers' offsets from the reading library
+from .nanovdb import (LEAF_OFF_OFFSET, LEAF_OFF_PREFIX_SUM, LEAF_OFF_VALUE_MASK, LOWER_OFF_CHILD_MASK,  # noqa: E402
+                      LOWER_OFF_TABLE, UPPER_OFF_CHILD_MASK, UPPER_OFF_TABLE)
+
 UPPER_NODE_SIZE = 270400
 LOWER_NODE_SIZE = 33856
 LEAF_NODE_SIZE = 96
-UPPER_OFF_CHILD_MASK = 4128
-UPPER_OFF_TABLE = 8256
-LOWER_OFF_CHILD_MASK = 544
-LOWER_OFF_TABLE = 1088
-LEAF_OFF_VALUE_MASK = 16
-LEAF_OFF_OFFSET = 80
-LEAF_OFF_PREFIX_SUM = 88
 LEAF_FLAGS_WORD = 2 << 24  # mFlags (byte 15) = has-bbox, above the three bbox-dif bytes
 
 # per-grid layout row the host uploads (words)
