@@ -18,6 +18,7 @@ Rays are in the grid's *dual* index space (fVDB's dualTransform: x * (1/h) - ori
 direction scaled by 1/h, so t keeps its world meaning), voxel ijk spanning [ijk, ijk + 1).
 """
 import luisa
+from luisa.builtin import bitwise_cast
 from luisa.types import uint  # noqa: F401
 
 from .nanovdb import (LEAF_OFF_VALUE_MASK, LOWER_OFF_CHILD_MASK, LOWER_OFF_TABLE, UPPER_OFF_CHILD_MASK,  # noqa: F401
@@ -82,6 +83,14 @@ def hdda_probe(blob, tiles, tile_count, i, j, k, I):
 
 
 @luisa.func
+def hdda_finite(x):
+    """x is neither inf nor NaN, read from its exponent bits: CUDA's fast math assumes no NaN or
+    infinity, so isnan, isinf and a NaN's comparisons may fold (a NaN ray then walked 2^24 steps
+    on the H200 while the CPU backend stopped it)."""
+    return (bitwise_cast(uint, x) & uint(0x7f800000)) != uint(0x7f800000)
+
+
+@luisa.func
 def hdda_clip(F, lo_x, lo_y, lo_z, hi_x, hi_y, hi_z):
     """hdda_clip_span of the ray in F from t = 0 to FLT_MAX (fVDB's rays without a time span)."""
     return hdda_clip_span(F, 0.0, FLT_MAX, lo_x, lo_y, lo_z, hi_x, hi_y, hi_z)
@@ -93,10 +102,14 @@ def hdda_clip_span(F, t_min, t_max, lo_x, lo_y, lo_z, hi_x, hi_y, hi_z):
     of a CoordBBox, which pads max by 1, starting from the ray's time span); set F_TIME and
     F_MAX_TIME; return whether it hits. An axis whose direction is 0 constrains nothing when the
     origin lies on [lo, hi + 1], as the IEEE infinities and NaNs of NanoVDB's arithmetic give, and
-    misses otherwise."""
+    misses otherwise. A ray whose origin, direction or t_min is not finite, or whose t_max is NaN,
+    misses (checked on the bits: hdda_finite)."""
     t0 = t_min
     t1 = t_max
-    hit = True
+    hit = hdda_finite(t_min) and (hdda_finite(t_max) or bitwise_cast(uint, t_max) == uint(0x7f800000))  # (+inf ok)
+    for axis in range(3):
+        if not (hdda_finite(F[F_EYE + axis]) and hdda_finite(F[F_DIR + axis])):
+            hit = False
     for axis in range(3):
         lo = float(lo_x)
         hi = float(hi_x + 1)
