@@ -467,15 +467,10 @@ class SparseConv3d(Operator):
 
         def a_row(_, o):
             row = ctx.let(ix.mul(self.row(o), T), "kr")
-            v = ctx.fresh("v")  # the row's kernel-map entry at the step's tap
-            if taps:  # (a step lies in one tap: the entry is loaded at a tap's first step only)
-                ctx.line(f"{v} = -1")
 
             def load(k):
                 tap, c = tap_of(k)
-                if taps:
-                    ctx.line(f"if {c} < {tl.BK}:")
-                    ctx.level += 1
+                v = ctx.fresh("v")
                 ctx.line(f"{v} = {kmap.load(ix.add(row, tap))}")
                 if checked:
                     ctx.line(f"if {v} < -1 or {v} >= {self.n_in}:")
@@ -483,8 +478,6 @@ class SparseConv3d(Operator):
                         if flag is not None:
                             ctx.line(flag)
                         ctx.line(f"{v} = -1")
-                if taps:
-                    ctx.level -= 1
                 return f"({x.load(ix.add(ix.mul(f'max({v}, 0)', C_in), c))} if {v} >= 0 else 0.0)"
 
             return load
