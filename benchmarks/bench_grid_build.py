@@ -37,7 +37,7 @@ if importlib.util.find_spec("luisaml") is None:  # run from a checkout without `
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "tests" / "fvdb"))
 
-from bench_mlp import kernel_ms, percentiles, timed  # noqa: E402
+from bench_mlp import kernel_ms, percentiles, start_device, timed  # noqa: E402
 
 TARGET_MS = 5.0
 H = 1.0 / 128  # world size of a voxel (float32-exact, so the voxel_sizes output equals the host's too)
@@ -82,18 +82,10 @@ def main(argv=None) -> int:
     from luisaml.opsets import fvdb as schema
 
     cuda = not a.cpu
-    backend = "cuda" if cuda else "cpu"
-    if cuda:
-        import torch
-
-        if not torch.cuda.is_available():
-            print("no CUDA device: run with --cpu", file=sys.stderr)
-            return 2
-        name = torch.cuda.get_device_name(0)
-    else:
-        name = "cpu"
-    luisaml.device.init(backend)
-    tag = "h200" if "H200" in name else ("cpu" if not cuda else "".join(c for c in name.lower() if c.isalnum()))
+    started = start_device(a.cpu)
+    if started is None:
+        return 2
+    backend, name, tag = started
     n = a.points or (1 << 20 if cuda else 1 << 16)
     reps = a.reps or (30 if cuda else 5)
     rng = np.random.default_rng(0)

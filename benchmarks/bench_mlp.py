@@ -80,6 +80,26 @@ def percentiles(ms: list[float]) -> dict:
     return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "n": len(ms)}
 
 
+def start_device(cpu: bool) -> tuple[str, str, str] | None:
+    """Start luisaml's backend for a benchmark: (backend, device name, the results file's tag, e.g.
+    "h200" or "cpu"), or None (after saying so) when CUDA is asked for and torch sees no GPU."""
+    import luisaml
+
+    if not cpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("no CUDA device: run with --cpu", file=sys.stderr)
+            return None
+        name = torch.cuda.get_device_name(0)
+    else:
+        name = "cpu"
+    backend = "cpu" if cpu else "cuda"
+    luisaml.device.init(backend)
+    tag = "h200" if "H200" in name else ("cpu" if cpu else "".join(c for c in name.lower() if c.isalnum()))
+    return backend, name, tag
+
+
 def timed(fn, reps: int, warmup: int = 2) -> list[float]:
     """Host wall milliseconds of fn, reps times after `warmup` calls."""
     for _ in range(warmup):
