@@ -77,7 +77,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import luisaml
     from bench_fvdb import shell_voxels
-    from fvdb_reference import bundle_feeds, fvdb_model, ray_node, segments_along_rays, voxels_along_rays
+    from fvdb_reference import (bundle_feeds, eps_ties, fvdb_model, ray_node, segments_along_rays,
+                                voxels_along_rays)
     from luisaml.fvdb import GridBatch, JaggedTensor
 
     cuda = not a.cpu
@@ -127,8 +128,12 @@ def main(argv=None) -> int:
             rows = [np.concatenate([out["voxels"][off[r]:off[r + 1]].astype(np.float64),
                                     out["times"][off[r]:off[r + 1]]], 1) for r in sample]
             want = [np.array([list(v) + [t0_, t1_] for v, t0_, t1_ in x]).reshape(-1, 5) for x in ref]
-        bad = [int(r) for r, g, w in zip(sample, rows, want)
-               if g.shape != w.shape or not np.allclose(g, w, rtol=T_TOL, atol=T_TOL)]
+        # a ray with a hit within float32 rounding of eps long is left out (kept or dropped either way)
+        unsure = eps_ties(gb, so, sd, EPS, runs=op == "SegmentsAlongRays")
+        bad = [int(r) for r, g, w, u in zip(sample, rows, want, unsure)
+               if not u and (g.shape != w.shape or not np.allclose(g, w, rtol=T_TOL, atol=T_TOL))]
+        if sum(unsure) > 0.05 * len(sample):
+            failed.append(f"{op}: {sum(unsure)} of {len(sample)} sampled rays are within rounding of eps")
         jidx_ok = np.array_equal(out[f"{prefix}_jidx"], np.repeat(np.arange(n_rays, dtype=np.int32), counts))
         hits = int(off[-1])
         # the device-tensor run: the same outputs, element for element, left on the device
@@ -136,7 +141,8 @@ def main(argv=None) -> int:
         on_dev = all(v.device.type == tdev for v in dev_out.values())
         same = [k for k in outs if not np.array_equal(dev_out[k].cpu().numpy(), out[k])]
         print(f"{op}: {hits} rows ({np.count_nonzero(counts)} rays hit); compile + first run {compile_s:.1f} s; "
-              f"{len(bad)} of {len(sample)} sampled rays differ from the reference; jidx "
+              f"{len(bad)} of {len(sample) - sum(unsure)} sampled rays differ from the reference "
+              f"({sum(unsure)} within rounding of eps left out); jidx "
               f"{'equal' if jidx_ok else 'WRONG'}; device-tensor run {'equal' if not same else 'DIFFERS'} "
               f"({'outputs on ' + tdev if on_dev else 'outputs NOT on ' + tdev})", flush=True)
         if bad or not jidx_ok or same or not on_dev:

@@ -462,6 +462,24 @@ def segments_along_rays(gb: GridBatch, origins: JaggedTensor, directions: Jagged
     return out
 
 
+def eps_ties(gb: GridBatch, origins: JaggedTensor, directions: JaggedTensor, eps: float, runs: bool,
+             margin: float = 2e-6) -> list[bool]:
+    """Return per ray whether one of its hits (runs: its runs of consecutive active voxels, as
+    segments_along_rays makes them) is within `margin` (relative to its times) of eps long: whether
+    it is kept is then a matter of float32 rounding, which a float32 walk may decide otherwise (a
+    float32 time is within 6e-8 of itself relative; a walk of many steps adds those up)."""
+    out = []
+    for _, _, hits in _ray_hits(gb, origins, directions):
+        spans: list = []
+        for _, t0, t1 in hits:
+            if runs and spans and spans[-1][1] == t0:
+                spans[-1] = (spans[-1][0], t1)
+            else:
+                spans.append((t0, t1))
+        out.append(any(abs((t1 - t0) - eps) <= margin * max(1.0, abs(t1)) for t0, t1 in spans))
+    return out
+
+
 # ---- UniformRaySamples, RaysIntersectVoxels -------------------------------------------------------
 # Written from fVDB's source: GridBatch.rays_intersect_voxels (fvdb/grid_batch.py) is voxels_along_rays with
 # max_voxels=1 and `count > 0`; uniform_ray_samples is ops/SampleRaysUniform.cu's fill callback (the one that
