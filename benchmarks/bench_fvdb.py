@@ -42,7 +42,7 @@ if importlib.util.find_spec("luisaml") is None:  # run from a checkout without `
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from bench_mlp import percentiles  # noqa: E402,F401  (bench_spconv.py takes it from here too)
+from bench_mlp import percentiles  # noqa: E402
 
 REL_TOL = 1e-5
 CHANNELS = 64

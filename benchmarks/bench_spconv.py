@@ -22,7 +22,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_fvdb import CHANNELS, GPU_RADIUS, KERNEL, REL_TOL, TorchReference, percentiles, rel_err, shell_voxels  # noqa: E402
+from bench_fvdb import CHANNELS, GPU_RADIUS, KERNEL, REL_TOL, TorchReference, rel_err, shell_voxels  # noqa: E402
+from bench_mlp import percentiles  # noqa: E402
 
 
 def kernel_map(ijk: np.ndarray, k: int = KERNEL) -> np.ndarray:

@@ -439,20 +439,25 @@ def voxels_along_rays(gb: GridBatch, origins: JaggedTensor, directions: JaggedTe
     return out
 
 
+def _runs(hits: list) -> list[tuple]:
+    """Return the [t0, t1] runs of a walk's hits: consecutive ones (each leaving where the next enters) merged."""
+    runs: list = []
+    for _, t0, t1 in hits:
+        if runs and runs[-1][1] == t0:
+            runs[-1] = (runs[-1][0], t1)
+        else:
+            runs.append((t0, t1))
+    return runs
+
+
 def segments_along_rays(gb: GridBatch, origins: JaggedTensor, directions: JaggedTensor, max_segments: int = -1,
                         eps: float = 0.0) -> list[list[tuple]]:
     """Return per ray [(t0, t1)]: runs of consecutive active voxels (each leaving where the next enters),
     spans shorter than eps dropped, at most max_segments."""
     out = []
     for _, _, hits in _ray_hits(gb, origins, directions):
-        runs: list = []
-        for _, t0, t1 in hits:
-            if runs and runs[-1][1] == t0:
-                runs[-1] = (runs[-1][0], t1)
-            else:
-                runs.append((t0, t1))
         kept = []
-        for t0, t1 in runs:
+        for t0, t1 in _runs(hits):
             if t1 - t0 < eps:
                 continue
             kept.append((t0, t1))
@@ -470,12 +475,7 @@ def eps_ties(gb: GridBatch, origins: JaggedTensor, directions: JaggedTensor, eps
     float32 time is within 6e-8 of itself relative; a walk of many steps adds those up)."""
     out = []
     for _, _, hits in _ray_hits(gb, origins, directions):
-        spans: list = []
-        for _, t0, t1 in hits:
-            if runs and spans and spans[-1][1] == t0:
-                spans[-1] = (spans[-1][0], t1)
-            else:
-                spans.append((t0, t1))
+        spans = _runs(hits) if runs else [(t0, t1) for _, t0, t1 in hits]
         out.append(any(abs((t1 - t0) - eps) <= margin * max(1.0, abs(t1)) for t0, t1 in spans))
     return out
 
