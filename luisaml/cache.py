@@ -13,6 +13,7 @@ Environment, read once when this module is imported:
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import importlib.util
@@ -607,6 +608,76 @@ def scan_kernels(d: Path) -> list[str]:
     return bad
 
 
+# ---- LuisaCompute's llvm_paths.json ------------------------------------------------------------
+# LuisaCompute's CPU backend keeps where it found clang and LLVM in llvm_paths.json beside the Python
+# executable. At every process's first kernel build it parses the file (unwrap: a panic, the
+# process aborts, on a file that is not whole JSON) and then rewrites it in place (truncate, then
+# write). Two processes starting together can so read each other's half-written file.
+_LLVM_PATHS = "llvm_paths.json"
+_LLVM_LOCK = ".luisaml-llvm-paths.lock"
+
+
+def llvm_paths_file() -> Path:
+    """Return LuisaCompute's llvm_paths.json (beside the real Python executable)."""
+    return kernel_cache_dir().parent / _LLVM_PATHS
+
+
+def llvm_paths_problem(path: str | os.PathLike) -> str | None:
+    """Return why LuisaCompute's CPU backend would abort on the llvm_paths.json at `path`, or None
+    when it would not (a missing file is fine: it finds clang and LLVM again)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None if os.access(path.parent, os.W_OK) else f"'{path.parent}' cannot be written"
+    except (OSError, UnicodeDecodeError) as e:
+        return f"unreadable ({e})"
+    if not os.access(path, os.W_OK):
+        return "cannot be written"
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return "not whole JSON (an interrupted rewrite)" if text.strip() else "empty"
+    if not (isinstance(data, dict) and all(isinstance(data.get(k), str) for k in ("clang", "llvm"))):
+        return "not an object of 'clang' and 'llvm' paths"
+    return None
+
+
+def repair_llvm_paths(path: str | os.PathLike | None = None) -> None:
+    """Delete a damaged llvm_paths.json (LuisaCompute writes a new one); raise BackendUnavailable
+    when it cannot be written (LuisaCompute would abort rewriting it)."""
+    path = Path(path) if path is not None else llvm_paths_file()
+    problem = llvm_paths_problem(path)
+    if problem is None:
+        return
+    if "cannot be written" not in problem:
+        logger.warning("removed LuisaCompute's damaged '%s' (%s); it finds clang and LLVM again", path, problem)
+        path.unlink(missing_ok=True)
+        problem = llvm_paths_problem(path)
+    if problem is not None:
+        raise BackendUnavailable(
+            f"LuisaCompute's CPU backend rewrites '{path}' at every process's first kernel build and aborts "
+            f"the process when it cannot: {problem}. Make it writable, or run from a virtual environment in "
+            "a writable place created with `python -m venv --copies`"
+        )
+
+
+@contextlib.contextmanager
+def llvm_paths_lock():
+    """Hold the inter-process lock (a file in LuisaCompute's kernel cache folder, so shared by every
+    process of one Python installation) under which a process's first CPU kernel build reads and
+    rewrites llvm_paths.json."""
+    import fcntl
+
+    d = check_kernel_cache()
+    with open(d / _LLVM_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 # LLVM bitcode: https://llvm.org/docs/BitCodeFormat.html
 _WRAPPER_MAGIC = 0x0B17C0DE
 _RAW_MAGIC = b"BC\xc0\xde"
@@ -727,5 +798,6 @@ class _Bits:
 __all__ = [
     "ROOT", "MAX_BYTES", "CacheError", "root", "fallback_root", "cache_dir", "locks_dir", "templates_dir",
     "digest", "write_module", "find_module", "import_module", "entries", "prune", "info", "clear", "Folder",
-    "kernel_cache_dir", "check_kernel_cache", "scan_kernels", "bitcode_problem",
+    "kernel_cache_dir", "check_kernel_cache", "scan_kernels", "bitcode_problem", "llvm_paths_file",
+    "llvm_paths_problem", "repair_llvm_paths", "llvm_paths_lock",
 ]

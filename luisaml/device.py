@@ -131,6 +131,8 @@ def init(backend: str = "auto") -> str:
     with _filtered_stderr("failed to load swapchain"):
         luisa.init(want, support_gui=False)
     luisa_compat.apply()
+    if want == "cpu":
+        luisa_compat.settle_cpu_backend()
     _current = want
     return want
 

@@ -9,6 +9,29 @@ def apply() -> None:
     """Install the process-wide shims (idempotent)."""
 
 
+def settle_cpu_backend() -> None:
+    """Build and run a one-word kernel under an inter-process lock, right after the CPU device starts.
+
+    LuisaCompute bug: its CPU backend parses llvm_paths.json beside the Python executable at every
+    process's first kernel build and then rewrites it in place; a process that reads it while
+    another rewrites it panics and aborts (of 12 processes started together, 2 to 5 aborted; CI lost
+    a test worker to it). Under cache.llvm_paths_lock one luisaml process at a time does that first
+    build (this one, ~25 ms once cached); later builds in the process never read the file again."""
+    import luisa
+
+    from . import cache
+
+    @luisa.func
+    def first_build(flag):
+        flag.write(dispatch_id().x, 1)  # noqa: F821 (a DSL builtin)
+
+    with cache.llvm_paths_lock():
+        cache.repair_llvm_paths()
+        flag = luisa.Buffer(1, int)
+        first_build(flag, dispatch_size=1)
+        luisa.synchronize()
+
+
 def byte_buffer(data: bytes | np.ndarray):
     """Return a luisa.ByteBuffer holding `data` (padded to 4 bytes), usable as a kernel argument.
 

@@ -268,3 +268,29 @@ def test_kernel_files_beyond_the_bound_go_least_recently_used_first(tmp_path):
     cache._checked.discard(tmp_path)
     cache.check_kernel_cache(tmp_path, min_free_bytes=0, max_bytes=3100)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kernel_new.ptx", "other.bin"]
+
+
+def test_a_damaged_llvm_paths_file_is_removed_and_a_whole_one_kept(tmp_path, caplog):
+    """LuisaCompute's CPU backend aborts on an llvm_paths.json that is not whole JSON (a rewrite cut
+    short); without one it finds clang and LLVM again."""
+    f = tmp_path / "llvm_paths.json"
+    whole = '{"clang":"/usr/bin/clang-14","llvm":"/usr/lib/llvm-14/lib/libLLVM.so"}'
+    assert cache.llvm_paths_problem(f) is None  # missing: fine
+    for text, why in (("", "empty"), (whole[:30], "not whole JSON"), ('{"clang": 3}', "'clang' and 'llvm'")):
+        f.write_text(text)
+        assert why in cache.llvm_paths_problem(f)
+        with caplog.at_level(logging.WARNING, logger="luisaml"):
+            cache.repair_llvm_paths(f)
+        assert not f.exists() and "damaged" in caplog.text
+    f.write_text(whole)
+    cache.repair_llvm_paths(f)
+    assert f.read_text() == whole
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_an_unwritable_llvm_paths_file_is_a_clear_error(tmp_path):
+    f = tmp_path / "llvm_paths.json"
+    f.write_text('{"clang":"c","llvm":"l"}')
+    f.chmod(0o444)
+    with pytest.raises(luisaml.BackendUnavailable, match="rewrites .* cannot be written"):
+        cache.repair_llvm_paths(f)

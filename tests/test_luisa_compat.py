@@ -49,3 +49,53 @@ def test_bytebuffer_from_uint64_is_broken_upstream():
         luisa.ByteBuffer.from_array(np.arange(4, dtype=np.uint64))
     buf = luisa_compat.byte_buffer(np.arange(4, dtype=np.uint64))
     np.testing.assert_array_equal(luisa_compat.read_buffer(buf, np.uint64, 4), np.arange(4, dtype=np.uint64))
+
+
+# ---- LuisaCompute's llvm_paths.json (luisa_compat.settle_cpu_backend) ---------------------------
+_START_TOGETHER = r"""
+import os, sys, time
+from luisaml import device, luisa_compat
+folder, me, mode = sys.argv[1:]
+if mode == "unsettled":
+    luisa_compat.settle_cpu_backend = lambda: None
+open(os.path.join(folder, "ready_" + me), "w").close()
+while not os.path.exists(os.path.join(folder, "go")):  # all wait here, then start at once
+    time.sleep(0.001)
+device.init("cpu")
+import luisa
+
+@luisa.func
+def store(b):
+    b.write(dispatch_id().x, 7)  # a DSL builtin
+
+b = luisa.Buffer(1, int)
+store(b, dispatch_size=1)
+luisa.synchronize()
+assert b.numpy()[0] == 7
+"""
+
+
+def start_together(folder, n: int, mode: str = "settled") -> list[int]:
+    """Exit codes of n processes that, once all have imported luisaml, start the CPU device and build
+    a kernel at the same moment (mode "unsettled": without luisa_compat.settle_cpu_backend)."""
+    import subprocess
+    import sys
+    import time
+
+    script = folder / "start.py"  # a file: luisa.func reads its function's source
+    script.write_text(_START_TOGETHER)
+    procs = [subprocess.Popen([sys.executable, str(script), str(folder), str(i), mode],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(n)]
+    deadline = time.monotonic() + 120
+    while len(list(folder.glob("ready_*"))) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (folder / "go").touch()
+    return [p.wait(timeout=300) for p in procs]
+
+
+def test_processes_building_their_first_kernel_together_do_not_abort(tmp_path):
+    """Bug (LuisaCompute's CPU backend): every process's first kernel build parses and then rewrites
+    llvm_paths.json beside the Python executable, and one that reads it mid-rewrite aborts: of 12
+    plain processes started together 1 to 5 aborted, and CI lost a test worker to it. luisaml's
+    device start does that first build under an inter-process lock."""
+    assert start_together(tmp_path, 12) == [0] * 12
