@@ -91,6 +91,13 @@ class KernelContext:
     # an inline expression is being built (schedule.Inline): no statement may be emitted, `let`
     # returns its expression instead of a variable
     pure = False
+    # in a batched items stage (emission.py sets them): the DSL names of the sample and of the batch
+    # size of the launch, and at_sample(s), a context manager under which every tensor the stage
+    # touches is bound at sample s (an operator that gathers rows of other samples: SparseConv3d
+    # over a grid bound at run time, a voxel a sample)
+    sample: str | None = None
+    n_samples: str | None = None
+    at_sample = None
 
     def __init__(self, module: Module, indent: int = 1, errors: str | None = None) -> None:
         self.module = module

@@ -87,10 +87,13 @@ def generate(plan: Plan, model_name: str) -> str:
     fwd, fwd_params = emit_forward(plan, module)
     type_decls: list[tuple[str, str]] = []
     if plan.schedule is None:
-        sized = runtime_sized_node(plan)
+        sized, spans = runtime_sized_node(plan), batch_spanning_node(plan)
         if sized is not None:
             raise CompileError(f"{sized}: its outputs are sized at run time (count, prefix sum, read-back, "
                                "fill), which needs schedule='stages', not one per-sample kernel")
+        if spans is not None:
+            raise CompileError(f"{spans}: it reads other samples of the batch (a voxel a sample), which needs "
+                               "schedule='stages', not one per-sample kernel")
         kernels = [("batch_kernel", kernel_params(plan), "One thread per sample: reads the sample's inputs from "
                     "buffers, writes its outputs.", emit_batch_kernel(plan, module))]
     else:
@@ -191,9 +194,10 @@ def emit_forward(plan: Plan, module: Module) -> tuple[KernelContext, list[str]]:
     fwd_params.append("weights")
     if plan.scratch:  # the caller gives the buffers and which per-sample region to use
         fwd_params += plan.scratch_params + ["scratch_region"]
-    sized = runtime_sized_node(plan)
-    if sized is not None:  # no per-sample function: its outputs' sizes come from a host read-back
-        fwd.comment(f"no per-sample forward: {sized} has outputs sized at run time")
+    sized, spans = runtime_sized_node(plan), batch_spanning_node(plan)
+    if sized is not None or spans is not None:  # no per-sample function
+        why = f"{sized} has outputs sized at run time" if sized else f"{spans} reads other samples"
+        fwd.comment(f"no per-sample forward: {why}")
         fwd.line("pass")
         return fwd, fwd_params
     emit_graph(fwd, plan.main, fwd_io)
@@ -204,6 +208,14 @@ def runtime_sized_node(plan: Plan) -> str | None:
     """Return the description of the first node with run-time sized outputs, or None."""
     for node, op in plan.ops:
         if op.runtime_sized:
+            return node.describe()
+    return None
+
+
+def batch_spanning_node(plan: Plan) -> str | None:
+    """Return the description of the first node that sees the whole batch (Operator.spans_batch), or None."""
+    for node, op in plan.ops:
+        if op.spans_batch():
             return node.describe()
     return None
 
@@ -388,6 +400,10 @@ def emit_stage(plan: Plan, st: Stage, module: Module) -> str:
         ctx.line(f"sample = tid // {st.items}")
         ctx.line(f"item = tid % {st.items}")
         item = "item"
+        if st.domain == "items":
+            ctx.line(f"n_samples = int(dispatch_size().x) // {st.items}")
+            ctx.sample, ctx.n_samples = "sample", "n_samples"
+            ctx.at_sample = lambda s: bind(stage_bindings(plan, st, ctx, s))
     elif st.batched:
         ctx.line("sample = tid")
     else:
@@ -414,7 +430,6 @@ def emit_stage(plan: Plan, st: Stage, module: Module) -> str:
             # share the loads of B); the others' items idle. Samples past the last read the last
             # one's data and store nothing.
             node, op = st.root
-            ctx.line(f"n_samples = int(dispatch_size().x) // {st.items}")
             ctx.line(f"if sample % {st.samples} == 0:")
             with ctx.indent(), node_context(node):
                 rows = []

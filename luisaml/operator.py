@@ -216,6 +216,20 @@ class Operator:
         all): only when the node reads it by index and nothing it computes depends on its size."""
         return False
 
+    @classmethod
+    def pinned_by_example(cls, op_type: str) -> tuple[str, ...]:
+        """Attributes in which an exporter wrote a size of the example it traced (SparseConvKernelMap's
+        output_voxels): dropped when the node reads inputs whose rows are bound at run time, as its
+        rule then derives that size from them."""
+        return ()
+
+    def spans_batch(self) -> bool:
+        """Whether the node sees the whole batch, not one sample: it reads rows of other samples of a
+        batched input at indices it computes, or checks the batch size (fVDB's sparse convolution over
+        grids bound at run time, a voxel a sample). It then runs only in batched items stages
+        (KernelContext.at_sample, n_samples), and the module has no per-sample `forward`."""
+        return False
+
     def samples_per_item(self) -> int:
         """Return how many samples one work item of a batched items stage computes (emit_item then
         gets their bindings as `rows`); 1 unless a tile across samples reuses loads (Dense on the CPU)."""

@@ -25,6 +25,7 @@ LOWER_OFF_TABLE = 1088
 LEAF_OFF_VALUE_MASK = 16
 LEAF_OFF_OFFSET = 80
 LEAF_OFF_PREFIX_SUM = 88
+LEAF_NODE_SIZE = 96
 
 
 @luisa.func
@@ -107,6 +108,43 @@ def nvdb_leaf_value(blob, leaf, i, j, k):
             prefix = int(bits & uint(511))
         value = int(blob.read(uint, leaf + LEAF_OFF_OFFSET)) + prefix + below
     return value
+
+
+@luisa.func
+def nvdb_find_leaf(blob, first_leaf, leaf_count, value):
+    """Byte position of the leaf holding OnIndex value `value` (an active voxel's 1-based index): of
+    a grid's leaf_count leaves (from first_leaf, LEAF_NODE_SIZE bytes apart, in index order, so
+    their mOffsets rise), the last whose mOffset is at most value (a binary search)."""
+    lo = 0
+    hi = leaf_count - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if int(blob.read(uint, first_leaf + mid * LEAF_NODE_SIZE + LEAF_OFF_OFFSET)) <= value:
+            lo = mid
+        else:
+            hi = mid - 1
+    return first_leaf + lo * LEAF_NODE_SIZE
+
+
+@luisa.func
+def nvdb_leaf_slot(blob, leaf, value):
+    """Slot (x * 64 + y * 8 + z) of the leaf's active voxel whose OnIndex value is `value`: the bit
+    of rank value - mOffset in its value mask (the inverse of nvdb_leaf_value)."""
+    left = value - int(blob.read(uint, leaf + LEAF_OFF_OFFSET))
+    slot = -1
+    for h in range(16):
+        word = blob.read(uint, leaf + LEAF_OFF_VALUE_MASK + h * 4)
+        c = int(popcount(word))
+        if slot < 0:
+            if left < c:
+                for b in range(32):
+                    if slot < 0 and ((word >> uint(b)) & uint(1)) != uint(0):
+                        if left == 0:
+                            slot = h * 32 + b
+                        left -= 1
+            else:
+                left -= c
+    return slot
 
 
 @luisa.func

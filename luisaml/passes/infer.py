@@ -3,6 +3,7 @@ dimensions are all numbers; the batch dimension is found by specialising the mod
 sizes and comparing the results."""
 from __future__ import annotations
 
+import contextvars
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,34 @@ PROBE_A, PROBE_B = 2, 3
 # the rows of inputs bound at run time (bound_inputs) in the probes, then in a third that shows
 # whether anything else depends on them
 ROWS_PROBE, ROWS_CHECK = 8, 13
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The specialisation being inferred: its batch size (None without a batch symbol) and the
+    inputs whose rows are bound at run time."""
+
+    batch: int | None
+    bound: frozenset[str]
+
+
+_PROBE: contextvars.ContextVar[Probe | None] = contextvars.ContextVar("probe", default=None)
+
+
+def current_probe() -> Probe | None:
+    """The probe whose shapes are being inferred, for an operator rule whose output has the batch's
+    rows without reading a batched input (a kernel map over a grid bound at run time: its voxels
+    are the batch); None outside specialise()."""
+    return _PROBE.get()
+
+
+def _probe(proto: onnx.ModelProto, values: dict[str, int], batch: int | None, bound, limits: Limits) -> onnx.ModelProto:
+    """Fold and infer proto with the named dims set to numbers, under the Probe they make."""
+    token = _PROBE.set(Probe(batch, frozenset(bound)))
+    try:
+        return fold_to_fixpoint(set_symbols(proto, values), infer_shapes, limits=limits)
+    finally:
+        _PROBE.reset(token)
 
 
 def _onnx_infer(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -267,7 +296,32 @@ def bound_inputs(proto: onnx.ModelProto, unresolved: dict[str, list], symbol: st
             d.Clear()
             d.dim_param = f"rows of {name}"
         out[name] = d.dim_param
+    for n in proto.graph.node:  # an exporter's example size pinned in an attribute no longer holds
+        if any(i in out for i in n.input):
+            cls = registry.resolve(n.op_type, n.domain, opsets.get(n.domain, 1))
+            drop = set(cls.pinned_by_example(n.op_type)) if cls is not None else set()
+            for a in [a for a in n.attribute if a.name in drop]:
+                n.attribute.remove(a)
     return out
+
+
+def _fixed_size_reader(proto: onnx.ModelProto, name: str) -> str | None:
+    """Return ' (...)' naming the node that keeps an input's rows from being bound at run time when
+    another node reading it could take any number (a pooling map beside a kernel map), else ''."""
+    from .. import registry
+
+    opsets = {o.domain: o.version for o in proto.opset_import}
+    takes, refuses = [], []
+    for n in proto.graph.node:
+        for k, i in enumerate(n.input):
+            if i == name:
+                cls = registry.resolve(n.op_type, n.domain, opsets.get(n.domain, 1))
+                (takes if cls is not None and cls.reads_bound_rows(n.op_type, k) else refuses).append(n)
+    if not (takes and refuses):
+        return ""
+    n = refuses[0]
+    return (f" (read by node '{n.name or n.op_type}' ({n.domain + '::' if n.domain else ''}{n.op_type}), which needs "
+            "its size when compiling)")
 
 
 def _subgraph_inputs(g: onnx.GraphProto) -> set[str]:
@@ -332,21 +386,21 @@ def specialise(proto: onnx.ModelProto, symbol: str | None, limits: Limits = DEFA
         if unresolved:
             raise ModelError(
                 "inputs with dynamic dimensions: "
-                + ", ".join(f"'{k}' {shape_str(v)}" for k, v in unresolved.items())
+                + ", ".join(f"'{k}' {shape_str(v)}{_fixed_size_reader(proto, k)}" for k, v in unresolved.items())
                 + "; give input_shapes={name: [...]} or compile with batch_axis='auto' for a batch dimension"
             )
-        a = fold_to_fixpoint(set_symbols(proto, rows), infer_shapes, limits=limits)
+        a = _probe(proto, rows, None, bound, limits)
         _check_rows_probe(proto, a, bound, {}, limits)
         return Specialised(a, None, {}, {}, bound)
     others = {k: v for k, v in unresolved.items() if any(not isinstance(d, int) and d != symbol for d in v)}
     if others:
         raise ModelError(
             f"only the batch dimension '{symbol}' may be dynamic, but "
-            + ", ".join(f"'{k}' is {shape_str(v)}" for k, v in others.items())
+            + ", ".join(f"'{k}' is {shape_str(v)}{_fixed_size_reader(proto, k)}" for k, v in others.items())
             + "; fix the other dimensions with input_shapes={name: [...]}"
         )
-    a = fold_to_fixpoint(set_symbols(proto, {symbol: PROBE_A, **rows}), infer_shapes, limits=limits)
-    b = fold_to_fixpoint(set_symbols(proto, {symbol: PROBE_B, **rows}), infer_shapes, limits=limits)
+    a = _probe(proto, {symbol: PROBE_A, **rows}, PROBE_A, bound, limits)
+    b = _probe(proto, {symbol: PROBE_B, **rows}, PROBE_B, bound, limits)
     _check_rows_probe(proto, a, bound, {symbol: PROBE_A}, limits)
     values_b = {t.name: numpy_helper.to_array(t) for t in b.graph.initializer}
     return Specialised(a, symbol, _all_shapes(b), values_b, bound)
@@ -356,5 +410,4 @@ def _check_rows_probe(proto, a, bound: dict[str, str], batch: dict[str, int], li
     """With bound inputs, specialise once more with other rows and check nothing else changed."""
     if bound:
         other = {v: ROWS_CHECK for v in bound.values()}
-        _check_bound_rows(a, fold_to_fixpoint(set_symbols(proto, {**batch, **other}), infer_shapes, limits=limits),
-                          bound)
+        _check_bound_rows(a, _probe(proto, {**batch, **other}, next(iter(batch.values()), None), bound, limits), bound)

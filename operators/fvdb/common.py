@@ -45,6 +45,8 @@ class Meta(IntEnum):
     TRANSLATE_X = 7  # float32 bits of -origin/h
     TRANSLATE_Y = 8
     TRANSLATE_Z = 9
+    LEAVES = 10  # byte position of the grid's first leaf in grid_blob (its leaves follow, in index order)
+    LEAF_COUNT = 11
 
 
 META_FIELDS = len(Meta)
@@ -131,6 +133,8 @@ def grid_metadata(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch
     scale, translate = fvdb_transform(h, o)
     meta[:, Meta.SCALE_X : Meta.SCALE_Z + 1] = scale.view(np.int32)
     meta[:, Meta.TRANSLATE_X : Meta.TRANSLATE_Z + 1] = translate.view(np.int32)
+    meta[:, Meta.LEAVES] = [g.leaf_offset for g in chosen]
+    meta[:, Meta.LEAF_COUNT] = [g.leaf_count for g in chosen]
     return meta
 
 

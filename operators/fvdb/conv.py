@@ -7,6 +7,12 @@ each layer: the reuse is in the graph, the schedule keeps the map in a buffer ac
 layer is a plain items operator whose output takes the usual epilogues (BatchNormalization, Relu).
 Over constant grids the map folds on the host at compile time (evaluate).
 
+Over grids bound at run time (any size, one compiled network) the voxels are the batch: the map
+has a row per voxel of the output grid, a work item per sample finds its voxel from its index
+(nanovdb's nvdb_find_leaf, nvdb_leaf_slot), and SparseConv3d reads the features of the sample each
+tap names (KernelContext.at_sample); both see the whole batch (Operator.spans_batch). Maps between
+grids of two sizes keep static grids (DESIGN.md).
+
 A kernel-map work item is one voxel slot of one output leaf (most slots of a surface's leaves are
 empty and return at once); a convolution work item is R output voxels x O output channels, the
 channel blocks of a voxel block on consecutive threads, weights prepacked [tap][C_in][C_out] so a
@@ -16,6 +22,7 @@ block has is skipped.
 from __future__ import annotations
 
 import numpy as np
+from onnx import TensorProto
 
 from luisaml import dtypes
 from luisaml import indexing as ix
@@ -26,6 +33,7 @@ from luisaml.fvdb.sparse_conv import ConvGeometry, conv_geometry, kernel_map
 from luisaml.model import shape_str
 from luisaml.operator import CompileError, Derived, Operator
 from luisaml.opsets import fvdb as schema
+from luisaml.passes.infer import current_probe
 from luisaml.registry import register
 
 from .common import META_FIELDS, GridOp, GridRef, Meta, bundle_grids, grid_metadata
@@ -53,8 +61,32 @@ def _geometry(node) -> ConvGeometry:
 class SparseConvKernelMap(GridOp):
     """int32 [N_out, T]: the batch-global input voxel each output voxel reads at each tap, or -1."""
 
+    # the bundle inputs whose rows may be bound at run time (of either grid): the map then has a row
+    # per voxel of the output grid, and those voxels are the batch (a voxel a sample: module docstring)
+    _BOUND_PARTS = ("grid_blob", "leaf_batch_indices", "list_indices")
+
+    @classmethod
+    def reads_bound_rows(cls, op_type: str, k: int) -> bool:
+        return cls.batches_voxels and k < 2 * BUNDLE and schema.BUNDLE[k % BUNDLE] in cls._BOUND_PARTS
+
+    # whether a grid bound at run time makes the map's rows the batch (not for pooling maps, whose
+    # two grids differ in size)
+    batches_voxels = True
+
+    @classmethod
+    def pinned_by_example(cls, op_type: str) -> tuple[str, ...]:
+        return ("output_voxels",) if cls.batches_voxels else ()  # (torch_ops writes the traced grid's count)
+
     @classmethod
     def infer(cls, node, inputs):
+        probe = current_probe()
+        if cls.batches_voxels and probe is not None and any(node.inputs[k] in probe.bound for k in range(2 * BUNDLE)):
+            if probe.batch is None:
+                raise CompileError(
+                    f"{node.describe()}: a grid is bound at run time, so the map has a row per voxel of a grid whose "
+                    "size is known only then: make the voxels the batch (give the features a dynamic first "
+                    "dimension and compile with batch_axis='auto'), or fix the grids' shapes with input_shapes")
+            return [(TensorProto.INT32, (probe.batch, cls.geometry(node).taps))]
         attrs = dict(node.attrs)
         offsets = inputs[OUT + 5] if len(inputs) > OUT + 5 else None
         if "output_voxels" not in attrs and offsets is not None and offsets.value is not None and offsets.value.size:
@@ -102,22 +134,39 @@ class SparseConvKernelMap(GridOp):
         self.transposed = bool(self.attr("transposed", 0))
         y = self.output()
         self.expect_dtype(y, ("INT32",), "output")
+        self.voxel_batch = y.batched
+        self.expect(not y.batched or self.batches_voxels, f"output '{y.name}' follows the batch axis; give the grids "
+                    "static shapes")
+        if y.batched:  # grids bound at run time: a row per sample, each sample a voxel of the output grid
+            self.expect(y.shape == (1, self.geo.taps), f"output '{y.name}' has {shape_str(y.shape)} per sample, "
+                        f"expected [1, {self.geo.taps}] for kernel {list(self.geo.kernel)}")
+            return
         self.expect(y.rank == 2 and y.shape[1] == self.geo.taps, f"output '{y.name}' has shape {shape_str(y.shape)}, "
                     f"expected [output voxels, {self.geo.taps}] for kernel {list(self.geo.kernel)}")
         self.leaves = self.input(OUT + 4).shape[0]
-        self.expect(not y.batched, f"output '{y.name}' follows the batch axis; give the grids static shapes")
 
     def derived_inputs(self):
+        if self.voxel_batch:  # (the voxel counts are checked against the batch in the kernel)
+            return [Derived(grid_metadata, tuple(range(6)), dtypes.INT32, (self.B, META_FIELDS)),
+                    Derived(grid_metadata, tuple(range(OUT, OUT + 6)), dtypes.INT32, (self.B, META_FIELDS))]
         rows = self.output().shape[0]
         return [Derived(grid_metadata, tuple(range(6)), dtypes.INT32, (self.B, META_FIELDS)),
                 Derived(grid_metadata, tuple(range(OUT, OUT + 6)), dtypes.INT32, (self.B, META_FIELDS),
                         (("expect_voxels", rows),)),
                 Derived(leaf_positions, tuple(range(OUT, OUT + 6)), dtypes.INT32, (self.leaves,))]
 
+    def spans_batch(self) -> bool:
+        return self.voxel_batch  # (it checks the batch against the grids' voxels)
+
     def work_items(self):
+        if self.voxel_batch:
+            return 1
         return self.leaves * LEAF_SLOTS if self.output().shape[0] else 0
 
     def emit_item(self, ctx, item):
+        if self.voxel_batch:
+            self._emit_voxel_sample(ctx)
+            return
         meta_in, meta_out, leaf_pos = self.derived
         y, geo, T = self.output(), self.geo, self.geo.taps
         blob_out, base_out = self.input(OUT).storage.byte_address()
@@ -143,6 +192,73 @@ class SparseConvKernelMap(GridOp):
             g = GridRef(ctx, blob_in, ctx.let(tiles, "tiles"), ctx.let(field(Meta.TILE_COUNT), "ntiles"), field)
             voxel_offset = ctx.let(g.voxel_offset, "voff")
             self.emit_taps(ctx, g, c, voxel_offset, lambda tap, v: ctx.store(y, ix.add(row, tap), v))
+
+    def _input_grid(self, ctx, meta_in, m: str) -> tuple[GridRef, str]:
+        """The input grid's GridRef for metadata row m (a DSL expression: grid b's row), and its first
+        voxel's batch-global index."""
+        blob_in, base_in = self.input(0).storage.byte_address()
+
+        def field(f: Meta) -> str:
+            return meta_in.load(ix.add(m, str(int(f))))
+
+        tiles = field(Meta.TILES) if base_in == "0" else ix.add(base_in, field(Meta.TILES))
+        g = GridRef(ctx, blob_in, ctx.let(tiles, "tiles"), ctx.let(field(Meta.TILE_COUNT), "ntiles"), field)
+        return g, ctx.let(g.voxel_offset, "voff")
+
+    def _emit_voxel_sample(self, ctx) -> None:
+        """Grids bound at run time, a voxel a sample: this sample's voxel v of the output bundle is
+        found from its index (the grid holding it, the leaf whose index range holds it, the bit of its
+        rank in that leaf's mask), then its taps are looked up as over a static grid. Sample 0 flags
+        a batch that is not the grids' voxel count."""
+        if ctx.sample is None:
+            raise self.error("over grids bound at run time it runs over the batch in stages; compile with "
+                             "schedule='auto' or 'stages'")
+        meta_in, meta_out = self.derived
+        y, B, F = self.output(), self.B, META_FIELDS
+        blob_out, base_out = self.input(OUT).storage.byte_address()
+        v, n = ctx.sample, ctx.n_samples
+        last = (B - 1) * F
+
+        def total(meta) -> str:
+            return f"({meta.load(str(last + int(Meta.VOXEL_OFFSET)))} + {meta.load(str(last + int(Meta.VOXEL_COUNT)))})"
+
+        flag = ctx.flag_error(str(self.error(
+            "the batch (the features' rows) is not the number of voxels of the grids bound at run time: a kernel map "
+            "over such grids has a row per voxel, a voxel a sample")))
+        if flag is not None:
+            ctx.line(f"if {v} == 0 and ({total(meta_out)} != {n} or {total(meta_in)} != {n}):")
+            with ctx.indent():
+                ctx.line(flag)
+        with ctx.loop(self.geo.taps, "tap") as tap:
+            ctx.store(y, tap, "(-1)")
+        ctx.line(f"if {v} < {total(meta_out)} and {v} < {total(meta_in)}:")
+        with ctx.indent():
+            b = ctx.fresh("b")
+            ctx.line(f"{b} = 0")
+            if B > 1:
+                k = ctx.fresh("k")
+                ctx.line(f"for {k} in range(1, {B}):")
+                with ctx.indent():
+                    ctx.line(f"if {meta_out.load(ix.add(ix.mul(k, F), str(int(Meta.VOXEL_OFFSET))))} <= {v}:")
+                    with ctx.indent():
+                        ctx.line(f"{b} = {k}")
+            m = ctx.let(ix.mul(b, F), "m")
+
+            def out_field(f: Meta) -> str:
+                return meta_out.load(ix.add(m, str(int(f))))
+
+            value = ctx.let(f"{v} - {out_field(Meta.VOXEL_OFFSET)} + 1", "value")  # its OnIndex value in grid b
+            first = out_field(Meta.LEAVES) if base_out == "0" else ix.add(base_out, out_field(Meta.LEAVES))
+            find = ctx.use_helper("nvdb_find_leaf", "nanovdb")
+            leaf = ctx.let(f"{find}({blob_out}, {first}, {out_field(Meta.LEAF_COUNT)}, {value})", "leaf")
+            slot = ctx.let(f"{ctx.use_helper('nvdb_leaf_slot', 'nanovdb')}({blob_out}, {leaf}, {value})", "slot")
+            corner = ctx.use_helper("nvdb_leaf_origin", "nanovdb")
+            c = [ctx.let(f"{corner}({blob_out}, {leaf}, {a}) + {s}", "c")
+                 for a, s in enumerate((f"({slot} >> 6)", f"(({slot} >> 3) & 7)", f"({slot} & 7)"))]
+            g, voxel_offset = self._input_grid(ctx, meta_in, m)
+            # (an index past the batch, where the batch is not the voxel count, is left missing: the
+            # flag above is then the error run() reports, not the layers' reads)
+            self.emit_taps(ctx, g, c, voxel_offset, lambda tap, index: ctx.store(y, tap, f"({index} if {index} < {n} else -1)"))
 
     def emit_taps(self, ctx, g: GridRef, c: list[str], voxel_offset: str, store) -> None:
         """Emit the loop over the taps of output voxel c: the input voxel each reads, looked up in the
@@ -191,8 +307,9 @@ class SparseConvKernelMap(GridOp):
 
     def describe(self):
         kind = "transposed " if self.transposed else ""
-        return (f"{kind}kernel map, kernel {list(self.geo.kernel)}, stride {list(self.geo.stride)}: a thread per "
-                f"voxel slot of the output grid's {self.leaves} leaves")
+        where = ("a thread per voxel of the output grid, bound at run time (a voxel a sample)" if self.voxel_batch
+                 else f"a thread per voxel slot of the output grid's {self.leaves} leaves")
+        return f"{kind}kernel map, kernel {list(self.geo.kernel)}, stride {list(self.geo.stride)}: {where}"
 
 
 def rows_by_taps(kernel_map) -> np.ndarray:
@@ -245,11 +362,23 @@ class SparseConv3d(Operator):
         self.expect_dtype(x, ("FLOAT",), "input 0 (features)")
         self.expect_dtype(w, ("FLOAT",), "input 2 (weight)")
         self.expect_dtype(kmap, ("INT32",), "input 1 (kernel_map)")
-        self.expect(x.rank == 2, f"features '{x.name}' must be [N_in, C_in], got {shape_str(x.shape)}")
-        self.expect(kmap.rank == 2, f"kernel_map '{kmap.name}' must be [N_out, taps], got {shape_str(kmap.shape)}")
+        # over grids bound at run time the voxels are the batch: features [C_in] and map [taps] a sample
+        self.voxel_batch = x.batched or kmap.batched
+        if self.voxel_batch:
+            self.expect(x.batched and kmap.batched and x.shape[:1] == (1,) and kmap.shape[:1] == (1,)
+                        and x.rank == 2 and kmap.rank == 2,
+                        f"features '{x.name}' and kernel_map '{kmap.name}' must both have a row per voxel, the voxels "
+                        f"the batch (a kernel map over grids bound at run time), got {shape_str(x.shape)} "
+                        f"{'per sample' if x.batched else 'in all'} and {shape_str(kmap.shape)} "
+                        f"{'per sample' if kmap.batched else 'in all'}")
+            (_, self.c_in), (_, self.taps) = x.shape, kmap.shape
+            self.n_in = self.n_out = 1  # (a sample: the batch dimension is 1 per sample)
+        else:
+            self.expect(x.rank == 2, f"features '{x.name}' must be [N_in, C_in], got {shape_str(x.shape)}")
+            self.expect(kmap.rank == 2, f"kernel_map '{kmap.name}' must be [N_out, taps], got {shape_str(kmap.shape)}")
+            self.n_in, self.c_in = x.shape
+            self.n_out, self.taps = kmap.shape
         self.expect(w.rank == 5, f"weight '{w.name}' must be [C_out, C_in, k0, k1, k2], got {shape_str(w.shape)}")
-        self.n_in, self.c_in = x.shape
-        self.n_out, self.taps = kmap.shape
         self.c_out = w.shape[0]
         self.expect(w.shape[1] == self.c_in, f"weight '{w.name}' {shape_str(w.shape)} has {w.shape[1]} input "
                     f"channels, features '{x.name}' {shape_str(x.shape)} have {self.c_in}")
@@ -258,10 +387,11 @@ class SparseConv3d(Operator):
         if self.has_input(3):
             self.expect_dtype(self.input(3), ("FLOAT",), "input 3 (bias)")
             self.expect_shape(self.input(3), (self.c_out,), "input 3 (bias)")
-        for k in range(len(self.inputs)):
+        for k in range(2 if self.voxel_batch else 0, len(self.inputs)):
             t = self.inputs[k]
             self.expect(t is None or not t.batched, f"input {k} '{t.name if t else ''}' follows the batch axis; "
-                        "voxel features, kernel maps and weights are shared (give them static shapes)")
+                        "kernel maps, voxel features (over static grids) and weights are shared (give them static "
+                        "shapes)")
         y = self.output()
         self.expect_shape(y, (self.n_out, self.c_out), "output")
         if kmap.value is not None:
@@ -269,6 +399,9 @@ class SparseConv3d(Operator):
             bad = (v < -1) | (v >= self.n_in)
             self.expect(not bad.any(), f"kernel_map '{kmap.name}' holds index "
                         f"{int(v[bad][0]) if bad.any() else 0} outside [-1, {self.n_in}) (the features' rows)")
+
+    def spans_batch(self) -> bool:
+        return self.voxel_batch
 
     def derived_inputs(self):
         # a kernel map known at compile time: its voxels run in rows_by_taps' order
@@ -307,6 +440,9 @@ class SparseConv3d(Operator):
         return w.home.blob.add_packed(f"{w.name}/packed[{self.taps}x{self.c_in}x{cblocks * O}]", pack)
 
     def emit_item(self, ctx, item):
+        if self.voxel_batch:
+            self._emit_sample_item(ctx, item)
+            return
         x, kmap, w, y = self.input(0), self.input(1), self.input(2), self.output()
         R, O, _, cblocks = self.tiles()
         C_in, C_out, T = self.c_in, self.c_out, self.taps
@@ -378,10 +514,61 @@ class SparseConv3d(Operator):
     # names none), B the prepacked weight. A tile runs only the taps one of its voxels reads: the
     # block ORs its rows' tap masks first and walks k over that list (tiled.emit's k_steps).
 
+    def _emit_sample_item(self, ctx, item) -> None:
+        """A voxel a sample (grids bound at run time): O output channels of this sample's voxel, each
+        tap's features read at the sample the map names (ctx.at_sample)."""
+        if ctx.at_sample is None:
+            raise self.error("over grids bound at run time it runs over the batch in stages; compile with "
+                             "schedule='auto' or 'stages'")
+        x, kmap, w, y = self.input(0), self.input(1), self.input(2), self.output()
+        _, O, _, cblocks = self.tiles()
+        C_in, C_out, T = self.c_in, self.c_out, self.taps
+        cb = ctx.let(ix.mod(item, cblocks), "cb") if cblocks > 1 else "0"
+        n0 = ctx.let(ix.mul(cb, O), "n")
+        safe = C_out % O or O  # channels j >= safe may fall past C_out in the last block
+        cols = [ix.add(n0, str(j)) if j < safe else f"min({ix.add(n0, str(j))}, {C_out - 1})" for j in range(O)]
+        bias = self.input(3) if self.has_input(3) else None
+        acc = [ctx.fresh("acc") for _ in range(O)]
+        for j in range(O):
+            ctx.line(f"{acc[j]} = {ctx.let(bias.load(cols[j]), 'bias') if bias is not None else '0.0'}")
+        packed = self.packed_weight()
+        if packed is not None:
+            wbase = ctx.let(ix.add(str(packed), ix.mul(cb, O * 4)), "wb")
+        else:
+            wcols = [ctx.let(c, "m") for c in cols]
+        flag = ctx.flag_error(str(self.error(f"kernel_map '{kmap.name}' holds an index outside [-1, batch) (the rows "
+                                             f"of features '{x.name}')")))
+        with ctx.loop(T, "tap") as tap:
+            k = ctx.fresh("k")
+            ctx.line(f"{k} = {kmap.load(tap)}")
+            ctx.line(f"if {k} < -1 or {k} >= {ctx.n_samples}:")
+            with ctx.indent():
+                if flag is not None:
+                    ctx.line(flag)
+                ctx.line(f"{k} = -1")
+            ctx.line(f"if {k} >= 0:")
+            with ctx.indent():
+                if packed is not None:
+                    wt = ctx.let(ix.add(wbase, ix.mul(tap, C_in * cblocks * O * 4)), "wt")
+                with ctx.loop(C_in, "c") as c:
+                    if packed is not None:
+                        wk = ctx.let(ix.add(wt, ix.mul(c, cblocks * O * 4)), "wk")
+                        ws = [ctx.let(f"weights.read(float, {ix.add(wk, str(4 * j))})", "w") for j in range(O)]
+                    else:
+                        ws = [ctx.let(w.load(ix.add(ix.mul(wcols[j], C_in * T), ix.mul(c, T), tap)), "w")
+                              for j in range(O)]
+                    with ctx.at_sample(k):  # the features of the voxel this tap reads
+                        a = ctx.let(x.load(c), "a")
+                    for j in range(O):
+                        ctx.line(f"{acc[j]} = fma({a}, {ws[j]}, {acc[j]})")
+        for j in range(O):
+            col = ix.add(n0, str(j))
+            ctx.line_if(None if j < safe else f"{col} < {C_out}", y.store(col, acc[j]))
+
     def block_tiling(self):
         from luisaml.operators import tiled
 
-        if self.n_in == 0 or self.n_out == 0:
+        if self.voxel_batch or self.n_in == 0 or self.n_out == 0:
             return None
         # Conv's double-buffered 64 x 64 tiles (pipelined): 1.100 -> 0.989 ms on the H200 benchmark
         return tiled.choose(self.n_out, self.c_out, self.taps * self.c_in, 1, m_fast=False, pipelined=True)
@@ -514,5 +701,6 @@ class SparseConv3d(Operator):
 
     def describe(self):
         R, O, _, _ = self.tiles()
-        return (f"gather-GEMM over a kernel map of {self.taps} taps, {self.c_in}->{self.c_out} channels: a thread "
-                f"per {R} output voxels x {O} channels")
+        per = (f"{O} channels of a voxel (a voxel a sample: grids bound at run time)" if self.voxel_batch
+               else f"{R} output voxels x {O} channels")
+        return f"gather-GEMM over a kernel map of {self.taps} taps, {self.c_in}->{self.c_out} channels: a thread per {per}"

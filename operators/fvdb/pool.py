@@ -35,6 +35,8 @@ MAX_CHANNELS = 16  # accumulators per thread (SparseConv3d's channel block)
 class _MapBase(SparseConvKernelMap):
     """A map of a grid pair with SparseConvKernelMap's inputs, device kernel and fold."""
 
+    batches_voxels = False  # (its grids differ in size: they cannot both be the batch)
+
     @classmethod
     def infer(cls, node, inputs):
         attrs = dict(node.attrs)

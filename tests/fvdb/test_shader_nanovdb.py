@@ -39,7 +39,7 @@ def shader_lookup(blob: np.ndarray, grid, ijk: np.ndarray) -> np.ndarray:
 
 
 def test_layout_constants_match_the_host_layout():
-    for name in ("ROOT_DATA_SIZE", "ROOT_TILE_SIZE", "UPPER_OFF_CHILD_MASK", "UPPER_OFF_TABLE", "LOWER_OFF_CHILD_MASK",
+    for name in ("ROOT_DATA_SIZE", "ROOT_TILE_SIZE", "LEAF_NODE_SIZE", "UPPER_OFF_CHILD_MASK", "UPPER_OFF_TABLE", "LOWER_OFF_CHILD_MASK",
                  "LOWER_OFF_TABLE", "LEAF_OFF_VALUE_MASK", "LEAF_OFF_OFFSET", "LEAF_OFF_PREFIX_SUM"):
         assert getattr(nv, name) == getattr(L, name), name
 

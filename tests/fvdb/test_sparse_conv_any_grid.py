@@ -1,0 +1,206 @@
+"""Sparse convolution over grids bound at run time: one compiled network, any grid. The grid bundle's
+dynamic inputs are bound when the network runs; the voxels are the batch (the features [V, C] have a
+dynamic first dimension), so the kernel map has a row per voxel, built on the device from each
+voxel's index, and every layer over it (SparseConv3d, BatchNormalization, Relu, Add) runs a voxel
+a sample. Checked against the numpy reference of fVDB's section-5 semantics (fvdb_reference.
+sparse_conv3d) on grids of different sizes, and against torch for an exported module."""
+import io
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper, numpy_helper
+
+import luisaml
+from luisaml.errors import LuisamlError
+from luisaml.fvdb import GridBatch
+from luisaml.fvdb import torch_ops as F
+from luisaml.opsets import fvdb as schema
+
+from fvdb_reference import sparse_conv3d
+
+DYNAMIC = ("grid_blob", "leaf_batch_indices", "list_indices")  # what changes size with the grid
+ELEM = {np.dtype(np.float32): onnx.TensorProto.FLOAT, np.dtype(np.uint8): onnx.TensorProto.UINT8,
+        np.dtype(np.int32): onnx.TensorProto.INT32, np.dtype(np.int64): onnx.TensorProto.INT64,
+        np.dtype(np.float64): onnx.TensorProto.DOUBLE}
+
+
+def sphere(seed: int, n: int, radius: float, grids: int = 1) -> GridBatch:
+    """A batch of `grids` surface-like grids: voxels of n points near a sphere of that radius each."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for b in range(grids):
+        p = rng.normal(size=(n, 3))
+        out.append((np.round(p / np.linalg.norm(p, axis=1, keepdims=True) * radius * (1 + 0.3 * b))
+                    + 5 * b).astype(np.int32))
+    return GridBatch.from_ijk(out, voxel_sizes=[0.1] * grids, origins=[(0.0, 0.0, 0.0)] * grids)
+
+
+def grid_feeds(gb: GridBatch, *prefixes: str) -> dict:
+    return {f"{p}{n}": a for p in prefixes for n, a in zip(schema.BUNDLE, gb.bundle())}
+
+
+def typed_inputs(feeds: dict, batch: tuple = ("x",)) -> list:
+    """Graph inputs for feeds: the features' rows the symbol V, the grids' growing parts dynamic."""
+    ins = []
+    for name, arr in feeds.items():
+        shape = list(arr.shape)
+        if name in batch:
+            shape[0] = "V"
+        elif any(name.endswith(d) for d in DYNAMIC):
+            shape[0] = f"rows_{name}"
+        ins.append(helper.make_tensor_value_info(name, ELEM[arr.dtype], shape))
+    return ins
+
+
+def kmap_node(K, transposed=False):
+    return helper.make_node(schema.KERNEL_MAP, schema.kernel_map_input_names(), ["kmap"], name="kmap",
+                            domain=schema.DOMAIN, kernel_size=list(np.broadcast_to(K, 3)), stride=[1],
+                            transposed=int(transposed))
+
+
+def reference_block(gb, x, p):
+    """relu(bn(conv2(relu(conv1(x))))) + x, in float64."""
+    h = np.maximum(sparse_conv3d(gb, x, gb, p["w1"], p["b1"]), 0)
+    h = sparse_conv3d(gb, h, gb, p["w2"], p["b2"])
+    h = (h - p["mean"]) / np.sqrt(p["var"] + 1e-5) * p["scale"] + p["shift"]
+    return np.maximum(h, 0) + x
+
+
+def block_model(C: int, K: int, rng, grids: int = 1) -> tuple[onnx.ModelProto, dict]:
+    """Two 3-D sparse convolutions over one map, BatchNormalization, Relu and a residual Add."""
+    p = {"w1": rng.standard_normal((C, C, K, K, K)) / np.sqrt(C * K**3), "b1": rng.standard_normal(C),
+         "w2": rng.standard_normal((C, C, K, K, K)) / np.sqrt(C * K**3), "b2": rng.standard_normal(C),
+         "scale": rng.uniform(0.5, 2, C), "shift": rng.standard_normal(C), "mean": rng.standard_normal(C),
+         "var": rng.uniform(0.5, 2, C)}
+    p = {k: v.astype(np.float32) for k, v in p.items()}
+    nodes = [kmap_node(K),
+             helper.make_node(schema.SPARSE_CONV, ["x", "kmap", "w1", "b1"], ["c1"], name="conv1", domain=schema.DOMAIN),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node(schema.SPARSE_CONV, ["r1", "kmap", "w2", "b2"], ["c2"], name="conv2", domain=schema.DOMAIN),
+             helper.make_node("BatchNormalization", ["c2", "scale", "shift", "mean", "var"], ["n2"], name="bn"),
+             helper.make_node("Relu", ["n2"], ["r2"], name="relu2"),
+             helper.make_node("Add", ["r2", "x"], ["y"], name="skip")]
+    example = sphere(0, 50, 3.0, grids)
+    feeds = {**grid_feeds(example, "in_", "out_"), "x": np.zeros((example.total_voxels, C), np.float32)}
+    g = helper.make_graph(nodes, "block", typed_inputs(feeds), [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT,
+                                                                                             ["V", C])],
+                          [numpy_helper.from_array(v, k) for k, v in p.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+    return m, {k: v.astype(np.float64) for k, v in p.items()}
+
+
+def assert_close(got, want):
+    scale = max(float(np.abs(want).max(initial=0)), 1e-30)
+    assert got.shape == want.shape and float(np.abs(got - want).max(initial=0)) / scale <= 1e-5
+
+
+@pytest.mark.parametrize("K, grids", [(3, 1), (2, 2)])
+def test_one_network_convolves_grids_of_different_sizes(K, grids):
+    """The number of grids in the bundle is fixed when compiling (grid_byte_offsets [B]); their sizes not."""
+    rng = np.random.default_rng(K)
+    C = 6
+    m, p = block_model(C, K, rng, grids)
+    net = luisaml.compile(m)
+    assert net.plan.symbol == "V"
+    ops = [n.op_type for n, _ in net.plan.ops]
+    assert ops.count(schema.KERNEL_MAP) == 1 and ops.count(schema.SPARSE_CONV) == 2  # one map, two layers
+    sizes = []
+    for gb in (sphere(1, 400, 6.0, grids), sphere(2, 2500, 14.0, grids), sphere(3, 30, 2.0, grids),
+               sphere(1, 400, 6.0, grids)):
+        x = rng.standard_normal((gb.total_voxels, C)).astype(np.float32)
+        out = net.run({**grid_feeds(gb, "in_", "out_"), "x": x})["y"]
+        assert_close(out, reference_block(gb, x.astype(np.float64), p))
+        sizes.append(gb.total_voxels)
+    assert len(set(sizes)) == 3 and max(sizes) > 1000
+
+
+@pytest.mark.parametrize("K, transposed", [(5, False), (1, False), (3, True), (2, True)])
+def test_kernel_sizes_and_transposed_maps(K, transposed):
+    """The map of a grid bound at run time equals the host's, and the convolution the reference."""
+    rng = np.random.default_rng(10 + K)
+    gb = sphere(4, 300, 5.0, grids=2)
+    w = rng.standard_normal((3, 4, K, K, K)).astype(np.float32)
+    nodes = [kmap_node(K, transposed),
+             helper.make_node(schema.SPARSE_CONV, ["x", "kmap", "w"], ["y"], name="conv", domain=schema.DOMAIN)]
+    feeds = {**grid_feeds(gb, "in_", "out_"), "x": np.zeros((gb.total_voxels, 4), np.float32)}
+    g = helper.make_graph(nodes, "conv", typed_inputs(feeds), [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["V", 3]),
+                                                               helper.make_tensor_value_info("kmap", onnx.TensorProto.INT32, None)],
+                          [numpy_helper.from_array(w, "w")])
+    net = luisaml.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                                              helper.make_opsetid(schema.DOMAIN, 1)]))
+    for grid in (gb, sphere(5, 90, 3.0, grids=2)):
+        feeds = {**grid_feeds(grid, "in_", "out_"), "x": rng.standard_normal((grid.total_voxels, 4)).astype(np.float32)}
+        out = net.run(feeds)
+        want_map = F.sparse_conv_kernel_map(F.bundle_tensors(grid), F.bundle_tensors(grid), K, 1, transposed).numpy()
+        np.testing.assert_array_equal(out["kmap"], want_map)
+        assert_close(out["y"], sparse_conv3d(grid, feeds["x"].astype(np.float64), grid, w.astype(np.float64), None, 1,
+                                             transposed))
+
+
+def test_features_that_are_not_the_grids_voxels_are_refused():
+    m, _ = block_model(4, 3, np.random.default_rng(0))
+    net = luisaml.compile(m)
+    gb = sphere(1, 200, 5.0)
+    for rows in (gb.total_voxels + 1, gb.total_voxels - 1):
+        with pytest.raises(LuisamlError, match="kmap.*not the number of voxels of the grids"):
+            net.run({**grid_feeds(gb, "in_", "out_"), "x": np.zeros((rows, 4), np.float32)})
+
+
+def test_without_a_batch_the_error_says_what_to_do():
+    m, _ = block_model(4, 3, np.random.default_rng(0))
+    with pytest.raises(LuisamlError, match="make the voxels the batch"):
+        luisaml.compile(m, batch_axis=None, input_shapes={"x": [100, 4]})
+
+
+def test_the_module_has_no_per_sample_forward_and_per_sample_is_refused():
+    m, _ = block_model(4, 3, np.random.default_rng(0))
+    net = luisaml.compile(m)
+    assert "no per-sample forward" in net.source
+    with pytest.raises(LuisamlError, match="reads other samples"):
+        luisaml.compile(m, schedule="per-sample")
+
+
+class Block(torch.nn.Module):
+    """A residual sparse block as a user writes it: the grid bundle and the features are the inputs."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.conv1, self.conv2 = F.SparseConv3d(c, c, 3), F.SparseConv3d(c, c, 3)
+
+    def forward(self, x, *grid):
+        kmap = F.sparse_conv_kernel_map(grid, grid, 3)
+        return torch.relu(self.conv2(torch.relu(self.conv1(x, kmap)), kmap)) + x
+
+
+def test_a_torch_module_exported_with_dynamic_grids_runs_on_any_grid():
+    torch.manual_seed(0)
+    C = 5
+    mod = Block(C).eval()
+    example = sphere(0, 120, 4.0)
+    names = ["x"] + [f"g_{n}" for n in schema.BUNDLE]
+    dynamic = {"x": {0: "V"}, **{f"g_{n}": {0: f"rows_{n}"} for n in DYNAMIC}}
+    buf = io.BytesIO()
+    args = (torch.zeros(example.total_voxels, C),) + F.bundle_tensors(example)
+    F.export_onnx(mod, args, buf, opset_version=17, input_names=names, output_names=["y"], dynamic_axes=dynamic)
+    net = luisaml.compile(onnx.load_from_string(buf.getvalue()))
+    for gb in (sphere(1, 700, 8.0), sphere(2, 60, 2.5)):
+        x = torch.randn(gb.total_voxels, C)
+        with torch.no_grad():
+            want = mod(x, *F.bundle_tensors(gb)).numpy()
+        got = net.run({"x": x.numpy(), **{f"g_{n}": a for n, a in zip(schema.BUNDLE, gb.bundle())}})["y"]
+        assert_close(got, want.astype(np.float64))
+
+
+def test_a_map_that_needs_its_grids_size_is_named():
+    """A pooling map pairs grids of two sizes, so they cannot both be the batch: a grid it reads stays
+    fixed when compiling, and the error names it beside the input."""
+    m, _ = block_model(4, 3, np.random.default_rng(0))
+    pool = helper.make_node(schema.POOL_MAP, schema.kernel_map_input_names(), ["pmap"], name="pool",
+                            domain=schema.DOMAIN, pool_size=[2], stride=[2])
+    m.graph.node.append(pool)
+    m.graph.output.append(helper.make_tensor_value_info("pmap", onnx.TensorProto.INT32, None))
+    with pytest.raises(LuisamlError, match=r"'in_grid_blob' is \[rows_in_grid_blob\] \(read by node 'pool' "
+                                           r"\(fvdb::PoolingMap\), which needs its size when compiling\)"):
+        luisaml.compile(m)
