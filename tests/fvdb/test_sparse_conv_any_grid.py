@@ -204,3 +204,16 @@ def test_a_map_that_needs_its_grids_size_is_named():
     with pytest.raises(LuisamlError, match=r"'in_grid_blob' is \[rows_in_grid_blob\] \(read by node 'pool' "
                                            r"\(fvdb::PoolingMap\), which needs its size when compiling\)"):
         luisaml.compile(m)
+
+
+def test_a_single_voxel_and_an_empty_grid():
+    rng = np.random.default_rng(3)
+    m, p = block_model(4, 3, rng)
+    net = luisaml.compile(m)
+    one = GridBatch.from_ijk([np.array([[-7, 3, 100]], np.int32)])
+    empty = GridBatch.from_ijk([np.zeros((0, 3), np.int32)])
+    for gb in (one, empty, one):
+        x = rng.standard_normal((gb.total_voxels, 4)).astype(np.float32)
+        out = net.run({**grid_feeds(gb, "in_", "out_"), "x": x})["y"]
+        assert out.shape == (gb.total_voxels, 4)
+        assert_close(out, reference_block(gb, x.astype(np.float64), p))
