@@ -242,6 +242,7 @@ class StoredPlan:
     plan_note: str = ""
     derived: list = field(default_factory=list)  # (an artifact never holds host-derived inputs)
     readbacks: list = field(default_factory=list)  # (nor outputs sized at run time)
+    voxel_rows: list = field(default_factory=list)  # (nor grids bound at run time: they need derived inputs)
 
 
 def _blob_from(raw: bytes, layout: dict) -> Blob:

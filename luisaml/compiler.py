@@ -15,6 +15,7 @@ from .lowering import (LOCAL_LIMIT, bind_derived, build_graph_code, check_sizes,
 from .passes import Prepared
 from .plan import Blob, IOSpec, Plan  # noqa: F401  (the plan's data, re-exported)
 from . import schedule as schedule_pass
+from . import voxel_rows
 from .safe_source import Identifiers
 
 
@@ -53,6 +54,7 @@ def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", pre
                 check_indices=check_indices)
     mark_accumulated(plan)
     bind_derived(plan)
+    plan.voxel_rows = voxel_rows.find(plan)
     plan.fused, plan.fusion_note = fusion.fuse(plan, fuse, precision, mlp)
     if schedule != "stages":
         with phase("codegen"):

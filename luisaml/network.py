@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from . import cache, device, dtypes
+from . import cache, device, dtypes, voxel_rows
 from .dtypes import shape_str
 from .errors import InputError, InputNameError, InputTypeError, RunError, UsageError
 from .interop import dlpack_buffer, is_torch, to_numpy, torch_dtype
@@ -306,9 +306,23 @@ class CompiledNetwork:
                 limits.check_elements(f"stage buffer {slot.id} ({', '.join(slot.members[:3])}) at batch {n}",
                                       slot.size * n, slot.itemsize)
 
+    def _voxel_rows(self, n: int, bound) -> dict[str, int]:
+        """Check the run's grids against its batch and inputs; return {output: rows} of the outputs
+        at a coarse level of a sparse network (luisaml/voxel_rows.py). bound(name): a graph input's
+        host array."""
+        if not self.plan.voxel_rows:
+            return {}
+        graph = self.plan.model.graph
+
+        def values(name: str):
+            return bound(name) if name in self.plan.model.graph.inputs else graph.var(name).value
+
+        return voxel_rows.rows_at_run(self.plan.voxel_rows, values, n)
+
     def _run_host(self, feeds: Mapping[str, Any], wanted: list[str]) -> dict[str, Any]:
         arrays, batch, torch_in = self.check_feeds(feeds)
         n = batch if self.plan.symbol is not None else 1
+        keep = self._voxel_rows(n, arrays.__getitem__)
         args, out_bufs = self._bind(arrays, n)
         rows = self._launch_and_wait(args, n, out_bufs)
         results: dict[str, Any] = {}
@@ -319,7 +333,7 @@ class CompiledNetwork:
 
             raw = read_buffer(buf, self.io_dtype(s).kernel_numpy, count)
             shape = (rows[s.name],) + tuple(s.kernel_shape[1:]) if s.rows is not None else self._output_shape(s, n)
-            results[s.name] = raw.astype(self.io_dtype(s).numpy, copy=False).reshape(shape)
+            results[s.name] = raw.astype(self.io_dtype(s).numpy, copy=False).reshape(shape)[:keep.get(s.name)]
         for name in self.plan.host_outputs:
             if name in wanted:
                 results[name] = arrays[name] if name in arrays else np.asarray(self.plan.model.graph.var(name).value)
@@ -648,6 +662,7 @@ class CompiledNetwork:
 
         seen: dict = {}  # this run's input digests
         host = self._dlpack_host(feeds, metas, seen)
+        keep = self._voxel_rows(n, lambda name: host[name] if name in host else feeds[name].detach().cpu().numpy())
         items: list = []  # torch tensors (shared through DLPack) or luisa buffers, in parameter order
         for s in self.plan.inputs:
             if s.dtype.is_byte:
@@ -691,7 +706,7 @@ class CompiledNetwork:
         results = {}
         for s in self.plan.outputs:
             if s.name in wanted:
-                out = outs[s.name]
+                out = outs[s.name][:keep.get(s.name)]
                 results[s.name] = out if out.dtype == torch_dtype(self.io_dtype(s).numpy) else out.to(
                     torch_dtype(self.io_dtype(s).numpy))
         return {k: results[k] for k in wanted}

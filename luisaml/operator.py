@@ -223,6 +223,13 @@ class Operator:
         rule then derives that size from them."""
         return ()
 
+    def row_links(self) -> list[tuple[str, str]] | None:
+        """For a node that spans the batch: pairs of names whose batched rows hold the same things, a
+        tensor, voxel_rows.GRID + a batch_offsets tensor for a grid's voxels, voxel_rows.INDICES + a map for
+        the rows it names (luisaml/voxel_rows.py); None (any other
+        node): its batched inputs and outputs share rows sample for sample."""
+        return None
+
     def spans_batch(self) -> bool:
         """Whether the node sees the whole batch, not one sample: it reads rows of other samples of a
         batched input at indices it computes, or checks the batch size (fVDB's sparse convolution over

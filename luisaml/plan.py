@@ -155,6 +155,9 @@ class Plan:
     merged_stages: bool = False  # the stages are one kernel dispatched once per stage (kernels: ["stages"])
     # totals the host reads back between stages to size run-time sized outputs (luisaml/dynamic.py)
     readbacks: list = field(default_factory=list)
+    # graph inputs and outputs whose rows are a grid's voxels, fewer than the batch at a coarse level
+    # (luisaml/voxel_rows.py): checked and cut when the grids are bound
+    voxel_rows: list = field(default_factory=list)
 
     @property
     def tensors(self) -> dict[str, Tensor]:

@@ -515,7 +515,9 @@ class _KernelMap(torch.autograd.Function):
     def symbolic(g, kernel, stride, transposed, output_voxels, *tensors):
         out = g.op(f"{schema.DOMAIN}::{schema.KERNEL_MAP}", *tensors, kernel_size_i=list(kernel),
                    stride_i=list(stride), transposed_i=int(transposed), output_voxels_i=int(output_voxels))
-        out.setType(tensors[0].type().with_dtype(torch.int32).with_sizes([output_voxels, int(np.prod(kernel))]))
+        # rows left unknown in the graph: the traced grid's count holds only for constant grids (luisaml
+        # infers them), and a grid given as an input may have any size (its voxels are then the batch)
+        out.setType(tensors[0].type().with_dtype(torch.int32).with_sizes([None, int(np.prod(kernel))]))
         return out
 
 
@@ -668,7 +670,7 @@ class _PoolMap(torch.autograd.Function):
         kwargs = {f"{k}_i": list(v) for k, v in attrs}
         out = g.op(f"{schema.DOMAIN}::{op_type}", *tensors, output_voxels_i=int(output_voxels), **kwargs)
         taps = int(np.prod(dict(attrs)["pool_size"])) if op_type == schema.POOL_MAP else 1
-        out.setType(tensors[0].type().with_dtype(torch.int32).with_sizes([output_voxels, taps]))
+        out.setType(tensors[0].type().with_dtype(torch.int32).with_sizes([None, taps]))  # (as the kernel map's)
         return out
 
 

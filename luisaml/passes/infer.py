@@ -182,7 +182,10 @@ def find_batch_symbol(proto: onnx.ModelProto, batch_axis) -> str | None:
     if batch_axis == "auto" and all(isinstance(d, int) for d in leading_out):
         return None
     if leading_in:
-        return leading_in[0]
+        # a symbol only inputs that may be bound at any size lead (a grid's bytes) is not the batch
+        grid_sized = {s[0] for k, s in ins.items() if s and isinstance(s[0], str) and _any_rows(proto, k)}
+        other = {s[0] for k, s in ins.items() if s and isinstance(s[0], str) and not _any_rows(proto, k)}
+        return next((sym for sym in leading_in if sym in other or sym not in grid_sized), leading_in[0])
     unnamed = [k for k, s in ins.items() if s and s[0] is None]
     if unnamed:
         taken = {d.dim_param for vi in list(proto.graph.input) + list(proto.graph.output) for d in _dims(vi)}
@@ -303,6 +306,18 @@ def bound_inputs(proto: onnx.ModelProto, unresolved: dict[str, list], symbol: st
             for a in [a for a in n.attribute if a.name in drop]:
                 n.attribute.remove(a)
     return out
+
+
+def _any_rows(proto: onnx.ModelProto, name: str) -> bool:
+    """Whether every node reading input `name` can take any number of its rows (bound_inputs' test)."""
+    from .. import registry
+
+    registry._load_builtin()
+    opsets = {o.domain: o.version for o in proto.opset_import}
+    readers = [(n, k) for n in proto.graph.node for k, i in enumerate(n.input) if i == name]
+    return bool(readers) and all(
+        (cls := registry.resolve(n.op_type, n.domain, opsets.get(n.domain, 1))) is not None
+        and cls.reads_bound_rows(n.op_type, k) for n, k in readers)
 
 
 def _fixed_size_reader(proto: onnx.ModelProto, name: str) -> str | None:

@@ -10,8 +10,9 @@ Over constant grids the map folds on the host at compile time (evaluate).
 Over grids bound at run time (any size, one compiled network) the voxels are the batch: the map
 has a row per voxel of the output grid, a work item per sample finds its voxel from its index
 (nanovdb's nvdb_find_leaf, nvdb_leaf_slot), and SparseConv3d reads the features of the sample each
-tap names (KernelContext.at_sample); both see the whole batch (Operator.spans_batch). Maps between
-grids of two sizes keep static grids (DESIGN.md).
+tap names (KernelContext.at_sample); both see the whole batch (Operator.spans_batch). A coarser
+grid has fewer voxels than the batch: its map's rows past them stay missing (luisaml/voxel_rows.py
+says which inputs and outputs hold which grid's voxels).
 
 A kernel-map work item is one voxel slot of one output leaf (most slots of a surface's leaves are
 empty and return at once); a convolution work item is R output voxels x O output channels, the
@@ -34,6 +35,7 @@ from luisaml.model import shape_str
 from luisaml.operator import CompileError, Derived, Operator
 from luisaml.opsets import fvdb as schema
 from luisaml.passes.infer import current_probe
+from luisaml.voxel_rows import GRID, INDICES
 from luisaml.registry import register
 
 from .common import META_FIELDS, GridOp, GridRef, Meta, bundle_grids, grid_metadata
@@ -67,26 +69,31 @@ class SparseConvKernelMap(GridOp):
 
     @classmethod
     def reads_bound_rows(cls, op_type: str, k: int) -> bool:
-        return cls.batches_voxels and k < 2 * BUNDLE and schema.BUNDLE[k % BUNDLE] in cls._BOUND_PARTS
-
-    # whether a grid bound at run time makes the map's rows the batch (not for pooling maps, whose
-    # two grids differ in size)
-    batches_voxels = True
+        return k < 2 * BUNDLE and schema.BUNDLE[k % BUNDLE] in cls._BOUND_PARTS
 
     @classmethod
     def pinned_by_example(cls, op_type: str) -> tuple[str, ...]:
-        return ("output_voxels",) if cls.batches_voxels else ()  # (torch_ops writes the traced grid's count)
+        return ("output_voxels",)  # (torch_ops writes the traced grid's count)
+
+    @classmethod
+    def batch_rows(cls, node) -> list | None:
+        """The rule's answer while the passes probe a model whose grids this map reads are bound at
+        run time: a row per sample (module docstring), or None when they are not bound."""
+        probe = current_probe()
+        if not (probe is not None and any(node.inputs[k] in probe.bound for k in range(2 * BUNDLE))):
+            return None
+        if probe.batch is None:
+            raise CompileError(
+                f"{node.describe()}: a grid is bound at run time, so the map has a row per voxel of a grid whose "
+                "size is known only then: make the voxels the batch (give the features a dynamic first "
+                "dimension and compile with batch_axis='auto'), or fix the grids' shapes with input_shapes")
+        return [(TensorProto.INT32, (probe.batch, cls.geometry(node).taps))]
 
     @classmethod
     def infer(cls, node, inputs):
-        probe = current_probe()
-        if cls.batches_voxels and probe is not None and any(node.inputs[k] in probe.bound for k in range(2 * BUNDLE)):
-            if probe.batch is None:
-                raise CompileError(
-                    f"{node.describe()}: a grid is bound at run time, so the map has a row per voxel of a grid whose "
-                    "size is known only then: make the voxels the batch (give the features a dynamic first "
-                    "dimension and compile with batch_axis='auto'), or fix the grids' shapes with input_shapes")
-            return [(TensorProto.INT32, (probe.batch, cls.geometry(node).taps))]
+        rows = cls.batch_rows(node)
+        if rows is not None:
+            return rows
         attrs = dict(node.attrs)
         offsets = inputs[OUT + 5] if len(inputs) > OUT + 5 else None
         if "output_voxels" not in attrs and offsets is not None and offsets.value is not None and offsets.value.size:
@@ -135,8 +142,6 @@ class SparseConvKernelMap(GridOp):
         y = self.output()
         self.expect_dtype(y, ("INT32",), "output")
         self.voxel_batch = y.batched
-        self.expect(not y.batched or self.batches_voxels, f"output '{y.name}' follows the batch axis; give the grids "
-                    "static shapes")
         if y.batched:  # grids bound at run time: a row per sample, each sample a voxel of the output grid
             self.expect(y.shape == (1, self.geo.taps), f"output '{y.name}' has {shape_str(y.shape)} per sample, "
                         f"expected [1, {self.geo.taps}] for kernel {list(self.geo.kernel)}")
@@ -157,6 +162,12 @@ class SparseConvKernelMap(GridOp):
 
     def spans_batch(self) -> bool:
         return self.voxel_batch  # (it checks the batch against the grids' voxels)
+
+    def row_links(self):
+        if not self.voxel_batch:
+            return None
+        y = self.output().name  # its rows: the output grid's voxels; the rows it names: the input grid's
+        return [(y, GRID + self.node.inputs[OUT + 5]), (INDICES + y, GRID + self.node.inputs[5])]
 
     def work_items(self):
         if self.voxel_batch:
@@ -208,8 +219,9 @@ class SparseConvKernelMap(GridOp):
     def _emit_voxel_sample(self, ctx) -> None:
         """Grids bound at run time, a voxel a sample: this sample's voxel v of the output bundle is
         found from its index (the grid holding it, the leaf whose index range holds it, the bit of its
-        rank in that leaf's mask), then its taps are looked up as over a static grid. Sample 0 flags
-        a batch that is not the grids' voxel count."""
+        rank in that leaf's mask), then its taps are looked up as over a static grid. A grid with
+        fewer voxels than the batch (a coarse level) leaves the rows past them missing; sample 0
+        flags one with more."""
         if ctx.sample is None:
             raise self.error("over grids bound at run time it runs over the batch in stages; compile with "
                              "schedule='auto' or 'stages'")
@@ -223,15 +235,15 @@ class SparseConvKernelMap(GridOp):
             return f"({meta.load(str(last + int(Meta.VOXEL_OFFSET)))} + {meta.load(str(last + int(Meta.VOXEL_COUNT)))})"
 
         flag = ctx.flag_error(str(self.error(
-            "the batch (the features' rows) is not the number of voxels of the grids bound at run time: a kernel map "
-            "over such grids has a row per voxel, a voxel a sample")))
+            "a grid bound at run time has more voxels than the batch (the rows of the features over the finest "
+            "grid): a map over such grids has a row per voxel, a voxel a sample")))
         if flag is not None:
-            ctx.line(f"if {v} == 0 and ({total(meta_out)} != {n} or {total(meta_in)} != {n}):")
+            ctx.line(f"if {v} == 0 and ({total(meta_out)} > {n} or {total(meta_in)} > {n}):")
             with ctx.indent():
                 ctx.line(flag)
         with ctx.loop(self.geo.taps, "tap") as tap:
             ctx.store(y, tap, "(-1)")
-        ctx.line(f"if {v} < {total(meta_out)} and {v} < {total(meta_in)}:")
+        ctx.line(f"if {v} < {total(meta_out)}:")
         with ctx.indent():
             b = ctx.fresh("b")
             ctx.line(f"{b} = 0")
@@ -402,6 +414,12 @@ class SparseConv3d(Operator):
 
     def spans_batch(self) -> bool:
         return self.voxel_batch
+
+    def row_links(self):
+        if not self.voxel_batch:
+            return None
+        x, kmap = self.input(0).name, self.input(1).name
+        return [(self.output().name, kmap), (x, INDICES + kmap)]
 
     def derived_inputs(self):
         # a kernel map known at compile time: its voxels run in rows_by_taps' order

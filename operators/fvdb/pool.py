@@ -9,10 +9,15 @@ operator over features and map, whose output takes the usual epilogues, and a ma
 serves every feature tensor pooled over it. RefineMap is the same kernel with one column: the
 parent floor(f / S) of each fine voxel.
 
+Over grids bound at run time the voxels are the batch, as for the sparse convolution (conv.py): the
+maps have a row per sample, and a reduction reads the features of the sample each index names.
+
 A reduction work item is one output voxel x O channels (channel blocks of a voxel on consecutive
 threads, so a warp reads whole feature rows).
 """
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 
@@ -25,6 +30,7 @@ from luisaml.model import shape_str
 from luisaml.operator import CompileError, Operator
 from luisaml.opsets import fvdb as schema
 from luisaml.registry import register
+from luisaml.voxel_rows import INDICES
 
 from .common import GridRef, bundle_grids
 from .conv import OUT, SparseConvKernelMap
@@ -35,10 +41,11 @@ MAX_CHANNELS = 16  # accumulators per thread (SparseConv3d's channel block)
 class _MapBase(SparseConvKernelMap):
     """A map of a grid pair with SparseConvKernelMap's inputs, device kernel and fold."""
 
-    batches_voxels = False  # (its grids differ in size: they cannot both be the batch)
-
     @classmethod
     def infer(cls, node, inputs):
+        rows = cls.batch_rows(node)
+        if rows is not None:
+            return rows
         attrs = dict(node.attrs)
         offsets = inputs[OUT + 5] if len(inputs) > OUT + 5 else None
         if "output_voxels" not in attrs and offsets is not None and offsets.value is not None and offsets.value.size:
@@ -62,8 +69,9 @@ class PoolingMap(_MapBase):
             raise CompileError(f"{node.describe()}: {e}") from None
 
     def describe(self):
-        return (f"pooling map, window {list(self.geo.kernel)}, stride {list(self.geo.stride)}: a thread per voxel "
-                f"slot of the coarse grid's {self.leaves} leaves")
+        where = ("a thread per coarse voxel (a voxel a sample: grids bound at run time)" if self.voxel_batch
+                 else f"a thread per voxel slot of the coarse grid's {self.leaves} leaves")
+        return f"pooling map, window {list(self.geo.kernel)}, stride {list(self.geo.stride)}: {where}"
 
 
 @register(schema.REFINE_MAP, domain="fvdb", since=1)
@@ -106,8 +114,9 @@ class RefineMap(_MapBase):
         store("0", index)
 
     def describe(self):
-        return (f"refine map, factor {list(self.geo.stride)}: a thread per voxel slot of the fine grid's "
-                f"{self.leaves} leaves")
+        where = ("a thread per fine voxel (a voxel a sample: grids bound at run time)" if self.voxel_batch
+                 else f"a thread per voxel slot of the fine grid's {self.leaves} leaves")
+        return f"refine map, factor {list(self.geo.stride)}: {where}"
 
 
 class _Pool(Operator):
@@ -132,9 +141,12 @@ class _Pool(Operator):
         self.expect_dtype(pmap, ("INT32",), "input 1 (map)")
         self.expect(x.rank == 2, f"features '{x.name}' must be [N_in, C], got {shape_str(x.shape)}")
         self.expect(pmap.rank == 2, f"map '{pmap.name}' must be [N_out, taps], got {shape_str(pmap.shape)}")
-        for k, t in enumerate(self.inputs):
-            self.expect(not t.batched, f"input {k} '{t.name}' follows the batch axis; voxel features and maps are "
-                        "shared (give them static shapes)")
+        # over grids bound at run time the voxels are the batch: features [1, C] and map [1, taps] a sample
+        self.voxel_batch = x.batched or pmap.batched
+        if self.voxel_batch:
+            self.expect(x.batched and pmap.batched and x.shape[0] == 1 and pmap.shape[0] == 1,
+                        f"features '{x.name}' and map '{pmap.name}' must both have a row per voxel, the voxels the "
+                        "batch (a map over grids bound at run time)")
         self.n_in, self.c = x.shape
         self.n_out, self.taps = pmap.shape
         self.expect_shape(self.output(), (self.n_out, self.c), "output")
@@ -153,7 +165,19 @@ class _Pool(Operator):
         _, cblocks = self.channel_blocks()
         return self.n_out * cblocks if self.c else 0
 
+    def spans_batch(self) -> bool:
+        return self.voxel_batch
+
+    def row_links(self):
+        if not self.voxel_batch:
+            return None
+        x, pmap = self.input(0).name, self.input(1).name
+        return [(self.output().name, pmap), (x, INDICES + pmap)]
+
     def emit_item(self, ctx, item):
+        if self.voxel_batch and ctx.at_sample is None:
+            raise self.error("over grids bound at run time it runs over the batch in stages; compile with "
+                             "schedule='auto' or 'stages'")
         x, pmap, y = self.input(0), self.input(1), self.output()
         O, cblocks = self.channel_blocks()
         C, T = self.c, self.taps
@@ -167,24 +191,28 @@ class _Pool(Operator):
         # a map fed or built at run time: an index past the features is flagged (run() raises
         # naming this node) and read as missing
         checked = pmap.value is None
-        flag = ctx.flag_error(str(self.error(f"map '{pmap.name}' holds an index outside [-1, {self.n_in}) (the rows "
-                                             f"of features '{x.name}')"))) if checked else None
+        # (a voxel a sample: the map's index is a sample, the features' rows are the batch)
+        n_in = ctx.n_samples if self.voxel_batch else self.n_in
+        flag = ctx.flag_error(str(self.error(f"map '{pmap.name}' holds an index outside [-1, "
+                                             f"{'batch' if self.voxel_batch else n_in}) (the rows of features "
+                                             f"'{x.name}')"))) if checked else None
         row = ctx.let(ix.mul(o, T), "row")
         with ctx.loop(T, "tap") as tap:
             k = ctx.fresh("k")
             ctx.line(f"{k} = {pmap.load(ix.add(row, tap))}")
             if checked:
-                ctx.line(f"if {k} < -1 or {k} >= {self.n_in}:")
+                ctx.line(f"if {k} < -1 or {k} >= {n_in}:")
                 with ctx.indent():
                     if flag is not None:
                         ctx.line(flag)
                     ctx.line(f"{k} = -1")
-            if self.n_in > 0:
+            if self.voxel_batch or self.n_in > 0:
                 ctx.line(f"if {k} >= 0:")
                 with ctx.indent():
-                    base = ctx.let(ix.mul(k, C), "xr")
-                    for j in range(O):
-                        v = x.load(ix.add(base, cols[j]))
+                    base = "0" if self.voxel_batch else ctx.let(ix.mul(k, C), "xr")
+                    with (ctx.at_sample(k) if self.voxel_batch else contextlib.nullcontext()):
+                        vs = [ctx.let(x.load(ix.add(base, cols[j])), "xv") for j in range(O)]
+                    for j, v in enumerate(vs):
                         step = f"max({acc[j]}, {v})" if self.reduce == "max" else f"{acc[j]} + {v}"
                         ctx.line(f"{acc[j]} = {step}")
         scale = repr(float(np.float32(1.0 / T))) if self.reduce == "avg" else None
@@ -199,7 +227,8 @@ class _Pool(Operator):
 
     def describe(self):
         O, _ = self.channel_blocks()
-        return f"{self.reduce} over a map of {self.taps} columns, {self.c} channels: a thread per voxel x {O} channels"
+        per = " (a voxel a sample: grids bound at run time)" if self.voxel_batch else ""
+        return f"{self.reduce} over a map of {self.taps} columns, {self.c} channels: a thread per voxel x {O} channels{per}"
 
 
 @register("MaxPool", domain="fvdb", since=1)

@@ -2,8 +2,9 @@
 dynamic inputs are bound when the network runs; the voxels are the batch (the features [V, C] have a
 dynamic first dimension), so the kernel map has a row per voxel, built on the device from each
 voxel's index, and every layer over it (SparseConv3d, BatchNormalization, Relu, Add) runs a voxel
-a sample. Checked against the numpy reference of fVDB's section-5 semantics (fvdb_reference.
-sparse_conv3d) on grids of different sizes, and against torch for an exported module."""
+a sample; a coarser level (a U-Net's) keeps a row per sample, its voxels first. Checked against the
+numpy reference of fVDB's section-5 semantics (fvdb_reference.sparse_conv3d) on grids of different
+sizes, and against torch for exported modules (a residual block, examples/sparse_unet.py's U-Net)."""
 import io
 
 import numpy as np
@@ -144,7 +145,8 @@ def test_features_that_are_not_the_grids_voxels_are_refused():
     net = luisaml.compile(m)
     gb = sphere(1, 200, 5.0)
     for rows in (gb.total_voxels + 1, gb.total_voxels - 1):
-        with pytest.raises(LuisamlError, match="kmap.*not the number of voxels of the grids"):
+        with pytest.raises(LuisamlError, match=rf"input 'x' has {rows} rows, but it holds the voxels of the grid of "
+                                               rf"'(in|out)_batch_offsets', which has {gb.total_voxels}"):
             net.run({**grid_feeds(gb, "in_", "out_"), "x": np.zeros((rows, 4), np.float32)})
 
 
@@ -193,16 +195,14 @@ def test_a_torch_module_exported_with_dynamic_grids_runs_on_any_grid():
         assert_close(got, want.astype(np.float64))
 
 
-def test_a_map_that_needs_its_grids_size_is_named():
-    """A pooling map pairs grids of two sizes, so they cannot both be the batch: a grid it reads stays
-    fixed when compiling, and the error names it beside the input."""
+def test_a_reader_that_needs_the_grids_size_is_named():
+    """A node that cannot take a grid of any size keeps it fixed when compiling, and the error names
+    it beside the input."""
     m, _ = block_model(4, 3, np.random.default_rng(0))
-    pool = helper.make_node(schema.POOL_MAP, schema.kernel_map_input_names(), ["pmap"], name="pool",
-                            domain=schema.DOMAIN, pool_size=[2], stride=[2])
-    m.graph.node.append(pool)
-    m.graph.output.append(helper.make_tensor_value_info("pmap", onnx.TensorProto.INT32, None))
-    with pytest.raises(LuisamlError, match=r"'in_grid_blob' is \[rows_in_grid_blob\] \(read by node 'pool' "
-                                           r"\(fvdb::PoolingMap\), which needs its size when compiling\)"):
+    m.graph.node.append(helper.make_node("Cast", ["in_grid_blob"], ["blob_i32"], name="peek", to=onnx.TensorProto.INT32))
+    m.graph.output.append(helper.make_tensor_value_info("blob_i32", onnx.TensorProto.INT32, None))
+    with pytest.raises(LuisamlError, match=r"'in_grid_blob' is \[rows_in_grid_blob\] \(read by node 'peek' "
+                                           r"\(Cast\), which needs its size when compiling\)"):
         luisaml.compile(m)
 
 
@@ -217,3 +217,100 @@ def test_a_single_voxel_and_an_empty_grid():
         out = net.run({**grid_feeds(gb, "in_", "out_"), "x": x})["y"]
         assert out.shape == (gb.total_voxels, 4)
         assert_close(out, reference_block(gb, x.astype(np.float64), p))
+
+
+# ---- a U-Net over grids bound at run time: the coarse level has fewer voxels than the batch ----------
+
+
+@pytest.fixture(scope="module")
+def unet_example():
+    from util import example_module
+
+    with example_module("sparse_unet.py") as module:
+        yield module
+
+
+def _unet_grids(example, points: int, seed: int):
+    """The fine grid of a point cloud and its stride-2 coarse level, as bundle tensors (torch_ops, eager)."""
+    pts = example.sphere_points(points, np.random.default_rng(seed))
+    fine = F.gridbatch_from_points(F.jagged_tensors(torch.from_numpy(pts)), 0.25, 0.0)
+    return fine, F.conv_grid(fine, 2, 2)
+
+
+def test_a_unet_over_grids_bound_at_run_time_equals_torch(unet_example):
+    """examples/sparse_unet.py's layers (convolutions at two levels, stride-2 down, max pool, transposed
+    up, refine, a skip) over a fine and a coarse grid given as inputs: one network for every point
+    cloud, the coarse level padded to the batch and its rows past its voxels never read."""
+
+    class AnyGridUNet(unet_example.SparseUNet):
+        def forward(self, x, *grids):
+            fine, coarse = grids[:7], grids[7:]
+            m = {"same_fine": F.sparse_conv_kernel_map(fine, fine, 3),
+                 "same_coarse": F.sparse_conv_kernel_map(coarse, coarse, 3),
+                 "down": F.sparse_conv_kernel_map(fine, coarse, 2, 2),
+                 "pool": F.pooling_map(fine, coarse, 2),
+                 "up": F.sparse_conv_kernel_map(coarse, fine, 2, 2, transposed=True),
+                 "parent": F.refine_map(coarse, fine, 2)}
+            return self.layers(x, m)
+
+    torch.manual_seed(0)
+    example_pts = unet_example.sphere_points(100, np.random.default_rng(0))
+    model = AnyGridUNet(example_pts, 0.25, 4, 6, 3).eval()
+    fine, coarse = _unet_grids(unet_example, 400, 1)
+    names = ["x"] + [f"fine_{n}" for n in schema.BUNDLE] + [f"coarse_{n}" for n in schema.BUNDLE]
+    dynamic = {"x": {0: "V"}, **{f"{lv}_{n}": {0: f"{lv}_{n}_rows"} for lv in ("fine", "coarse") for n in DYNAMIC}}
+    buf = io.BytesIO()
+    F.export_onnx(model, (torch.zeros(int(fine[5][-1]), 4), *fine, *coarse), buf, input_names=names,
+                  output_names=["y"], dynamic_axes=dynamic)
+    net = luisaml.compile(onnx.load_from_string(buf.getvalue()))
+    assert net.plan.symbol == "V" and net.plan.voxel_rows
+    for points, seed in ((400, 1), (1500, 2), (120, 3)):
+        fine, coarse = _unet_grids(unet_example, points, seed)
+        v_fine, v_coarse = int(fine[5][-1]), int(coarse[5][-1])
+        assert 0 < v_coarse < v_fine
+        x = torch.randn(v_fine, 4)
+        with torch.no_grad():
+            want = model(x, *fine, *coarse).numpy()
+        feeds = {"x": x.numpy(), **{f"fine_{n}": t.numpy() for n, t in zip(schema.BUNDLE, fine)},
+                 **{f"coarse_{n}": t.numpy() for n, t in zip(schema.BUNDLE, coarse)}}
+        got = net.run(feeds)["y"]
+        assert_close(got, want.astype(np.float64))
+    # the coarse grid given for the fine one: more voxels than the batch at the wrong level
+    with pytest.raises(LuisamlError, match="has .* rows, but it holds the voxels of the grid|more voxels than"):
+        net.run({**feeds, "x": np.zeros((v_coarse, 4), np.float32)})
+
+
+def test_an_output_at_the_coarse_level_is_cut_to_its_voxels(unet_example):
+    """The coarse level's tensors have a row per sample, its voxels first: an output there comes back
+    with exactly the coarse grid's voxels (luisaml/voxel_rows.py)."""
+
+    class Down(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.down = F.SparseConv3d(4, 5, 2)
+
+        def forward(self, x, *grids):
+            fine, coarse = grids[:7], grids[7:]
+            d = self.down(x, F.sparse_conv_kernel_map(fine, coarse, 2, 2))
+            return d, F.pool_over_map("MaxPool", x, F.pooling_map(fine, coarse, 2))
+
+    torch.manual_seed(1)
+    model = Down().eval()
+    fine, coarse = _unet_grids(unet_example, 300, 4)
+    names = ["x"] + [f"fine_{n}" for n in schema.BUNDLE] + [f"coarse_{n}" for n in schema.BUNDLE]
+    dynamic = {"x": {0: "V"}, **{f"{lv}_{n}": {0: f"{lv}_{n}_rows"} for lv in ("fine", "coarse") for n in DYNAMIC}}
+    buf = io.BytesIO()
+    F.export_onnx(model, (torch.zeros(int(fine[5][-1]), 4), *fine, *coarse), buf, input_names=names,
+                  output_names=["down", "pooled"], dynamic_axes=dynamic)
+    net = luisaml.compile(onnx.load_from_string(buf.getvalue()))
+    for points, seed in ((300, 4), (1000, 5)):
+        fine, coarse = _unet_grids(unet_example, points, seed)
+        x = torch.randn(int(fine[5][-1]), 4)
+        with torch.no_grad():
+            want_d, want_p = (t.numpy() for t in model(x, *fine, *coarse))
+        feeds = {"x": x.numpy(), **{f"fine_{n}": t.numpy() for n, t in zip(schema.BUNDLE, fine)},
+                 **{f"coarse_{n}": t.numpy() for n, t in zip(schema.BUNDLE, coarse)}}
+        out = net.run(feeds)
+        assert out["down"].shape == out["pooled"].shape[:1] + (5,) == (int(coarse[5][-1]), 5)
+        assert_close(out["down"], want_d.astype(np.float64))
+        np.testing.assert_array_equal(out["pooled"], want_p)  # a max: exact, -inf where a window is empty
