@@ -314,3 +314,41 @@ def test_an_output_at_the_coarse_level_is_cut_to_its_voxels(unet_example):
         assert out["down"].shape == out["pooled"].shape[:1] + (5,) == (int(coarse[5][-1]), 5)
         assert_close(out["down"], want_d.astype(np.float64))
         np.testing.assert_array_equal(out["pooled"], want_p)  # a max: exact, -inf where a window is empty
+
+
+def test_the_batch_is_the_features_rows_when_the_grid_comes_first():
+    """batch_axis='auto' takes the features' symbol, not the grid bytes' that lead the first inputs
+    (passes/infer.py find_batch_symbol: a symbol only grid parts lead is not the batch)."""
+
+    class GridFirst(Block):
+        def forward(self, *args):
+            return super().forward(args[7], *args[:7])
+
+    torch.manual_seed(2)
+    mod = GridFirst(3).eval()
+    example = sphere(0, 80, 3.0)
+    names = [f"g_{n}" for n in schema.BUNDLE] + ["x"]
+    dynamic = {"x": {0: "V"}, **{f"g_{n}": {0: f"rows_{n}"} for n in DYNAMIC}}
+    buf = io.BytesIO()
+    F.export_onnx(mod, F.bundle_tensors(example) + (torch.zeros(example.total_voxels, 3),), buf, input_names=names,
+                  output_names=["y"], dynamic_axes=dynamic)
+    net = luisaml.compile(onnx.load_from_string(buf.getvalue()))
+    assert net.plan.symbol == "V"
+    gb = sphere(6, 500, 7.0)
+    x = torch.randn(gb.total_voxels, 3)
+    with torch.no_grad():
+        want = mod(*F.bundle_tensors(gb), x).numpy()
+    got = net.run({"x": x.numpy(), **{f"g_{n}": a for n, a in zip(schema.BUNDLE, gb.bundle())}})["y"]
+    assert_close(got, want.astype(np.float64))
+
+
+def test_a_bundle_with_an_empty_grid_between_two_others():
+    rng = np.random.default_rng(7)
+    m, p = block_model(3, 3, rng, grids=3)
+    net = luisaml.compile(m)
+    a, c = sphere(8, 200, 5.0).ijk.jdata, sphere(9, 300, 6.0).ijk.jdata + 40
+    for middle in (np.zeros((0, 3), np.int32), np.array([[1, 2, 3]], np.int32)):
+        gb = GridBatch.from_ijk([a, middle, c], voxel_sizes=[0.1] * 3, origins=[(0.0, 0.0, 0.0)] * 3)
+        x = rng.standard_normal((gb.total_voxels, 3)).astype(np.float32)
+        out = net.run({**grid_feeds(gb, "in_", "out_"), "x": x})["y"]
+        assert_close(out, reference_block(gb, x.astype(np.float64), p))
