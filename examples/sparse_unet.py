@@ -10,7 +10,11 @@
    features concatenated) and a last 3x3x3 convolution. Random weights.
 3. Exported with fvdb.* nodes, compiled by luisaml, run, and compared with the torch module.
 
-Run: python examples/sparse_unet.py [--points 20000] [--voxel-size 0.02] [--channels 16]
+4. --any-grid: the same layers with both grids given as inputs of any size (GridInputUNet): one
+   compiled network serves every point cloud, a new grid per call as a perception pipeline sees
+   them; the voxels are the batch (README, "Grids of any size").
+
+Run: python examples/sparse_unet.py [--points 20000] [--voxel-size 0.02] [--channels 16] [--any-grid]
 """
 from __future__ import annotations
 
@@ -87,6 +91,82 @@ class SparseUNet(torch.nn.Module):
         return self.layers(x, self.maps())
 
 
+class GridInputUNet(SparseUNet):
+    """SparseUNet's layers over a fine grid and its coarse level given as inputs: forward(x, *fine,
+    *coarse), seven bundle tensors each, any size (the maps are built from them per call)."""
+
+    def forward(self, x: torch.Tensor, *grids) -> torch.Tensor:
+        fine, coarse = grids[:7], grids[7:]
+        return self.layers(x, {"same_fine": F.sparse_conv_kernel_map(fine, fine, 3),
+                               "same_coarse": F.sparse_conv_kernel_map(coarse, coarse, 3),
+                               "down": F.sparse_conv_kernel_map(fine, coarse, 2, 2),
+                               "pool": F.pooling_map(fine, coarse, 2),
+                               "up": F.sparse_conv_kernel_map(coarse, fine, 2, 2, transposed=True),
+                               "parent": F.refine_map(coarse, fine, 2)})
+
+
+GRID_PARTS = ("grid_blob", "leaf_batch_indices", "list_indices")  # the bundle tensors that grow with the grid
+
+
+def grid_pair(points: np.ndarray, voxel_size: float) -> tuple[tuple, tuple]:
+    """The fine grid of a point cloud and its stride-2 coarse level, as bundle tensors."""
+    fine = F.gridbatch_from_points(F.jagged_tensors(torch.from_numpy(points)), voxel_size, 0.0)
+    return fine, F.conv_grid(fine, 2, 2)
+
+
+def grid_feeds(x: torch.Tensor, fine, coarse) -> dict:
+    from luisaml.opsets.fvdb import BUNDLE
+
+    return {"features": x.numpy(), **{f"fine_{n}": t.numpy() for n, t in zip(BUNDLE, fine)},
+            **{f"coarse_{n}": t.numpy() for n, t in zip(BUNDLE, coarse)}}
+
+
+def export_grid_input_unet(model: GridInputUNet, x: torch.Tensor, fine, coarse) -> onnx.ModelProto:
+    """Export with the features' rows and the grids' growing parts dynamic."""
+    from luisaml.opsets.fvdb import BUNDLE
+
+    names = ["features"] + [f"{lv}_{n}" for lv in ("fine", "coarse") for n in BUNDLE]
+    dynamic = {"features": {0: "voxels"},
+               **{f"{lv}_{n}": {0: f"{lv}_{n}_rows"} for lv in ("fine", "coarse") for n in GRID_PARTS}}
+    buf = io.BytesIO()
+    F.export_onnx(model, (x, *fine, *coarse), buf, input_names=names, output_names=["out"], dynamic_axes=dynamic)
+    return onnx.load_from_string(buf.getvalue())
+
+
+def any_grid(cfg: Settings = Settings(), clouds: int = 3, verbose: bool = True) -> dict:
+    """Compile GridInputUNet once and run it on `clouds` point clouds of different sizes, each against
+    the torch module; return what the test checks and the timings."""
+    rng = np.random.default_rng(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    model = GridInputUNet(sphere_points(8, rng), cfg.voxel_size, cfg.in_channels, cfg.channels,
+                          cfg.out_channels).eval()
+    fine, coarse = grid_pair(sphere_points(cfg.points, rng), cfg.voxel_size)
+    t0 = time.perf_counter()
+    net = luisaml.compile(export_grid_input_unet(model, torch.zeros(int(fine[5][-1]), cfg.in_channels), fine, coarse))
+    result = {"compile_s": time.perf_counter() - t0, "clouds": [], "backend": net.backend}
+    for k in range(clouds):
+        points = sphere_points(int(cfg.points * (0.5 + k)), rng)  # a new scan, another size
+        fine, coarse = grid_pair(points, cfg.voxel_size)
+        x = torch.from_numpy(rng.standard_normal((int(fine[5][-1]), cfg.in_channels)).astype(np.float32))
+        feeds = grid_feeds(x, fine, coarse)
+        got = net.run(feeds)["out"]
+        with torch.no_grad():
+            want = model(x, *fine, *coarse).numpy()
+        row = {"points": len(points), "fine_voxels": int(fine[5][-1]), "coarse_voxels": int(coarse[5][-1]),
+               "max_rel_diff_vs_torch": float(np.abs(got - want).max()) / max(float(np.abs(want).max()), 1e-30),
+               "luisaml_run_s": _best_of(lambda: net.run(feeds), cfg.repeats),
+               "torch_s": _best_of(lambda: model(x, *fine, *coarse), cfg.repeats)}
+        result["clouds"].append(row)
+        if verbose:
+            print(f"cloud {k}: {row['points']} points, {row['fine_voxels']} fine / {row['coarse_voxels']} coarse "
+                  f"voxels: max relative difference vs torch {row['max_rel_diff_vs_torch']:.2e}; luisaml "
+                  f"{row['luisaml_run_s'] * 1e3:.1f} ms on {net.backend}, torch (CPU, maps built per call) "
+                  f"{row['torch_s'] * 1e3:.1f} ms")
+    if verbose:
+        print(f"one network for all of them, compiled once in {result['compile_s']:.2f} s")
+    return result
+
+
 def _best_of(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -147,5 +227,7 @@ if __name__ == "__main__":
     ap.add_argument("--points", type=int, default=Settings.points)
     ap.add_argument("--voxel-size", type=float, default=Settings.voxel_size)
     ap.add_argument("--channels", type=int, default=Settings.channels)
+    ap.add_argument("--any-grid", action="store_true", help="grids as inputs of any size: one network, several clouds")
     args = ap.parse_args()
-    main(Settings(points=args.points, voxel_size=args.voxel_size, channels=args.channels))
+    settings = Settings(points=args.points, voxel_size=args.voxel_size, channels=args.channels)
+    any_grid(settings) if args.any_grid else main(settings)

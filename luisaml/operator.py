@@ -224,10 +224,10 @@ class Operator:
         return ()
 
     def row_links(self) -> list[tuple[str, str]] | None:
-        """For a node that spans the batch: pairs of names whose batched rows hold the same things, a
-        tensor, voxel_rows.GRID + a batch_offsets tensor for a grid's voxels, voxel_rows.INDICES + a map for
-        the rows it names (luisaml/voxel_rows.py); None (any other
-        node): its batched inputs and outputs share rows sample for sample."""
+        """For a node that spans the batch: pairs of names whose batched rows hold the same things (a
+        tensor; voxel_rows.GRID + a batch_offsets tensor: that grid's voxels; voxel_rows.INDICES + a
+        map: the rows its indices name), luisaml/voxel_rows.py. None, for any other node: its
+        batched inputs and outputs share rows sample for sample."""
         return None
 
     def spans_batch(self) -> bool:

@@ -179,9 +179,8 @@ class SparseConvKernelMap(GridOp):
             self._emit_voxel_sample(ctx)
             return
         meta_in, meta_out, leaf_pos = self.derived
-        y, geo, T = self.output(), self.geo, self.geo.taps
+        y, T = self.output(), self.geo.taps
         blob_out, base_out = self.input(OUT).storage.byte_address()
-        blob_in, base_in = self.input(0).storage.byte_address()
         value = ctx.use_helper("nvdb_leaf_value", "nanovdb")
         corner = ctx.use_helper("nvdb_leaf_origin", "nanovdb")
         leaf_i = ctx.let(ix.div(item, LEAF_SLOTS), "l")
@@ -195,13 +194,7 @@ class SparseConvKernelMap(GridOp):
         with ctx.indent():
             m = ctx.let(ix.mul(b, META_FIELDS), "m")  # grid b's row of both metadata tables
             row = ctx.let(ix.mul(f"({meta_out.load(ix.add(m, str(int(Meta.VOXEL_OFFSET))))} + {v_out} - 1)", T), "row")
-
-            def field(f: Meta) -> str:
-                return meta_in.load(ix.add(m, str(int(f))))
-
-            tiles = field(Meta.TILES) if base_in == "0" else ix.add(base_in, field(Meta.TILES))
-            g = GridRef(ctx, blob_in, ctx.let(tiles, "tiles"), ctx.let(field(Meta.TILE_COUNT), "ntiles"), field)
-            voxel_offset = ctx.let(g.voxel_offset, "voff")
+            g, voxel_offset = self._input_grid(ctx, meta_in, m)
             self.emit_taps(ctx, g, c, voxel_offset, lambda tap, v: ctx.store(y, ix.add(row, tap), v))
 
     def _input_grid(self, ctx, meta_in, m: str) -> tuple[GridRef, str]:
@@ -270,7 +263,8 @@ class SparseConvKernelMap(GridOp):
             g, voxel_offset = self._input_grid(ctx, meta_in, m)
             # (an index past the batch, where the batch is not the voxel count, is left missing: the
             # flag above is then the error run() reports, not the layers' reads)
-            self.emit_taps(ctx, g, c, voxel_offset, lambda tap, index: ctx.store(y, tap, f"({index} if {index} < {n} else -1)"))
+            self.emit_taps(ctx, g, c, voxel_offset,
+                           lambda tap, index: ctx.store(y, tap, f"({index} if {index} < {n} else -1)"))
 
     def emit_taps(self, ctx, g: GridRef, c: list[str], voxel_offset: str, store) -> None:
         """Emit the loop over the taps of output voxel c: the input voxel each reads, looked up in the
@@ -374,7 +368,7 @@ class SparseConv3d(Operator):
         self.expect_dtype(x, ("FLOAT",), "input 0 (features)")
         self.expect_dtype(w, ("FLOAT",), "input 2 (weight)")
         self.expect_dtype(kmap, ("INT32",), "input 1 (kernel_map)")
-        # over grids bound at run time the voxels are the batch: features [C_in] and map [taps] a sample
+        # over grids bound at run time the voxels are the batch: features [1, C_in] and map [1, taps] a sample
         self.voxel_batch = x.batched or kmap.batched
         if self.voxel_batch:
             self.expect(x.batched and kmap.batched and x.shape[:1] == (1,) and kmap.shape[:1] == (1,)

@@ -20,3 +20,10 @@ def test_sparse_unet_exports_compiles_and_equals_torch(example):
     assert not {"GridBatchFromPoints", "ConvGrid", "SparseConvKernelMap", "PoolingMap", "RefineMap"} & set(r["ops"])
     assert r["ops"].count("SparseConv3d") == 6 and "Concat" in r["ops"]
     assert r["max_rel_diff_vs_torch"] <= 1e-5
+
+
+def test_any_grid_mode_serves_several_point_clouds_with_one_network(example):
+    r = example.any_grid(example.Settings(points=500, voxel_size=0.2, channels=5, repeats=1), clouds=2, verbose=False)
+    sizes = [c["fine_voxels"] for c in r["clouds"]]
+    assert len(set(sizes)) == 2 and all(c["fine_voxels"] > c["coarse_voxels"] > 0 for c in r["clouds"])
+    assert all(c["max_rel_diff_vs_torch"] <= 1e-5 for c in r["clouds"])

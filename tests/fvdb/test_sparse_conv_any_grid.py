@@ -232,38 +232,18 @@ def unet_example():
 
 def _unet_grids(example, points: int, seed: int):
     """The fine grid of a point cloud and its stride-2 coarse level, as bundle tensors (torch_ops, eager)."""
-    pts = example.sphere_points(points, np.random.default_rng(seed))
-    fine = F.gridbatch_from_points(F.jagged_tensors(torch.from_numpy(pts)), 0.25, 0.0)
-    return fine, F.conv_grid(fine, 2, 2)
+    return example.grid_pair(example.sphere_points(points, np.random.default_rng(seed)), 0.25)
 
 
 def test_a_unet_over_grids_bound_at_run_time_equals_torch(unet_example):
     """examples/sparse_unet.py's layers (convolutions at two levels, stride-2 down, max pool, transposed
-    up, refine, a skip) over a fine and a coarse grid given as inputs: one network for every point
-    cloud, the coarse level padded to the batch and its rows past its voxels never read."""
-
-    class AnyGridUNet(unet_example.SparseUNet):
-        def forward(self, x, *grids):
-            fine, coarse = grids[:7], grids[7:]
-            m = {"same_fine": F.sparse_conv_kernel_map(fine, fine, 3),
-                 "same_coarse": F.sparse_conv_kernel_map(coarse, coarse, 3),
-                 "down": F.sparse_conv_kernel_map(fine, coarse, 2, 2),
-                 "pool": F.pooling_map(fine, coarse, 2),
-                 "up": F.sparse_conv_kernel_map(coarse, fine, 2, 2, transposed=True),
-                 "parent": F.refine_map(coarse, fine, 2)}
-            return self.layers(x, m)
-
+    up, refine, a skip) over a fine and a coarse grid given as inputs (GridInputUNet): one network for
+    every point cloud, the coarse level padded to the batch and its rows past its voxels never read."""
     torch.manual_seed(0)
-    example_pts = unet_example.sphere_points(100, np.random.default_rng(0))
-    model = AnyGridUNet(example_pts, 0.25, 4, 6, 3).eval()
+    model = unet_example.GridInputUNet(unet_example.sphere_points(8, np.random.default_rng(0)), 0.25, 4, 6, 3).eval()
     fine, coarse = _unet_grids(unet_example, 400, 1)
-    names = ["x"] + [f"fine_{n}" for n in schema.BUNDLE] + [f"coarse_{n}" for n in schema.BUNDLE]
-    dynamic = {"x": {0: "V"}, **{f"{lv}_{n}": {0: f"{lv}_{n}_rows"} for lv in ("fine", "coarse") for n in DYNAMIC}}
-    buf = io.BytesIO()
-    F.export_onnx(model, (torch.zeros(int(fine[5][-1]), 4), *fine, *coarse), buf, input_names=names,
-                  output_names=["y"], dynamic_axes=dynamic)
-    net = luisaml.compile(onnx.load_from_string(buf.getvalue()))
-    assert net.plan.symbol == "V" and net.plan.voxel_rows
+    net = luisaml.compile(unet_example.export_grid_input_unet(model, torch.zeros(int(fine[5][-1]), 4), fine, coarse))
+    assert net.plan.symbol == "voxels" and net.plan.voxel_rows
     for points, seed in ((400, 1), (1500, 2), (120, 3)):
         fine, coarse = _unet_grids(unet_example, points, seed)
         v_fine, v_coarse = int(fine[5][-1]), int(coarse[5][-1])
@@ -271,13 +251,12 @@ def test_a_unet_over_grids_bound_at_run_time_equals_torch(unet_example):
         x = torch.randn(v_fine, 4)
         with torch.no_grad():
             want = model(x, *fine, *coarse).numpy()
-        feeds = {"x": x.numpy(), **{f"fine_{n}": t.numpy() for n, t in zip(schema.BUNDLE, fine)},
-                 **{f"coarse_{n}": t.numpy() for n, t in zip(schema.BUNDLE, coarse)}}
-        got = net.run(feeds)["y"]
-        assert_close(got, want.astype(np.float64))
-    # the coarse grid given for the fine one: more voxels than the batch at the wrong level
-    with pytest.raises(LuisamlError, match="has .* rows, but it holds the voxels of the grid|more voxels than"):
-        net.run({**feeds, "x": np.zeros((v_coarse, 4), np.float32)})
+        feeds = unet_example.grid_feeds(x, fine, coarse)
+        assert_close(net.run(feeds)["out"], want.astype(np.float64))
+    # features of the coarse level's size: they must be the finest grid's voxels
+    with pytest.raises(LuisamlError, match=rf"input 'features' has {v_coarse} rows, but it holds the voxels of the "
+                                           rf"grid of 'fine_batch_offsets', which has {v_fine}"):
+        net.run({**feeds, "features": np.zeros((v_coarse, 4), np.float32)})
 
 
 def test_an_output_at_the_coarse_level_is_cut_to_its_voxels(unet_example):
