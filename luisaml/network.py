@@ -333,7 +333,9 @@ class CompiledNetwork:
 
             raw = read_buffer(buf, self.io_dtype(s).kernel_numpy, count)
             shape = (rows[s.name],) + tuple(s.kernel_shape[1:]) if s.rows is not None else self._output_shape(s, n)
-            results[s.name] = raw.astype(self.io_dtype(s).numpy, copy=False).reshape(shape)[:keep.get(s.name)]
+            results[s.name] = raw.astype(self.io_dtype(s).numpy, copy=False).reshape(shape)
+            if s.name in keep:  # an output at a coarse level of a sparse network: its grid's voxels
+                results[s.name] = results[s.name][:keep[s.name]]
         for name in self.plan.host_outputs:
             if name in wanted:
                 results[name] = arrays[name] if name in arrays else np.asarray(self.plan.model.graph.var(name).value)
@@ -706,7 +708,7 @@ class CompiledNetwork:
         results = {}
         for s in self.plan.outputs:
             if s.name in wanted:
-                out = outs[s.name][:keep.get(s.name)]
+                out = outs[s.name][:keep[s.name]] if s.name in keep else outs[s.name]
                 results[s.name] = out if out.dtype == torch_dtype(self.io_dtype(s).numpy) else out.to(
                     torch_dtype(self.io_dtype(s).numpy))
         return {k: results[k] for k in wanted}
