@@ -322,8 +322,8 @@ class CompiledNetwork:
     def _run_host(self, feeds: Mapping[str, Any], wanted: list[str]) -> dict[str, Any]:
         arrays, batch, torch_in = self.check_feeds(feeds)
         n = batch if self.plan.symbol is not None else 1
+        args, out_bufs = self._bind(arrays, n)  # (derives the grids' metadata: a damaged bundle is named first)
         keep = self._voxel_rows(n, arrays.__getitem__)
-        args, out_bufs = self._bind(arrays, n)
         rows = self._launch_and_wait(args, n, out_bufs)
         results: dict[str, Any] = {}
         for s, buf, count in out_bufs:
@@ -664,7 +664,6 @@ class CompiledNetwork:
 
         seen: dict = {}  # this run's input digests
         host = self._dlpack_host(feeds, metas, seen)
-        keep = self._voxel_rows(n, lambda name: host[name] if name in host else feeds[name].detach().cpu().numpy())
         items: list = []  # torch tensors (shared through DLPack) or luisa buffers, in parameter order
         for s in self.plan.inputs:
             if s.dtype.is_byte:
@@ -689,7 +688,8 @@ class CompiledNetwork:
             make = torch.zeros if s.accumulated else torch.empty
             outs[s.name] = make(shape, dtype=torch_dtype(self.io_dtype(s).kernel_numpy), device=where)
             items.append(outs[s.name])
-        derived = self._derived_buffers(host, seen)
+        derived = self._derived_buffers(host, seen)  # (a damaged bundle is named here, before the checks below)
+        keep = self._voxel_rows(n, lambda name: host[name] if name in host else feeds[name].detach().cpu().numpy())
         drain_torch()
         args = [dlpack_buffer(x) if is_torch(x) else x for x in items] + derived
         first_out = len(self.plan.inputs)

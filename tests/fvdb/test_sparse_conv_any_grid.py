@@ -331,3 +331,41 @@ def test_a_bundle_with_an_empty_grid_between_two_others():
         x = rng.standard_normal((gb.total_voxels, 3)).astype(np.float32)
         out = net.run({**grid_feeds(gb, "in_", "out_"), "x": x})["y"]
         assert_close(out, reference_block(gb, x.astype(np.float64), p))
+
+
+def test_a_damaged_bundle_is_named_before_the_rows_are_compared():
+    m, _ = block_model(4, 3, np.random.default_rng(0))
+    net = luisaml.compile(m)
+    gb = sphere(1, 200, 5.0)
+    feeds = {**grid_feeds(gb, "in_", "out_"), "x": np.zeros((gb.total_voxels, 4), np.float32)}
+    feeds["out_batch_offsets"] = np.array([0, gb.total_voxels + 5], np.int64)  # not the grid's count
+    with pytest.raises(LuisamlError, match="batch_offsets are .* but the grids' voxel counts give"):
+        net.run(feeds)
+
+
+def test_torch_tensors_in_place_give_the_coarse_level_cut(unet_example, monkeypatch):
+    """The zero-copy path (torch tensors on the kernels' device; here the CPU backend mapped to torch's
+    CPU tensors, as tests/fvdb/test_ray_outputs_device.py does) cuts a coarse-level output too."""
+    from luisaml.network import CompiledNetwork
+
+    monkeypatch.setattr(CompiledNetwork, "_SHARED_DEVICES", {"cuda": "cuda", "cpu": "cpu"})
+
+    class Pooled(torch.nn.Module):
+        def forward(self, x, *grids):
+            return F.pool_over_map("AvgPool", x, F.pooling_map(grids[:7], grids[7:], 2))
+
+    fine, coarse = _unet_grids(unet_example, 300, 6)
+    names = ["x"] + [f"fine_{n}" for n in schema.BUNDLE] + [f"coarse_{n}" for n in schema.BUNDLE]
+    dynamic = {"x": {0: "V"}, **{f"{lv}_{n}": {0: f"{lv}_{n}_rows"} for lv in ("fine", "coarse") for n in DYNAMIC}}
+    buf = io.BytesIO()
+    F.export_onnx(Pooled(), (torch.zeros(int(fine[5][-1]), 3), *fine, *coarse), buf, input_names=names,
+                  output_names=["pooled"], dynamic_axes=dynamic)
+    net = luisaml.compile(onnx.load_from_string(buf.getvalue()))
+    fine, coarse = _unet_grids(unet_example, 800, 7)
+    x = torch.randn(int(fine[5][-1]), 3)
+    feeds = {"x": x, **{f"fine_{n}": t for n, t in zip(schema.BUNDLE, fine)},
+             **{f"coarse_{n}": t for n, t in zip(schema.BUNDLE, coarse)}}
+    assert net._zero_copy(feeds)
+    got = net.run(feeds)["pooled"]
+    assert isinstance(got, torch.Tensor) and got.shape == (int(coarse[5][-1]), 3)
+    assert_close(got.numpy(), Pooled()(x, *fine, *coarse).numpy().astype(np.float64))
