@@ -289,6 +289,9 @@ def _declared(v, prep) -> dict[str, Any]:
     """Return a graph input or output as the prepared model has it, the batch dimension as its symbol."""
     dim = prep.batch.dims.get(v.name)  # passes/batch.py: the shape with the batch symbol
     shape = dim.onnx_shape if dim is not None else v.shape
+    rows = (getattr(prep, "bound", None) or {}).get(v.name)
+    if rows is not None and shape:  # rows bound at run time: its symbol, not the probe's number
+        shape = (rows,) + tuple(shape[1:])
     return {"name": v.name, "dtype": type_str(v.elem_type), "shape": list(shape) if shape is not None else None}
 
 

@@ -369,3 +369,14 @@ def test_torch_tensors_in_place_give_the_coarse_level_cut(unet_example, monkeypa
     got = net.run(feeds)["pooled"]
     assert isinstance(got, torch.Tensor) and got.shape == (int(coarse[5][-1]), 3)
     assert_close(got.numpy(), Pooled()(x, *fine, *coarse).numpy().astype(np.float64))
+
+
+def test_inspect_shows_the_bound_rows_by_their_symbols():
+    from luisaml import report
+
+    m, _ = block_model(4, 3, np.random.default_rng(0))
+    rep = report.build(m)
+    shapes = {i["name"]: i["shape"] for i in rep["inputs"]}
+    assert shapes["x"] == ["V", 4] and shapes["in_grid_blob"] == ["rows_in_grid_blob"]
+    assert shapes["out_leaf_batch_indices"] == ["rows_out_leaf_batch_indices"]
+    assert "a voxel a sample" in report.text(rep)
