@@ -344,8 +344,9 @@ def test_a_damaged_bundle_is_named_before_the_rows_are_compared():
 
 
 def test_torch_tensors_in_place_give_the_coarse_level_cut(unet_example, monkeypatch):
-    """The zero-copy path (torch tensors on the kernels' device; here the CPU backend mapped to torch's
-    CPU tensors, as tests/fvdb/test_ray_outputs_device.py does) cuts a coarse-level output too."""
+    """The zero-copy path (torch tensors on the kernels' device: CUDA tensors on CUDA; on the CPU backend
+    mapped to torch's CPU tensors, as tests/fvdb/test_ray_outputs_device.py does) cuts a coarse-level
+    output too. Also run on CUDA: LUISAML_BACKEND=cuda python -m pytest tests/fvdb/test_sparse_conv_any_grid.py"""
     from luisaml.network import CompiledNetwork
 
     monkeypatch.setattr(CompiledNetwork, "_SHARED_DEVICES", {"cuda": "cuda", "cpu": "cpu"})
@@ -361,14 +362,16 @@ def test_torch_tensors_in_place_give_the_coarse_level_cut(unet_example, monkeypa
     F.export_onnx(Pooled(), (torch.zeros(int(fine[5][-1]), 3), *fine, *coarse), buf, input_names=names,
                   output_names=["pooled"], dynamic_axes=dynamic)
     net = luisaml.compile(onnx.load_from_string(buf.getvalue()))
-    fine, coarse = _unet_grids(unet_example, 800, 7)
-    x = torch.randn(int(fine[5][-1]), 3)
+    where = {"cpu": "cpu", "cuda": "cuda"}[net.backend]  # (on CUDA: torch CUDA tensors, the real case)
+    fine, coarse = (tuple(t.to(where) for t in g) for g in _unet_grids(unet_example, 800, 7))
+    x = torch.randn(int(fine[5][-1]), 3, device=where)
     feeds = {"x": x, **{f"fine_{n}": t for n, t in zip(schema.BUNDLE, fine)},
              **{f"coarse_{n}": t for n, t in zip(schema.BUNDLE, coarse)}}
     assert net._zero_copy(feeds)
     got = net.run(feeds)["pooled"]
     assert isinstance(got, torch.Tensor) and got.shape == (int(coarse[5][-1]), 3)
-    assert_close(got.numpy(), Pooled()(x, *fine, *coarse).numpy().astype(np.float64))
+    want = Pooled()(x.cpu(), *(t.cpu() for t in fine), *(t.cpu() for t in coarse))
+    assert_close(got.cpu().numpy(), want.numpy().astype(np.float64))
 
 
 def test_inspect_shows_the_bound_rows_by_their_symbols():
