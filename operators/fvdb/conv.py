@@ -455,7 +455,7 @@ class SparseConv3d(Operator):
         if self.voxel_batch:
             self._emit_sample_item(ctx, item)
             return
-        x, kmap, w, y = self.input(0), self.input(1), self.input(2), self.output()
+        x, kmap, y = self.input(0), self.input(1), self.output()
         R, O, _, cblocks = self.tiles()
         C_in, C_out, T = self.c_in, self.c_out, self.taps
         cb = ctx.let(ix.mod(item, cblocks), "cb") if cblocks > 1 else "0"
@@ -500,15 +500,9 @@ class SparseConv3d(Operator):
                 ctx.line(f"if {' or '.join(f'{k} >= 0' for k in ks)}:")
                 with ctx.indent():
                     rows = [ctx.let(ix.mul(f"max({k}, 0)", C_in), "xr") for k in ks]
-                    if packed is not None:
-                        wt = ctx.let(ix.add(wbase, ix.mul(tap, C_in * cblocks * O * 4)), "wt")
+                    wt = ctx.let(ix.add(wbase, ix.mul(tap, C_in * cblocks * O * 4)), "wt") if packed is not None else None
                     with ctx.loop(C_in, "c") as c:
-                        if packed is not None:
-                            wk = ctx.let(ix.add(wt, ix.mul(c, cblocks * O * 4)), "wk")
-                            ws = [ctx.let(f"weights.read(float, {ix.add(wk, str(4 * j))})", "w") for j in range(O)]
-                        else:
-                            ws = [ctx.let(w.load(ix.add(ix.mul(wcols[j], C_in * T), ix.mul(c, T), tap)), "w")
-                                  for j in range(O)]
+                        ws = self._weights_at(ctx, wt, None if packed is not None else wcols, c, tap)
                         for r in range(R):
                             xv = x.load(ix.add(rows[r], c))
                             a = ctx.let(xv if R == 1 else f"({xv} if {ks[r]} >= 0 else 0.0)", "a")
@@ -526,13 +520,23 @@ class SparseConv3d(Operator):
     # names none), B the prepacked weight. A tile runs only the taps one of its voxels reads: the
     # block ORs its rows' tap masks first and walks k over that list (tiled.emit's k_steps).
 
+    def _weights_at(self, ctx, wt: str | None, wcols: list[str] | None, c: str, tap: str) -> list[str]:
+        """Emit the loads of a work item's O weights of input channel c at tap: from the prepacked row
+        `wt` of the tap (packed_weight), else from the weight tensor at output channels wcols."""
+        _, O, _, cblocks = self.tiles()
+        if wt is not None:
+            wk = ctx.let(ix.add(wt, ix.mul(c, cblocks * O * 4)), "wk")
+            return [ctx.let(f"weights.read(float, {ix.add(wk, str(4 * j))})", "w") for j in range(O)]
+        w, T = self.input(2), self.taps
+        return [ctx.let(w.load(ix.add(ix.mul(wcols[j], self.c_in * T), ix.mul(c, T), tap)), "w") for j in range(O)]
+
     def _emit_sample_item(self, ctx, item) -> None:
         """A voxel a sample (grids bound at run time): O output channels of this sample's voxel, each
         tap's features read at the sample the map names (ctx.at_sample)."""
         if ctx.at_sample is None:
             raise self.error("over grids bound at run time it runs over the batch in stages; compile with "
                              "schedule='auto' or 'stages'")
-        x, kmap, w, y = self.input(0), self.input(1), self.input(2), self.output()
+        x, kmap, y = self.input(0), self.input(1), self.output()
         _, O, _, cblocks = self.tiles()
         C_in, C_out, T = self.c_in, self.c_out, self.taps
         cb = ctx.let(ix.mod(item, cblocks), "cb") if cblocks > 1 else "0"
@@ -560,15 +564,9 @@ class SparseConv3d(Operator):
                 ctx.line(f"{k} = -1")
             ctx.line(f"if {k} >= 0:")
             with ctx.indent():
-                if packed is not None:
-                    wt = ctx.let(ix.add(wbase, ix.mul(tap, C_in * cblocks * O * 4)), "wt")
+                wt = ctx.let(ix.add(wbase, ix.mul(tap, C_in * cblocks * O * 4)), "wt") if packed is not None else None
                 with ctx.loop(C_in, "c") as c:
-                    if packed is not None:
-                        wk = ctx.let(ix.add(wt, ix.mul(c, cblocks * O * 4)), "wk")
-                        ws = [ctx.let(f"weights.read(float, {ix.add(wk, str(4 * j))})", "w") for j in range(O)]
-                    else:
-                        ws = [ctx.let(w.load(ix.add(ix.mul(wcols[j], C_in * T), ix.mul(c, T), tap)), "w")
-                              for j in range(O)]
+                    ws = self._weights_at(ctx, wt, None if packed is not None else wcols, c, tap)
                     with ctx.at_sample(k):  # the features of the voxel this tap reads
                         a = ctx.let(x.load(c), "a")
                     for j in range(O):
