@@ -21,6 +21,9 @@ host's by one entry):
 - `map_and_layer`: both on the device (grids fed at run time, as a network over grids it builds
   runs): the map's stage, then the layer over it in index order (no tap-grouped order: that is
   derived on the host from a folded map only).
+- `any_grid`: the same network compiled for grids of any size (the grid's growing inputs and the
+  features' rows dynamic: the voxels are the batch, a map row and a layer item a voxel; README,
+  "Grids of any size"), run on this grid.
 Times: P50/P95/P99 in ms; on CUDA device spans from CUPTI (a forward: its first kernel's start to its
 last kernel's end), on the CPU wall time of net.run (host copies included) interleaved with the
 reference."""
@@ -150,15 +153,17 @@ def main(argv=None) -> int:
     print(f"shell radius {radius:g}: {n} voxels, {gb.total_leaves} leaves, {pairs} (input, output) pairs "
           f"({pairs / n:.1f} of 27 taps a voxel); set-up {time.perf_counter() - t0:.1f} s", flush=True)
 
-    layer_m, fused_m, map_m, map_feeds, both_m = _models(gb, w, b, bn)
+    layer_m, fused_m, map_m, map_feeds, both_m, any_m = _models(gb, w, b, bn)
     t0 = time.perf_counter()
     layer = luisaml.compile(layer_m, backend=backend, batch_axis=None)
     fused = luisaml.compile(fused_m, backend=backend, batch_axis=None)
     mapper = luisaml.compile(map_m, backend=backend, batch_axis=None)
     both = luisaml.compile(both_m, backend=backend, batch_axis=None)
+    any_grid = luisaml.compile(any_m, backend=backend)  # (batch_axis 'auto': the features' rows)
     x = torch.from_numpy(x_np).to(dev)
     both_feeds = {**map_feeds, "x": x}
     layer.run({"x": x}), fused.run({"x": x}), mapper.run(map_feeds), both.run(both_feeds)  # (builds the kernels)
+    any_grid.run(both_feeds)
     compile_s = time.perf_counter() - t0
     print(f"compiled in {compile_s:.1f} s:\n  " + layer.plan.schedule.describe().replace("\n", "\n  ")
           + "\n  " + fused.plan.schedule.describe().replace("\n", "\n  "), flush=True)
@@ -173,8 +178,9 @@ def main(argv=None) -> int:
         got, got_bn = layer.run({"x": x})["y"], fused.run({"x": x})["y"]
         got_map = mapper.run(map_feeds)["kmap"]
         got_both = both.run(both_feeds)["y"]
+        got_any = any_grid.run(both_feeds)["y"]
     errs = {"layer": rel_err(_np(got), _np(want)), "layer_bn_relu": rel_err(_np(got_bn), _np(want_bn)),
-            "map_and_layer": rel_err(_np(got_both), _np(want))}
+            "map_and_layer": rel_err(_np(got_both), _np(want)), "any_grid": rel_err(_np(got_any), _np(want))}
     # the reference against section 5's relation written out: every pair of a few output voxels
     check = rng.choice(n, min(n, 64), replace=False)
     direct = np.stack([b + sum(w.reshape(CHANNELS, CHANNELS, -1)[:, :, t] @ x_np[kmap[o, t]]
@@ -196,7 +202,8 @@ def main(argv=None) -> int:
         runs = {"layer": (lambda: layer.run({"x": x}), lambda: ref(x)),
                 "layer_bn_relu": (lambda: fused.run({"x": x}), lambda: ref(x, bn_t)),
                 "kernel_map": (lambda: mapper.run(map_feeds), None),
-                "map_and_layer": (lambda: both.run(both_feeds), None)}
+                "map_and_layer": (lambda: both.run(both_feeds), None),
+                "any_grid": (lambda: any_grid.run(both_feeds), None)}
         times = _time(runs, reps, cuda)
     if cuda and a.tilings:
         times["tilings"] = _other_tilings(a.tilings, layer_m, backend, x, want, reps)
@@ -221,7 +228,7 @@ def main(argv=None) -> int:
     print(f"\n{name}  {rec['date']}  torch {torch.__version__}  timing: {rec['timing']}")
     print("| measurement | luisaml ms P50 / P95 / P99 | torch ms P50 / P95 / P99 | speedup |")
     print("|---|---|---|---|")
-    for k in ("layer", "layer_bn_relu", "kernel_map", "map_and_layer"):
+    for k in ("layer", "layer_bn_relu", "kernel_map", "map_and_layer", "any_grid"):
         r = rec[k]
         lm = " / ".join(f"{r['luisaml_ms'][p]:.3f}" for p in ("p50", "p95", "p99"))
         tm = " / ".join(f"{r['torch_ms'][p]:.3f}" for p in ("p50", "p95", "p99")) if "torch_ms" in r else "-"
@@ -266,9 +273,10 @@ def _np(t) -> np.ndarray:
 
 
 def _models(gb, w, b, bn):
-    """Return (layer, layer + BN + ReLU, kernel map) ONNX models, the kernel map model's feeds, and
-    the map + layer model: the first two over constant grids (their map folds at compile time), the
-    others over grids fed at run time (the map built on the device)."""
+    """Return (layer, layer + BN + ReLU, kernel map) ONNX models, the kernel map model's feeds, the
+    map + layer model, and that model for grids of any size: the first two over constant grids
+    (their map folds at compile time), the others over grids fed at run time (the map built on the
+    device)."""
     from onnx import TensorProto, helper, numpy_helper
 
     from luisaml.opsets import fvdb as schema
@@ -299,7 +307,15 @@ def _models(gb, w, b, bn):
     map_in = [helper.make_tensor_value_info(k, elem[np.asarray(v).dtype], list(np.shape(v))) for k, v in grid.items()]
     mapper = model([kmap_node], {}, map_in, TensorProto.INT32, (n, KERNEL ** 3), "kmap")
     both = model([kmap_node, conv("y")], {"w": w, "b": b}, map_in + x_in)
-    return layer, fused, mapper, {k: np.asarray(v) for k, v in grid.items()}, both
+    # for any grid: the parts that grow with it and the features' rows dynamic (the voxels the batch)
+    grows = ("grid_blob", "leaf_batch_indices", "list_indices")
+    any_in = [helper.make_tensor_value_info(k, elem[np.asarray(v).dtype],
+                                            [f"rows of {k}" if k.endswith(grows) else d for d in np.shape(v)][:1]
+                                            + list(np.shape(v))[1:]) for k, v in grid.items()]
+    any_grid = model([kmap_node, conv("y")], {"w": w, "b": b},
+                     any_in + [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["V", CHANNELS])],
+                     out_shape=("V", CHANNELS))
+    return layer, fused, mapper, {k: np.asarray(v) for k, v in grid.items()}, both, any_grid
 
 
 def _time(runs: dict, reps: int, cuda: bool) -> dict:
