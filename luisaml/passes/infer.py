@@ -183,9 +183,8 @@ def find_batch_symbol(proto: onnx.ModelProto, batch_axis) -> str | None:
         return None
     if leading_in:
         # a symbol only inputs that may be bound at any size lead (a grid's bytes) is not the batch
-        grid_sized = {s[0] for k, s in ins.items() if s and isinstance(s[0], str) and _any_rows(proto, k)}
-        other = {s[0] for k, s in ins.items() if s and isinstance(s[0], str) and not _any_rows(proto, k)}
-        return next((sym for sym in leading_in if sym in other or sym not in grid_sized), leading_in[0])
+        batch_like = [s[0] for k, s in ins.items() if s and isinstance(s[0], str) and not _any_rows(proto, k)]
+        return batch_like[0] if batch_like else leading_in[0]
     unnamed = [k for k, s in ins.items() if s and s[0] is None]
     if unnamed:
         taken = {d.dim_param for vi in list(proto.graph.input) + list(proto.graph.output) for d in _dims(vi)}
@@ -286,12 +285,7 @@ def bound_inputs(proto: onnx.ModelProto, unresolved: dict[str, list], symbol: st
     for name, dims in unresolved.items():
         if not dims or isinstance(dims[0], int) or dims[0] == symbol or any(not isinstance(d, int) for d in dims[1:]):
             continue
-        readers = [(n, k) for n in proto.graph.node for k, i in enumerate(n.input) if i == name]
-        ok = bool(readers) and name not in _subgraph_inputs(proto.graph)
-        for n, k in readers:
-            cls = registry.resolve(n.op_type, n.domain, opsets.get(n.domain, 1))
-            ok = ok and cls is not None and cls.reads_bound_rows(n.op_type, k)
-        if not ok:
+        if not _any_rows(proto, name) or name in _subgraph_inputs(proto.graph):
             continue
         vi = next(v for v in proto.graph.input if v.name == name)
         d = _dims(vi)[0]
@@ -308,23 +302,12 @@ def bound_inputs(proto: onnx.ModelProto, unresolved: dict[str, list], symbol: st
     return out
 
 
-def _any_rows(proto: onnx.ModelProto, name: str) -> bool:
-    """Whether every node reading input `name` can take any number of its rows (bound_inputs' test)."""
+def _readers(proto: onnx.ModelProto, name: str) -> tuple[list, list]:
+    """Return (the nodes reading `name` that can take any number of its rows: Operator.reads_bound_rows,
+    those that cannot)."""
     from .. import registry
 
     registry._load_builtin()
-    opsets = {o.domain: o.version for o in proto.opset_import}
-    readers = [(n, k) for n in proto.graph.node for k, i in enumerate(n.input) if i == name]
-    return bool(readers) and all(
-        (cls := registry.resolve(n.op_type, n.domain, opsets.get(n.domain, 1))) is not None
-        and cls.reads_bound_rows(n.op_type, k) for n, k in readers)
-
-
-def _fixed_size_reader(proto: onnx.ModelProto, name: str) -> str | None:
-    """Return ' (...)' naming the node that keeps an input's rows from being bound at run time when
-    another node reading it could take any number (a pooling map beside a kernel map), else ''."""
-    from .. import registry
-
     opsets = {o.domain: o.version for o in proto.opset_import}
     takes, refuses = [], []
     for n in proto.graph.node:
@@ -332,6 +315,19 @@ def _fixed_size_reader(proto: onnx.ModelProto, name: str) -> str | None:
             if i == name:
                 cls = registry.resolve(n.op_type, n.domain, opsets.get(n.domain, 1))
                 (takes if cls is not None and cls.reads_bound_rows(n.op_type, k) else refuses).append(n)
+    return takes, refuses
+
+
+def _any_rows(proto: onnx.ModelProto, name: str) -> bool:
+    """Whether input `name` is read, and every node reading it can take any number of its rows."""
+    takes, refuses = _readers(proto, name)
+    return bool(takes) and not refuses
+
+
+def _fixed_size_reader(proto: onnx.ModelProto, name: str) -> str:
+    """Return ' (...)' naming the node that keeps an input's rows from being bound at run time when
+    another node reading it could take any number (a Cast beside a kernel map), else ''."""
+    takes, refuses = _readers(proto, name)
     if not (takes and refuses):
         return ""
     n = refuses[0]

@@ -59,6 +59,29 @@ def _geometry(node) -> ConvGeometry:
         raise CompileError(f"{node.describe()}: {e}") from None
 
 
+def map_index(ctx, expr: str, limit: str | int, flag: str | None, checked: bool = True) -> str:
+    """Emit `k = expr` (a map's entry) and return k; checked: an entry outside [-1, limit) is read as
+    missing (-1), after `flag` (KernelContext.flag_error's statement, None where checks are off)."""
+    k = ctx.fresh("k")
+    ctx.line(f"{k} = {expr}")
+    if checked:
+        ctx.line(f"if {k} < -1 or {k} >= {limit}:")
+        with ctx.indent():
+            if flag is not None:
+                ctx.line(flag)
+            ctx.line(f"{k} = -1")
+    return k
+
+
+def gather_links(op) -> list[tuple[str, str]] | None:
+    """Operator.row_links of a node out = f(features, map) that reads features at the rows the map
+    names (SparseConv3d, the pooling reductions), when the voxels are the batch."""
+    if not op.voxel_batch:
+        return None
+    x, m = op.input(0).name, op.input(1).name
+    return [(op.output().name, m), (x, INDICES + m)]
+
+
 @register(schema.KERNEL_MAP, domain="fvdb", since=1)
 class SparseConvKernelMap(GridOp):
     """int32 [N_out, T]: the batch-global input voxel each output voxel reads at each tap, or -1."""
@@ -410,10 +433,7 @@ class SparseConv3d(Operator):
         return self.voxel_batch
 
     def row_links(self):
-        if not self.voxel_batch:
-            return None
-        x, kmap = self.input(0).name, self.input(1).name
-        return [(self.output().name, kmap), (x, INDICES + kmap)]
+        return gather_links(self)
 
     def derived_inputs(self):
         # a kernel map known at compile time: its voxels run in rows_by_taps' order
@@ -487,15 +507,7 @@ class SparseConv3d(Operator):
         with ctx.loop(T, "tap") as tap:
             ks = []
             for r in range(R):
-                k = ctx.fresh("k")
-                ctx.line(f"{k} = {kmap.load(ix.add(ix.mul(voxels[r], T), tap))}")
-                if checked:
-                    ctx.line(f"if {k} < -1 or {k} >= {self.n_in}:")
-                    with ctx.indent():
-                        if flag is not None:
-                            ctx.line(flag)
-                        ctx.line(f"{k} = -1")
-                ks.append(k)
+                ks.append(map_index(ctx, kmap.load(ix.add(ix.mul(voxels[r], T), tap)), self.n_in, flag, checked))
             if self.n_in > 0:  # (with no input voxels every tap is missing or flagged: the output is the bias)
                 ctx.line(f"if {' or '.join(f'{k} >= 0' for k in ks)}:")
                 with ctx.indent():
@@ -555,13 +567,7 @@ class SparseConv3d(Operator):
         flag = ctx.flag_error(str(self.error(f"kernel_map '{kmap.name}' holds an index outside [-1, batch) (the rows "
                                              f"of features '{x.name}')")))
         with ctx.loop(T, "tap") as tap:
-            k = ctx.fresh("k")
-            ctx.line(f"{k} = {kmap.load(tap)}")
-            ctx.line(f"if {k} < -1 or {k} >= {ctx.n_samples}:")
-            with ctx.indent():
-                if flag is not None:
-                    ctx.line(flag)
-                ctx.line(f"{k} = -1")
+            k = map_index(ctx, kmap.load(tap), ctx.n_samples, flag)
             ctx.line(f"if {k} >= 0:")
             with ctx.indent():
                 wt = ctx.let(ix.add(wbase, ix.mul(tap, C_in * cblocks * O * 4)), "wt") if packed is not None else None
@@ -667,14 +673,7 @@ class SparseConv3d(Operator):
 
             def load(k):
                 tap, c = tap_of(k)
-                v = ctx.fresh("v")
-                ctx.line(f"{v} = {kmap.load(ix.add(row, tap))}")
-                if checked:
-                    ctx.line(f"if {v} < -1 or {v} >= {self.n_in}:")
-                    with ctx.indent():
-                        if flag is not None:
-                            ctx.line(flag)
-                        ctx.line(f"{v} = -1")
+                v = map_index(ctx, kmap.load(ix.add(row, tap)), self.n_in, flag, checked)
                 return f"({x.load(ix.add(ix.mul(f'max({v}, 0)', C_in), c))} if {v} >= 0 else 0.0)"
 
             return load

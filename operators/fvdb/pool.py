@@ -30,10 +30,9 @@ from luisaml.model import shape_str
 from luisaml.operator import CompileError, Operator
 from luisaml.opsets import fvdb as schema
 from luisaml.registry import register
-from luisaml.voxel_rows import INDICES
 
 from .common import GridRef, bundle_grids
-from .conv import OUT, SparseConvKernelMap
+from .conv import OUT, SparseConvKernelMap, gather_links, map_index
 
 MAX_CHANNELS = 16  # accumulators per thread (SparseConv3d's channel block)
 
@@ -169,10 +168,7 @@ class _Pool(Operator):
         return self.voxel_batch
 
     def row_links(self):
-        if not self.voxel_batch:
-            return None
-        x, pmap = self.input(0).name, self.input(1).name
-        return [(self.output().name, pmap), (x, INDICES + pmap)]
+        return gather_links(self)
 
     def emit_item(self, ctx, item):
         if self.voxel_batch and ctx.at_sample is None:
@@ -198,14 +194,7 @@ class _Pool(Operator):
                                              f"'{x.name}')"))) if checked else None
         row = ctx.let(ix.mul(o, T), "row")
         with ctx.loop(T, "tap") as tap:
-            k = ctx.fresh("k")
-            ctx.line(f"{k} = {pmap.load(ix.add(row, tap))}")
-            if checked:
-                ctx.line(f"if {k} < -1 or {k} >= {n_in}:")
-                with ctx.indent():
-                    if flag is not None:
-                        ctx.line(flag)
-                    ctx.line(f"{k} = -1")
+            k = map_index(ctx, pmap.load(ix.add(row, tap)), n_in, flag, checked)
             if self.voxel_batch or self.n_in > 0:
                 ctx.line(f"if {k} >= 0:")
                 with ctx.indent():
