@@ -5,6 +5,10 @@ A buffer holds one or more grids back to back (each starts at the previous one's
 every offset and count that a later traversal follows is checked against the buffer, so a bad blob
 fails here with a :class:`NanoVDBError` naming the field, the expected and the actual value, and
 never as an out-of-bounds read later (on the host or in a shader that trusts the same bytes).
+A new grid is checked each time a bundle is bound, so the checks are vectorised per node level: a
+level (all leaves, all lower nodes, ...) is one [nodes, bytes] view of the buffer (:func:`_records`),
+its fields strided views of that, its masks uint64 words, and each check one array expression over
+the level; no Python loop runs per node.
 
 :func:`ijk_to_index` is the host-side reference lookup: it walks the actual bytes the way NanoVDB's
 ``ReadAccessor`` / PNanoVDB do (root tiles by linear scan, upper node, lower node, leaf, popcount
@@ -28,6 +32,13 @@ _U32 = np.dtype("<u4")
 _I32 = np.dtype("<i4")
 # Bits a root key can have: u32(coord) >> 12 is 20 bits, placed at bit 0 (k), 21 (j) and 42 (i).
 _KEY_BITS = 0xFFFFF | (0xFFFFF << 21) | (0xFFFFF << 42)
+# A leaf's per-word popcounts (int64 [N, 8]) times _ROW_SUM is its active count. numpy's sum along
+# a short last axis is several times slower than this product, which is exact for integers.
+_ROW_SUM = np.ones(8, np.int64)
+# Times _PREFIX_WEIGHTS, the same popcounts give the leaf's expected prefix-sum word: word w's count
+# belongs to every running total f >= w (f < 7), each a 9-bit field at bit 9f.
+_PREFIX_WEIGHTS = np.array([sum(1 << (9 * f) for f in range(w, 7)) for w in range(8)], np.int64)
+_PREFIX_BITS = (1 << 63) - 1  # the seven fields
 
 
 # ------------------------------------------------------------------------------------------------
@@ -179,15 +190,43 @@ def _gather(buf: np.ndarray, pos: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return np.ascontiguousarray(raw).view(dtype)[..., 0]
 
 
-def _bytes_rows(buf: np.ndarray, pos: np.ndarray, nbytes: int) -> np.ndarray:
-    """Return a [len(pos), nbytes] uint8 array of the rows starting at byte positions pos."""
-    pos = np.asarray(pos, np.int64)
-    return buf[pos[:, None] + np.arange(nbytes, dtype=np.int64)]
+def _records(buf: np.ndarray, begin: int, count: int, stride: int) -> np.ndarray:
+    """Return the [count, stride] uint8 rows of count fixed-size records at begin, stride bytes apart.
+
+    A view of buf, not a copy: the validators read one level of nodes (all leaves, all lower nodes)
+    through it at once instead of gathering every byte through an index array. Callers pass only
+    ranges they have checked (_check_range); a range outside buf is still refused here rather than
+    silently cut short by slicing.
+    """
+    if count == 0:
+        return np.zeros((0, stride), np.uint8)
+    end = begin + count * stride
+    if begin < 0 or end > len(buf):
+        raise NanoVDBError(
+            f"{count} records of {stride} B at buffer byte {begin} run outside the {len(buf)}-byte buffer"
+        )
+    return buf[begin:end].reshape(count, stride)
 
 
-def _mask_bits(rows: np.ndarray) -> np.ndarray:
-    """Return the bits of little-endian bit masks (uint8 rows) as a bool array, bit n of word n>>6 at n."""
-    return np.unpackbits(rows, axis=-1, bitorder="little").astype(bool)
+def _field(rows: np.ndarray, offset: int, dtype: np.dtype, n: int = 1) -> np.ndarray:
+    """Return the [len(rows), n] values of dtype at byte offset of every record in rows (a view)."""
+    return rows[:, offset : offset + n * dtype.itemsize].view(dtype)
+
+
+def _set_bits(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return (row, bit) of every set bit of [rows, n_words] uint64 bit masks, bit n of word n>>6 at n.
+
+    The order is row, then bit (np.nonzero's over the unpacked bits), so the first offender an error
+    names is the same. Only the non-zero words are unpacked: an internal node's masks are mostly
+    zero (a lower node of a surface has a few hundred of its 4096 children), so this touches a few
+    words instead of every bit. (np.nonzero of a 2-D array is several times slower than of a flat
+    one, hence the flat unpack.)
+    """
+    row, word = np.nonzero(words)
+    # '<u8' words viewed as bytes are little-endian, so bit b of byte k is bit 8k+b of the word.
+    raw = np.ascontiguousarray(words[row, word], _U64).view(np.uint8)
+    k = np.flatnonzero(np.unpackbits(raw, bitorder="little").view(bool))
+    return row[k >> 6], 64 * word[k >> 6].astype(np.int64) + (k & 63)
 
 
 def popcount64(x: np.ndarray) -> np.ndarray:
@@ -265,8 +304,8 @@ def _slot_offsets(slot: np.ndarray, log2dim: int, child_log2: int) -> np.ndarray
     """Return int32 [N,3] coordinate offsets of table slots inside a node (inverse of *_slot)."""
     slot = np.asarray(slot, np.int64)
     m = (1 << log2dim) - 1
-    xyz = np.stack([(slot >> (2 * log2dim)) & m, (slot >> log2dim) & m, slot & m], axis=-1)
-    return (xyz << child_log2).astype(np.int32)
+    shifts = np.array([2 * log2dim, log2dim, 0], np.int64)  # x, y, z fields of the slot
+    return (((slot[:, None] >> shifts) & m) << child_log2).astype(np.int32)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -318,7 +357,8 @@ class _Level:
 def _child_index(where: str, what: str, target: np.ndarray, level: _Level) -> np.ndarray:
     """Return indices of the nodes of level that absolute byte positions target point at, or raise."""
     rel = np.asarray(target, np.int64) - level.begin
-    ok = (rel >= 0) & (rel % level.stride == 0) & (rel // level.stride < level.count)
+    node, into = np.divmod(rel, level.stride)
+    ok = (rel >= 0) & (into == 0) & (node < level.count)
     if not ok.all():
         bad = int(np.flatnonzero(~ok)[0])
         raise _fail(
@@ -326,7 +366,7 @@ def _child_index(where: str, what: str, target: np.ndarray, level: _Level) -> np
             f"{what} #{bad} points at buffer byte {int(target[bad])}, which is not the start of one of the "
             f"{level.count} {level.name} nodes (expected {level.begin} + n*{level.stride})",
         )
-    return rel // level.stride
+    return node
 
 
 def _check_referenced_once(where: str, idx: np.ndarray, level: _Level) -> None:
@@ -343,6 +383,18 @@ def _check_referenced_once(where: str, idx: np.ndarray, level: _Level) -> None:
             f"{level.name} node {int(np.flatnonzero(counts == 0)[0])} is not reachable from the root "
             f"({int((counts == 0).sum())} of {level.count} {level.name} nodes are orphans)",
         )
+
+
+def _in_node_order(idx: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Return the rows of values (one per parent entry, entry j pointing at node idx[j]) in node order.
+
+    idx must be a permutation of the level's nodes, which _check_referenced_once has checked: every
+    node then gets exactly one row. (Taking rows through the inverse permutation is several times
+    faster than numpy's row-wise scatter out[idx] = values.)
+    """
+    entry_of = np.empty_like(idx)
+    entry_of[idx] = np.arange(len(idx))
+    return np.take(values, entry_of, axis=0)
 
 
 @dataclass(frozen=True)
@@ -365,19 +417,26 @@ def _internal_children(
     table_count: int,
     value_count: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Validate one internal level; return (parent idx, slot, child idx) per child and the active tile count."""
-    node_pos = parent.begin + parent.stride * np.arange(parent.count, dtype=np.int64)
-    mask_bytes = table_count // 8
-    child_bits = _mask_bits(_bytes_rows(buf, node_pos + off_child_mask, mask_bytes))
-    value_bits = _mask_bits(_bytes_rows(buf, node_pos + off_value_mask, mask_bytes))
-    p_idx, slot = np.nonzero(child_bits)
-    table_pos = node_pos[p_idx] + off_table + 8 * slot
-    target = node_pos[p_idx] + _gather(buf, table_pos, _I64)
+    """Validate one internal level; return (parent idx, slot, child idx) per child and the active tile count.
+
+    The whole level is read as one [nodes, bytes] view: its masks as uint64 words, its table as
+    uint64 entries. A set child bit's entry is a byte offset from the node to its child, checked in
+    bulk against the child level; a set value bit without a child bit is an active tile whose entry
+    is an index into the value array.
+    """
+    rows = _records(buf, parent.begin, parent.count, parent.stride)
+    n_words = table_count // 64
+    child_mask = _field(rows, off_child_mask, _U64, n_words)
+    value_mask = _field(rows, off_value_mask, _U64, n_words)
+    table = _field(rows, off_table, _U64, table_count)
+    p_idx, slot = _set_bits(child_mask)
+    node_pos = parent.begin + parent.stride * p_idx
+    target = node_pos + table[p_idx, slot].view(_I64)
     c_idx = _child_index(where, f"{parent.name} child-table entry", target, child)
     # An active tile's table value is an index into the value array; a lookup returns it.
-    t_idx, t_slot = np.nonzero(value_bits & ~child_bits)
+    t_idx, t_slot = _set_bits(value_mask & ~child_mask)
     if len(t_idx):
-        tile_values = _gather(buf, node_pos[t_idx] + off_table + 8 * t_slot, _U64)
+        tile_values = table[t_idx, t_slot]
         if (tile_values >= np.uint64(value_count)).any():
             bad = int(np.flatnonzero(tile_values >= np.uint64(value_count))[0])
             raise _fail(
@@ -437,11 +496,11 @@ def _walk_tree(buf: np.ndarray, where: str, g: dict) -> _Walk:
     upper, lower, leaf = levels
 
     # Root tiles: keys unique (NanoVDB scans linearly, a duplicate would be unreachable), children valid.
-    tile_pos = tiles_pos + L.ROOT_TILE_SIZE * np.arange(table_size, dtype=np.int64)
-    keys = _gather(buf, tile_pos + L.TILE_OFF_KEY, _U64)
-    child = _gather(buf, tile_pos + L.TILE_OFF_CHILD, _I64)
-    state = _gather(buf, tile_pos + L.TILE_OFF_STATE, _U32)
-    value = _gather(buf, tile_pos + L.TILE_OFF_VALUE, _U64)
+    tiles = _records(buf, tiles_pos, table_size, L.ROOT_TILE_SIZE)
+    keys = _field(tiles, L.TILE_OFF_KEY, _U64)[:, 0]
+    child = _field(tiles, L.TILE_OFF_CHILD, _I64)[:, 0]
+    state = _field(tiles, L.TILE_OFF_STATE, _U32)[:, 0]
+    value = _field(tiles, L.TILE_OFF_VALUE, _U64)[:, 0]
     if len(np.unique(keys)) != len(keys):
         raise _fail(where, "root table holds duplicate tile keys")
     if (keys & ~np.uint64(_KEY_BITS)).any():
@@ -454,8 +513,7 @@ def _walk_tree(buf: np.ndarray, where: str, g: dict) -> _Walk:
     active_root_tiles = (~has_child) & (state != 0)
     if (value[active_root_tiles] >= np.uint64(value_count)).any():
         raise _fail(where, f"an active root tile has an index >= the value count {value_count}")
-    upper_origins = np.zeros((upper.count, 3), np.int32)
-    upper_origins[u_idx] = key_to_origin(keys[has_child])
+    upper_origins = _in_node_order(u_idx, key_to_origin(keys[has_child]))
 
     p2, s2, l_idx, tiles2 = _internal_children(
         buf,
@@ -469,8 +527,9 @@ def _walk_tree(buf: np.ndarray, where: str, g: dict) -> _Walk:
         value_count,
     )
     _check_referenced_once(where, l_idx, lower)
-    lower_origins = np.zeros((lower.count, 3), np.int32)
-    lower_origins[l_idx] = upper_origins[p2] + _slot_offsets(s2, L.UPPER_LOG2DIM, L.LOWER_TOTAL_LOG2)
+    lower_origins = _in_node_order(
+        l_idx, np.take(upper_origins, p2, axis=0) + _slot_offsets(s2, L.UPPER_LOG2DIM, L.LOWER_TOTAL_LOG2)
+    )
 
     p1, s1, f_idx, tiles1 = _internal_children(
         buf,
@@ -484,8 +543,9 @@ def _walk_tree(buf: np.ndarray, where: str, g: dict) -> _Walk:
         value_count,
     )
     _check_referenced_once(where, f_idx, leaf)
-    leaf_origins = np.zeros((leaf.count, 3), np.int32)
-    leaf_origins[f_idx] = lower_origins[p1] + _slot_offsets(s1, L.LOWER_LOG2DIM, L.LEAF_TOTAL_LOG2)
+    leaf_origins = _in_node_order(
+        f_idx, np.take(lower_origins, p1, axis=0) + _slot_offsets(s1, L.LOWER_LOG2DIM, L.LEAF_TOTAL_LOG2)
+    )
 
     leaf_counts = _check_leaves(buf, where, leaf, leaf_origins, grid_type, value_count)
     return _Walk(leaf_origins, leaf_counts, int(active_root_tiles.sum()) + tiles2 + tiles1)
@@ -497,9 +557,8 @@ def _check_leaves(
     """Validate leaf bboxes, prefix sums and value offsets; return the active count per leaf."""
     if leaf.count == 0:
         return np.zeros(0, np.int64)
-    pos = leaf.begin + leaf.stride * np.arange(leaf.count, dtype=np.int64)
-    rows = _bytes_rows(buf, pos, L.LEAF_NODE_SIZE)
-    bbox_min = np.ascontiguousarray(rows[:, 0:12]).view(_I32)
+    rows = _records(buf, leaf.begin, leaf.count, leaf.stride)
+    bbox_min = _field(rows, L.LEAF_OFF_BBOX_MIN, _I32, 3)
     if (bbox_min & ~np.int32(7) != origins).any():
         bad = int(np.flatnonzero((bbox_min & ~np.int32(7) != origins).any(axis=1))[0])
         raise _fail(
@@ -507,20 +566,24 @@ def _check_leaves(
             f"leaf {bad} has bbox min {bbox_min[bad].tolist()}, outside the 8^3 block at "
             f"{origins[bad].tolist()} where the tree places it",
         )
-    words = np.ascontiguousarray(rows[:, 16:80]).view(_U64)
-    offsets = np.ascontiguousarray(rows[:, 80:88]).view(_U64)[:, 0]
+    words = _field(rows, L.LEAF_OFF_VALUE_MASK, _U64, 8)
+    offsets = _field(rows, L.LEAF_OFF_OFFSET, _U64)[:, 0]
     word_counts = popcount64(words)
-    counts = word_counts.sum(axis=1)
+    counts = word_counts @ _ROW_SUM
     if grid_type == L.GRID_TYPE_ON_INDEX:
-        prefix = np.ascontiguousarray(rows[:, 88:96]).view(_U64)[:, 0]
-        fields = (prefix[:, None] >> (np.uint64(9) * np.arange(7, dtype=np.uint64))) & np.uint64(511)
-        expected = np.cumsum(word_counts[:, :7], axis=1)
-        if (fields.astype(np.int64) != expected).any():
-            bad = int(np.flatnonzero((fields.astype(np.int64) != expected).any(axis=1))[0])
+        prefix = _field(rows, L.LEAF_OFF_PREFIX_SUM, _U64)[:, 0]
+        # Field f of the prefix word (9 bits at 9f, f < 7) must be popcount(words[0..f]); those
+        # running totals are at most 448 < 512, so packing them is exact and the check compares one
+        # word per leaf. Bit 63 lies outside the seven fields and is not compared.
+        expected_word = (word_counts @ _PREFIX_WEIGHTS).view(np.uint64)
+        wrong = (prefix & np.uint64(_PREFIX_BITS)) != expected_word
+        if wrong.any():
+            bad = int(np.flatnonzero(wrong)[0])
+            fields = [(int(prefix[bad]) >> (9 * f)) & 511 for f in range(7)]
+            expected = np.cumsum(word_counts[bad, :7]).tolist()
             raise _fail(
                 where,
-                f"leaf {bad} prefix sums {fields[bad].tolist()} do not match its value mask popcounts "
-                f"{expected[bad].tolist()}",
+                f"leaf {bad} prefix sums {fields} do not match its value mask popcounts {expected}",
             )
         used = counts
     else:  # ValueIndex leaves index all 512 values
@@ -531,9 +594,13 @@ def _check_leaves(
             where,
             f"leaf {int(np.flatnonzero(nonempty & (offsets == 0))[0])} has value offset 0 (the background index)",
         )
-    last = offsets.astype(np.float64) + used  # float: a hostile offset near 2^64 must not wrap
-    if (last[nonempty] > value_count).any():
-        bad = int(np.flatnonzero(nonempty & (last > value_count))[0])
+    # offset + used > value_count, in exact uint64 arithmetic: a hostile offset near 2^64 must not
+    # wrap, and float64 would round offsets above 2^53.
+    used_u = used.astype(np.uint64)
+    room = np.uint64(value_count) - np.minimum(used_u, np.uint64(value_count))  # value_count - used, >= 0
+    past = (used_u > np.uint64(value_count)) | (offsets > room)
+    if (past & nonempty).any():
+        bad = int(np.flatnonzero(nonempty & past)[0])
         raise _fail(
             where,
             f"leaf {bad} indexes values [{int(offsets[bad])}, {int(offsets[bad]) + int(used[bad])}), "
@@ -740,26 +807,30 @@ def require_fvdb_index_grid(grid: NanoGrid, where: str = "grid") -> None:
             f"{where}: value count (mData1) is {grid.value_count}, expected voxel count + 1 = {grid.voxel_count + 1} "
             "(grid was built with stats or tile values; rebuild it without them)"
         )
-    leaf_pos = grid.leaf_offset + L.LEAF_NODE_SIZE * np.arange(grid.leaf_count, dtype=np.int64)
-    offsets = _gather(grid.buffer, leaf_pos + L.LEAF_OFF_OFFSET, _U64).astype(np.int64)
+    leaves = _leaf_records(grid)
+    offsets = _field(leaves, L.LEAF_OFF_OFFSET, _U64)[:, 0].astype(np.int64)
     counts = _leaf_counts(grid)
-    order = np.argsort(offsets[counts > 0], kind="stable")
-    starts, sizes = offsets[counts > 0][order], counts[counts > 0][order]
+    starts, sizes = offsets[counts > 0], counts[counts > 0]
+    # Builders write the ranges in leaf order; sort only when they are not (a stable sort of
+    # non-decreasing starts is the identity, so the check below sees the same arrays either way).
+    if (starts[1:] < starts[:-1]).any():
+        order = np.argsort(starts, kind="stable")
+        starts, sizes = starts[order], sizes[order]
     if len(starts) and (starts[0] != 1 or (starts[1:] != starts[:-1] + sizes[:-1]).any()):
         raise NanoVDBError(
             f"{where}: leaf value ranges do not tile the indices 1..{grid.voxel_count} without gaps or overlaps"
         )
 
 
+def _leaf_records(grid: NanoGrid) -> np.ndarray:
+    """Return the [leaf_count, LEAF_NODE_SIZE] uint8 rows of a validated grid's leaves (a view)."""
+    return _records(grid.buffer, grid.leaf_offset, grid.leaf_count, L.LEAF_NODE_SIZE)
+
+
 def _leaf_counts(grid: NanoGrid) -> np.ndarray:
     """Return the number of active voxels of each leaf (int64 [leaf_count])."""
-    pos = grid.leaf_offset + L.LEAF_NODE_SIZE * np.arange(grid.leaf_count, dtype=np.int64)
-    words = _bytes_rows(grid.buffer, pos + L.LEAF_OFF_VALUE_MASK, 64)
-    return (
-        popcount64(np.ascontiguousarray(words).view(_U64)).sum(axis=1)
-        if grid.leaf_count
-        else np.zeros(0, np.int64)
-    )
+    words = _field(_leaf_records(grid), L.LEAF_OFF_VALUE_MASK, _U64, 8)
+    return popcount64(words) @ _ROW_SUM
 
 
 def ijk_to_value(grid: NanoGrid, ijk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -860,9 +931,7 @@ def active_voxels(grid: NanoGrid) -> np.ndarray:
     if grid.leaf_count == 0:
         return np.zeros((0, 3), np.int32)
     origins = leaf_origins(grid)
-    pos = grid.leaf_offset + L.LEAF_NODE_SIZE * np.arange(grid.leaf_count, dtype=np.int64)
-    bits = _mask_bits(_bytes_rows(grid.buffer, pos + L.LEAF_OFF_VALUE_MASK, 64))
-    leaf, slot = np.nonzero(bits)
+    leaf, slot = _set_bits(_field(_leaf_records(grid), L.LEAF_OFF_VALUE_MASK, _U64, 8))
     ijk = origins[leaf] + _slot_offsets(slot, L.LEAF_LOG2DIM, 0)
     value, _ = ijk_to_value(grid, ijk)
     return ijk[np.argsort(value, kind="stable")]
