@@ -61,8 +61,12 @@ def _var(ctx, n: int, prefix: str) -> str:
     return ctx.fresh(prefix) if n > 1 else "0"
 
 
-def _pass(var: str, n: int, body: list[str], pre=(), post=()) -> dict:
-    return {"var": var, "n": n, "body": list(body), "pre": list(pre), "post": list(post)}
+def _pass(var: str, n: int, body: list[str], pre=(), post=(), sums=None) -> dict:
+    """One pass over a group's n elements (shaders/norm.py.j2). sums: the accumulators the body adds
+    into, which the warp form adds across its lanes before `post`; None (undeclared) keeps a node
+    that has such a pass out of the warp form (a sum left per lane would be a silent wrong answer)."""
+    return {"var": var, "n": n, "body": list(body), "pre": list(pre), "post": list(post),
+            "sums": None if sums is None else list(sums)}
 
 
 def mean_var_passes(ctx, x: Tensor, blocks: Blocks, o: str) -> tuple[list[dict], str, str, Callable[[str], str]]:
@@ -82,13 +86,14 @@ def mean_var_passes(ctx, x: Tensor, blocks: Blocks, o: str) -> tuple[list[dict],
 
     p1 = _pass(r1, n, [f"{s} += {load_f(x, blocks.index(o, r1))} - {x0}"],
                [f"{x0} = {load_f(x, blocks.index(o, '0'))}", f"{s} = 0.0"],
-               [f"{shift} = {s} / {float(n)!r}", f"{mean} = {x0} + {shift}"])
+               [f"{shift} = {s} / {float(n)!r}", f"{mean} = {x0} + {shift}"], sums=[s])
     p2 = _pass(
         r2,
         n,
         [f"{d} = {centred(load_f(x, blocks.index(o, r2)))}", f"{q} += {d} * {d}"],
         [f"{q} = 0.0"],
         [f"{var} = {q} / {float(n)!r}"],
+        sums=[q],
     )
     return [p1, p2], mean, var, centred
 
@@ -102,7 +107,7 @@ def standardize_passes(
     inv, r = ctx.fresh("inv"), _var(ctx, blocks.inner, "r")
     i = blocks.index(o, r)
     value = affine(f"{centred(load_f(x, i))} * {inv}", r)
-    passes.append(_pass(r, blocks.inner, [store_f(y, i, value)], [f"{inv} = {inv_of(var)}"]))
+    passes.append(_pass(r, blocks.inner, [store_f(y, i, value)], [f"{inv} = {inv_of(var)}"], sums=[]))
     return passes, mean, var, inv
 
 
@@ -143,7 +148,7 @@ class Norm(Operator):
             return
         o = _var(ctx, blocks.outer, "o")
         head, passes = self.group(ctx, blocks, o)
-        ctx.render("norm.py.j2", outer=blocks.outer, o=o, head=head, passes=passes)
+        ctx.render("norm.py.j2", outer=blocks.outer, o=o, head=head, passes=passes, warp=None)
 
     def work_items(self) -> int | None:
         blocks = self.blocks()
@@ -151,7 +156,35 @@ class Norm(Operator):
 
     def emit_item(self, ctx, item: str) -> None:
         head, passes = self.group(ctx, self.blocks(), item)
-        ctx.render("norm.py.j2", outer=1, o=item, head=head, passes=passes)
+        ctx.render("norm.py.j2", outer=1, o=item, head=head, passes=passes, warp=None)
+
+    def block_tiling(self):
+        """A warp per group on GPUs (operators/rows.py), for float tensors. A pass's post lines (the
+        statistics outputs: LayerNorm's Mean, BatchNorm training's running mean) are run by every
+        lane of the warp, which store the same value."""
+        from . import rows
+
+        blocks = self.blocks()
+        if self.input(0).dtype.dsl != "float" or self.output().dtype.dsl != "float" or blocks.outer * blocks.inner == 0:
+            return None
+        return rows.choose(blocks.outer, blocks.inner)
+
+    def emit_block(self, ctx, item: str, thread: str) -> None:
+        from . import rows
+
+        tiling, blocks = self.block_tiling(), self.blocks()
+        row, lane = rows.begin(ctx, tiling, item, thread)
+        head, passes = self.group(ctx, blocks, row)
+        undeclared = [p["var"] for p in passes if p["sums"] is None]
+        if undeclared:  # a programming error: a pass added without saying what it sums
+            raise self.error(f"internal: passes over {undeclared} do not declare their sums (normalization._pass)")
+        warp = rows.warp_loop(ctx, tiling, lane)
+        if rows.guarded(tiling):
+            ctx.line(f"if {row} < {tiling.rows}:")
+            with ctx.indent():
+                ctx.render("norm.py.j2", outer=1, o=row, head=head, passes=passes, warp=warp)
+        else:
+            ctx.render("norm.py.j2", outer=1, o=row, head=head, passes=passes, warp=warp)
 
     def epsilon(self, default: float = 1e-5) -> str:
         return f32(float(self.attr("epsilon", default)))
@@ -214,7 +247,7 @@ class BatchNormalization(Norm):
         r = _var(ctx, blocks.inner, "r")
         i = blocks.index(o, r)
         body = [store_f(y, i, f"({load_f(x, i)} - {m}) * {s} + {bias}")]
-        return [f"{m} = {mean}", f"{s} = {inv}"], [_pass(r, blocks.inner, body)]
+        return [f"{m} = {mean}", f"{s} = {inv}"], [_pass(r, blocks.inner, body, sums=[])]
 
     def element(self, ctx, i, k=0):
         x, y = self.input(0), self.output()
@@ -360,9 +393,10 @@ class RMSNormalization(TrailingNorm):
             [f"{v} = {load_f(x, blocks.index(o, r1))}", f"{q} += {v} * {v}"],
             [f"{q} = 0.0"],
             [f"{inv} = 1.0 / sqrt({q} / {n!r} + {self.epsilon()})"],
+            sums=[q],
         )
         i = blocks.index(o, r2)
-        p2 = _pass(r2, blocks.inner, [store_f(y, i, self.affine(f"{load_f(x, i)} * {inv}", r2))])
+        p2 = _pass(r2, blocks.inner, [store_f(y, i, self.affine(f"{load_f(x, i)} * {inv}", r2))], sums=[])
         return [], [p1, p2]
 
 
@@ -436,9 +470,10 @@ class LpNormalization(Norm):
             [f"{acc} = 0.0"],
             [f"{norm} = {acc if self.p == 1 else f'sqrt({acc})'}",
              f"{inv} = (1.0 / {norm} if {norm} != 0.0 and not isinf({norm}) else 0.0)"],
+            sums=[acc],
         )
         i = blocks.index(o, r2)
-        p2 = _pass(r2, blocks.inner, [store_f(y, i, f"{load_f(x, i)} * {inv}")])
+        p2 = _pass(r2, blocks.inner, [store_f(y, i, f"{load_f(x, i)} * {inv}")], sums=[])
         return [], [p1, p2]
 
 

@@ -29,8 +29,9 @@ class Softmax(Operator):
         self.expect(tuple(x.shape) == tuple(y.shape), f"output '{y.name}' {list(y.shape)} differs from input {list(x.shape)}")
         self.red_axes = self.axes(x.rank, x.batched)
 
-    def emit(self, ctx, kept, base: str, red, rx) -> None:
-        """Render the rows at base (+ the kept loops' offsets) over the reduced loops."""
+    def emit(self, ctx, kept, base: str, red, rx, warp: dict | None = None) -> None:
+        """Render the rows at base (+ the kept loops' offsets) over the reduced loops (warp: the lanes
+        of a warp share one row, shaders/softmax.py.j2)."""
         x, y = self.input(0), self.output()
         acc = compute_dtype(x.dtype)
         src = affine(base, red, rx)
@@ -43,6 +44,7 @@ class Softmax(Operator):
             first=upcast(x.load(base), x.dtype),
             zero=literal(0, acc),
             log=self.log,
+            warp=warp,
             src=src,
             dst=src,
             load=lambda i: upcast(x.load(i), x.dtype),
@@ -63,6 +65,41 @@ class Softmax(Operator):
     def emit_item(self, ctx, item):
         kept, kx, _, red, rx = reduction_loops(ctx, self.input(0), self.red_axes)
         self.emit(ctx, [], kept_base(ctx, item, kept, kx), red, rx)
+
+    def block_tiling(self):
+        """A warp per row on GPUs (operators/rows.py), for float rows whose reduced axes are one
+        loop (the last axis, or trailing axes that merge)."""
+        from . import rows
+
+        x = self.input(0)
+        if x.numel == 0 or x.dtype.dsl != "float" or self.output().dtype.dsl != "float":
+            return None
+        if not self._one_loop():
+            return None
+        length = int(np.prod([x.shape[a] for a in self.red_axes], dtype=np.int64))
+        return rows.choose(x.numel // length, length)
+
+    def _one_loop(self) -> bool:
+        """Whether the reduced axes walk x as one strided loop (common.reduction_loops merges them)."""
+        from .common import coalesce
+
+        x = self.input(0)
+        sizes, _ = coalesce([x.shape[a] for a in sorted(self.red_axes)], [x.strides[a] for a in sorted(self.red_axes)])
+        return len(sizes) == 1
+
+    def emit_block(self, ctx, item, thread):
+        from . import rows
+
+        tiling = self.block_tiling()
+        row, lane = rows.begin(ctx, tiling, item, thread)
+        kept, kx, _, red, rx = reduction_loops(ctx, self.input(0), self.red_axes)
+        warp = rows.warp_loop(ctx, tiling, lane)
+        if rows.guarded(tiling):
+            ctx.line(f"if {row} < {tiling.rows}:")
+            with ctx.indent():
+                self.emit(ctx, [], kept_base(ctx, row, kept, kx), red, rx, warp)
+        else:
+            self.emit(ctx, [], kept_base(ctx, row, kept, kx), red, rx, warp)
 
 
 class SoftmaxV1(Softmax):

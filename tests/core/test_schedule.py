@@ -261,3 +261,31 @@ def test_blocks_are_planned_for_large_products_only():
 
     cpu, _, _ = runtime.plan_for(_conv_chain(64, 32), "m", runtime.CompileOptions(), "off")
     assert {st.domain for st in cpu.schedule.stages} == {"items"} and "sync_block" not in cpu.source
+
+
+def test_row_reductions_take_a_warp_per_row_with_blocks():
+    """With blocks on (CUDA), LayerNorm and Softmax rows of at least rows.MIN_LENGTH run a warp per row
+    (blocks of ROWS_PER_BLOCK warps, the last one guarded), their sums combined with the warp
+    reductions the module imports; shorter rows and the CPU backend's plan keep a thread per row."""
+    from luisaml import runtime
+    from luisaml.operators import rows
+
+    F = TensorProto.FLOAT
+
+    def model(length: int) -> onnx.ModelProto:
+        nodes = [helper.make_node("LayerNormalization", ["x", "g"], ["n"], axis=-1),
+                 helper.make_node("Softmax", ["n"], ["y"], axis=-1)]
+        g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, ["N", 6, length])],
+                              [helper.make_tensor_value_info("y", F, ["N", 6, length])],
+                              [numpy_helper.from_array(np.ones(length, np.float32), "g")])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+    plan, _, _ = runtime.plan_for(model(100), "m", runtime.CompileOptions(blocks=True, merge_stages=False), "off")
+    assert [(st.domain, st.items, st.threads) for st in plan.schedule.stages] == \
+        [("blocks", 2, rows.ROWS_PER_BLOCK * rows.WARP)] * 2  # 6 rows a sample: 2 blocks, the second half empty
+    assert "warp_active_sum(" in plan.source and "warp_active_max(" in plan.source
+    assert f"< {6}:" in plan.source  # the row guard
+    short, _, _ = runtime.plan_for(model(rows.MIN_LENGTH - 1), "m", runtime.CompileOptions(blocks=True), "off")
+    assert {st.domain for st in short.schedule.stages} == {"items"}
+    cpu, _, _ = runtime.plan_for(model(100), "m", runtime.CompileOptions(), "off")
+    assert {st.domain for st in cpu.schedule.stages} == {"items"} and "warp_active" not in cpu.source

@@ -1,0 +1,98 @@
+"""A warp per row on the CUDA backend (operators/rows.py): the normalizations and Softmax /
+LogSoftmax as blocks stages, against onnxruntime. Rows whose length is a multiple of 32 and ragged
+ones (a guard inside the lane's step), a row count that leaves the last block part empty (the row
+guard), LayerNorm's Mean and InvStdDev outputs (stored by every lane), an inline input (the
+residual Add before a LayerNorm), rows of large and equal values, and a softmax row of -inf. Each
+test asserts the node ran as a blocks stage (or, for rows under rows.MIN_LENGTH, as items).
+
+    LUISAML_BACKEND=cuda python -m pytest tests/gpu/test_rows_cuda.py -q"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from util import cuda_only, ort_run
+
+import luisaml
+
+pytestmark = cuda_only()
+
+RTOL = 2e-5
+
+
+def _model(nodes, inputs, outputs, inits, opset=17) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, "g", inputs, outputs, [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 10  # the lent machine's onnxruntime reads IR 10 at most
+    return m
+
+
+def _vi(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def _check(model, feeds, domain="blocks"):
+    net = luisaml.compile(model)
+    assert net.backend == "cuda"
+    domains = [st.domain for st in net.plan.schedule.stages]
+    assert domain in domains, domains
+    got, want = net.run(feeds), ort_run(model, feeds)
+    for name, w in want.items():
+        scale = max(float(np.abs(w[np.isfinite(w)]).max(initial=0.0)), 1.0)
+        np.testing.assert_allclose(got[name], w, rtol=RTOL, atol=RTOL * scale, err_msg=name)
+
+
+@pytest.mark.parametrize("rows,length", [(64, 128), (5, 100), (7, 32), (1023, 17), (3, 1000)])
+def test_layernorm_with_statistics_and_an_inline_residual(rows, length):
+    rng = np.random.default_rng(rows + length)
+    inits = {"g": rng.standard_normal(length).astype(np.float32), "b": rng.standard_normal(length).astype(np.float32)}
+    nodes = [helper.make_node("Add", ["x", "r"], ["s"]),
+             helper.make_node("LayerNormalization", ["s", "g", "b"], ["y", "mean", "inv"], axis=-1)]
+    model = _model(nodes, [_vi("x", [rows, length]), _vi("r", [rows, length])],
+                   [_vi("y", [rows, length]), _vi("mean", [rows, 1]), _vi("inv", [rows, 1])], inits)
+    x = (rng.standard_normal((rows, length)) * 3 + 40).astype(np.float32)
+    x[0] = 245.0  # a row of equal values centres to 0 exactly
+    _check(model, {"x": x, "r": rng.standard_normal((rows, length)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("op,attrs,shape,extra", [
+    ("InstanceNormalization", {}, [3, 5, 9, 7], ("scale", "B")),
+    ("GroupNormalization", {"num_groups": 2}, [4, 6, 5, 5], ("scale", "bias")),
+    ("LpNormalization", {"axis": -1, "p": 2}, [9, 70], ()),
+    ("LpNormalization", {"axis": -1, "p": 1}, [9, 64], ()),
+    ("MeanVarianceNormalization", {"axes": [2, 3]}, [2, 3, 8, 8], ()),
+])
+def test_other_normalizations(op, attrs, shape, extra):
+    rng = np.random.default_rng(len(shape) + shape[-1])
+    C = shape[1]
+    per = {"InstanceNormalization": C, "GroupNormalization": attrs.get("num_groups", 1)}.get(op, C)
+    inits = {k: rng.standard_normal(per).astype(np.float32) for k in extra}
+    opset = 18 if op == "GroupNormalization" else 17
+    model = _model([helper.make_node(op, ["x", *extra], ["y"], **attrs)], [_vi("x", shape)], [_vi("y", shape)], inits,
+                   opset=opset)
+    _check(model, {"x": rng.standard_normal(shape).astype(np.float32)})
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("shape,axis", [([6, 4, 32, 32], -1), ([5, 100], -1), ([3, 2, 20, 9], 2), ([10, 8], -1)])
+def test_softmax_rows(op, shape, axis):
+    rng = np.random.default_rng(shape[-1])
+    model = _model([helper.make_node(op, ["x"], ["y"], axis=axis)], [_vi("x", shape)], [_vi("y", shape)], {})
+    x = (rng.standard_normal(shape) * 20).astype(np.float32)
+    if axis == -1:
+        x.reshape(-1, shape[-1])[1] = 88.0  # a row of equal large values
+    # a row along axis 2 (not the contiguous axis: one strided loop) takes a warp too; rows of 8
+    # stay a thread each (rows.MIN_LENGTH)
+    _check(model, {"x": x}, domain="items" if shape[axis] < 16 else "blocks")
+
+
+def test_softmax_row_of_negative_infinity():
+    x = np.zeros((4, 64), np.float32)
+    x[2] = -np.inf
+    x[3, 5] = np.inf
+    model = _model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], [_vi("x", [4, 64])], [_vi("y", [4, 64])], {})
+    net = luisaml.compile(model)
+    got, want = net.run({"x": x})["y"], ort_run(model, {"x": x})["y"]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got[:2], want[:2], rtol=RTOL)
