@@ -2,6 +2,8 @@
 Plan that holds the generated source (see DESIGN.md for the flow)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from . import fusion
 from .emission import collect_oversized, emit_graph, generate, graph_scope  # noqa: F401  (operators emit subgraphs through these)
 from .dynamic import Readback, readback_of
@@ -15,13 +17,15 @@ from .lowering import (LOCAL_LIMIT, bind_derived, build_graph_code, check_sizes,
 from .passes import Prepared
 from .plan import Blob, IOSpec, Plan  # noqa: F401  (the plan's data, re-exported)
 from . import schedule as schedule_pass
+from .schedule import Schedule
 from . import voxel_rows
 from .safe_source import Identifiers
 
 
 def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", precision: str = "fp32",
                limits: Limits = DEFAULT_LIMITS, check_indices: bool = True, schedule: str = "stages",
-               mlp: MLPConfig | None = None, merge_stages: bool = True, blocks: bool = False) -> Plan:
+               mlp: MLPConfig | None = None, merge_stages: bool = True, blocks: bool = False,
+               on_schedule: Callable[[Schedule], None] | None = None) -> Plan:
     """Return the full compile plan of a prepared model, generated source included.
 
     fuse: "off", "gpu" or "emulated" (luisaml/fusion.py: a recognised MLP gets the cooperative
@@ -32,7 +36,8 @@ def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", pre
     the fused MLP kernel's knobs (luisaml.mlp.MLPConfig; None: chosen per shape); merge_stages:
     one kernel for every stage (a stage index picks the body) rather than a kernel each; blocks:
     large GEMMs and convolutions run as cooperative blocks through shared memory (CUDA only:
-    operators/tiled.py)."""
+    operators/tiled.py); on_schedule: called with the first schedule, before the code is generated
+    (the runtime starts its kernel-build workers there, luisaml/parallel_build.py)."""
     g = prep.model.graph
     missing = unsupported_nodes(g, prep.model)
     if missing:
@@ -67,6 +72,8 @@ def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", pre
             with phase("schedule"):
                 plan.schedule = schedule_pass.build(main, set(g.outputs), per_sample=prep.symbol is not None,
                                                     materialise=frozenset(materialise), blocks=blocks)
+            if on_schedule is not None and not materialise:
+                on_schedule(plan.schedule)
             with phase("codegen"), collect_oversized() as oversized:
                 plan.source = generate(plan, model_name)
             if not oversized:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import os
 import time
 from typing import TYPE_CHECKING, Any, Mapping
@@ -51,6 +52,9 @@ class CompiledNetwork:
         self._forward = module.forward  # the @luisa.func of one sample
         self.kernels = [getattr(module, name) for name in plan.kernels]  # launched in this order
         self.kernel = self.kernels[0] if self.kernels else None  # (a graph of no node has none)
+        # kernel-build processes started while the plan was generated (runtime._WorkersAhead), spent
+        # at the first launch; None: that launch starts them if there are enough kernels
+        self.build_workers = None
         self._weights = None
         self._buffers: dict[tuple[str, int], Any] = {}
         self._derived: dict[str, tuple[bytes, Any]] = {}  # ident -> (digest of its sources, buffer)
@@ -553,10 +557,24 @@ class CompiledNetwork:
         the launches then hit LuisaCompute's disk cache); a kernel no worker built is built at launch."""
         from . import parallel_build
 
-        workers = parallel_build.workers_for(len(self.kernels))
-        if workers:
-            with phase("parallel kernel build", kernels=len(self.kernels), workers=workers):
-                parallel_build.build(self.path, self.backend, self.plan.kernels, args, workers)
+        pool, self.build_workers = self.build_workers, None
+        if pool is None:
+            count = parallel_build.workers_for(len(self.kernels))
+            pool = parallel_build.Workers(self.backend, count) if count else None
+        if pool is not None:
+            built: list = []
+            with phase("parallel kernel build", kernels=len(self.kernels), workers=len(pool.procs)):
+                pool.build(self.path, self.plan.kernels, args, costs=self._kernel_costs(),
+                           meanwhile=lambda: built.extend(parallel_build.build_ir(self.kernels, args)))
+                parallel_build.create_shaders(built)
+
+    def _kernel_costs(self) -> list[int]:
+        """Each kernel's source length, from its `def` to the next top-level one (parallel_build
+        balances the workers' shares by it)."""
+        lines = self.plan.source.splitlines()
+        starts = [i for i, line in enumerate(lines) if line.startswith("def ")] + [len(lines)]
+        size = {lines[a][len("def "):].split("(", 1)[0]: sum(map(len, lines[a:b])) for a, b in itertools.pairwise(starts)}
+        return [size.get(name, 1) for name in self.plan.kernels]
 
     def _pool_buffers(self, n: int) -> list:
         """The stages' pooled buffers for n samples (a region per sample of each slot)."""

@@ -4,14 +4,18 @@ Why: LuisaCompute builds a kernel (NVRTC, then the driver's JIT) when the kernel
 launched, one after another in one process. ResNet-18's 23 stage kernels took 44 s on a fresh
 H200 machine, the transformer's 36 kernels 39 s. LuisaCompute's kernel cache is on disk and
 shared by every process of one installation. So workers that each build a disjoint share of the
-kernels leave the main process nothing but cache hits.
+kernels leave the main process nothing but cache hits. The workers are started while the plan is
+still generated (runtime._WorkersAhead) and wait for their shares. Shares are balanced by the kernels' source
+lengths (a 3x3 convolution's unrolled tile is several times a pooling stage's). While the workers
+run, the main process builds every kernel's IR (luisa's Python AST walk, 0.1-0.4 s a kernel: 3 s of
+ResNet-18's) and leaves only the shaders' creation, then cache hits, for after them (build_ir).
 
 A worker that fails, or runs past the time limit, costs only its time: the main process builds
 whatever is still missing itself, as before. The CPU backend merges a network's stages into one
 kernel, so there it has nothing to split (and its cache writes are not safe across processes
 compiling the same kernel: network.CompiledNetwork._compile_lock).
 
-    python -m luisaml.parallel_build MODULE.py BACKEND ARGS_JSON NAME...   (a worker; see build())
+    python -m luisaml.parallel_build --serve BACKEND   (a worker: its job comes on stdin; see main())
 """
 from __future__ import annotations
 
@@ -21,7 +25,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .log import logger
@@ -29,8 +34,9 @@ from .log import logger
 # fewer kernels than this build in the main process: a worker's device start-up (about 0.5 s) and
 # module import would eat the gain
 MIN_KERNELS = 6
-MAX_WORKERS = 8
+MAX_WORKERS = 16
 TIMEOUT_S = 600.0
+IDLE_S = 120.0  # a started worker sent no kernels within this exits
 
 
 def describe(arg) -> list:
@@ -63,60 +69,202 @@ def _stand_in(desc: list):
 
 
 def workers_for(kernels: int) -> int:
-    """Return how many worker processes build `kernels` kernels (0: build them in this process)."""
+    """Return how many worker processes build `kernels` kernels (0: build them in this process): one
+    for every kernel up to the cores but one (the main process builds IR meanwhile)."""
     if kernels < MIN_KERNELS:
         return 0
-    return max(0, min(kernels // 2, MAX_WORKERS, (os.cpu_count() or 1) - 1))
+    return max(0, min(kernels, MAX_WORKERS, (os.cpu_count() or 1) - 1))
 
 
-def build(path: str, backend: str, names: Sequence[str], args: Sequence, workers: int,
-          timeout: float = TIMEOUT_S) -> int:
-    """Build the kernels `names` of the generated module at `path` (called with `args`) in
-    `workers` processes, round robin; return how many workers finished cleanly. The caller then
-    launches as usual: what a worker built is a cache hit, what it did not is built then."""
-    if workers < 1 or not names:
-        return 0
-    try:
-        descs = json.dumps([describe(a) for a in args])
-    except TypeError:  # an argument no worker can stand in for: the launches build everything
-        return 0
-    shares = [list(names[k::workers]) for k in range(workers)]
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    with tempfile.TemporaryDirectory() as cwd:  # (the caller's folder must not shadow the package)
-        logs = [open(os.path.join(cwd, f"worker{k}.log"), "w+b") for k in range(len(shares))]
-        procs = [subprocess.Popen([sys.executable, "-m", "luisaml.parallel_build", path, backend, descs, *share],
-                                  cwd=cwd, env=env, stdout=log, stderr=log)
-                 for share, log in zip(shares, logs)]
+def shares_of(names: Sequence[str], costs: Sequence[int], workers: int) -> list[list[str]]:
+    """Split the kernels among `workers` by their costs (source lengths): the costliest first, each
+    to the least loaded worker (longest processing time first); no share is empty."""
+    loads = [(0, k) for k in range(min(workers, len(names)))]
+    shares: list[list[str]] = [[] for _ in loads]
+    for cost, name in sorted(zip(costs, names), key=lambda c: -c[0]):
+        load, k = min(loads)
+        shares[k].append(name)
+        loads[k] = (load + cost, k)
+    return shares
+
+
+class Workers:
+    """Worker processes started ahead of a network's first launch. Each imports luisaml and starts
+    the device (1-3 s, most of it CUDA's context creation, slower when 15 start at once) while the
+    main process still generates the module, then waits on its stdin for the share of kernels it is
+    to build. A worker sent nothing exits: at close(), when the pool is collected, or on its own
+    after IDLE_S (a network compiled and never run must not hold device contexts)."""
+
+    def __init__(self, backend: str, count: int) -> None:
+        self._dir = tempfile.TemporaryDirectory()  # (the caller's folder must not shadow the package)
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+        self.logs = [open(os.path.join(self._dir.name, f"worker{k}.log"), "w+b") for k in range(count)]
+        self.procs = [subprocess.Popen([sys.executable, "-m", "luisaml.parallel_build", "--serve", backend],
+                                       cwd=self._dir.name, env=env, stdin=subprocess.PIPE, stdout=log, stderr=log)
+                      for log in self.logs]
+        self._finalizer = weakref.finalize(self, _dismiss, list(self.procs), list(self.logs), self._dir)
+
+    def build(self, path: str, names: Sequence[str], args: Sequence, timeout: float = TIMEOUT_S,
+              costs: Sequence[int] | None = None, meanwhile: Callable[[], None] | None = None) -> int:
+        """Send each worker its share of the kernels `names` of the module at `path` (called with
+        `args`), balanced by `costs` (default: equal); call `meanwhile` while they build; return how
+        many workers finished cleanly. The pool is spent afterwards."""
+        try:
+            descs = [describe(a) for a in args]
+        except TypeError:  # an argument no worker can stand in for: the launches build everything
+            self.close()
+            return 0
+        shares = shares_of(names, costs or [1] * len(names), len(self.procs)) if names else []
+        sent = []
+        for k, p in enumerate(self.procs):
+            job = {"path": path, "descs": descs, "names": shares[k] if k < len(shares) else []}
+            try:
+                p.stdin.write((json.dumps(job) + "\n").encode())
+                p.stdin.close()
+            except OSError:  # the worker is gone (it failed to start): its share is built at launch
+                continue
+            if job["names"]:
+                sent.append(k)
         deadline = time.monotonic() + timeout
+        if meanwhile is not None:
+            meanwhile()
         ok = 0
-        for p, log in zip(procs, logs):
+        for k in sent:
+            p, log = self.procs[k], self.logs[k]
             try:
                 code = p.wait(timeout=max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
                 p.kill()
                 code = p.wait()
             ok += code == 0
+            log.seek(0)
+            tail = log.read().decode(errors="replace").strip().splitlines()[-3:]
             if code:
-                log.seek(0)
-                tail = log.read().decode(errors="replace").strip().splitlines()[-3:]
                 logger.debug("kernel build worker exited with %s: %s", code, " | ".join(tail))
-            log.close()
-    return ok
+            else:  # its last line: where its time went (main)
+                logger.debug("kernel build worker: %s", tail[-1] if tail else "")
+        self.close()
+        return ok
+
+    def close(self) -> None:
+        """Dismiss the workers not yet sent a share, and clean up."""
+        self._finalizer()
+
+
+def _dismiss(procs, logs, folder) -> None:
+    for p in procs:
+        if p.stdin is not None and not p.stdin.closed:
+            try:
+                p.stdin.close()  # EOF: a waiting worker exits
+            except OSError:
+                pass
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    for log in logs:
+        log.close()
+    folder.cleanup()
+
+
+def build(path: str, backend: str, names: Sequence[str], args: Sequence, workers: int,
+          timeout: float = TIMEOUT_S, costs: Sequence[int] | None = None,
+          meanwhile: Callable[[], None] | None = None) -> int:
+    """Start `workers` processes and have them build the kernels `names` (Workers.build); return how
+    many finished cleanly. The caller then launches as usual: what a worker built is a cache hit,
+    what it did not is built then."""
+    if workers < 1 or not names:
+        return 0
+    return Workers(backend, workers).build(path, names, args, timeout, costs, meanwhile)
+
+
+class _NoShaders:
+    """Stands in for luisa's device while build_ir runs: a kernel's IR is built, its shader is not."""
+
+    def impl(self):
+        return self
+
+    def create_shader(self, function):
+        return None
+
+
+def build_ir(kernels: Sequence, args: Sequence) -> list:
+    """Build each kernel's IR for the types of `args` as its first launch would (luisa's
+    func.get_compiled), but not its shader; return what create_shaders must finish. Nothing is left
+    half-built: on any error the kernels are as before (their launch then builds them, and reports
+    the error as it always does)."""
+    from luisa.types import dtype_of
+
+    luisa_func = sys.modules["luisa.func"]  # (the module; `luisa.func` the attribute is the class)
+    argtypes = tuple(dtype_of(a) for a in args)
+    key = (0,) + argtypes  # get_compiled's key for a kernel launched from the host
+    real, built = luisa_func.get_global_device, []
+    luisa_func.get_global_device = _NoShaders
+    try:
+        for kernel in kernels:
+            if key not in kernel.compiled_results:
+                kernel.get_compiled(0, False, argtypes)
+                built.append((kernel, key))
+    except Exception as e:  # noqa: BLE001 (the launch reports it)
+        logger.debug("building kernel IR ahead of the launches failed: %s", e)
+        for kernel, k in built:
+            del kernel.compiled_results[k]
+        built = []
+    finally:
+        luisa_func.get_global_device = real
+    return built
+
+
+def create_shaders(built: list) -> None:
+    """Create the shaders of what build_ir built (cache hits where a worker built them)."""
+    from luisa.globalvars import get_global_device
+
+    impl = get_global_device().impl()
+    for kernel, key in built:
+        info = kernel.compiled_results[key]
+        info.shader_handle = impl.create_shader(info.function)
 
 
 def main(argv: Sequence[str]) -> int:
-    """A worker: start the backend, import the module, build each named kernel for the arguments'
-    types (luisa's own first-launch path, get_compiled) without launching it."""
-    path, backend, descs, *names = argv
+    """A worker: `--serve BACKEND` starts the backend, then reads its job from stdin (one JSON line:
+    the module's path, the arguments' descriptions, the kernels' names; nothing within IDLE_S, or no
+    kernels: exit), imports the module and builds each named kernel for the arguments' types
+    (luisa's own first-launch path, get_compiled) without launching it."""
+    import select
+
+    t0 = time.perf_counter()
+    if argv[:1] != ["--serve"] or len(argv) != 2:
+        print("usage: python -m luisaml.parallel_build --serve BACKEND (a job on stdin)", file=sys.stderr)
+        return 2
+    backend = argv[1]
     from luisa.types import dtype_of
 
     from . import cache, device
 
+    t_import = time.perf_counter()
     device.init(backend)
-    module = cache.import_module(Path(path))
-    argtypes = tuple(dtype_of(_stand_in(d)) for d in json.loads(descs))
-    for name in names:
+    t_device = time.perf_counter()
+    if not select.select([sys.stdin], [], [], IDLE_S)[0]:
+        return 0
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0
+    job = json.loads(line)
+    if not job["names"]:
+        return 0
+    t_job = time.perf_counter()
+    module = cache.import_module(Path(job["path"]))
+    t_module = time.perf_counter()
+    argtypes = tuple(dtype_of(_stand_in(d)) for d in job["descs"])
+    each = []
+    for name in job["names"]:
+        t = time.perf_counter()
         getattr(module, name).get_compiled(0, False, argtypes)
+        each.append(f"{name} {time.perf_counter() - t:.2f}")
+    print(f"imports {t_import - t0:.2f} s, device {t_device - t_import:.2f} s, waited {t_job - t_device:.2f} s, "
+          f"module {t_module - t_job:.2f} s, kernels: {', '.join(each)} s", flush=True)
     return 0
 
 

@@ -48,10 +48,15 @@ def test_workers_build_the_kernels_the_main_process_then_launches(tmp_path, capl
     names = [f"k{k}" for k in range(KERNELS)]
     # one worker: the CPU backend's first writes into a fresh cache are not safe across processes
     # starting together (a worker aborted in 1 of 4 runs with two); CUDA is where workers pay
-    with caplog.at_level(logging.DEBUG, logger="luisaml"):
-        assert parallel_build.build(path, "cpu", names, args, workers=1) == 1, caplog.text
-    assert len(_cached() - before) >= KERNELS  # (other tests may add more, never fewer)
     module = cache.import_module(Path(path))
+    kernels = [getattr(module, name) for name in names]
+    built: list = []  # the main process builds the kernels' IR while the worker runs
+    with caplog.at_level(logging.DEBUG, logger="luisaml"):
+        assert parallel_build.build(path, "cpu", names, args, workers=1,
+                                    meanwhile=lambda: built.extend(parallel_build.build_ir(kernels, args))) == 1, caplog.text
+    assert len(built) == KERNELS and all(k.compiled_results[key].shader_handle is None for k, key in built)
+    assert len(_cached() - before) >= KERNELS  # (other tests may add more, never fewer)
+    parallel_build.create_shaders(built)
     for k in range(KERNELS):
         getattr(module, f"k{k}")(*args, dispatch_size=8)
         luisa.synchronize()
@@ -73,3 +78,68 @@ def test_how_many_workers():
     assert 0 <= parallel_build.workers_for(40) <= parallel_build.MAX_WORKERS
     with pytest.raises(TypeError):
         parallel_build.describe(1.5)
+
+
+def test_ir_built_ahead_leaves_nothing_half_built_on_an_error(tmp_path):
+    """A kernel whose IR fails (here an undeclared name) makes build_ir give up on all of them: every
+    kernel is as before, so its launch builds it and reports the error the usual way."""
+    luisaml.device.init("cpu")
+    import luisa
+
+    path, scale = _module(tmp_path, "ir")
+    text = Path(path).read_text() + "\n@luisa.func\ndef broken(x, y, n: int):\n    y.write(0, no_such_name)\n"
+    Path(path).write_text(text)
+    module = cache.import_module(Path(path))
+    x = np.arange(4, dtype=np.float32)
+    args = [luisa.Buffer.from_array(x), luisa.Buffer(4, float), 4]
+    kernels = [module.k0, module.broken, module.k1]
+    assert parallel_build.build_ir(kernels, args) == []
+    assert all(not k.compiled_results for k in kernels)
+    module.k1(*args, dispatch_size=4)
+    luisa.synchronize()
+    np.testing.assert_array_equal(args[1].numpy(), x * np.float32(1 + scale))
+
+
+def test_shares_are_balanced_by_cost():
+    shares = parallel_build.shares_of(["a", "b", "c", "d", "e"], [10, 1, 6, 5, 2], 2)
+    assert sorted(map(sorted, shares)) == [["a", "e"], ["b", "c", "d"]]  # 12 and 12
+    assert parallel_build.shares_of(["a"], [1], 4) == [["a"]]  # no empty share
+
+
+def test_workers_started_ahead_wait_for_their_shares(tmp_path):
+    """Workers are started before the module exists (as compile starts them once the stages are
+    known), then sent their shares: two workers, three kernels, every kernel built and right."""
+    luisaml.device.init("cpu")
+    import luisa
+
+    pool = parallel_build.Workers("cpu", 2)
+    path, scale = _module(tmp_path, "ahead")  # (written after the workers started)
+    x = np.arange(8, dtype=np.float32)
+    args = [luisa.Buffer.from_array(x), luisa.Buffer(8, float), 8]
+    names = [f"k{k}" for k in range(KERNELS)]
+    before = _cached()
+    assert pool.build(path, names, args, costs=[3, 1, 1]) == 2
+    assert all(p.returncode == 0 for p in pool.procs)
+    assert len(_cached() - before) >= KERNELS
+    module = cache.import_module(Path(path))
+    for k in range(KERNELS):
+        getattr(module, f"k{k}")(*args, dispatch_size=8)
+        luisa.synchronize()
+        np.testing.assert_array_equal(args[1].numpy(), x * np.float32(k + scale))
+
+
+def test_workers_never_sent_a_share_exit_when_dismissed():
+    luisaml.device.init("cpu")
+    pool = parallel_build.Workers("cpu", 2)
+    procs = list(pool.procs)
+    pool.close()
+    assert [p.returncode for p in procs] == [0, 0]
+    pool.close()  # (idempotent)
+
+
+def test_compile_starts_no_workers_on_the_cpu_backend():
+    from luisaml import runtime
+
+    ahead = runtime._WorkersAhead("cpu")
+    ahead(None)
+    assert ahead.workers is None

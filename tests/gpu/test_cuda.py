@@ -197,3 +197,30 @@ def test_nan_constants_and_fmod_compile_on_cuda():
     want = ort_run(model, {"x": x})
     for k in ("y", "z"):
         np.testing.assert_allclose(got[k], want[k], rtol=1e-6, equal_nan=True, err_msg=k)
+
+
+def test_kernel_build_workers_start_with_the_compile_and_are_spent_at_the_first_run(tmp_path):
+    """A network of many stage kernels gets its kernel-build workers while its code is generated
+    (runtime._WorkersAhead); the first run hands them their shares, then launches, and computes
+    what onnxruntime does."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from luisaml import parallel_build
+
+    rng = np.random.default_rng(3)
+    nodes, inits, x = [], [], "x"
+    for k in range(parallel_build.MIN_KERNELS + 1):  # a Gemm stage each (the Relu its epilogue)
+        inits.append(numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32) * 0.1, f"w{k}"))
+        nodes += [helper.make_node("MatMul", [x, f"w{k}"], [f"m{k}"]), helper.make_node("Relu", [f"m{k}"], [f"r{k}"])]
+        x = f"r{k}"
+    nodes.append(helper.make_node("Softmax", [x], ["y"], axis=-1))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 64])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    net = luisaml.compile(model, fuse=False)  # (stage kernels, not the fused MLP's one)
+    assert net.build_workers is not None and len(net.build_workers.procs) >= 1
+    feeds = {"x": rng.standard_normal((300, 64)).astype(np.float32)}
+    got = net.run(feeds)["y"]
+    assert net.build_workers is None
+    np.testing.assert_allclose(got, ort_run(model, feeds)["y"], rtol=1e-4, atol=1e-6)
