@@ -251,6 +251,10 @@ class Operator:
         """Emit thread `thread` of block `item` of block_tiling().blocks."""
         raise NotImplementedError
 
+    def describe_block(self) -> str:
+        """Return the note of describe() for the node in its cooperative form (inspect's CUDA plan)."""
+        return self.block_tiling().describe()
+
     @classmethod
     def has_element(cls) -> bool:
         """Return whether the class implements element()."""

@@ -160,7 +160,7 @@ def from_plan(plan, *, model_name: str = "model", why: str | None = None) -> dic
             "params": params(op),
             "flops": flops(n, op),
             "bytes": 0 if role == "view" else moved_bytes(op),
-            "note": _note(op),
+            "note": _note(op, role == "root" and stage is not None and sched.stages[stage].domain == "blocks"),
         })
     known = [d["flops"] for d in nodes if d["flops"] is not None]
     totals = {
@@ -309,8 +309,10 @@ def _tensor_info(t, symbol: str | None) -> dict[str, Any]:
     return {"name": t.name, "dtype": t.dtype.name.lower(), "shape": shape}
 
 
-def _note(op) -> str:
-    return op.describe() or ""
+def _note(op, blocks: bool = False) -> str:
+    """Return how a node compiles (its operator's note; in its cooperative form when the node is
+    the root of a blocks stage, which the CUDA target's plan has)."""
+    return (op.describe_block() if blocks else op.describe()) or ""
 
 
 # ---- numbers per node ------------------------------------------------------------------------------

@@ -411,6 +411,9 @@ class Conv(ConvBase):
         P, O, _, _ = self.tiles()
         return super().describe() + f"; a thread per {P} outputs along the row x {O} channels"
 
+    def describe_block(self) -> str:
+        return super().describe().replace("direct ", "implicit-GEMM ", 1) + "; " + self.block_tiling().describe()
+
     # ---- the GPU form: an implicit GEMM in blocks through shared memory (operators/tiled.py) ------
     # per group: rows m = (n, output position), columns = the group's output channels,
     # k = (input channel in the group, kernel tap); A is the im2col view of X, never materialised

@@ -280,6 +280,9 @@ class Gemm(Dense):
         R, O, _, _ = self.tiles()
         return f"M={self.M} N={self.N} K={self.K}: a thread per tile of {R}x{O} outputs"
 
+    def describe_block(self):
+        return f"M={self.M} N={self.N} K={self.K}: {self.block_tiling().describe()}"
+
 
 @register("MatMul", since=1)
 class MatMul(Dense):
@@ -343,3 +346,6 @@ class MatMul(Dense):
     def describe(self):
         R, O, _, _ = self.tiles()
         return f"batch={list(self.batch_shape)} M={self.M} N={self.N} K={self.K}: a thread per tile of {R}x{O} outputs"
+
+    def describe_block(self):
+        return f"batch={list(self.batch_shape)} M={self.M} N={self.N} K={self.K}: {self.block_tiling().describe()}"

@@ -450,10 +450,14 @@ def test_inspect_and_emit_for_the_cuda_target(tmp_path, capsys):
     torch.onnx.export(m, (torch.zeros(2, 3, 16, 16),), str(path), dynamo=False, input_names=["x"], output_names=["y"],
                       dynamic_axes={"x": {0: "n"}, "y": {0: "n"}})
     assert main(["inspect", str(path), "--json", "--target", "cuda"]) == 0
-    stages = json.loads(capsys.readouterr().out)["stages"]
-    assert [(s["domain"], s["threads"] > 1) for s in stages] == [("blocks", True)]
+    rep = json.loads(capsys.readouterr().out)
+    assert [(s["domain"], s["threads"] > 1) for s in rep["stages"]] == [("blocks", True)]
+    conv = next(d for d in rep["nodes"] if d["op_type"] == "Conv")
+    assert conv["note"].startswith("implicit-GEMM 2-D convolution") and "through shared memory" in conv["note"]
     assert main(["inspect", str(path), "--json"]) == 0
-    assert [s["domain"] for s in json.loads(capsys.readouterr().out)["stages"]] == ["items"]
+    rep = json.loads(capsys.readouterr().out)
+    assert [s["domain"] for s in rep["stages"]] == ["items"]
+    assert "a thread per" in next(d for d in rep["nodes"] if d["op_type"] == "Conv")["note"]
     assert main(["emit", str(path), "--target", "cuda"]) == 0
     assert "sync_block()" in capsys.readouterr().out
     assert main(["emit", str(path)]) == 0

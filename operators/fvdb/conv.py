@@ -722,3 +722,7 @@ class SparseConv3d(Operator):
         per = (f"{O} channels of a voxel (a voxel a sample: grids bound at run time)" if self.voxel_batch
                else f"{R} output voxels x {O} channels")
         return f"gather-GEMM over a kernel map of {self.taps} taps, {self.c_in}->{self.c_out} channels: a thread per {per}"
+
+    def describe_block(self):
+        return (f"gather-GEMM over a kernel map of {self.taps} taps, {self.c_in}->{self.c_out} channels: "
+                f"{self.block_tiling().describe()}, only the taps a tile's voxels read")
