@@ -233,6 +233,19 @@ def _pycs(py: Path) -> list[Path]:
         return []
 
 
+def write_bytecode(path: Path) -> None:
+    """Write a generated module's .pyc into its __pycache__ (as an import does without
+    PYTHONDONTWRITEBYTECODE, which the GPU machine sets), so that the kernel-build workers importing
+    it (luisaml/parallel_build.py) load bytecode instead of compiling 1 MB of source each; a failure
+    costs only that. Keyed by the source's mtime and size, which _mark_used keeps."""
+    import py_compile
+
+    try:
+        py_compile.compile(str(path), cfile=importlib.util.cache_from_source(str(path)), doraise=True)
+    except (py_compile.PyCompileError, OSError):
+        pass
+
+
 def import_module(path: Path):
     """Import a generated module from its file (once per process)."""
     name = f"luisaml_generated.{path.stem}"

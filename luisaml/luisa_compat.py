@@ -7,6 +7,42 @@ import numpy as np
 
 def apply() -> None:
     """Install the process-wide shims (idempotent)."""
+    _cheap_func_caller()
+
+
+def _cheap_func_caller() -> None:
+    """Make `@luisa.func` learn its caller's file and line from one frame.
+
+    luisa-python's func.__init__ calls inspect.stack(), which builds a FrameInfo (source file,
+    module lookup, a line of context) for every frame of the stack, to use the first one: 5-20 ms a
+    decorator under an import, and a generated module has one per stage. A 1 MB ResNet-18 module
+    imported in 0.43 s, 0.30 s with this (0.57 -> 0.31 s with torch loaded, whose thousand modules
+    getmodule scans); the kernel-build workers each import it (luisaml/parallel_build.py). Same
+    attributes, same values: getframeinfo of the caller's frame, without context lines."""
+    import inspect
+    import sys
+
+    import luisa  # noqa: F401  (loads luisa.func)
+
+    func_class = sys.modules["luisa.func"].func
+    if getattr(func_class.__init__, "_luisaml_shim", False):
+        return
+    upstream = func_class.__init__
+
+    def __init__(self, pyfunc):
+        self.fence_idx = -1
+        self.pyfunc = pyfunc
+        self.__name__ = pyfunc.__name__
+        if self.__name__ in sys.modules["luisa.func"].builtin_func_names:
+            raise RuntimeError(f'Cannot override builtin function "{self.__name__}"')
+        self.compiled_results = {}  # maps (arg_type_tuple) to (function, shader_handle)
+        frameinfo = inspect.getframeinfo(sys._getframe(1), 0)
+        self.filename = frameinfo.filename
+        self.lineno = frameinfo.lineno
+
+    __init__._luisaml_shim = True
+    __init__._upstream = upstream
+    func_class.__init__ = __init__
 
 
 def settle_cpu_backend() -> None:

@@ -114,6 +114,9 @@ class Workers:
         except TypeError:  # an argument no worker can stand in for: the launches build everything
             self.close()
             return 0
+        from . import cache
+
+        cache.write_bytecode(Path(path))  # (the workers then load bytecode, not 1 MB of source each)
         shares = shares_of(names, costs or [1] * len(names), len(self.procs)) if names else []
         sent = []
         for k, p in enumerate(self.procs):

@@ -99,3 +99,25 @@ def test_processes_building_their_first_kernel_together_do_not_abort(tmp_path):
     plain processes started together 1 to 5 aborted, and CI lost a test worker to it. luisaml's
     device start does that first build under an inter-process lock."""
     assert start_together(tmp_path, 12) == [0] * 12
+
+
+def test_func_decorator_walks_the_whole_stack_upstream():
+    """luisa.func.__init__ calls inspect.stack() for its caller's file and line (every frame's
+    FrameInfo: 5-20 ms a decorator); luisa_compat's shim reads one frame and gives the same values."""
+    import inspect
+    import sys
+
+    from luisaml import device
+
+    device.init("cpu")
+    func_class = sys.modules["luisa.func"].func
+    upstream = func_class.__init__._upstream
+    assert "inspect.stack()" in inspect.getsource(upstream)
+
+    def f(x):
+        return x
+
+    theirs = object.__new__(func_class)
+    ours, _ = func_class(f), upstream(theirs, f)  # (one line: both callers' line is this one)
+    assert (ours.filename, ours.lineno, ours.__name__) == (theirs.filename, theirs.lineno, theirs.__name__)
+    assert ours.filename == __file__

@@ -18,7 +18,9 @@ KERNELS = 3
 
 def _module(tmp_path, tag: str) -> str:
     """A generated-style module of KERNELS kernels y = x * (k + tag), unique to this test run."""
-    scale = int(uuid.uuid4().int % 1000) + 2  # (fresh code: not in the cache yet)
+    # fresh code, not in the cache yet: one of a million scales (of a thousand, earlier runs had
+    # cached some of the kernels of later ones); below 2**24, exact in float32
+    scale = int(uuid.uuid4().int % 1_000_000) + 2
     lines = ["import luisa", "from luisa.types import uint  # noqa: F401", ""]
     for k in range(KERNELS):
         lines += ["@luisa.func", f"def k{k}(x, y, n: int):",
@@ -120,6 +122,9 @@ def test_workers_started_ahead_wait_for_their_shares(tmp_path):
     before = _cached()
     assert pool.build(path, names, args, costs=[3, 1, 1]) == 2
     assert all(p.returncode == 0 for p in pool.procs)
+    import importlib.util  # the workers were handed bytecode to load, not the source to compile
+
+    assert Path(importlib.util.cache_from_source(path)).is_file()
     assert len(_cached() - before) >= KERNELS
     module = cache.import_module(Path(path))
     for k in range(KERNELS):
