@@ -39,6 +39,38 @@ def _expected(spec: IOSpec) -> str:
     return shape_str(spec.shape)
 
 
+# an array of more bytes than this is hashed in chunks of _HASH_CHUNK by a few threads (hashlib
+# releases the GIL): a grid's blob is megabytes, hashed at every run that binds it from numpy
+_PARALLEL_HASH_BYTES = 2 << 20
+_HASH_CHUNK = 1 << 20
+_hash_pool = None
+
+
+def _bytes_digest(a: np.ndarray, seen: dict | None) -> bytes:
+    """Return a 16-byte blake2b digest of a contiguous array's bytes; a large one as a tree (the
+    digest of its chunks' digests, computed in parallel). With seen (this run's memo; only for an
+    array the caller holds, so its memory cannot be another's later in the run), memory hashed once
+    in the run is not hashed again: a fine and a coarse map's bundles are views of one grid's blob."""
+    global _hash_pool
+    where = ("bytes", a.__array_interface__["data"][0], a.nbytes)
+    if seen is not None and where in seen:
+        return seen[where]
+    view = memoryview(a).cast("B")
+    if a.nbytes <= _PARALLEL_HASH_BYTES:
+        digest = hashlib.blake2b(view, digest_size=16).digest()
+    else:
+        if _hash_pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _hash_pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="luisaml-hash")
+        parts = _hash_pool.map(lambda i: hashlib.blake2b(view[i:i + _HASH_CHUNK], digest_size=16).digest(),
+                               range(0, a.nbytes, _HASH_CHUNK))
+        digest = hashlib.blake2b(b"".join(parts), digest_size=16, person=b"luisaml-tree").digest()
+    if seen is not None:
+        seen[where] = digest
+    return digest
+
+
 class CompiledNetwork:
     """A model compiled into one generated module: run it, or call `forward` from your own kernel."""
 
@@ -242,11 +274,12 @@ class CompiledNetwork:
         computed once per run: seen memoises it (a grid's bytes feed several derived inputs)."""
         key = (name, shape_only)
         if key not in seen:
-            a = np.ascontiguousarray(arrays[name])
+            given = arrays[name]
+            a = np.ascontiguousarray(given)
             h = hashlib.blake2b(digest_size=16)
             h.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
             if not shape_only:  # (voxel data whose rows alone are checked: not hashed per run)
-                h.update(memoryview(a).cast("B"))
+                h.update(_bytes_digest(a, seen if a is given else None))
             seen[key] = h.digest()
         return seen[key]
 
