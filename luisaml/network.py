@@ -89,7 +89,7 @@ class CompiledNetwork:
         self.build_workers = None
         self._weights = None
         self._buffers: dict[tuple[str, int], Any] = {}
-        self._derived: dict[str, tuple[bytes, Any]] = {}  # ident -> (digest of its sources, buffer)
+        self._derived: dict[str, tuple[bytes, Any, np.ndarray]] = {}  # ident -> (digest of its sources, buffer, values)
         self._byte_inputs: dict[str, tuple[bytes, Any]] = {}  # byte input's ident -> (digest, ByteBuffer): _run_dlpack
         self._host_copies: dict[str, tuple] = {}  # input -> (device tensor's clone, host copy, digest): _dlpack_host
 
@@ -268,6 +268,17 @@ class CompiledNetwork:
             self._buffers[key] = luisa.Buffer(max(count, 1), kind)
         return self._buffers[key]
 
+    def _pooled(self, ident: str, dsl: str, count: int):
+        """Return a buffer only kernels use (a pooled slot, a scratch region) of at least `count`
+        elements: the one it has while runs need between half of it and all of it, so that a voxel
+        count moving a little from frame to frame (the batch of a sparse network over grids bound at
+        run time) does not reallocate every such buffer every run (kernels index within the run's
+        count; the host never copies these whole)."""
+        for (name, capacity), buf in self._buffers.items():
+            if name == ident and count <= capacity <= 2 * max(count, 1):
+                return buf
+        return self._buffer(ident, dsl, count)
+
     @staticmethod
     def _digest(arrays: dict[str, np.ndarray], name: str, shape_only: bool, seen: dict) -> bytes:
         """Return the digest of input `name` (its dtype and shape, and unless shape_only its bytes),
@@ -298,8 +309,15 @@ class CompiledNetwork:
             key = h.digest()
             cached = self._derived.get(d.ident)
             if cached is None or cached[0] != key:
-                value = dtypes.to_kernel(d.value(arrays), d.dtype, f"derived input {d.ident}")
-                cached = (key, upload(value.reshape(-1), d.dtype.dsl))
+                value = dtypes.to_kernel(d.value(arrays), d.dtype, f"derived input {d.ident}").reshape(-1)
+                value = np.ascontiguousarray(value)
+                if cached is not None and value.size and cached[1].size == value.size:
+                    # a new grid of the same layout: its values into the same buffer (the copy is
+                    # ordered after the kernels of earlier runs on the one stream), not a new buffer
+                    cached[1].copy_from_array(value, sync=False)
+                    cached = (key, cached[1], value)  # (the host copy kept while the upload may be queued)
+                else:
+                    cached = (key, upload(value, d.dtype.dsl), value)
                 self._derived[d.ident] = cached
             out.append(cached[1])
         return out
@@ -395,7 +413,7 @@ class CompiledNetwork:
             args, out_bufs = self._bind(arrays, n)
             if self.plan.readbacks:  # a full run sizes the run-time sized outputs' buffers in args
                 self._launch_and_wait(args, n, out_bufs)
-            scratch = [self._buffer(f"scratch_{dsl}", dsl, size * max(n, 1))
+            scratch = [self._pooled(f"scratch_{dsl}", dsl, size * max(n, 1))
                        for dsl, size in sorted(self.plan.kernel_scratch.items())]
             stages = self.plan.schedule.stages if self.plan.schedule is not None else [None]
             out = []
@@ -446,7 +464,7 @@ class CompiledNetwork:
         import luisa
 
         scratch = [
-            self._buffer(f"scratch_{dsl}", dsl, per_sample * max(n, 1))
+            self._pooled(f"scratch_{dsl}", dsl, per_sample * max(n, 1))
             for dsl, per_sample in sorted(self.plan.kernel_scratch.items())
         ]
         errors = self._error_flag() if self.plan.checks else None
@@ -509,7 +527,7 @@ class CompiledNetwork:
             while root in self.plan.main.views:
                 root = self.plan.main.views[root]
             slot = next(sl for sl in self.plan.schedule.buffers.slots if root in sl.members)
-            buf = self._buffer(f"buf_{slot.dtype}_{slot.id}", slot.dtype, slot.size * max(n, 1))
+            buf = self._pooled(f"buf_{slot.dtype}_{slot.id}", slot.dtype, slot.size * max(n, 1))
         total = int(read_element(buf, np.int32, rb.index))
         if total < 0:
             raise RunError(f"{rb.node}: its outputs' row count read back as {total} (the sum of its counts "
@@ -611,7 +629,7 @@ class CompiledNetwork:
 
     def _pool_buffers(self, n: int) -> list:
         """The stages' pooled buffers for n samples (a region per sample of each slot)."""
-        return [self._buffer(f"buf_{slot.dtype}_{slot.id}", slot.dtype, slot.size * max(n, 1))
+        return [self._pooled(f"buf_{slot.dtype}_{slot.id}", slot.dtype, slot.size * max(n, 1))
                 for slot in self.plan.schedule.buffers.slots]
 
     def _tile_counter(self):

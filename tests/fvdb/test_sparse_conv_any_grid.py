@@ -383,3 +383,26 @@ def test_inspect_shows_the_bound_rows_by_their_symbols():
     assert shapes["x"] == ["V", 4] and shapes["in_grid_blob"] == ["rows_in_grid_blob"]
     assert shapes["out_leaf_batch_indices"] == ["rows_out_leaf_batch_indices"]
     assert "a voxel a sample" in report.text(rep)
+
+
+def test_a_new_grid_each_run_reuses_the_device_buffers():
+    """Grids whose voxel counts differ a little, bound run after run (a perception pipeline): the
+    derived metadata goes into the same buffers and the pooled buffers are kept, and every run
+    still equals the reference."""
+    rng = np.random.default_rng(7)
+    C = 4
+    m, p = block_model(C, 3, rng)
+    net = luisaml.compile(m)
+    grids = [sphere(s, 600, 7.0) for s in (11, 12, 11)]
+    assert len({g.total_voxels for g in grids[:2]}) == 2
+    buffers = []
+    for gb in grids:
+        x = rng.standard_normal((gb.total_voxels, C)).astype(np.float32)
+        assert_close(net.run({**grid_feeds(gb, "in_", "out_"), "x": x})["y"], reference_block(gb, x.astype(np.float64), p))
+        # (the objects themselves, held: a freed buffer's id could be a new one's)
+        buffers.append(({k: v[1] for k, v in net._derived.items()},
+                        {name: b for (name, _), b in net._buffers.items() if name.startswith(("buf_", "scratch_"))}))
+    for kind in (0, 1):
+        first = buffers[0][kind]
+        assert first and all(later.keys() == first.keys() and all(later[k] is first[k] for k in first)
+                             for later in (buffers[1][kind], buffers[2][kind]))
