@@ -406,3 +406,29 @@ def test_a_new_grid_each_run_reuses_the_device_buffers():
         first = buffers[0][kind]
         assert first and all(later.keys() == first.keys() and all(later[k] is first[k] for k in first)
                              for later in (buffers[1][kind], buffers[2][kind]))
+
+
+def test_one_upload_for_two_bundles_of_one_grid_and_none_for_the_same_grid_again(monkeypatch):
+    """The fine and the coarse map's bundles hold the same blob: one ByteBuffer for both; the same
+    grid bound again is not uploaded again; a changed byte is (and the result follows it)."""
+    from luisaml import luisa_compat
+
+    rng = np.random.default_rng(8)
+    C = 4
+    m, p = block_model(C, 3, rng)
+    net = luisaml.compile(m)
+    uploads = []
+    real = luisa_compat.byte_buffer
+    monkeypatch.setattr(luisa_compat, "byte_buffer", lambda data: uploads.append(1) or real(data))
+    gb = sphere(13, 500, 6.0)
+    x = rng.standard_normal((gb.total_voxels, C)).astype(np.float32)
+    want = reference_block(gb, x.astype(np.float64), p)
+    counts = []
+    for _ in range(2):
+        assert_close(net.run({**grid_feeds(gb, "in_", "out_"), "x": x})["y"], want)
+        counts.append(len(uploads))
+    assert counts == [2, 2]  # the first run: the weight blob and one grid blob; the second: nothing
+    other = sphere(14, 500, 6.0)
+    x2 = rng.standard_normal((other.total_voxels, C)).astype(np.float32)
+    assert_close(net.run({**grid_feeds(other, "in_", "out_"), "x": x2})["y"], reference_block(other, x2.astype(np.float64), p))
+    assert len(uploads) == 3
