@@ -1,4 +1,5 @@
-"""Per-stage device time of one benchmark model (bench_models.py's specs): which stages to work on.
+"""Per-stage device time and achieved TFLOP/s of one benchmark model (bench_models.py's specs): which
+stages to work on.
 
     python benchmarks/profile_stages.py --model resnet-18 [--batch 32] [--top 15]
 
@@ -38,10 +39,27 @@ def main(argv=None) -> int:
             net = net.network_for(n)
         times = net.profile({"x": x})
     total = sum(t for _, t in times)
-    print(f"{args.model}, batch {n}: {len(times)} stages, {total:.3f} ms launched one by one")
-    for name, t in sorted(times, key=lambda p: -p[1])[: args.top]:
-        print(f"{t:8.3f} ms {100 * t / total:5.1f}%  {name[:150]}")
+    rates = stage_tflops(net, n, times)
+    print(f"{args.model}, batch {n}: {len(times)} stages, {total:.3f} ms launched one by one; TFLOP/s counts "
+          "2 per multiply-add of the stage's nodes (luisaml.report.flops)")
+    for (name, t), rate in sorted(zip(times, rates), key=lambda p: -p[0][1])[: args.top]:
+        print(f"{t:8.3f} ms {100 * t / total:5.1f}% {rate:6.2f} TFLOP/s  {name[:140]}")
     return 0
+
+
+def stage_tflops(net, n: int, times: list[tuple[str, float]]) -> list[float]:
+    """Return each stage's achieved TFLOP/s: its root's and epilogue's FLOPs (per sample times n for a
+    per-sample plan) over its time."""
+    from luisaml.report import flops
+
+    stages = net.plan.schedule.stages if net.plan.schedule is not None else []
+    scale = n if net.plan.symbol is not None else 1
+    out = []
+    for k, (_, ms) in enumerate(times):
+        nodes = (stages[k].nodes + stages[k].epilogue) if k < len(stages) else []
+        work = sum(flops(node, op) or 0 for node, op in nodes) * scale
+        out.append(work / (ms * 1e-3) / 1e12 if ms > 0 else 0.0)
+    return out
 
 
 if __name__ == "__main__":
