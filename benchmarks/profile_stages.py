@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     print(f"{args.model}, batch {n}: {len(times)} stages, {total:.3f} ms launched one by one; TFLOP/s counts "
           "2 per multiply-add of the stage's nodes (luisaml.report.flops)")
     for (name, t), rate in sorted(zip(times, rates), key=lambda p: -p[0][1])[: args.top]:
-        print(f"{t:8.3f} ms {100 * t / total:5.1f}% {rate:6.2f} TFLOP/s  {name[:140]}")
+        print(f"{t:8.3f} ms {100 * t / total:5.1f}% {rate:7.3f} TFLOP/s  {name[:140]}")
     return 0
 
 

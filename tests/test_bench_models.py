@@ -24,3 +24,13 @@ def test_bench_models_quick(tmp_path):
         assert set(rec[side]) == {"p50", "p95", "p99"} and rec[side]["p50"] > 0
     assert rec["rel_err"] <= 1e-4
     assert "| model |" in out.stdout
+
+
+@pytest.mark.slow  # a fresh process with torch and a kernel build
+def test_profile_stages_prints_each_stage_with_its_rate():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "profile_stages.py"), "--model", "small cnn",
+                          "--batch", "32", "--top", "3"], check=False, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    lines = [ln for ln in out.stdout.splitlines() if " TFLOP/s  stage " in ln]
+    assert len(lines) == 3 and all(float(ln.split("%")[1].split("TFLOP/s")[0]) >= 0 for ln in lines)
+    assert any("Conv" in ln and float(ln.split("%")[1].split("TFLOP/s")[0]) > 0 for ln in lines)
