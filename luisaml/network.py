@@ -46,13 +46,18 @@ _HASH_CHUNK = 1 << 20
 _hash_pool = None
 
 
+def _memory_key(a: np.ndarray) -> tuple:
+    """The key under which _bytes_digest memoises an array's digest in a run: its memory."""
+    return ("bytes", a.__array_interface__["data"][0], a.nbytes)
+
+
 def _bytes_digest(a: np.ndarray, seen: dict | None) -> bytes:
     """Return a 16-byte blake2b digest of a contiguous array's bytes; a large one as a tree (the
     digest of its chunks' digests, computed in parallel). With seen (this run's memo; only for an
     array the caller holds, so its memory cannot be another's later in the run), memory hashed once
     in the run is not hashed again: a fine and a coarse map's bundles are views of one grid's blob."""
     global _hash_pool
-    where = ("bytes", a.__array_interface__["data"][0], a.nbytes)
+    where = _memory_key(a)
     if seen is not None and where in seen:
         return seen[where]
     view = memoryview(a).cast("B")
@@ -90,9 +95,9 @@ class CompiledNetwork:
         self._weights = None
         self._buffers: dict[tuple[str, int], Any] = {}
         self._derived: dict[str, tuple[bytes, Any, np.ndarray]] = {}  # ident -> (digest of its sources, buffer, values)
-        self._byte_inputs: dict[str, tuple[bytes, Any]] = {}  # byte input's ident -> (digest, ByteBuffer): _run_dlpack
-        self._host_byte_inputs: dict[str, tuple[tuple, Any]] = {}  # the same for runs on host arrays (_byte_input)
-        self._host_copies: dict[str, tuple] = {}  # input -> (device tensor's clone, host copy, digest): _dlpack_host
+        self._byte_inputs: dict[str, tuple[tuple, Any]] = {}  # byte input's ident -> (its bytes' key, ByteBuffer)
+        # input -> (device tensor's clone, host copy, its digest, its bytes' digest): _dlpack_host
+        self._host_copies: dict[str, tuple] = {}
 
     # ---- what it is ----------------------------------------------------------------------
     @property
@@ -464,10 +469,10 @@ class CompiledNetwork:
         whole = np.ascontiguousarray(k)
         key = (whole.dtype.str, whole.shape, _bytes_digest(whole, seen if whole is k else None))
         k = whole
-        buf = next((b for kk, b in self._host_byte_inputs.values() if kk == key), None)
+        buf = next((b for kk, b in self._byte_inputs.values() if kk == key), None)
         if buf is None:
             buf = byte_buffer(k)
-        self._host_byte_inputs[s.ident] = (key, buf)
+        self._byte_inputs[s.ident] = (key, buf)
         return buf
 
     def _launch_and_wait(self, args: list, n: int, out_bufs: list | None = None, make_output=None) -> dict[str, int]:
@@ -709,15 +714,25 @@ class CompiledNetwork:
         for d in self.plan.derived:
             need |= {n for n in d.sources if n not in d.constants and n not in d.shape_only}
         host = dict(metas)
+        copied: dict = {}  # this run's host copies by device memory: two bundles of one grid, one copy
         for name in sorted(need):
             t = feeds[name].detach()
+            where = (t.data_ptr(), t.dtype, str(t.device), tuple(t.shape), t.stride())
+            if where in copied:
+                host[name] = copied[where]
+                self._digest(host, name, False, seen)  # (its bytes' digest is this run's memo of that copy)
+                continue
             last = self._host_copies.get(name)
             if last is not None and last[0].shape == t.shape and last[0].dtype == t.dtype and torch.equal(last[0], t):
                 host[name] = last[1]
                 seen[(name, False)] = last[2]
-                continue
-            host[name] = np.array(to_numpy(t, name), copy=True)  # (a CPU tensor's numpy() would share it)
-            self._host_copies[name] = (t.clone(), host[name], self._digest(host, name, False, seen))
+                if last[3] is not None:
+                    seen[_memory_key(last[1])] = last[3]
+            else:
+                host[name] = np.array(to_numpy(t, name), copy=True)  # (a CPU tensor's numpy() would share it)
+                digest = self._digest(host, name, False, seen)
+                self._host_copies[name] = (t.clone(), host[name], digest, seen.get(_memory_key(host[name])))
+            copied[where] = host[name]
         return host
 
     def _run_dlpack(self, feeds: Mapping[str, Any], wanted: list[str]) -> dict[str, Any]:
@@ -731,8 +746,6 @@ class CompiledNetwork:
         while the caller still holds the first one). The read-back of the total is the run's only
         host round trip; the data stays on the device."""
         import torch
-
-        from .luisa_compat import byte_buffer
 
         metas = {}
         for k, v in feeds.items():  # shape and dtype checks without touching the data
@@ -752,13 +765,8 @@ class CompiledNetwork:
         items: list = []  # torch tensors (shared through DLPack) or luisa buffers, in parameter order
         for s in self.plan.inputs:
             if s.dtype.is_byte:
-                # uploaded again only when its bytes change (no kernel writes an input)
-                key = self._digest(host, s.name, False, seen)
-                cached = self._byte_inputs.get(s.ident)
-                if cached is None or cached[0] != key:
-                    cached = self._byte_inputs[s.ident] = (
-                        key, byte_buffer(dtypes.to_kernel(host[s.name], self.io_dtype(s), f"input '{s.name}'")))
-                items.append(cached[1])
+                k = dtypes.to_kernel(host[s.name], self.io_dtype(s), f"input '{s.name}'")
+                items.append(self._byte_input(s, k, seen if k is host[s.name] else None))
                 continue
             t = feeds[s.name].detach()
             want = torch_dtype(self.io_dtype(s).kernel_numpy)

@@ -432,3 +432,29 @@ def test_one_upload_for_two_bundles_of_one_grid_and_none_for_the_same_grid_again
     x2 = rng.standard_normal((other.total_voxels, C)).astype(np.float32)
     assert_close(net.run({**grid_feeds(other, "in_", "out_"), "x": x2})["y"], reference_block(other, x2.astype(np.float64), p))
     assert len(uploads) == 3
+
+
+def test_zero_copy_runs_copy_and_upload_one_grid_given_twice_once(monkeypatch):
+    """On the zero-copy path (torch tensors; here CPU tensors mapped as on CUDA) the fine and the coarse
+    map's bundles given as the same tensors are copied to the host and uploaded once; the same grid
+    again costs neither; each run equals the reference."""
+    from luisaml import luisa_compat
+    from luisaml.network import CompiledNetwork
+
+    monkeypatch.setattr(CompiledNetwork, "_SHARED_DEVICES", {"cuda": "cuda", "cpu": "cpu"})
+    rng = np.random.default_rng(9)
+    C = 4
+    m, p = block_model(C, 3, rng)
+    net = luisaml.compile(m)
+    uploads = []
+    real = luisa_compat.byte_buffer
+    monkeypatch.setattr(luisa_compat, "byte_buffer", lambda data: uploads.append(1) or real(data))
+    counts = []
+    for gb in (sphere(15, 500, 6.0), sphere(15, 500, 6.0), sphere(16, 500, 6.0)):
+        grid = [torch.from_numpy(np.array(a)) for a in gb.bundle()]
+        x = rng.standard_normal((gb.total_voxels, C)).astype(np.float32)
+        feeds = {"x": torch.from_numpy(x), **{f"{lv}{n}": t for lv in ("in_", "out_") for n, t in zip(schema.BUNDLE, grid)}}
+        assert net._zero_copy(feeds)
+        assert_close(net.run(feeds)["y"].numpy(), reference_block(gb, x.astype(np.float64), p))
+        counts.append(len(uploads))
+    assert counts == [2, 2, 3]  # the weight blob and one grid blob; nothing; the new grid's blob
