@@ -46,6 +46,26 @@ _HASH_CHUNK = 1 << 20
 _hash_pool = None
 
 
+def _computation_key(d, arrays: dict[str, np.ndarray], seen: dict) -> tuple | None:
+    """The key of derived input d's computation over these arrays, by content, not by input name:
+    its function, parameters, type and each source's dtype, shape and (unless its shape alone
+    matters) bytes' digest. None when a parameter is not a plain value (no dedup then)."""
+    def plain(v) -> bool:
+        return isinstance(v, (int, float, str, bool, type(None))) or (
+            isinstance(v, tuple) and all(plain(x) for x in v))
+
+    if not all(plain(v) for v in d.params.values()):
+        return None
+    parts = []
+    for name in d.sources:
+        a = d.constants[name] if name in d.constants else arrays[name]
+        whole = np.ascontiguousarray(a)
+        held = name not in d.constants and whole is arrays[name]
+        digest = None if name in d.shape_only else _bytes_digest(whole, seen if held else None)
+        parts.append((whole.dtype.str, whole.shape, digest))
+    return ("derived", d.compute, tuple(sorted(d.params.items())), d.dtype.name, d.shape, tuple(parts))
+
+
 def _memory_key(a: np.ndarray) -> tuple:
     """The key under which _bytes_digest memoises an array's digest in a run: its memory."""
     return ("bytes", a.__array_interface__["data"][0], a.nbytes)
@@ -300,6 +320,18 @@ class CompiledNetwork:
             seen[key] = h.digest()
         return seen[key]
 
+    def _derived_value(self, d, arrays: dict[str, np.ndarray], seen: dict) -> np.ndarray:
+        """Return derived input d's values for these arrays, flat, in its kernel type; computed once a
+        run for equal computations over equal bytes (a fine and a coarse map's bundles of one grid
+        validate and lay out the same blob: one is enough)."""
+        key = _computation_key(d, arrays, seen)
+        if key is not None and key in seen:
+            return seen[key]
+        value = np.ascontiguousarray(dtypes.to_kernel(d.value(arrays), d.dtype, f"derived input {d.ident}").reshape(-1))
+        if key is not None:
+            seen[key] = value
+        return value
+
     def _derived_buffers(self, arrays: dict[str, np.ndarray], seen: dict | None = None) -> list:
         """Return the buffers of the host-derived inputs, recomputed only when their sources change
         (seen: the run's memo of input digests, _digest)."""
@@ -315,8 +347,7 @@ class CompiledNetwork:
             key = h.digest()
             cached = self._derived.get(d.ident)
             if cached is None or cached[0] != key:
-                value = dtypes.to_kernel(d.value(arrays), d.dtype, f"derived input {d.ident}").reshape(-1)
-                value = np.ascontiguousarray(value)
+                value = self._derived_value(d, arrays, seen)
                 if cached is not None and value.size and cached[1].size == value.size:
                     # a new grid of the same layout: its values into the same buffer (the copy is
                     # ordered after the kernels of earlier runs on the one stream), not a new buffer

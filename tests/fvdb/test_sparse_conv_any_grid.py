@@ -458,3 +458,27 @@ def test_zero_copy_runs_copy_and_upload_one_grid_given_twice_once(monkeypatch):
         assert_close(net.run(feeds)["y"].numpy(), reference_block(gb, x.astype(np.float64), p))
         counts.append(len(uploads))
     assert counts == [2, 2, 3]  # the weight blob and one grid blob; nothing; the new grid's blob
+
+
+def test_two_bundles_of_one_grid_are_checked_once_a_run(monkeypatch):
+    """The fine and the coarse map's bundles of the same grid: the host checks and lays out the blob
+    once a run (the derived metadata computed by content, not by input name); two different grids
+    still get a check each."""
+    rng = np.random.default_rng(10)
+    C = 4
+    m, p = block_model(C, 3, rng)
+    net = luisaml.compile(m)
+    # (patched where the derived metadata's function finds it: the module the plan's function is from)
+    space = next(d.compute for d in net.plan.derived if d.compute.__name__ == "grid_metadata").__globals__
+    checks = []
+    real = space["bundle_grids"]
+    monkeypatch.setitem(space, "bundle_grids", lambda *a, **k: checks.append(1) or real(*a, **k))
+    gb = sphere(17, 500, 6.0)
+    x = rng.standard_normal((gb.total_voxels, C)).astype(np.float32)
+    assert_close(net.run({**grid_feeds(gb, "in_", "out_"), "x": x})["y"], reference_block(gb, x.astype(np.float64), p))
+    assert len(checks) == 1
+    other = sphere(18, 500, 6.0)
+    feeds = {**grid_feeds(gb, "in_"), **grid_feeds(other, "out_"), "x": x}
+    with pytest.raises(luisaml.InputError):  # (the output grid's voxels are not the features' rows)
+        net.run(feeds)
+    assert len(checks) == 2  # the new output grid's check (the input grid's metadata is the last run's)
