@@ -24,6 +24,10 @@ host's by one entry):
 - `any_grid`: the same network compiled for grids of any size (the grid's growing inputs and the
   features' rows dynamic: the voxels are the batch, a map row and a layer item a voxel; README,
   "Grids of any size"), run on this grid.
+- `any_grid_same_grid_wall`, `any_grid_new_grid_wall`: that network as a pipeline runs it, host wall
+  time of `net.run` to its outputs (the bundle's check, hashing, metadata, uploads and the kernels;
+  torch tensors on the device on CUDA): the same grid bound every run, and two grids (this shell
+  and one half a voxel larger) bound in turn, each checked against the reference first.
 Times: P50/P95/P99 in ms; on CUDA device spans from CUPTI (a forward: its first kernel's start to its
 last kernel's end), on the CPU wall time of net.run (host copies included) interleaved with the
 reference."""
@@ -205,6 +209,11 @@ def main(argv=None) -> int:
                 "map_and_layer": (lambda: both.run(both_feeds), None),
                 "any_grid": (lambda: any_grid.run(both_feeds), None)}
         times = _time(runs, reps, cuda)
+    walls = _new_grid_walls(any_grid, gb, radius, w, b, x, dev, reps)
+    if walls is None:
+        print("FAILED correctness: any_grid over the second grid")
+        return 1
+    times.update(walls)
     if cuda and a.tilings:
         times["tilings"] = _other_tilings(a.tilings, layer_m, backend, x, want, reps)
     rec = {"date": datetime.date.today().isoformat(), "device": name, "backend": backend,
@@ -228,7 +237,8 @@ def main(argv=None) -> int:
     print(f"\n{name}  {rec['date']}  torch {torch.__version__}  timing: {rec['timing']}")
     print("| measurement | luisaml ms P50 / P95 / P99 | torch ms P50 / P95 / P99 | speedup |")
     print("|---|---|---|---|")
-    for k in ("layer", "layer_bn_relu", "kernel_map", "map_and_layer", "any_grid"):
+    for k in ("layer", "layer_bn_relu", "kernel_map", "map_and_layer", "any_grid", "any_grid_same_grid_wall",
+              "any_grid_new_grid_wall"):
         r = rec[k]
         lm = " / ".join(f"{r['luisaml_ms'][p]:.3f}" for p in ("p50", "p95", "p99"))
         tm = " / ".join(f"{r['torch_ms'][p]:.3f}" for p in ("p50", "p95", "p99")) if "torch_ms" in r else "-"
@@ -266,6 +276,45 @@ def _other_tilings(tilings: list[str], layer_m, backend: str, x, want, reps: int
     finally:
         SparseConv3d.block_tiling = chosen
     return out
+
+
+def _new_grid_walls(net, gb, radius: float, w, b, x, dev: str, reps: int) -> dict | None:
+    """Return the two wall-time rows of the any-grid network (module docstring), or None when its
+    output over the second grid differs from the reference."""
+    import torch
+
+    from luisaml.fvdb import GridBatch
+    from luisaml.fvdb import torch_ops as F
+    from luisaml.opsets import fvdb as schema
+
+    def feeds(grid, feats):
+        arrays = dict(zip(schema.kernel_map_input_names(), list(grid.bundle()) * 2))
+        return {**{k: torch.from_numpy(np.array(v)).to(dev) for k, v in arrays.items()}, "x": feats}
+
+    gb2 = GridBatch.from_ijk([shell_voxels(radius + 0.5)])
+    bundle2 = F.bundle_tensors(gb2)
+    x2 = torch.from_numpy(np.random.default_rng(1).standard_normal((gb2.total_voxels, CHANNELS)).astype(np.float32)).to(dev)
+    ref2 = TorchReference(F.sparse_conv_kernel_map(bundle2, bundle2, KERNEL).numpy(), w, b, dev)
+    first, second = feeds(gb, x), feeds(gb2, x2)
+    with torch.no_grad():
+        err = rel_err(_np(net.run(second)["y"]), _np(ref2(x2)))
+    print(f"any grid, a second grid of {gb2.total_voxels} voxels: rel err {err:.1e}", flush=True)
+    if not np.isfinite(err) or err > REL_TOL:
+        return None
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+
+    def wall(pick) -> list[float]:
+        out = []
+        for i in range(reps + 2):
+            t = time.perf_counter()
+            net.run(pick(i))
+            sync()
+            out.append((time.perf_counter() - t) * 1e3)
+        return out[2:]  # (two warm-ups)
+
+    return {"any_grid_same_grid_wall": {"luisaml_ms": percentiles(wall(lambda i: first))},
+            "any_grid_new_grid_wall": {"luisaml_ms": percentiles(wall(lambda i: (first, second)[i % 2])),
+                                       "second_grid_voxels": int(gb2.total_voxels)}}
 
 
 def _np(t) -> np.ndarray:
