@@ -15,7 +15,7 @@ whatever is still missing itself, as before. The CPU backend merges a network's 
 kernel, so there it has nothing to split (and its cache writes are not safe across processes
 compiling the same kernel: network.CompiledNetwork._compile_lock).
 
-    python -m luisaml.parallel_build --serve BACKEND   (a worker: its job comes on stdin; see main())
+    python -m luisaml.parallel_build --serve BACKEND IDLE_S   (a worker: its job comes on stdin; see main())
 """
 from __future__ import annotations
 
@@ -93,13 +93,14 @@ class Workers:
     the device (1-3 s, most of it CUDA's context creation, slower when 15 start at once) while the
     main process still generates the module, then waits on its stdin for the share of kernels it is
     to build. A worker sent nothing exits: at close(), when the pool is collected, or on its own
-    after IDLE_S (a network compiled and never run must not hold device contexts)."""
+    after idle_s (a network compiled and never run must not hold device contexts)."""
 
-    def __init__(self, backend: str, count: int) -> None:
+    def __init__(self, backend: str, count: int, idle_s: float = IDLE_S) -> None:
         self._dir = tempfile.TemporaryDirectory()  # (the caller's folder must not shadow the package)
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
         self.logs = [open(os.path.join(self._dir.name, f"worker{k}.log"), "w+b") for k in range(count)]
-        self.procs = [subprocess.Popen([sys.executable, "-m", "luisaml.parallel_build", "--serve", backend],
+        self.procs = [subprocess.Popen([sys.executable, "-m", "luisaml.parallel_build", "--serve", backend,
+                                        repr(float(idle_s))],
                                        cwd=self._dir.name, env=env, stdin=subprocess.PIPE, stdout=log, stderr=log)
                       for log in self.logs]
         self._finalizer = weakref.finalize(self, _dismiss, list(self.procs), list(self.logs), self._dir)
@@ -231,16 +232,17 @@ def create_shaders(built: list) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    """A worker: `--serve BACKEND` starts the backend, then reads its job from stdin (one JSON line:
-    the module's path, the arguments' descriptions, the kernels' names; nothing within IDLE_S, or no
-    kernels: exit), imports the module and builds each named kernel for the arguments' types
-    (luisa's own first-launch path, get_compiled) without launching it."""
+    """A worker: `--serve BACKEND IDLE_S` starts the backend, then reads its job from stdin (one JSON
+    line: the module's path, the arguments' descriptions, the kernels' names; nothing within IDLE_S
+    seconds, or no kernels: exit), imports the module and builds each named kernel for the
+    arguments' types (luisa's own first-launch path, get_compiled) without launching it."""
     import select
 
     t0 = time.perf_counter()
-    if argv[:1] != ["--serve"] or len(argv) != 2:
-        print("usage: python -m luisaml.parallel_build --serve BACKEND (a job on stdin)", file=sys.stderr)
+    if argv[:1] != ["--serve"] or len(argv) != 3:
+        print("usage: python -m luisaml.parallel_build --serve BACKEND IDLE_S (a job on stdin)", file=sys.stderr)
         return 2
+    idle_s = float(argv[2])
     backend = argv[1]
     from luisa.types import dtype_of
 
@@ -249,7 +251,7 @@ def main(argv: Sequence[str]) -> int:
     t_import = time.perf_counter()
     device.init(backend)
     t_device = time.perf_counter()
-    if not select.select([sys.stdin], [], [], IDLE_S)[0]:
+    if not select.select([sys.stdin], [], [], idle_s)[0]:
         return 0
     line = sys.stdin.readline()
     if not line.strip():

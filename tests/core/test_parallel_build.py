@@ -148,3 +148,16 @@ def test_compile_starts_no_workers_on_the_cpu_backend():
     ahead = runtime._WorkersAhead("cpu")
     ahead(None)
     assert ahead.workers is None
+
+
+def test_a_worker_never_sent_a_share_exits_on_its_own():
+    """A network compiled and never run must not keep device contexts: a worker that waits past its
+    idle time exits by itself, without close()."""
+    import time
+
+    luisaml.device.init("cpu")
+    pool = parallel_build.Workers("cpu", 1, idle_s=0.5)
+    t = time.monotonic()
+    assert pool.procs[0].wait(timeout=120) == 0
+    assert time.monotonic() - t < 60
+    pool.close()
