@@ -96,3 +96,18 @@ def test_softmax_row_of_negative_infinity():
     got, want = net.run({"x": x})["y"], ort_run(model, {"x": x})["y"]
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got[:2], want[:2], rtol=RTOL)
+
+
+def test_rows_of_a_per_sample_network():
+    """A batch axis: the rows' blocks are per sample (block index = sample x blocks a sample + block),
+    6 rows a sample leaving the second block of each sample half empty."""
+    rng = np.random.default_rng(5)
+    inits = {"g": rng.standard_normal(100).astype(np.float32)}
+    nodes = [helper.make_node("LayerNormalization", ["x", "g"], ["n"], axis=-1),
+             helper.make_node("Softmax", ["n"], ["y"], axis=-1)]
+    model = _model(nodes, [_vi("x", ["N", 6, 100])], [_vi("y", ["N", 6, 100])], inits)
+    net = luisaml.compile(model)
+    assert [(st.domain, st.batched) for st in net.plan.schedule.stages] == [("blocks", True)] * 2
+    x = (rng.standard_normal((37, 6, 100)) * 4).astype(np.float32)
+    got, want = net.run({"x": x})["y"], ort_run(model, {"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL)
