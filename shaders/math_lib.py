@@ -80,7 +80,8 @@ def pymod_f32(a, b):
 @luisa.func
 def round_even_f32(x):
     """x rounded to the nearest integer, halves to the even one (ONNX Round); the DSL's round
-    takes halves away from zero. x - floor(x) is exact for every float."""
+    takes halves away from zero. x - floor(x) is exact for every float. The result has x's sign, a
+    zero too: -0.45 rounds to -0.0, as numpy's rint (1 / Round(x) is then -inf; fuzz graph 20:89)."""
     f = floor(x)
     d = x - f
     r = f
@@ -88,7 +89,7 @@ def round_even_f32(x):
         r = f + 1.0
     elif d == 0.5:
         r = f + (f - 2.0 * floor(f * 0.5))  # + 1 when f is odd
-    return r
+    return copysign(r, x)
 
 
 @luisa.func

@@ -8,7 +8,7 @@ import pytest
 from onnx import helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, per_shape_model, rand  # noqa: E402
+from util import assert_matches_ort, graph_model, ort_run, per_shape_model, rand  # noqa: E402
 
 import luisaml  # noqa: E402
 
@@ -64,6 +64,18 @@ def test_round_half_to_even():
     x[2] = np.round(x[2]) + 0.5  # every one a half
     model, feeds = per_shape_model("Round", [{"x": x}])
     assert_matches_ort(model, feeds, batch_axis=None, rtol=0, atol=0)
+
+
+def test_round_keeps_the_sign_of_a_zero():
+    """-0.45 and -0.5 round to -0.0 (numpy's rint, onnxruntime): 1 / Round(x) is -inf, not inf (fuzz
+    graph 20:89); allclose alone cannot tell the zeros apart."""
+    x = np.array([[-0.45, -0.5, -0.0, 0.45, 0.5, 0.0, -1.5, -2.5]], np.float32)
+    model, feeds = per_shape_model("Round", [{"x": x}])
+    got = luisaml.compile(model, batch_axis=None).run(feeds)
+    want = ort_run(model, feeds)
+    for name, w in want.items():
+        np.testing.assert_array_equal(got[name], w)
+        np.testing.assert_array_equal(np.signbit(got[name]), np.signbit(np.rint(feeds[next(iter(feeds))])))
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
