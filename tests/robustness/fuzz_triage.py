@@ -72,6 +72,12 @@ KNOWN: list[Known] = [
           "onnx.reference fails (an empty max), torch refuses such pads; luisaml gives -inf, the identity of max",
           ops=frozenset({"MaxPool"}), kinds=frozenset({"inf"}),
           when=lambda r: "expected -3.4028234663852886e+38" in (r.get("detail") or "")),
+    Known("maxpool_all_negative_infinity",
+          "a MaxPool or GlobalMaxPool window whose every element is -inf: onnxruntime gives -FLT_MAX (its max "
+          "starts at the lowest finite float), numpy, torch and onnx.reference -inf; luisaml gives -inf",
+          ops=frozenset({"MaxPool", "GlobalMaxPool"}), kinds=frozenset({"inf"}),
+          when=lambda r: r.get("input_special") is True
+          and "-inf, expected -3.4028234663852886e+38" in (r.get("detail") or "")),
     Known("hardmax_of_nan",
           "Hardmax of a line holding NaN: ONNX does not say; onnxruntime's vectorised max keeps or drops the NaN "
           "by its position, onnx.reference marks the first NaN; luisaml gives the line all 0 (onnxruntime's "

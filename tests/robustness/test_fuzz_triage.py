@@ -173,3 +173,29 @@ def test_a_node_wrong_only_as_the_sole_output_is_localised_and_untriaged(monkeyp
     assert info.get("fused_only") and info["culprit_node"] == first_float, info
     assert info["own_inputs_agree"] is False, info
     assert fuzz_triage.classify(info) is None, info
+
+
+# ---- a max pool over -inf only (fuzz graph 22:48: Conv of infinities -> GlobalMaxPool) ----------------------
+
+GMP = helper.make_node("GlobalMaxPool", ["x"], ["y"])
+X_INF = np.array([[[-np.inf, -np.inf, -np.inf], [1.0, np.inf, -np.inf]]], np.float32)
+
+
+def test_a_max_pool_over_negative_infinity_only_is_known():
+    ours = X_INF.max(axis=2, keepdims=True)  # -inf for the first channel
+    theirs = np.where(np.isneginf(ours), np.float32(-3.4028234663852886e+38), ours)  # onnxruntime's -FLT_MAX
+    kind, detail = fuzz.difference({"y": ours}, {"y": theirs}, ["y"])[:2]
+    assert kind == "inf"
+    r = _record(GMP, {"x": X_INF}, ours, {"x": X_INF}, theirs, kind=kind)
+    r["detail"] = detail
+    assert fuzz_triage.classify(r) == "maxpool_all_negative_infinity"
+
+
+def test_a_max_pool_wrong_elsewhere_is_not_that_class():
+    ours = X_INF.max(axis=2, keepdims=True)
+    theirs = ours.copy()
+    theirs[0, 1, 0] = -np.inf  # a window with finite values: no excuse
+    kind, detail = fuzz.difference({"y": ours}, {"y": theirs}, ["y"])[:2]
+    r = _record(GMP, {"x": X_INF}, ours, {"x": X_INF}, theirs, kind=kind)
+    r["detail"] = detail
+    assert fuzz_triage.classify(r) != "maxpool_all_negative_infinity"
