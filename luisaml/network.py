@@ -48,21 +48,26 @@ _hash_pool = None
 
 def _computation_key(d, arrays: dict[str, np.ndarray], seen: dict) -> tuple | None:
     """The key of derived input d's computation over these arrays, by content, not by input name:
-    its function, parameters, type and each source's dtype, shape and (unless its shape alone
-    matters) bytes' digest. None when a parameter is not a plain value (no dedup then)."""
+    its function, parameters, type, each input source's dtype, shape and (unless its shape alone
+    matters) bytes' digest, and each constant source itself (the plan's, never hashed). None when a
+    parameter is not a plain value."""
     def plain(v) -> bool:
         return isinstance(v, (int, float, str, bool, type(None))) or (
             isinstance(v, tuple) and all(plain(x) for x in v))
 
     if not all(plain(v) for v in d.params.values()):
         return None
-    parts = []
+    parts: list = []
     for name in d.sources:
-        a = d.constants[name] if name in d.constants else arrays[name]
-        whole = np.ascontiguousarray(a)
-        held = name not in d.constants and whole is arrays[name]
-        digest = None if name in d.shape_only else _bytes_digest(whole, seen if held else None)
-        parts.append((whole.dtype.str, whole.shape, digest))
+        if name in d.constants:
+            parts.append(("constant", id(d.constants[name])))  # (the plan holds it: the same every run)
+            continue
+        given = arrays[name]
+        if name in d.shape_only:  # (a stand-in of its shape on the zero-copy path: never made whole)
+            parts.append((given.dtype.str, given.shape, None))
+            continue
+        whole = np.ascontiguousarray(given)
+        parts.append((whole.dtype.str, whole.shape, _bytes_digest(whole, seen if whole is given else None)))
     return ("derived", d.compute, tuple(sorted(d.params.items())), d.dtype.name, d.shape, tuple(parts))
 
 
@@ -114,7 +119,7 @@ class CompiledNetwork:
         self.build_workers = None
         self._weights = None
         self._buffers: dict[tuple[str, int], Any] = {}
-        self._derived: dict[str, tuple[bytes, Any, np.ndarray]] = {}  # ident -> (digest of its sources, buffer, values)
+        self._derived: dict[str, tuple[tuple, Any, np.ndarray]] = {}  # ident -> (its computation's key, buffer, values)
         self._byte_inputs: dict[str, tuple[tuple, Any]] = {}  # byte input's ident -> (its bytes' key, ByteBuffer)
         # input -> (device tensor's clone, host copy, its digest, its bytes' digest): _dlpack_host
         self._host_copies: dict[str, tuple] = {}
@@ -312,42 +317,39 @@ class CompiledNetwork:
         key = (name, shape_only)
         if key not in seen:
             given = arrays[name]
-            a = np.ascontiguousarray(given)
             h = hashlib.blake2b(digest_size=16)
-            h.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
+            h.update(f"{name}:{given.dtype.str}:{given.shape};".encode())
             if not shape_only:  # (voxel data whose rows alone are checked: not hashed per run)
+                a = np.ascontiguousarray(given)
                 h.update(_bytes_digest(a, seen if a is given else None))
             seen[key] = h.digest()
         return seen[key]
 
-    def _derived_value(self, d, arrays: dict[str, np.ndarray], seen: dict) -> np.ndarray:
-        """Return derived input d's values for these arrays, flat, in its kernel type; computed once a
-        run for equal computations over equal bytes (a fine and a coarse map's bundles of one grid
-        validate and lay out the same blob: one is enough)."""
-        key = _computation_key(d, arrays, seen)
-        if key is not None and key in seen:
-            return seen[key]
-        value = np.ascontiguousarray(dtypes.to_kernel(d.value(arrays), d.dtype, f"derived input {d.ident}").reshape(-1))
-        if key is not None:
-            seen[key] = value
-        return value
-
     def _derived_buffers(self, arrays: dict[str, np.ndarray], seen: dict | None = None) -> list:
-        """Return the buffers of the host-derived inputs, recomputed only when their sources change
-        (seen: the run's memo of input digests, _digest)."""
+        """Return the buffers of the host-derived inputs, recomputed only when their sources change,
+        and once a run for equal computations over equal bytes (a fine and a coarse map's bundles of
+        one grid: one check and layout of the blob). Keyed by content (_computation_key), or, for a
+        computation with parameters that are not plain values, by its sources' digests (_digest);
+        seen: the run's memo of digests and values."""
         from .luisa_compat import upload
 
         seen = {} if seen is None else seen
         out = []
         for d in self.plan.derived:
-            h = hashlib.blake2b(digest_size=16)
-            for name in d.sources:
-                if name not in d.constants:
-                    h.update(self._digest(arrays, name, name in d.shape_only, seen))
-            key = h.digest()
+            key = _computation_key(d, arrays, seen)
+            if key is None:
+                h = hashlib.blake2b(digest_size=16)
+                for name in d.sources:
+                    if name not in d.constants:
+                        h.update(self._digest(arrays, name, name in d.shape_only, seen))
+                key = (d.ident, h.digest())
             cached = self._derived.get(d.ident)
             if cached is None or cached[0] != key:
-                value = self._derived_value(d, arrays, seen)
+                value = seen.get(key)
+                if value is None:
+                    value = np.ascontiguousarray(
+                        dtypes.to_kernel(d.value(arrays), d.dtype, f"derived input {d.ident}").reshape(-1))
+                    seen[key] = value
                 if cached is not None and value.size and cached[1].size == value.size:
                     # a new grid of the same layout: its values into the same buffer (the copy is
                     # ordered after the kernels of earlier runs on the one stream), not a new buffer
@@ -499,10 +501,9 @@ class CompiledNetwork:
 
         whole = np.ascontiguousarray(k)
         key = (whole.dtype.str, whole.shape, _bytes_digest(whole, seen if whole is k else None))
-        k = whole
         buf = next((b for kk, b in self._byte_inputs.values() if kk == key), None)
         if buf is None:
-            buf = byte_buffer(k)
+            buf = byte_buffer(whole)
         self._byte_inputs[s.ident] = (key, buf)
         return buf
 

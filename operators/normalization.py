@@ -179,11 +179,7 @@ class Norm(Operator):
         if undeclared:  # a programming error: a pass added without saying what it sums
             raise self.error(f"internal: passes over {undeclared} do not declare their sums (normalization._pass)")
         warp = rows.warp_loop(ctx, tiling, lane)
-        if rows.guarded(tiling):
-            ctx.line(f"if {row} < {tiling.rows}:")
-            with ctx.indent():
-                ctx.render("norm.py.j2", outer=1, o=row, head=head, passes=passes, warp=warp)
-        else:
+        with rows.row_guard(ctx, tiling, row):
             ctx.render("norm.py.j2", outer=1, o=row, head=head, passes=passes, warp=warp)
 
     def epsilon(self, default: float = 1e-5) -> str:

@@ -12,6 +12,8 @@ CUDA only, as every blocks stage (the schedule asks `block_tiling` only there): 
 has no warps worth the name and keeps the thread per row."""
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 WARP = 32
@@ -53,17 +55,23 @@ def choose(rows: int, length: int) -> RowTiling | None:
 
 
 def begin(ctx, tiling: RowTiling, item: str, thread: str) -> tuple[str, str]:
-    """Emit the row and lane of thread `thread` of block `item`; return (row, lane). When guarded(),
-    the caller puts the row's code under `if row < rows:` (uniform across a warp)."""
+    """Emit the row and lane of thread `thread` of block `item`; return (row, lane). The row's code
+    goes under row_guard."""
     row = ctx.let(f"{item} * {ROWS_PER_BLOCK} + {thread} // {WARP}", "row")
     lane = ctx.let(f"{thread} % {WARP}", "lane")
     return row, lane
 
 
-def guarded(tiling: RowTiling) -> bool:
-    """Whether the last block holds rows past the last (begin's caller then wraps its code in
-    `if row < rows:`)."""
-    return tiling.rows % ROWS_PER_BLOCK != 0
+@contextlib.contextmanager
+def row_guard(ctx, tiling: RowTiling, row: str) -> Iterator[None]:
+    """Emit the row's code (the block) under `if row < rows:` when the last block holds rows past the
+    last (the condition is uniform across a warp), else as it is."""
+    if tiling.rows % ROWS_PER_BLOCK == 0:
+        yield
+        return
+    ctx.line(f"if {row} < {tiling.rows}:")
+    with ctx.indent():
+        yield
 
 
 

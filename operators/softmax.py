@@ -94,11 +94,7 @@ class Softmax(Operator):
         row, lane = rows.begin(ctx, tiling, item, thread)
         kept, kx, _, red, rx = reduction_loops(ctx, self.input(0), self.red_axes)
         warp = rows.warp_loop(ctx, tiling, lane)
-        if rows.guarded(tiling):
-            ctx.line(f"if {row} < {tiling.rows}:")
-            with ctx.indent():
-                self.emit(ctx, [], kept_base(ctx, row, kept, kx), red, rx, warp)
-        else:
+        with rows.row_guard(ctx, tiling, row):
             self.emit(ctx, [], kept_base(ctx, row, kept, kx), red, rx, warp)
 
 

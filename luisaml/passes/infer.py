@@ -70,7 +70,7 @@ def _onnx_infer(proto: onnx.ModelProto) -> onnx.ModelProto:
         stand_ins = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in big
                      if t.name not in {i.name for i in g.input}]
         light = onnx.ModelProto()
-        light.CopyFrom(proto)  # (cheap: only the small initializers are copied below)
+        light.CopyFrom(proto)  # (a copy in memory, far cheaper than onnx serialising and parsing the weights)
         del light.graph.initializer[:]
         light.graph.initializer.extend(kept)
         light.graph.input.extend(stand_ins)

@@ -408,18 +408,24 @@ def test_a_new_grid_each_run_reuses_the_device_buffers():
                              for later in (buffers[1][kind], buffers[2][kind]))
 
 
+def counted_uploads(monkeypatch) -> list:
+    """Count the byte buffers uploaded from now on (luisa_compat.byte_buffer): the list grows one a call."""
+    from luisaml import luisa_compat
+
+    uploads: list = []
+    real = luisa_compat.byte_buffer
+    monkeypatch.setattr(luisa_compat, "byte_buffer", lambda data: uploads.append(1) or real(data))
+    return uploads
+
+
 def test_one_upload_for_two_bundles_of_one_grid_and_none_for_the_same_grid_again(monkeypatch):
     """The fine and the coarse map's bundles hold the same blob: one ByteBuffer for both; the same
     grid bound again is not uploaded again; a changed byte is (and the result follows it)."""
-    from luisaml import luisa_compat
-
     rng = np.random.default_rng(8)
     C = 4
     m, p = block_model(C, 3, rng)
     net = luisaml.compile(m)
-    uploads = []
-    real = luisa_compat.byte_buffer
-    monkeypatch.setattr(luisa_compat, "byte_buffer", lambda data: uploads.append(1) or real(data))
+    uploads = counted_uploads(monkeypatch)
     gb = sphere(13, 500, 6.0)
     x = rng.standard_normal((gb.total_voxels, C)).astype(np.float32)
     want = reference_block(gb, x.astype(np.float64), p)
@@ -438,7 +444,6 @@ def test_zero_copy_runs_copy_and_upload_one_grid_given_twice_once(monkeypatch):
     """On the zero-copy path (torch tensors; here CPU tensors mapped as on CUDA) the fine and the coarse
     map's bundles given as the same tensors are copied to the host and uploaded once; the same grid
     again costs neither; each run equals the reference."""
-    from luisaml import luisa_compat
     from luisaml.network import CompiledNetwork
 
     monkeypatch.setattr(CompiledNetwork, "_SHARED_DEVICES", {"cuda": "cuda", "cpu": "cpu"})
@@ -446,9 +451,7 @@ def test_zero_copy_runs_copy_and_upload_one_grid_given_twice_once(monkeypatch):
     C = 4
     m, p = block_model(C, 3, rng)
     net = luisaml.compile(m)
-    uploads = []
-    real = luisa_compat.byte_buffer
-    monkeypatch.setattr(luisa_compat, "byte_buffer", lambda data: uploads.append(1) or real(data))
+    uploads = counted_uploads(monkeypatch)
     counts = []
     for gb in (sphere(15, 500, 6.0), sphere(15, 500, 6.0), sphere(16, 500, 6.0)):
         grid = [torch.from_numpy(np.array(a)) for a in gb.bundle()]
