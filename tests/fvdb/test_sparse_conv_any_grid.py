@@ -443,7 +443,7 @@ def test_one_upload_for_two_bundles_of_one_grid_and_none_for_the_same_grid_again
 def test_zero_copy_runs_copy_and_upload_one_grid_given_twice_once(monkeypatch):
     """On the zero-copy path (torch tensors; here CPU tensors mapped as on CUDA) the fine and the coarse
     map's bundles given as the same tensors are copied to the host and uploaded once; the same grid
-    again costs neither; each run equals the reference."""
+    again costs neither; each run equals the reference. (On the CUDA backend: CUDA tensors.)"""
     from luisaml.network import CompiledNetwork
 
     monkeypatch.setattr(CompiledNetwork, "_SHARED_DEVICES", {"cuda": "cuda", "cpu": "cpu"})
@@ -451,14 +451,16 @@ def test_zero_copy_runs_copy_and_upload_one_grid_given_twice_once(monkeypatch):
     C = 4
     m, p = block_model(C, 3, rng)
     net = luisaml.compile(m)
+    where = "cuda" if net.backend == "cuda" else "cpu"
     uploads = counted_uploads(monkeypatch)
     counts = []
     for gb in (sphere(15, 500, 6.0), sphere(15, 500, 6.0), sphere(16, 500, 6.0)):
-        grid = [torch.from_numpy(np.array(a)) for a in gb.bundle()]
+        grid = [torch.from_numpy(np.array(a)).to(where) for a in gb.bundle()]
         x = rng.standard_normal((gb.total_voxels, C)).astype(np.float32)
-        feeds = {"x": torch.from_numpy(x), **{f"{lv}{n}": t for lv in ("in_", "out_") for n, t in zip(schema.BUNDLE, grid)}}
+        feeds = {"x": torch.from_numpy(x).to(where),
+                 **{f"{lv}{n}": t for lv in ("in_", "out_") for n, t in zip(schema.BUNDLE, grid)}}
         assert net._zero_copy(feeds)
-        assert_close(net.run(feeds)["y"].numpy(), reference_block(gb, x.astype(np.float64), p))
+        assert_close(net.run(feeds)["y"].cpu().numpy(), reference_block(gb, x.astype(np.float64), p))
         counts.append(len(uploads))
     assert counts == [2, 2, 3]  # the weight blob and one grid blob; nothing; the new grid's blob
 
