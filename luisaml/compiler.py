@@ -56,7 +56,7 @@ def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", pre
         if s.dtype.is_byte and s.rows is None:  # (bytes sized at run time: a new grid's blob, written word-wise)
             raise CompileError(f"output '{s.name}': uint8 outputs are not supported")
     plan = Plan(prep.model, prep.symbol, main, inputs, outputs, blob, names=names, limits=limits,
-                check_indices=check_indices)
+                check_indices=check_indices, host_steps=prep.host_steps)
     mark_accumulated(plan)
     bind_derived(plan)
     plan.voxel_rows = voxel_rows.find(plan)

@@ -148,7 +148,16 @@ class CompiledNetwork:
     @property
     def inputs(self) -> list[IOSpec]:
         """The graph inputs as run() takes them: name, dtype, shape (the batch as its symbol)."""
-        return self.plan.inputs
+        steps = getattr(self.plan, "host_steps", None)
+        return self.plan.inputs if steps is None else steps.inputs(self.plan.inputs)
+
+    def _host_feeds(self, feeds: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The feeds with the grids the host steps build from them (luisaml/host_steps.py)."""
+        steps = getattr(self.plan, "host_steps", None)
+        if steps is None:
+            return feeds
+        specs = {s.name: s for s in self.plan.inputs}
+        return steps.complete(feeds, specs, lambda name, a: _bytes_digest(np.ascontiguousarray(a), None))
 
     @property
     def outputs(self) -> list[IOSpec]:
@@ -227,7 +236,7 @@ class CompiledNetwork:
         return name
 
     def __repr__(self) -> str:
-        ins = ", ".join(f"{s.name}: {s.dtype.name.lower()}{_expected(s)}" for s in self.plan.inputs)
+        ins = ", ".join(f"{s.name}: {s.dtype.name.lower()}{_expected(s)}" for s in self.inputs)
         outs = ", ".join(f"{s.name}: {s.dtype.name.lower()}{_expected(s)}" for s in self.plan.outputs)
         return f"<CompiledNetwork ({ins}) -> ({outs}) on {self.backend}>"
 
@@ -364,7 +373,7 @@ class CompiledNetwork:
     def derived_arguments(self, feeds: Mapping[str, Any]) -> list:
         """Return the buffers `forward` takes after the outputs (the host-derived inputs, such as fVDB
         grid metadata) for these graph inputs; empty when every derived input is a constant."""
-        arrays = {k: to_numpy(v, k) for k, v in feeds.items()}
+        arrays = {k: to_numpy(v, k) for k, v in self._host_feeds(feeds).items()}
         missing = sorted({s for d in self.plan.derived for s in d.sources if s not in arrays and s not in d.constants})
         if missing:
             raise InputNameError(f"derived inputs need the input(s) {missing}")
@@ -376,12 +385,13 @@ class CompiledNetwork:
         Safe to call from several threads: runs of every network in the process take turns on
         LuisaCompute's one stream (device.stream_lock). onnxruntime's order, run(output_names or
         None, feeds), is accepted too."""
-        feeds, outputs = _feeds_and_outputs(feeds, outputs, self.plan.inputs)
+        feeds, outputs = _feeds_and_outputs(feeds, outputs, self.inputs)
         wanted = list(outputs) if outputs is not None else self.output_names
         bad = [o for o in wanted if o not in self.output_names]
         if bad:
             raise InputNameError(f"unknown output(s) {bad}; the network's outputs are {self.output_names}")
         with device.stream_lock:
+            feeds = self._host_feeds(feeds)
             if self._zero_copy(feeds):
                 return self._run_dlpack(feeds, wanted)
             return self._run_host(feeds, wanted)
@@ -446,6 +456,7 @@ class CompiledNetwork:
         import luisa
 
         with device.stream_lock:
+            feeds = self._host_feeds(feeds)
             self._run_host(feeds, self.output_names)
             arrays, batch, _ = self.check_feeds(feeds)
             n = batch if self.plan.symbol is not None else 1

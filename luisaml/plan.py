@@ -158,6 +158,8 @@ class Plan:
     # graph inputs and outputs whose rows are a grid's voxels, fewer than the batch at a coarse level
     # (luisaml/voxel_rows.py): checked and cut when the grids are bound
     voxel_rows: list = field(default_factory=list)
+    # grid ops over grids bound at run time that the host runs per new grid (luisaml/host_steps.py)
+    host_steps: Any = None
 
     @property
     def tensors(self) -> dict[str, Tensor]:

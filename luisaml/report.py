@@ -47,6 +47,8 @@ these keep their names and meanings while "schema" is 1:
   `bytes_unpooled` (one array per tensor), `live_bytes` (per step: bytes of the slots holding a
   live tensor), `peak_bytes`, `inplace`, `views` ([output, input] pairs merged)}.
 - `batch_kernel`: what the fused-kernel pass decided, or "".
+- `host_steps`: grid ops over grids bound at run time that run on the host when a run binds new
+  grids (luisaml/host_steps.py), a line each; [] when there are none.
 
 FLOP formulas (one multiply-add is 2): Conv 2·out·(C/group)·k + out with a bias; ConvTranspose
 2·in·(M/group)·k + out with a bias; Gemm 2·M·N·K + M·N with C; MatMul 2·out·K; Max/Average/LpPool
@@ -129,7 +131,7 @@ def build(model, weights=None, *, batch_axis="auto", input_shapes: Mapping[str, 
     }
     if head["unsupported"]:
         return {**head, "nodes": [], "totals": None, "stages": None, "registers": None, "buffers": None,
-                "batch_kernel": ""}
+                "batch_kernel": "", "host_steps": []}
     with phase("plan"):
         plan, why, _ = plan_for(proto, name, options, "gpu" if target == "cuda" else "off")
     rep = from_plan(plan, model_name=name, why=why)
@@ -200,7 +202,8 @@ def from_plan(plan, *, model_name: str = "model", why: str | None = None) -> dic
         "batch_symbol": symbol,
         "per_sample": symbol is not None and why is None,
         "per_sample_impossible": why,
-        "inputs": [_io_info(s) for s in plan.inputs],
+        "inputs": [_io_info(s) for s in (plan.inputs if getattr(plan, "host_steps", None) is None
+                                         else plan.host_steps.inputs(plan.inputs))],
         "outputs": [_io_info(s) for s in plan.outputs],
         "op_counts": _op_counts(g.nodes),
         "unsupported": [],
@@ -211,6 +214,7 @@ def from_plan(plan, *, model_name: str = "model", why: str | None = None) -> dic
         "buffers": (allocation(sched.buffers, [f"stage {st.index}" for st in sched.stages], tensors)
                     if sched is not None else None),
         "batch_kernel": plan.fusion_note or "",
+        "host_steps": plan.host_steps.describe() if getattr(plan, "host_steps", None) is not None else [],
     }
 
 
@@ -427,6 +431,9 @@ def text(rep: Mapping) -> str:
     if rep["per_sample_impossible"]:
         lines.append(f"per-sample execution: impossible ({rep['per_sample_impossible']}); the network compiles for "
                      "each batch size it runs with, shapes fixed (the plan below is at batch 2)")
+    if rep.get("host_steps"):
+        lines.append("run on the host (the grids they build are inputs of the kernels):")
+        lines += [f"  {line}" for line in rep["host_steps"]]
     notes = [(d["name"], d["op_type"], d["note"]) for d in rep["nodes"] if d["note"]]
     if notes:
         lines.append("how nodes compile:")

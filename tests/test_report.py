@@ -136,7 +136,8 @@ def test_inspect_json_is_one_document_with_the_documented_keys(cnn_path, capsys)
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {"schema", "model", "opsets", "batch_symbol", "per_sample", "per_sample_impossible", "inputs",
                         "outputs", "op_counts", "unsupported", "nodes", "totals", "stages", "registers", "buffers",
-                        "batch_kernel"}
+                        "batch_kernel", "host_steps"}
+    assert doc["host_steps"] == []
     assert doc["schema"] == 1 and doc["model"] == "cnn.onnx" and doc["op_counts"]["Conv"] == 2
     assert set(doc["nodes"][0]) == {"name", "op_type", "domain", "inputs", "outputs", "stage", "role", "inlined_in",
                                     "params", "flops", "bytes", "note"}

@@ -1,11 +1,14 @@
 """Passes from a loaded model to one ready to compile: opset upgrade, expansion of ONNX function ops
 luisaml has no operator for, shape/dtype inference with constant folding, batch-dimension
-discovery and annotation (batch.py), Identity/Dropout and dead-node removal, BatchNormalization
+discovery and annotation (batch.py), grid ops over grids bound at run time cut out to run on the
+host (luisaml/host_steps.py), Identity/Dropout and dead-node removal, BatchNormalization
 folded into a convolution."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .. import host_steps
+from ..host_steps import HostSteps
 from ..limits import DEFAULT, Limits
 from ..model import Model, model_from_proto
 from .batch import BatchPlan, annotate
@@ -24,6 +27,7 @@ class Prepared:
     batch: BatchPlan  # every variable's shape per sample (passes/batch.py)
     float64_as_float: bool = False  # compile(float64="float32"): float64 tensors compute in float32
     bound: dict[str, str] = field(default_factory=dict)  # inputs with rows bound at run time -> their symbol
+    host_steps: HostSteps | None = None  # grid ops over grids bound at run time, run on the host (host_steps.py)
 
     @property
     def symbol(self) -> str | None:
@@ -37,13 +41,15 @@ def prepare(proto, batch_axis="auto", input_shapes=None, *, limits: Limits = DEF
     expand_functions(proto, _implemented)
     if input_shapes:
         set_input_shapes(proto, input_shapes)
+    steps = host_steps.split(proto)
     symbol = find_batch_symbol(proto, batch_axis)
     spec: Specialised = specialise(proto, symbol, limits=limits)
     model = model_from_proto(spec.proto)
     remove_passthrough(model)
     remove_dead(model)
     fold_batchnorm(model)
-    return Prepared(model, annotate(model, symbol, spec.shapes_b, spec.values_b), bound=dict(spec.bound or {}))
+    return Prepared(model, annotate(model, symbol, spec.shapes_b, spec.values_b), bound=dict(spec.bound or {}),
+                    host_steps=steps)
 
 
 def _implemented(op_type: str, domain: str, opset: int) -> bool:

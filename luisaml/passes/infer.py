@@ -350,9 +350,10 @@ def _readers(proto: onnx.ModelProto, name: str) -> tuple[list, list]:
 
 
 def _any_rows(proto: onnx.ModelProto, name: str) -> bool:
-    """Whether input `name` is read, and every node reading it can take any number of its rows."""
+    """Whether input `name` is read (by a node, or passed straight out as a graph output), and every
+    node reading it can take any number of its rows."""
     takes, refuses = _readers(proto, name)
-    return bool(takes) and not refuses
+    return (bool(takes) or any(o.name == name for o in proto.graph.output)) and not refuses
 
 
 def _fixed_size_reader(proto: onnx.ModelProto, name: str) -> str:

@@ -17,8 +17,9 @@ owns the stages' DSL). The bytes equal the host builder's. Voxel sizes and origi
 constants or graph inputs: they reach the kernels as a table derived on the host (grid_transforms:
 float32 for the arithmetic and the voxel_sizes / origins outputs, float64 bits that the first stage
 copies into the summaries, so the host step writes the headers' exact doubles). Float64 points are
-refused (the kernels compute in float32, fVDB in double for them). The other ops still need constant
-inputs; over inputs bound at run time they are a compile error naming the node.
+refused (the kernels compute in float32, fVDB in double for them). Over grids bound at run time the
+topology ops, and the constructors whose input has a dynamic size or whose grid other nodes read,
+run on the host when a run binds their inputs (luisaml/host_steps.py cuts them out of the graph).
 """
 from __future__ import annotations
 
@@ -138,9 +139,10 @@ class GridOp(Operator):
 
 
 def _not_constant(names: list[str]) -> str:
-    return (f"input '{names[0]}' is not a constant: this op builds grids on the host only (the GridBatchFrom* "
-            "constructors also build them on the device), so the grids this node reads must be constants "
-            "(initializers), and it is evaluated when the model is compiled")
+    return (f"input '{names[0]}' is not a constant: this op builds grids on the host (the GridBatchFrom* "
+            "constructors also on the device), so what it reads must be constants (it is evaluated when the model "
+            "is compiled) or graph inputs and grids built from them (it runs when a run binds them: "
+            "luisaml/host_steps.py), never a tensor the kernels compute")
 
 
 # ---- building on the device ------------------------------------------------------------------------

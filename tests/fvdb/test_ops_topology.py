@@ -4,9 +4,9 @@ against the numpy reference of fVDB's section-3 conventions (fvdb_reference: loo
 folded at compile time over constant inputs, the new bundle equals the builder's bundle of the
 reference voxels byte for byte, its voxels those of the reference and of warp's own builder, and a
 grid query compiled over it answers as the reference grid; over two grids in a batch with negative
-coordinates, a single voxel and an empty grid. A topology node whose inputs are not constants is a
-compile error naming it (GridBatchFromIJK / GridBatchFromPoints build on the device instead:
-test_grid_build_device.py)."""
+coordinates, a single voxel and an empty grid. Over grids bound at run time a topology node runs on
+the host when a run binds them (test_host_steps.py); GridBatchFromIJK / GridBatchFromPoints over
+inputs of fixed size build on the device (test_grid_build_device.py)."""
 import io
 
 import numpy as np
@@ -179,16 +179,6 @@ def test_folded_grids_equal_warps_voxel_for_voxel(warp_ref):
             warp_grid = GridBatch.from_buffer(warp_ref.volume_bytes(warp)).grids[0]
             np.testing.assert_array_equal(active_voxels(got.grids[b]), active_voxels(warp_grid), err_msg=op_type)
             np.testing.assert_array_equal(active_voxels(got.grids[b]), nanovdb_order(np.array(sorted(s))))
-
-
-def test_inputs_that_are_not_constants_are_a_compile_error():
-    gb = BATCHES["one"]
-    feeds = bundle_feeds(gb)
-    node = helper.make_node("DilatedGrid", list(schema.BUNDLE), [f"new_{n}" for n in schema.BUNDLE], name="grow",
-                            domain=schema.DOMAIN, dilation=1)
-    with pytest.raises(ModelError, match=r"node 'grow' \(fvdb::DilatedGrid\): input 'grid_blob' is not a "
-                                         r"constant: this op builds grids on the host only"):
-        _compile_query([node], feeds, (), np.zeros((1, 3), np.int32), 1)
 
 
 def test_a_mask_of_the_wrong_size_names_the_node():

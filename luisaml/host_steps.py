@@ -1,0 +1,305 @@
+"""Grid ops over grids bound at run time that the host runs when a run binds new grids: the pass
+that cuts them out of the graph, and what a run does with them.
+
+fVDB's topology ops (CoarsenedGrid, RefinedGrid, DilatedGrid, PrunedGrid, ConvGrid,
+ConvTransposeGrid) build a new GridBatch bundle whose size depends on the data. Over constant
+grids they fold when the model is compiled. Over a grid given as an input of any size (a U-Net's
+coarse level made from the fine grid inside the model), they become host steps. The same holds for
+the GridBatchFrom* constructors when their input has a dynamic size or another node reads the
+grid they build: the device builder needs a fixed point count, and its grid can only be a graph
+output (Operator.runtime_sized).
+
+- **Compile.** `split` takes such nodes out of the ONNX graph before inference. Their outputs
+  become graph inputs of the compiled network, with their rows bound at run time, so every node
+  after them reads them exactly as it reads a grid the user binds. The graph inputs that only the
+  host steps read leave the graph.
+- **Run.** `HostSteps.complete` runs the steps on the host arrays of their inputs, with the
+  project's builder (luisaml/fvdb/topology.py, the code that folds them at compile time). It
+  checks those inputs against their declared types first, and adds the new bundles to the feeds.
+  A step whose inputs have the same bytes as at its last run gives its last result back, so a grid
+  bound again costs one hash.
+
+Why the host and not the device: the device builder (`DeviceGridBuild`) sizes every scratch region
+from a key count fixed at compile time, and its new grid can only be a graph output. Building a
+coarse grid from a bound one on the device needs both to change (benchmarks/NOTES.md, "Topology ops
+over grids bound at run time"). The host's builder is vectorised numpy; it takes 0.02-0.4 s for
+17k-200k voxels on this project's 2-core CI machine (DilatedGrid more).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from . import dtypes
+from .errors import InputError, InputNameError, InputTypeError, LuisamlError
+from .interop import is_torch, to_numpy
+from .model import ModelError, Node, shape_str
+
+DOMAIN = "fvdb"
+# bundle parts that grow with the grid (their rows are bound at run time), by position
+_GROWING = ("grid_blob", "leaf_batch_indices", "list_indices")
+
+
+@dataclass(frozen=True)
+class HostInput:
+    """A graph input a host step reads: its name, dtype and shape (None: any number of rows)."""
+
+    name: str
+    dtype: dtypes.DType
+    shape: tuple
+
+    def check(self, a: np.ndarray) -> None:
+        if a.dtype != self.dtype.numpy:
+            raise InputTypeError(f"input '{self.name}': expected dtype {self.dtype.numpy}, got {a.dtype}")
+        if a.ndim != len(self.shape) or any(isinstance(d, int) and d != n for d, n in zip(self.shape, a.shape)):
+            raise InputError(f"input '{self.name}': expected shape {shape_str(self.shape)}, got {shape_str(a.shape)}")
+
+
+@dataclass
+class HostStep:
+    """One grid op the host runs: its node, the values of its constant inputs, and its last result."""
+
+    node: Node
+    constants: dict[str, np.ndarray]
+    _last: tuple | None = field(default=None, repr=False)  # (key of the inputs' bytes, {output: array})
+
+    def run(self, values: Mapping[str, np.ndarray], digest) -> dict[str, np.ndarray]:
+        """Return {output name: array} for the node's inputs in values (or its constants)."""
+        from . import registry
+
+        arrays = [None if not name else self.constants.get(name, values.get(name)) for name in self.node.inputs]
+        key = tuple(None if a is None or name in self.constants else (a.dtype.str, a.shape, digest(name, a))
+                    for name, a in zip(self.node.inputs, arrays))
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        op = registry.resolve(self.node.op_type, DOMAIN, 1)
+        try:
+            out = op.evaluate(self.node, arrays)
+        except LuisamlError as e:  # (the builder's messages name the node: a CompileError when folding)
+            raise InputError(f"{e} (run on the host: its grid is bound at run time)") from None
+        result = {name: np.ascontiguousarray(a) for name, a in zip(self.node.outputs, out) if name}
+        self._last = (key, result)
+        return result
+
+
+@dataclass
+class HostSteps:
+    """The host steps of a network, in graph order, and the graph inputs only they read."""
+
+    steps: list[HostStep]
+    host_only: list[HostInput]  # graph inputs no compiled node reads
+    made: dict[str, str]  # each step output the network reads -> the describe() of its node
+    _tensors: dict = field(default_factory=dict, repr=False)  # (output, torch device) -> (array, its tensor)
+
+    def inputs(self, compiled: list) -> list:
+        """Return the network's inputs as a user feeds them (IOSpecs): the compiled network's inputs
+        (`compiled`) but the grids the steps build, and the inputs only the steps read."""
+        from .plan import IOSpec
+
+        host = [IOSpec(h.name, "", h.dtype, h.shape, tuple(d if isinstance(d, int) else 0 for d in h.shape), False,
+                       rows=h.shape[0] if h.shape and not isinstance(h.shape[0], int) else None)
+                for h in self.host_only]
+        return [s for s in compiled if s.name not in self.made] + host
+
+    def describe(self) -> list[str]:
+        """One line a step, for inspect."""
+        return [f"{s.node.describe()} on the host when its input grids change -> "
+                + ", ".join(o for o in s.node.outputs if o in self.made) for s in self.steps]
+
+    def complete(self, feeds: Mapping[str, Any], specs: Mapping[str, Any], digest) -> dict[str, Any]:
+        """Return the feeds of the compiled network: these feeds without the inputs only the steps
+        read, plus every step output it reads (torch tensors on the feeds' device when the feeds
+        are torch tensors). specs: the compiled network's input specs by name, which check the
+        steps' inputs that compiled nodes also read; digest(name, array): a hash of its bytes."""
+        given = [k for k in feeds if k in self.made]
+        if given:
+            raise InputNameError(f"input '{given[0]}' is not an input: {self.made[given[0]]} computes it on the host "
+                                 "from the grid it reads")
+        host_only = {h.name: h for h in self.host_only}
+        values: dict[str, np.ndarray] = {}
+        for step in self.steps:
+            for name in step.node.inputs:
+                if not name or name in step.constants or name in values:
+                    continue
+                if name not in feeds:
+                    raise InputNameError(f"missing input '{name}' ({step.node.describe()} reads it)")
+                a = np.asarray(to_numpy(feeds[name], name))
+                check = host_only.get(name)
+                if check is not None:
+                    check.check(a)
+                elif name in specs:
+                    _check_spec(specs[name], a)
+                values[name] = a
+            values.update(step.run(values, digest))
+        out = {k: v for k, v in feeds.items() if k not in host_only}
+        device = next((v.device for v in feeds.values() if is_torch(v)), None)
+        for name in self.made:
+            a = values[name]
+            if device is not None:  # the same result again is the same tensor (no copy to the device)
+                cached = self._tensors.get((name, str(device)))
+                if cached is None or cached[0] is not a:
+                    import torch
+
+                    cached = (a, torch.from_numpy(np.array(a)).to(device))
+                    self._tensors[(name, str(device))] = cached
+                a = cached[1]
+            out[name] = a
+        return out
+
+
+def _check_spec(spec, a: np.ndarray) -> None:
+    """Check a step's input against the compiled network's spec of it (dtype, and every dimension
+    but rows bound at run time)."""
+    if a.dtype != spec.dtype.numpy:
+        raise InputTypeError(f"input '{spec.name}': expected dtype {spec.dtype.numpy}, got {a.dtype}")
+    fixed = spec.shape[1:] if spec.rows is not None else spec.shape
+    got = a.shape[1:] if spec.rows is not None else a.shape
+    if a.ndim != len(spec.shape) or any(isinstance(d, int) and d != n for d, n in zip(fixed, got)):
+        raise InputError(f"input '{spec.name}': expected shape {shape_str(spec.shape)}, got {shape_str(a.shape)}")
+
+
+# ---- the pass -------------------------------------------------------------------------------
+
+
+def _dims(vi: onnx.ValueInfoProto) -> tuple:
+    return tuple(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None)
+                 for d in vi.type.tensor_type.shape.dim)
+
+
+def split(proto: onnx.ModelProto) -> HostSteps | None:
+    """Take the grid ops that must run on the host out of proto (module docstring); return them,
+    or None when there are none. proto is modified."""
+    from .opsets import fvdb as schema
+
+    g = proto.graph
+    init = {t.name: t for t in g.initializer}
+    constants = set(init)  # (Constant nodes' outputs too; their values read when a step needs them)
+    constant_nodes = {}
+    for n in g.node:
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
+            for a in n.attribute:
+                if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                    constants.add(n.output[0])
+                    constant_nodes[n.output[0]] = a.t
+    inputs = {vi.name: vi for vi in g.input if vi.name not in init}
+    shapes = {name: _dims(vi) for name, vi in inputs.items()}
+    readers: dict[str, list] = {}
+    for n in g.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    outputs = {o.name for o in g.output}
+    chosen, made = [], {}
+    computed: dict[str, onnx.NodeProto] = {}  # tensors the kernels compute from run-time data -> their node
+    for k, n in enumerate(g.node):
+        ins = [i for i in n.input if i]
+        if n.domain != DOMAIN or n.op_type not in schema.GRID_OPS:
+            if any(i in inputs or i in made or i in computed for i in ins):
+                computed.update({o: n for o in n.output if o})
+            continue
+        late = [i for i in ins if i in computed]
+        if late and any(i in inputs or i in made for i in ins):
+            p = computed[late[0]]
+            raise ModelError(
+                f"node '{n.name or n.op_type}' ({DOMAIN}::{n.op_type}): input '{late[0]}' is computed by the kernels "
+                f"(node '{p.name or p.op_type}' ({p.op_type})), but the grid this node reads is bound at run time, so the "
+                "node runs on the host before the kernels: its inputs must be graph inputs, constants or grids that "
+                "other such nodes build")
+        if all(i in constants for i in ins) or not all(i in constants or i in inputs or i in made for i in ins):
+            if late:
+                computed.update({o: n for o in n.output if o})
+            continue  # folds when compiled, or reads a tensor the kernels compute (the op's own error)
+        if _device_buildable(n.op_type) and not _needs_host(n, shapes, readers):
+            continue  # the device builder takes it (a fixed number of points, its grid a graph output)
+        node = Node(n.name or f"{n.op_type}_{k}", n.op_type, DOMAIN, list(n.input), list(n.output),
+                    {a.name: helper.get_attribute_value(a) for a in n.attribute})
+        node.attrs = {a: (v.decode() if isinstance(v, bytes) else (list(v) if isinstance(v, (list, tuple)) else v))
+                      for a, v in node.attrs.items()}
+        values = {i: numpy_helper.to_array(init[i] if i in init else constant_nodes[i]) for i in ins if i in constants}
+        grids = _grid_count(node, shapes)
+        chosen.append((n, HostStep(node, values)))
+        for j, name in enumerate(n.output):
+            if not name:
+                continue
+            part = schema.BUNDLE[j]
+            dims = {"grid_blob": (f"rows of {name}",), "grid_byte_offsets": (grids,), "voxel_sizes": (grids, 3),
+                    "origins": (grids, 3), "leaf_batch_indices": (f"rows of {name}",), "batch_offsets": (grids + 1,),
+                    "list_indices": (f"rows of {name}",)}[part]
+            shapes[name] = dims
+            made[name] = node.describe()
+    if not chosen:
+        return None
+    removed = {id(n) for n, _ in chosen}
+    kept = [n for n in g.node if id(n) not in removed]
+    read = {i for n in kept for i in n.input} | outputs
+    host_only = [HostInput(vi.name, _dtype(vi.type.tensor_type.elem_type, vi.name), _dims(vi))
+                 for vi in g.input if vi.name in inputs and vi.name not in read]
+    del g.node[:]
+    g.node.extend(kept)
+    keep_inputs = [vi for vi in g.input if not (vi.name in inputs and vi.name not in read)]
+    del g.input[:]
+    g.input.extend(keep_inputs)
+    made = {name: where for name, where in made.items() if name in read}
+    for name in made:
+        elem = schema.BUNDLE_ELEM[_output_index(chosen, name)]
+        g.input.append(helper.make_tensor_value_info(name, elem, list(shapes[name])))
+    stale = [vi for vi in g.value_info if vi.name in made]
+    for vi in stale:  # (an exporter's shapes of the traced example's grid)
+        g.value_info.remove(vi)
+    return HostSteps([s for _, s in chosen], host_only, made)
+
+
+def _output_index(chosen, name: str) -> int:
+    for n, _ in chosen:
+        if name in n.output:
+            return list(n.output).index(name)
+    raise KeyError(name)
+
+
+def _device_buildable(op_type: str) -> bool:
+    """Whether the device builder takes the op over inputs bound at run time (it declares outputs
+    sized at run time: DeviceGridBuild, the GridBatchFrom* constructors)."""
+    from . import registry
+
+    registry._load_builtin()
+    return bool(registry.resolve(op_type, DOMAIN, 1).runtime_sized)
+
+
+def _dtype(elem: int, name: str) -> dtypes.DType:
+    dt = dtypes.SUPPORTED.get(elem)
+    if dt is None:
+        raise ModelError(f"input '{name}': element type {elem} is not supported")
+    return dt
+
+
+def _needs_host(n: onnx.NodeProto, shapes: dict, readers: dict) -> bool:
+    """Whether a GridBatchFrom* node must run on the host: an input of dynamic size, or a grid
+    another node reads."""
+    dynamic = any(i and any(not isinstance(d, int) for d in shapes.get(i, ())) for i in n.input)
+    return dynamic or any(readers.get(o) for o in n.output if o)
+
+
+def _grid_count(node: Node, shapes: dict) -> int:
+    """Return the number of grids the node builds: its bundle's (grid_byte_offsets [B]) or its
+    jagged input's (joffsets [B + 1]); raise ModelError when that is not fixed."""
+    topology = not _device_buildable(node.op_type)
+    name = node.inputs[1] if len(node.inputs) > 1 else ""
+    dims = shapes.get(name)
+    what = "grid_byte_offsets" if topology else "joffsets"
+    if not dims or len(dims) != 1 or not isinstance(dims[0], int):
+        raise ModelError(f"{node.describe()}: its input '{name}' ({what}) must have a fixed shape (the number of "
+                         f"grids), got {shape_str(dims) if dims else 'no shape'}; the grids' sizes may change, "
+                         f"their number may not")
+    count = dims[0] if topology else dims[0] - 1
+    if count < 1 or count > _max_grids():
+        raise ModelError(f"{node.describe()}: {count} grids; a bundle holds 1 to {_max_grids()}")
+    return count
+
+
+def _max_grids() -> int:
+    from .fvdb.grid_batch import MAX_GRIDS_PER_BATCH
+
+    return MAX_GRIDS_PER_BATCH

@@ -1,0 +1,222 @@
+"""Grid ops over grids bound at run time, run on the host (luisaml/host_steps.py): one compiled network
+builds each topology op's grid from whatever grid a run binds. The new bundle equals, byte for byte,
+the builder's bundle of fvdb_reference's voxel sets (loops over voxel sets, fVDB's section-3
+conventions); a query compiled over it answers as the reference grid; and a sparse U-Net that makes
+its coarse level inside the model equals torch on point clouds of different sizes."""
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+import luisaml
+from luisaml.errors import InputError, InputNameError, LuisamlError, ModelError, UsageError
+from luisaml.fvdb import GridBatch
+from luisaml.opsets import fvdb as schema
+
+from fvdb_reference import ELEM
+from test_ops_topology import BATCHES, TOPOLOGY, assert_same_bundle, expected_batch, reference, _query
+
+GROWING = ("grid_blob", "leaf_batch_indices", "list_indices")
+QUERY = 64  # query voxels a grid (the reference sets' voxels and neighbours, padded)
+
+
+def grid_inputs(prefix: str, gb: GridBatch) -> list:
+    """The bundle's graph inputs, its growing parts of any size."""
+    return [helper.make_tensor_value_info(f"{prefix}{n}", ELEM[a.dtype],
+                                          [f"{prefix}{n} rows"] + list(a.shape[1:]) if n in GROWING else list(a.shape))
+            for n, a in zip(schema.BUNDLE, gb.bundle())]
+
+
+def topology_model(op_type: str, attrs: dict, gb: GridBatch, mask: bool) -> onnx.ModelProto:
+    """op_type over a bound grid (and a bound mask), its new bundle as outputs, and IJKToIndex over it."""
+    ins = grid_inputs("", gb) + ([helper.make_tensor_value_info("mask", TensorProto.BOOL, ["mask rows"])] if mask else [])
+    new = [f"new_{n}" for n in schema.BUNDLE]
+    topo = helper.make_node(op_type, list(schema.BUNDLE) + (["mask"] if mask else []), new, name="topo",
+                            domain=schema.DOMAIN, **attrs)
+    q = [f"q_{p}" for p in schema.JAGGED]
+    idx = helper.make_node("IJKToIndex", new + q, ["index"], name="idx", domain=schema.DOMAIN, cumulative=1)
+    B = gb.grid_count
+    ins += [helper.make_tensor_value_info("q_jdata", TensorProto.INT32, [B * QUERY, 3]),
+            helper.make_tensor_value_info("q_joffsets", TensorProto.INT64, [B + 1]),
+            helper.make_tensor_value_info("q_jidx", TensorProto.INT32, [B * QUERY]),
+            helper.make_tensor_value_info("q_jlidx", TensorProto.INT32, [0, 1])]
+    outs = [helper.make_tensor_value_info("index", TensorProto.INT64, [B * QUERY]),
+            helper.make_tensor_value_info("new_grid_blob", TensorProto.UINT8, ["new rows"])]
+    g = helper.make_graph([topo, idx], "host_steps", ins, outs)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+
+
+def query_feeds(sets, B: int, rng) -> tuple[dict, np.ndarray]:
+    q = _query(sets)
+    q = q[rng.permutation(len(q))[:QUERY]] if len(q) >= QUERY else np.concatenate([q, np.zeros((QUERY - len(q), 3), np.int32)])
+    return {"q_jdata": np.tile(q, (B, 1)), "q_joffsets": np.arange(B + 1, dtype=np.int64) * QUERY,
+            "q_jidx": np.repeat(np.arange(B, dtype=np.int32), QUERY), "q_jlidx": np.zeros((0, 1), np.int32)}, q
+
+
+@pytest.mark.parametrize("op_type", TOPOLOGY)
+def test_one_network_builds_each_topology_over_grids_bound_at_run_time(op_type):
+    """Two-grid batches of different sizes (one with an empty grid) through one compiled network."""
+    first = BATCHES["two"]
+    attrs, extra, *_ = reference(op_type, first, np.random.default_rng(0))
+    net = luisaml.compile(topology_model(op_type, attrs, first, bool(extra)), batch_axis=None)
+    assert [n.op_type for n, _ in net.plan.ops] == ["IJKToIndex"] and net.plan.host_steps is not None
+    assert {s.name for s in net.inputs} == set(schema.BUNDLE) | set(extra) | {f"q_{p}" for p in schema.JAGGED}
+    rng = np.random.default_rng(1)
+    other = GridBatch.from_ijk([rng.integers(-30, 30, (900, 3)).astype(np.int32), np.array([[7, 7, 7]], np.int32)],
+                               voxel_sizes=[(0.5, 0.5, 0.5), (2.0, 1.0, 1.0)], origins=[(0, 0, 0), (3, 2, 1)])
+    for k, gb in enumerate([first, BATCHES["empty"], other, first]):
+        attrs, extra, sets, h, o = reference(op_type, gb, np.random.default_rng(10 + k))
+        want = expected_batch(sets, h, o)
+        feeds, q = query_feeds(sets, gb.grid_count, np.random.default_rng(k))
+        got = net.run({**dict(zip(schema.BUNDLE, gb.bundle())), **extra, **feeds})
+        np.testing.assert_array_equal(got["new_grid_blob"], want.bundle()[0])
+        np.testing.assert_array_equal(got["index"], want.ijk_to_index([q] * gb.grid_count, cumulative=True).jdata)
+
+
+def test_the_new_bundle_equals_the_reference_byte_for_byte():
+    """Every part of the new bundle (graph outputs of a model that is the op alone)."""
+    gb = BATCHES["two"]
+    attrs, extra, sets, h, o = reference("ConvGrid", gb, np.random.default_rng(3))
+    new = [f"new_{n}" for n in schema.BUNDLE]
+    node = helper.make_node("ConvGrid", list(schema.BUNDLE), new, name="down", domain=schema.DOMAIN, **attrs)
+    outs = [helper.make_tensor_value_info(n, ELEM[a.dtype], [None] * a.ndim) for n, a in zip(new, gb.bundle())]
+    m = helper.make_model(helper.make_graph([node], "g", grid_inputs("", gb), outs),
+                          opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+    net = luisaml.compile(m, batch_axis=None)
+    got = net.run(dict(zip(schema.BUNDLE, gb.bundle())))
+    assert_same_bundle([got[n] for n in new], expected_batch(sets, h, o), sets)
+
+
+def test_a_chain_of_host_steps_and_the_cache(monkeypatch):
+    """CoarsenedGrid of a ConvGrid's grid: the second step reads the first's output. The same grid
+    bound again runs no step; one changed voxel runs both again."""
+    from luisaml import host_steps
+
+    gb = BATCHES["two"]
+    new1, new2 = [f"a_{n}" for n in schema.BUNDLE], [f"b_{n}" for n in schema.BUNDLE]
+    n1 = helper.make_node("ConvGrid", list(schema.BUNDLE), new1, name="conv", domain=schema.DOMAIN,
+                          kernel_size=[3, 3, 3], stride=[1, 1, 1])
+    n2 = helper.make_node("CoarsenedGrid", new1, new2, name="coarse", domain=schema.DOMAIN, coarsening_factor=[2, 2, 2])
+    q = [f"q_{p}" for p in schema.JAGGED]
+    idx = helper.make_node("IJKToIndex", new2 + q, ["index"], name="idx", domain=schema.DOMAIN, cumulative=1)
+    B = gb.grid_count
+    ins = grid_inputs("", gb) + [helper.make_tensor_value_info("q_jdata", TensorProto.INT32, [B * QUERY, 3]),
+                                 helper.make_tensor_value_info("q_joffsets", TensorProto.INT64, [B + 1]),
+                                 helper.make_tensor_value_info("q_jidx", TensorProto.INT32, [B * QUERY]),
+                                 helper.make_tensor_value_info("q_jlidx", TensorProto.INT32, [0, 1])]
+    m = helper.make_model(helper.make_graph([n1, n2, idx], "g", ins,
+                                            [helper.make_tensor_value_info("index", TensorProto.INT64, [B * QUERY])]),
+                          opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+    net = luisaml.compile(m, batch_axis=None)
+    assert [s.node.name for s in net.plan.host_steps.steps] == ["conv", "coarse"]
+    import fvdb_reference as R
+
+    runs = []
+    real = host_steps.HostStep.run
+
+    def counted(self, values, digest):
+        before = self._last
+        out = real(self, values, digest)
+        runs.append(self._last is not before)
+        return out
+
+    monkeypatch.setattr(host_steps.HostStep, "run", counted)
+    for k, grid in enumerate([gb, gb, GridBatch.from_ijk([np.concatenate([gb.ijk.unbind()[0], [[50, 50, 50]]]),
+                                                          gb.ijk.unbind()[1]], gb.voxel_sizes, gb.origins)]):
+        dilated = expected_batch([R.conv_grid(grid, 3, 1)[b] for b in range(B)], grid.voxel_sizes, grid.origins)
+        sets, h, o = R.coarsened_grid(dilated, (2, 2, 2))
+        feeds, qv = query_feeds(sets, B, np.random.default_rng(k))
+        got = net.run({**dict(zip(schema.BUNDLE, grid.bundle())), **feeds})["index"]
+        np.testing.assert_array_equal(got, expected_batch(sets, h, o).ijk_to_index([qv] * B, cumulative=True).jdata)
+    assert runs == [True, True, False, False, True, True]
+
+
+def test_errors_name_the_input_and_the_node():
+    gb = BATCHES["two"]
+    attrs, extra, sets, _, _ = reference("PrunedGrid", gb, np.random.default_rng(4))
+    net = luisaml.compile(topology_model("PrunedGrid", attrs, gb, True), batch_axis=None)
+    feeds = {**dict(zip(schema.BUNDLE, gb.bundle())), **extra, **query_feeds(sets, 2, np.random.default_rng(0))[0]}
+    with pytest.raises(InputNameError, match=r"input 'new_grid_blob' is not an input: node 'topo' "
+                                             r"\(fvdb::PrunedGrid\) computes it on the host"):
+        net.run({**feeds, "new_grid_blob": np.zeros(4, np.uint8)})
+    with pytest.raises(InputNameError, match=r"missing input 'mask' \(node 'topo' \(fvdb::PrunedGrid\) reads it\)"):
+        net.run({k: v for k, v in feeds.items() if k != "mask"})
+    with pytest.raises(InputError, match=r"input 'mask': expected dtype bool, got int32"):
+        net.run({**feeds, "mask": extra["mask"].astype(np.int32)})
+    with pytest.raises(LuisamlError, match=r"node 'topo' \(fvdb::PrunedGrid\): mask 'mask' must be bool "
+                                           rf"\[{gb.total_voxels}\].*run on the host"):
+        net.run({**feeds, "mask": extra["mask"][:-1]})
+    with pytest.raises(LuisamlError, match=r"node 'topo' \(fvdb::PrunedGrid\): .*run on the host"):
+        blob = gb.bundle()[0].copy()
+        blob[16:24] = 0  # the magic number
+        net.run({**feeds, "grid_blob": blob})
+    with pytest.raises(UsageError, match=r"cannot save a network whose grid ops run on the host \(node 'topo'"):
+        net.save("/tmp/never.lml")
+
+
+def test_a_grid_op_over_a_tensor_the_kernels_compute_stays_a_compile_error():
+    """A mask computed by a node (not an input): the host cannot run the step before the kernels."""
+    gb = BATCHES["one"]
+    new = [f"new_{n}" for n in schema.BUNDLE]
+    flags = helper.make_node("Greater", ["score", "zero"], ["keep"], name="keep")
+    node = helper.make_node("PrunedGrid", list(schema.BUNDLE) + ["keep"], new, name="prune", domain=schema.DOMAIN)
+    ins = grid_inputs("", gb) + [helper.make_tensor_value_info("score", TensorProto.FLOAT, [gb.total_voxels])]
+    g = helper.make_graph([flags, node], "g", ins, [helper.make_tensor_value_info("new_batch_offsets", TensorProto.INT64, [2])],
+                          [onnx.numpy_helper.from_array(np.zeros((), np.float32), "zero")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+    with pytest.raises(ModelError, match=r"node 'prune' \(fvdb::PrunedGrid\): input 'keep' is computed by the "
+                                         r"kernels \(node 'keep' \(Greater\)\), but the grid this node reads is bound"):
+        luisaml.compile(m, batch_axis=None)
+
+
+def test_the_number_of_grids_must_be_fixed():
+    gb = BATCHES["two"]
+    ins = grid_inputs("", gb)
+    ins[1] = helper.make_tensor_value_info("grid_byte_offsets", TensorProto.INT64, ["B"])
+    new = [f"new_{n}" for n in schema.BUNDLE]
+    node = helper.make_node("DilatedGrid", list(schema.BUNDLE), new, name="grow", domain=schema.DOMAIN)
+    g = helper.make_graph([node], "g", ins, [helper.make_tensor_value_info("new_batch_offsets", TensorProto.INT64, [None])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+    with pytest.raises(ModelError, match=r"node 'grow' \(fvdb::DilatedGrid\): its input 'grid_byte_offsets' "
+                                         r"\(grid_byte_offsets\) must have a fixed shape \(the number of grids\)"):
+        luisaml.compile(m, batch_axis=None)
+
+
+# ---- a U-Net that makes its coarse level from the fine grid it is given ----------------------------
+
+
+@pytest.fixture(scope="module")
+def unet_example():
+    from util import example_module
+
+    with example_module("sparse_unet.py") as module:
+        yield module
+
+
+def test_a_unet_that_coarsens_its_bound_grid_equals_torch(unet_example):
+    """examples/sparse_unet.py's FineGridUNet: the fine grid is the only grid input, the coarse level
+    fVDB's conv_grid of it inside the model. One network for three point clouds; torch tensors in
+    give torch tensors out; inspect names the host step."""
+    torch.manual_seed(0)
+    ex = unet_example
+    model = ex.FineGridUNet(ex.sphere_points(8, np.random.default_rng(0)), 0.25, 4, 6, 3).eval()
+    fine, _ = ex.grid_pair(ex.sphere_points(400, np.random.default_rng(1)), 0.25)
+    proto = ex.export_fine_grid_unet(model, torch.zeros(int(fine[5][-1]), 4), fine)
+    net = luisaml.compile(proto)
+    assert [s.node.op_type for s in net.plan.host_steps.steps] == ["ConvGrid"]
+    assert net.plan.symbol == "voxels" and net.plan.voxel_rows
+    for points, seed in ((400, 1), (1500, 2), (120, 3)):
+        fine, coarse = ex.grid_pair(ex.sphere_points(points, np.random.default_rng(seed)), 0.25)
+        x = torch.randn(int(fine[5][-1]), 4)
+        with torch.no_grad():
+            want = model(x, *fine).numpy()
+        got = net.run(ex.fine_feeds(x, fine))["out"]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    got = net.run({k: torch.from_numpy(v) for k, v in ex.fine_feeds(x, fine).items()})["out"]
+    assert isinstance(got, torch.Tensor)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    from luisaml import report
+
+    text = report.text(report.build(proto))
+    assert "run on the host" in text and "(fvdb::ConvGrid) on the host when its input grids change" in text
