@@ -27,7 +27,7 @@ import numpy as np
 from .builder import as_vec3, as_voxel_size
 from .grid_batch import GridBatch
 from .nanovdb import NanoGrid, active_voxels
-from .sparse_conv import ConvGeometry, conv_grid_ijk, conv_transpose_grid_ijk
+from .sparse_conv import ConvGeometry, conv_grid_ijk, conv_transpose_grid_ijk, distinct_voxels
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
@@ -48,10 +48,7 @@ def factor3(value: int | Iterable[int], what: str, allow_zero: bool = False) -> 
 
 
 def _checked(ijk: np.ndarray, what: str) -> np.ndarray:
-    ijk = np.asarray(ijk, np.int64).reshape(-1, 3)
-    if len(ijk) and (ijk.min() < _INT32_MIN or ijk.max() > _INT32_MAX):
-        raise ValueError(f"the {what} grid has voxels outside int32 coordinates")
-    return np.unique(ijk, axis=0).astype(np.int32)
+    return distinct_voxels(ijk, what)
 
 
 def voxels_of(grids: Sequence[NanoGrid]) -> Voxels:

@@ -213,9 +213,11 @@ def test_a_unet_that_coarsens_its_bound_grid_equals_torch(unet_example):
             want = model(x, *fine).numpy()
         got = net.run(ex.fine_feeds(x, fine))["out"]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-    got = net.run({k: torch.from_numpy(v) for k, v in ex.fine_feeds(x, fine).items()})["out"]
-    assert isinstance(got, torch.Tensor)
-    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    where = "cuda" if net.backend == "cuda" else "cpu"  # (on CUDA: the zero-copy path)
+    for _ in range(2):  # (the second run: the host step's last result, the same device tensors)
+        got = net.run({k: torch.from_numpy(v).to(where) for k, v in ex.fine_feeds(x, fine).items()})["out"]
+        assert isinstance(got, torch.Tensor) and got.device.type == where
+        np.testing.assert_allclose(got.cpu().numpy(), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     from luisaml import report
 
     text = report.text(report.build(proto))

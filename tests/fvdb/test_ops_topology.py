@@ -213,3 +213,19 @@ def test_exported_torch_module_folds_the_new_grid():
     assert [n.op_type for n, _ in net.plan.ops] == ["AvgPool", "Refine"]
     with torch.no_grad():
         np.testing.assert_allclose(net.run({"x": x.numpy()})["y"], model(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_distinct_voxels_equal_numpys_unique_rows():
+    """The packed-key dedup the topology ops use returns np.unique(axis=0)'s rows in its order: over a
+    span that packs, one that does not (an axis of 2^21 or more), int32's extremes and no rows."""
+    from luisaml.fvdb.sparse_conv import distinct_voxels
+
+    rng = np.random.default_rng(5)
+    small = rng.integers(-40, 40, (5000, 3))
+    wide = np.concatenate([small, [[2**21 + 5, 0, 0], [-(2**31), 2**31 - 1, 7]]])
+    for ijk in (small, wide, np.array([[2**31 - 1, -(2**31), 0]] * 3), np.zeros((0, 3), np.int64)):
+        got = distinct_voxels(ijk, "test")
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got, np.unique(ijk.reshape(-1, 3), axis=0).astype(np.int32))
+    with pytest.raises(ValueError, match="the test grid has voxels outside int32 coordinates"):
+        distinct_voxels(np.array([[0, 0, 2**31]]), "test")
