@@ -200,6 +200,12 @@ class StoredSchedule:
     stages: list[StoredStage]
     buffers: Allocation
 
+    @property
+    def takes_batch(self) -> bool:
+        """Whether the kernels take the batch size (schedule.Schedule.takes_batch): an artifact's only
+        such stage is the fused MLP's (a blocks stage of sample groups has no dispatch data)."""
+        return any(st.domain == "fused" for st in self.stages)
+
     def describe(self) -> str:
         """Return the stages' lines and the buffer allocation, as Schedule.describe does."""
         return "\n".join([s.describe() for s in self.stages] + ["buffers: " + self.buffers.report()])

@@ -99,6 +99,7 @@ def generate(plan: Plan, model_name: str) -> str:
     else:
         kernels = []
         fused = any(st.domain == "fused" for st in plan.schedule.stages)
+        batch_param = ["n: int"] if plan.schedule.takes_batch else []
         for st in plan.schedule.stages:
             params = kernel_params(plan)
             if st.domain == "fused":  # the fused MLP's cooperative kernel (luisaml/mlp.py)
@@ -107,8 +108,7 @@ def generate(plan: Plan, model_name: str) -> str:
                 type_decls += decls
             else:
                 body = emit_stage(plan, st, module)
-            if fused:
-                params = params + [TILE_COUNTER, "n: int"]
+            params = params + ([TILE_COUNTER] if fused else []) + batch_param
             kernels.append((f"stage_{st.index}", params, st.describe(), body))
         if plan.merged_stages and kernels:
             kernels = [_merged(kernels)]
@@ -396,7 +396,14 @@ def emit_stage(plan: Plan, st: Stage, module: Module) -> str:
     else:
         ctx.line("tid = int(dispatch_id().x)")
     item = "tid"
-    if st.batched and st.domain in ("element", "items", "blocks"):
+    if st.grouped:  # a group of `items` blocks per `samples` samples: the batch is the argument n
+        ctx.line(f"sample = (tid // {st.items}) * {st.samples}")
+        ctx.line(f"item = tid % {st.items}")
+        item = "item"
+        ctx.line("n_samples = n")
+        ctx.sample, ctx.n_samples = "sample", "n_samples"
+        ctx.at_sample = lambda s: bind(stage_bindings(plan, st, ctx, s))
+    elif st.batched and st.domain in ("element", "items", "blocks"):
         ctx.line(f"sample = tid // {st.items}")
         ctx.line(f"item = tid % {st.items}")
         item = "item"

@@ -651,8 +651,10 @@ class CompiledNetwork:
             else:  # the stages, one dispatch each (of their own kernel, or of the merged one)
                 stages = self.plan.schedule.stages
                 common = [*args, self.weights, *self._pool_buffers(n), *scratch]
-                if any(st.domain == "fused" for st in stages):  # the fused MLP: its tile counter, the batch
-                    common += [self._tile_counter(), n]
+                if any(st.domain == "fused" for st in stages):  # the fused MLP: its tile counter
+                    common += [self._tile_counter()]
+                if self.plan.schedule.takes_batch:  # (schedule.Schedule.takes_batch)
+                    common += [n]
                 if first and self.backend == "cuda" and not self.plan.merged_stages:
                     self._build_in_parallel(common + extra)
                 for k, stage in enumerate(stages):

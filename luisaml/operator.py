@@ -247,6 +247,13 @@ class Operator:
         tile, through shared memory), or None when this node has none or is too small for it."""
         return None
 
+    def block_samples(self) -> int:
+        """Return how many samples one block of a batched blocks stage covers: 1 (the block works
+        within its sample), or its tile's rows when they are samples (fvdb's SparseConv3d over voxels
+        as the batch). With more than 1, emit_block runs at the group's first sample, `ctx.n_samples`
+        is the batch, and `ctx.at_sample` reads any sample."""
+        return 1
+
     def emit_block(self, ctx: "KernelContext", item: str, thread: str) -> None:
         """Emit thread `thread` of block `item` of block_tiling().blocks."""
         raise NotImplementedError

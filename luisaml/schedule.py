@@ -52,7 +52,10 @@ class Stage:
     phase: int | None = None  # a phase of a node with run-time sized outputs (luisaml/dynamic.py)
     phase_name: str = ""
     readback: bool = False  # the host reads the node's row count back after this stage
-    samples: int = 1  # samples a work item covers (Operator.samples_per_item): items of the others idle
+    # samples a work item covers (Operator.samples_per_item): items of the others idle; of a blocks
+    # stage, the samples a block's tile covers (Operator.block_samples): the stage dispatches
+    # ceil(n / samples) groups of `items` blocks and its kernel takes the batch as an argument
+    samples: int = 1
 
     @property
     def root(self) -> tuple[Node, Operator]:
@@ -62,7 +65,14 @@ class Stage:
         """Threads to dispatch for n samples."""
         if self.domain == "fused":
             return self.root[1].dispatch_size(n) if n else 0
+        if self.grouped:
+            return -(-n // self.samples) * self.items * self.threads
         return (self.items * n if self.batched else self.items) * self.threads
+
+    @property
+    def grouped(self) -> bool:
+        """A blocks stage whose blocks cover `samples` samples each (their tile's rows)."""
+        return self.domain == "blocks" and self.batched and self.samples > 1
 
     def describe(self) -> str:
         """One line for inspect."""
@@ -73,8 +83,9 @@ class Stage:
         if self.inlined:
             extra.append("inline " + ", ".join(self.inlined))
         if self.samples > 1:
-            extra.append(f"{self.samples} samples a work item")
-        per = f"{self.items:,} per sample" if self.batched else f"{self.items:,} in all"
+            extra.append(f"{self.samples} samples a {'block' if self.domain == 'blocks' else 'work item'}")
+        per = (f"{self.items:,} per {self.samples} samples" if self.grouped else
+               f"{self.items:,} per sample" if self.batched else f"{self.items:,} in all")
         where = {"element": "one thread per element of", "items": "one thread per work item of",
                  "blocks": f"a block of {self.threads} threads per tile of",
                  "sample": "one thread per sample", "single": "one thread",
@@ -94,6 +105,12 @@ class Schedule:
     virtual: dict[str, tuple[Node, Operator, int]]  # tensor -> (producer, its operator, output index)
     chained: dict[str, str]  # epilogue tensor (virtual inside its stage only) -> the stage's root node
     buffers: Allocation  # cross-stage tensors in pooled device buffers (space "buffer")
+
+    @property
+    def takes_batch(self) -> bool:
+        """Whether the kernels take the batch size as an argument (`n`): the fused MLP's, and a
+        blocks stage of sample groups, whose dispatch size does not give it."""
+        return any(st.domain == "fused" or st.grouped for st in self.stages)
 
     def describe(self) -> str:
         lines = [s.describe() for s in self.stages]
@@ -244,7 +261,8 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
             stages.append(Stage(len(stages), "blocks" if tiling else "items", [(n, op)],
                                 int(tiling.blocks if tiling else op.work_items()), batched, out=out,
                                 epilogue=epilogue_of.get(n.name, []), threads=tiling.threads if tiling else 1,
-                                samples=op.samples_per_item() if batched and not blocks else 1))
+                                samples=(op.block_samples() if tiling else 1 if blocks else op.samples_per_item())
+                                if batched else 1))
     close_group()
     for st in stages:
         _fill_io(st, code, virtual, views, readers, pinned)

@@ -111,7 +111,8 @@ Finish = Callable[[str, str, str, str], str]
 
 
 def emit(ctx, tl: Tiling, item: str, thread: str, a: RowLoader, b: RowLoader, finish: Finish, store: Finish,
-         a_m_contiguous: bool, b_quad: RowLoader | None = None, k_steps: str | None = None) -> None:
+         a_m_contiguous: bool, b_quad: RowLoader | None = None, k_steps: str | None = None,
+         m_limit: str | None = None) -> None:
     """Emit block `item`'s tile (item < tl.blocks) for thread `thread` of tl.threads.
     a_m_contiguous: A's consecutive rows are consecutive in memory (Conv's im2col view of NCHW);
     otherwise its consecutive k are (a row-major Gemm A): the copy then walks k fastest.
@@ -119,7 +120,10 @@ def emit(ctx, tl: Tiling, item: str, thread: str, a: RowLoader, b: RowLoader, fi
     k_steps (optional): the tile's number of k steps, a run-time expression, for a product that
     skips whole steps of its k range (fvdb's SparseConv3d runs only the taps its tile's voxels
     read): a and b then receive the compacted k (below k_steps x BK), which they map to the real
-    one, and K must be a multiple of BK (every step whole)."""
+    one, and K must be a multiple of BK (every step whole).
+    m_limit (optional): the rows of the product that exist, a run-time expression of at least 1 (a
+    tile of samples at the end of the batch: SparseConv3d over voxels as the batch); rows at or past
+    it load row m_limit - 1 and store nothing."""
     M, N, K, BM, BN, TM, TN, BK = tl.M, tl.N, tl.K, tl.BM, tl.BN, tl.TM, tl.TN, tl.BK
     if k_steps is not None and K % BK:
         raise ValueError(f"k_steps needs whole k steps: K = {K} is not a multiple of BK = {BK}")
@@ -143,7 +147,7 @@ def emit(ctx, tl: Tiling, item: str, thread: str, a: RowLoader, b: RowLoader, fi
     a_sh = ctx.shared_array("float4", nbuf * a_size, "ash")
     b_sh = ctx.shared_array("float4", nbuf * b_size, "bsh")
 
-    def copies(side: int, quad_fast: bool, base: str, limit: int, loader: RowLoader, quad: RowLoader | None):
+    def copies(side: int, quad_fast: bool, base: str, limit: int | str, loader: RowLoader, quad: RowLoader | None):
         """Return this thread's float4s of a tile, fixed over k: [(shared index, k offset within the
         step, [(in-range condition or None, k -> load)] x 4, or one k -> float4 load)]."""
         quads = side // 4
@@ -158,12 +162,13 @@ def emit(ctx, tl: Tiling, item: str, thread: str, a: RowLoader, b: RowLoader, fi
                 lanes = []
                 for lane in range(4):
                     g = ctx.let(ix.add(base, ix.mul(q, 4), str(lane)), "g")
-                    cond = f"{g} < {limit}" if limit % side else None
-                    lanes.append((cond, loader(bi, g if cond is None else f"min({g}, {limit - 1})")))
+                    cond = f"{g} < {limit}" if isinstance(limit, str) or limit % side else None
+                    last = limit - 1 if isinstance(limit, int) else f"{limit} - 1"
+                    lanes.append((cond, loader(bi, g if cond is None else f"min({g}, {last})")))
             out.append((ctx.let(ix.add(ix.mul(kk, quads), q), "sh"), kk, lanes))
         return out
 
-    ahead = [(a_sh, a_size, *c) for c in copies(BM, a_m_contiguous, m0, M, a, None)] + \
+    ahead = [(a_sh, a_size, *c) for c in copies(BM, a_m_contiguous, m0, m_limit or M, a, None)] + \
             [(b_sh, b_size, *c) for c in copies(BN, True, n0, N, b, b_quad)]
     regs = [[ctx.fresh("pf") for _ in lanes] for (_, _, _, _, lanes) in ahead]
 
@@ -221,7 +226,8 @@ def emit(ctx, tl: Tiling, item: str, thread: str, a: RowLoader, b: RowLoader, fi
         m = ctx.let(ix.add(m0, ix.mul(tr, 4), str((i // 4) * rows * 4 + i % 4)), "m")
         for j in range(TN):
             n = ctx.let(ix.add(n0, ix.mul(tc, 4), str((j // 4) * cols * 4 + j % 4)), "n")
-            conds = [c for c in (f"{m} < {M}" if M % BM else None, f"{n} < {N}" if N % BN else None) if c]
+            conds = [c for c in (f"{m} < {m_limit}" if m_limit else f"{m} < {M}" if M % BM else None,
+                                 f"{n} < {N}" if N % BN else None) if c]
             if conds:
                 ctx.line(f"if {' and '.join(conds)}:")
                 ctx.level += 1

@@ -583,20 +583,35 @@ class SparseConv3d(Operator):
             col = ix.add(n0, str(j))
             ctx.line_if(None if j < safe else f"{col} < {C_out}", y.store(col, acc[j]))
 
+    # over voxels as the batch, the tiling is chosen as for a grid of this many voxels; a block then
+    # covers BM consecutive samples (block_samples)
+    NOMINAL_VOXELS = 1 << 16
+
     def block_tiling(self):
         from luisaml.operators import tiled
 
-        if self.voxel_batch or self.n_in == 0 or self.n_out == 0:
+        if self.n_in == 0 or self.n_out == 0:
             return None
+        rows = self.NOMINAL_VOXELS if self.voxel_batch else self.n_out
         # Conv's double-buffered 64 x 64 tiles (pipelined): 1.100 -> 0.989 ms on the H200 benchmark;
         # there 128 threads of 4 x 8 rather than 64 of 8 x 8: 0.988 -> 0.929 ms (twice the warps to hide
         # the gathers of rows from all over the grid)
-        tl = tiled.choose(self.n_out, self.c_out, self.taps * self.c_in, 1, m_fast=False, pipelined=True)
+        tl = tiled.choose(rows, self.c_out, self.taps * self.c_in, 1, m_fast=False, pipelined=True)
         if tl is not None and (tl.BM, tl.BN, tl.TM, tl.TN) == (64, 64, 8, 8):
             wide = dataclasses.replace(tl, TM=4)
             if (wide.BM * wide.BK // 4) % wide.threads == 0:  # every thread still copies whole float4s
                 tl = wide
+        if tl is not None and self.voxel_batch:
+            tl = dataclasses.replace(tl, M=tl.BM)  # one tile of rows: a group of samples
         return tl
+
+    def block_samples(self) -> int:
+        tl = self.block_tiling()
+        return tl.BM if self.voxel_batch and tl is not None else 1
+
+    def _group_rows(self, ctx) -> str:
+        """The rows of this block's group that are samples (voxels as the batch), at least 1."""
+        return ctx.let(f"min(n_samples - sample, {self.block_tiling().BM})", "grows")
 
     def skips_taps(self, tl) -> bool:
         """Whether the tiles run only their voxels' taps: a k step must lie within one tap."""
@@ -614,9 +629,10 @@ class SparseConv3d(Operator):
         bits = [ctx.fresh("bits") for _ in range(words)]
         for name in bits:
             ctx.line(f"{name} = uint(0)")
+        limit = self._group_rows(ctx) if self.voxel_batch else self.n_out
         for e in range(-(-BM // NT)):  # this thread's rows of the tile
             r = ctx.let(ix.add(m0, ix.add(thread, str(e * NT)) if e else thread), "tr")
-            ctx.line(f"if {r} < {self.n_out}:")
+            ctx.line(f"if {r} < {limit}:")
             with ctx.indent():
                 kr = ctx.let(ix.mul(self.row(r), T), "kr")
                 for w, name in enumerate(bits):
@@ -665,7 +681,11 @@ class SparseConv3d(Operator):
         C_in, C_out, T = self.c_in, self.c_out, self.taps
         tl = self.block_tiling()
         checked = kmap.value is None  # a map fed at run time: an index past the features is flagged
-        flag = ctx.flag_error(str(self.error(f"kernel_map '{kmap.name}' holds an index outside [-1, {self.n_in}) "
+        # over voxels as the batch the block's rows are samples from `sample` on, and a tap reads the
+        # sample its map entry names (at_sample of 0: the features' absolute rows)
+        rows_in = ctx.n_samples if self.voxel_batch else self.n_in
+        limit = "[-1, batch)" if self.voxel_batch else f"[-1, {self.n_in})"
+        flag = ctx.flag_error(str(self.error(f"kernel_map '{kmap.name}' holds an index outside {limit} "
                                              f"(the rows of features '{x.name}')"))) if checked else None
         taps, k_steps = None, None
         if self.skips_taps(tl):
@@ -682,8 +702,12 @@ class SparseConv3d(Operator):
 
             def load(k):
                 tap, c = tap_of(k)
-                v = map_index(ctx, kmap.load(ix.add(row, tap)), self.n_in, flag, checked)
-                return f"({x.load(ix.add(ix.mul(f'max({v}, 0)', C_in), c))} if {v} >= 0 else 0.0)"
+                v = map_index(ctx, kmap.load(ix.add(row, tap)), rows_in, flag, checked)
+                at = ix.add(ix.mul(f'max({v}, 0)', C_in), c)
+                if self.voxel_batch:
+                    with ctx.at_sample("0"):
+                        return f"({x.load(at)} if {v} >= 0 else 0.0)"
+                return f"({x.load(at)} if {v} >= 0 else 0.0)"
 
             return load
 
@@ -711,7 +735,7 @@ class SparseConv3d(Operator):
         tiled.emit(ctx, tl, item, thread, a_row, b_column,
                    lambda _, o, n, acc: f"{acc} + {bias.load(n)}" if bias is not None else acc,
                    lambda _, o, n, v: y.store(ix.add(ix.mul(self.row(o), C_out), n), v), a_m_contiguous=False,
-                   k_steps=k_steps)
+                   k_steps=k_steps, m_limit=self._group_rows(ctx) if self.voxel_batch else None)
 
     def forward(self, ctx):
         with ctx.loop(self.work_items(), "item") as item:
@@ -724,5 +748,7 @@ class SparseConv3d(Operator):
         return f"gather-GEMM over a kernel map of {self.taps} taps, {self.c_in}->{self.c_out} channels: a thread per {per}"
 
     def describe_block(self):
+        group = (f", a block's rows {self.block_samples()} consecutive samples (voxels as the batch)"
+                 if self.voxel_batch else "")
         return (f"gather-GEMM over a kernel map of {self.taps} taps, {self.c_in}->{self.c_out} channels: "
-                f"{self.block_tiling().describe()}, only the taps a tile's voxels read")
+                f"{self.block_tiling().describe()}, only the taps a tile's voxels read{group}")
