@@ -75,15 +75,33 @@ def byte_buffer(data: bytes | np.ndarray):
     ByteBufferType instance; ByteBuffer.from_array cannot take numpy scalar types."""
     import luisa
 
-    raw = np.frombuffer(bytes(data) if not isinstance(data, np.ndarray) else data.tobytes(), dtype=np.uint8)
-    if raw.size % 4:
-        raw = np.concatenate([raw, np.zeros(-raw.size % 4, np.uint8)])
-    if raw.size == 0:
-        raw = np.zeros(4, np.uint8)
+    raw = _byte_words(data)
     buf = luisa.ByteBuffer(raw.size)
     fix_byte_buffer(buf)
     buf.copy_from_array(raw.view(np.uint32), sync=True)
     return buf
+
+
+def _byte_words(data: bytes | np.ndarray) -> np.ndarray:
+    """Return data as uint8, padded with zeros to a whole number of 4-byte words (at least one)."""
+    raw = np.frombuffer(bytes(data) if not isinstance(data, np.ndarray) else data.tobytes(), dtype=np.uint8)
+    if raw.size % 4:
+        raw = np.concatenate([raw, np.zeros(-raw.size % 4, np.uint8)])
+    return raw if raw.size else np.zeros(4, np.uint8)
+
+
+def byte_size(data: np.ndarray) -> int:
+    """Return the bytes of the ByteBuffer byte_buffer(data) makes."""
+    return max(-(-int(data.nbytes) // 4) * 4, 4)
+
+
+def refill_byte_buffer(buf, data: np.ndarray) -> None:
+    """Write data (padded as byte_buffer pads it) to the start of a ByteBuffer of at least that size."""
+    raw = _byte_words(data)
+    assert raw.size <= buf.bytesize, (raw.size, buf.bytesize)
+    if raw.size < buf.bytesize:  # (copy_from_array writes the whole buffer)
+        raw = np.concatenate([raw, np.zeros(buf.bytesize - raw.size, np.uint8)])
+    buf.copy_from_array(raw.view(np.uint32), sync=True)
 
 
 def fix_byte_buffer(buf) -> None:

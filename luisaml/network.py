@@ -44,6 +44,8 @@ def _expected(spec: IOSpec) -> str:
 _PARALLEL_HASH_BYTES = 2 << 20
 _HASH_CHUNK = 1 << 20
 _hash_pool = None
+# ByteBuffers a network keeps for the next new grids once no input holds them (_byte_input)
+_SPARE_BYTE_BUFFERS = 2
 
 
 def _computation_key(d, arrays: dict[str, np.ndarray], seen: dict) -> tuple | None:
@@ -121,6 +123,7 @@ class CompiledNetwork:
         self._buffers: dict[tuple[str, int], Any] = {}
         self._derived: dict[str, tuple[tuple, Any, np.ndarray]] = {}  # ident -> (its computation's key, buffer, values)
         self._byte_inputs: dict[str, tuple[tuple, Any]] = {}  # byte input's ident -> (its bytes' key, ByteBuffer)
+        self._spare_bytes: list = []  # ByteBuffers no byte input holds any more, newest first (_byte_input)
         # input -> (device tensor's clone, host copy, its digest, its bytes' digest): _dlpack_host
         self._host_copies: dict[str, tuple] = {}
 
@@ -508,14 +511,26 @@ class CompiledNetwork:
         its bytes change (no kernel writes an input), and one buffer for inputs of the same bytes (a
         fine and a coarse map's bundles of one grid: two inputs, one upload). seen: the run's memo
         of digests, for a k that is the caller's own array (alive for the whole run)."""
-        from .luisa_compat import byte_buffer
+        from .luisa_compat import byte_buffer, byte_size, refill_byte_buffer
 
         whole = np.ascontiguousarray(k)
         key = (whole.dtype.str, whole.shape, _bytes_digest(whole, seen if whole is k else None))
         buf = next((b for kk, b in self._byte_inputs.values() if kk == key), None)
         if buf is None:
-            buf = byte_buffer(whole)
+            size = byte_size(whole)
+            spare = next((b for b in self._spare_bytes if size <= b.bytesize <= 2 * size), None)
+            if spare is not None:  # a blob no input holds any more, of about this size: written over
+                self._spare_bytes.remove(spare)
+                refill_byte_buffer(spare, whole)
+                buf = spare
+            else:
+                buf = byte_buffer(whole)
+        old = self._byte_inputs.get(s.ident)
         self._byte_inputs[s.ident] = (key, buf)
+        if old is not None and all(b is not old[1] for _, b in self._byte_inputs.values()):
+            # no input holds it now (a new grid took its place): kept for the next new grid, since a
+            # ByteBuffer of megabytes took 9 ms to create on the H200 (a new grid every frame)
+            self._spare_bytes = [old[1]] + self._spare_bytes[:_SPARE_BYTE_BUFFERS - 1]
         return buf
 
     def _launch_and_wait(self, args: list, n: int, out_bufs: list | None = None, make_output=None) -> dict[str, int]:
