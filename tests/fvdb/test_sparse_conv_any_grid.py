@@ -483,6 +483,32 @@ def test_zero_copy_runs_copy_and_upload_one_grid_given_twice_once(monkeypatch):
     assert counts == [2, 2, 3]  # the weight blob and one grid blob; nothing; the new grid's blob
 
 
+def test_zero_copy_runs_do_not_hash_a_grid_that_changed(monkeypatch):
+    """On the zero-copy path a grid whose tensors differ from the last run's is new to every cache: its
+    bytes are not hashed (a token stands for their digest), and the run still equals the reference."""
+    import hashlib
+
+    from luisaml import network
+    from luisaml.network import CompiledNetwork
+
+    monkeypatch.setattr(CompiledNetwork, "_SHARED_DEVICES", {"cuda": "cuda", "cpu": "cpu"})
+    rng = np.random.default_rng(12)
+    C = 4
+    m, p = block_model(C, 3, rng)
+    net = luisaml.compile(m)
+    where = "cuda" if net.backend == "cuda" else "cpu"
+    hashed: list = []
+    real = hashlib.blake2b
+    monkeypatch.setattr(network.hashlib, "blake2b", lambda data=b"", **kw: hashed.append(len(data)) or real(data, **kw))
+    for gb in (sphere(20, 500, 6.0), sphere(21, 520, 6.0)):
+        grid = [torch.from_numpy(np.array(a)).to(where) for a in gb.bundle()]
+        x = rng.standard_normal((gb.total_voxels, C)).astype(np.float32)
+        feeds = {"x": torch.from_numpy(x).to(where), **{f"{lv}{n}": t for lv in ("in_", "out_") for n, t in zip(schema.BUNDLE, grid)}}
+        assert_close(net.run(feeds)["y"].cpu().numpy(), reference_block(gb, x.astype(np.float64), p))
+        assert sum(hashed) < gb.bundle()[0].nbytes  # (names and small keys only: not the blob, in chunks or whole)
+        hashed.clear()
+
+
 def test_two_bundles_of_one_grid_are_checked_once_a_run(monkeypatch):
     """The fine and the coarse map's bundles of the same grid: the host checks and lays out the blob
     once a run (the derived metadata computed by content, not by input name); two different grids
