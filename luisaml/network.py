@@ -777,12 +777,12 @@ class CompiledNetwork:
             need |= {n for n in d.sources if n not in d.constants and n not in d.shape_only}
         host = dict(metas)
         copied: dict = {}  # this run's host copies by device memory: two bundles of one grid, one copy
+        changed: list = []  # (name, its tensor, its new host copy)
         for name in sorted(need):
             t = feeds[name].detach()
             where = (t.data_ptr(), t.dtype, str(t.device), tuple(t.shape), t.stride())
             if where in copied:
                 host[name] = copied[where]
-                self._digest(host, name, False, seen)  # (its bytes' digest is this run's memo of that copy)
                 continue
             last = self._host_copies.get(name)
             if last is not None and last[0].shape == t.shape and last[0].dtype == t.dtype and torch.equal(last[0], t):
@@ -792,13 +792,24 @@ class CompiledNetwork:
                     seen[_memory_key(last[1])] = last[3]
             else:
                 host[name] = np.array(to_numpy(t, name), copy=True)  # (a CPU tensor's numpy() would share it)
-                # it differs from the last run's clone, so no cache keyed by its bytes holds it: a token
-                # never used before stands for their digest (hashing a 198k-voxel grid's bundle took
-                # 5 ms a run on the H200's host). Equal bytes in other memory are then not shared.
-                seen[_memory_key(host[name])] = b"zero-copy " + next(_ZERO_COPY_TOKENS).to_bytes(8, "little")
-                digest = self._digest(host, name, False, seen)
-                self._host_copies[name] = (t.clone(), host[name], digest, seen.get(_memory_key(host[name])))
+                changed.append((name, t, host[name]))
             copied[where] = host[name]
+        # A changed tensor differs from its last run's clone, so no cache keyed by its bytes holds it: a
+        # token never used before stands for their digest (hashing a 198k-voxel grid's bundle took 5 ms
+        # a run on the H200's host). Only copies that another changed one of the same type and shape
+        # may equal (two bundles of one grid in separate memory) are hashed, to be shared.
+        kinds: dict = {}
+        for _, _, a in changed:
+            kinds[(a.dtype.str, a.shape)] = kinds.get((a.dtype.str, a.shape), 0) + 1
+        for _, _, a in changed:
+            if kinds[(a.dtype.str, a.shape)] == 1 and _memory_key(a) not in seen:
+                seen[_memory_key(a)] = b"zero-copy " + next(_ZERO_COPY_TOKENS).to_bytes(8, "little")
+        for name in need:
+            if name not in {n for n, _, _ in changed}:
+                self._digest(host, name, False, seen)  # (a copy shared in this run: its memo)
+        for name, t, a in changed:
+            digest = self._digest(host, name, False, seen)
+            self._host_copies[name] = (t.clone(), a, digest, seen.get(_memory_key(a)))
         return host
 
     def _run_dlpack(self, feeds: Mapping[str, Any], wanted: list[str]) -> dict[str, Any]:
