@@ -796,14 +796,18 @@ class CompiledNetwork:
             copied[where] = host[name]
         # A changed tensor differs from its last run's clone, so no cache keyed by its bytes holds it: a
         # token never used before stands for their digest (hashing a 198k-voxel grid's bundle took 5 ms
-        # a run on the H200's host). Only copies that another changed one of the same type and shape
-        # may equal (two bundles of one grid in separate memory) are hashed, to be shared.
-        kinds: dict = {}
+        # a run on the H200's host). Copies equal to another changed copy of this run (two bundles of
+        # one grid in separate memory: compared, at memcmp speed) share its token, so they share one
+        # bundle check and one upload.
+        firsts: dict = {}  # (dtype, shape) -> the distinct changed copies of this run
         for _, _, a in changed:
-            kinds[(a.dtype.str, a.shape)] = kinds.get((a.dtype.str, a.shape), 0) + 1
-        for _, _, a in changed:
-            if kinds[(a.dtype.str, a.shape)] == 1 and _memory_key(a) not in seen:
+            same = firsts.setdefault((a.dtype.str, a.shape), [])
+            twin = next((b for b in same if np.array_equal(a, b)), None)
+            if twin is None:
+                same.append(a)
                 seen[_memory_key(a)] = b"zero-copy " + next(_ZERO_COPY_TOKENS).to_bytes(8, "little")
+            else:
+                seen[_memory_key(a)] = seen[_memory_key(twin)]
         for name in need:
             if name not in {n for n, _, _ in changed}:
                 self._digest(host, name, False, seen)  # (a copy shared in this run: its memo)
