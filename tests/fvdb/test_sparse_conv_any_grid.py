@@ -458,63 +458,62 @@ def test_alternating_grids_reuse_the_blob_buffers_no_input_holds(monkeypatch):
     assert counts == [2, 3, 3, 3, 3, 4]  # weights and a; b; then none; the large grid's blob
 
 
+def zero_copy_block(monkeypatch, seed: int):
+    """(the residual block's network with torch tensors on the zero-copy path: CPU tensors mapped as on
+    CUDA, CUDA tensors on the CUDA backend; its parameters; feeds(gb, x, shared))."""
+    from luisaml.network import CompiledNetwork
+
+    monkeypatch.setattr(CompiledNetwork, "_SHARED_DEVICES", {"cuda": "cuda", "cpu": "cpu"})
+    m, p = block_model(4, 3, np.random.default_rng(seed))
+    net = luisaml.compile(m)
+    where = "cuda" if net.backend == "cuda" else "cpu"
+
+    def feeds(gb, x, shared=True):
+        """The bundles the same tensors (shared) or each its own copy."""
+        grid = [torch.from_numpy(np.array(a)).to(where) for a in gb.bundle()]
+        return {"x": torch.from_numpy(x).to(where), **{f"{lv}{n}": (t if shared else t.clone())
+                                                      for lv in ("in_", "out_") for n, t in zip(schema.BUNDLE, grid)}}
+
+    return net, p, feeds
+
+
 def test_zero_copy_runs_copy_and_upload_one_grid_given_twice_once(monkeypatch):
     """On the zero-copy path (torch tensors; here CPU tensors mapped as on CUDA) the fine and the coarse
     map's bundles given as the same tensors are copied to the host and uploaded once; the same grid
     again costs neither; each run equals the reference. (On the CUDA backend: CUDA tensors.)"""
-    from luisaml.network import CompiledNetwork
-
-    monkeypatch.setattr(CompiledNetwork, "_SHARED_DEVICES", {"cuda": "cuda", "cpu": "cpu"})
+    net, p, feeds = zero_copy_block(monkeypatch, 9)
     rng = np.random.default_rng(9)
-    C = 4
-    m, p = block_model(C, 3, rng)
-    net = luisaml.compile(m)
-    where = "cuda" if net.backend == "cuda" else "cpu"
     uploads = counted_uploads(monkeypatch)
     counts = []
     for gb in (sphere(15, 500, 6.0), sphere(15, 500, 6.0), sphere(16, 500, 6.0)):
-        grid = [torch.from_numpy(np.array(a)).to(where) for a in gb.bundle()]
-        x = rng.standard_normal((gb.total_voxels, C)).astype(np.float32)
-        feeds = {"x": torch.from_numpy(x).to(where),
-                 **{f"{lv}{n}": t for lv in ("in_", "out_") for n, t in zip(schema.BUNDLE, grid)}}
-        assert net._zero_copy(feeds)
-        assert_close(net.run(feeds)["y"].cpu().numpy(), reference_block(gb, x.astype(np.float64), p))
+        x = rng.standard_normal((gb.total_voxels, 4)).astype(np.float32)
+        f = feeds(gb, x)
+        assert net._zero_copy(f)
+        assert_close(net.run(f)["y"].cpu().numpy(), reference_block(gb, x.astype(np.float64), p))
         counts.append(len(uploads))
     assert counts == [2, 2, 3]  # the weight blob and one grid blob; nothing; the new grid's blob
 
 
 def test_zero_copy_runs_do_not_hash_a_grid_that_changed(monkeypatch):
     """On the zero-copy path a grid whose tensors differ from the last run's is new to every cache: its
-    bytes are not hashed (a token stands for their digest), and the run still equals the reference."""
+    bytes are not hashed (a token stands for their digest), and the run still equals the reference;
+    its two bundles in separate memory are found equal and share one blob buffer."""
     import hashlib
 
     from luisaml import network
-    from luisaml.network import CompiledNetwork
 
-    monkeypatch.setattr(CompiledNetwork, "_SHARED_DEVICES", {"cuda": "cuda", "cpu": "cpu"})
+    net, p, feeds = zero_copy_block(monkeypatch, 12)
     rng = np.random.default_rng(12)
-    C = 4
-    m, p = block_model(C, 3, rng)
-    net = luisaml.compile(m)
-    where = "cuda" if net.backend == "cuda" else "cpu"
     hashed: list = []
     real = hashlib.blake2b
     monkeypatch.setattr(network.hashlib, "blake2b", lambda data=b"", **kw: hashed.append(len(data)) or real(data, **kw))
-    for gb in (sphere(20, 500, 6.0), sphere(21, 520, 6.0)):
-        grid = [torch.from_numpy(np.array(a)).to(where) for a in gb.bundle()]
-        x = rng.standard_normal((gb.total_voxels, C)).astype(np.float32)
-        feeds = {"x": torch.from_numpy(x).to(where), **{f"{lv}{n}": t for lv in ("in_", "out_") for n, t in zip(schema.BUNDLE, grid)}}
-        assert_close(net.run(feeds)["y"].cpu().numpy(), reference_block(gb, x.astype(np.float64), p))
+    for gb, shared in ((sphere(20, 500, 6.0), True), (sphere(21, 520, 6.0), True), (sphere(22, 540, 6.0), False)):
+        x = rng.standard_normal((gb.total_voxels, 4)).astype(np.float32)
+        assert_close(net.run(feeds(gb, x, shared))["y"].cpu().numpy(), reference_block(gb, x.astype(np.float64), p))
         assert sum(hashed) < gb.bundle()[0].nbytes  # (names and small keys only: not the blob, in chunks or whole)
         hashed.clear()
-    # the two bundles of a new grid in separate memory: found equal (not hashed), so they share one blob buffer
-    gb = sphere(22, 540, 6.0)
-    x = rng.standard_normal((gb.total_voxels, C)).astype(np.float32)
-    feeds = {"x": torch.from_numpy(x).to(where), **{f"{lv}{n}": torch.from_numpy(np.array(a)).to(where)
-                                                   for lv in ("in_", "out_") for n, a in zip(schema.BUNDLE, gb.bundle())}}
-    assert_close(net.run(feeds)["y"].cpu().numpy(), reference_block(gb, x.astype(np.float64), p))
-    blobs = [buf for ident, (_, buf) in net._byte_inputs.items()]
-    assert len(blobs) == 2 and blobs[0] is blobs[1] and sum(hashed) < gb.bundle()[0].nbytes
+    blobs = [buf for _, buf in net._byte_inputs.values()]
+    assert len(blobs) == 2 and blobs[0] is blobs[1]
 
 
 def test_two_bundles_of_one_grid_are_checked_once_a_run(monkeypatch):
