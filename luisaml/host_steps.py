@@ -40,8 +40,6 @@ from .interop import is_torch, to_numpy
 from .model import ModelError, Node, shape_str
 
 DOMAIN = "fvdb"
-# bundle parts that grow with the grid (their rows are bound at run time), by position
-_GROWING = ("grid_blob", "leaf_batch_indices", "list_indices")
 
 
 @dataclass(frozen=True)

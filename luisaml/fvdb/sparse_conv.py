@@ -95,6 +95,14 @@ def conv_grid_ijk(ijk: np.ndarray, kernel_size: int | Iterable[int], stride: int
     """Return the voxels of fVDB's conv_grid (int32 [M, 3], distinct, unordered): every c for which
     some active f and tap t satisfy f = S*c + t - P; K = S = 1 gives the input back."""
     geo = conv_geometry(kernel_size, stride)
+    k, s = np.array(geo.kernel, np.int64), np.array(geo.stride, np.int64)
+    if (k <= s).all():
+        # at most one tap per axis divides: c = floor((f + P) / S) where (f + P) mod S < K (a U-Net's
+        # 2 / 2 down: every voxel, its parent). One candidate a voxel instead of K^3 (0.33 -> 0.2 s at
+        # 194k voxels here)
+        q = np.asarray(ijk, np.int64).reshape(-1, 3) + np.array(geo.padding, np.int64)
+        c, r = np.divmod(q, s)
+        return _distinct(c[(r < k).all(1)])
     # c = (f - t + P) / S wherever that divides: the transposed relation from the input's side
     src, valid = source_voxels(ijk, geo, transposed=True)
     return _distinct(src[valid])

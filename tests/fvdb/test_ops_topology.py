@@ -229,3 +229,14 @@ def test_distinct_voxels_equal_numpys_unique_rows():
         np.testing.assert_array_equal(got, np.unique(ijk.reshape(-1, 3), axis=0).astype(np.int32))
     with pytest.raises(ValueError, match="the test grid has voxels outside int32 coordinates"):
         distinct_voxels(np.array([[0, 0, 2**31]]), "test")
+
+
+@pytest.mark.parametrize("K,S", [(2, 2), (1, 2), (1, 1), ((2, 1, 3), (2, 1, 3)), ((1, 2, 2), (3, 2, 4))])
+def test_conv_grid_with_a_kernel_no_larger_than_its_stride_equals_the_reference(K, S):
+    """conv_grid's one-candidate path (every axis K <= S) against the reference's loops over the relation."""
+    from luisaml.fvdb.sparse_conv import conv_grid_ijk
+
+    gb = BATCHES["two"]
+    want = R.conv_grid(gb, K, S)
+    for b, v in enumerate(gb.ijk.unbind()):
+        assert {tuple(int(u) for u in row) for row in conv_grid_ijk(v, K, S)} == want[b]
