@@ -22,8 +22,9 @@ output (Operator.runtime_sized).
 Why the host and not the device: the device builder (`DeviceGridBuild`) sizes every scratch region
 from a key count fixed at compile time, and its new grid can only be a graph output. Building a
 coarse grid from a bound one on the device needs both to change (benchmarks/NOTES.md, "Topology ops
-over grids bound at run time"). The host's builder is vectorised numpy; it takes 11-330 ms for
-17k-200k voxels on this project's 2-core CI machine (DilatedGrid more: its output is 15x its input).
+over grids bound at run time"). The host's builder is vectorised numpy: CoarsenedGrid and ConvGrid
+2/2 take 11-170 ms for 17k-200k voxels on this project's 2-core CI machine (DilatedGrid more: its
+output is 15x its input).
 """
 from __future__ import annotations
 
