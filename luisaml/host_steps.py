@@ -17,7 +17,7 @@ output (Operator.runtime_sized).
   project's builder (luisaml/fvdb/topology.py, the code that folds them at compile time). It
   checks those inputs against their declared types first, and adds the new bundles to the feeds.
   A step whose inputs have the same bytes as at its last run gives its last result back, so a grid
-  bound again costs one hash.
+  bound again costs one hash (torch tensors: one comparison where they live, no copy).
 
 Why the host and not the device: the device builder (`DeviceGridBuild`) sizes every scratch region
 from a key count fixed at compile time, and its new grid can only be a graph output. Building a
@@ -28,6 +28,8 @@ output is 15x its input).
 """
 from __future__ import annotations
 
+import hashlib
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -66,15 +68,16 @@ class HostStep:
     constants: dict[str, np.ndarray]
     _last: tuple | None = field(default=None, repr=False)  # (key of the inputs' bytes, {output: array})
 
-    def run(self, values: Mapping[str, np.ndarray], digest) -> dict[str, np.ndarray]:
-        """Return {output name: array} for the node's inputs in values (or its constants)."""
+    def run(self, values: Mapping[str, np.ndarray], digests: Mapping[str, bytes]) -> tuple[dict[str, np.ndarray], tuple]:
+        """Return ({output name: array}, the key of this computation) for the node's inputs in values
+        (or its constants); digests: each input's bytes' digest (or a token standing for them)."""
         from . import registry
 
         arrays = [None if not name else self.constants.get(name, values.get(name)) for name in self.node.inputs]
-        key = tuple(None if a is None or name in self.constants else (a.dtype.str, a.shape, digest(name, a))
+        key = tuple(None if a is None or name in self.constants else (a.dtype.str, a.shape, digests[name])
                     for name, a in zip(self.node.inputs, arrays))
         if self._last is not None and self._last[0] == key:
-            return self._last[1]
+            return self._last[1], key
         op = registry.resolve(self.node.op_type, DOMAIN, 1)
         try:
             out = op.evaluate(self.node, arrays)
@@ -82,7 +85,7 @@ class HostStep:
             raise InputError(f"{e} (run on the host: its grid is bound at run time)") from None
         result = {name: np.ascontiguousarray(a) for name, a in zip(self.node.outputs, out) if name}
         self._last = (key, result)
-        return result
+        return result, key
 
 
 @dataclass
@@ -93,6 +96,7 @@ class HostSteps:
     host_only: list[HostInput]  # graph inputs no compiled node reads
     made: dict[str, str]  # each step output the network reads -> the describe() of its node
     _tensors: dict = field(default_factory=dict, repr=False)  # (output, torch device) -> (array, its tensor)
+    _copies: dict = field(default_factory=dict, repr=False)  # torch input -> (its clone, host copy, token)
 
     def inputs(self, compiled: list) -> list:
         """Return the network's inputs as a user feeds them (IOSpecs): the compiled network's inputs
@@ -120,20 +124,25 @@ class HostSteps:
                                  "from the grid it reads")
         host_only = {h.name: h for h in self.host_only}
         values: dict[str, np.ndarray] = {}
+        digests: dict[str, bytes] = {}
         for step in self.steps:
             for name in step.node.inputs:
                 if not name or name in step.constants or name in values:
                     continue
                 if name not in feeds:
                     raise InputNameError(f"missing input '{name}' ({step.node.describe()} reads it)")
-                a = np.asarray(to_numpy(feeds[name], name))
+                a, digests[name] = self._host_array(name, feeds[name], digest)
                 check = host_only.get(name)
                 if check is not None:
                     check.check(a)
                 elif name in specs:
                     _check_spec(specs[name], a)
                 values[name] = a
-            values.update(step.run(values, digest))
+            result, key = step.run(values, digests)
+            values.update(result)
+            # (a later step reading these: they follow from this computation's key, never hashed)
+            made = hashlib.blake2b(repr((step.node.name, key)).encode(), digest_size=16).digest()
+            digests.update({name: made + name.encode() for name in result})
         out = {k: v for k, v in feeds.items() if k not in host_only}
         device = next((v.device for v in feeds.values() if is_torch(v)), None)
         for name in self.made:
@@ -148,6 +157,29 @@ class HostSteps:
                 a = cached[1]
             out[name] = a
         return out
+
+
+    def _host_array(self, name: str, x, digest) -> tuple[np.ndarray, bytes]:
+        """Return (input x as a host array, its digest). A torch tensor equal (compared where it
+        lives) to the one the last run copied gives that copy back, and one that changed gets a
+        token never used before: a grid bound again on the GPU is neither copied nor hashed."""
+        if not is_torch(x):
+            a = np.asarray(to_numpy(x, name))
+            return a, digest(name, a)
+        import torch
+
+        t = x.detach()
+        last = self._copies.get(name)
+        if (last is not None and last[0].shape == t.shape and last[0].dtype == t.dtype
+                and last[0].device == t.device and torch.equal(last[0], t)):
+            return last[1], last[2]
+        a = np.array(to_numpy(t, name), copy=True)
+        token = b"host step " + next(_TOKENS).to_bytes(8, "little")
+        self._copies[name] = (t.clone(), a, token)
+        return a, token
+
+
+_TOKENS = itertools.count()  # the digests of torch inputs that changed since the last run
 
 
 def _check_spec(spec, a: np.ndarray) -> None:

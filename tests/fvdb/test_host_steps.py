@@ -222,3 +222,29 @@ def test_a_unet_that_coarsens_its_bound_grid_equals_torch(unet_example):
 
     text = report.text(report.build(proto))
     assert "run on the host" in text and "(fvdb::ConvGrid) on the host when its input grids change" in text
+
+
+def test_torch_inputs_bound_again_are_compared_not_copied_or_hashed():
+    """The steps' torch inputs: the same tensors again (or equal ones) give the last run's host copy and
+    result back without a hash; a changed one is copied and the step runs again; numpy inputs are hashed."""
+    gb = BATCHES["two"]
+    attrs, extra, *_ = reference("ConvGrid", gb, np.random.default_rng(0))
+    net = luisaml.compile(topology_model("ConvGrid", attrs, gb, False), batch_axis=None)
+    steps, specs = net.plan.host_steps, {s.name: s for s in net.plan.inputs}
+    hashed = []
+
+    def digest(name, a):
+        hashed.append(name)
+        return name.encode() + a.tobytes()
+
+    bundle = {n: torch.from_numpy(np.array(a)) for n, a in zip(schema.BUNDLE, gb.bundle())}
+    first = steps.complete(bundle, specs, digest)
+    again = steps.complete({n: t.clone() for n, t in bundle.items()}, specs, digest)
+    assert hashed == [] and all(again[n] is first[n] for n in steps.made)  # (the same device tensors too)
+    other = BATCHES["empty"]
+    changed = steps.complete({n: torch.from_numpy(np.array(a)) for n, a in zip(schema.BUNDLE, other.bundle())},
+                             specs, digest)
+    sets, h, o = reference("ConvGrid", other, np.random.default_rng(0))[2:]
+    np.testing.assert_array_equal(changed["new_grid_blob"].numpy(), expected_batch(sets, h, o).bundle()[0])
+    steps.complete(dict(zip(schema.BUNDLE, gb.bundle())), specs, digest)
+    assert sorted(hashed) == sorted(schema.BUNDLE)  # numpy: each input hashed once
