@@ -202,6 +202,8 @@ def find_batch_symbol(proto: onnx.ModelProto, batch_axis) -> str | None:
     leading_in = [s[0] for s in ins.values() if s and isinstance(s[0], str)]
     leading_out = []  # each output's leading dim: a number, a name, or None when unnamed
     for o in proto.graph.output:
+        if o.name in ins:  # an input passed straight out (a grid a host step built) says nothing of a batch
+            continue
         for d in list(_dims(o))[:1]:
             if d.HasField("dim_value") and d.dim_value >= 0:
                 leading_out.append(int(d.dim_value))

@@ -83,9 +83,13 @@ def test_the_new_bundle_equals_the_reference_byte_for_byte():
     outs = [helper.make_tensor_value_info(n, ELEM[a.dtype], [None] * a.ndim) for n, a in zip(new, gb.bundle())]
     m = helper.make_model(helper.make_graph([node], "g", grid_inputs("", gb), outs),
                           opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
-    net = luisaml.compile(m, batch_axis=None)
+    net = luisaml.compile(m)  # (batch_axis 'auto': a grid passed straight out is no batch)
+    assert net.plan.symbol is None
     got = net.run(dict(zip(schema.BUNDLE, gb.bundle())))
     assert_same_bundle([got[n] for n in new], expected_batch(sets, h, o), sets)
+    sess = luisaml.InferenceSession(m.SerializeToString())  # onnxruntime's API over the same
+    assert [a.name for a in sess.get_inputs()] == list(schema.BUNDLE)
+    assert_same_bundle(sess.run(None, dict(zip(schema.BUNDLE, gb.bundle()))), expected_batch(sets, h, o), sets)
 
 
 def test_a_chain_of_host_steps_and_the_cache(monkeypatch):
