@@ -110,7 +110,7 @@ class HostSteps:
 
     def describe(self) -> list[str]:
         """One line a step, for inspect."""
-        return [f"{s.node.describe()} on the host when its input grids change -> "
+        return [f"{s.node.describe()} on the host when its inputs change -> "
                 + ", ".join(o for o in s.node.outputs if o in self.made) for s in self.steps]
 
     def complete(self, feeds: Mapping[str, Any], specs: Mapping[str, Any], digest) -> dict[str, Any]:

@@ -89,7 +89,7 @@ def _bytes_digest(a: np.ndarray, seen: dict | None) -> bytes:
     where = _memory_key(a)
     if seen is not None and where in seen:
         return seen[where]
-    view = memoryview(a).cast("B")
+    view = memoryview(a.reshape(-1)).cast("B")  # (flat: memoryview cannot cast a shape with a zero, [0, 1])
     if a.nbytes <= _PARALLEL_HASH_BYTES:
         digest = hashlib.blake2b(view, digest_size=16).digest()
     else:

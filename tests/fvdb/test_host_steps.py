@@ -225,7 +225,7 @@ def test_a_unet_that_coarsens_its_bound_grid_equals_torch(unet_example):
     from luisaml import report
 
     text = report.text(report.build(proto))
-    assert "run on the host" in text and "(fvdb::ConvGrid) on the host when its input grids change" in text
+    assert "run on the host" in text and "(fvdb::ConvGrid) on the host when its inputs change" in text
 
 
 def test_torch_inputs_bound_again_are_compared_not_copied_or_hashed():
@@ -252,3 +252,31 @@ def test_torch_inputs_bound_again_are_compared_not_copied_or_hashed():
     np.testing.assert_array_equal(changed["new_grid_blob"].numpy(), expected_batch(sets, h, o).bundle()[0])
     steps.complete(dict(zip(schema.BUNDLE, gb.bundle())), specs, digest)
     assert sorted(hashed) == sorted(schema.BUNDLE)  # numpy: each input hashed once
+
+
+def test_a_grid_from_any_number_of_points_feeds_a_query():
+    """GridBatchFromPoints over points of a dynamic count (the device builder needs a fixed one) whose grid
+    another node reads: a host step; one network for clouds of 100 and 1,000 points, against the
+    reference voxels of fVDB's round(world_to_voxel(p))."""
+    import fvdb_reference as R
+
+    names, new, q = [f"p_{p}" for p in schema.JAGGED], [f"g_{n}" for n in schema.BUNDLE], [f"q_{p}" for p in schema.JAGGED]
+    build = helper.make_node("GridBatchFromPoints", names + ["", ""], new, name="build", domain=schema.DOMAIN)
+    idx = helper.make_node("IJKToIndex", new + q, ["index"], name="idx", domain=schema.DOMAIN, cumulative=1)
+    rest = [("joffsets", TensorProto.INT64, [2]), ("jidx", TensorProto.INT32, [0]), ("jlidx", TensorProto.INT32, [0, 1])]
+    ins = [helper.make_tensor_value_info(f"{j}_{n}", t, d)
+           for j, data in (("p", (TensorProto.FLOAT, ["N", 3])), ("q", (TensorProto.INT32, [QUERY, 3])))
+           for n, t, d in [("jdata", *data)] + rest]
+    g = helper.make_graph([build, idx], "g", ins, [helper.make_tensor_value_info("index", TensorProto.INT64, [QUERY])])
+    net = luisaml.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)]))
+    assert [s.node.name for s in net.plan.host_steps.steps] == ["build"]
+    rng = np.random.default_rng(0)
+    for n in (100, 1000):
+        pts = rng.normal(0, 3, (n, 3)).astype(np.float32)
+        qv = rng.integers(-6, 6, (QUERY, 3)).astype(np.int32)
+        empty = {"jidx": np.zeros(0, np.int32), "jlidx": np.zeros((0, 1), np.int32)}
+        got = net.run({"p_jdata": pts, "p_joffsets": np.array([0, n]), **{f"p_{k}": v for k, v in empty.items()},
+                       "q_jdata": qv, "q_joffsets": np.array([0, QUERY]), **{f"q_{k}": v for k, v in empty.items()}})["index"]
+        voxels = np.array(sorted(R.point_voxels(pts, np.ones(3), np.zeros(3), nearest=False)), np.int32)
+        np.testing.assert_array_equal(got, GridBatch.from_ijk([voxels]).ijk_to_index([qv], cumulative=True).jdata)
+        assert (got >= 0).any()
