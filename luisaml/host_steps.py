@@ -141,8 +141,8 @@ class HostSteps:
             result, key = step.run(values, digests)
             values.update(result)
             # (a later step reading these: they follow from this computation's key, never hashed)
-            made = hashlib.blake2b(repr((step.node.name, key)).encode(), digest_size=16).digest()
-            digests.update({name: made + name.encode() for name in result})
+            origin = hashlib.blake2b(repr((step.node.name, key)).encode(), digest_size=16).digest()
+            digests.update({name: origin + name.encode() for name in result})
         out = {k: v for k, v in feeds.items() if k not in host_only}
         device = next((v.device for v in feeds.values() if is_torch(v)), None)
         for name in self.made:
@@ -157,7 +157,6 @@ class HostSteps:
                 a = cached[1]
             out[name] = a
         return out
-
 
     def _host_array(self, name: str, x, digest) -> tuple[np.ndarray, bytes]:
         """Return (input x as a host array, its digest). A torch tensor equal (compared where it
