@@ -39,8 +39,8 @@ from onnx import helper, numpy_helper
 
 from . import dtypes
 from .errors import InputError, InputNameError, InputTypeError, LuisamlError
-from .interop import is_torch, to_numpy
-from .model import ModelError, Node, shape_str
+from .interop import is_torch, same_tensor, to_numpy
+from .model import ModelError, Node, _attr_value, shape_str
 
 DOMAIN = "fvdb"
 
@@ -113,11 +113,13 @@ class HostSteps:
         return [f"{s.node.describe()} on the host when its inputs change -> "
                 + ", ".join(o for o in s.node.outputs if o in self.made) for s in self.steps]
 
-    def complete(self, feeds: Mapping[str, Any], specs: Mapping[str, Any], digest) -> dict[str, Any]:
+    def complete(self, feeds: Mapping[str, Any], specs: Mapping[str, Any], digest, remember=None) -> dict[str, Any]:
         """Return the feeds of the compiled network: these feeds without the inputs only the steps
         read, plus every step output it reads (torch tensors on the feeds' device when the feeds
         are torch tensors). specs: the compiled network's input specs by name, which check the
-        steps' inputs that compiled nodes also read; digest(name, array): a hash of its bytes."""
+        steps' inputs that compiled nodes also read; digest(name, array): a hash of its bytes;
+        remember(array, digest) (optional): told the digest standing for each numpy step output, so
+        that the run does not hash what the steps made."""
         given = [k for k in feeds if k in self.made]
         if given:
             raise InputNameError(f"input '{given[0]}' is not an input: {self.made[given[0]]} computes it on the host "
@@ -155,6 +157,8 @@ class HostSteps:
                     cached = (a, torch.from_numpy(np.array(a)).to(device))
                     self._tensors[(name, str(device))] = cached
                 a = cached[1]
+            elif remember is not None:
+                remember(a, digests[name])
             out[name] = a
         return out
 
@@ -165,12 +169,9 @@ class HostSteps:
         if not is_torch(x):
             a = np.asarray(to_numpy(x, name))
             return a, digest(name, a)
-        import torch
-
         t = x.detach()
         last = self._copies.get(name)
-        if (last is not None and last[0].shape == t.shape and last[0].dtype == t.dtype
-                and last[0].device == t.device and torch.equal(last[0], t)):
+        if same_tensor(last[0] if last else None, t):
             return last[1], last[2]
         a = np.array(to_numpy(t, name), copy=True)
         token = b"host step " + next(_TOKENS).to_bytes(8, "little")
@@ -222,7 +223,7 @@ def split(proto: onnx.ModelProto) -> HostSteps | None:
         for i in n.input:
             readers.setdefault(i, []).append(n)
     outputs = {o.name for o in g.output}
-    chosen, made = [], {}
+    chosen, made, elems = [], {}, {}
     computed: dict[str, onnx.NodeProto] = {}  # tensors the kernels compute from run-time data -> their node
     for k, n in enumerate(g.node):
         ins = [i for i in n.input if i]
@@ -244,10 +245,8 @@ def split(proto: onnx.ModelProto) -> HostSteps | None:
             continue  # folds when compiled, or reads a tensor the kernels compute (the op's own error)
         if _device_buildable(n.op_type) and not _needs_host(n, shapes, readers):
             continue  # the device builder takes it (a fixed number of points, its grid a graph output)
-        node = Node(n.name or f"{n.op_type}_{k}", n.op_type, DOMAIN, list(n.input), list(n.output),
-                    {a.name: helper.get_attribute_value(a) for a in n.attribute})
-        node.attrs = {a: (v.decode() if isinstance(v, bytes) else (list(v) if isinstance(v, (list, tuple)) else v))
-                      for a, v in node.attrs.items()}
+        node = Node(n.name or f"{n.op_type}_{k}", n.op_type, DOMAIN, list(n.input), list(n.output))
+        node.attrs = {a.name: _attr_value(a, None, node.describe()) for a in n.attribute}  # (as model_from_proto reads them)
         values = {i: numpy_helper.to_array(init[i] if i in init else constant_nodes[i]) for i in ins if i in constants}
         grids = _grid_count(node, shapes)
         chosen.append((n, HostStep(node, values)))
@@ -259,6 +258,7 @@ def split(proto: onnx.ModelProto) -> HostSteps | None:
                     "origins": (grids, 3), "leaf_batch_indices": (f"rows of {name}",), "batch_offsets": (grids + 1,),
                     "list_indices": (f"rows of {name}",)}[part]
             shapes[name] = dims
+            elems[name] = schema.BUNDLE_ELEM[j]
             made[name] = node.describe()
     if not chosen:
         return None
@@ -274,19 +274,11 @@ def split(proto: onnx.ModelProto) -> HostSteps | None:
     g.input.extend(keep_inputs)
     made = {name: where for name, where in made.items() if name in read}
     for name in made:
-        elem = schema.BUNDLE_ELEM[_output_index(chosen, name)]
-        g.input.append(helper.make_tensor_value_info(name, elem, list(shapes[name])))
+        g.input.append(helper.make_tensor_value_info(name, elems[name], list(shapes[name])))
     stale = [vi for vi in g.value_info if vi.name in made]
     for vi in stale:  # (an exporter's shapes of the traced example's grid)
         g.value_info.remove(vi)
     return HostSteps([s for _, s in chosen], host_only, made)
-
-
-def _output_index(chosen, name: str) -> int:
-    for n, _ in chosen:
-        if name in n.output:
-            return list(n.output).index(name)
-    raise KeyError(name)
 
 
 def _device_buildable(op_type: str) -> bool:

@@ -12,6 +12,16 @@ def is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
 
 
+def same_tensor(kept, t) -> bool:
+    """Whether torch tensor t equals `kept` (a clone an earlier run made; None: no such clone) in
+    shape, dtype, device and every element, compared where they live: a grid bound again is
+    neither copied to the host nor hashed."""
+    import torch
+
+    return (kept is not None and kept.shape == t.shape and kept.dtype == t.dtype and kept.device == t.device
+            and bool(torch.equal(kept, t)))
+
+
 def to_numpy(x, name: str) -> np.ndarray:
     """Return a feed as a numpy array (torch tensors are copied to the host)."""
     if is_torch(x):

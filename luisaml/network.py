@@ -15,7 +15,7 @@ import numpy as np
 from . import cache, device, dtypes, voxel_rows
 from .dtypes import shape_str
 from .errors import InputError, InputNameError, InputTypeError, RunError, UsageError
-from .interop import dlpack_buffer, is_torch, to_numpy, torch_dtype
+from .interop import dlpack_buffer, is_torch, same_tensor, to_numpy, torch_dtype
 from .log import SLOW_BUILD_S, phase
 
 if TYPE_CHECKING:  # (not imported at run time: a network loaded from a .lml runs without onnx)
@@ -156,13 +156,23 @@ class CompiledNetwork:
         steps = getattr(self.plan, "host_steps", None)
         return self.plan.inputs if steps is None else steps.inputs(self.plan.inputs)
 
-    def _host_feeds(self, feeds: Mapping[str, Any]) -> Mapping[str, Any]:
-        """The feeds with the grids the host steps build from them (luisaml/host_steps.py)."""
+    def _host_feeds(self, feeds: Mapping[str, Any], seen: dict | None = None) -> Mapping[str, Any]:
+        """The feeds with the grids the host steps build from them (luisaml/host_steps.py). seen: the
+        run's memo of digests (_bytes_digest), which the run's binding reads after: a grid the steps
+        and the kernels both read is hashed once."""
         steps = getattr(self.plan, "host_steps", None)
         if steps is None:
             return feeds
-        specs = {s.name: s for s in self.plan.inputs}
-        return steps.complete(feeds, specs, lambda name, a: _bytes_digest(np.ascontiguousarray(a), None))
+
+        def digest(name: str, a: np.ndarray) -> bytes:
+            whole = np.ascontiguousarray(a)
+            return _bytes_digest(whole, seen if whole is feeds.get(name) else None)  # (the caller's own array)
+
+        def remember(a: np.ndarray, d: bytes) -> None:  # (a step's output: the step's cache holds it)
+            seen[_memory_key(a)] = d
+
+        return steps.complete(feeds, {s.name: s for s in self.plan.inputs}, digest,
+                              remember if seen is not None else None)
 
     @property
     def outputs(self) -> list[IOSpec]:
@@ -396,10 +406,11 @@ class CompiledNetwork:
         if bad:
             raise InputNameError(f"unknown output(s) {bad}; the network's outputs are {self.output_names}")
         with device.stream_lock:
-            feeds = self._host_feeds(feeds)
+            seen: dict = {}  # this run's digests (_bytes_digest)
+            feeds = self._host_feeds(feeds, seen)
             if self._zero_copy(feeds):
                 return self._run_dlpack(feeds, wanted)
-            return self._run_host(feeds, wanted)
+            return self._run_host(feeds, wanted, seen)
 
     def check_batch(self, n: int) -> None:
         """Raise LimitError when a buffer of this batch (an input, output or scratch region over
@@ -428,10 +439,10 @@ class CompiledNetwork:
 
         return voxel_rows.rows_at_run(self.plan.voxel_rows, values, n)
 
-    def _run_host(self, feeds: Mapping[str, Any], wanted: list[str]) -> dict[str, Any]:
+    def _run_host(self, feeds: Mapping[str, Any], wanted: list[str], seen: dict | None = None) -> dict[str, Any]:
         arrays, batch, torch_in = self.check_feeds(feeds)
         n = batch if self.plan.symbol is not None else 1
-        args, out_bufs = self._bind(arrays, n)  # (derives the grids' metadata: a damaged bundle is named first)
+        args, out_bufs = self._bind(arrays, n, seen)  # (derives the grids' metadata: a damaged bundle is named first)
         keep = self._voxel_rows(n, arrays.__getitem__)
         rows = self._launch_and_wait(args, n, out_bufs)
         results: dict[str, Any] = {}
@@ -482,12 +493,12 @@ class CompiledNetwork:
                 out.append((stage.describe() if stage is not None else "the per-sample kernel", float(np.median(times))))
             return out
 
-    def _bind(self, arrays: dict[str, np.ndarray], n: int) -> tuple[list, list]:
+    def _bind(self, arrays: dict[str, np.ndarray], n: int, seen: dict | None = None) -> tuple[list, list]:
         """Upload the inputs for n samples; return (the kernels' buffer arguments, [(output spec,
-        its buffer, element count)])."""
+        its buffer, element count)]). seen: the run's memo of digests, if it has one already."""
         self.check_batch(n)
         args = []
-        seen: dict = {}  # this run's input digests
+        seen = {} if seen is None else seen  # this run's input digests
         for s in self.plan.inputs:
             k = dtypes.to_kernel(arrays[s.name], self.io_dtype(s), f"input '{s.name}'")
             if s.dtype.is_byte:
@@ -770,8 +781,6 @@ class CompiledNetwork:
         matters keeps its shape-only stand-in and is not copied. A feed equal, compared on the device,
         to what the last run copied keeps that copy and its digest (in seen): a grid bound once is not
         copied to the host and hashed again every run; any change of its contents is a miss."""
-        import torch
-
         need = {s.name for s in self.plan.inputs if s.dtype.is_byte}
         for d in self.plan.derived:
             need |= {n for n in d.sources if n not in d.constants and n not in d.shape_only}
@@ -785,7 +794,7 @@ class CompiledNetwork:
                 host[name] = copied[where]
                 continue
             last = self._host_copies.get(name)
-            if last is not None and last[0].shape == t.shape and last[0].dtype == t.dtype and torch.equal(last[0], t):
+            if same_tensor(last[0] if last else None, t):
                 host[name] = last[1]
                 seen[(name, False)] = last[2]
                 if last[3] is not None:

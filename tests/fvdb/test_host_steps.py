@@ -280,3 +280,36 @@ def test_a_grid_from_any_number_of_points_feeds_a_query():
         voxels = np.array(sorted(R.point_voxels(pts, np.ones(3), np.zeros(3), nearest=False)), np.int32)
         np.testing.assert_array_equal(got, GridBatch.from_ijk([voxels]).ijk_to_index([qv], cumulative=True).jdata)
         assert (got >= 0).any()
+
+
+def test_a_grid_the_steps_and_the_kernels_both_read_is_hashed_once_a_run(monkeypatch):
+    """A ConvGrid step and a query both read the bound grid (a query reads the new grid too): over numpy
+    feeds the bound grid's blob is hashed once a run, the step's digest shared with the run's binding
+    (one memo)."""
+    import hashlib
+
+    from luisaml import network
+
+    gb = BATCHES["two"]
+    attrs, extra, sets, _, _ = reference("ConvGrid", gb, np.random.default_rng(0))
+    new = [f"new_{n}" for n in schema.BUNDLE]
+    q = [f"q_{p}" for p in schema.JAGGED]
+    topo = helper.make_node("ConvGrid", list(schema.BUNDLE), new, name="topo", domain=schema.DOMAIN, **attrs)
+    # a query over the bound grid itself too: the kernels read it, so its blob is bound (and hashed) as well
+    both = [helper.make_node("IJKToIndex", bundle + q, [out], name=out, domain=schema.DOMAIN, cumulative=1)
+            for bundle, out in ((new, "index"), (list(schema.BUNDLE), "index_in"))]
+    m = topology_model("ConvGrid", attrs, gb, False)
+    del m.graph.node[:]
+    m.graph.node.extend([topo] + both)
+    m.graph.output.append(helper.make_tensor_value_info("index_in", TensorProto.INT64, [2 * QUERY]))
+    net = luisaml.compile(m, batch_axis=None)
+    hashed: list = []
+    real = hashlib.blake2b
+    monkeypatch.setattr(network.hashlib, "blake2b", lambda data=b"", **kw: hashed.append(len(data)) or real(data, **kw))
+    feeds = {**dict(zip(schema.BUNDLE, gb.bundle())), **query_feeds(sets, 2, np.random.default_rng(0))[0]}
+    net.run(feeds)
+    blob = gb.bundle()[0].nbytes
+    assert blob > network._PARALLEL_HASH_BYTES  # (hashed as a tree of 1 MiB chunks: count those)
+    # one pass over the bound blob, not one for the step and one for the kernels; the new grid's blob
+    # (the step's output, also bound to the kernels) not hashed at all: its digest follows from the step's
+    assert hashed.count(network._HASH_CHUNK) == blob // network._HASH_CHUNK
