@@ -343,7 +343,9 @@ def stage_bindings(plan: Plan, st: Stage, ctx: KernelContext, sample: str = "sam
     """Return where every tensor a stage touches lives in its kernel: graph inputs and outputs in
     their buffers, tensors crossing stages in pooled buffers, inline tensors as expressions, the
     stage's epilogue tensors inline too, a whole group's internal tensors in registers; batched
-    tensors at the sample the variable `sample` holds."""
+    tensors at the sample the variable `sample` holds (or an expression: KernelContext.at_sample)."""
+    if not sample.replace("_", "").isalnum():
+        sample = f"({sample})"  # (an expression is a factor of the regions' offsets)
     sched = plan.schedule
     tensors = plan.tensors
     io, _ = _io_bindings(plan, shared_out=False, sample=sample)

@@ -22,6 +22,8 @@ block has is skipped.
 """
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 
 import numpy as np
@@ -609,6 +611,14 @@ class SparseConv3d(Operator):
         tl = self.block_tiling()
         return tl.BM if self.voxel_batch and tl is not None else 1
 
+    def _at_row(self, ctx, o: str):
+        """Return (the bindings to enter, the row index under them) of the node's o-th row of work:
+        over voxels as the batch, sample `sample + o` itself, at row 0 (a pooled buffer's samples lie
+        its slot's size apart, which may be more than a row); otherwise row(o) of the node's tensors."""
+        if self.voxel_batch:
+            return ctx.at_sample(ctx.let(ix.add(ctx.sample, o), "rs")), "0"
+        return contextlib.nullcontext(), self.row(o)
+
     def _group_rows(self, ctx) -> str:
         """The rows of this block's group that are samples (voxels as the batch), at least 1."""
         return ctx.let(f"min(n_samples - sample, {self.block_tiling().BM})", "grows")
@@ -617,9 +627,9 @@ class SparseConv3d(Operator):
         """Whether the tiles run only their voxels' taps: a k step must lie within one tap."""
         return self.c_in % tl.BK == 0
 
-    def emit_tile_taps(self, ctx, tl, item: str, thread: str) -> tuple[str, str]:
+    def emit_tile_taps(self, ctx, tl, item: str, thread: str, limit: str | int) -> tuple[str, str]:
         """Emit the tile's list of taps (those some voxel of its rows reads, in tap order) into
-        shared memory; return (the list's shared array, its length)."""
+        shared memory, `limit` the rows that exist; return (the list's shared array, its length)."""
         T, NT, BM = self.taps, tl.threads, tl.BM
         kmap = self.input(1)
         words = -(-T // 32)
@@ -629,12 +639,12 @@ class SparseConv3d(Operator):
         bits = [ctx.fresh("bits") for _ in range(words)]
         for name in bits:
             ctx.line(f"{name} = uint(0)")
-        limit = self._group_rows(ctx) if self.voxel_batch else self.n_out
         for e in range(-(-BM // NT)):  # this thread's rows of the tile
             r = ctx.let(ix.add(m0, ix.add(thread, str(e * NT)) if e else thread), "tr")
+            at_row, rr = self._at_row(ctx, r)
             ctx.line(f"if {r} < {limit}:")
-            with ctx.indent():
-                kr = ctx.let(ix.mul(self.row(r), T), "kr")
+            with ctx.indent(), at_row:
+                kr = ctx.let(ix.mul(rr, T), "kr")
                 for w, name in enumerate(bits):
                     with ctx.loop(min(32, T - 32 * w), "tb") as b:
                         ctx.line(f"if {kmap.load(ix.add(kr, b, str(32 * w)) if w else ix.add(kr, b))} >= 0:")
@@ -688,8 +698,9 @@ class SparseConv3d(Operator):
         flag = ctx.flag_error(str(self.error(f"kernel_map '{kmap.name}' holds an index outside {limit} "
                                              f"(the rows of features '{x.name}')"))) if checked else None
         taps, k_steps = None, None
+        group_rows = self._group_rows(ctx) if self.voxel_batch else None
         if self.skips_taps(tl):
-            taps, count = self.emit_tile_taps(ctx, tl, item, thread)
+            taps, count = self.emit_tile_taps(ctx, tl, item, thread, group_rows or self.n_out)
             k_steps = ctx.let(ix.mul(count, C_in // tl.BK), "ksteps")
 
         def tap_of(k: str) -> tuple[str, str]:
@@ -698,18 +709,30 @@ class SparseConv3d(Operator):
             return (ctx.let(f"{taps}[{at}]", "tap") if taps else at), ctx.let(ix.mod(k, C_in), "c")
 
         def a_row(_, o):
+            if self.voxel_batch:  # the map's row at sample + o; the features at the sample it names
+                s = ctx.let(ix.add(ctx.sample, o), "rs")
+
+                def load(k):
+                    tap, c = tap_of(k)
+                    with ctx.at_sample(s):
+                        v = map_index(ctx, kmap.load(tap), rows_in, flag, checked)
+                    with ctx.at_sample(f"max({v}, 0)"):
+                        return f"({x.load(c)} if {v} >= 0 else 0.0)"
+
+                return load
             row = ctx.let(ix.mul(self.row(o), T), "kr")
 
             def load(k):
                 tap, c = tap_of(k)
                 v = map_index(ctx, kmap.load(ix.add(row, tap)), rows_in, flag, checked)
-                at = ix.add(ix.mul(f'max({v}, 0)', C_in), c)
-                if self.voxel_batch:
-                    with ctx.at_sample("0"):
-                        return f"({x.load(at)} if {v} >= 0 else 0.0)"
-                return f"({x.load(at)} if {v} >= 0 else 0.0)"
+                return f"({x.load(ix.add(ix.mul(f'max({v}, 0)', C_in), c))} if {v} >= 0 else 0.0)"
 
             return load
+
+        def store(_, o, n, v):
+            at_row, rr = self._at_row(ctx, o)
+            with at_row:
+                return y.store(ix.add(ix.mul(rr, C_out), n), v)
 
         packed = self.packed_weight()
         _, O, _, cblocks = self.tiles()
@@ -734,8 +757,8 @@ class SparseConv3d(Operator):
         bias = self.input(3) if self.has_input(3) else None
         tiled.emit(ctx, tl, item, thread, a_row, b_column,
                    lambda _, o, n, acc: f"{acc} + {bias.load(n)}" if bias is not None else acc,
-                   lambda _, o, n, v: y.store(ix.add(ix.mul(self.row(o), C_out), n), v), a_m_contiguous=False,
-                   k_steps=k_steps, m_limit=self._group_rows(ctx) if self.voxel_batch else None)
+                   store, a_m_contiguous=False,
+                   k_steps=k_steps, m_limit=group_rows)
 
     def forward(self, ctx):
         with ctx.loop(self.work_items(), "item") as item:

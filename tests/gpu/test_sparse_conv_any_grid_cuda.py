@@ -61,3 +61,38 @@ def test_a_unet_that_coarsens_its_grid_in_blocks_equals_torch():
             feeds = {k: torch.from_numpy(v).cuda() for k, v in ex.fine_feeds(x, fine).items()}
             got = net.run(feeds)["out"].cpu().numpy()
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_layers_of_different_widths_share_pooled_buffers():
+    """16 -> 64 -> 16 -> 16 -> 16 channels: a narrow layer's features land in a buffer slot sized for
+    the wide one, so a sample's rows lie the slot's size apart; the grouped tile reads and writes
+    each row at its own sample (the kernel map's rows, the gathered features and the store)."""
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    widths = [16, 64, 16, 16, 16]
+    p = {}
+    nodes, cur = [A.kmap_node(3)], "x"
+    for i, (c, k) in enumerate(zip(widths, widths[1:])):
+        p[f"w{i}"] = (rng.standard_normal((k, c, 3, 3, 3)) / np.sqrt(c * 27)).astype(np.float32)
+        p[f"b{i}"] = rng.standard_normal(k).astype(np.float32)
+        nodes += [helper.make_node(A.schema.SPARSE_CONV, [cur, "kmap", f"w{i}", f"b{i}"], [f"c{i}"], name=f"conv{i}",
+                                   domain=A.schema.DOMAIN), helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
+        cur = f"r{i}"
+    example = A.sphere(0, 50, 3.0)
+    feeds = {**A.grid_feeds(example, "in_", "out_"), "x": np.zeros((example.total_voxels, 16), np.float32)}
+    g = helper.make_graph(nodes, "widths", A.typed_inputs(feeds),
+                          [helper.make_tensor_value_info(cur, A.onnx.TensorProto.FLOAT, ["V", 16])],
+                          [numpy_helper.from_array(v, k) for k, v in p.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(A.schema.DOMAIN, 1)])
+    net = luisaml.compile(m)
+    assert len(_grouped(net)) == 4
+    sizes = {t: slot.size for slot in net.plan.schedule.buffers.slots for t in slot.members}
+    assert any(sizes[t.name] > t.numel for t in net.plan.tensors.values() if t.name in sizes and t.batched)
+    for gb in (A.sphere(1, 400, 6.0), A.sphere(2, 2500, 14.0)):
+        x = rng.standard_normal((gb.total_voxels, 16)).astype(np.float32)
+        want = x.astype(np.float64)
+        for i in range(len(widths) - 1):
+            want = np.maximum(A.sparse_conv3d(gb, want, gb, p[f"w{i}"].astype(np.float64),
+                                              p[f"b{i}"].astype(np.float64)), 0)
+        A.assert_close(net.run({**A.grid_feeds(gb, "in_", "out_"), "x": x})[cur], want)
