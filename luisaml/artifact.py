@@ -153,6 +153,11 @@ def _fused_dispatch(n: int, tile: int, threads: int, blocks_per_sm: int, mode: s
     return max(min(tiles, 4 * (os.cpu_count() or 1)), 1)
 
 
+def _grouped_dispatch(n: int, samples: int, per_group: int) -> int:
+    """Threads a blocks stage of sample groups dispatches for n samples (schedule.Stage.dispatch)."""
+    return -(-n // samples) * per_group
+
+
 def _dispatch_to_data(st) -> dict[str, Any]:
     """Return how many threads a stage dispatches for n samples, as data: `per_sample`·n +
     `fixed` for every stage but the fused MLP's, whose count depends on the machine's cores."""
@@ -160,6 +165,9 @@ def _dispatch_to_data(st) -> dict[str, Any]:
         op = st.root[1]
         d = {"fused": {"tile": op.T, "threads": op.NT, "blocks_per_sm": op.blocks_per_sm, "mode": op.mode}}
         ok = all(_fused_dispatch(n, **d["fused"]) == st.dispatch(n) for n in (0, 1, 7, 129, 100_000))
+    elif st.grouped:  # ceil(n / samples) groups of `per_group` threads (a Winograd product's blocks)
+        d = {"groups": {"samples": st.samples, "per_group": st.items * st.threads}}
+        ok = all(_grouped_dispatch(n, **d["groups"]) == st.dispatch(n) for n in (0, 1, 7, 129, 100_000))
     else:
         fixed = st.dispatch(0)
         d = {"per_sample": st.dispatch(1) - fixed, "fixed": fixed}
@@ -186,6 +194,9 @@ class StoredStage:
         if fused is not None:
             return _fused_dispatch(n, int(fused["tile"]), int(fused["threads"]), int(fused["blocks_per_sm"]),
                                    str(fused["mode"]))
+        groups = self.dispatch_data.get("groups")
+        if groups is not None:
+            return _grouped_dispatch(n, int(groups["samples"]), int(groups["per_group"]))
         return int(self.dispatch_data["per_sample"]) * n + int(self.dispatch_data["fixed"])
 
     def describe(self) -> str:
@@ -202,9 +213,9 @@ class StoredSchedule:
 
     @property
     def takes_batch(self) -> bool:
-        """Whether the kernels take the batch size (schedule.Schedule.takes_batch): an artifact's only
-        such stage is the fused MLP's (a blocks stage of sample groups has no dispatch data)."""
-        return any(st.domain == "fused" for st in self.stages)
+        """Whether the kernels take the batch size (schedule.Schedule.takes_batch): the fused MLP's,
+        and a blocks stage of sample groups."""
+        return any(st.domain == "fused" or "groups" in st.dispatch_data for st in self.stages)
 
     def describe(self) -> str:
         """Return the stages' lines and the buffer allocation, as Schedule.describe does."""

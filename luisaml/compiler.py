@@ -25,7 +25,7 @@ from .safe_source import Identifiers
 def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", precision: str = "fp32",
                limits: Limits = DEFAULT_LIMITS, check_indices: bool = True, schedule: str = "stages",
                mlp: MLPConfig | None = None, merge_stages: bool = True, blocks: bool = False,
-               on_schedule: Callable[[Schedule], None] | None = None) -> Plan:
+               winograd: int = 0, on_schedule: Callable[[Schedule], None] | None = None) -> Plan:
     """Return the full compile plan of a prepared model, generated source included.
 
     fuse: "off", "gpu" or "emulated" (luisaml/fusion.py: a recognised MLP gets the cooperative
@@ -36,7 +36,8 @@ def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", pre
     the fused MLP kernel's knobs (luisaml.mlp.MLPConfig; None: chosen per shape); merge_stages:
     one kernel for every stage (a stage index picks the body) rather than a kernel each; blocks:
     large GEMMs and convolutions run as cooperative blocks through shared memory (CUDA only:
-    operators/tiled.py); on_schedule: called with the first schedule, before the code is generated
+    operators/tiled.py); winograd: the tile m of 3x3 stride-1 convolutions as Winograd F(m x m, 3 x 3)
+    (operators/winograd.py), 0 for the direct form; on_schedule: called with the first schedule, before the code is generated
     (the runtime starts its kernel-build workers there, luisaml/parallel_build.py)."""
     g = prep.model.graph
     missing = unsupported_nodes(g, prep.model)
@@ -60,6 +61,10 @@ def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", pre
     mark_accumulated(plan)
     bind_derived(plan)
     plan.voxel_rows = voxel_rows.find(plan)
+    if winograd and schedule == "stages":
+        from .operators import winograd as winograd_form
+
+        plan.winograd = winograd_form.rewrite(plan, winograd)
     plan.fused, plan.fusion_note = fusion.fuse(plan, fuse, precision, mlp)
     if schedule != "stages":
         with phase("codegen"):

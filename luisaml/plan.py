@@ -160,6 +160,8 @@ class Plan:
     voxel_rows: list = field(default_factory=list)
     # grid ops over grids bound at run time that the host runs per new grid (luisaml/host_steps.py)
     host_steps: Any = None
+    # the Conv nodes that run as Winograd F(m x m, 3 x 3) stages (operators/winograd.py)
+    winograd: list = field(default_factory=list)
 
     @property
     def tensors(self) -> dict[str, Tensor]:

@@ -30,6 +30,7 @@ Float64 = Literal["reject", "float32"]
 Fuse = Literal["auto", True, False]
 FuseMode = Literal["off", "gpu", "emulated"]
 Schedule = Literal["auto", "stages", "per-sample"]
+Winograd = Literal["auto", False, 2, 4]
 ModelSource = Union[str, "os.PathLike[str]", onnx.ModelProto]
 WeightsSource = Union[str, "os.PathLike[str]", bytes, Mapping[str, Any], None]
 
@@ -52,6 +53,8 @@ class CompileOptions:
     # cooperative blocks through shared memory for large GEMMs and convolutions (operators/tiled.py):
     # None decides by backend (CUDA: yes; the CPU backend cannot compile shared memory)
     blocks: bool | None = None
+    # 3x3 stride-1 convolutions as Winograd F(m x m, 3 x 3) (operators/winograd.py): the tile m, 0 off
+    winograd: int = 0
 
     def check(self) -> None:
         """Raise UsageError for an option value luisaml does not know."""
@@ -61,6 +64,24 @@ class CompileOptions:
             raise UsageError(f"schedule must be 'auto', 'stages' or 'per-sample', not {self.schedule!r}")
         if self.batch_axis not in ("auto", 0, None):
             raise UsageError(f"batch_axis must be 'auto', 0 or None, not {self.batch_axis!r}")
+        if self.winograd not in (0, 2, 4):
+            raise UsageError(f"winograd must be 'auto', False, 2 or 4, not {self.winograd!r}")
+
+
+# the Winograd tile "auto" takes on CUDA (benchmarks/NOTES.md, "Winograd convolutions"); the CPU
+# backend keeps the direct form unless asked
+AUTO_WINOGRAD = 4
+
+
+def winograd_tile(winograd, backend: str) -> int:
+    """Return the Winograd tile m compile() uses on a backend (0: the direct form)."""
+    if winograd == "auto":
+        return AUTO_WINOGRAD if backend == "cuda" else 0
+    if winograd is False or winograd is None:
+        return 0
+    if winograd is True:
+        raise UsageError("winograd must be 'auto', False, 2 or 4 (the tile size), not True")
+    return winograd
 
 
 def _model_name(model) -> str:
@@ -72,7 +93,8 @@ def _model_name(model) -> str:
 def analyze(model: ModelSource, weights: WeightsSource = None, *, batch_axis: BatchAxis = "auto",
             input_shapes: Mapping[str, list] | None = None, fuse: FuseMode = "off", precision: Precision = "fp32",
             float64: Float64 = "reject", limits: Limits | None = None, check_indices: bool = True,
-            schedule: Schedule = "auto", mlp: MLPConfig | None = None, target: str = "cpu") -> Plan:
+            schedule: Schedule = "auto", mlp: MLPConfig | None = None, target: str = "cpu",
+            winograd: Winograd = "auto") -> Plan:
     """Return the compile plan of a model without starting a device (what `inspect` shows); a
     graph whose batch moves is planned at batch 2 (it compiles per batch size when it runs).
 
@@ -82,7 +104,8 @@ def analyze(model: ModelSource, weights: WeightsSource = None, *, batch_axis: Ba
     if target not in ("cpu", "cuda"):
         raise UsageError(f"target must be 'cpu' or 'cuda', not {target!r}")
     opts = CompileOptions(batch_axis, input_shapes, precision, fuse, float64, limits or DEFAULT_LIMITS,
-                          check_indices, schedule, mlp, merge_stages=target == "cpu", blocks=target == "cuda")
+                          check_indices, schedule, mlp, merge_stages=target == "cpu", blocks=target == "cuda",
+                          winograd=winograd_tile(winograd, target))
     opts.check()
     with phase("load", model=_model_name(model)):
         proto = loaders.load_proto(model, weights, limits=opts.limits)
@@ -120,7 +143,7 @@ def _build(prep, name: str, opts: CompileOptions, fuse_mode: str, on_schedule=No
     merge = opts.merge_stages is not False
     return compiler.build_plan(prep, name, fuse=fuse_mode, precision=opts.precision, limits=opts.limits,
                                check_indices=opts.check_indices, schedule=schedule, mlp=opts.mlp, merge_stages=merge,
-                               blocks=opts.blocks is True, on_schedule=on_schedule)
+                               blocks=opts.blocks is True, winograd=opts.winograd, on_schedule=on_schedule)
 
 
 def fixed_shapes(proto: onnx.ModelProto, symbol: str, n: int, given: Mapping | None) -> dict[str, list]:
@@ -162,6 +185,7 @@ def compile(
     check_indices: bool = True,
     schedule: Schedule = "auto",
     mlp: MLPConfig | None = None,
+    winograd: Winograd = "auto",
 ) -> CompiledNetwork:
     """Return the model compiled for the chosen backend.
 
@@ -188,6 +212,10 @@ def compile(
     schedule: "auto" or "stages" (the graph runs as parallel stages, luisaml/schedule.py), or
     "per-sample" (one kernel, one thread running a whole sample).
     mlp: the fused MLP kernel's knobs (luisaml.MLPConfig) for measurements; None: chosen per shape.
+    winograd: 3x3 stride-1 convolutions of 16 channels or more as Winograd F(m x m, 3 x 3)
+    (operators/winograd.py): "auto" (F(4x4) on CUDA, the direct form on the CPU), 4, 2, or False.
+    F(4x4) does a quarter of the multiply-adds and rounds to about 2e-6 of a layer's largest output
+    (the direct form ~2e-7); F(2x2) is in between.
     verbose: log the compile's phases at INFO (same as logging.getLogger("luisaml").setLevel)."""
     t0 = time.perf_counter()
     if verbose and not logger.isEnabledFor(20):
@@ -198,7 +226,7 @@ def compile(
     name = device.init(backend)
     opts = CompileOptions(batch_axis, input_shapes, precision, fuse, float64, limits or DEFAULT_LIMITS,
                           check_indices, schedule, mlp, merge_stages=name == "cpu",
-                          blocks=name == "cuda")
+                          blocks=name == "cuda", winograd=winograd_tile(winograd, name))
     opts.check()
     mode = fusion_mode(fuse, name, precision)
     with phase("load", model=_model_name(model)):

@@ -34,8 +34,8 @@ def _vi(name, shape):
     return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
 
 
-def _check(model, feeds, blocks: int):
-    net = luisaml.compile(model)
+def _check(model, feeds, blocks: int, **compile_kw):
+    net = luisaml.compile(model, **compile_kw)
     assert net.backend == "cuda"
     domains = [st.domain for st in net.plan.schedule.stages]
     assert domains.count("blocks") == blocks, domains
@@ -111,7 +111,9 @@ def test_conv(x_shape, w_shape, attrs, bias):
     out_shape = list(ort_run(probe, {"X": x})["C"].shape)
     nodes = [conv, helper.make_node("Relu", ["C"], ["Y"])]
     model = _model(nodes, [_vi("X", x_shape)], [_vi("Y", out_shape)], inits)
-    _check(model, {"X": x}, blocks=1)
+    # the direct implicit GEMM's tilings (3x3 stride-1 layers take Winograd's by default:
+    # tests/gpu/test_winograd_cuda.py)
+    _check(model, {"X": x}, blocks=1, winograd=False)
 
 
 def test_conv_runtime_weights():
@@ -135,3 +137,24 @@ def test_batched_conv_net_per_sample():
     for n in (1, 5):
         x = rng.standard_normal((n, 3, 24, 24), dtype=np.float32)
         _check(model, {"X": x}, blocks=2)
+
+
+@pytest.mark.parametrize("op", ["Gemm", "MatMul"])
+def test_one_row_a_sample_takes_tiles_of_samples(op):
+    """A classifier head over a dynamic batch (one row a sample, B constant): a block's tile rows are
+    64 consecutive samples (a grouped blocks stage); batches of one, under a tile and past it."""
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((512, 1000), dtype=np.float32) / 20
+    inits = {"W": w}
+    if op == "Gemm":
+        inits["C"] = rng.standard_normal(1000, dtype=np.float32)
+        nodes = [helper.make_node("Gemm", ["X", "W", "C"], ["G"], alpha=0.5)]
+    else:
+        nodes = [helper.make_node("MatMul", ["X", "W"], ["G"])]
+    nodes.append(helper.make_node("Relu", ["G"], ["Y"]))
+    model = _model(nodes, [_vi("X", ["N", 512])], [_vi("Y", ["N", 1000])], inits)
+    net = luisaml.compile(model)
+    assert [st.samples for st in net.plan.schedule.stages if st.domain == "blocks"] == [64]
+    for n in (1, 37, 130):
+        x = rng.standard_normal((n, 512), dtype=np.float32)
+        _check(model, {"X": x}, blocks=1)
