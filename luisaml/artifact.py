@@ -258,6 +258,7 @@ class StoredPlan:
     fusion_note: str = ""
     plan_note: str = ""
     derived: list = field(default_factory=list)  # (an artifact never holds host-derived inputs)
+    stage_kernels: list = field(default_factory=list)  # Plan.stage_kernels
     readbacks: list = field(default_factory=list)  # (nor outputs sized at run time)
     voxel_rows: list = field(default_factory=list)  # (nor grids bound at run time: they need derived inputs)
 
@@ -305,6 +306,7 @@ def network_data(plan) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         "host_outputs": host,
         "kernels": list(plan.kernels),
         "merged_stages": bool(plan.merged_stages),
+        "stage_kernels": list(plan.stage_kernels),
         "checks": list(plan.checks),
         "limits": dataclasses.asdict(plan.limits),
         "kernel_scratch": dict(plan.kernel_scratch),
@@ -328,6 +330,9 @@ def plan_from_data(d: dict, source: str, weights: bytes, consts: dict[str, np.nd
     for k in d["kernels"]:
         if not _IDENT.fullmatch(str(k)):
             raise ArtifactError(f"kernel name {k!r} is not an identifier")
+    unknown = [k for k in d.get("stage_kernels", []) if k not in d["kernels"]]
+    if unknown or (d.get("stage_kernels") and len(d["stage_kernels"]) != len(d["stages"] or [])):
+        raise ArtifactError(f"stage_kernels {d.get('stage_kernels')!r} do not fit the kernels and stages")
     inputs = [_io_from_data(s, f"input '{s.get('name')}'") for s in d["inputs"]]
     outputs = [_io_from_data(s, f"output '{s.get('name')}'") for s in d["outputs"]]
     schedule = None
@@ -344,6 +349,7 @@ def plan_from_data(d: dict, source: str, weights: bytes, consts: dict[str, np.nd
     return StoredPlan(
         symbol=d["symbol"], inputs=inputs, outputs=outputs, blob=_blob_from(weights, d["weight_layout"]), source=source,
         kernels=list(d["kernels"]), merged_stages=bool(d["merged_stages"]), checks=[str(c) for c in d["checks"]],
+        stage_kernels=[str(k) for k in d.get("stage_kernels", [])],
         limits=Limits(**{f.name: int(d["limits"][f.name]) for f in dataclasses.fields(Limits) if f.name in d["limits"]}),
         kernel_scratch={str(k): int(v) for k, v in d["kernel_scratch"].items()}, schedule=schedule,
         allocation=_allocation_from_data(d["registers"]), model=SimpleNamespace(graph=graph),

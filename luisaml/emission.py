@@ -112,6 +112,8 @@ def generate(plan: Plan, model_name: str) -> str:
             kernels.append((f"stage_{st.index}", params, st.describe(), body))
         if plan.merged_stages and kernels:
             kernels = [_merged(kernels)]
+        else:
+            kernels = _shared(plan, kernels)
     type_decls += [(name, f"luisa.SharedArrayType({n}, {dsl})") for (dsl, n), name in sorted(module.shared_types.items())]
     plan.checks = list(module.checks)
     if plan.checks:
@@ -150,6 +152,41 @@ def _merged(kernels: list[tuple[str, list[str], str, str]]) -> tuple[str, list[s
         lines += ["        " + ln for ln in body.splitlines()]
     doc = f"The network's {len(kernels)} stages: launch k runs stage k (each one parallel loop)."
     return ("stages", kernels[0][1] + [STAGE_PARAM], doc, "\n".join(lines))
+
+
+def _shared(plan: Plan, kernels: list[tuple[str, list[str], str, str]]) -> list[tuple[str, list[str], str, str]]:
+    """Return the stage kernels with the items stages of nodes naming one Operator.shared_kernel
+    merged into that kernel (flat `if stage == k` blocks, k the stage's index), and set
+    plan.stage_kernels; when two or more share, every kernel takes the stage index last."""
+    plan.stage_kernels = []
+    groups: dict[str, list[int]] = {}
+    for st in plan.schedule.stages:
+        name = st.root[1].shared_kernel if st.domain == "items" and st.phase is None else None
+        if name is not None:
+            groups.setdefault(name, []).append(st.index)
+    groups = {g: ks for g, ks in groups.items() if len(ks) > 1}
+    if not groups:
+        return kernels
+    of = {k: g for g, ks in groups.items() for k in ks}
+    out, done = [], set()
+    for k, (name, params, doc, body) in enumerate(kernels):
+        g = of.get(k)
+        if g is None:
+            out.append((name, params + [STAGE_PARAM], doc, body))
+            plan.stage_kernels.append(name)
+            continue
+        plan.stage_kernels.append(f"shared_{g}")
+        if g in done:
+            continue
+        done.add(g)
+        lines = []
+        for j in groups[g]:
+            lines.append(f"    if stage == {j}:")
+            lines.append(f"        # {comment_text(kernels[j][2])}")
+            lines += ["        " + ln for ln in kernels[j][3].splitlines()]
+        out.append((f"shared_{g}", params + [STAGE_PARAM], f"Stages {', '.join(map(str, groups[g]))}: "
+                    f"launch with stage k to run stage k ({g})", "\n".join(lines)))
+    return out
 
 
 def _io_ident(plan: Plan, t: Tensor) -> str:

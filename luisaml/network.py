@@ -118,6 +118,7 @@ class CompiledNetwork:
         self._forward = module.forward  # the @luisa.func of one sample
         self.kernels = [getattr(module, name) for name in plan.kernels]  # launched in this order
         self.kernel = self.kernels[0] if self.kernels else None  # (a graph of no node has none)
+        self._by_name = dict(zip(plan.kernels, self.kernels))
         # kernel-build processes started while the plan was generated (runtime._WorkersAhead), spent
         # at the first launch; None: that launch starts them if there are enough kernels
         self.build_workers = None
@@ -684,7 +685,7 @@ class CompiledNetwork:
                 if self.plan.schedule.takes_batch:  # (schedule.Schedule.takes_batch)
                     common += [n]
                 if first and self.backend == "cuda" and not self.plan.merged_stages:
-                    self._build_in_parallel(common + extra)
+                    self._build_in_parallel(common + extra + ([0] if self.plan.stage_kernels else []))
                 for k, stage in enumerate(stages):
                     count = stage.dispatch(n)
                     if not count or (only is not None and k != only):
@@ -693,6 +694,8 @@ class CompiledNetwork:
                         continue
                     if self.plan.merged_stages:
                         self.kernel(*common, *extra, k, dispatch_size=count)
+                    elif self.plan.stage_kernels:  # (some stages share a kernel: every kernel takes k)
+                        self._by_name[self.plan.stage_kernels[k]](*common, *extra, k, dispatch_size=count)
                     else:
                         self.kernels[k](*common, *extra, dispatch_size=count)
         self._compiled = True

@@ -62,6 +62,9 @@ class Operator:
     stores_once: ClassVar[bool] = False
     # arithmetic per output element of an inline node, for the schedule's inlining budget
     inline_cost: ClassVar[int] = 1
+    # on CUDA, the items stages of nodes naming the same kernel here are one kernel with a stage
+    # argument (a kernel build each costs a worker about a second: Winograd's 26 transforms of ResNet-18)
+    shared_kernel: ClassVar[str | None] = None
 
     def __init__(
         self,

@@ -153,6 +153,8 @@ class Plan:
     schedule: Any = None  # luisaml.schedule.Schedule when the network runs as stages, else one kernel
     plan_note: str = ""  # why this plan (stages or the per-sample kernel), for inspect
     merged_stages: bool = False  # the stages are one kernel dispatched once per stage (kernels: ["stages"])
+    # the kernel each stage launches when some stages share one (Operator.shared_kernel; every kernel
+    # then takes the stage index as its last argument); empty: stage k launches stage_k
     # totals the host reads back between stages to size run-time sized outputs (luisaml/dynamic.py)
     readbacks: list = field(default_factory=list)
     # graph inputs and outputs whose rows are a grid's voxels, fewer than the batch at a coarse level
@@ -162,6 +164,7 @@ class Plan:
     host_steps: Any = None
     # the Conv nodes that run as Winograd F(m x m, 3 x 3) stages (operators/winograd.py)
     winograd: list = field(default_factory=list)
+    stage_kernels: list = field(default_factory=list)
 
     @property
     def tensors(self) -> dict[str, Tensor]:
@@ -211,6 +214,8 @@ class Plan:
             return ["batch_kernel"]
         if self.merged_stages:
             return ["stages"] if self.schedule.stages else []
+        if self.stage_kernels:
+            return list(dict.fromkeys(self.stage_kernels))
         return [f"stage_{st.index}" for st in self.schedule.stages]
 
     @property

@@ -117,6 +117,8 @@ class _Winograd(Operator):
 class WinogradInput(_Winograd):
     """V[u][e][c][t] = (B^T d B)[e], d the (m + 2)^2 input patch of tile t (zero outside X)."""
 
+    shared_kernel = "winograd_input"
+
     def work_items(self) -> int:
         return self.units * self.C * self.T
 
@@ -263,6 +265,7 @@ class WinogradOutput(_Winograd):
     """Y[u][k][tile] = A^T M A (+ B[k]), the tile's outputs inside Y stored, each once."""
 
     stores_once = True
+    shared_kernel = "winograd_output"
 
     def __init__(self, node, inputs, outputs, m, conv):
         self.conv = conv

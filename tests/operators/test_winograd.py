@@ -150,3 +150,41 @@ def test_forward_runs_the_direct_form():
     _user_kernel()(bx, by, net.weights, dispatch_size=len(x))
     got = by.numpy().reshape(x.shape)
     np.testing.assert_allclose(got, ort_run(model, feeds)[out], rtol=1e-5, atol=1e-5)
+
+
+def test_transform_stages_share_kernels(tmp_path):
+    """With a kernel a stage (CUDA's plan), the input transforms of all layers are one kernel and the
+    output transforms another, launched with the stage's index (Operator.shared_kernel): the network
+    still equals onnxruntime, also loaded back from an artifact."""
+    from luisaml import runtime
+
+    model, feeds, out = _chain2()
+    opts = runtime.CompileOptions(merge_stages=False, winograd=4)
+    plan, _, _ = runtime.plan_for(model, "chain", opts, "off")
+    assert plan.winograd == ["conv0", "conv1", "conv2"]
+    kinds = [k for k in plan.kernels if k.startswith("shared_")]
+    assert kinds == ["shared_winograd_input", "shared_winograd_output"]
+    assert len(plan.kernels) == len(plan.schedule.stages) - 4  # 9 stages: 3 + 3 products + 2 shared kernels
+    net = runtime._network(plan, "cpu")
+    got = net.run(feeds)[out]
+    want = ort_run(model, feeds)[out]
+    np.testing.assert_allclose(got, want, rtol=0, atol=TOL[4] * float(np.abs(want).max()))
+    loaded = luisaml.load(net.save(tmp_path / "chain.lml"))
+    assert loaded.plan.stage_kernels == plan.stage_kernels
+    np.testing.assert_array_equal(loaded.run(feeds)[out], got)
+
+
+def _chain2():
+    rng = np.random.default_rng(5)
+    nodes, inits, cur = [], [], "x"
+    for i, (c, k) in enumerate([(16, 16), (16, 24), (24, 16)]):
+        w = (rng.standard_normal((k, c, 3, 3)) * np.sqrt(2 / (9 * c))).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes += [helper.make_node("Conv", [cur, f"w{i}"], [f"c{i}"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name=f"conv{i}"),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
+        cur = f"r{i}"
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16, 7, 7])],
+                          [helper.make_tensor_value_info(cur, TensorProto.FLOAT, ["N", 16, 7, 7])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    return m, {"x": rng.standard_normal((3, 16, 7, 7)).astype(np.float32)}, cur
