@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -92,6 +94,28 @@ def test_damaged_module_is_rewritten(fresh):
     assert cache.write_module(src, fresh / "c") == path
     assert path.read_bytes() == src.encode() and not pyc.exists()
     assert cache.import_module(path).f() == "é"
+
+
+def test_import_writes_the_bytecode_the_workers_load_once(fresh, monkeypatch):
+    """Importing a generated module writes its .pyc from the code it compiled, also where Python
+    writes none (PYTHONDONTWRITEBYTECODE, as on the GPU machine); write_bytecode, which the
+    kernel-build workers wait on, then keeps it instead of compiling the module again."""
+    import importlib.util
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    path = cache.write_module("def h(a):\n    return a * 3\n", fresh / "c")
+    pyc = Path(importlib.util.cache_from_source(str(path)))
+    assert not pyc.exists()
+    assert cache.import_module(path).h(2) == 6
+    assert pyc.exists()
+    before = pyc.stat().st_mtime_ns
+    time.sleep(0.01)
+    cache.write_bytecode(path)
+    assert pyc.stat().st_mtime_ns == before
+    out = subprocess.run([sys.executable, "-c", f"import marshal; d = open({str(pyc)!r}, 'rb').read(); "
+                          "ns = {}; exec(marshal.loads(d[16:]), ns); print(ns['h'](5))"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "15"
 
 
 def test_imported_module_survives_eviction(fresh):
