@@ -91,9 +91,18 @@ def dilated(voxels: Voxels, h: np.ndarray, o: np.ndarray, dilation: int) -> tupl
     n = int(dilation)
     if n < 0:
         raise ValueError(f"dilation must be non-negative, got {n}")
-    r = np.arange(-n, n + 1)
-    ball = np.stack(np.meshgrid(r, r, r, indexing="ij"), -1).reshape(-1, 3)
-    return [_checked((v.astype(np.int64)[:, None, :] + ball).reshape(-1, 3), "dilated") for v in voxels], h, o
+    out = []
+    for v in voxels:
+        # the ball is the sum of three segments, so the dilation is one along each axis in turn:
+        # 3 (2n + 1) shifted copies deduplicated instead of (2n + 1)^3 (a 187k-voxel shell on this
+        # 2-core CPU: n = 2 2.00 -> 1.40 s, n = 1 0.58 -> 0.56 s, the output's own sort the rest)
+        cur = _checked(v, "dilated")
+        for axis in range(3):
+            step = np.zeros((2 * n + 1, 3), np.int64)
+            step[:, axis] = np.arange(-n, n + 1)
+            cur = _checked((cur.astype(np.int64)[:, None, :] + step).reshape(-1, 3), "dilated")
+        out.append(cur)
+    return out, h, o
 
 
 def pruned(voxels: Voxels, h: np.ndarray, o: np.ndarray,
