@@ -312,6 +312,8 @@ def qualifies(conv) -> str | None:
         return "not float32 with constant weights"
     if x.shape[1] < MIN_CHANNELS or conv.M < MIN_CHANNELS:
         return f"fewer than {MIN_CHANNELS} channels"
+    if min(g.out) < 1:
+        return "an empty output"
     return None
 
 

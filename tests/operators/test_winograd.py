@@ -69,6 +69,8 @@ def _check(model, feeds, out, m, **kw):
     (16, 24, 7, 10, (1, 1, 1, 1)),  # ragged tiles both ways (ResNet's 7 x 7)
     (20, 16, 9, 6, (0, 0, 0, 0)),  # no padding
     (16, 16, 6, 9, (2, 0, 1, 1)),  # uneven pads
+    (17, 33, 1, 1, (1, 1, 1, 1)),  # one output, most of the patch padding; odd channel counts
+    (16, 16, 3, 2, (0, 1, 0, 1)),  # one output row: the tile mostly past the output
 ])
 def test_matches_onnxruntime(m, C, K, H, W, pads):
     model, feeds, out = _model(C, K, H, W, pads)
