@@ -214,7 +214,7 @@ class Dense(Operator):
         packed = self.packed_b()
         tl = self.block_tiling()
         if self.sample_rows():  # row m of the tile: row 0 of sample `sample + m`, read and written there
-            limit = ctx.let(f"min(n_samples - sample, {self.GROUP})", "grows")
+            limit = tiled.group_rows(ctx, self.GROUP)
 
             def a_row(bi, m):
                 s = ctx.let(ix.add(ctx.sample, m), "rs")
@@ -226,11 +226,11 @@ class Dense(Operator):
                 return load
 
             def finish_row(bi, m, n, acc):
-                with ctx.at_sample(ix.add(ctx.sample, m)):
+                with tiled.at_group_sample(ctx, m, name=False):
                     return finish(bi, "0", n, acc)
 
             def store_row(bi, m, n, value):
-                with ctx.at_sample(ix.add(ctx.sample, m)):
+                with tiled.at_group_sample(ctx, m, name=False):
                     return y.store(n, value)
 
             tiled.emit(ctx, tl, item, thread, a_row, self._b_column(ctx, load_b, packed), finish_row, store_row,

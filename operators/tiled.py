@@ -103,6 +103,25 @@ def choose(M: int, N: int, K: int, nbatch: int, m_fast: bool, pipelined: bool = 
     return Tiling(M, N, K, nbatch, BM, BN, TM, TN, BK, m_fast, double=deep or (pipelined and (BM, BN) == (64, 64)))
 
 
+# ---- tiles whose rows are samples (a grouped blocks stage: Operator.block_samples) -----------------
+
+
+def group_rows(ctx, samples: int, rows_per_sample: int = 1) -> str:
+    """Return the rows of this block's group that exist (emit's m_limit): `samples` samples from the
+    group's first, fewer in the last group of a batch, `rows_per_sample` rows each."""
+    rows = f"min(n_samples - sample, {samples})"
+    return ctx.let(f"{rows} * {rows_per_sample}" if rows_per_sample > 1 else rows, "grows")
+
+
+def at_group_sample(ctx, u: str, name: bool = True):
+    """Return the bindings of sample `sample + u` of the group (to enter with `with`): another
+    sample's rows are read and written there, never at an offset from the group's first sample (a
+    pooled buffer's samples lie its slot's size apart, and a slot is as large as its largest tensor).
+    name: the sample's index in a variable of its own (for bindings entered many times)."""
+    s = ix.add(ctx.sample, u)
+    return ctx.at_sample(ctx.let(s, "rs") if name else s)
+
+
 # a(bi, m) emits what row m of A needs once (before the k loop) and returns k -> A[bi, m, k];
 # b(bi, n) the same for column n of B; finish(bi, m, n, acc) the value of a finished sum (bias,
 # scale) and store(bi, m, n, value) the line storing it

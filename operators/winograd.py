@@ -202,12 +202,8 @@ class WinogradProduct(_Winograd):
         tl = self.block_tiling()
         G = self.group()
         packed = self.packed()
-        rows = None
-        if G > 1:  # the group's samples that exist: the last group of a batch may hold fewer
-            rows = ctx.let(f"min(n_samples - sample, {G}) * {T}", "grows")
-            rb = ix.mod(ix.div(item, tl.col_blocks), tl.row_blocks)
-            ctx.line(f"if {ix.mul(f'({rb})', tl.BM)} < {rows}:")  # (uniform in the block: idle tiles leave)
-            ctx.level += 1
+        # the group's samples that exist: the last group of a batch may hold fewer
+        rows = tiled.group_rows(ctx, G, T) if G > 1 else None
 
         def at_row(m):
             """(a function giving the bindings to enter, the unit under them, the tile) of row m: a
@@ -246,10 +242,14 @@ class WinogradProduct(_Winograd):
             with binding():
                 return mt.store(ix.add(ix.mul(u, E * K * T), ix.mul(e, K * T), ix.mul(n, T), t), value)
 
-        tiled.emit(ctx, tl, item, thread, a_row, b_column, lambda e, m, n, acc: acc, store,
-                   a_m_contiguous=True, b_quad=b_quad, m_limit=rows)
-        if G > 1:
-            ctx.level -= 1
+        idle = contextlib.nullcontext()
+        if G > 1:  # a tile wholly past the group's rows leaves (uniform in the block)
+            rb = ix.mod(ix.div(item, tl.col_blocks), tl.row_blocks)
+            ctx.line(f"if {ix.mul(f'({rb})', tl.BM)} < {rows}:")
+            idle = ctx.indent()
+        with idle:
+            tiled.emit(ctx, tl, item, thread, a_row, b_column, lambda e, m, n, acc: acc, store,
+                       a_m_contiguous=True, b_quad=b_quad, m_limit=rows)
 
     def describe(self) -> str:
         return (f"Winograd F({self.m}x{self.m}, 3x3): {self.E} products of (tiles x {self.C}) by ({self.C} x {self.K}),"

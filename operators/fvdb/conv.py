@@ -615,13 +615,11 @@ class SparseConv3d(Operator):
         """Return (the bindings to enter, the row index under them) of the node's o-th row of work:
         over voxels as the batch, sample `sample + o` itself, at row 0 (a pooled buffer's samples lie
         its slot's size apart, which may be more than a row); otherwise row(o) of the node's tensors."""
-        if self.voxel_batch:
-            return ctx.at_sample(ctx.let(ix.add(ctx.sample, o), "rs")), "0"
-        return contextlib.nullcontext(), self.row(o)
+        from luisaml.operators import tiled
 
-    def _group_rows(self, ctx) -> str:
-        """The rows of this block's group that are samples (voxels as the batch), at least 1."""
-        return ctx.let(f"min(n_samples - sample, {self.block_tiling().BM})", "grows")
+        if self.voxel_batch:
+            return tiled.at_group_sample(ctx, o), "0"
+        return contextlib.nullcontext(), self.row(o)
 
     def skips_taps(self, tl) -> bool:
         """Whether the tiles run only their voxels' taps: a k step must lie within one tap."""
@@ -691,14 +689,14 @@ class SparseConv3d(Operator):
         C_in, C_out, T = self.c_in, self.c_out, self.taps
         tl = self.block_tiling()
         checked = kmap.value is None  # a map fed at run time: an index past the features is flagged
-        # over voxels as the batch the block's rows are samples from `sample` on, and a tap reads the
-        # sample its map entry names (at_sample of 0: the features' absolute rows)
+        # over voxels as the batch the block's rows are samples from `sample` on, each read and written
+        # at its own sample, and a tap reads the features at the sample its map entry names
         rows_in = ctx.n_samples if self.voxel_batch else self.n_in
         limit = "[-1, batch)" if self.voxel_batch else f"[-1, {self.n_in})"
         flag = ctx.flag_error(str(self.error(f"kernel_map '{kmap.name}' holds an index outside {limit} "
                                              f"(the rows of features '{x.name}')"))) if checked else None
         taps, k_steps = None, None
-        group_rows = self._group_rows(ctx) if self.voxel_batch else None
+        group_rows = tiled.group_rows(ctx, tl.BM) if self.voxel_batch else None
         if self.skips_taps(tl):
             taps, count = self.emit_tile_taps(ctx, tl, item, thread, group_rows or self.n_out)
             k_steps = ctx.let(ix.mul(count, C_in // tl.BK), "ksteps")
@@ -714,7 +712,7 @@ class SparseConv3d(Operator):
 
                 def load(k):
                     tap, c = tap_of(k)
-                    with ctx.at_sample(s):
+                    with ctx.at_sample(s):  # (s named once: entered at every k step)
                         v = map_index(ctx, kmap.load(tap), rows_in, flag, checked)
                     with ctx.at_sample(f"max({v}, 0)"):
                         return f"({x.load(c)} if {v} >= 0 else 0.0)"
