@@ -80,23 +80,32 @@ def _side(n: int) -> int:
 DEEP_TILES = 4
 
 
-def choose(M: int, N: int, K: int, nbatch: int, m_fast: bool, pipelined: bool = False) -> Tiling | None:
+def choose(M: int, N: int, K: int, nbatch: int, m_fast: bool, pipelined: bool = False,
+           narrow: bool = False) -> Tiling | None:
     """Return the tiling of a product, or None when it is too small for a block (MIN_SIDE,
-    MIN_FILL). pipelined: the product may take 64 x 64 tiles for 64 columns, k steps of 16 when it
-    has few tiles, and double-buffered shared memory for both (measured on Conv and fvdb's
-    SparseConv3d, which ask for it: Gemm and MatMul keep the single-buffered tiles until measured)."""
+    MIN_FILL). pipelined: the product may take 64 x 64 tiles (4 x 8 a thread) for 64 columns, k
+    steps of 16 when it has few tiles, and double-buffered shared memory for both (measured on Conv
+    and fvdb's SparseConv3d, which ask for it: Gemm and MatMul keep the single-buffered tiles until
+    measured).
+    narrow (with pipelined): 64 columns a tile whatever N (Winograd's products, below)."""
     if M < MIN_SIDE or N < MIN_SIDE or K < 1:
         return None
-    BN = _side(N)
+    # Winograd's 36 products (ResNet-18, batch 32, H200): 64 x 64 tiles beat 64 x 128 and 128 x 128 at
+    # every width from 128 to 512 channels, by 6-17% (benchmarks/NOTES.md, "Thread tiles of 4 x 8")
+    BN = 64 if narrow and pipelined and N >= 48 else _side(N)
     # 64 columns: 64 x 64 tiles rather than 128 x 64 (ResNet-18's layer1 at batch 32: 1,568 blocks of
     # 64 threads fill two waves, 800 of 128 two and a sliver; 0.326 -> 0.245 ms with double buffers)
     BM = 64 if pipelined and BN == 64 and M >= 48 else _side(M)
     if M * N < MIN_FILL * (-(-M // BM) * BM) * (-(-N // BN) * BN):
         return None
-    TM = 8 if BM >= 64 else 4
+    # a double-buffered 64 x 64 tile: 4 x 8 a thread (128 threads, half the accumulators: more warps an
+    # SM to hide the loads) rather than 8 x 8 (64 threads): ResNet-18's stem 0.338 -> 0.297 ms, its
+    # layer1 Winograd products 0.164 -> 0.143, fvdb's SparseConv3d layer 0.988 -> 0.929
+    TM = 4 if pipelined and (BM, BN) == (64, 64) else 8 if BM >= 64 else 4
     TN = 8 if BN >= 64 else 4
     NT = (BM // TM) * (BN // TN)
-    deep = pipelined and -(-M // BM) * -(-N // BN) <= DEEP_TILES
+    # (not a narrow product: Winograd's 36 fill the GPU however few tiles each has; k steps of 8 measured)
+    deep = pipelined and not narrow and -(-M // BM) * -(-N // BN) <= DEEP_TILES
     # every thread copies whole float4s of both tiles each step: BK grows until they divide evenly
     BK = next(bk for bk in ((16, 32, 8) if deep else (8, 16, 32))
               if (BM * bk // 4) % NT == 0 and (BN * bk // 4) % NT == 0)

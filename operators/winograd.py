@@ -189,7 +189,8 @@ class WinogradProduct(_Winograd):
 
         if self.output().dtype is not dtypes.FLOAT:
             return None
-        return tiled.choose(self.units * self.group() * self.T, self.K, self.C, self.E, m_fast=True, pipelined=True)
+        return tiled.choose(self.units * self.group() * self.T, self.K, self.C, self.E, m_fast=True, pipelined=True,
+                            narrow=True)
 
     def block_samples(self) -> int:
         return self.group() if self.block_tiling() is not None else 1

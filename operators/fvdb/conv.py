@@ -596,13 +596,9 @@ class SparseConv3d(Operator):
             return None
         rows = self.NOMINAL_VOXELS if self.voxel_batch else self.n_out
         # Conv's double-buffered 64 x 64 tiles (pipelined): 1.100 -> 0.989 ms on the H200 benchmark;
-        # there 128 threads of 4 x 8 rather than 64 of 8 x 8: 0.988 -> 0.929 ms (twice the warps to hide
+        # their 128 threads of 4 x 8 rather than 64 of 8 x 8: 0.988 -> 0.929 ms (twice the warps to hide
         # the gathers of rows from all over the grid)
         tl = tiled.choose(rows, self.c_out, self.taps * self.c_in, 1, m_fast=False, pipelined=True)
-        if tl is not None and (tl.BM, tl.BN, tl.TM, tl.TN) == (64, 64, 8, 8):
-            wide = dataclasses.replace(tl, TM=4)
-            if (wide.BM * wide.BK // 4) % wide.threads == 0:  # every thread still copies whole float4s
-                tl = wide
         if tl is not None and self.voxel_batch:
             tl = dataclasses.replace(tl, M=tl.BM)  # one tile of rows: a group of samples
         return tl
