@@ -91,7 +91,7 @@ def choose(M: int, N: int, K: int, nbatch: int, m_fast: bool, pipelined: bool = 
     if M < MIN_SIDE or N < MIN_SIDE or K < 1:
         return None
     # Winograd's 36 products (ResNet-18, batch 32, H200): 64 x 64 tiles beat 64 x 128 and 128 x 128 at
-    # every width from 128 to 512 channels, by 6-17% (benchmarks/NOTES.md, "Thread tiles of 4 x 8")
+    # every width from 128 to 512 channels, by 7-14% (benchmarks/NOTES.md, "Thread tiles of 4 x 8")
     BN = 64 if narrow and pipelined and N >= 48 else _side(N)
     # 64 columns: 64 x 64 tiles rather than 128 x 64 (ResNet-18's layer1 at batch 32: 1,568 blocks of
     # 64 threads fill two waves, 800 of 128 two and a sliver; 0.326 -> 0.245 ms with double buffers)
