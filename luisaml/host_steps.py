@@ -41,8 +41,10 @@ from . import dtypes
 from .errors import InputError, InputNameError, InputTypeError, LuisamlError
 from .interop import is_torch, same_tensor, to_numpy
 from .model import ModelError, Node, _attr_value, shape_str
+from .opsets import fvdb as schema
 
 DOMAIN = "fvdb"
+BUNDLE = len(schema.BUNDLE)
 
 
 @dataclass(frozen=True)
@@ -68,9 +70,11 @@ class HostStep:
     constants: dict[str, np.ndarray]
     _last: tuple | None = field(default=None, repr=False)  # (key of the inputs' bytes, {output: array})
 
-    def run(self, values: Mapping[str, np.ndarray], digests: Mapping[str, bytes]) -> tuple[dict[str, np.ndarray], tuple]:
+    def run(self, values: Mapping[str, np.ndarray], digests: Mapping[str, bytes],
+            device: "DeviceBuilds | None" = None) -> tuple[dict[str, np.ndarray], tuple]:
         """Return ({output name: array}, the key of this computation) for the node's inputs in values
-        (or its constants); digests: each input's bytes' digest (or a token standing for them)."""
+        (or its constants); digests: each input's bytes' digest (or a token standing for them);
+        device: where the topology ops build on the device (None: every op on the host)."""
         from . import registry
 
         arrays = [None if not name else self.constants.get(name, values.get(name)) for name in self.node.inputs]
@@ -78,14 +82,92 @@ class HostStep:
                     for name, a in zip(self.node.inputs, arrays))
         if self._last is not None and self._last[0] == key:
             return self._last[1], key
-        op = registry.resolve(self.node.op_type, DOMAIN, 1)
-        try:
-            out = op.evaluate(self.node, arrays)
-        except LuisamlError as e:  # (the builder's messages name the node: a CompileError when folding)
-            raise InputError(f"{e} (run on the host: its grid is bound at run time)") from None
+        if device is not None and _from_grid(self.node.op_type):
+            out = device.run(self.node, arrays)
+        else:
+            op = registry.resolve(self.node.op_type, DOMAIN, 1)
+            try:
+                out = op.evaluate(self.node, arrays)
+            except LuisamlError as e:  # (the builder's messages name the node: a CompileError when folding)
+                raise InputError(f"{e} (run on the host: its grid is bound at run time)") from None
         result = {name: np.ascontiguousarray(a) for name, a in zip(self.node.outputs, out) if name}
         self._last = (key, result)
         return result, key
+
+
+CAPACITY = "voxel_capacity"  # operators/fvdb/topology_device.py: the source voxels a device build takes
+MIN_CAPACITY = 1024  # the smallest bucket: small grids share one network
+
+
+class DeviceBuilds:
+    """The topology steps built on the device: per node and power of two V of the source grid's
+    voxels, a network of the node alone with the attribute voxel_capacity V (its inputs bound at run
+    time), compiled by `compile_model` when a grid of that size first arrives and kept. A
+    DilatedGrid of n runs n passes of 1 (a pass has 27 candidates a voxel; one of n, (2n + 1)^3)."""
+
+    def __init__(self, compile_model) -> None:
+        self.compile_model = compile_model
+        self.networks: dict[tuple, Any] = {}
+
+    def run(self, node: Node, arrays: list) -> list[np.ndarray]:
+        """Return the seven bundle arrays node builds from arrays (its inputs, None where absent)."""
+        attrs = dict(node.attrs)
+        passes = 1
+        if node.op_type == "DilatedGrid":
+            passes = int(attrs.get("dilation", 1))
+            if passes < 0:
+                raise InputError(f"{node.describe()}: dilation must be non-negative, got {passes}")
+            if passes == 0:
+                return [np.ascontiguousarray(a) for a in arrays[:BUNDLE]]
+            attrs["dilation"] = 1
+        out = list(arrays)
+        for _ in range(passes):  # (a pass's voxel sizes and origins are its input's)
+            out = self._build(node, attrs, out[:2] + list(arrays[2:4]) + out[4:BUNDLE] + list(arrays[BUNDLE:]))
+        # the voxel sizes and origins as the host's doubles: the kernels compute in float32
+        from .fvdb.topology import new_transforms
+
+        h, o = new_transforms(node.op_type, node.attrs, np.asarray(arrays[2], np.float64), np.asarray(arrays[3], np.float64))
+        out[2], out[3] = np.ascontiguousarray(h, np.float64), np.ascontiguousarray(o, np.float64)
+        return out
+
+    def _build(self, node: Node, attrs: dict, arrays: list) -> list[np.ndarray]:
+        offsets = np.asarray(arrays[5]).reshape(-1)
+        voxels = int(offsets[-1]) if len(offsets) else 0
+        capacity = MIN_CAPACITY
+        while capacity < voxels:
+            capacity *= 2
+        key = (node.name, capacity, tuple(sorted((k, repr(v)) for k, v in attrs.items())),
+               tuple((a.dtype.str, a.shape[1:] if k in _BOUND_ROWS else a.shape) if a is not None else None
+                     for k, a in enumerate(arrays)))
+        net = self.networks.get(key)
+        if net is None:
+            net = self.compile_model(_build_model(node, attrs, capacity, arrays))
+            self.networks[key] = net
+        feeds = {f"in_{k}": np.ascontiguousarray(a) for k, a in enumerate(arrays) if a is not None}
+        try:
+            got = net.run(feeds)
+        except ModelError as e:  # (the bundle's checks when its metadata is derived: NanoVDBError)
+            raise InputError(f"{node.describe()}: {e} (built on the device: its grid is bound at run time)") from None
+        return [np.ascontiguousarray(got[f"out_{k}"]) for k in range(BUNDLE)]
+
+
+_BOUND_ROWS = (0, 4, 6, 7)  # grid_blob, leaf_batch_indices, list_indices, mask: any number of rows
+
+
+def _build_model(node: Node, attrs: dict, capacity: int, arrays: list) -> onnx.ModelProto:
+    """The model of node alone over inputs in_k (rows bound at run time where _BOUND_ROWS says) and
+    outputs out_k, with the attribute voxel_capacity."""
+    inputs = []
+    for k, a in enumerate(arrays):
+        if a is None:
+            continue
+        dims = [f"rows of in_{k}"] + list(a.shape[1:]) if k in _BOUND_ROWS else list(a.shape)
+        inputs.append(helper.make_tensor_value_info(f"in_{k}", dtypes.from_numpy(a.dtype).onnx, dims))
+    names = [f"in_{k}" if a is not None else "" for k, a in enumerate(arrays)]
+    outputs = [f"out_{k}" for k in range(BUNDLE)]
+    n = helper.make_node(node.op_type, names, outputs, name=node.name, domain=DOMAIN, **{**attrs, CAPACITY: capacity})
+    g = helper.make_graph([n], f"{node.name} on the device", inputs, [onnx.ValueInfoProto(name=o) for o in outputs])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
 
 
 @dataclass
@@ -95,6 +177,7 @@ class HostSteps:
     steps: list[HostStep]
     host_only: list[HostInput]  # graph inputs no compiled node reads
     made: dict[str, str]  # each step output the network reads -> the describe() of its node
+    device: DeviceBuilds | None = None  # where the topology steps build on the device (else the host)
     _tensors: dict = field(default_factory=dict, repr=False)  # (output, torch device) -> (array, its tensor)
     _copies: dict = field(default_factory=dict, repr=False)  # torch input -> (its clone, host copy, token)
 
@@ -140,7 +223,7 @@ class HostSteps:
                 elif name in specs:
                     _check_spec(specs[name], a)
                 values[name] = a
-            result, key = step.run(values, digests)
+            result, key = step.run(values, digests, self.device)
             values.update(result)
             # (a later step reading these: they follow from this computation's key, never hashed)
             origin = hashlib.blake2b(repr((step.node.name, key)).encode(), digest_size=16).digest()
@@ -204,8 +287,6 @@ def _dims(vi: onnx.ValueInfoProto) -> tuple:
 def split(proto: onnx.ModelProto) -> HostSteps | None:
     """Take the grid ops that must run on the host out of proto (module docstring); return them,
     or None when there are none. proto is modified."""
-    from .opsets import fvdb as schema
-
     g = proto.graph
     init = {t.name: t for t in g.initializer}
     constants = set(init)  # (Constant nodes' outputs too; their values read when a step needs them)
@@ -227,7 +308,7 @@ def split(proto: onnx.ModelProto) -> HostSteps | None:
     computed: dict[str, onnx.NodeProto] = {}  # tensors the kernels compute from run-time data -> their node
     for k, n in enumerate(g.node):
         ins = [i for i in n.input if i]
-        if n.domain != DOMAIN or n.op_type not in schema.GRID_OPS:
+        if n.domain != DOMAIN or n.op_type not in schema.GRID_OPS or any(a.name == CAPACITY for a in n.attribute):
             if any(i in inputs or i in made or i in computed for i in ins):
                 computed.update({o: n for o in n.output if o})
             continue
@@ -243,7 +324,7 @@ def split(proto: onnx.ModelProto) -> HostSteps | None:
             if late:
                 computed.update({o: n for o in n.output if o})
             continue  # folds when compiled, or reads a tensor the kernels compute (the op's own error)
-        if _device_buildable(n.op_type) and not _needs_host(n, shapes, readers):
+        if not _from_grid(n.op_type) and not _needs_host(n, shapes, readers):
             continue  # the device builder takes it (a fixed number of points, its grid a graph output)
         node = Node(n.name or f"{n.op_type}_{k}", n.op_type, DOMAIN, list(n.input), list(n.output))
         node.attrs = {a.name: _attr_value(a, None, node.describe()) for a in n.attribute}  # (as model_from_proto reads them)
@@ -281,13 +362,9 @@ def split(proto: onnx.ModelProto) -> HostSteps | None:
     return HostSteps([s for _, s in chosen], host_only, made)
 
 
-def _device_buildable(op_type: str) -> bool:
-    """Whether the device builder takes the op over inputs bound at run time (it declares outputs
-    sized at run time: DeviceGridBuild, the GridBatchFrom* constructors)."""
-    from . import registry
-
-    registry._load_builtin()
-    return bool(registry.resolve(op_type, DOMAIN, 1).runtime_sized)
+def _from_grid(op_type: str) -> bool:
+    """Whether the grid op builds from a grid (the topology ops), not from ijk or points."""
+    return schema.GRID_OPS[op_type].inputs[0][0] == "grid_blob"
 
 
 def _dtype(elem: int, name: str) -> dtypes.DType:
@@ -307,7 +384,7 @@ def _needs_host(n: onnx.NodeProto, shapes: dict, readers: dict) -> bool:
 def _grid_count(node: Node, shapes: dict) -> int:
     """Return the number of grids the node builds: its bundle's (grid_byte_offsets [B]) or its
     jagged input's (joffsets [B + 1]); raise ModelError when that is not fixed."""
-    topology = not _device_buildable(node.op_type)
+    topology = _from_grid(node.op_type)
     name = node.inputs[1] if len(node.inputs) > 1 else ""
     dims = shapes.get(name)
     what = "grid_byte_offsets" if topology else "joffsets"

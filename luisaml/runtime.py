@@ -31,6 +31,7 @@ Fuse = Literal["auto", True, False]
 FuseMode = Literal["off", "gpu", "emulated"]
 Schedule = Literal["auto", "stages", "per-sample"]
 Winograd = Literal["auto", False, 2, 4]
+GridBuild = Literal["auto", "device", "host"]
 ModelSource = Union[str, "os.PathLike[str]", onnx.ModelProto]
 WeightsSource = Union[str, "os.PathLike[str]", bytes, Mapping[str, Any], None]
 
@@ -55,6 +56,9 @@ class CompileOptions:
     blocks: bool | None = None
     # 3x3 stride-1 convolutions as Winograd F(m x m, 3 x 3) (operators/winograd.py): the tile m, 0 off
     winograd: int = 0
+    # where topology ops over grids bound at run time build their grids (luisaml/host_steps.py):
+    # "device" or "host" (compile() resolves "auto")
+    grid_build: str = "host"
 
     def check(self) -> None:
         """Raise UsageError for an option value luisaml does not know."""
@@ -66,6 +70,8 @@ class CompileOptions:
             raise UsageError(f"batch_axis must be 'auto', 0 or None, not {self.batch_axis!r}")
         if self.winograd not in (0, 2, 4):
             raise UsageError(f"winograd must be 'auto', False, 2 or 4, not {self.winograd!r}")
+        if self.grid_build not in ("device", "host"):
+            raise UsageError(f"grid_build must be 'auto', 'device' or 'host', not {self.grid_build!r}")
 
 
 # the Winograd tile "auto" takes on CUDA (benchmarks/NOTES.md, "Winograd convolutions"); the CPU
@@ -141,9 +147,15 @@ def _build(prep, name: str, opts: CompileOptions, fuse_mode: str, on_schedule=No
     # (10 small kernels: 30 s apart, 3.5 s merged); compile() says no on CUDA, where each stage keeps
     # its own registers, and build_plan keeps a GPU fused MLP apart in any case
     merge = opts.merge_stages is not False
-    return compiler.build_plan(prep, name, fuse=fuse_mode, precision=opts.precision, limits=opts.limits,
+    plan = compiler.build_plan(prep, name, fuse=fuse_mode, precision=opts.precision, limits=opts.limits,
                                check_indices=opts.check_indices, schedule=schedule, mlp=opts.mlp, merge_stages=merge,
                                blocks=opts.blocks is True, winograd=opts.winograd, on_schedule=on_schedule)
+    if plan.host_steps is not None and opts.grid_build == "device":
+        from .host_steps import DeviceBuilds
+
+        plan.host_steps.device = DeviceBuilds(lambda m: compile(m, batch_axis=None, limits=opts.limits,
+                                                                grid_build="host"))
+    return plan
 
 
 def fixed_shapes(proto: onnx.ModelProto, symbol: str, n: int, given: Mapping | None) -> dict[str, list]:
@@ -186,6 +198,7 @@ def compile(
     schedule: Schedule = "auto",
     mlp: MLPConfig | None = None,
     winograd: Winograd = "auto",
+    grid_build: GridBuild = "auto",
 ) -> CompiledNetwork:
     """Return the model compiled for the chosen backend.
 
@@ -216,6 +229,11 @@ def compile(
     (operators/winograd.py): "auto" (F(4x4) on CUDA, the direct form on the CPU), 4, 2, or False.
     F(4x4) does a quarter of the multiply-adds and rounds to about 2e-6 of a layer's largest output
     (the direct form ~2e-7); F(2x2) is in between.
+    grid_build: where fVDB's topology ops over grids bound at run time (CoarsenedGrid, ConvGrid, ...:
+    a U-Net's coarse levels made in the model) build their grids when a run binds a new grid
+    (luisaml/host_steps.py): "auto" (the device on CUDA, the host's numpy builder on the CPU),
+    "device" (a network of the op alone, compiled once per power of two of the source's voxels)
+    or "host".
     verbose: log the compile's phases at INFO (same as logging.getLogger("luisaml").setLevel)."""
     t0 = time.perf_counter()
     if verbose and not logger.isEnabledFor(20):
@@ -226,7 +244,8 @@ def compile(
     name = device.init(backend)
     opts = CompileOptions(batch_axis, input_shapes, precision, fuse, float64, limits or DEFAULT_LIMITS,
                           check_indices, schedule, mlp, merge_stages=name == "cpu",
-                          blocks=name == "cuda", winograd=winograd_tile(winograd, name))
+                          blocks=name == "cuda", winograd=winograd_tile(winograd, name),
+                          grid_build=("device" if name == "cuda" else "host") if grid_build == "auto" else grid_build)
     opts.check()
     mode = fusion_mode(fuse, name, precision)
     with phase("load", model=_model_name(model)):

@@ -1,6 +1,7 @@
 """Building NanoVDB OnIndex grids on the device (LuisaCompute DSL): the stages of
-GridBatchFromIJK / GridBatchFromPoints over inputs bound at run time (operators/fvdb/topology.py
-emits one call of these per stage and owns the order; luisaml/dynamic.py the read-back between).
+GridBatchFromIJK / GridBatchFromPoints over inputs bound at run time, and of the topology ops over
+grids bound at run time (operators/fvdb/topology.py and topology_device.py emit one call of these
+per stage and own the order; luisaml/dynamic.py the read-back between).
 
 Everything lives in the node's int scratch (`s`, Operator.scratch) at word offsets the operator
 computes (`GridBuildLayout`), plus the output blob (a ByteBuffer written with 32-bit stores). No
@@ -214,6 +215,18 @@ def gb_store_corner(s, vox, ctr, q, b, x, y, z, corner):
         k = int(fz) + (corner & 1)
     else:
         gb_error(s, ctr, ERR_COORDS)
+    s.write(vox + 4 * q, b)
+    s.write(vox + 4 * q + 1, i)
+    s.write(vox + 4 * q + 2, j)
+    s.write(vox + 4 * q + 3, k)
+
+
+@luisa.func
+def gb_append_voxel(s, vox, keys_at, b, i, j, k):
+    """Append the voxel (b, i, j, k) after the keys counted at word keys_at (the layout table's key
+    count, which the clear stage zeroed): the topology ops' candidate voxels, compacted. Their order
+    varies from run to run; the grids built do not (leaves are deduplicated, then sorted)."""
+    q = s.atomic_fetch_add(keys_at, 1)
     s.write(vox + 4 * q, b)
     s.write(vox + 4 * q + 1, i)
     s.write(vox + 4 * q + 2, j)

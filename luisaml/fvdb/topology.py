@@ -124,6 +124,19 @@ def conv_transpose_grid(voxels: Voxels, h: np.ndarray, o: np.ndarray, kernel,
     return [conv_transpose_grid_ijk(v, kernel, stride) for v in voxels], h / s, o
 
 
+def new_transforms(op_type: str, attrs: dict, h: np.ndarray, o: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return the voxel sizes and origins of the grids a topology op builds from grids of h and o."""
+    if op_type == "CoarsenedGrid":
+        return coarsened([], h, o, attrs.get("coarsening_factor", ()))[1:]
+    if op_type == "RefinedGrid":
+        return refined([], h, o, attrs.get("subdiv_factor", ()))[1:]
+    if op_type == "ConvGrid":
+        return conv_grid([], h, o, attrs.get("kernel_size", ()), attrs.get("stride", 1))[1:]
+    if op_type == "ConvTransposeGrid":
+        return conv_transpose_grid([], h, o, attrs.get("kernel_size", ()), attrs.get("stride", 1))[1:]
+    return h, o  # DilatedGrid, PrunedGrid
+
+
 # ---- grids from voxels and points ------------------------------------------------------------------
 
 

@@ -314,6 +314,13 @@ class DeviceGridBuild(GridOp):
                     raise ValueError(f"{name} has shape {list(t.shape)}, expected [{self.B}, 3], [3] or a scalar")
             except ValueError as e:
                 raise self.error(str(e)) from None
+        self.check_outputs()
+        self.points = points
+        self.K = self.N * (8 if self.nearest else 1)  # voxel keys: 8 per point for the nearest voxels
+        self.S = _Scratch(self.K, self.B)
+
+    def check_outputs(self) -> None:
+        """Check the static shapes of the bundle outputs of B grids."""
         for k, name in enumerate(schema.BUNDLE):
             t = self.outputs[k] if k < len(self.outputs) else None
             if t is None or k in self.runtime_sized:
@@ -321,9 +328,10 @@ class DeviceGridBuild(GridOp):
             want = {"grid_byte_offsets": (self.B,), "voxel_sizes": (self.B, 3), "origins": (self.B, 3),
                     "batch_offsets": (self.B + 1,), "list_indices": (0,)}[name]
             self.expect_shape(t, want, f"output {name}")
-        self.points = points
-        self.K = self.N * (8 if self.nearest else 1)  # voxel keys: 8 per point for the nearest voxels
-        self.S = _Scratch(self.K, self.B)
+
+    def coords_error(self) -> str:
+        """What ERR_COORDS means for this op (the run's error)."""
+        return "points map to voxel coordinates that are not finite or do not fit int32"
 
     def expect(self, ok: bool, message: str) -> None:
         if not ok:
@@ -608,7 +616,7 @@ class DeviceGridBuild(GridOp):
         if err == G.ERR_OFFSETS:
             raise RunError(f"{what}: joffsets must rise from 0 to {self.N} (the rows of jdata)")
         if err == G.ERR_COORDS:
-            raise RunError(f"{what}: points map to voxel coordinates that are not finite or do not fit int32")
+            raise RunError(f"{what}: {self.coords_error()}")
         layout = np.zeros((B, G.G_WORDS), np.int64)
         headers = np.zeros((B, HEADER_SIZE), np.uint8)
         offset = leaf = lower = upper = voxel = 0
@@ -639,6 +647,5 @@ class DeviceGridBuild(GridOp):
 
 
 
-for _name in schema.GRID_OPS:
-    _base = DeviceGridBuild if _name in DeviceGridBuild.OPS else GridOp
-    register(_name, domain="fvdb", since=1)(type(_name, (_base,), {"__doc__": schema.GRID_OPS[_name].doc}))
+for _name in DeviceGridBuild.OPS:  # (the topology ops register in topology_device.py)
+    register(_name, domain="fvdb", since=1)(type(_name, (DeviceGridBuild,), {"__doc__": schema.GRID_OPS[_name].doc}))

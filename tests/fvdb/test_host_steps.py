@@ -119,9 +119,9 @@ def test_a_chain_of_host_steps_and_the_cache(monkeypatch):
     runs = []
     real = host_steps.HostStep.run
 
-    def counted(self, values, digest):
+    def counted(self, values, digest, device=None):
         before = self._last
-        out = real(self, values, digest)
+        out = real(self, values, digest, device)
         runs.append(self._last is not before)
         return out
 

@@ -1,0 +1,139 @@
+"""Topology ops over a grid bound at run time, built on the device (grid_build="device") against the
+host's numpy builder (grid_build="host", the same code that folds them at compile time), over a
+one-voxel sphere shell (radius 126 voxels, ~200k voxels, centre 256: a 512^3 extent; the sparse
+convolution benchmark's grid). Correctness first: every bundle array of the device's grid equal to
+the host builder's (the blob byte for byte), over two shells.
+
+CUDA (writes benchmarks/results/topology-<gpu>.json, e.g. topology-h200.json):
+    python benchmarks/bench_topology.py
+CPU backend, a smaller shell (writes benchmarks/results/topology-cpu.json):
+    python benchmarks/bench_topology.py --cpu [--radius 24]
+
+Per op (CoarsenedGrid 2, ConvGrid 2/2 and 3/1, DilatedGrid 1, RefinedGrid 2), P50/P95/P99 over --reps:
+- `run_ms`: host wall time of net.run of the op alone, numpy in and out, a different grid every run
+  (two shells in turn, so the step's cache never answers): what a perception pipeline with a new
+  grid every frame pays (the bundle checked, uploaded, built, read back);
+- `device_ms` (CUDA): the sum of the build's kernel durations per run (CUPTI), the device's own work;
+- `host_ms`: the host builder (grid_build="host") in the same process on the same grids.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+if importlib.util.find_spec("luisaml") is None:  # run from a checkout without `pip install -e .`
+    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT / "tests" / "fvdb"))
+
+from bench_fvdb import CPU_RADIUS, GPU_RADIUS, shell_voxels  # noqa: E402
+from bench_mlp import kernel_ms, percentiles, start_device, timed  # noqa: E402
+
+OPS = [("CoarsenedGrid", {"coarsening_factor": [2, 2, 2]}), ("ConvGrid", {"kernel_size": [2, 2, 2], "stride": [2, 2, 2]}),
+       ("ConvGrid", {"kernel_size": [3, 3, 3], "stride": [1, 1, 1]}), ("DilatedGrid", {"dilation": 1}),
+       ("RefinedGrid", {"subdiv_factor": [2, 2, 2]})]
+
+
+def op_model(op_type: str, attrs: dict, bundle: list):
+    from onnx import helper
+
+    from fvdb_reference import ELEM
+    from luisaml.opsets import fvdb as schema
+
+    growing = ("grid_blob", "leaf_batch_indices", "list_indices")
+    ins = [helper.make_tensor_value_info(n, ELEM[a.dtype], [f"{n} rows"] + list(a.shape[1:]) if n in growing
+                                         else list(a.shape)) for n, a in zip(schema.BUNDLE, bundle)]
+    new = [f"new_{n}" for n in schema.BUNDLE]
+    node = helper.make_node(op_type, list(schema.BUNDLE), new, name="topo", domain=schema.DOMAIN, **attrs)
+    outs = [helper.make_tensor_value_info(n, ELEM[a.dtype], [None] * a.ndim) for n, a in zip(new, bundle)]
+    return helper.make_model(helper.make_graph([node], "g", ins, outs),
+                             opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cpu", action="store_true", help="the CPU backend (a smaller shell by default)")
+    ap.add_argument("--radius", type=float, help=f"shell radius in voxels (default {GPU_RADIUS:g}; {CPU_RADIUS:g} on the CPU)")
+    ap.add_argument("--reps", type=int, help="timed runs (default 20 on CUDA, 3 on the CPU)")
+    ap.add_argument("--out-dir", help="where the JSON goes (default benchmarks/results)")
+    a = ap.parse_args(argv)
+    import luisaml
+    from luisaml.fvdb import GridBatch
+    from luisaml.opsets import fvdb as schema
+
+    cuda = not a.cpu
+    started = start_device(a.cpu)
+    if started is None:
+        return 2
+    backend, name, tag = started
+    radius = a.radius or (GPU_RADIUS if cuda else CPU_RADIUS)
+    reps = a.reps or (20 if cuda else 3)
+    shells = [GridBatch.from_ijk([shell_voxels(radius)], 1.0 / 256, 0.0),
+              GridBatch.from_ijk([shell_voxels(radius - 3.0, 250)], 1.0 / 256, 0.0)]
+    bundles = [list(g.bundle()) for g in shells]
+    feeds = [dict(zip(schema.BUNDLE, b)) for b in bundles]
+    voxels = [int(g.total_voxels) for g in shells]
+    print(f"{name}: shells of {voxels[0]:,} and {voxels[1]:,} voxels", flush=True)
+    rec: dict = {"date": datetime.date.today().isoformat(), "device": name, "backend": backend,
+                 "command": "python benchmarks/bench_topology.py" + (" --cpu" if a.cpu else "")
+                 + (f" --radius {a.radius:g}" if a.radius else "") + (f" --reps {a.reps}" if a.reps else ""),
+                 "grids": f"one-voxel sphere shells of radius {radius:g} and {radius - 3:g} voxels (a 512^3 extent)",
+                 "voxels": voxels, "ops": []}
+    failed = False
+    for op_type, attrs in OPS:
+        model = op_model(op_type, attrs, bundles[0])
+        t0 = time.perf_counter()
+        dev = luisaml.compile(model, batch_axis=None, grid_build="device")
+        got = [dev.run(f) for f in feeds]
+        first_s = time.perf_counter() - t0
+        host = luisaml.compile(model, batch_axis=None, grid_build="host")
+        want = [host.run(f) for f in feeds]
+        bad = [n for g, w in zip(got, want) for n in w if g[n].shape != w[n].shape or not np.array_equal(g[n], w[n])]
+        label = f"{op_type} {attrs}"
+        out_voxels = [int(w["new_batch_offsets"][-1]) for w in want]
+        print(f"{label}: {out_voxels[0]:,} / {out_voxels[1]:,} voxels out; against the host builder: "
+              f"{'equal' if not bad else 'DIFFERS in ' + ', '.join(sorted(set(bad)))}; compile + first runs "
+              f"{first_s:.1f} s", flush=True)
+        if bad:
+            failed = True
+            continue
+        turn = iter(range(10**9))
+
+        def alternate(net):
+            return lambda: net.run(feeds[next(turn) % 2])
+        row = {"op": op_type, "attrs": attrs, "voxels_out": out_voxels, "compile_and_first_runs_s": first_s,
+               "correct": "every bundle array equal to the host builder's, two shells",
+               "run_ms": percentiles(timed(alternate(dev), reps)),
+               "host_ms": percentiles(timed(alternate(host), max(3, reps // 4), warmup=1))}
+        if cuda:
+            row["device_ms"] = percentiles(kernel_ms(alternate(dev), reps))
+        rec["ops"].append(row)
+    out_dir = Path(a.out_dir) if a.out_dir else HERE / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"topology-{tag}.json"
+    path.write_text(json.dumps(rec, indent=1) + "\n")
+
+    def fmt(row, key: str) -> str:
+        return " / ".join(f"{row[key][p]:.2f}" for p in ("p50", "p95", "p99")) if key in row else "-"
+
+    print(f"\n{name}  {rec['date']}  shells of {voxels[0]:,} / {voxels[1]:,} voxels")
+    print("| op | voxels out | device ms P50 / P95 / P99 | net.run ms P50 / P95 / P99 | host builder ms P50 | host / run |")
+    print("|---|---|---|---|---|---|")
+    for row in rec["ops"]:
+        print(f"| {row['op']} {row['attrs']} | {row['voxels_out'][0]:,} | {fmt(row, 'device_ms')} | {fmt(row, 'run_ms')} | "
+              f"{row['host_ms']['p50']:.1f} | {row['host_ms']['p50'] / row['run_ms']['p50']:.1f}x |")
+    print(f"wrote {path}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

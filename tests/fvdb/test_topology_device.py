@@ -1,0 +1,140 @@
+"""The topology ops over grids bound at run time built on the device (grid_build="device":
+luisaml/host_steps.py DeviceBuilds, operators/fvdb/topology_device.py): one compiled network builds
+each op's grid from whatever grid a run binds, and the new bundle equals, byte for byte in all seven
+arrays, the builder's bundle of fvdb_reference's voxel sets (loops over voxel sets, fVDB's
+section-3 conventions): over two grids with negative coordinates and a far voxel, an empty grid, a
+single voxel, masks that keep nothing, and grids past the first capacity bucket. On CUDA
+(LUISAML_BACKEND=cuda) the same tests run there: the arrays are integers, bytes and the host's
+doubles on either backend."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import luisaml
+from luisaml import host_steps
+from luisaml.errors import InputError, RunError, UsageError
+from luisaml.fvdb import GridBatch
+from luisaml.opsets import fvdb as schema
+
+import fvdb_reference as R
+from fvdb_reference import ELEM
+from test_host_steps import grid_inputs, topology_model, query_feeds
+from test_ops_topology import BATCHES, TOPOLOGY, assert_same_bundle, expected_batch, reference
+
+NEW = [f"new_{n}" for n in schema.BUNDLE]
+
+
+def op_model(op_type: str, attrs: dict, gb: GridBatch, mask: bool):
+    """op_type alone over a bound grid (and mask), its new bundle the outputs."""
+    ins = grid_inputs("", gb) + ([helper.make_tensor_value_info("mask", TensorProto.BOOL, ["mask rows"])] if mask else [])
+    node = helper.make_node(op_type, list(schema.BUNDLE) + (["mask"] if mask else []), NEW, name="topo",
+                            domain=schema.DOMAIN, **attrs)
+    outs = [helper.make_tensor_value_info(n, ELEM[a.dtype], [None] * a.ndim) for n, a in zip(NEW, gb.bundle())]
+    return helper.make_model(helper.make_graph([node], "g", ins, outs),
+                             opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+
+
+def grids(rng) -> list[GridBatch]:
+    """Two-grid batches: the reference's, one with an empty grid, one past the first bucket (1024
+    voxels) with different transforms, one of a single voxel beside an empty grid."""
+    big = GridBatch.from_ijk([rng.integers(-40, 40, (2500, 3)).astype(np.int32), np.array([[7, -7, 7]], np.int32)],
+                             voxel_sizes=[(0.5, 0.5, 0.5), (2.0, 1.0, 1.0)], origins=[(0, 0, 0), (3, 2, 1)])
+    single = GridBatch.from_ijk([np.array([[-3, 0, 5]], np.int32), np.zeros((0, 3), np.int32)])
+    return [BATCHES["two"], BATCHES["empty"], big, single, BATCHES["two"]]
+
+
+@pytest.mark.parametrize("op_type", TOPOLOGY)
+def test_one_network_builds_each_topology_on_the_device(op_type):
+    rng = np.random.default_rng(5)
+    first = BATCHES["two"]
+    attrs, extra, *_ = reference(op_type, first, rng)
+    net = luisaml.compile(op_model(op_type, attrs, first, bool(extra)), batch_axis=None, grid_build="device")
+    steps = net.plan.host_steps
+    assert steps is not None and steps.device is not None and net.plan.ops == []
+    for k, gb in enumerate(grids(rng)):
+        attrs, extra, sets, h, o = reference(op_type, gb, np.random.default_rng(20 + k))
+        got = net.run({**dict(zip(schema.BUNDLE, gb.bundle())), **extra})
+        assert_same_bundle([got[n] for n in NEW], expected_batch(sets, h, o), sets)
+    # a network per power of two of the source's voxels (and per pass input for the dilation)
+    assert {key[1] for key in steps.device.networks} >= {1024, 4096}
+
+
+@pytest.mark.parametrize("op_type,attrs", [
+    ("ConvGrid", {"kernel_size": [2, 2, 2], "stride": [2, 2, 2]}),  # the kernel fits the stride: one candidate
+    ("ConvGrid", {"kernel_size": [3, 1, 2], "stride": [1, 2, 1]}),
+    ("ConvTransposeGrid", {"kernel_size": [3, 3, 3], "stride": [1, 1, 1]}),
+    ("RefinedGrid", {"subdiv_factor": [1, 2, 1]}),  # no mask: every voxel refined
+    ("DilatedGrid", {"dilation": 0}),
+])
+def test_the_geometries_equal_the_reference(op_type, attrs):
+    gb = grids(np.random.default_rng(3))[2]
+    net = luisaml.compile(op_model(op_type, attrs, gb, False), batch_axis=None, grid_build="device")
+    if op_type == "ConvGrid":
+        sets = R.conv_grid(gb, attrs["kernel_size"], attrs["stride"])
+        h, o = gb.voxel_sizes * np.array(attrs["stride"]), gb.origins
+    elif op_type == "ConvTransposeGrid":
+        sets, h, o = R.conv_grid(gb, attrs["kernel_size"], attrs["stride"], transposed=True), gb.voxel_sizes, gb.origins
+    elif op_type == "RefinedGrid":
+        sets, h, o = R.refined_grid(gb, attrs["subdiv_factor"], None)
+    else:
+        sets, h, o = R.dilated_grid(gb, 0), gb.voxel_sizes, gb.origins
+    got = net.run(dict(zip(schema.BUNDLE, gb.bundle())))
+    assert_same_bundle([got[n] for n in NEW], expected_batch(sets, h, o), sets)
+
+
+def test_a_chain_feeds_a_query_as_the_host_does():
+    """ConvGrid then CoarsenedGrid on the device, IJKToIndex over the result: the indices of the
+    reference grid, and the same as grid_build='host' gives."""
+    gb = BATCHES["two"]
+    new1, new2 = [f"a_{n}" for n in schema.BUNDLE], [f"b_{n}" for n in schema.BUNDLE]
+    n1 = helper.make_node("ConvGrid", list(schema.BUNDLE), new1, name="conv", domain=schema.DOMAIN,
+                          kernel_size=[3, 3, 3], stride=[1, 1, 1])
+    n2 = helper.make_node("CoarsenedGrid", new1, new2, name="coarse", domain=schema.DOMAIN, coarsening_factor=[2, 2, 2])
+    q = [f"q_{p}" for p in schema.JAGGED]
+    idx = helper.make_node("IJKToIndex", new2 + q, ["index"], name="idx", domain=schema.DOMAIN, cumulative=1)
+    B = gb.grid_count
+    ins = grid_inputs("", gb) + [helper.make_tensor_value_info("q_jdata", TensorProto.INT32, [B * 64, 3]),
+                                 helper.make_tensor_value_info("q_joffsets", TensorProto.INT64, [B + 1]),
+                                 helper.make_tensor_value_info("q_jidx", TensorProto.INT32, [B * 64]),
+                                 helper.make_tensor_value_info("q_jlidx", TensorProto.INT32, [0, 1])]
+    m = helper.make_model(helper.make_graph([n1, n2, idx], "g", ins,
+                                            [helper.make_tensor_value_info("index", TensorProto.INT64, [B * 64])]),
+                          opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+    device = luisaml.compile(m, batch_axis=None, grid_build="device")
+    host = luisaml.compile(m, batch_axis=None, grid_build="host")
+    assert host.plan.host_steps.device is None
+    grown = expected_batch([R.conv_grid(gb, 3, 1)[b] for b in range(B)], gb.voxel_sizes, gb.origins)
+    sets, h, o = R.coarsened_grid(grown, (2, 2, 2))
+    feeds, qv = query_feeds(sets, B, np.random.default_rng(0))
+    feeds = {**dict(zip(schema.BUNDLE, gb.bundle())), **feeds}
+    want = expected_batch(sets, h, o).ijk_to_index([qv] * B, cumulative=True).jdata
+    np.testing.assert_array_equal(device.run(feeds)["index"], want)
+    np.testing.assert_array_equal(host.run(feeds)["index"], want)
+
+
+def test_errors_name_the_node_and_the_input():
+    gb = BATCHES["two"]
+    net = luisaml.compile(op_model("PrunedGrid", {}, gb, True), batch_axis=None, grid_build="device")
+    with pytest.raises(InputError, match="topo.*active voxels in all, but the voxel data has 3 rows"):
+        net.run({**dict(zip(schema.BUNDLE, gb.bundle())), "mask": np.ones(3, bool)})
+    # refined coordinates past int32: the device flags it, the run names the node
+    far = GridBatch.from_ijk([np.array([[2**30, 0, 0]], np.int32), np.array([[0, 0, 0]], np.int32)])
+    net = luisaml.compile(op_model("RefinedGrid", {"subdiv_factor": [2, 2, 2]}, far, False), batch_axis=None,
+                          grid_build="device")
+    with pytest.raises(RunError, match="topo.*do not fit int32"):
+        net.run(dict(zip(schema.BUNDLE, far.bundle())))
+    with pytest.raises(UsageError, match="grid_build"):
+        luisaml.compile(op_model("PrunedGrid", {}, gb, True), batch_axis=None, grid_build="gpu")
+
+
+def test_the_device_network_is_not_a_host_step_and_auto_follows_the_backend():
+    """The node the device builds carries voxel_capacity; split leaves it in its graph. 'auto' is the
+    device on CUDA, the host's builder on the CPU backend."""
+    gb = BATCHES["two"]
+    m = op_model("CoarsenedGrid", {"coarsening_factor": [2, 2, 2]}, gb, False)
+    net = luisaml.compile(m, batch_axis=None)
+    assert (net.plan.host_steps.device is not None) == (net.backend == "cuda")
+    node = host_steps.Node("topo", "CoarsenedGrid", schema.DOMAIN, list(schema.BUNDLE), NEW)
+    node.attrs = {"coarsening_factor": [2, 2, 2]}
+    one = host_steps._build_model(node, node.attrs, 1024, list(gb.bundle()))
+    assert host_steps.split(one) is None
