@@ -14,6 +14,8 @@ Per op (CoarsenedGrid 2, ConvGrid 2/2 and 3/1, DilatedGrid 1, RefinedGrid 2), P5
   (two shells in turn, so the step's cache never answers): what a perception pipeline with a new
   grid every frame pays (the bundle checked, uploaded, built, read back);
 - `device_ms` (CUDA): the sum of the build's kernel durations per run (CUPTI), the device's own work;
+- `span_ms` (CUDA): first kernel start to last kernel end per run (bench_mlp.device_times: with the
+  launches' gaps and the read-back's round trip);
 - `host_ms`: the host builder (grid_build="host") in the same process on the same grids.
 """
 from __future__ import annotations
@@ -115,7 +117,12 @@ def main(argv=None) -> int:
                "run_ms": percentiles(timed(alternate(dev), reps)),
                "host_ms": percentiles(timed(alternate(host), max(3, reps // 4), warmup=1))}
         if cuda:
+            import torch
+            from bench_mlp import device_times
+
             row["device_ms"] = percentiles(kernel_ms(alternate(dev), reps))
+            spans, row["span_method"] = device_times(alternate(dev), torch.cuda.synchronize, reps)
+            row["span_ms"] = percentiles(spans)
         rec["ops"].append(row)
     out_dir = Path(a.out_dir) if a.out_dir else HERE / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -126,10 +133,12 @@ def main(argv=None) -> int:
         return " / ".join(f"{row[key][p]:.2f}" for p in ("p50", "p95", "p99")) if key in row else "-"
 
     print(f"\n{name}  {rec['date']}  shells of {voxels[0]:,} / {voxels[1]:,} voxels")
-    print("| op | voxels out | device ms P50 / P95 / P99 | net.run ms P50 / P95 / P99 | host builder ms P50 | host / run |")
-    print("|---|---|---|---|---|---|")
+    print("| op | voxels out | device ms P50 / P95 / P99 | span ms P50 / P95 / P99 | net.run ms P50 / P95 / P99 | "
+          "host builder ms P50 | host / run |")
+    print("|---|---|---|---|---|---|---|")
     for row in rec["ops"]:
-        print(f"| {row['op']} {row['attrs']} | {row['voxels_out'][0]:,} | {fmt(row, 'device_ms')} | {fmt(row, 'run_ms')} | "
+        print(f"| {row['op']} {row['attrs']} | {row['voxels_out'][0]:,} | {fmt(row, 'device_ms')} | {fmt(row, 'span_ms')} | "
+              f"{fmt(row, 'run_ms')} | "
               f"{row['host_ms']['p50']:.1f} | {row['host_ms']['p50'] / row['run_ms']['p50']:.1f}x |")
     print(f"wrote {path}")
     return 1 if failed else 0

@@ -11,7 +11,8 @@
 3. Exported with fvdb.* nodes, compiled by luisaml, run, and compared with the torch module.
 
 4. --any-grid: the same layers over a fine grid given as an input of any size, its coarse level made
-   inside the model (FineGridUNet; luisaml runs that ConvGrid on the host when a run binds a new
+   inside the model (FineGridUNet; luisaml builds that ConvGrid's grid, on the device on CUDA and on
+   the host on the CPU backend, when a run binds a new
    grid): one compiled network serves every point cloud, a new grid per call as a perception
    pipeline sees them; the voxels are the batch (README, "Grids of any size"). GridInputUNet takes
    both grids as inputs instead.
@@ -109,8 +110,9 @@ class GridInputUNet(SparseUNet):
 
 class FineGridUNet(SparseUNet):
     """SparseUNet's layers over a fine grid given as an input, any size: forward(x, *fine). The coarse
-    level is fVDB's stride-2 conv grid of it, made inside the model; luisaml runs that op on the host
-    when a run binds a new grid (luisaml/host_steps.py), and everything else in the kernels."""
+    level is fVDB's stride-2 conv grid of it, made inside the model; luisaml runs that op when a run
+    binds a new grid (luisaml/host_steps.py: on the device on CUDA, the host's builder on the CPU
+    backend), and everything else in the kernels."""
 
     def forward(self, x: torch.Tensor, *fine) -> torch.Tensor:
         coarse = F.conv_grid(fine, 2, 2)
@@ -179,13 +181,13 @@ def any_grid(cfg: Settings = Settings(), clouds: int = 3, verbose: bool = True) 
         x = torch.from_numpy(rng.standard_normal((int(fine[5][-1]), cfg.in_channels)).astype(np.float32))
         feeds = fine_feeds(x, fine)
         t1 = time.perf_counter()
-        got = net.run(feeds)["out"]  # the first run of a grid also builds its coarse level on the host
+        got = net.run(feeds)["out"]  # the first run of a grid also builds its coarse level
         first_s = time.perf_counter() - t1
         with torch.no_grad():
             want = model(x, *fine).numpy()
         row = {"points": len(points), "fine_voxels": int(fine[5][-1]), "coarse_voxels": int(coarse[5][-1]),
                "max_rel_diff_vs_torch": float(np.abs(got - want).max()) / max(float(np.abs(want).max()), 1e-30),
-               "luisaml_first_run_s": first_s,  # (the grid new: its coarse level built on the host)
+               "luisaml_first_run_s": first_s,  # (the grid new: its coarse level built first)
                "luisaml_run_s": _best_of(lambda: net.run(feeds), cfg.repeats),
                "torch_s": _best_of(lambda: model(x, *fine), cfg.repeats)}
         result["clouds"].append(row)

@@ -1,10 +1,10 @@
-"""Grid ops over grids bound at run time that the host runs when a run binds new grids: the pass
-that cuts them out of the graph, and what a run does with them.
+"""Grid ops over grids bound at run time that run when a run binds new grids, before the kernels:
+the pass that cuts them out of the graph, and what a run does with them.
 
 fVDB's topology ops (CoarsenedGrid, RefinedGrid, DilatedGrid, PrunedGrid, ConvGrid,
 ConvTransposeGrid) build a new GridBatch bundle whose size depends on the data. Over constant
 grids they fold when the model is compiled. Over a grid given as an input of any size (a U-Net's
-coarse level made from the fine grid inside the model), they become host steps. The same holds for
+coarse level made from the fine grid inside the model), they become steps. The same holds for
 the GridBatchFrom* constructors when their input has a dynamic size or another node reads the
 grid they build: the device builder needs a fixed point count, and its grid can only be a graph
 output (Operator.runtime_sized).
@@ -12,19 +12,21 @@ output (Operator.runtime_sized).
 - **Compile.** `split` takes such nodes out of the ONNX graph before inference. Their outputs
   become graph inputs of the compiled network, with their rows bound at run time, so every node
   after them reads them exactly as it reads a grid the user binds. The graph inputs that only the
-  host steps read leave the graph.
-- **Run.** `HostSteps.complete` runs the steps on the host arrays of their inputs, with the
-  project's builder (luisaml/fvdb/topology.py, the code that folds them at compile time). It
-  checks those inputs against their declared types first, and adds the new bundles to the feeds.
-  A step whose inputs have the same bytes as at its last run gives its last result back, so a grid
-  bound again costs one hash (torch tensors: one comparison where they live, no copy).
+  steps read leave the graph.
+- **Run.** `HostSteps.complete` runs the steps on the host arrays of their inputs and adds the new
+  bundles to the feeds, after checking those inputs against their declared types. A topology step
+  builds on the device when the network was compiled with grid_build="device" (`DeviceBuilds`: a
+  network of the node alone, with the attribute voxel_capacity, per power of two of the source's
+  voxels: operators/fvdb/topology_device.py), else with the project's builder on the host
+  (luisaml/fvdb/topology.py, the code that folds them at compile time); the GridBatchFrom* steps
+  always on the host. Both give the same bytes. A step whose inputs have the same bytes as at its
+  last run gives its last result back, so a grid bound again costs one hash (torch tensors: one
+  comparison where they live, no copy).
 
-Why the host and not the device: the device builder (`DeviceGridBuild`) sizes every scratch region
-from a key count fixed at compile time, and its new grid can only be a graph output. Building a
-coarse grid from a bound one on the device needs both to change (benchmarks/NOTES.md, "Topology ops
-over grids bound at run time"). The host's builder is vectorised numpy: CoarsenedGrid and ConvGrid
-2/2 take 11-170 ms for 17k-200k voxels on this project's 2-core CI machine (DilatedGrid more: its
-output is 15x its input).
+Why a step and not a stage of the main network: a grid built on the device is sized at run time,
+and no node may read a tensor sized at run time (its buffer cannot be pooled before its size is
+known). The host's builder is vectorised numpy: CoarsenedGrid and ConvGrid 2/2 take 11-170 ms for
+17k-200k voxels on this project's 2-core CI machine (DilatedGrid more: its output is 15x its input).
 """
 from __future__ import annotations
 
@@ -83,7 +85,7 @@ class HostStep:
         if self._last is not None and self._last[0] == key:
             return self._last[1], key
         if device is not None and _from_grid(self.node.op_type):
-            out = device.run(self.node, arrays)
+            out = device.run(self.node, arrays, [None if k is None else k[2] for k in key])
         else:
             op = registry.resolve(self.node.op_type, DOMAIN, 1)
             try:
@@ -102,15 +104,19 @@ MIN_CAPACITY = 1024  # the smallest bucket: small grids share one network
 class DeviceBuilds:
     """The topology steps built on the device: per node and power of two V of the source grid's
     voxels, a network of the node alone with the attribute voxel_capacity V (its inputs bound at run
-    time), compiled by `compile_model` when a grid of that size first arrives and kept. A
-    DilatedGrid of n runs n passes of 1 (a pass has 27 candidates a voxel; one of n, (2n + 1)^3)."""
+    time), compiled by `compile_model(model, workers)` when a grid of that size first arrives and
+    kept (workers: whether its kernels are worth building in worker processes: not for a later V of
+    the same node, whose kernels are the same text). A DilatedGrid of n runs n passes of 1 (a pass
+    has 27 candidates a voxel; one of n, (2n + 1)^3)."""
 
     def __init__(self, compile_model) -> None:
         self.compile_model = compile_model
         self.networks: dict[tuple, Any] = {}
 
-    def run(self, node: Node, arrays: list) -> list[np.ndarray]:
-        """Return the seven bundle arrays node builds from arrays (its inputs, None where absent)."""
+    def run(self, node: Node, arrays: list, digests: list | None = None) -> list[np.ndarray]:
+        """Return the seven bundle arrays node builds from arrays (its inputs, None where absent);
+        digests: the digest of each one's bytes where the run knows it (None: hashed here)."""
+        digests = list(digests or [None] * len(arrays))
         attrs = dict(node.attrs)
         passes = 1
         if node.op_type == "DilatedGrid":
@@ -120,9 +126,10 @@ class DeviceBuilds:
             if passes == 0:
                 return [np.ascontiguousarray(a) for a in arrays[:BUNDLE]]
             attrs["dilation"] = 1
-        out = list(arrays)
+        out, known = list(arrays), digests
         for _ in range(passes):  # (a pass's voxel sizes and origins are its input's)
-            out = self._build(node, attrs, out[:2] + list(arrays[2:4]) + out[4:BUNDLE] + list(arrays[BUNDLE:]))
+            out = self._build(node, attrs, out[:2] + list(arrays[2:4]) + out[4:BUNDLE] + list(arrays[BUNDLE:]), known)
+            known = [None] * 2 + digests[2:4] + [None] * (BUNDLE - 4) + digests[BUNDLE:]
         # the voxel sizes and origins as the host's doubles: the kernels compute in float32
         from .fvdb.topology import new_transforms
 
@@ -130,7 +137,7 @@ class DeviceBuilds:
         out[2], out[3] = np.ascontiguousarray(h, np.float64), np.ascontiguousarray(o, np.float64)
         return out
 
-    def _build(self, node: Node, attrs: dict, arrays: list) -> list[np.ndarray]:
+    def _build(self, node: Node, attrs: dict, arrays: list, digests: list) -> list[np.ndarray]:
         offsets = np.asarray(arrays[5]).reshape(-1)
         voxels = int(offsets[-1]) if len(offsets) else 0
         capacity = MIN_CAPACITY
@@ -140,12 +147,14 @@ class DeviceBuilds:
                tuple((a.dtype.str, a.shape[1:] if k in _BOUND_ROWS else a.shape) if a is not None else None
                      for k, a in enumerate(arrays)))
         net = self.networks.get(key)
-        if net is None:
-            net = self.compile_model(_build_model(node, attrs, capacity, arrays))
+        if net is None:  # (a later capacity of the node: the same kernels, cached, so no build workers)
+            first = not any(k[0] == key[0] and k[2:] == key[2:] for k in self.networks)
+            net = self.compile_model(_build_model(node, attrs, capacity, arrays), first)
             self.networks[key] = net
         feeds = {f"in_{k}": np.ascontiguousarray(a) for k, a in enumerate(arrays) if a is not None}
+        known = {f"in_{k}": d for k, (a, d) in enumerate(zip(arrays, digests)) if d is not None and feeds.get(f"in_{k}") is a}
         try:
-            got = net.run(feeds)
+            got = net.run_hashed(feeds, known)
         except ModelError as e:  # (the bundle's checks when its metadata is derived: NanoVDBError)
             raise InputError(f"{node.describe()}: {e} (built on the device: its grid is bound at run time)") from None
         return [np.ascontiguousarray(got[f"out_{k}"]) for k in range(BUNDLE)]
@@ -193,7 +202,9 @@ class HostSteps:
 
     def describe(self) -> list[str]:
         """One line a step, for inspect."""
-        return [f"{s.node.describe()} on the host when its inputs change -> "
+        def where(s: HostStep) -> str:
+            return "on the device" if self.device is not None and _from_grid(s.node.op_type) else "on the host"
+        return [f"{s.node.describe()} {where(s)} when its inputs change -> "
                 + ", ".join(o for o in s.node.outputs if o in self.made) for s in self.steps]
 
     def complete(self, feeds: Mapping[str, Any], specs: Mapping[str, Any], digest, remember=None) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from . import cache, device, dtypes, voxel_rows
+from .dispatch import Launcher
 from .dtypes import shape_str
 from .errors import InputError, InputNameError, InputTypeError, RunError, UsageError
 from .interop import dlpack_buffer, is_torch, same_tensor, to_numpy, torch_dtype
@@ -120,8 +121,8 @@ class CompiledNetwork:
         self.kernel = self.kernels[0] if self.kernels else None  # (a graph of no node has none)
         self._by_name = dict(zip(plan.kernels, self.kernels))
         # kernel-build processes started while the plan was generated (runtime._WorkersAhead), spent
-        # at the first launch; None: that launch starts them if there are enough kernels
-        self.build_workers = None
+        # at the first launch; None: that launch starts them if there are enough kernels; False: none
+        self.build_workers: Any = None
         self._weights = None
         self._buffers: dict[tuple[str, int], Any] = {}
         self._derived: dict[str, tuple[tuple, Any, np.ndarray]] = {}  # ident -> (its computation's key, buffer, values)
@@ -413,6 +414,14 @@ class CompiledNetwork:
                 return self._run_dlpack(feeds, wanted)
             return self._run_host(feeds, wanted, seen)
 
+    def run_hashed(self, feeds: Mapping[str, np.ndarray], digests: Mapping[str, bytes]) -> dict[str, np.ndarray]:
+        """run() over numpy feeds, every output, where the caller knows digests of some feeds' bytes
+        (luisaml/host_steps.py: a device build's inputs, which the outer run has hashed): those are
+        not hashed again."""
+        with device.stream_lock:
+            seen: dict = {_memory_key(a): digests[k] for k, a in feeds.items() if digests.get(k) is not None}
+            return self._run_host(feeds, self.output_names, seen)
+
     def check_batch(self, n: int) -> None:
         """Raise LimitError when a buffer of this batch (an input, output or scratch region over
         n samples) would exceed the 32-bit range kernels index with, before allocating it."""
@@ -686,6 +695,7 @@ class CompiledNetwork:
                     common += [n]
                 if first and self.backend == "cuda" and not self.plan.merged_stages:
                     self._build_in_parallel(common + extra + ([0] if self.plan.stage_kernels else []))
+                launch = Launcher(common + extra)  # (the arguments typed once, not per stage)
                 for k, stage in enumerate(stages):
                     count = stage.dispatch(n)
                     if not count or (only is not None and k != only):
@@ -693,11 +703,11 @@ class CompiledNetwork:
                     if span is not None and (k < span[0] or (span[1] is not None and k >= span[1])):
                         continue
                     if self.plan.merged_stages:
-                        self.kernel(*common, *extra, k, dispatch_size=count)
+                        launch(self.kernel, (k,), count)
                     elif self.plan.stage_kernels:  # (some stages share a kernel: every kernel takes k)
-                        self._by_name[self.plan.stage_kernels[k]](*common, *extra, k, dispatch_size=count)
+                        launch(self._by_name[self.plan.stage_kernels[k]], (k,), count)
                     else:
-                        self.kernels[k](*common, *extra, dispatch_size=count)
+                        launch(self.kernels[k], (), count)
         self._compiled = True
 
     def _build_in_parallel(self, args: list) -> None:
@@ -706,6 +716,8 @@ class CompiledNetwork:
         from . import parallel_build
 
         pool, self.build_workers = self.build_workers, None
+        if pool is False:  # (its kernels are cached: runtime._compile_grid_step)
+            return
         if pool is None:
             count = parallel_build.workers_for(len(self.kernels))
             pool = parallel_build.Workers(self.backend, count) if count else None

@@ -19,7 +19,8 @@ float32 for the arithmetic and the voxel_sizes / origins outputs, float64 bits t
 copies into the summaries, so the host step writes the headers' exact doubles). Float64 points are
 refused (the kernels compute in float32, fVDB in double for them). Over grids bound at run time the
 topology ops, and the constructors whose input has a dynamic size or whose grid other nodes read,
-run on the host when a run binds their inputs (luisaml/host_steps.py cuts them out of the graph).
+are steps that run when a run binds their inputs (luisaml/host_steps.py cuts them out of the graph):
+the topology ops build on the device with these phases (topology_device.py) or on the host.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Grid ops over grids bound at run time, run on the host (luisaml/host_steps.py): one compiled network
+"""Grid ops over grids bound at run time, run on the host (luisaml/host_steps.py, grid_build="host"; the
+device's form in test_topology_device.py): one compiled network
 builds each topology op's grid from whatever grid a run binds. The new bundle equals, byte for byte,
 the builder's bundle of fvdb_reference's voxel sets (loops over voxel sets, fVDB's section-3
 conventions); a query compiled over it answers as the reference grid; and a sparse U-Net that makes
@@ -59,7 +60,7 @@ def test_one_network_builds_each_topology_over_grids_bound_at_run_time(op_type):
     """Two-grid batches of different sizes (one with an empty grid) through one compiled network."""
     first = BATCHES["two"]
     attrs, extra, *_ = reference(op_type, first, np.random.default_rng(0))
-    net = luisaml.compile(topology_model(op_type, attrs, first, bool(extra)), batch_axis=None)
+    net = luisaml.compile(topology_model(op_type, attrs, first, bool(extra)), batch_axis=None, grid_build="host")
     assert [n.op_type for n, _ in net.plan.ops] == ["IJKToIndex"] and net.plan.host_steps is not None
     assert {s.name for s in net.inputs} == set(schema.BUNDLE) | set(extra) | {f"q_{p}" for p in schema.JAGGED}
     rng = np.random.default_rng(1)
@@ -83,7 +84,7 @@ def test_the_new_bundle_equals_the_reference_byte_for_byte():
     outs = [helper.make_tensor_value_info(n, ELEM[a.dtype], [None] * a.ndim) for n, a in zip(new, gb.bundle())]
     m = helper.make_model(helper.make_graph([node], "g", grid_inputs("", gb), outs),
                           opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
-    net = luisaml.compile(m)  # (batch_axis 'auto': a grid passed straight out is no batch)
+    net = luisaml.compile(m, grid_build="host")  # (batch_axis 'auto': a grid passed straight out is no batch)
     assert net.plan.symbol is None
     got = net.run(dict(zip(schema.BUNDLE, gb.bundle())))
     assert_same_bundle([got[n] for n in new], expected_batch(sets, h, o), sets)
@@ -112,7 +113,7 @@ def test_a_chain_of_host_steps_and_the_cache(monkeypatch):
     m = helper.make_model(helper.make_graph([n1, n2, idx], "g", ins,
                                             [helper.make_tensor_value_info("index", TensorProto.INT64, [B * QUERY])]),
                           opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
-    net = luisaml.compile(m, batch_axis=None)
+    net = luisaml.compile(m, batch_axis=None, grid_build="host")
     assert [s.node.name for s in net.plan.host_steps.steps] == ["conv", "coarse"]
     import fvdb_reference as R
 
@@ -139,7 +140,7 @@ def test_a_chain_of_host_steps_and_the_cache(monkeypatch):
 def test_errors_name_the_input_and_the_node():
     gb = BATCHES["two"]
     attrs, extra, sets, _, _ = reference("PrunedGrid", gb, np.random.default_rng(4))
-    net = luisaml.compile(topology_model("PrunedGrid", attrs, gb, True), batch_axis=None)
+    net = luisaml.compile(topology_model("PrunedGrid", attrs, gb, True), batch_axis=None, grid_build="host")
     feeds = {**dict(zip(schema.BUNDLE, gb.bundle())), **extra, **query_feeds(sets, 2, np.random.default_rng(0))[0]}
     with pytest.raises(InputNameError, match=r"input 'new_grid_blob' is not an input: node 'topo' "
                                              r"\(fvdb::PrunedGrid\) computes it on the host"):
@@ -198,17 +199,19 @@ def unet_example():
         yield module
 
 
-def test_a_unet_that_coarsens_its_bound_grid_equals_torch(unet_example):
+@pytest.mark.parametrize("grid_build", ["host", "device"])
+def test_a_unet_that_coarsens_its_bound_grid_equals_torch(unet_example, grid_build):
     """examples/sparse_unet.py's FineGridUNet: the fine grid is the only grid input, the coarse level
-    fVDB's conv_grid of it inside the model. One network for three point clouds; torch tensors in
-    give torch tensors out; inspect names the host step."""
+    fVDB's conv_grid of it inside the model, built by the host's builder or on the device. One
+    network for three point clouds; torch tensors in give torch tensors out; inspect names the step."""
     torch.manual_seed(0)
     ex = unet_example
     model = ex.FineGridUNet(ex.sphere_points(8, np.random.default_rng(0)), 0.25, 4, 6, 3).eval()
     fine, _ = ex.grid_pair(ex.sphere_points(400, np.random.default_rng(1)), 0.25)
     proto = ex.export_fine_grid_unet(model, torch.zeros(int(fine[5][-1]), 4), fine)
-    net = luisaml.compile(proto)
+    net = luisaml.compile(proto, grid_build=grid_build)
     assert [s.node.op_type for s in net.plan.host_steps.steps] == ["ConvGrid"]
+    assert (net.plan.host_steps.device is not None) == (grid_build == "device")
     assert net.plan.symbol == "voxels" and net.plan.voxel_rows
     for points, seed in ((400, 1), (1500, 2), (120, 3)):
         fine, coarse = ex.grid_pair(ex.sphere_points(points, np.random.default_rng(seed)), 0.25)
@@ -233,7 +236,7 @@ def test_torch_inputs_bound_again_are_compared_not_copied_or_hashed():
     result back without a hash; a changed one is copied and the step runs again; numpy inputs are hashed."""
     gb = BATCHES["two"]
     attrs, extra, *_ = reference("ConvGrid", gb, np.random.default_rng(0))
-    net = luisaml.compile(topology_model("ConvGrid", attrs, gb, False), batch_axis=None)
+    net = luisaml.compile(topology_model("ConvGrid", attrs, gb, False), batch_axis=None, grid_build="host")
     steps, specs = net.plan.host_steps, {s.name: s for s in net.plan.inputs}
     hashed = []
 
@@ -302,7 +305,7 @@ def test_a_grid_the_steps_and_the_kernels_both_read_is_hashed_once_a_run(monkeyp
     del m.graph.node[:]
     m.graph.node.extend([topo] + both)
     m.graph.output.append(helper.make_tensor_value_info("index_in", TensorProto.INT64, [2 * QUERY]))
-    net = luisaml.compile(m, batch_axis=None)
+    net = luisaml.compile(m, batch_axis=None, grid_build="host")
     hashed: list = []
     real = hashlib.blake2b
     monkeypatch.setattr(network.hashlib, "blake2b", lambda data=b"", **kw: hashed.append(len(data)) or real(data, **kw))
