@@ -9,7 +9,8 @@ CUDA (writes benchmarks/results/topology-<gpu>.json, e.g. topology-h200.json):
 CPU backend, a smaller shell (writes benchmarks/results/topology-cpu.json):
     python benchmarks/bench_topology.py --cpu [--radius 24]
 
-Per op (CoarsenedGrid 2, ConvGrid 2/2 and 3/1, DilatedGrid 1, RefinedGrid 2), P50/P95/P99 over --reps:
+Per op (CoarsenedGrid 2, ConvGrid 2/2 and 3/1, DilatedGrid 1, RefinedGrid 2; then GridBatchFromPoints
+over clouds of a dynamic count, 1M and 0.9M points on a sphere, 64K on the CPU), P50/P95/P99 over --reps:
 - `run_ms`: host wall time of net.run of the op alone, numpy in and out, a different grid every run
   (two shells in turn, so the step's cache never answers): what a perception pipeline with a new
   grid every frame pays (the bundle checked, uploaded, built, read back);
@@ -59,6 +60,62 @@ def op_model(op_type: str, attrs: dict, bundle: list):
     outs = [helper.make_tensor_value_info(n, ELEM[a.dtype], [None] * a.ndim) for n, a in zip(new, bundle)]
     return helper.make_model(helper.make_graph([node], "g", ins, outs),
                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+
+
+def _points_of_any_count(rec: dict, cuda: bool, reps: int) -> bool:
+    """GridBatchFromPoints over clouds of a dynamic count (1M and 0.9M points on a sphere: a step, its
+    network counting the points by joffsets) against GridBatch.from_points; a row of rec["ops"].
+    Return whether the grids were equal."""
+    from onnx import TensorProto, helper
+
+    import luisaml
+    from bench_grid_build import H, sphere_points
+    from fvdb_reference import ELEM
+    from luisaml.fvdb import GridBatch
+    from luisaml.opsets import fvdb as schema
+
+    n = (1 << 20) if cuda else (1 << 16)
+    rng = np.random.default_rng(0)
+    clouds = [sphere_points(n, 200.0, 256.0, rng), sphere_points(n - n // 10, 190.0, 250.0, rng)]
+    feeds = [{"jdata": p, "joffsets": np.array([0, len(p)], np.int64), "jidx": np.zeros(0, np.int32),
+              "jlidx": np.zeros((0, 1), np.int32), "voxel_sizes": np.full((1, 3), H), "origins": np.zeros((1, 3))}
+             for p in clouds]
+    ins = [helper.make_tensor_value_info("jdata", TensorProto.FLOAT, ["N", 3])]
+    ins += [helper.make_tensor_value_info(k, ELEM[v.dtype], list(v.shape)) for k, v in feeds[0].items() if k != "jdata"]
+    new = [f"new_{b}" for b in schema.BUNDLE]
+    node = helper.make_node("GridBatchFromPoints", list(feeds[0]), new, name="build", domain=schema.DOMAIN)
+    outs = [helper.make_tensor_value_info(b, ELEM[np.dtype(t)], [None] * d) for b, t, d in
+            zip(new, ["uint8", "int64", "float64", "float64", "int32", "int64", "int32"], [1, 1, 2, 2, 1, 1, 1])]
+    model = helper.make_model(helper.make_graph([node], "g", ins, outs),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+    t0 = time.perf_counter()
+    net = luisaml.compile(model, batch_axis=None, grid_build="device")
+    got = [net.run(f) for f in feeds]
+    first_s = time.perf_counter() - t0
+    want = [GridBatch.from_points([p], H, 0.0).bundle() for p in clouds]
+    bad = [b for g, w in zip(got, want) for b, x in zip(new, w) if g[b].shape != x.shape or not np.array_equal(g[b], x)]
+    print(f"GridBatchFromPoints of any count ({len(clouds[0]):,} / {len(clouds[1]):,} points): "
+          f"{'equal' if not bad else 'DIFFERS in ' + ', '.join(sorted(set(bad)))} to GridBatch.from_points; "
+          f"compile + first runs {first_s:.1f} s", flush=True)
+    if bad:
+        return False
+    turn = iter(range(10**9))
+    run = lambda: net.run(feeds[next(turn) % 2])  # noqa: E731
+    row = {"op": "GridBatchFromPoints", "attrs": {"points": [len(c) for c in clouds]},
+           "voxels_out": [int(w[5][-1]) for w in want], "compile_and_first_runs_s": first_s,
+           "correct": "every bundle array equal to GridBatch.from_points, two clouds",
+           "run_ms": percentiles(timed(run, reps)),
+           "host_ms": percentiles(timed(lambda: GridBatch.from_points([clouds[next(turn) % 2]], H, 0.0),
+                                        max(3, reps // 4), warmup=1))}
+    if cuda:
+        import torch
+        from bench_mlp import device_times
+
+        row["device_ms"] = percentiles(kernel_ms(run, reps))
+        spans, row["span_method"] = device_times(run, torch.cuda.synchronize, reps)
+        row["span_ms"] = percentiles(spans)
+    rec["ops"].append(row)
+    return True
 
 
 def main(argv=None) -> int:
@@ -124,6 +181,7 @@ def main(argv=None) -> int:
             spans, row["span_method"] = device_times(alternate(dev), torch.cuda.synchronize, reps)
             row["span_ms"] = percentiles(spans)
         rec["ops"].append(row)
+    failed |= not _points_of_any_count(rec, cuda, reps)
     out_dir = Path(a.out_dir) if a.out_dir else HERE / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"topology-{tag}.json"

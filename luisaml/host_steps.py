@@ -17,9 +17,9 @@ output (Operator.runtime_sized).
   bundles to the feeds, after checking those inputs against their declared types. A topology step
   builds on the device when the network was compiled with grid_build="device" (`DeviceBuilds`: a
   network of the node alone, with the attribute voxel_capacity, per power of two of the source's
-  voxels: operators/fvdb/topology_device.py), else with the project's builder on the host
-  (luisaml/fvdb/topology.py, the code that folds them at compile time); the GridBatchFrom* steps
-  always on the host. Both give the same bytes. A step whose inputs have the same bytes as at its
+  voxels: operators/fvdb/topology_device.py; for a GridBatchFrom*, of its points, counted on the
+  device by joffsets), else with the project's builder on the host (luisaml/fvdb/topology.py, the
+  code that folds them at compile time). Both give the same bytes. A step whose inputs have the same bytes as at its
   last run gives its last result back, so a grid bound again costs one hash (torch tensors: one
   comparison where they live, no copy).
 
@@ -76,7 +76,7 @@ class HostStep:
             device: "DeviceBuilds | None" = None) -> tuple[dict[str, np.ndarray], tuple]:
         """Return ({output name: array}, the key of this computation) for the node's inputs in values
         (or its constants); digests: each input's bytes' digest (or a token standing for them);
-        device: where the topology ops build on the device (None: every op on the host)."""
+        device: where the grid ops build on the device (None: on the host)."""
         from . import registry
 
         arrays = [None if not name else self.constants.get(name, values.get(name)) for name in self.node.inputs]
@@ -84,7 +84,7 @@ class HostStep:
                     for name, a in zip(self.node.inputs, arrays))
         if self._last is not None and self._last[0] == key:
             return self._last[1], key
-        if device is not None and _from_grid(self.node.op_type):
+        if device is not None:
             out = device.run(self.node, arrays, [None if k is None else k[2] for k in key])
         else:
             op = registry.resolve(self.node.op_type, DOMAIN, 1)
@@ -117,6 +117,8 @@ class DeviceBuilds:
         """Return the seven bundle arrays node builds from arrays (its inputs, None where absent);
         digests: the digest of each one's bytes where the run knows it (None: hashed here)."""
         digests = list(digests or [None] * len(arrays))
+        if not _from_grid(node.op_type):
+            return self._build_from_points(node, arrays, digests)
         attrs = dict(node.attrs)
         passes = 1
         if node.op_type == "DilatedGrid":
@@ -137,19 +139,45 @@ class DeviceBuilds:
         out[2], out[3] = np.ascontiguousarray(h, np.float64), np.ascontiguousarray(o, np.float64)
         return out
 
-    def _build(self, node: Node, attrs: dict, arrays: list, digests: list) -> list[np.ndarray]:
-        offsets = np.asarray(arrays[5]).reshape(-1)
-        voxels = int(offsets[-1]) if len(offsets) else 0
+    def _build_from_points(self, node: Node, arrays: list, digests: list) -> list[np.ndarray]:
+        """A GridBatchFrom* of any number of points: jdata's rows bound at run time, counted by
+        joffsets (checked here first), jidx not read (the device reads the grids off joffsets)."""
+        jdata, offsets = np.asarray(arrays[0]), np.asarray(arrays[1]).reshape(-1)
+        n = len(jdata)
+        if offsets.dtype != np.int64 or len(offsets) < 2 or offsets[0] != 0 or offsets[-1] != n \
+                or (np.diff(offsets) < 0).any():
+            raise InputError(f"{node.describe()}: joffsets must be int64 [B + 1] rising from 0 to {n} (the rows of "
+                             f"jdata), got {offsets.tolist() if len(offsets) <= 8 else shape_str(offsets.shape)}")
+        arrays = list(arrays)
+        arrays[2], digests[2] = np.zeros(0, np.int32), None
+        out = self._build(node, dict(node.attrs), arrays, digests, n, (0,))
+        from .fvdb import topology as T
+
+        grids = len(offsets) - 1
+        sizes, origins = (arrays[k] if len(arrays) > k and arrays[k] is not None else None for k in (4, 5))
+        # the voxel sizes and origins as the host's doubles (the kernels compute in float32)
+        out[2] = T.per_grid(1.0 if sizes is None else sizes, grids, "voxel_sizes", True).astype(np.float64)
+        out[3] = T.per_grid(0.0 if origins is None else origins, grids, "origins", False).astype(np.float64)
+        return out
+
+    def _build(self, node: Node, attrs: dict, arrays: list, digests: list, count: int | None = None,
+               bound: tuple = None) -> list[np.ndarray]:
+        """Run the node's network for the capacity of `count` (the source grid's voxels when None)
+        over arrays, the rows of `bound` (default _BOUND_ROWS) bound at run time."""
+        bound = _BOUND_ROWS if bound is None else bound
+        if count is None:
+            offsets = np.asarray(arrays[5]).reshape(-1)
+            count = int(offsets[-1]) if len(offsets) else 0
         capacity = MIN_CAPACITY
-        while capacity < voxels:
+        while capacity < count:
             capacity *= 2
         key = (node.name, capacity, tuple(sorted((k, repr(v)) for k, v in attrs.items())),
-               tuple((a.dtype.str, a.shape[1:] if k in _BOUND_ROWS else a.shape) if a is not None else None
+               tuple((a.dtype.str, a.shape[1:] if k in bound else a.shape) if a is not None else None
                      for k, a in enumerate(arrays)))
         net = self.networks.get(key)
         if net is None:  # (a later capacity of the node: the same kernels, cached, so no build workers)
             first = not any(k[0] == key[0] and k[2:] == key[2:] for k in self.networks)
-            net = self.compile_model(_build_model(node, attrs, capacity, arrays), first)
+            net = self.compile_model(_build_model(node, attrs, capacity, arrays, bound), first)
             self.networks[key] = net
         feeds = {f"in_{k}": np.ascontiguousarray(a) for k, a in enumerate(arrays) if a is not None}
         known = {f"in_{k}": d for k, (a, d) in enumerate(zip(arrays, digests)) if d is not None and feeds.get(f"in_{k}") is a}
@@ -163,14 +191,14 @@ class DeviceBuilds:
 _BOUND_ROWS = (0, 4, 6, 7)  # grid_blob, leaf_batch_indices, list_indices, mask: any number of rows
 
 
-def _build_model(node: Node, attrs: dict, capacity: int, arrays: list) -> onnx.ModelProto:
-    """The model of node alone over inputs in_k (rows bound at run time where _BOUND_ROWS says) and
+def _build_model(node: Node, attrs: dict, capacity: int, arrays: list, bound: tuple) -> onnx.ModelProto:
+    """The model of node alone over inputs in_k (rows bound at run time where `bound` says) and
     outputs out_k, with the attribute voxel_capacity."""
     inputs = []
     for k, a in enumerate(arrays):
         if a is None:
             continue
-        dims = [f"rows of in_{k}"] + list(a.shape[1:]) if k in _BOUND_ROWS else list(a.shape)
+        dims = [f"rows of in_{k}"] + list(a.shape[1:]) if k in bound else list(a.shape)
         inputs.append(helper.make_tensor_value_info(f"in_{k}", dtypes.from_numpy(a.dtype).onnx, dims))
     names = [f"in_{k}" if a is not None else "" for k, a in enumerate(arrays)]
     outputs = [f"out_{k}" for k in range(BUNDLE)]
@@ -203,7 +231,7 @@ class HostSteps:
     def describe(self) -> list[str]:
         """One line a step, for inspect."""
         def where(s: HostStep) -> str:
-            return "on the device" if self.device is not None and _from_grid(s.node.op_type) else "on the host"
+            return "on the device" if self.device is not None else "on the host"
         return [f"{s.node.describe()} {where(s)} when its inputs change -> "
                 + ", ".join(o for o in s.node.outputs if o in self.made) for s in self.steps]
 
@@ -216,7 +244,7 @@ class HostSteps:
         that the run does not hash what the steps made."""
         given = [k for k in feeds if k in self.made]
         if given:
-            raise InputNameError(f"input '{given[0]}' is not an input: {self.made[given[0]]} computes it on the host "
+            raise InputNameError(f"input '{given[0]}' is not an input: {self.made[given[0]]} computes it before the kernels "
                                  "from the grid it reads")
         host_only = {h.name: h for h in self.host_only}
         values: dict[str, np.ndarray] = {}
@@ -296,7 +324,7 @@ def _dims(vi: onnx.ValueInfoProto) -> tuple:
 
 
 def split(proto: onnx.ModelProto) -> HostSteps | None:
-    """Take the grid ops that must run on the host out of proto (module docstring); return them,
+    """Take the grid ops that must run before the kernels out of proto (module docstring); return them,
     or None when there are none. proto is modified."""
     g = proto.graph
     init = {t.name: t for t in g.initializer}

@@ -266,7 +266,8 @@ def constant_storage(value: np.ndarray, dtype: DType) -> Storage | None:
         start, step = kernel[0].astype(np.float64), kernel[1].astype(np.float64) - kernel[0].astype(np.float64)
         products = step * np.arange(flat.size, dtype=np.float64)
         rebuilt = start + products
-        exact = np.array_equal(products.astype(kernel.dtype).astype(np.float64), products)
+        with np.errstate(invalid="ignore"):  # (products past an integer type's range: not exact)
+            exact = np.array_equal(products.astype(kernel.dtype).astype(np.float64), products)
         if exact and np.array_equal(rebuilt, kernel.astype(np.float64)) and step == step.astype(kernel.dtype):
             return Linear(kernel[0].item(), kernel.dtype.type(step).item(), dtype)
     return None

@@ -20,7 +20,9 @@ copies into the summaries, so the host step writes the headers' exact doubles). 
 refused (the kernels compute in float32, fVDB in double for them). Over grids bound at run time the
 topology ops, and the constructors whose input has a dynamic size or whose grid other nodes read,
 are steps that run when a run binds their inputs (luisaml/host_steps.py cuts them out of the graph):
-the topology ops build on the device with these phases (topology_device.py) or on the host.
+the topology ops and the constructors build on the device with these phases (a network of the
+node alone with the attribute voxel_capacity: topology_device.py for the topology ops; here the
+constructors' points are then counted by joffsets[B], jdata's rows bound at run time) or on the host.
 """
 from __future__ import annotations
 
@@ -48,6 +50,10 @@ from .common import bundle_grids
 
 BUNDLE = len(schema.BUNDLE)
 GRID_BYTES, GRID_LEAVES = "grid_bytes", "grid_leaves"  # the symbolic rows of the outputs sized at run time
+# the attribute luisaml/host_steps.py (DeviceBuilds) sets on a node it builds on the device as a network
+# of its own: the voxels (topology ops) or points (GridBatchFrom*) the network takes, at most
+CAPACITY = "voxel_capacity"
+MAX_KEYS = 1 << 25  # voxel keys a device build holds (~60 int32 words each: 8 GB of scratch)
 
 
 def _masks(node, mask, counts) -> list[np.ndarray]:
@@ -269,6 +275,13 @@ class DeviceGridBuild(GridOp):
 
     OPS = ("GridBatchFromIJK", "GridBatchFromPoints", "GridBatchFromNearestVoxelsToPoints")
     runtime_sized = (0, 4)  # grid_blob (bytes), leaf_batch_indices (leaves)
+    counted = False  # the points are counted at run time (joffsets[B]; CAPACITY: at most that many)
+
+    @classmethod
+    def reads_bound_rows(cls, op_type: str, k: int) -> bool:
+        # jdata, jidx: any number of points, with CAPACITY (the only way such an input reaches the node:
+        # luisaml/host_steps.py takes one of dynamic size out of the model and builds it that way)
+        return k in (0, 2)
     HEADER_WORDS = HEADER_SIZE // 4
     ZERO_THREADS = 16384  # threads zeroing the blob, writing child masks (each every ZERO_THREADS-th word)
 
@@ -297,13 +310,20 @@ class DeviceGridBuild(GridOp):
             raise self.error(f"points_jdata '{jdata.name}' is float64: the device builder computes in float32 and "
                              "fVDB in double for float64 points, so they are built on the host only (constants)")
         self.expect_dtype(jdata, ("FLOAT", "FLOAT16") if points else ("INT32", "INT64"), f"{what}_jdata")
-        self.expect(jdata.rank == 2 and jdata.shape[1] == 3 and not jdata.batched,
+        capacity = self.node.attrs.get(CAPACITY)
+        self.counted = capacity is not None
+        static = self.counted or getattr(jdata, "bound_rows", None) is None
+        self.expect(jdata.rank == 2 and jdata.shape[1] == 3 and not jdata.batched and static,
                     f"{what}_jdata '{jdata.name}' must be [N, 3] with a static N, got {shape_str(jdata.shape)}")
+        if self.counted:
+            most = MAX_KEYS // (8 if self.node.op_type == "GridBatchFromNearestVoxelsToPoints" else 1)
+            self.expect(isinstance(capacity, int) and 1 <= capacity <= most,
+                        f"{CAPACITY} must be an integer in [1, {most}], got {capacity!r}")
         self.expect_dtype(joffsets, ("INT64",), f"{what}_joffsets")
         self.expect(joffsets.rank == 1 and 2 <= joffsets.shape[0] <= MAX_GRIDS_PER_BATCH + 1 and not joffsets.batched,
                     f"{what}_joffsets '{joffsets.name}' must be [B + 1] with 1 <= B <= {MAX_GRIDS_PER_BATCH}, got "
                     f"{shape_str(joffsets.shape)}")
-        self.N, self.B = int(jdata.shape[0]), int(joffsets.shape[0]) - 1
+        self.N, self.B = int(capacity if self.counted else jdata.shape[0]), int(joffsets.shape[0]) - 1
         for k, name in ((4, "voxel_sizes"), (5, "origins")):
             if not self.has_input(k):
                 continue
@@ -519,10 +539,13 @@ class DeviceGridBuild(GridOp):
         rise from 0 to N."""
         S, N, B = self.S, self.N, self.B
         jdata, joff = self.input(0), self.input(1)
+        per = 8 if self.nearest else 1
         ctx.line(f"if {q} == 0:")
         with ctx.indent():
             bad = ctx.fresh("bad")
-            ctx.line(f"{bad} = {joff.load('0')} != 0 or {joff.load(str(B))} != {N}")
+            last = joff.load(str(B))
+            ctx.line(f"{bad} = {joff.load('0')} != 0 or " + (f"{last} > {N} or {last} < 0" if self.counted
+                                                            else f"{last} != {N}"))
             k = ctx.fresh("k")
             ctx.line(f"for {k} in range(0, {B}):")
             with ctx.indent():
@@ -530,7 +553,12 @@ class DeviceGridBuild(GridOp):
             ctx.line(f"if {bad}:")
             with ctx.indent():
                 ctx.line(f"{ctx.use_helper('gb_error', 'grid_build')}(scratch_int, {S.ctr}, {G.ERR_OFFSETS})")
-        ctx.line(f"if {q} < {self.K}:")
+            if self.counted:  # the key count the later phases read: the points bound, not the capacity
+                ctx.line("else:")
+                with ctx.indent():
+                    ctx.line(f"scratch_int.write({S.keys.at}, int({last}) * {per})")
+        keys = f"int({joff.load(str(B))}) * {per}" if self.counted else str(self.K)
+        ctx.line(f"if {q} < {keys}:")
         with ctx.indent():
             p = ctx.let(f"{q} // 8", "p") if self.nearest else q
             lo, hi = ctx.fresh("lo"), ctx.fresh("hi")
@@ -615,7 +643,8 @@ class DeviceGridBuild(GridOp):
         err = int(ctr[G.C_ERROR])
         what = self.node.describe()
         if err == G.ERR_OFFSETS:
-            raise RunError(f"{what}: joffsets must rise from 0 to {self.N} (the rows of jdata)")
+            raise RunError(f"{what}: joffsets must rise from 0 to " + (f"at most {self.N}" if self.counted else
+                                                                        f"{self.N} (the rows of jdata)"))
         if err == G.ERR_COORDS:
             raise RunError(f"{what}: {self.coords_error()}")
         layout = np.zeros((B, G.G_WORDS), np.int64)

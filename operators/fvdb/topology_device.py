@@ -34,11 +34,9 @@ from luisaml.registry import register
 from luisaml.shaders import grid_build as G
 
 from .common import META_FIELDS, GridOp as BundleOp, Meta, grid_metadata
-from .topology import (BUNDLE, GRID_BYTES, GRID_LEAVES, TRANSFORM_WORDS, DeviceGridBuild, GridOp, _Scratch,
-                       grid_transforms)
+from .topology import (BUNDLE, CAPACITY, GRID_BYTES, GRID_LEAVES, MAX_KEYS, TRANSFORM_WORDS, DeviceGridBuild,
+                       GridOp, _Scratch, grid_transforms)
 
-CAPACITY = "voxel_capacity"  # the attribute luisaml/host_steps.py sets on the node it compiles
-MAX_KEYS = 1 << 25  # candidate voxels a network holds (~60 int32 words each: 8 GB of scratch)
 OPS = ("CoarsenedGrid", "RefinedGrid", "DilatedGrid", "PrunedGrid", "ConvGrid", "ConvTransposeGrid")
 _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
 

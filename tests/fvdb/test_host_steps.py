@@ -143,7 +143,7 @@ def test_errors_name_the_input_and_the_node():
     net = luisaml.compile(topology_model("PrunedGrid", attrs, gb, True), batch_axis=None, grid_build="host")
     feeds = {**dict(zip(schema.BUNDLE, gb.bundle())), **extra, **query_feeds(sets, 2, np.random.default_rng(0))[0]}
     with pytest.raises(InputNameError, match=r"input 'new_grid_blob' is not an input: node 'topo' "
-                                             r"\(fvdb::PrunedGrid\) computes it on the host"):
+                                             r"\(fvdb::PrunedGrid\) computes it before the kernels"):
         net.run({**feeds, "new_grid_blob": np.zeros(4, np.uint8)})
     with pytest.raises(InputNameError, match=r"missing input 'mask' \(node 'topo' \(fvdb::PrunedGrid\) reads it\)"):
         net.run({k: v for k, v in feeds.items() if k != "mask"})

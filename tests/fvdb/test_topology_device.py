@@ -136,5 +136,51 @@ def test_the_device_network_is_not_a_host_step_and_auto_follows_the_backend():
     assert (net.plan.host_steps.device is not None) == (net.backend == "cuda")
     node = host_steps.Node("topo", "CoarsenedGrid", schema.DOMAIN, list(schema.BUNDLE), NEW)
     node.attrs = {"coarsening_factor": [2, 2, 2]}
-    one = host_steps._build_model(node, node.attrs, 1024, list(gb.bundle()))
+    one = host_steps._build_model(node, node.attrs, 1024, list(gb.bundle()), host_steps._BOUND_ROWS)
     assert host_steps.split(one) is None
+
+
+CONSTRUCTORS = ["GridBatchFromIJK", "GridBatchFromPoints", "GridBatchFromNearestVoxelsToPoints"]
+
+
+@pytest.mark.parametrize("op_type", CONSTRUCTORS)
+def test_a_grid_from_any_number_of_points_builds_on_the_device(op_type):
+    """GridBatchFrom* over jdata of a dynamic count (a step: the network of the node alone counts the
+    points by joffsets): two grids, clouds of 0 to 3,000 points (two capacities), voxel sizes and
+    origins bound at run time that float32 does not hold; every bundle array equal to the host
+    builder's, the voxel sizes and origins its doubles."""
+    from test_grid_build_device import host_bundle
+
+    ints = op_type == "GridBatchFromIJK"
+    elem = TensorProto.INT32 if ints else TensorProto.FLOAT
+    names = ["jdata", "joffsets", "jidx", "jlidx", "voxel_sizes", "origins"]
+    ins = [helper.make_tensor_value_info("jdata", elem, ["N", 3]),
+           helper.make_tensor_value_info("joffsets", TensorProto.INT64, [3]),
+           helper.make_tensor_value_info("jidx", TensorProto.INT32, [0]),
+           helper.make_tensor_value_info("jlidx", TensorProto.INT32, [0, 1]),
+           helper.make_tensor_value_info("voxel_sizes", TensorProto.DOUBLE, [2, 3]),
+           helper.make_tensor_value_info("origins", TensorProto.DOUBLE, [2, 3])]
+    node = helper.make_node(op_type, names, NEW, name="build", domain=schema.DOMAIN)
+    outs = [helper.make_tensor_value_info(n, ELEM[np.dtype(t)], [None] * d)
+            for n, t, d in zip(NEW, ["uint8", "int64", "float64", "float64", "int32", "int64", "int32"],
+                               [1, 1, 2, 2, 1, 1, 1])]
+    m = helper.make_model(helper.make_graph([node], "g", ins, outs),
+                          opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+    net = luisaml.compile(m, batch_axis=None, grid_build="device")
+    assert [s.node.name for s in net.plan.host_steps.steps] == ["build"]
+    rng = np.random.default_rng(7)
+    h, o = np.array([[0.1, 0.2, 0.3], [1.0, 0.5, 0.25]]), np.array([[0.5, -1.0, 2.0], [0.0, 0.0, 0.0]])
+    for n0, n1 in ((100, 37), (0, 1), (2000, 1000), (0, 0)):
+        pts = rng.normal(0, 2, (n0 + n1, 3))
+        jdata = np.round(pts * 3).astype(np.int32) if ints else pts.astype(np.float32)
+        offsets = np.array([0, n0, n0 + n1], np.int64)
+        got = net.run({"jdata": jdata, "joffsets": offsets, "jidx": np.zeros(0, np.int32),
+                       "jlidx": np.zeros((0, 1), np.int32), "voxel_sizes": h, "origins": o})
+        want = host_bundle(op_type, jdata, offsets, h, o)
+        for k, name in enumerate(NEW):
+            assert got[name].dtype == want[k].dtype and got[name].shape == want[k].shape, name
+            np.testing.assert_array_equal(got[name], want[k], err_msg=name)
+    assert {key[1] for key in net.plan.host_steps.device.networks} == {1024, 4096}
+    with pytest.raises(InputError, match=r"node 'build' .*joffsets must be int64 \[B \+ 1\] rising from 0 to 3"):
+        net.run({"jdata": np.zeros((3, 3), jdata.dtype), "joffsets": np.array([0, 2, 1], np.int64), "jidx": np.zeros(0, np.int32),
+                 "jlidx": np.zeros((0, 1), np.int32), "voxel_sizes": h, "origins": o})
