@@ -278,8 +278,8 @@ def network_data(plan) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     sched = plan.schedule
     if getattr(plan, "host_steps", None) is not None:
         raise UsageError(
-            f"cannot save a network whose grid ops run on the host ({plan.host_steps.steps[0].node.describe()} builds "
-            "a grid from one bound at run time, in Python): an artifact holds kernels and static data only")
+            f"cannot save a network whose grid ops run as steps before the kernels ({plan.host_steps.steps[0].node.describe()} "
+            "builds a grid from one bound at run time, driven from Python): an artifact holds kernels and static data only")
     if getattr(plan, "readbacks", None):
         raise UsageError(
             f"cannot save a network with outputs sized at run time ({plan.readbacks[0].node}: count, prefix sum, "

@@ -414,8 +414,8 @@ def _dtype(elem: int, name: str) -> dtypes.DType:
 
 
 def _needs_host(n: onnx.NodeProto, shapes: dict, readers: dict) -> bool:
-    """Whether a GridBatchFrom* node must run on the host: an input of dynamic size, or a grid
-    another node reads."""
+    """Whether a GridBatchFrom* node must be a step (before the kernels, not a stage of theirs): an
+    input of dynamic size, or a grid another node reads."""
     dynamic = any(i and any(not isinstance(d, int) for d in shapes.get(i, ())) for i in n.input)
     return dynamic or any(readers.get(o) for o in n.output if o)
 

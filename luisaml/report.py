@@ -47,8 +47,9 @@ these keep their names and meanings while "schema" is 1:
   `bytes_unpooled` (one array per tensor), `live_bytes` (per step: bytes of the slots holding a
   live tensor), `peak_bytes`, `inplace`, `views` ([output, input] pairs merged)}.
 - `batch_kernel`: what the fused-kernel pass decided, or "".
-- `host_steps`: grid ops over grids bound at run time that run on the host when a run binds new
-  grids (luisaml/host_steps.py), a line each; [] when there are none.
+- `host_steps`: grid ops over grids bound at run time that run before the kernels when a run binds
+  new grids, on the device (target "cuda") or the host (luisaml/host_steps.py), a line each; []
+  when there are none.
 
 FLOP formulas (one multiply-add is 2): Conv 2·out·(C/group)·k + out with a bias; ConvTranspose
 2·in·(M/group)·k + out with a bias; Gemm 2·M·N·K + M·N with C; MatMul 2·out·K; Max/Average/LpPool
@@ -112,7 +113,8 @@ def build(model, weights=None, *, batch_axis="auto", input_shapes: Mapping[str, 
     if target not in ("cpu", "cuda"):
         raise UsageError(f"target must be 'cpu' or 'cuda', not {target!r}")
     options = CompileOptions(batch_axis=batch_axis, input_shapes=input_shapes, limits=limits,
-                             merge_stages=target == "cpu", blocks=target == "cuda")
+                             merge_stages=target == "cpu", blocks=target == "cuda",
+                             grid_build="device" if target == "cuda" else "host")  # (compile's "auto")
     options.check()
     with phase("passes"):
         prep = passes.prepare(copy.deepcopy(proto), batch_axis=batch_axis, input_shapes=input_shapes, limits=limits)
@@ -432,7 +434,8 @@ def text(rep: Mapping) -> str:
         lines.append(f"per-sample execution: impossible ({rep['per_sample_impossible']}); the network compiles for "
                      "each batch size it runs with, shapes fixed (the plan below is at batch 2)")
     if rep.get("host_steps"):
-        lines.append("run on the host (the grids they build are inputs of the kernels):")
+        lines.append("run before the kernels when a run binds new grids (the grids they build are inputs of the "
+                     "kernels):")
         lines += [f"  {line}" for line in rep["host_steps"]]
     notes = [(d["name"], d["op_type"], d["note"]) for d in rep["nodes"] if d["note"]]
     if notes:

@@ -27,7 +27,7 @@ class Prepared:
     batch: BatchPlan  # every variable's shape per sample (passes/batch.py)
     float64_as_float: bool = False  # compile(float64="float32"): float64 tensors compute in float32
     bound: dict[str, str] = field(default_factory=dict)  # inputs with rows bound at run time -> their symbol
-    host_steps: HostSteps | None = None  # grid ops over grids bound at run time, run on the host (host_steps.py)
+    host_steps: HostSteps | None = None  # grid ops over grids bound at run time, run before the kernels (host_steps.py)
 
     @property
     def symbol(self) -> str | None:

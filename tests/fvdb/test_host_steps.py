@@ -156,7 +156,7 @@ def test_errors_name_the_input_and_the_node():
         blob = gb.bundle()[0].copy()
         blob[16:24] = 0  # the magic number
         net.run({**feeds, "grid_blob": blob})
-    with pytest.raises(UsageError, match=r"cannot save a network whose grid ops run on the host \(node 'topo'"):
+    with pytest.raises(UsageError, match=r"cannot save a network whose grid ops run as steps before the kernels \(node 'topo'"):
         net.save("/tmp/never.lml")
 
 
@@ -228,7 +228,9 @@ def test_a_unet_that_coarsens_its_bound_grid_equals_torch(unet_example, grid_bui
     from luisaml import report
 
     text = report.text(report.build(proto))
-    assert "run on the host" in text and "(fvdb::ConvGrid) on the host when its inputs change" in text
+    assert "run before the kernels" in text and "(fvdb::ConvGrid) on the host when its inputs change" in text
+    text = report.text(report.build(proto, target="cuda"))
+    assert "(fvdb::ConvGrid) on the device when its inputs change" in text
 
 
 def test_torch_inputs_bound_again_are_compared_not_copied_or_hashed():
