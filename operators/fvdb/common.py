@@ -343,6 +343,38 @@ class GridOp(Operator):
                 for a in range(3)]
 
 
+def voxel_of_index(ctx, meta, grids: int, blob: str, base: str, v: str) -> tuple[str, str, list[str]]:
+    """Emit the lookup of batch-global voxel index v (v below the batch's voxels) in a bundle read
+    through its metadata table meta: the grid holding it (the last whose first index is <= v), the
+    leaf whose index range holds it (a binary search of the leaves' first indices: nvdb_find_leaf),
+    the bit of its rank in that leaf's mask (nvdb_leaf_slot). Return (grid b, its metadata row's
+    first word m, [i, j, k]); blob, base: the grid blob's ByteBuffer and its byte offset."""
+    F = META_FIELDS
+    b = ctx.fresh("b")
+    ctx.line(f"{b} = 0")
+    if grids > 1:
+        k = ctx.fresh("k")
+        ctx.line(f"for {k} in range(1, {grids}):")
+        with ctx.indent():
+            ctx.line(f"if {meta.load(ix.add(ix.mul(k, F), str(int(Meta.VOXEL_OFFSET))))} <= {v}:")
+            with ctx.indent():
+                ctx.line(f"{b} = {k}")
+    m = ctx.let(ix.mul(b, F), "m")
+
+    def field(f: Meta) -> str:
+        return meta.load(ix.add(m, str(int(f))))
+
+    value = ctx.let(f"{v} - {field(Meta.VOXEL_OFFSET)} + 1", "value")  # its OnIndex value in grid b
+    first = field(Meta.LEAVES) if base == "0" else ix.add(base, field(Meta.LEAVES))
+    find = ctx.use_helper("nvdb_find_leaf", "nanovdb")
+    leaf = ctx.let(f"{find}({blob}, {first}, {field(Meta.LEAF_COUNT)}, {value})", "leaf")
+    slot = ctx.let(f"{ctx.use_helper('nvdb_leaf_slot', 'nanovdb')}({blob}, {leaf}, {value})", "slot")
+    corner = ctx.use_helper("nvdb_leaf_origin", "nanovdb")
+    c = [ctx.let(f"{corner}({blob}, {leaf}, {a}) + {s}", "c")
+         for a, s in enumerate((f"({slot} >> 6)", f"(({slot} >> 3) & 7)", f"({slot} & 7)"))]
+    return b, m, c
+
+
 @contextlib.contextmanager
 def _maybe_if(ctx, cond: str | None) -> Iterator[None]:
     if cond is None:

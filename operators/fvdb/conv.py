@@ -42,7 +42,7 @@ from luisaml.passes.infer import current_probe
 from luisaml.voxel_rows import GRID, INDICES
 from luisaml.registry import register
 
-from .common import META_FIELDS, GridOp, GridRef, Meta, bundle_grids, grid_metadata
+from .common import META_FIELDS, GridOp, GridRef, Meta, bundle_grids, grid_metadata, voxel_of_index
 
 BUNDLE = len(schema.BUNDLE)
 OUT = BUNDLE  # the output grid's bundle starts at input 7
@@ -265,28 +265,7 @@ class SparseConvKernelMap(GridOp):
             ctx.store(y, tap, "(-1)")
         ctx.line(f"if {v} < {total(meta_out)}:")
         with ctx.indent():
-            b = ctx.fresh("b")
-            ctx.line(f"{b} = 0")
-            if B > 1:
-                k = ctx.fresh("k")
-                ctx.line(f"for {k} in range(1, {B}):")
-                with ctx.indent():
-                    ctx.line(f"if {meta_out.load(ix.add(ix.mul(k, F), str(int(Meta.VOXEL_OFFSET))))} <= {v}:")
-                    with ctx.indent():
-                        ctx.line(f"{b} = {k}")
-            m = ctx.let(ix.mul(b, F), "m")
-
-            def out_field(f: Meta) -> str:
-                return meta_out.load(ix.add(m, str(int(f))))
-
-            value = ctx.let(f"{v} - {out_field(Meta.VOXEL_OFFSET)} + 1", "value")  # its OnIndex value in grid b
-            first = out_field(Meta.LEAVES) if base_out == "0" else ix.add(base_out, out_field(Meta.LEAVES))
-            find = ctx.use_helper("nvdb_find_leaf", "nanovdb")
-            leaf = ctx.let(f"{find}({blob_out}, {first}, {out_field(Meta.LEAF_COUNT)}, {value})", "leaf")
-            slot = ctx.let(f"{ctx.use_helper('nvdb_leaf_slot', 'nanovdb')}({blob_out}, {leaf}, {value})", "slot")
-            corner = ctx.use_helper("nvdb_leaf_origin", "nanovdb")
-            c = [ctx.let(f"{corner}({blob_out}, {leaf}, {a}) + {s}", "c")
-                 for a, s in enumerate((f"({slot} >> 6)", f"(({slot} >> 3) & 7)", f"({slot} & 7)"))]
+            _, m, c = voxel_of_index(ctx, meta_out, B, blob_out, base_out, v)
             g, voxel_offset = self._input_grid(ctx, meta_in, m)
             # (an index past the batch, where the batch is not the voxel count, is left missing: the
             # flag above is then the error run() reports, not the layers' reads)

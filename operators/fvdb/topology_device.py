@@ -33,7 +33,7 @@ from luisaml.opsets import fvdb as schema
 from luisaml.registry import register
 from luisaml.shaders import grid_build as G
 
-from .common import META_FIELDS, GridOp as BundleOp, Meta, grid_metadata
+from .common import META_FIELDS, GridOp as BundleOp, Meta, grid_metadata, voxel_of_index
 from .topology import (BUNDLE, CAPACITY, GRID_BYTES, GRID_LEAVES, MAX_KEYS, TRANSFORM_WORDS, DeviceGridBuild,
                        GridOp, _Scratch, grid_transforms)
 
@@ -204,28 +204,7 @@ class DeviceTopology(DeviceGridBuild):
         total = f"({meta.load(str(last + int(Meta.VOXEL_OFFSET)))} + {meta.load(str(last + int(Meta.VOXEL_COUNT)))})"
         ctx.line(f"if {v} < {total}" + (f" and {self.mask.load(v)}:" if self.mask is not None else ":"))
         with ctx.indent():
-            b = ctx.fresh("b")
-            ctx.line(f"{b} = 0")
-            if B > 1:
-                k = ctx.fresh("k")
-                ctx.line(f"for {k} in range(1, {B}):")
-                with ctx.indent():
-                    ctx.line(f"if {meta.load(f'{k} * {F} + {int(Meta.VOXEL_OFFSET)}')} <= {v}:")
-                    with ctx.indent():
-                        ctx.line(f"{b} = {k}")
-
-            def field(f: Meta) -> str:
-                return meta.load(f"{b} * {F} + {int(f)}")
-
-            blob, base = self.input(0).storage.byte_address()
-            value = ctx.let(f"{v} - {field(Meta.VOXEL_OFFSET)} + 1", "value")  # its OnIndex value in grid b
-            first = field(Meta.LEAVES) if base == "0" else f"{base} + {field(Meta.LEAVES)}"
-            leaf = ctx.let(f"{ctx.use_helper('nvdb_find_leaf', 'nanovdb')}({blob}, {first}, "
-                           f"{field(Meta.LEAF_COUNT)}, {value})", "leaf")
-            slot = ctx.let(f"{ctx.use_helper('nvdb_leaf_slot', 'nanovdb')}({blob}, {leaf}, {value})", "slot")
-            corner = ctx.use_helper("nvdb_leaf_origin", "nanovdb")
-            c = [ctx.let(f"{corner}({blob}, {leaf}, {a}) + {s}", "c")
-                 for a, s in enumerate((f"({slot} >> 6)", f"(({slot} >> 3) & 7)", f"({slot} & 7)"))]
+            b, _, c = voxel_of_index(ctx, meta, B, *self.input(0).storage.byte_address(), v)
             guards = [f"{c[a]} < {lo}" if lo > _I32_MIN else "" for a, (lo, _) in enumerate(map(cand.bounds, range(3)))]
             guards += [f"{c[a]} > {hi}" if hi < _I32_MAX else "" for a, (_, hi) in enumerate(map(cand.bounds, range(3)))]
             guards = [g for g in guards if g]

@@ -93,12 +93,9 @@ def test_the_new_bundle_equals_the_reference_byte_for_byte():
     assert_same_bundle(sess.run(None, dict(zip(schema.BUNDLE, gb.bundle()))), expected_batch(sets, h, o), sets)
 
 
-def test_a_chain_of_host_steps_and_the_cache(monkeypatch):
-    """CoarsenedGrid of a ConvGrid's grid: the second step reads the first's output. The same grid
-    bound again runs no step; one changed voxel runs both again."""
-    from luisaml import host_steps
-
-    gb = BATCHES["two"]
+def chain_model(gb: GridBatch) -> onnx.ModelProto:
+    """ConvGrid 3/1 ('conv') of the bound grid, CoarsenedGrid 2 ('coarse') of that, IJKToIndex of QUERY
+    voxels a grid over the result."""
     new1, new2 = [f"a_{n}" for n in schema.BUNDLE], [f"b_{n}" for n in schema.BUNDLE]
     n1 = helper.make_node("ConvGrid", list(schema.BUNDLE), new1, name="conv", domain=schema.DOMAIN,
                           kernel_size=[3, 3, 3], stride=[1, 1, 1])
@@ -110,10 +107,19 @@ def test_a_chain_of_host_steps_and_the_cache(monkeypatch):
                                  helper.make_tensor_value_info("q_joffsets", TensorProto.INT64, [B + 1]),
                                  helper.make_tensor_value_info("q_jidx", TensorProto.INT32, [B * QUERY]),
                                  helper.make_tensor_value_info("q_jlidx", TensorProto.INT32, [0, 1])]
-    m = helper.make_model(helper.make_graph([n1, n2, idx], "g", ins,
-                                            [helper.make_tensor_value_info("index", TensorProto.INT64, [B * QUERY])]),
-                          opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
-    net = luisaml.compile(m, batch_axis=None, grid_build="host")
+    return helper.make_model(helper.make_graph([n1, n2, idx], "g", ins,
+                                               [helper.make_tensor_value_info("index", TensorProto.INT64, [B * QUERY])]),
+                             opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+
+
+def test_a_chain_of_host_steps_and_the_cache(monkeypatch):
+    """CoarsenedGrid of a ConvGrid's grid: the second step reads the first's output. The same grid
+    bound again runs no step; one changed voxel runs both again."""
+    from luisaml import host_steps
+
+    gb = BATCHES["two"]
+    B = gb.grid_count
+    net = luisaml.compile(chain_model(gb), batch_axis=None, grid_build="host")
     assert [s.node.name for s in net.plan.host_steps.steps] == ["conv", "coarse"]
     import fvdb_reference as R
 

@@ -18,7 +18,7 @@ from luisaml.opsets import fvdb as schema
 
 import fvdb_reference as R
 from fvdb_reference import ELEM
-from test_host_steps import grid_inputs, topology_model, query_feeds
+from test_host_steps import chain_model, grid_inputs, query_feeds
 from test_ops_topology import BATCHES, TOPOLOGY, assert_same_bundle, expected_batch, reference
 
 NEW = [f"new_{n}" for n in schema.BUNDLE]
@@ -86,20 +86,8 @@ def test_a_chain_feeds_a_query_as_the_host_does():
     """ConvGrid then CoarsenedGrid on the device, IJKToIndex over the result: the indices of the
     reference grid, and the same as grid_build='host' gives."""
     gb = BATCHES["two"]
-    new1, new2 = [f"a_{n}" for n in schema.BUNDLE], [f"b_{n}" for n in schema.BUNDLE]
-    n1 = helper.make_node("ConvGrid", list(schema.BUNDLE), new1, name="conv", domain=schema.DOMAIN,
-                          kernel_size=[3, 3, 3], stride=[1, 1, 1])
-    n2 = helper.make_node("CoarsenedGrid", new1, new2, name="coarse", domain=schema.DOMAIN, coarsening_factor=[2, 2, 2])
-    q = [f"q_{p}" for p in schema.JAGGED]
-    idx = helper.make_node("IJKToIndex", new2 + q, ["index"], name="idx", domain=schema.DOMAIN, cumulative=1)
     B = gb.grid_count
-    ins = grid_inputs("", gb) + [helper.make_tensor_value_info("q_jdata", TensorProto.INT32, [B * 64, 3]),
-                                 helper.make_tensor_value_info("q_joffsets", TensorProto.INT64, [B + 1]),
-                                 helper.make_tensor_value_info("q_jidx", TensorProto.INT32, [B * 64]),
-                                 helper.make_tensor_value_info("q_jlidx", TensorProto.INT32, [0, 1])]
-    m = helper.make_model(helper.make_graph([n1, n2, idx], "g", ins,
-                                            [helper.make_tensor_value_info("index", TensorProto.INT64, [B * 64])]),
-                          opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+    m = chain_model(gb)
     device = luisaml.compile(m, batch_axis=None, grid_build="device")
     host = luisaml.compile(m, batch_axis=None, grid_build="host")
     assert host.plan.host_steps.device is None
