@@ -175,6 +175,8 @@ class DeviceBuilds:
                tuple((a.dtype.str, a.shape[1:] if k in bound else a.shape) if a is not None else None
                      for k, a in enumerate(arrays)))
         net = self.networks.get(key)
+        if net is None and self._too_large(node, attrs, capacity):
+            return self._on_host(node, attrs, arrays, capacity)
         if net is None:  # (a later capacity of the node: the same kernels, cached, so no build workers)
             first = not any(k[0] == key[0] and k[2:] == key[2:] for k in self.networks)
             net = self.compile_model(_build_model(node, attrs, capacity, arrays, bound), first)
@@ -186,6 +188,32 @@ class DeviceBuilds:
         except ModelError as e:  # (the bundle's checks when its metadata is derived: NanoVDBError)
             raise InputError(f"{node.describe()}: {e} (built on the device: its grid is bound at run time)") from None
         return [np.ascontiguousarray(got[f"out_{k}"]) for k in range(BUNDLE)]
+
+
+    @staticmethod
+    def _too_large(node: Node, attrs: dict, capacity: int) -> bool:
+        """Whether the node's device build of this capacity would hold more voxel keys than one holds
+        (its scratch is indexed with 32-bit integers): a dilation of a 1M-voxel grid, say."""
+        from . import registry
+
+        cls = registry.resolve(node.op_type, DOMAIN, 1)
+        try:
+            return cls.keys_for(node.op_type, attrs, capacity) > cls.MAX_KEYS
+        except ValueError:
+            return False  # (attributes out of range: the device build's own check names them)
+
+    def _on_host(self, node: Node, attrs: dict, arrays: list, capacity: int) -> list[np.ndarray]:
+        from . import registry
+        from .log import logger
+
+        logger.warning("%s: a grid of %s voxels or points is past what a device build holds; built on the host",
+                       node.describe(), f"{capacity:,}")
+        bare = Node(node.name, node.op_type, node.domain, node.inputs, node.outputs)
+        bare.attrs = dict(attrs)
+        try:
+            return registry.resolve(node.op_type, DOMAIN, 1).evaluate(bare, arrays)
+        except LuisamlError as e:
+            raise InputError(f"{e} (run on the host: its grid is bound at run time)") from None
 
 
 _BOUND_ROWS = (0, 4, 6, 7)  # grid_blob, leaf_batch_indices, list_indices, mask: any number of rows

@@ -53,7 +53,7 @@ GRID_BYTES, GRID_LEAVES = "grid_bytes", "grid_leaves"  # the symbolic rows of th
 # the attribute luisaml/host_steps.py (DeviceBuilds) sets on a node it builds on the device as a network
 # of its own: the voxels (topology ops) or points (GridBatchFrom*) the network takes, at most
 CAPACITY = "voxel_capacity"
-MAX_KEYS = 1 << 25  # voxel keys a device build holds (~60 int32 words each: 8 GB of scratch)
+MAX_KEYS = 1 << 24  # voxel keys a device build holds (~76 int32 words each: 5 GB of scratch, below 2^31 words)
 
 
 def _masks(node, mask, counts) -> list[np.ndarray]:
@@ -276,6 +276,12 @@ class DeviceGridBuild(GridOp):
     OPS = ("GridBatchFromIJK", "GridBatchFromPoints", "GridBatchFromNearestVoxelsToPoints")
     runtime_sized = (0, 4)  # grid_blob (bytes), leaf_batch_indices (leaves)
     counted = False  # the points are counted at run time (joffsets[B]; CAPACITY: at most that many)
+    MAX_KEYS = MAX_KEYS
+
+    @classmethod
+    def keys_for(cls, op_type: str, attrs: dict, capacity: int) -> int:
+        """The voxel keys a device build of `capacity` points (CAPACITY) holds: at most MAX_KEYS."""
+        return capacity * (8 if op_type == "GridBatchFromNearestVoxelsToPoints" else 1)
 
     @classmethod
     def reads_bound_rows(cls, op_type: str, k: int) -> bool:
@@ -316,7 +322,7 @@ class DeviceGridBuild(GridOp):
         self.expect(jdata.rank == 2 and jdata.shape[1] == 3 and not jdata.batched and static,
                     f"{what}_jdata '{jdata.name}' must be [N, 3] with a static N, got {shape_str(jdata.shape)}")
         if self.counted:
-            most = MAX_KEYS // (8 if self.node.op_type == "GridBatchFromNearestVoxelsToPoints" else 1)
+            most = self.MAX_KEYS // (8 if self.node.op_type == "GridBatchFromNearestVoxelsToPoints" else 1)
             self.expect(isinstance(capacity, int) and 1 <= capacity <= most,
                         f"{CAPACITY} must be an integer in [1, {most}], got {capacity!r}")
         self.expect_dtype(joffsets, ("INT64",), f"{what}_joffsets")
@@ -338,6 +344,8 @@ class DeviceGridBuild(GridOp):
         self.check_outputs()
         self.points = points
         self.K = self.N * (8 if self.nearest else 1)  # voxel keys: 8 per point for the nearest voxels
+        self.expect(self.K <= self.MAX_KEYS, f"{self.K:,} voxel keys exceed the {self.MAX_KEYS:,} a device build "
+                    "holds (its scratch is indexed with 32-bit integers)")
         self.S = _Scratch(self.K, self.B)
 
     def check_outputs(self) -> None:

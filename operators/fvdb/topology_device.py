@@ -34,7 +34,7 @@ from luisaml.registry import register
 from luisaml.shaders import grid_build as G
 
 from .common import META_FIELDS, GridOp as BundleOp, Meta, grid_metadata, voxel_of_index
-from .topology import (BUNDLE, CAPACITY, GRID_BYTES, GRID_LEAVES, MAX_KEYS, TRANSFORM_WORDS, DeviceGridBuild,
+from .topology import (BUNDLE, CAPACITY, GRID_BYTES, GRID_LEAVES, TRANSFORM_WORDS, DeviceGridBuild,
                        GridOp, _Scratch, grid_transforms)
 
 OPS = ("CoarsenedGrid", "RefinedGrid", "DilatedGrid", "PrunedGrid", "ConvGrid", "ConvTransposeGrid")
@@ -136,6 +136,10 @@ class DeviceTopology(DeviceGridBuild):
                 (TensorProto.INT64, (grids + 1,)), (TensorProto.INT32, (0,))]
 
     @classmethod
+    def keys_for(cls, op_type: str, attrs: dict, capacity: int) -> int:
+        return capacity * candidates(op_type, attrs).count
+
+    @classmethod
     def reads_bound_rows(cls, op_type: str, k: int) -> bool:
         return k == BUNDLE or (k < BUNDLE and schema.BUNDLE[k] in ("grid_blob", "leaf_batch_indices", "list_indices"))
 
@@ -153,14 +157,14 @@ class DeviceTopology(DeviceGridBuild):
             self.expect(self.mask.rank == 1 and not self.mask.batched,
                         f"mask '{self.mask.name}' must be [N] (one entry per voxel)")
         V = self.node.attrs[CAPACITY]
-        self.expect(isinstance(V, int) and 1 <= V <= MAX_KEYS, f"{CAPACITY} must be an integer in [1, {MAX_KEYS}], "
-                    f"got {V!r}")
+        most = self.MAX_KEYS
+        self.expect(isinstance(V, int) and 1 <= V <= most, f"{CAPACITY} must be an integer in [1, {most}], got {V!r}")
         try:
             self.cand = candidates(self.node.op_type, self.node.attrs)
         except ValueError as e:
             raise self.error(str(e)) from None
         self.V, self.N, self.K = V, V, V * self.cand.count
-        self.expect(self.K <= MAX_KEYS, f"{V:,} voxels of {self.cand.count} candidates each exceed the {MAX_KEYS:,} "
+        self.expect(self.K <= most, f"{V:,} voxels of {self.cand.count} candidates each exceed the {most:,} "
                     "candidate voxels a device build holds")
         self.check_outputs()
         self.points = self.nearest = False

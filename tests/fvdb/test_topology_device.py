@@ -172,3 +172,21 @@ def test_a_grid_from_any_number_of_points_builds_on_the_device(op_type):
     with pytest.raises(InputError, match=r"node 'build' .*joffsets must be int64 \[B \+ 1\] rising from 0 to 3"):
         net.run({"jdata": np.zeros((3, 3), jdata.dtype), "joffsets": np.array([0, 2, 1], np.int64), "jidx": np.zeros(0, np.int32),
                  "jlidx": np.zeros((0, 1), np.int32), "voxel_sizes": h, "origins": o})
+
+
+def test_a_grid_past_what_a_device_build_holds_is_built_on_the_host(monkeypatch, caplog):
+    """A capacity whose candidates exceed MAX_KEYS (a dilation of a large grid: 27 a voxel) falls back
+    to the host's builder with a warning naming the node; the bundle is the reference's all the same."""
+    from luisaml import registry
+
+    cls = registry.resolve("DilatedGrid", schema.DOMAIN, 1)
+    monkeypatch.setattr(cls, "MAX_KEYS", 1024 * 27 - 1)  # (the first capacity, 1024 voxels, is past it)
+    gb = BATCHES["two"]
+    net = luisaml.compile(op_model("DilatedGrid", {"dilation": 1}, gb, False), batch_axis=None, grid_build="device")
+    with caplog.at_level("WARNING", logger="luisaml"):
+        got = net.run(dict(zip(schema.BUNDLE, gb.bundle())))
+    assert "node 'topo' (fvdb::DilatedGrid): a grid of 1,024 voxels or points is past what a device build holds" \
+        in caplog.text
+    sets = R.dilated_grid(gb, 1)
+    assert_same_bundle([got[n] for n in NEW], expected_batch(sets, gb.voxel_sizes, gb.origins), sets)
+    assert not net.plan.host_steps.device.networks
