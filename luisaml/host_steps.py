@@ -107,11 +107,16 @@ class DeviceBuilds:
     time), compiled by `compile_model(model, workers)` when a grid of that size first arrives and
     kept (workers: whether its kernels are worth building in worker processes: not for a later V of
     the same node, whose kernels are the same text). A DilatedGrid of n runs n passes of 1 (a pass
-    has 27 candidates a voxel; one of n, (2n + 1)^3)."""
+    has 27 candidates a voxel; one of n, (2n + 1)^3). The networks are shared by every DeviceBuilds
+    of the process with the same `config` (what compile_model depends on besides the model): a
+    model compiled again, or once per batch size, compiles no bucket twice."""
 
-    def __init__(self, compile_model) -> None:
+    _shared: dict[tuple, Any] = {}  # (config, the bucket model's bytes' digest) -> its network
+
+    def __init__(self, compile_model, config: str = "") -> None:
         self.compile_model = compile_model
-        self.networks: dict[tuple, Any] = {}
+        self.config = config
+        self.networks: dict[tuple, Any] = {}  # this network's buckets: (node, capacity, attrs, inputs) -> network
 
     def run(self, node: Node, arrays: list, digests: list | None = None) -> list[np.ndarray]:
         """Return the seven bundle arrays node builds from arrays (its inputs, None where absent);
@@ -178,8 +183,12 @@ class DeviceBuilds:
         if net is None and self._too_large(node, attrs, capacity):
             return self._on_host(node, attrs, arrays, capacity)
         if net is None:  # (a later capacity of the node: the same kernels, cached, so no build workers)
-            first = not any(k[0] == key[0] and k[2:] == key[2:] for k in self.networks)
-            net = self.compile_model(_build_model(node, attrs, capacity, arrays, bound), first)
+            model = _build_model(node, attrs, capacity, arrays, bound)
+            shared = (self.config, hashlib.blake2b(model.SerializeToString(), digest_size=16).digest())
+            net = self._shared.get(shared)
+            if net is None:
+                first = not any(k[0] == key[0] and k[2:] == key[2:] for k in self.networks)
+                net = self._shared[shared] = self.compile_model(model, first)
             self.networks[key] = net
         feeds = {f"in_{k}": np.ascontiguousarray(a) for k, a in enumerate(arrays) if a is not None}
         known = {f"in_{k}": d for k, (a, d) in enumerate(zip(arrays, digests)) if d is not None and feeds.get(f"in_{k}") is a}

@@ -153,7 +153,8 @@ def _build(prep, name: str, opts: CompileOptions, fuse_mode: str, on_schedule=No
     if plan.host_steps is not None and opts.grid_build == "device":
         from .host_steps import DeviceBuilds
 
-        plan.host_steps.device = DeviceBuilds(lambda m, workers: _compile_grid_step(m, opts.limits, workers))
+        plan.host_steps.device = DeviceBuilds(lambda m, workers: _compile_grid_step(m, opts.limits, workers),
+                                              repr(opts.limits))
     return plan
 
 

@@ -190,3 +190,21 @@ def test_a_grid_past_what_a_device_build_holds_is_built_on_the_host(monkeypatch,
     sets = R.dilated_grid(gb, 1)
     assert_same_bundle([got[n] for n in NEW], expected_batch(sets, gb.voxel_sizes, gb.origins), sets)
     assert not net.plan.host_steps.device.networks
+
+
+def test_a_model_compiled_again_compiles_no_bucket_twice(monkeypatch):
+    """The bucket networks are the process's: a second compile of the model (or another model with the
+    same node) runs its first grid without compiling one; other limits compile their own."""
+    from luisaml import runtime
+
+    compiled = []
+    real = runtime._compile_grid_step
+    monkeypatch.setattr(runtime, "_compile_grid_step", lambda *a: compiled.append(a[0].graph.name) or real(*a))
+    gb = BATCHES["two"]
+    m = op_model("CoarsenedGrid", {"coarsening_factor": [2, 1, 2]}, gb, False)
+    sets, h, o = R.coarsened_grid(gb, (2, 1, 2))
+    for limits in (None, None, luisaml.Limits(fold_bytes=1 << 20)):
+        net = luisaml.compile(m, batch_axis=None, grid_build="device", limits=limits)
+        got = net.run(dict(zip(schema.BUNDLE, gb.bundle())))
+        assert_same_bundle([got[n] for n in NEW], expected_batch(sets, h, o), sets)
+    assert len(compiled) == 2
