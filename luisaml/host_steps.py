@@ -77,8 +77,6 @@ class HostStep:
         """Return ({output name: array}, the key of this computation) for the node's inputs in values
         (or its constants); digests: each input's bytes' digest (or a token standing for them);
         device: where the grid ops build on the device (None: on the host)."""
-        from . import registry
-
         arrays = [None if not name else self.constants.get(name, values.get(name)) for name in self.node.inputs]
         key = tuple(None if a is None or name in self.constants else (a.dtype.str, a.shape, digests[name])
                     for name, a in zip(self.node.inputs, arrays))
@@ -87,17 +85,13 @@ class HostStep:
         if device is not None:
             out = device.run(self.node, arrays, [None if k is None else k[2] for k in key])
         else:
-            op = registry.resolve(self.node.op_type, DOMAIN, 1)
-            try:
-                out = op.evaluate(self.node, arrays)
-            except LuisamlError as e:  # (the builder's messages name the node: a CompileError when folding)
-                raise InputError(f"{e} (run on the host: its grid is bound at run time)") from None
+            out = on_host(self.node, arrays)
         result = {name: np.ascontiguousarray(a) for name, a in zip(self.node.outputs, out) if name}
         self._last = (key, result)
         return result, key
 
 
-CAPACITY = "voxel_capacity"  # operators/fvdb/topology_device.py: the source voxels a device build takes
+CAPACITY = schema.CAPACITY  # the voxels or points a device build's network takes
 MIN_CAPACITY = 1024  # the smallest bucket: small grids share one network
 
 
@@ -198,7 +192,6 @@ class DeviceBuilds:
             raise InputError(f"{node.describe()}: {e} (built on the device: its grid is bound at run time)") from None
         return [np.ascontiguousarray(got[f"out_{k}"]) for k in range(BUNDLE)]
 
-
     @staticmethod
     def _too_large(node: Node, attrs: dict, capacity: int) -> bool:
         """Whether the node's device build of this capacity would hold more voxel keys than one holds
@@ -212,17 +205,24 @@ class DeviceBuilds:
             return False  # (attributes out of range: the device build's own check names them)
 
     def _on_host(self, node: Node, attrs: dict, arrays: list, capacity: int) -> list[np.ndarray]:
-        from . import registry
         from .log import logger
 
         logger.warning("%s: a grid of %s voxels or points is past what a device build holds; built on the host",
                        node.describe(), f"{capacity:,}")
         bare = Node(node.name, node.op_type, node.domain, node.inputs, node.outputs)
-        bare.attrs = dict(attrs)
-        try:
-            return registry.resolve(node.op_type, DOMAIN, 1).evaluate(bare, arrays)
-        except LuisamlError as e:
-            raise InputError(f"{e} (run on the host: its grid is bound at run time)") from None
+        bare.attrs = dict(attrs)  # (a dilation pass's)
+        return on_host(bare, arrays)
+
+
+def on_host(node: Node, arrays: list) -> list[np.ndarray]:
+    """Return the bundle arrays the node builds from arrays with the project's builder (the code that
+    folds it over constants)."""
+    from . import registry
+
+    try:
+        return registry.resolve(node.op_type, DOMAIN, 1).evaluate(node, arrays)
+    except LuisamlError as e:  # (the builder's messages name the node: a CompileError when folding)
+        raise InputError(f"{e} (run on the host: its grid is bound at run time)") from None
 
 
 _BOUND_ROWS = (0, 4, 6, 7)  # grid_blob, leaf_batch_indices, list_indices, mask: any number of rows

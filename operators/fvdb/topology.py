@@ -50,10 +50,16 @@ from .common import bundle_grids
 
 BUNDLE = len(schema.BUNDLE)
 GRID_BYTES, GRID_LEAVES = "grid_bytes", "grid_leaves"  # the symbolic rows of the outputs sized at run time
-# the attribute luisaml/host_steps.py (DeviceBuilds) sets on a node it builds on the device as a network
-# of its own: the voxels (topology ops) or points (GridBatchFrom*) the network takes, at most
-CAPACITY = "voxel_capacity"
+CAPACITY = schema.CAPACITY  # (a node built on the device as a network of its own: its capacity)
 MAX_KEYS = 1 << 24  # voxel keys a device build holds (~76 int32 words each: 5 GB of scratch, below 2^31 words)
+
+
+def runtime_bundle(grids: int) -> list[tuple]:
+    """Operator.infer's types and shapes of the bundle of `grids` grids a device build writes (its
+    blob and leaf indices sized at run time)."""
+    return [(TensorProto.UINT8, (GRID_BYTES,)), (TensorProto.INT64, (grids,)), (TensorProto.DOUBLE, (grids, 3)),
+            (TensorProto.DOUBLE, (grids, 3)), (TensorProto.INT32, (GRID_LEAVES,)), (TensorProto.INT64, (grids + 1,)),
+            (TensorProto.INT32, (0,))]
 
 
 def _masks(node, mask, counts) -> list[np.ndarray]:
@@ -277,6 +283,8 @@ class DeviceGridBuild(GridOp):
     runtime_sized = (0, 4)  # grid_blob (bytes), leaf_batch_indices (leaves)
     counted = False  # the points are counted at run time (joffsets[B]; CAPACITY: at most that many)
     MAX_KEYS = MAX_KEYS
+    HEADER_WORDS = HEADER_SIZE // 4
+    ZERO_THREADS = 16384  # threads zeroing the blob, writing child masks (each every ZERO_THREADS-th word)
 
     @classmethod
     def keys_for(cls, op_type: str, attrs: dict, capacity: int) -> int:
@@ -288,8 +296,6 @@ class DeviceGridBuild(GridOp):
         # jdata, jidx: any number of points, with CAPACITY (the only way such an input reaches the node:
         # luisaml/host_steps.py takes one of dynamic size out of the model and builds it that way)
         return k in (0, 2)
-    HEADER_WORDS = HEADER_SIZE // 4
-    ZERO_THREADS = 16384  # threads zeroing the blob, writing child masks (each every ZERO_THREADS-th word)
 
     @classmethod
     def infer(cls, node, inputs):
@@ -299,10 +305,7 @@ class DeviceGridBuild(GridOp):
         offsets = inputs[1] if len(inputs) > 1 else None
         if offsets is None or offsets.shape is None or len(offsets.shape) != 1 or not isinstance(offsets.shape[0], int):
             return []
-        grids = int(offsets.shape[0]) - 1
-        return [(TensorProto.UINT8, (GRID_BYTES,)), (TensorProto.INT64, (grids,)), (TensorProto.DOUBLE, (grids, 3)),
-                (TensorProto.DOUBLE, (grids, 3)), (TensorProto.INT32, (GRID_LEAVES,)),
-                (TensorProto.INT64, (grids + 1,)), (TensorProto.INT32, (0,))]
+        return runtime_bundle(int(offsets.shape[0]) - 1)
 
     def check(self):
         n_in = len(self.inputs)
@@ -321,10 +324,9 @@ class DeviceGridBuild(GridOp):
         static = self.counted or getattr(jdata, "bound_rows", None) is None
         self.expect(jdata.rank == 2 and jdata.shape[1] == 3 and not jdata.batched and static,
                     f"{what}_jdata '{jdata.name}' must be [N, 3] with a static N, got {shape_str(jdata.shape)}")
-        if self.counted:
-            most = self.MAX_KEYS // (8 if self.node.op_type == "GridBatchFromNearestVoxelsToPoints" else 1)
-            self.expect(isinstance(capacity, int) and 1 <= capacity <= most,
-                        f"{CAPACITY} must be an integer in [1, {most}], got {capacity!r}")
+        if self.counted:  # (its upper bound: the voxel keys' below)
+            self.expect(isinstance(capacity, int) and capacity >= 1,
+                        f"{CAPACITY} must be a positive integer, got {capacity!r}")
         self.expect_dtype(joffsets, ("INT64",), f"{what}_joffsets")
         self.expect(joffsets.rank == 1 and 2 <= joffsets.shape[0] <= MAX_GRIDS_PER_BATCH + 1 and not joffsets.batched,
                     f"{what}_joffsets '{joffsets.name}' must be [B + 1] with 1 <= B <= {MAX_GRIDS_PER_BATCH}, got "
@@ -343,7 +345,7 @@ class DeviceGridBuild(GridOp):
                 raise self.error(str(e)) from None
         self.check_outputs()
         self.points = points
-        self.K = self.N * (8 if self.nearest else 1)  # voxel keys: 8 per point for the nearest voxels
+        self.K = self.keys_for(self.node.op_type, self.node.attrs, self.N)  # 8 a point for the nearest voxels
         self.expect(self.K <= self.MAX_KEYS, f"{self.K:,} voxel keys exceed the {self.MAX_KEYS:,} a device build "
                     "holds (its scratch is indexed with 32-bit integers)")
         self.S = _Scratch(self.K, self.B)

@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import TensorProto
 
 from luisaml import dtypes
 from luisaml.dynamic import Phase
@@ -34,8 +33,8 @@ from luisaml.registry import register
 from luisaml.shaders import grid_build as G
 
 from .common import META_FIELDS, GridOp as BundleOp, Meta, grid_metadata, voxel_of_index
-from .topology import (BUNDLE, CAPACITY, GRID_BYTES, GRID_LEAVES, TRANSFORM_WORDS, DeviceGridBuild,
-                       GridOp, _Scratch, grid_transforms)
+from .topology import (BUNDLE, CAPACITY, TRANSFORM_WORDS, DeviceGridBuild, GridOp, _Scratch, grid_transforms,
+                       runtime_bundle)
 
 OPS = ("CoarsenedGrid", "RefinedGrid", "DilatedGrid", "PrunedGrid", "ConvGrid", "ConvTransposeGrid")
 _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
@@ -130,10 +129,7 @@ class DeviceTopology(DeviceGridBuild):
         if CAPACITY not in node.attrs or offsets is None or offsets.shape is None or len(offsets.shape) != 1 \
                 or not isinstance(offsets.shape[0], int):
             return GridOp.infer.__func__(cls, node, inputs)  # folds (or stays untyped: the op's error)
-        grids = int(offsets.shape[0])
-        return [(TensorProto.UINT8, (GRID_BYTES,)), (TensorProto.INT64, (grids,)), (TensorProto.DOUBLE, (grids, 3)),
-                (TensorProto.DOUBLE, (grids, 3)), (TensorProto.INT32, (GRID_LEAVES,)),
-                (TensorProto.INT64, (grids + 1,)), (TensorProto.INT32, (0,))]
+        return runtime_bundle(int(offsets.shape[0]))
 
     @classmethod
     def keys_for(cls, op_type: str, attrs: dict, capacity: int) -> int:
@@ -157,15 +153,14 @@ class DeviceTopology(DeviceGridBuild):
             self.expect(self.mask.rank == 1 and not self.mask.batched,
                         f"mask '{self.mask.name}' must be [N] (one entry per voxel)")
         V = self.node.attrs[CAPACITY]
-        most = self.MAX_KEYS
-        self.expect(isinstance(V, int) and 1 <= V <= most, f"{CAPACITY} must be an integer in [1, {most}], got {V!r}")
+        self.expect(isinstance(V, int) and V >= 1, f"{CAPACITY} must be a positive integer, got {V!r}")
         try:
             self.cand = candidates(self.node.op_type, self.node.attrs)
         except ValueError as e:
             raise self.error(str(e)) from None
         self.V, self.N, self.K = V, V, V * self.cand.count
-        self.expect(self.K <= most, f"{V:,} voxels of {self.cand.count} candidates each exceed the {most:,} "
-                    "candidate voxels a device build holds")
+        self.expect(self.K <= self.MAX_KEYS, f"{V:,} voxels of {self.cand.count} candidates each exceed the "
+                    f"{self.MAX_KEYS:,} candidate voxels a device build holds")
         self.check_outputs()
         self.points = self.nearest = False
         self.S = _Scratch(self.K, self.B)
