@@ -14,7 +14,7 @@ from .cache import cache_dir, digest, import_module, templates_dir, write_module
 from .dtypes import DType
 from .errors import CompileError
 from .safe_source import check_source, comment_text
-from .storage import Local, Tensor, literal
+from .storage import Tensor, literal
 
 _ENV: jinja2.Environment | None = None
 
@@ -194,21 +194,10 @@ class KernelContext:
         self.line(f"{name} = {self.module.shared_type(dsl, n)}()")
         return name
 
-    def local_tensor(self, like: Tensor, prefix: str = "tmp") -> Tensor:
-        """Declare a local array shaped like `like` and return a Tensor stored in it."""
-        name = self.local_array(like.dtype.dsl, like.numel, prefix)
-        return Tensor(name, like.dtype, like.shape, like.batched, None, Local(name))
-
     def use_helper(self, name: str, module: str = "dsl_lib") -> str:
         """Import a DSL function from luisaml.shaders.<module> into the module; return its name."""
         self.module.helpers.setdefault(module, set()).add(name)
         return name
-
-    def pure_context(self) -> "KernelContext":
-        """Return a context sharing this one's module that builds expressions only."""
-        ctx = KernelContext(self.module, errors=None)
-        ctx.pure = True
-        return ctx
 
     def render(self, template: str, **values) -> None:
         """Render a template from shaders/ with `values` and emit it here."""

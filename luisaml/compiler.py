@@ -5,17 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import fusion
-from .emission import collect_oversized, emit_graph, generate, graph_scope  # noqa: F401  (operators emit subgraphs through these)
+from .emission import collect_oversized, generate
 from .dynamic import Readback, readback_of
 from .errors import CompileError
 from .limits import DEFAULT as DEFAULT_LIMITS
 from .limits import Limits
 from .log import phase
 from .mlp import MLPConfig
-from .lowering import (LOCAL_LIMIT, bind_derived, build_graph_code, check_sizes, io_spec,  # noqa: F401
-                       mark_accumulated, unsupported_nodes)
+from .lowering import bind_derived, build_graph_code, check_sizes, io_spec, mark_accumulated, unsupported_nodes
 from .passes import Prepared
-from .plan import Blob, IOSpec, Plan  # noqa: F401  (the plan's data, re-exported)
+from .plan import Blob, Plan
 from . import schedule as schedule_pass
 from .schedule import Schedule
 from . import voxel_rows

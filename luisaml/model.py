@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import onnx
@@ -29,14 +29,6 @@ class Variable:
     # Shape arithmetic whose value is known only up to symbols: a 1-D list of int | str.
     symbolic: list[Dim] | None = None
     elem_type: int = 0  # the ONNX element type, kept even when DType does not support it
-
-    @property
-    def is_constant(self) -> bool:
-        return self.value is not None
-
-    @property
-    def is_static(self) -> bool:
-        return self.shape is not None and all(isinstance(d, int) for d in self.shape)
 
     @property
     def numel(self) -> int:
@@ -124,17 +116,6 @@ class Model:
 
     def opset(self, domain: str) -> int:
         return self.opsets.get("" if domain == "ai.onnx" else domain, 0)
-
-    def all_nodes(self) -> Iterator[tuple[Graph, Node]]:
-        """Yield (graph, node) for the main graph and every subgraph, depth first."""
-        yield from _walk(self.graph)
-
-
-def _walk(graph: Graph) -> Iterator[tuple[Graph, Node]]:
-    for node in graph.nodes:
-        yield graph, node
-        for sub in subgraphs(node):
-            yield from _walk(sub)
 
 
 def subgraphs(node: Node) -> list[Graph]:

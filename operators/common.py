@@ -3,7 +3,7 @@ over coalesced loop nests, and the dtype arithmetic is done in."""
 from __future__ import annotations
 
 from luisaml import dtypes
-from luisaml.codegen import KernelContext, template_env
+from luisaml.codegen import KernelContext
 from luisaml.dtypes import DType
 from luisaml.indexing import broadcast_index
 from luisaml.storage import Tensor
@@ -68,6 +68,11 @@ def upcast(expr: str, dt: DType) -> str:
     return convert(expr, dt, compute_dtype(dt))
 
 
+def load_f(t: Tensor, i: str) -> str:
+    """Return the load of element i of t in its compute dtype (half widened to float)."""
+    return upcast(t.load(i), t.dtype)
+
+
 def coalesce(sizes, *strides) -> tuple[list[int], list[list[int]]]:
     """Return (sizes, strides per set) with size-1 dims dropped and neighbouring dims merged where
     every stride set walks them as one: fewer loops for the same element order."""
@@ -87,9 +92,10 @@ def coalesce(sizes, *strides) -> tuple[list[int], list[list[int]]]:
     return out_sizes, out_strides
 
 
-def loop_vars(ctx: KernelContext, sizes: list[int], prefix: str = "i") -> list[tuple[str, int]]:
-    """Return fresh (variable, size) pairs for a loop nest over sizes."""
-    return [(ctx.fresh(prefix), int(n)) for n in sizes]
+def loop_vars(ctx: KernelContext, sizes, prefix: str = "i", *, unit_zero: bool = False) -> list[tuple[str, int]]:
+    """Return fresh (variable, size) pairs for a loop nest over sizes; unit_zero: "0" instead of a
+    variable for a dimension of one (the window loops of convolutions and pools)."""
+    return [("0" if unit_zero and n <= 1 else ctx.fresh(prefix), int(n)) for n in sizes]
 
 
 def affine(base, loops: list[tuple[str, int]], strides: list[int]) -> str:
@@ -112,11 +118,6 @@ def emit_copy(ctx: KernelContext, sizes, dst_strides, dst_base, src_strides, src
         load=load,
         store=store,
     )
-
-
-def render_str(template: str, **values) -> str:
-    """Return a rendered template from shaders/ as a string (for bodies nested in another)."""
-    return template_env().get_template(template).render(**values)
 
 
 def reduction_loops(ctx: KernelContext, x: Tensor, axes: list[int]):

@@ -16,6 +16,8 @@ from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import Tensor
 
+from .common import load_f, loop_vars
+
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
 
@@ -90,12 +92,6 @@ def check_output(op: Operator, y: Tensor, expected: list[int], what: str = "Y") 
         raise op.error(f"output {what} '{y.name}' has shape {got}, but the attributes give {expected}{note}")
 
 
-def load_f(t: Tensor, i: str) -> str:
-    """Return the load of element i of t as a float (half is widened)."""
-    v = t.load(i)
-    return f"float({v})" if t.dtype.dsl == "half" else v
-
-
 def store_f(t: Tensor, i: str, value: str) -> str:
     """Return the store of a float value into element i of t (narrowed for half)."""
     return t.store(i, f"half({value})" if t.dtype.dsl == "half" else value)
@@ -110,11 +106,6 @@ def lin(terms: list[tuple[str, int]], const: int = 0) -> str:
     if e == "0":
         return f"({const})" if const < 0 else str(const)
     return f"{e} - {-const}" if const < 0 else f"{e} + {const}"
-
-
-def loop_vars(ctx, sizes, prefix: str) -> list[tuple[str, int]]:
-    """Return (var, n) per size: a fresh loop variable, or "0" for a dimension of one."""
-    return [(ctx.fresh(prefix) if n > 1 else "0", int(n)) for n in sizes]
 
 
 def bounds(var: str, lo_needed: bool, hi: int | None) -> list[str]:
@@ -193,7 +184,7 @@ class ConvBase(Operator):
         head = [f"{acc} = {load_f(self.input(2), m) if self.has_input(2) else '0.0'}"]
         c_var = ctx.fresh("c") if cg > 1 else "0"
         window = [{"var": c_var, "n": cg, "pre": [], "cond": None}]
-        kvars = loop_vars(ctx, self.kernel, "k")
+        kvars = loop_vars(ctx, self.kernel, "k", unit_zero=True)
         spatial_in = []
         for d, (kv, kn) in enumerate(kvars):
             pre, cond, coord = window_dims(ctx, d, ospat[d], kv)
@@ -209,7 +200,7 @@ class ConvBase(Operator):
     def emit(self, ctx, window_dims, x_coords, w_coords) -> None:
         """Render the loop nest: outer over Y, window over (channel in group, kernel dims)."""
         y = self.output()
-        outer = loop_vars(ctx, y.shape, "o")
+        outer = loop_vars(ctx, y.shape, "o", unit_zero=True)
         head, window, body, acc = self.window_code(ctx, [v for v, _ in outer], window_dims, x_coords, w_coords)
         tail = [store_f(y, ix.ravel([v for v, _ in outer], y.strides), acc)]
         ctx.render("conv.py.j2", outer=outer, head=head, window=window, body=body, tail=tail)

@@ -19,7 +19,8 @@ from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import Tensor, literal, row_major_strides
 
-from .conv import expect_float, load_f, store_f
+from .common import load_f
+from .conv import expect_float, store_f
 
 
 def _merge(sizes: list[int], strides: list[int]) -> tuple[list[int], list[int]]:

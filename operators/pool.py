@@ -8,15 +8,13 @@ from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import row_major_strides
 
-from .common import max_fn
+from .common import load_f, loop_vars, max_fn
 from .conv import (
     Geometry,
     bounds,
     check_output,
     expect_float,
     lin,
-    load_f,
-    loop_vars,
     store_f,
     window_geometry,
 )
@@ -60,7 +58,7 @@ class Pool(Operator):
         the window runs and the returned conditions say which are inside."""
         g, x = self.geo, self.input(0)
         levels, coords, inside = [], [], []
-        for d, (kv, kn) in enumerate(loop_vars(ctx, g.kernel, "k")):
+        for d, (kv, kn) in enumerate(loop_vars(ctx, g.kernel, "k", unit_zero=True)):
             iv = ctx.fresh("ix")
             pre = [f"{iv} = {lin([(ospat[d], g.strides[d]), (kv, g.dilations[d])], -g.pads_begin[d])}"]
             size = x.shape[2 + d]
@@ -82,7 +80,7 @@ class Pool(Operator):
         return [f"half({value})" if y.dtype.dsl == "half" else value] + self.extra_values()
 
     def forward(self, ctx) -> None:
-        outer = loop_vars(ctx, self.output().shape, "o")
+        outer = loop_vars(ctx, self.output().shape, "o", unit_zero=True)
         self.emit(ctx, outer, [v for v, _ in outer], store=True)
 
     def coords(self, ctx, i: str) -> list[str]:

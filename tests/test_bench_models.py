@@ -28,7 +28,7 @@ def test_bench_models_quick(tmp_path):
 
 @pytest.mark.slow  # a fresh process with torch and a kernel build
 def test_profile_stages_prints_each_stage_with_its_rate():
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "profile_stages.py"), "--model", "small cnn",
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "experiments" / "profile_stages.py"), "--model", "small cnn",
                           "--batch", "32", "--top", "3"], check=False, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     lines = [ln for ln in out.stdout.splitlines() if " TFLOP/s  stage " in ln]

@@ -1,6 +1,4 @@
 """Embedding: a user kernel declares the network's arrays, calls `forward`, and gets net.run's numbers."""
-import os
-import sys
 
 import luisa
 import numpy as np
@@ -8,7 +6,6 @@ import torch
 
 import luisaml
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 
 
 def test_example_user_kernel_equals_net_run(tmp_path):

@@ -201,11 +201,6 @@ class GridLimitError(NanoVDBError, LimitError):
     either `except` catches it."""
 
 
-def align_up(n: int, alignment: int = DATA_ALIGNMENT) -> int:
-    """Return n rounded up to a multiple of alignment."""
-    return (n + alignment - 1) // alignment * alignment
-
-
 def magic_name(magic: int) -> str:
     """Return the 8 magic bytes as printable text (non-printable bytes escaped)."""
     raw = int(magic).to_bytes(8, "little")

@@ -126,10 +126,15 @@ class SparseConvKernelMap(GridOp):
         if "output_voxels" not in attrs and offsets is not None and offsets.value is not None and offsets.value.size:
             attrs["output_voxels"] = int(np.asarray(offsets.value).reshape(-1)[-1])
         try:
-            elem, dims = schema.kernel_map_rule(list(inputs), attrs)
+            elem, dims = cls.shape_rule(node, list(inputs), attrs)
         except ValueError as e:
             raise CompileError(f"{node.describe()}: {e}") from None
         return [(elem, None if dims is None else tuple(dims))]
+
+    @classmethod
+    def shape_rule(cls, node, inputs: list, attrs: dict):
+        """Return (elem_type, dims) of the map by its schema's rule (a pooling map has its own)."""
+        return schema.kernel_map_rule(inputs, attrs)
 
     @classmethod
     def geometry(cls, node) -> ConvGeometry:

@@ -41,19 +41,8 @@ class _MapBase(SparseConvKernelMap):
     """A map of a grid pair with SparseConvKernelMap's inputs, device kernel and fold."""
 
     @classmethod
-    def infer(cls, node, inputs):
-        rows = cls.batch_rows(node)
-        if rows is not None:
-            return rows
-        attrs = dict(node.attrs)
-        offsets = inputs[OUT + 5] if len(inputs) > OUT + 5 else None
-        if "output_voxels" not in attrs and offsets is not None and offsets.value is not None and offsets.value.size:
-            attrs["output_voxels"] = int(np.asarray(offsets.value).reshape(-1)[-1])
-        try:
-            elem, dims = schema.pool_map_rule(node.op_type, list(inputs), attrs)
-        except ValueError as e:
-            raise CompileError(f"{node.describe()}: {e}") from None
-        return [(elem, None if dims is None else tuple(dims))]
+    def shape_rule(cls, node, inputs: list, attrs: dict):
+        return schema.pool_map_rule(node.op_type, inputs, attrs)
 
 
 @register(schema.POOL_MAP, domain="fvdb", since=1)

@@ -1,17 +1,14 @@
 """luisaml.onnx_backend on its own (fast): the onnx backend API, input order, models compiled per
 input shape, and inputs compiled in as constants when an operator needs their values."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import rand, single_node_model, value_info  # noqa: E402
+from util import rand, single_node_model, value_info
 
-from luisaml import onnx_backend  # noqa: E402
-from luisaml.onnx_backend import LuisaBackend  # noqa: E402
+from luisaml import onnx_backend
+from luisaml.onnx_backend import LuisaBackend
 
 
 def test_supports_cpu_only():

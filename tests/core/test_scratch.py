@@ -3,7 +3,7 @@ import numpy as np
 import torch
 
 import luisaml
-from luisaml.compiler import LOCAL_LIMIT
+from luisaml.lowering import LOCAL_LIMIT
 
 
 def test_wide_mlp_uses_scratch_and_matches_torch(tmp_path):

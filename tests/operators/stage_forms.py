@@ -2,15 +2,12 @@
 work item) and match onnxruntime at several batch sizes."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import ort_run, stage_of  # noqa: E402
+from util import ort_run, stage_of
 
-import luisaml  # noqa: E402
+import luisaml
 
 
 def assert_stage_forms(model, feeds_at, nodes, sizes=(2, 5), rtol=1e-5, atol=1e-6, **compile_kw):

@@ -4,18 +4,15 @@ every rank, the past/present cache, qk_matmul_output in its four modes, nonpad_k
 sliding windows, half, and per-sample execution. Where onnxruntime does not implement what the
 specification says (a mask shorter than the keys, present outputs without a past cache), the
 ONNX reference implementation is the reference."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, ort_run, rand, value_info  # noqa: E402
+from util import assert_matches_ort, graph_model, ort_run, rand, value_info
 
-import luisaml  # noqa: E402
+import luisaml
 
 INPUTS = ["Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen"]
 

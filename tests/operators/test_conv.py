@@ -2,18 +2,15 @@
 pads, strides, every auto_pad, output_padding and output_shape, bias or none, weights as inputs
 and in the weight blob, half, and per-sample (batch) execution. Each test compiles one model of
 several nodes, so one kernel checks many configurations."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, rand, single_node_model, value_info  # noqa: E402
+from util import assert_matches_ort, rand, single_node_model, value_info
 
-import luisaml  # noqa: E402
+import luisaml
 
 F32 = {"rtol": 1e-5, "atol": 1e-5}
 

@@ -1,16 +1,13 @@
 """Einsum and Det against onnxruntime (Einsum also against numpy for what onnxruntime rejects)."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, rand  # noqa: E402
-from stage_forms import assert_per_batch, assert_stage_forms  # noqa: E402
+from util import assert_matches_ort, graph_model, rand
+from stage_forms import assert_per_batch, assert_stage_forms
 
-import luisaml  # noqa: E402
+import luisaml
 
 # (equation, operand shapes)
 EQUATIONS = [

@@ -1,15 +1,12 @@
 """Elementwise operators against onnxruntime: each model holds one node per shape, so one kernel
 checks an op on several shapes (and broadcasts) at once."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, ort_run, per_shape_model, rand, single_node_model  # noqa: E402
+from util import assert_matches_ort, graph_model, ort_run, per_shape_model, rand, single_node_model
 
-import luisaml  # noqa: E402
+import luisaml
 
 SHAPES = [(7,), (3, 4), (2, 3, 5)]
 

@@ -1,16 +1,13 @@
 """The second round of elementwise operators against onnxruntime (and numpy where onnxruntime has
 no kernel): trigonometry, activations, float Mod, Round, Sign, PRelu, IsNaN/IsInf, bitwise ops."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, ort_run, per_shape_model, rand  # noqa: E402
+from util import assert_matches_ort, graph_model, ort_run, per_shape_model, rand
 
-import luisaml  # noqa: E402
+import luisaml
 
 SHAPES = [(7,), (3, 4), (2, 3, 5)]
 

@@ -1,16 +1,13 @@
 """Gemm and MatMul against onnxruntime: transposes, alpha/beta, every C broadcast, batch
 broadcasting, 1-D operands, half and integers, and an MLP run per sample."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, ort_run, rand, single_node_model  # noqa: E402
+from util import assert_matches_ort, graph_model, ort_run, rand, single_node_model
 
-import luisaml  # noqa: E402
+import luisaml
 
 M, K, N = 3, 5, 4
 

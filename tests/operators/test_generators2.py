@@ -1,17 +1,14 @@
 """AffineGrid against onnxruntime; the window functions, SwiGLU and TensorScatter against numpy and
 ONNX's reference (onnxruntime has no kernels for the newest of them)."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, rand  # noqa: E402
+from util import assert_matches_ort, graph_model, rand
 
-import luisaml  # noqa: E402
+import luisaml
 
 I64 = np.int64
 

@@ -1,16 +1,13 @@
 """GridSample against onnxruntime: every mode, padding mode and align_corners, 4-d and 5-d inputs,
 grids reaching past the borders."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, rand  # noqa: E402
+from util import assert_matches_ort, graph_model, rand
 
-import luisaml  # noqa: E402
+import luisaml
 
 
 @pytest.mark.parametrize("mode", ["linear", "nearest", "cubic"])

@@ -1,15 +1,12 @@
 """NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss against onnxruntime: every reduction,
 with and without weights and ignore_index, 2-d and 4-d scores."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, rand  # noqa: E402
-from stage_forms import assert_per_batch, assert_stage_forms  # noqa: E402
+from util import assert_matches_ort, graph_model, rand
+from stage_forms import assert_per_batch, assert_stage_forms
 
 I64 = np.int64
 

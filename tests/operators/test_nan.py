@@ -7,17 +7,14 @@ Where onnxruntime's answer depends on where a NaN falls among its vector lanes (
 Hardmax, MaxPool: its vectorised max keeps or drops a NaN by position), luisaml follows numpy
 (a NaN in the window or line gives NaN), and the tests compare with onnxruntime on inputs where
 its answer is consistent (±inf anywhere, lines all NaN) and with numpy on the others."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import graph_model, ort_run  # noqa: E402
+from util import graph_model, ort_run
 
-import luisaml  # noqa: E402
+import luisaml
 
 NAN, INF = np.nan, np.inf
 F16 = np.float16

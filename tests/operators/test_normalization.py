@@ -4,19 +4,16 @@ InvStdDev outputs, broadcast Scale/B), GroupNormalization (opset 18 and 21), RMS
 LpNormalization, MeanVarianceNormalization, LRN; half inputs; per-sample execution; the parallel
 stages each one runs in (a work item per group, a thread per element for LRN, BatchNormalization
 inline or fused after a Conv); and the per-batch compile of a normalization across the batch axis."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_conv import model  # noqa: E402
-from test_reduce import assert_compiles_per_batch, assert_runs_in_parallel  # noqa: E402
-from util import assert_matches_ort, ort_run, rand, stage_of  # noqa: E402
+from test_conv import model
+from test_reduce import assert_compiles_per_batch, assert_runs_in_parallel
+from util import assert_matches_ort, ort_run, rand, stage_of
 
-import luisaml  # noqa: E402
+import luisaml
 
 F32 = {"rtol": 1e-5, "atol": 1e-5}
 

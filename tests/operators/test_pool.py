@@ -2,19 +2,16 @@
 data: 1-D, 2-D, 3-D, pads, strides, dilations, ceil_mode, count_include_pad, every auto_pad, half,
 per-sample (batch) execution and the parallel stages each pool runs in. Most tests compile one
 model of several nodes."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_conv import model  # noqa: E402
-from test_reduce import assert_compiles_per_batch, assert_runs_in_parallel  # noqa: E402
-from util import assert_matches_ort, rand, single_node_model, stage_of  # noqa: E402
+from test_conv import model
+from test_reduce import assert_compiles_per_batch, assert_runs_in_parallel
+from util import assert_matches_ort, rand, single_node_model, stage_of
 
-import luisaml  # noqa: E402
+import luisaml
 
 F32 = {"rtol": 1e-5, "atol": 1e-6}
 

@@ -1,17 +1,14 @@
 """Reductions and ArgMax/ArgMin against onnxruntime: axes as attribute (opset 13) and as input
 (opset 18, ReduceSum 13), keepdims, noop_with_empty_axes, negative axes, float/half/int, the
 batch rules, and the parallel stages they run in (with CumSum and Hardmax)."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, ort_run, rand, single_node_model, stage_of  # noqa: E402
+from util import assert_matches_ort, graph_model, ort_run, rand, single_node_model, stage_of
 
-import luisaml  # noqa: E402
+import luisaml
 
 # (axes or None, keepdims); None: every axis
 AXES = [([1], 1), ([-1], 0), ([0, 2], 1), ([2, 0], 0), (None, 0), (None, 1), ([0, 1, 2], 1)]

@@ -1,18 +1,15 @@
 """Resize and Upsample against onnxruntime: every mode with every coordinate transform, nearest
 rounding modes, cubic parameters, antialiasing, axes, keep_aspect_ratio_policy, crop-and-resize
 with extrapolation, sizes, float16 and integers; several nodes per model (one kernel)."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, rand, stage_of  # noqa: E402
-from stage_forms import assert_per_batch, assert_stage_forms  # noqa: E402
+from util import assert_matches_ort, graph_model, rand, stage_of
+from stage_forms import assert_per_batch, assert_stage_forms
 
-import luisaml  # noqa: E402
+import luisaml
 
 F32 = np.float32
 TRANSFORMS = ["half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel", "half_pixel_symmetric"]

@@ -2,17 +2,14 @@
 sequence_lens and initial states, peepholes, clip, input_forget, linear_before_reset, every
 activation with alpha/beta, half, opset 7, layout 1 (onnxruntime has only layout 0: its
 reference is the layout-0 model on transposed data) and per-sample execution with layout 1."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, ort_run, rand, value_info  # noqa: E402
+from util import assert_matches_ort, graph_model, ort_run, rand, value_info
 
-import luisaml  # noqa: E402
+import luisaml
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 ROLES = ["X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"]

@@ -1,15 +1,12 @@
 """CumSum, CumProd, Hardmax and TopK against onnxruntime (CumProd, opset 26, against numpy)."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, rand  # noqa: E402
+from util import assert_matches_ort, graph_model, rand
 
-import luisaml  # noqa: E402
+import luisaml
 
 I64 = np.int64
 

@@ -1,16 +1,13 @@
 """ScatterElements, ScatterND and Scatter against onnxruntime: every reduction, duplicate and
 negative indices, constant and runtime indices, several dtypes, batch mode."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, rand  # noqa: E402
+from util import assert_matches_ort, graph_model, rand
 
-import luisaml  # noqa: E402
+import luisaml
 
 I64 = np.int64
 

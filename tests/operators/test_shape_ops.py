@@ -1,18 +1,15 @@
 """Shape and indexing operators against onnxruntime: Transpose, Slice, Concat, Split, Gather,
 the views (Reshape/Flatten/Squeeze/Unsqueeze), Expand, Shape, Constant, ConstantOfShape; and the
 per-sample (batch) rules for them."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, rand, single_node_model, stage_of  # noqa: E402
-from stage_forms import assert_per_batch, assert_stage_forms  # noqa: E402
+from util import assert_matches_ort, graph_model, rand, single_node_model, stage_of
+from stage_forms import assert_per_batch, assert_stage_forms
 
-import luisaml  # noqa: E402
+import luisaml
 
 I64 = np.int64
 

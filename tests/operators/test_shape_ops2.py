@@ -1,17 +1,14 @@
 """Pad, CenterCropPad, Tile, DepthToSpace, SpaceToDepth, Trilu and Size against onnxruntime (and
 ONNX's reference where onnxruntime rejects a case), several nodes per model."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, rand, single_node_model, stage_of  # noqa: E402
-from stage_forms import assert_per_batch, assert_stage_forms  # noqa: E402
+from util import assert_matches_ort, graph_model, rand, single_node_model, stage_of
+from stage_forms import assert_per_batch, assert_stage_forms
 
-import luisaml  # noqa: E402
+import luisaml
 
 I64 = np.int64
 

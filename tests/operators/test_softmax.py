@@ -1,16 +1,13 @@
 """Softmax and LogSoftmax against onnxruntime: every axis (opset 13), the 2-D coercion of opset
 11, large inputs (the maximum is subtracted), half, per-sample execution, one work item per row in
 a stage, and the per-batch compile of a softmax over the batch axis."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_reduce import assert_compiles_per_batch, assert_runs_in_parallel  # noqa: E402
-from util import assert_matches_ort, graph_model, rand, single_node_model, stage_of  # noqa: E402
+from test_reduce import assert_compiles_per_batch, assert_runs_in_parallel
+from util import assert_matches_ort, graph_model, rand, single_node_model, stage_of
 
 
 

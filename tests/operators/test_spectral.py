@@ -1,16 +1,13 @@
 """DFT and STFT against numpy's FFTs (onnxruntime runs DFT-20 too: checked as well)."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, rand, stage_of  # noqa: E402
-from stage_forms import assert_stage_forms  # noqa: E402
+from util import assert_matches_ort, graph_model, rand, stage_of
+from stage_forms import assert_stage_forms
 
-import luisaml  # noqa: E402
+import luisaml
 
 I64 = np.int64
 

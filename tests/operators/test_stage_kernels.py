@@ -2,14 +2,11 @@
 constant weights) against onnxruntime: odd shapes, column and channel tails, rows that do not
 divide, groups, strides, dilations, padding (a strip's masked border path), weights as graph inputs
 (not prepacked), half, integers; and that each node runs in an items stage."""
-import sys
-from pathlib import Path
 
 import numpy as np
 from onnx import helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import assert_matches_ort, graph_model, rand, stage_of  # noqa: E402
+from util import assert_matches_ort, graph_model, rand, stage_of
 
 F32 = {"rtol": 1e-5, "atol": 1e-5}
 

@@ -1,16 +1,13 @@
 """TopK in parallel stages against onnxruntime: one work item per line (both outputs), batched,
 and the per-batch compile of a TopK along the batch axis. (Its semantics on every axis, k and dtype
 are tested in test_scan_ops.py, NaN in test_nan.py.)"""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_reduce import assert_compiles_per_batch, assert_runs_in_parallel  # noqa: E402
-from util import graph_model, rand, single_node_model, stage_of  # noqa: E402
+from test_reduce import assert_compiles_per_batch, assert_runs_in_parallel
+from util import graph_model, rand, single_node_model, stage_of
 
 TOPK = [  # (axis, k, largest, the graph outputs)
     (-1, 3, 1, ["v", "i"]),

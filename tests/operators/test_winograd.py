@@ -7,19 +7,16 @@ nodes take it. The transforms are also checked against a float64 direct convolut
 The form rounds more than the direct sum (its transforms' coefficients reach 8 for F(4x4)): the
 tolerance is the error measured in float32 numpy for these shapes, ~2e-6 of the output's largest
 value per layer for m = 4 (tests of the direct form keep 1e-5 / 1e-6)."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import ort_run  # noqa: E402
+from util import ort_run
 
-import luisaml  # noqa: E402
-from luisaml.operators import winograd  # noqa: E402
-from luisaml.runtime import analyze  # noqa: E402
+import luisaml
+from luisaml.operators import winograd
+from luisaml.runtime import analyze
 
 TOL = {2: 1e-5, 4: 3e-5}  # of max |y|: float32 rounding of the transforms, with margin
 

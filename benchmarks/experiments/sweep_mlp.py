@@ -4,7 +4,7 @@ Compiles each model under several plan overrides (luisaml.MLPConfig: T samples p
 per block, U host-unrolled k-steps, blocks per SM, weights placement, float4 accumulators, input
 prefetch, operands a k step ahead), checks each against torch fp32, and times it the same way
 bench_mlp.py does.
-    python benchmarks/sweep_mlp.py [--models 32-32x3-4 ...] [--out sweep.json]"""
+    python benchmarks/experiments/sweep_mlp.py [--models 32-32x3-4 ...] [--out sweep.json]"""
 from __future__ import annotations
 
 import argparse
@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for its bench modules
 import bench_mlp as B
 
 def _variants():

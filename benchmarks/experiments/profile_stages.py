@@ -1,7 +1,7 @@
 """Per-stage device time and achieved TFLOP/s of one benchmark model (bench_models.py's specs): which
 stages to work on.
 
-    python benchmarks/profile_stages.py --model resnet-18 [--batch 32] [--top 15]
+    python benchmarks/experiments/profile_stages.py --model resnet-18 [--batch 32] [--top 15]
 
 Each stage is launched on its own and synchronised (CompiledNetwork.profile), so a stage's time
 includes one launch's overhead (a few microseconds); the sum is above the one-command-list forward
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for its bench modules
 import bench_models  # noqa: E402
 
 

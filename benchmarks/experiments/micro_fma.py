@@ -1,6 +1,6 @@
 """FMA throughput of the arithmetic the DSL can express (float, half, half2), to decide whether an
 fp16 mode with half arithmetic can pay: LuisaCompute's half2 fma is two scalar __hfma calls, and
-only a packed HFMA2 would double the float rate. python benchmarks/micro_fma.py (CUDA)."""
+only a packed HFMA2 would double the float rate. python benchmarks/experiments/micro_fma.py (CUDA)."""
 from __future__ import annotations
 
 import json

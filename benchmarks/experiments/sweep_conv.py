@@ -6,7 +6,7 @@ in its place: the Winograd product's for the stride-1 3x3 layers, Conv's own for
 variant is checked against torch first, then each stage is timed on its own (CompiledNetwork.profile:
 launch and synchronise, the median of 15), so a stage's time includes one launch's overhead.
 
-    python benchmarks/sweep_conv.py [--shapes l1 s2a ...] [--out results/conv-tilings-h200.json]
+    python benchmarks/experiments/sweep_conv.py [--shapes l1 s2a ...] [--out results/conv-tilings-h200.json]
 
 The overrides replace `block_tiling` in this process only; the library's choice is tiled.choose."""
 from __future__ import annotations

@@ -5,7 +5,7 @@ the stage before (a rotation by a block and a bit), so a barrier that lets a blo
 a write another block cannot see yet, gives a wrong sum. LuisaCompute exposes atomics and block
 barriers but no memory fence, so the barrier must prove itself before its time means anything.
 
-    python benchmarks/micro_grid_barrier.py [--n 1048576] [--stages 16] [--reps 50]
+    python benchmarks/experiments/micro_grid_barrier.py [--n 1048576] [--stages 16] [--reps 50]
 
 Prints JSON: the stress result (mismatches over runs) and the device time per forward of both
 (CUDA only: the CPU backend cannot compile sync_block)."""

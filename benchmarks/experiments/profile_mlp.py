@@ -1,6 +1,6 @@
 """Run one fused MLP kernel a few times, for a profiler (ncu) and for dumping its CUDA source/PTX.
 
-    python benchmarks/profile_mlp.py --model 32-64x3-4 [--batch N] [--precision fp32] [--launches 3]
+    python benchmarks/experiments/profile_mlp.py --model 32-64x3-4 [--batch N] [--precision fp32] [--launches 3]
 
 --variant picks one of sweep_mlp.py's plan overrides (luisaml.MLPConfig). Prints the plan, the
 relative error against torch fp32 and the host wall time of each launch."""
@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for its bench modules
 import bench_mlp as B
 
 
