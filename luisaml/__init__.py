@@ -17,7 +17,7 @@ from .session import InferenceSession, NodeArg
 
 if TYPE_CHECKING:
     from .instance import NetworkInstance
-    from .mlp import MLPConfig
+    from .operators.mlp import MLPConfig
     from .operator import Operator
     from .registry import register
     from .runtime import CompileOptions, compile

@@ -3,8 +3,11 @@ shaders/, and the generated module written to a content-hashed file and imported
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
-from typing import Iterator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Iterator
 
 import jinja2
 
@@ -14,7 +17,7 @@ from .cache import cache_dir, digest, import_module, templates_dir, write_module
 from .dtypes import DType
 from .errors import CompileError
 from .safe_source import check_source, comment_text
-from .storage import Tensor, literal
+from .storage import Storage, Tensor, literal
 
 _ENV: jinja2.Environment | None = None
 
@@ -99,11 +102,24 @@ class KernelContext:
     n_samples: str | None = None
     at_sample = None
 
-    def __init__(self, module: Module, indent: int = 1, errors: str | None = None) -> None:
+    def __init__(self, module: Module, indent: int = 1, errors: str | None = None,
+                 subgraph_scope: Callable | None = None) -> None:
         self.module = module
         self.out: list[str] = []
         self.level = indent
         self.errors = errors
+        # (ctx, code, io_storage) -> a context manager emitting a subgraph (emission.graph_scope, which
+        # the kernels' contexts are given): how If, Loop and Scan emit their bodies without importing
+        # the layer above them
+        self._subgraph_scope = subgraph_scope
+
+    def emit_subgraph(self, code, io_storage: dict | None = None):
+        """Return a context manager that emits a subgraph's nodes here (code: a compiled subgraph,
+        luisaml.plan.GraphCode; io_storage: its inputs' storage by name) and keeps its bindings
+        active for the caller's block (a Loop copies its body's outputs after the body)."""
+        if self._subgraph_scope is None:
+            raise CompileError("internal error: a subgraph emitted through a context that cannot emit one")
+        return self._subgraph_scope(self, code, io_storage or {})
 
     # ---- lines ---------------------------------------------------------------------------
     def line(self, text: str) -> None:
@@ -202,6 +218,54 @@ class KernelContext:
     def render(self, template: str, **values) -> None:
         """Render a template from shaders/ with `values` and emit it here."""
         self.lines(template_env().get_template(template).render(ctx=self, **values))
+
+
+# ---- inline expressions ------------------------------------------------------------------------
+
+
+# An inline expression longer than this is materialised instead. The schedule's budget counts
+# nodes, but index arithmetic repeats the reader's index once per coordinate it unravels, so a
+# chain of remaps (Concat of Concats, Transpose after Slice ...) grows geometrically in text: 20 MB
+# of source for six nested Concats before this check. Typical inline expressions are under 1,000.
+INLINE_CHARS = 4096
+
+_oversized: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("oversized", default=None)
+
+
+@contextlib.contextmanager
+def collect_oversized() -> Iterator[set[str]]:
+    """Within the block, an inline tensor whose expression (or the index it is read at) would pass
+    INLINE_CHARS is recorded in the yielded set and read as 0, so the emission finishes quickly;
+    the compiler schedules again with those tensors materialised (compiler.build_plan)."""
+    found: set[str] = set()
+    token = _oversized.set(found)
+    try:
+        yield found
+    finally:
+        _oversized.reset(token)
+
+
+@dataclass
+class Inline(Storage):
+    """A tensor computed where it is read: its producer's element() as an expression (schedule.py:
+    an inline node's output needs no buffer)."""
+
+    op: Any  # luisaml.operator.Operator (a layer above this module)
+    k: int
+    module: Module
+
+    def load(self, i: str) -> str:
+        found = _oversized.get()
+        if found is not None and len(i) > INLINE_CHARS // 2:
+            found.add(self.op.outputs[self.k].name)
+            return "0"
+        ctx = KernelContext(self.module)
+        ctx.pure = True
+        expr = f"({self.op.element(ctx, i, self.k)})"
+        if found is not None and len(expr) > INLINE_CHARS:
+            found.add(self.op.outputs[self.k].name)
+            return "0"
+        return expr
 
 
 # ---- the module file ---------------------------------------------------------------------------

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import fusion
-from .emission import collect_oversized, generate
+from .codegen import collect_oversized
+from .emission import generate
 from .dynamic import Readback, readback_of
 from .errors import CompileError
 from .limits import DEFAULT as DEFAULT_LIMITS
 from .limits import Limits
 from .log import phase
-from .mlp import MLPConfig
+from .operators.mlp import MLPConfig
+from .rewrites import mlp as mlp_rewrite
+from .rewrites import winograd as winograd_rewrite
 from .lowering import bind_derived, build_graph_code, check_sizes, io_spec, mark_accumulated, unsupported_nodes
 from .passes import Prepared
 from .plan import Blob, Plan
@@ -27,12 +29,12 @@ def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", pre
                winograd: int = 0, on_schedule: Callable[[Schedule], None] | None = None) -> Plan:
     """Return the full compile plan of a prepared model, generated source included.
 
-    fuse: "off", "gpu" or "emulated" (luisaml/fusion.py: a recognised MLP gets the cooperative
+    fuse: "off", "gpu" or "emulated" (luisaml/rewrites/mlp.py: a recognised MLP gets the cooperative
     batch kernel); precision: "fp32", or "fp16" (half inputs and outputs; needs the fused kernel);
     limits: size limits (luisaml.Limits); check_indices: run-time gather/scatter indices flag an
     error the runtime raises (False: they are clamped without a word); schedule: "stages" (the
     graph as parallel stages, schedule.py) or "per-sample" (one kernel, a thread per sample); mlp:
-    the fused MLP kernel's knobs (luisaml.mlp.MLPConfig; None: chosen per shape); merge_stages:
+    the fused MLP kernel's knobs (luisaml.operators.mlp.MLPConfig; None: chosen per shape); merge_stages:
     one kernel for every stage (a stage index picks the body) rather than a kernel each; blocks:
     large GEMMs and convolutions run as cooperative blocks through shared memory (CUDA only:
     operators/tiled.py); winograd: the tile m of 3x3 stride-1 convolutions as Winograd F(m x m, 3 x 3)
@@ -61,10 +63,8 @@ def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", pre
     bind_derived(plan)
     plan.voxel_rows = voxel_rows.find(plan)
     if winograd and schedule == "stages":
-        from .operators import winograd as winograd_form
-
-        plan.winograd = winograd_form.rewrite(plan, winograd)
-    plan.fused, plan.fusion_note = fusion.fuse(plan, fuse, precision, mlp)
+        plan.winograd = winograd_rewrite.rewrite(plan, winograd)
+    plan.fused, plan.fusion_note = mlp_rewrite.fuse(plan, fuse, precision, mlp)
     if schedule != "stages":
         with phase("codegen"):
             plan.source = generate(plan, model_name)

@@ -5,14 +5,12 @@ emitted into `forward` and into the kernels without one emission seeing the othe
 from __future__ import annotations
 
 import contextlib
-import contextvars
 from dataclasses import dataclass
 from typing import Iterator
 
 from . import indexing as ix
-from .codegen import KernelContext, Module, render_module
+from .codegen import Inline, KernelContext, Module, render_module
 from .errors import CompileError
-from .mlp import TILE_COUNTER
 from .model import Node
 from .operator import Operator
 from .plan import GraphCode, IOSpec, Plan, scratch_layout
@@ -98,17 +96,17 @@ def generate(plan: Plan, model_name: str) -> str:
                     "buffers, writes its outputs.", emit_batch_kernel(plan, module))]
     else:
         kernels = []
-        fused = any(st.domain == "fused" for st in plan.schedule.stages)
+        counters = plan.schedule.counters
         batch_param = ["n: int"] if plan.schedule.takes_batch else []
         for st in plan.schedule.stages:
             params = kernel_params(plan)
-            if st.domain == "fused":  # the fused MLP's cooperative kernel (luisaml/mlp.py)
+            if st.domain == "fused":  # a kernel of its own (Operator.own_kernel: the fused MLP's)
                 op = st.root[1]
                 body, decls = op.emit_kernel(module, _io_ident(plan, op.inputs[0]), _io_ident(plan, op.outputs[0]), "n")
                 type_decls += decls
             else:
                 body = emit_stage(plan, st, module)
-            params = params + ([TILE_COUNTER] if fused else []) + batch_param
+            params = params + counters + batch_param
             kernels.append((f"stage_{st.index}", params, st.describe(), body))
         if plan.merged_stages and kernels:
             kernels = [_merged(kernels)]
@@ -214,7 +212,7 @@ def buffer_ident(slot) -> str:
 
 def emit_forward(plan: Plan, module: Module) -> tuple[KernelContext, list[str]]:
     """Emit `forward`: per-sample inputs and outputs are arrays, shared inputs are buffers."""
-    fwd = KernelContext(module)
+    fwd = KernelContext(module, subgraph_scope=graph_scope)
     fwd_io: dict[str, Storage] = {}
     fwd_params = []
     symbol = plan.symbol
@@ -281,7 +279,8 @@ def _io_bindings(plan: Plan, shared_out: bool, sample: str = "sample") -> tuple[
 
 def emit_batch_kernel(plan: Plan, module: Module) -> str:
     """Return the body of the per-sample kernel: the whole graph, one thread per sample."""
-    ker = KernelContext(module, errors=KernelContext.ERRORS if plan.check_indices else None)
+    ker = KernelContext(module, errors=KernelContext.ERRORS if plan.check_indices else None,
+                        subgraph_scope=graph_scope)
     ker.line("sample = int(dispatch_id().x)")
     if plan.scratch:
         ker.line("scratch_region = sample")
@@ -301,51 +300,6 @@ def emit_batch_kernel(plan: Plan, module: Module) -> str:
 
 
 # ---- stages --------------------------------------------------------------------------------------
-
-
-# An inline expression longer than this is materialised instead. The schedule's budget counts
-# nodes, but index arithmetic repeats the reader's index once per coordinate it unravels, so a
-# chain of remaps (Concat of Concats, Transpose after Slice ...) grows geometrically in text: 20 MB
-# of source for six nested Concats before this check. Typical inline expressions are under 1,000.
-INLINE_CHARS = 4096
-
-_oversized: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("oversized", default=None)
-
-
-@contextlib.contextmanager
-def collect_oversized() -> Iterator[set[str]]:
-    """Within the block, an inline tensor whose expression (or the index it is read at) would pass
-    INLINE_CHARS is recorded in the yielded set and read as 0, so the emission finishes quickly;
-    the compiler schedules again with those tensors materialised (compiler.build_plan)."""
-    found: set[str] = set()
-    token = _oversized.set(found)
-    try:
-        yield found
-    finally:
-        _oversized.reset(token)
-
-
-@dataclass
-class Inline(Storage):
-    """A tensor computed where it is read: its producer's element() as an expression (schedule.py:
-    an inline node's output needs no buffer)."""
-
-    op: Operator
-    k: int
-    module: Module
-
-    def load(self, i: str) -> str:
-        found = _oversized.get()
-        if found is not None and len(i) > INLINE_CHARS // 2:
-            found.add(self.op.outputs[self.k].name)
-            return "0"
-        ctx = KernelContext(self.module)
-        ctx.pure = True
-        expr = f"({self.op.element(ctx, i, self.k)})"
-        if found is not None and len(expr) > INLINE_CHARS:
-            found.add(self.op.outputs[self.k].name)
-            return "0"
-        return expr
 
 
 @dataclass
@@ -427,7 +381,8 @@ def stage_bindings(plan: Plan, st: Stage, ctx: KernelContext, sample: str = "sam
 
 def emit_stage(plan: Plan, st: Stage, module: Module) -> str:
     """Return the body of one stage's kernel."""
-    ctx = KernelContext(module, errors=KernelContext.ERRORS if plan.check_indices else None)
+    ctx = KernelContext(module, errors=KernelContext.ERRORS if plan.check_indices else None,
+                        subgraph_scope=graph_scope)
     if st.domain == "blocks":  # a block of threads per work item: tid counts blocks
         ctx.line(f"set_block_size({st.threads}, 1, 1)")
         ctx.line("thread = int(thread_id().x)")

@@ -65,6 +65,12 @@ class Operator:
     # on CUDA, the items stages of nodes naming the same kernel here are one kernel with a stage
     # argument (a kernel build each costs a worker about a second: Winograd's 26 transforms of ResNet-18)
     shared_kernel: ClassVar[str | None] = None
+    # the node runs as a kernel of its own (the schedule's "fused" domain): emit_kernel() writes its
+    # body, dispatch_size(n) says how many threads a launch for n samples takes, and every stage
+    # kernel then takes the batch size and these int buffers (zeroed once; the kernel leaves them
+    # zero between launches) as parameters. The fused MLP (operators/mlp.py) is one.
+    own_kernel: ClassVar[bool] = False
+    kernel_counters: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -269,6 +275,15 @@ class Operator:
     def has_element(cls) -> bool:
         """Return whether the class implements element()."""
         return cls.element is not Operator.element
+
+    def emit_kernel(self, module, x: str, y: str, n: str) -> tuple[str, list[tuple[str, str]]]:
+        """Return (the body, type declarations) of the kernel of an own_kernel node reading the
+        buffer named x and writing y for n samples."""
+        raise CompileError(f"{self.node.describe()}: internal error: no kernel of its own")
+
+    def dispatch_size(self, n: int) -> int:
+        """Threads an own_kernel node's launch for n samples dispatches."""
+        raise CompileError(f"{self.node.describe()}: internal error: no kernel of its own")
 
     @classmethod
     def infer(cls, node: Node, inputs: list) -> list | None:

@@ -145,7 +145,7 @@ class Plan:
     source: str = ""
     derived: list[DerivedInput] = field(default_factory=list)
     names: Identifiers = field(default_factory=Identifiers)  # model names -> parameter identifiers
-    fused: Any = None  # luisaml.fusion.FusedMLP when the batch kernel is the fused MLP kernel
+    fused: Any = None  # luisaml.operators.mlp.FusedMLP when the batch kernel is the fused MLP kernel
     limits: Limits = DEFAULT_LIMITS
     check_indices: bool = True  # run-time index checks flag an `errors` buffer (KernelContext.flag_error)
     checks: list[str] = field(default_factory=list)  # what error code k + 1 of a launch means

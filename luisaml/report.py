@@ -328,7 +328,7 @@ def _numel(t) -> int:
 
 def params(op) -> int:
     """Return the elements of a node's constant inputs (a fused MLP: its layers' weights and biases)."""
-    from .mlp import FusedMLP
+    from .operators.mlp import FusedMLP
 
     if isinstance(op, FusedMLP):
         return sum(int(layer.weight.size + layer.bias.size) for layer in op.layers)
@@ -360,7 +360,7 @@ def flops(node, op) -> int | None:
     def given(k: int) -> bool:
         return k < len(ins) and ins[k] is not None
 
-    from .mlp import FusedMLP
+    from .operators.mlp import FusedMLP
 
     if isinstance(op, FusedMLP):
         return int(op.flops_per_sample)

@@ -17,7 +17,7 @@ from .errors import BatchMixingError, UsageError
 from .limits import DEFAULT as DEFAULT_LIMITS
 from .limits import Limits
 from .log import logger, phase
-from .mlp import MLPConfig
+from .operators.mlp import MLPConfig
 from .network import CompiledNetwork, PerBatchNetwork
 from .passes.infer import PROBE_A, input_shapes as declared_shapes
 from .plan import Plan

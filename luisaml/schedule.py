@@ -108,9 +108,15 @@ class Schedule:
 
     @property
     def takes_batch(self) -> bool:
-        """Whether the kernels take the batch size as an argument (`n`): the fused MLP's, and a
-        blocks stage of sample groups, whose dispatch size does not give it."""
+        """Whether the kernels take the batch size as an argument (`n`): a kernel of its own (the
+        fused MLP's), and a blocks stage of sample groups, whose dispatch size does not give it."""
         return any(st.domain == "fused" or st.grouped for st in self.stages)
+
+    @property
+    def counters(self) -> list[str]:
+        """The int buffers every stage kernel takes after the pooled buffers: those of the nodes
+        that own their kernel (Operator.kernel_counters), in stage order."""
+        return list(dict.fromkeys(c for st in self.stages if st.domain == "fused" for c in st.root[1].kernel_counters))
 
     def describe(self) -> str:
         lines = [s.describe() for s in self.stages]
@@ -119,11 +125,9 @@ class Schedule:
 
 
 def kind(op: Operator, per_sample: bool) -> str:
-    """Return how a node can run: "inline", "element", "items", "whole", or "fused" (the fused
-    MLP's cooperative kernel: luisaml/mlp.py)."""
-    from .mlp import FusedMLP
-
-    if isinstance(op, FusedMLP):
+    """Return how a node can run: "inline", "element", "items", "whole", or "fused" (a kernel of
+    its own: Operator.own_kernel, as the fused MLP's cooperative kernel)."""
+    if op.own_kernel:
         return "fused"
     if op.runtime_sized:
         return "phased"

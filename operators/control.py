@@ -36,8 +36,6 @@ class If(Operator):
                     )
 
     def forward(self, ctx):
-        from luisaml.emission import graph_scope
-
         cond = ctx.fresh("cond")
         ctx.line(f"{cond} = {self.input(0).load('0')}")
         for keyword, name in ((f"if {cond}:", "then_branch"), ("else:", "else_branch")):
@@ -45,7 +43,7 @@ class If(Operator):
             with ctx.indent():
                 ctx.line("pass")
                 code = self.subgraphs[name]
-                with graph_scope(ctx, code, {}):
+                with ctx.emit_subgraph(code):
                     for out, sub in zip(self.outputs, code.graph.outputs):
                         if out is not None:
                             _copy(ctx, out, code.tensors[sub])
@@ -74,8 +72,6 @@ class Loop(Operator):
                 raise self.error(f"loop-carried value {k} changes shape ({list(v_in.shape)} -> {list(out.shape)})")
 
     def forward(self, ctx):
-        from luisaml.emission import graph_scope
-
         body = self.subgraphs["body"]
         n_carried = len(self.inputs) - 2
         it, keep = ctx.fresh("it"), ctx.fresh("keep")
@@ -95,7 +91,7 @@ class Loop(Operator):
             binds = {body.graph.inputs[0]: Value(it), body.graph.inputs[1]: Value(keep)}
             for k, out in enumerate(carried):
                 binds[body.graph.inputs[2 + k]] = out
-            with graph_scope(ctx, body, {n: s.storage if isinstance(s, Tensor) else s for n, s in binds.items()}):
+            with ctx.emit_subgraph(body, {n: s.storage if isinstance(s, Tensor) else s for n, s in binds.items()}):
                 outs = body.graph.outputs
                 for k in range(self.n_scan):
                     dst = self.outputs[n_carried + k]
@@ -171,7 +167,6 @@ class Scan(Operator):
                 raise self.error(f"state {k} changes shape ({list(self.input(k).shape)} -> {list(out.shape)})")
 
     def forward(self, ctx):
-        from luisaml.emission import graph_scope
         from luisaml.storage import Local
 
         body, g, N = self.subgraphs["body"], self.subgraphs["body"].graph, self.N
@@ -202,7 +197,7 @@ class Scan(Operator):
                     ctx.line(dst.store(j, t.load(_strided_slice_index(t.shape, self.in_axes[m], pos, j))))
             binds = {g.inputs[k]: states[k] for k in range(N)}
             binds.update({g.inputs[N + m]: slices[m][2] for m in range(self.M)})
-            with graph_scope(ctx, body, binds):
+            with ctx.emit_subgraph(body, binds):
                 outs = g.outputs
                 for j in range(self.K):
                     dst = self.outputs[N + j] if N + j < len(self.outputs) else None

@@ -16,7 +16,7 @@ rounding: the transforms' coefficients (up to 8 for m = 4) lose about a decimal 
 the direct sum (relative error ~2e-6 of the output's largest value per layer for m = 4, ~3e-7 for
 m = 2, against ~2e-7 direct; tests/operators/test_winograd.py measures it against onnxruntime).
 
-`rewrite(plan, m)` replaces the Conv nodes that qualify (luisaml/compiler.py calls it; compile's
+luisaml/rewrites/winograd.py replaces the Conv nodes that qualify (luisaml/compiler.py calls it; compile's
 `winograd` decides: F(4x4) on CUDA by default). The per-sample `forward` keeps the direct form.
 ResNet-18 at batch 32 on the H200: 4.65 -> 3.06 ms (benchmarks/NOTES.md, "Winograd convolutions and
 tiles of samples")."""
@@ -30,9 +30,8 @@ import numpy as np
 
 from luisaml import dtypes
 from luisaml import indexing as ix
-from luisaml.model import Node, Variable
+from luisaml.model import Node
 from luisaml.operator import Operator
-from luisaml.storage import Tensor
 
 from .conv import store_f
 
@@ -316,45 +315,3 @@ def qualifies(conv) -> str | None:
     if min(g.out) < 1:
         return "an empty output"
     return None
-
-
-def rewrite(plan, m: int) -> list[str]:
-    """Replace every qualifying Conv of the plan's main graph by the three Winograd stages of F(m x m,
-    3 x 3); return the names of the nodes rewritten (the plan's storage is planned again)."""
-    from luisaml.lowering import plan_storage
-
-    if m not in _F:
-        raise ValueError(f"Winograd tiles of {m} x {m} are not supported (only {', '.join(map(str, TILES))})")
-    main = plan.main
-    ops, done = [], []
-
-    def fresh(name: str) -> str:
-        k = 0
-        while (candidate := f"{name}{'' if k == 0 else f'.{k}'}") in main.tensors:
-            k += 1
-        return candidate
-
-    for node, op in main.ops:
-        if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or qualifies(op) is not None:
-            ops.append((node, op))
-            continue
-        x, y = op.input(0), op.output()
-        a2 = (m + 2) ** 2
-        tiles = -(-op.geo.out[0] // m) * -(-op.geo.out[1] // m)
-        v = Tensor(fresh(f"{y.name}/winograd_in"), dtypes.FLOAT, (x.shape[0], a2, x.shape[1], tiles), x.batched)
-        prod = Tensor(fresh(f"{y.name}/winograd_product"), dtypes.FLOAT, (x.shape[0], a2, op.M, tiles), y.batched)
-        for t in (v, prod):  # (a tensor of the graph's own: plan_storage places it)
-            main.tensors[t.name] = t
-            main.graph.vars[t.name] = Variable(t.name, t.dtype, list(t.shape))
-        bias = [op.input(2)] if op.has_input(2) else []
-        n_in = Node(f"{node.name}/winograd_in", "WinogradInput", "luisaml", [x.name], [v.name])
-        n_mm = Node(f"{node.name}/winograd_product", "WinogradProduct", "luisaml", [v.name], [prod.name])
-        n_out = Node(node.name, "WinogradOutput", "luisaml", [prod.name] + [b.name for b in bias], [y.name])
-        ops += [(n_in, WinogradInput(n_in, [x], [v], m, op)),
-                (n_mm, WinogradProduct(n_mm, [v], [prod], m, op, plan.blob)),
-                (n_out, WinogradOutput(n_out, [prod] + bias, [y], m, op))]
-        done.append(node.name)
-    if done:
-        main.ops = ops
-        main.allocation, main.views = plan_storage(main.graph, main.tensors, main.ops, plan.blob)
-    return done

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     luisa.init("cuda")
     from micro_grid_barrier_kernels import barrier_kernel, stage_kernel
 
-    from luisaml.mlp import sm_count
+    from luisaml.device import sm_count
 
     n, S, NT = a.n, a.stages, 256
     blocks = sm_count() * 2  # resident for sure: 256 threads and no shared arrays beyond one int

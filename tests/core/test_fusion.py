@@ -1,4 +1,4 @@
-"""The fused MLP kernel (luisaml/fusion.py's rewrite, luisaml/mlp.py, shaders/mlp.py.j2) on the CPU
+"""The fused MLP kernel (luisaml/rewrites/mlp.py, operators/mlp.py, shaders/mlp.py.j2) on the CPU
 backend: recognition of dense chains with any elementwise activations, the emulated kernel
 against torch (fp32 and fp16 mode, several tilings and batch tails), what inspect reports, and the
 errors that name why a graph is not fused."""
@@ -17,7 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 from util import export_batched, ort_run, torch_mlp
 
 import luisaml
-from luisaml import cli, mlp as mlp_mod
+from luisaml import cli
+from luisaml.operators import mlp as mlp_mod
 from luisaml.model import Node
 from luisaml.storage import Tensor
 from luisaml.runtime import analyze

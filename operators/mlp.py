@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import dtypes
-from .codegen import KernelContext, Module
-from .device import sm_count
-from .errors import CompileError, UsageError
-from .model import Node
-from .operator import Operator
-from .safe_source import comment_text
-from .storage import Local, Tensor, Value, bind
+from luisaml import dtypes
+from luisaml.codegen import Inline, KernelContext, Module
+from luisaml.device import sm_count
+from luisaml.errors import CompileError, UsageError
+from luisaml.model import Node
+from luisaml.operator import Operator
+from luisaml.safe_source import comment_text
+from luisaml.storage import Local, Tensor, Value, bind
 
 PRECISIONS = ("fp32", "fp16")
 # Static __shared__ arrays (how LuisaCompute declares shared memory) are limited to 48 KiB a block.
@@ -33,6 +33,11 @@ BLOB_ALIGN = 16
 # resets it); the runtime owns one per compiled network
 TILE_COUNTER = "tile_counter"
 WEIGHT_MODES = ("resident", "staged", "global")
+
+
+class NotFusable(Exception):
+    """Why a graph is not a fusable MLP, or a shape the kernel cannot plan (said by inspect and by
+    precision='fp16'; luisaml/rewrites/mlp.py raises it for the graph)."""
 
 
 @dataclass(frozen=True)
@@ -75,8 +80,6 @@ class Activation:
         """Return the DSL of the activation of value v (float) at output column `col`."""
         if not self.nodes:
             return v
-        from .emission import Inline
-
         ctx = KernelContext(module)
         ctx.pure = True
         table = {self.h: Value(f"({v})")}
@@ -136,11 +139,13 @@ class Layer:
 
 
 class FusedMLP(Operator):
-    """One node standing for a chain of dense layers and their activations (fusion.py rewrites
-    the chain into it): input 0 [batch, K0] -> output 0 [batch, N]. The stage it runs in is its
+    """One node standing for a chain of dense layers and their activations (luisaml/rewrites/mlp.py
+    rewrites the chain into it): input 0 [batch, K0] -> output 0 [batch, N]. The stage it runs in is its
     cooperative kernel; `forward` (one sample, for user kernels) emits the original nodes."""
 
     stores_once = True
+    own_kernel = True
+    kernel_counters = (TILE_COUNTER,)
 
     def __init__(self, node: Node, x: Tensor, y: Tensor, layers: list[Layer], chain: list[tuple[Node, Operator]],
                  intermediates: list[Tensor]):
@@ -240,8 +245,6 @@ class FusedMLP(Operator):
 
     def plan(self, mode: str = "gpu", precision: str = "fp32", config: MLPConfig | None = None) -> FusedMLP:
         """Choose the tile, the register tiles and where weights live for this shape."""
-        from .fusion import NotFusable
-
         cfg = config or MLPConfig()
         if precision not in PRECISIONS:
             raise UsageError(f"precision must be one of {PRECISIONS}, not {precision!r}")
@@ -357,7 +360,7 @@ class FusedMLP(Operator):
     # ---- the kernel ---------------------------------------------------------------------------
     def emit_kernel(self, module: Module, x: str, y: str, n: str) -> tuple[str, list[tuple[str, str]]]:
         """Return (the kernel body, module-level type declarations) reading buffer x, writing y."""
-        from .codegen import template_env
+        from luisaml.codegen import template_env
 
         if self.mode == "gpu":
             act_t, wsh_t, tile_t = f"ShAct_{self.act_float4}", f"ShW_{max(self.wsh_float4, 1)}", "ShTile"
@@ -395,8 +398,6 @@ def _tilings(T: int, NT: int, Np: int, max_acc: int) -> list[tuple[int, int]]:
 def choose_tiling(T: int, NT: int, Np: int, max_acc: int = MAX_ACC) -> tuple[int, int]:
     """Return the register tile for one layer: the fewest accumulators per thread (all threads
     busy), then the fewest shared loads per multiply-add ((S + O) / (4 S O))."""
-    from .fusion import NotFusable
-
     cands = _tilings(T, NT, Np, max_acc)
     if not cands:
         raise NotFusable(f"no register tile fits {T} samples x {Np} outputs in {NT} threads")

@@ -1,26 +1,22 @@
 """MLP fusion: a graph rewrite. A chain of dense layers (Gemm, or MatMul + an Add of a constant
 bias) from the batched graph input to the batched graph output, each layer followed by any
 elementwise nodes (its activation: Relu, Softplus, SiLU's Sigmoid and Mul, Sin, GELU's pieces...),
-is replaced by one FusedMLP node (luisaml/mlp.py), which plans and emits the cooperative kernel.
+is replaced by one FusedMLP node (operators/mlp.py), which plans and emits the cooperative kernel.
 `fuse` says why a graph is not such a chain (inspect prints it; precision="fp16" needs it)."""
 from __future__ import annotations
 
 import numpy as np
 
-from . import dtypes
-from .errors import CompileError
-from .lowering import plan_storage
-from .mlp import PRECISIONS, Activation, FusedMLP, Layer, MLPConfig
-from .model import Node
-from .operator import Operator
-from .plan import Plan
-from .storage import Tensor
+from luisaml import dtypes
+from luisaml.errors import CompileError
+from luisaml.lowering import plan_storage
+from luisaml.model import Node
+from luisaml.operator import Operator
+from luisaml.operators.mlp import PRECISIONS, Activation, FusedMLP, Layer, MLPConfig, NotFusable
+from luisaml.plan import Plan
+from luisaml.storage import Tensor
 
 DENSE = ("Gemm", "MatMul")
-
-
-class NotFusable(Exception):
-    """Why a graph is not a fusable MLP (said by inspect and by precision='fp16')."""
 
 
 def _const(t: Tensor | None, what: str) -> np.ndarray:
