@@ -286,6 +286,13 @@ class Operator:
         raise CompileError(f"{self.node.describe()}: internal error: no kernel of its own")
 
     @classmethod
+    def probe_rows(cls, node: Node, probe) -> list | None:
+        """Return [(elem_type, shape)] per output while the passes probe a batch size
+        (luisaml.passes.infer.Probe: the batch, the inputs bound at run time) for a node whose
+        output has the batch's rows without reading a batched input; None: `infer` decides."""
+        return None
+
+    @classmethod
     def infer(cls, node: Node, inputs: list) -> list | None:
         """Return [(elem_type, shape)] per output for ops onnx cannot infer (custom domains)."""
         return None

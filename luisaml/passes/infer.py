@@ -3,7 +3,6 @@ dimensions are all numbers; the batch dimension is found by specialising the mod
 sizes and comparing the results."""
 from __future__ import annotations
 
-import contextvars
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,23 +33,11 @@ class Probe:
     bound: frozenset[str]
 
 
-_PROBE: contextvars.ContextVar[Probe | None] = contextvars.ContextVar("probe", default=None)
-
-
-def current_probe() -> Probe | None:
-    """The probe whose shapes are being inferred, for an operator rule whose output has the batch's
-    rows without reading a batched input (a kernel map over a grid bound at run time: its voxels
-    are the batch); None outside specialise()."""
-    return _PROBE.get()
-
-
 def _probe(proto: onnx.ModelProto, values: dict[str, int], batch: int | None, bound, limits: Limits) -> onnx.ModelProto:
-    """Fold and infer proto with the named dims set to numbers, under the Probe they make."""
-    token = _PROBE.set(Probe(batch, frozenset(bound)))
-    try:
-        return fold_to_fixpoint(set_symbols(proto, values), infer_shapes, limits=limits)
-    finally:
-        _PROBE.reset(token)
+    """Fold and infer proto with the named dims set to numbers, under the Probe they make (passed to
+    the operators' probe_rows rules)."""
+    probe = Probe(batch, frozenset(bound))
+    return fold_to_fixpoint(set_symbols(proto, values), lambda m: infer_shapes(m, probe), limits=limits)
 
 
 # an initializer of more elements than this reaches onnx's shape inference as a typed graph input, its
@@ -91,7 +78,7 @@ def _onnx_infer(proto: onnx.ModelProto) -> onnx.ModelProto:
     return m
 
 
-def infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
+def infer_shapes(proto: onnx.ModelProto, probe: Probe | None = None) -> onnx.ModelProto:
     """Return the model with value_info for every tensor onnx can type; nodes onnx leaves untyped
     (other domains, and standard function ops such as GroupNormalization) are typed by their
     operator's own `infer` rule, and inference resumes after them."""
@@ -100,7 +87,7 @@ def infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
     registry.load_domains({o.domain for o in proto.opset_import})  # their onnx schemas too
     m = _onnx_infer(proto)
     for _ in range(len(m.graph.node) + 1):
-        if not _infer_custom(m):
+        if not _infer_custom(m, probe):
             break
         m = _onnx_infer(m)
     return m
@@ -119,7 +106,7 @@ def _known_types(g: onnx.GraphProto) -> dict[str, Variable]:
     return out
 
 
-def _infer_custom(m: onnx.ModelProto) -> bool:
+def _infer_custom(m: onnx.ModelProto, probe: Probe | None = None) -> bool:
     """Type the untyped outputs of nodes by their operators' rules; return if any."""
     from .. import registry
 
@@ -142,7 +129,9 @@ def _infer_custom(m: onnx.ModelProto) -> bool:
             continue
         n = Node(node.name, node.op_type, node.domain, list(node.input), list(node.output),
                  {a.name: _attr_value(a, None, node.name) for a in node.attribute})
-        result = cls.infer(n, [known.get(i) if i else None for i in node.input])
+        result = cls.probe_rows(n, probe) if probe is not None else None
+        if result is None:
+            result = cls.infer(n, [known.get(i) if i else None for i in node.input])
         if not result:
             continue
         by_name = {vi.name: vi for vi in g.value_info}

@@ -38,7 +38,6 @@ from luisaml.fvdb.sparse_conv import ConvGeometry, conv_geometry, kernel_map
 from luisaml.model import shape_str
 from luisaml.operator import CompileError, Derived, Operator
 from luisaml.opsets import fvdb as schema
-from luisaml.passes.infer import current_probe
 from luisaml.voxel_rows import GRID, INDICES
 from luisaml.registry import register
 
@@ -103,10 +102,9 @@ class SparseConvKernelMap(GridOp):
         return ("output_voxels",)  # (torch_ops writes the traced grid's count)
 
     @classmethod
-    def batch_rows(cls, node) -> list | None:
+    def probe_rows(cls, node, probe) -> list | None:
         """The rule's answer while the passes probe a model whose grids this map reads are bound at
         run time: a row per sample (module docstring), or None when they are not bound."""
-        probe = current_probe()
         if not (probe is not None and any(node.inputs[k] in probe.bound for k in range(2 * BUNDLE))):
             return None
         if probe.batch is None:
@@ -118,9 +116,6 @@ class SparseConvKernelMap(GridOp):
 
     @classmethod
     def infer(cls, node, inputs):
-        rows = cls.batch_rows(node)
-        if rows is not None:
-            return rows
         attrs = dict(node.attrs)
         offsets = inputs[OUT + 5] if len(inputs) > OUT + 5 else None
         if "output_voxels" not in attrs and offsets is not None and offsets.value is not None and offsets.value.size:
