@@ -333,3 +333,106 @@ def test_a_damaged_byte_anywhere_is_refused_as_damaged(tmp_path):
         # a flip that hit nothing the file relies on (zip padding) must leave the same network
         x = np.ones((3, 4), np.float32)
         np.testing.assert_array_equal(other.run({"x": x})["y"], net.run({"x": x})["y"])
+
+
+# ---- format 2: data only ---------------------------------------------------------------------------
+EXPLOIT = ("Evil_T = luisa.ArrayType(luisa.platform.os.system(({n}*7+{r}).to_bytes({k}).decode()) + 1, float)")
+
+
+def _exploit_line(marker) -> str:
+    cmd = f"touch {marker}"
+    n = int.from_bytes(cmd.encode(), "big")
+    return EXPLOIT.format(n=n // 7, r=n % 7, k=len(cmd))
+
+
+def test_the_published_exploit_runs_nothing_and_is_refused(mlp, tmp_path):
+    """The exploit's module line, as a module member, a node name, an attribute string and an op
+    type, every hash recomputed: no canary file, and load refuses the file."""
+    path, net, feeds, want, lml = mlp
+    marker = tmp_path / "pwned"
+    line = _exploit_line(marker)
+    module = _rewrite(lml, tmp_path / "module.lml", members={"module.py": ("import luisa\n" + line + "\n").encode()})
+    with pytest.raises(luisaml.ArtifactError, match="unknown member 'module.py'"):
+        luisaml.load(module)
+    doc = json.loads(artifact.read(lml).members["model.json"])
+    node = doc["model"]["graph"]["nodes"][0]
+    for field, change in (("name", lambda n: n.update(name=line)), ("op", lambda n: n.update(op=line)),
+                          ("attr", lambda n: n["attrs"].append(["evil", "s", line]))):
+        d = json.loads(json.dumps(doc))
+        change(d["model"]["graph"]["nodes"][0])
+        bad = _rewrite(lml, tmp_path / f"{field}.lml", members={"model.json": json.dumps(d).encode()})
+        if field == "op":
+            with pytest.raises(luisaml.ArtifactError, match="no operator .* is registered"):
+                luisaml.load(bad)
+        else:  # a name or an unread attribute: data, never code; refused or the same network
+            try:
+                other = luisaml.load(bad)
+            except luisaml.ArtifactError:
+                pass
+            else:
+                _same_bits(other.run(feeds), want)
+        assert not marker.exists(), field
+    assert node["name"] != line
+
+
+def test_the_regenerated_module_is_the_same_in_another_process(mlp, tmp_path):
+    *_, lml = mlp
+    want = artifact.read(lml).manifest["source_sha256"]
+    code = "import sys, hashlib; from luisaml import artifact; print(hashlib.sha256(artifact.read(sys.argv[1]).source.encode()).hexdigest())"
+    for seed in ("0", "4242"):
+        r = subprocess.run([sys.executable, "-c", code, str(lml)], capture_output=True, text=True, cwd=tmp_path,
+                           env=dict(os.environ, PYTHONHASHSEED=seed), timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == want
+
+
+BLOCKED_LOAD = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('onnx', 'torch'):
+            raise ImportError('blocked ' + name)
+sys.meta_path.insert(0, Block())
+import numpy as np, luisaml
+out = luisaml.load(sys.argv[1]).run(dict(np.load(sys.argv[2])))
+np.savez(sys.argv[3], **out)
+"""
+
+
+def test_load_runs_where_onnx_and_torch_cannot_be_imported(tmp_path):
+    from robustness.artifact_fuzz import cnn_model
+
+    model, feeds, _ = cnn_model()
+    net = luisaml.compile(model)
+    want = net.run(feeds)
+    lml = net.save(tmp_path / "cnn.lml")
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    r = subprocess.run([sys.executable, "-c", BLOCKED_LOAD, str(lml), str(tmp_path / "feeds.npz"), str(tmp_path / "o.npz")],
+                       capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ, LUISAML_BACKEND="cpu"), timeout=600)
+    assert r.returncode == 0, r.stderr
+    with np.load(tmp_path / "o.npz") as z:
+        _same_bits({k: z[k] for k in z.files}, want)
+    _close_to_ort(want, model, feeds)
+
+
+def test_sizes_types_and_files_are_checked_before_reading(mlp, tmp_path):
+    *_, lml = mlp
+    weights = artifact.read(lml).members["weights.bin"]
+    cases = [
+        (_rewrite(lml, tmp_path / "short.lml", members={"weights.bin": weights[:-8]}), "weights.bin"),
+        (_rewrite(lml, tmp_path / "v.lml", manifest={"format_version": "1"}), r"format_version is '1' \(str\), expected an integer"),
+        (_rewrite(lml, tmp_path / "b.lml", manifest={"backend": "tpu"}), r"backend field is 'tpu'; expected one of 'cpu', 'cuda'"),
+    ]
+    for path, says in cases:
+        with pytest.raises(luisaml.ArtifactError, match=says):
+            luisaml.load(path)
+    deep = tmp_path / "deep.lml"
+    with zipfile.ZipFile(deep, "w") as z:
+        z.writestr("manifest.json", "[" * 100_000 + "]" * 100_000)
+    with pytest.raises(luisaml.ArtifactError, match="nests 100000 levels"):
+        luisaml.load(deep)
+    fifo = tmp_path / "f.lml"
+    os.mkfifo(fifo)
+    for what in (fifo, "/dev/zero", tmp_path):
+        with pytest.raises(luisaml.ArtifactError, match="not a regular file|is a directory"):
+            luisaml.load(what)
