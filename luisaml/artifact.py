@@ -381,8 +381,8 @@ def read(path: str | os.PathLike) -> Artifact:
         try:
             z = zipfile.ZipFile(f)
         except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
-            raise ArtifactError(f"'{where}' is not a luisaml artifact (not a zip file: {e}); build one with "
-                                "`luisaml build MODEL -o FILE.lml`") from None
+            raise ArtifactError(f"'{where}' is not a luisaml artifact (not a zip file); build one with "
+                                f"`luisaml build MODEL -o FILE.lml` ({str(e)[:100]})") from None
         with z:
             infos = _check_zip(z, where)
             manifest = _read_manifest(z, infos, where)
