@@ -14,6 +14,7 @@ from .errors import (ArtifactError, BackendUnavailable, BatchMixingError, Compil
 from .limits import Limits
 from .network import CompiledNetwork, PerBatchNetwork
 from .session import InferenceSession, NodeArg
+from .version import __version__
 
 if TYPE_CHECKING:
     from .instance import NetworkInstance
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
     from .registry import register
     from .runtime import CompileOptions, compile
 
-__version__ = "0.1.0"
 __all__ = [
     "compile", "CompileOptions", "MLPConfig", "CompiledNetwork", "PerBatchNetwork", "NetworkInstance", "Operator", "register",
     "Limits", "LuisamlError", "ModelError", "CompileError", "BatchMixingError", "WeightsError", "LimitError",

@@ -16,7 +16,7 @@ from .operator import Derived, Operator
 from .passes import Prepared
 from .passes import batch as batch_pass
 from .passes.batch import BatchDim
-from .passes.infer import PROBE_A
+from .passes.batch import PROBE_A
 from .plan import Blob, BlobWeight, DerivedInput, GraphCode, IOSpec, Plan
 from .regalloc import Allocation, Request, Step, allocate
 from .storage import Buffer, Tensor, constant_storage

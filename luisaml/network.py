@@ -257,12 +257,16 @@ class CompiledNetwork:
         outs = ", ".join(f"{s.name}: {s.dtype.name.lower()}{_expected(s)}" for s in self.plan.outputs)
         return f"<CompiledNetwork ({ins}) -> ({outs}) on {self.backend}>"
 
-    def save(self, path: str | os.PathLike, *, model_name: str | None = None):
-        """Write everything a run needs into one .lml file (`luisaml.load` runs it without onnx)
-        and return its path; model_name: the name `inspect` shows (default: the graph's)."""
-        from .artifact import save
+    # luisaml/artifact.py's save, set by that layer when it is imported (as `import luisaml` does):
+    # the format lives there, above this module, which therefore never imports it
+    saver = None
 
-        return save(self, path, model_name=model_name)
+    def save(self, path: str | os.PathLike, *, model_name: str | None = None):
+        """Write the network as one .lml file (luisaml/artifact.py: `luisaml.load` generates it again
+        from data, without onnx) and return its path; model_name: the name `inspect` shows."""
+        if CompiledNetwork.saver is None:
+            raise UsageError("saving needs luisaml.artifact, which `import luisaml` imports")
+        return CompiledNetwork.saver(self, path, model_name=model_name)
 
     # ---- running ---------------------------------------------------------------------------
     def check_feeds(self, feeds: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int, bool]:

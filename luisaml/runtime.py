@@ -147,9 +147,11 @@ def _build(prep, name: str, opts: CompileOptions, fuse_mode: str, on_schedule=No
     # (10 small kernels: 30 s apart, 3.5 s merged); compile() says no on CUDA, where each stage keeps
     # its own registers, and build_plan keeps a GPU fused MLP apart in any case
     merge = opts.merge_stages is not False
-    plan = compiler.build_plan(prep, name, fuse=fuse_mode, precision=opts.precision, limits=opts.limits,
-                               check_indices=opts.check_indices, schedule=schedule, mlp=opts.mlp, merge_stages=merge,
-                               blocks=opts.blocks is True, winograd=opts.winograd, on_schedule=on_schedule)
+    options = dict(fuse=fuse_mode, precision=opts.precision, limits=opts.limits, check_indices=opts.check_indices,
+                   schedule=schedule, mlp=opts.mlp, merge_stages=merge, blocks=opts.blocks is True,
+                   winograd=opts.winograd)
+    plan = compiler.build_plan(prep, name, on_schedule=on_schedule, **options)
+    plan.built_from = (prep, name, options)  # what a .lml stores as data, for load to call build_plan again
     if plan.host_steps is not None and opts.grid_build == "device":
         from .host_steps import DeviceBuilds
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import math
 
-from onnx import TensorProto
-
 from luisaml import indexing as ix
+from luisaml.dtypes import ONNX_TYPES
 from luisaml.model import shape_str
 from luisaml.operator import Operator
 from luisaml.registry import register
@@ -22,7 +21,8 @@ from luisaml.storage import Tensor, literal, row_major_strides
 
 from .common import compute_dtype, convert, emit_copy, upcast
 
-_SOFTMAX_PRECISIONS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
+# (element type numbers from dtypes, not onnx: a loaded .lml builds its plan without onnx)
+_SOFTMAX_PRECISIONS = {ONNX_TYPES[t] for t in ("FLOAT", "FLOAT16", "DOUBLE", "BFLOAT16")}
 
 
 def head_strides(shape: tuple[int, ...], heads: int) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:

@@ -136,7 +136,7 @@ def test_a_loaded_network_saves_the_same_artifact(mlp, tmp_path):
     again = luisaml.load(lml).save(tmp_path / "again.lml")
     a, b = artifact.read(lml), artifact.read(again)
     assert a.members == b.members
-    assert a.manifest["network"] == b.manifest["network"] and a.built_with == b.built_with
+    assert a.manifest["source_sha256"] == b.manifest["source_sha256"] and a.built_with == b.built_with
 
 
 def test_inference_session_over_an_artifact(mlp):
@@ -191,8 +191,8 @@ def test_damaged_files_are_refused(mlp, tmp_path):
     for name in ("cut.lml", "text.lml"):
         with pytest.raises(luisaml.ArtifactError, match="not a luisaml artifact|damaged"):
             luisaml.load(tmp_path / name)
-    malformed = _rewrite(lml, tmp_path / "n.lml", manifest={"network": {"kernels": []}})  # hashes made to match
-    with pytest.raises(luisaml.ArtifactError, match="network entry is malformed"):
+    malformed = _rewrite(lml, tmp_path / "n.lml", members={"model.json": b'{"schema": 1}'})  # hashes made to match
+    with pytest.raises(luisaml.ArtifactError, match="model.json .*no key 'model'"):
         luisaml.load(malformed)
     with zipfile.ZipFile(tmp_path / "zip.lml", "w") as z:
         z.writestr("a.txt", "x")
@@ -201,7 +201,8 @@ def test_damaged_files_are_refused(mlp, tmp_path):
 
 
 @pytest.mark.parametrize("change, says", [
-    ({"format_version": 2}, r"format version 2, this luisaml \(.*\) reads version 1: upgrade luisaml"),
+    ({"format_version": 3}, r"format version 3, this luisaml \(.*\) reads version 2: upgrade luisaml"),
+    ({"format_version": 1}, r"format version 1, .* reads version 2: build it again with `luisaml build`"),
     ({"format_version": 0}, r"format version 0.*build it again"),
     ({"backend": "cuda"}, r"built for the cuda backend and cannot run on cpu"),
     ({"built_with": {"luisaml": "0.1.0", "luisa_python": "0.0.1", "python": "3", "numpy": "1", "shaders": {}}},
@@ -235,19 +236,6 @@ def test_another_luisaml_version_is_refused_here_and_on_the_command_line(mlp, tm
     assert f"with luisaml {here}.other" in capsys.readouterr().out
 
 
-def test_a_module_outside_the_whitelist_is_refused_not_run(mlp, tmp_path):
-    *_, lml = mlp
-    marker = tmp_path / "ran"
-    source = artifact.read(lml).source + f"\nopen({str(marker)!r}, 'w').write('x')\n"
-    bad = _rewrite(lml, tmp_path / "bad.lml", members={"module.py": source.encode()})
-    with pytest.raises(luisaml.ArtifactError, match="not one luisaml generates"):
-        luisaml.load(bad)
-    assert not marker.exists()
-    accented = _rewrite(lml, tmp_path / "u.lml", members={"module.py": (source + "# \u00e9\n").encode()})
-    with pytest.raises(luisaml.ArtifactError, match="not ASCII"):
-        luisaml.load(accented)
-
-
 def test_networks_an_artifact_cannot_hold_are_refused(tmp_path):
     import torch
 
@@ -262,20 +250,6 @@ def test_networks_an_artifact_cannot_hold_are_refused(tmp_path):
     with pytest.raises(luisaml.UsageError, match="compiles per batch size.*--input-shapes"):
         net.save(tmp_path / "norm.lml")
     assert not (tmp_path / "norm.lml").exists()
-
-
-# ---- the data the runtime reads -------------------------------------------------------------------
-def test_fused_mlp_dispatch_as_data_equals_the_kernels_own(tmp_path):
-    from luisaml.runtime import analyze
-
-    path = export_batched(torch_mlp([16, 64, 64, 4]), 16, tmp_path / "mlp.onnx")
-    for mode in ("gpu", "emulated"):
-        plan = analyze(path, fuse=mode)
-        (stage,) = [st for st in plan.schedule.stages if st.domain == "fused"]
-        data = artifact._dispatch_to_data(stage)
-        stored = artifact.StoredStage(stage.index, stage.domain, stage.describe(), data)
-        for n in (0, 1, 2, 127, 128, 129, 5000, 1 << 20):
-            assert stored.dispatch(n) == stage.dispatch(n), (mode, n)
 
 
 def test_onnx_type_numbers_written_out_are_onnxs():
@@ -295,7 +269,7 @@ def test_manifest_is_documented_json_and_holds_no_pickle(mlp):
     *_, lml = mlp
     with zipfile.ZipFile(lml) as z:
         assert z.namelist()[0] == "manifest.json"
-        assert set(z.namelist()) == {"manifest.json", "module.py", "weights.bin", "report.json"}
+        assert set(z.namelist()) == {"manifest.json", "model.json", "weights.bin", "report.json"}
         assert z.getinfo("weights.bin").compress_type == zipfile.ZIP_STORED
         m = json.loads(z.read("manifest.json"))
     assert m["format"] == "luisaml-artifact" and m["format_version"] == artifact.FORMAT_VERSION
@@ -359,3 +333,106 @@ def test_a_damaged_byte_anywhere_is_refused_as_damaged(tmp_path):
         # a flip that hit nothing the file relies on (zip padding) must leave the same network
         x = np.ones((3, 4), np.float32)
         np.testing.assert_array_equal(other.run({"x": x})["y"], net.run({"x": x})["y"])
+
+
+# ---- format 2: data only ---------------------------------------------------------------------------
+EXPLOIT = ("Evil_T = luisa.ArrayType(luisa.platform.os.system(({n}*7+{r}).to_bytes({k}).decode()) + 1, float)")
+
+
+def _exploit_line(marker) -> str:
+    cmd = f"touch {marker}"
+    n = int.from_bytes(cmd.encode(), "big")
+    return EXPLOIT.format(n=n // 7, r=n % 7, k=len(cmd))
+
+
+def test_the_published_exploit_runs_nothing_and_is_refused(mlp, tmp_path):
+    """The exploit's module line, as a module member, a node name, an attribute string and an op
+    type, every hash recomputed: no canary file, and load refuses the file."""
+    path, net, feeds, want, lml = mlp
+    marker = tmp_path / "pwned"
+    line = _exploit_line(marker)
+    module = _rewrite(lml, tmp_path / "module.lml", members={"module.py": ("import luisa\n" + line + "\n").encode()})
+    with pytest.raises(luisaml.ArtifactError, match="unknown member 'module.py'"):
+        luisaml.load(module)
+    doc = json.loads(artifact.read(lml).members["model.json"])
+    node = doc["model"]["graph"]["nodes"][0]
+    for field, change in (("name", lambda n: n.update(name=line)), ("op", lambda n: n.update(op=line)),
+                          ("attr", lambda n: n["attrs"].append(["evil", "s", line]))):
+        d = json.loads(json.dumps(doc))
+        change(d["model"]["graph"]["nodes"][0])
+        bad = _rewrite(lml, tmp_path / f"{field}.lml", members={"model.json": json.dumps(d).encode()})
+        if field == "op":
+            with pytest.raises(luisaml.ArtifactError, match="no operator .* is registered"):
+                luisaml.load(bad)
+        else:  # a name or an unread attribute: data, never code; refused or the same network
+            try:
+                other = luisaml.load(bad)
+            except luisaml.ArtifactError:
+                pass
+            else:
+                _same_bits(other.run(feeds), want)
+        assert not marker.exists(), field
+    assert node["name"] != line
+
+
+def test_the_regenerated_module_is_the_same_in_another_process(mlp, tmp_path):
+    *_, lml = mlp
+    want = artifact.read(lml).manifest["source_sha256"]
+    code = "import sys, hashlib; from luisaml import artifact; print(hashlib.sha256(artifact.read(sys.argv[1]).source.encode()).hexdigest())"
+    for seed in ("0", "4242"):
+        r = subprocess.run([sys.executable, "-c", code, str(lml)], capture_output=True, text=True, cwd=tmp_path,
+                           env=dict(os.environ, PYTHONHASHSEED=seed), timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == want
+
+
+BLOCKED_LOAD = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('onnx', 'torch'):
+            raise ImportError('blocked ' + name)
+sys.meta_path.insert(0, Block())
+import numpy as np, luisaml
+out = luisaml.load(sys.argv[1]).run(dict(np.load(sys.argv[2])))
+np.savez(sys.argv[3], **out)
+"""
+
+
+def test_load_runs_where_onnx_and_torch_cannot_be_imported(tmp_path):
+    from robustness.artifact_fuzz import cnn_model
+
+    model, feeds, _ = cnn_model()
+    net = luisaml.compile(model)
+    want = net.run(feeds)
+    lml = net.save(tmp_path / "cnn.lml")
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    r = subprocess.run([sys.executable, "-c", BLOCKED_LOAD, str(lml), str(tmp_path / "feeds.npz"), str(tmp_path / "o.npz")],
+                       capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ, LUISAML_BACKEND="cpu"), timeout=600)
+    assert r.returncode == 0, r.stderr
+    with np.load(tmp_path / "o.npz") as z:
+        _same_bits({k: z[k] for k in z.files}, want)
+    _close_to_ort(want, model, feeds)
+
+
+def test_sizes_types_and_files_are_checked_before_reading(mlp, tmp_path):
+    *_, lml = mlp
+    weights = artifact.read(lml).members["weights.bin"]
+    cases = [
+        (_rewrite(lml, tmp_path / "short.lml", members={"weights.bin": weights[:-8]}), "weights.bin"),
+        (_rewrite(lml, tmp_path / "v.lml", manifest={"format_version": "1"}), r"format_version is '1' \(str\), expected an integer"),
+        (_rewrite(lml, tmp_path / "b.lml", manifest={"backend": "tpu"}), r"backend field is 'tpu'; expected one of 'cpu', 'cuda'"),
+    ]
+    for path, says in cases:
+        with pytest.raises(luisaml.ArtifactError, match=says):
+            luisaml.load(path)
+    deep = tmp_path / "deep.lml"
+    with zipfile.ZipFile(deep, "w") as z:
+        z.writestr("manifest.json", "[" * 100_000 + "]" * 100_000)
+    with pytest.raises(luisaml.ArtifactError, match="nests 100000 levels"):
+        luisaml.load(deep)
+    fifo = tmp_path / "f.lml"
+    os.mkfifo(fifo)
+    for what in (fifo, "/dev/zero", tmp_path):
+        with pytest.raises(luisaml.ArtifactError, match="not a regular file|is a directory"):
+            luisaml.load(what)

@@ -116,7 +116,7 @@ def test_build_writes_one_artifact_that_run_inspect_and_emit_take(built, tmp_pat
     assert y.tobytes() == luisaml.compile(path, input_shapes={"x": [None, 3, 8, 8]}).run({"x": x})["y"].tobytes()
     assert main(["inspect", str(out)]) == 0
     text = capsys.readouterr().out
-    assert text.startswith(f"artifact {out}: format 1, cpu backend") and f"content hash {art.content_hash}" in text
+    assert text.startswith(f"artifact {out}: format 2, cpu backend") and f"content hash {art.content_hash}" in text
     assert "model: cls.onnx" in text and "Conv" in text
     assert main(["inspect", str(out), "--json", "--html", str(tmp_path / "r.html")]) == 0
     rep = __import__("json").loads(capsys.readouterr().out)

@@ -10,7 +10,8 @@ import onnx
 from .. import dtypes
 from ..errors import ModelError, WeightsError
 from ..limits import DEFAULT, Limits
-from ..model import check_tensor, shape_str
+from ..model import shape_str
+from .proto_model import check_tensor
 from .json_model import _fill_from_array, parse_json_model, to_json_model
 from .weights import WeightSource, read_weights
 

@@ -7,16 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import host_steps
-from ..host_steps import HostSteps
+from typing import TYPE_CHECKING
+
 from ..limits import DEFAULT, Limits
-from ..model import Model, model_from_proto
-from .batch import BatchPlan, annotate
-from .cleanup import fold_batchnorm, remove_dead, remove_passthrough
-from .functions import expand_functions
-from .infer import PROBE_A, PROBE_B, Specialised, find_batch_symbol, set_input_shapes, specialise
-from .upgrade import upgrade_opset
-from .validate import validate_model
+from ..model import Model
+from .batch import PROBE_A, PROBE_B, BatchPlan
+
+if TYPE_CHECKING:
+    from ..host_steps import HostSteps
 
 
 @dataclass
@@ -36,6 +34,16 @@ class Prepared:
 
 def prepare(proto, batch_axis="auto", input_shapes=None, *, limits: Limits = DEFAULT) -> Prepared:
     """Return the prepared Model of a ModelProto (consumed: it is modified)."""
+    # (imported here: they read protobuf, and a .lml artifact's Prepared is rebuilt without onnx)
+    from .. import host_steps
+    from ..model import model_from_proto
+    from .batch import annotate
+    from .cleanup import fold_batchnorm, remove_dead, remove_passthrough
+    from .functions import expand_functions
+    from .infer import Specialised, find_batch_symbol, set_input_shapes, specialise
+    from .upgrade import upgrade_opset
+    from .validate import validate_model
+
     validate_model(proto, limits=limits)
     proto = upgrade_opset(proto)
     expand_functions(proto, _implemented)

@@ -23,7 +23,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..model import Graph, Model, ModelError, Variable, shape_str, subgraphs
-from .infer import PROBE_A, PROBE_B
+
+# The two batch sizes a batched model is specialised to (passes/infer.py): a dimension that is 2 in
+# the first and 3 in the second is the batch dimension; one that is equal in both is static.
+# (Here, not in infer.py: this module and the compiler import no onnx, so that luisaml.load does not.)
+PROBE_A, PROBE_B = 2, 3
 
 
 @dataclass(frozen=True)

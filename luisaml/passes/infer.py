@@ -16,9 +16,7 @@ from ..limits import DEFAULT as DEFAULT_LIMITS
 from ..limits import Limits
 from .fold import fold_to_fixpoint
 
-# The two batch sizes a batched model is specialised to: a dimension that is 2 in the first and
-# 3 in the second is the batch dimension; one that is equal in both is static.
-PROBE_A, PROBE_B = 2, 3
+from .batch import PROBE_A, PROBE_B  # noqa: F401  (defined beside the annotation, which imports no onnx)
 # the rows of inputs bound at run time (bound_inputs) in the probes, then in a third that shows
 # whether anything else depends on them
 ROWS_PROBE, ROWS_CHECK = 8, 13
