@@ -32,6 +32,7 @@ from luisaml.registry import register
 from .common import META_FIELDS, GridOp, Meta, bundle_grids
 
 FLT_MAX = 3.4028234663852886e38
+FLT_MIN_NORMAL = float(np.finfo(np.float32).tiny)  # 1.1754944e-38: the device flushes smaller floats to zero
 DELTA = 1e-5  # NanoVDB's Delta<float> (shaders/hdda.py DELTA): fVDB's smallest end piece of a segment
 RAY_FIELDS = 9  # per grid: float32 bits of the dual translate (3), the tree's bbox min (3) and max (3)
 
@@ -79,7 +80,7 @@ class RayOp(GridOp):
         self.expect(directions.jdata.shape[0] == self.rays,
                     f"ray_directions_jdata '{directions.jdata.name}' {shape_str(directions.jdata.shape)} must have "
                     f"as many rows as ray_origins_jdata '{origins.jdata.name}' {shape_str(origins.jdata.shape)}")
-        self.eps = float(self.attr("eps", 0.0))
+        self.eps = self.float32_attr("eps", 0.0, ">= 0")
         self.expect(self.eps >= 0.0, f"eps must be >= 0, got {self.eps}")
         names = schema.RAY_OUTPUTS[self.node.op_type]
         self.expect(len(self.outputs) == len(names) and all(t is not None for t in self.outputs),
@@ -92,6 +93,15 @@ class RayOp(GridOp):
 
     def check_outputs(self) -> None:
         """Check the op's own outputs (subclasses)."""
+
+    def float32_attr(self, name: str, default, want: str) -> float:
+        """Return a float attribute as the float32 the kernel computes with (as fVDB's ScalarType), after
+        checking that it is finite in float32 (inf, NaN or beyond float32's range would reach the kernel's
+        code as a literal it cannot compile, or as a comparison that is always false); want: what it must be."""
+        value = float(self.attr(name) if default is None else self.attr(name, default))
+        self.expect(np.isfinite(value) and abs(value) <= FLT_MAX,
+                    f"attribute {name} must be a finite float32 {want}, got {value!r}")
+        return float(np.float32(value))
 
     def max_hits(self, name: str) -> int:
         n = int(self.attr(name, -1))
@@ -330,10 +340,16 @@ class UniformRaySamples(RayOp):
             self.expect_shape(jt.jdata, (self.rays,), f"{jt.name}_jdata (one time per ray)")
 
     def check_outputs(self):
-        self.step = float(np.float32(self.attr("step_size")))  # fVDB's kernel: ScalarType (float32)
-        self.cone = float(np.float32(self.attr("cone_angle", 0.0)))
-        self.expect(np.isfinite(self.step) and self.step > 0.0, f"step_size must be > 0, got {self.step}")
-        self.expect(np.isfinite(self.cone) and self.cone >= 0.0, f"cone_angle must be >= 0, got {self.cone}")
+        self.step = self.float32_attr("step_size", None, "> 0")  # fVDB's kernel: ScalarType (float32)
+        self.cone = self.float32_attr("cone_angle", 0.0, ">= 0")
+        self.expect(self.step > 0.0, f"step_size must be > 0, got {self.step}")
+        self.expect(self.cone >= 0.0, f"cone_angle must be >= 0, got {self.cone}")
+        # a float32 below the smallest normal number is flushed to zero by the device: a step of 0 makes
+        # every sample's time NaN (no samples, no stalled step to flag), a cone angle of 0 another op
+        for name, value in (("step_size", self.step), ("cone_angle", self.cone)):
+            self.expect(value == 0.0 or value >= FLT_MIN_NORMAL,
+                        f"{name} {value!r} is below float32's smallest normal number {FLT_MIN_NORMAL!r}, which the "
+                        "device flushes to zero; use a step the rays' float32 times can advance by")
         self.include_end = bool(self.attr("include_end_segments", 1))
         self.midpoints = bool(self.attr("return_midpoints", 0))
         out = self.output(0)
