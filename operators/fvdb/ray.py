@@ -12,8 +12,10 @@ RaysIntersectVoxels has one bool per ray: a plain items op, one thread per ray.
 Where this differs from fVDB on purpose: the segment walk re-aligns the DDA to the tree's level up
 to three times before testing a cell, as fVDB's voxel walk does (fVDB's segment walk re-aligns once
 and then tests the corner of a coarse cell, which can start a span early or end a walk); a ray whose
-direction is zero, or whose grid id is outside the batch, has no hits (jlidx (b, -1) for the latter);
-UniformRaySamples' differences are in its schema doc (opsets/fvdb.py).
+direction is zero has no hits; UniformRaySamples' differences are in its schema doc (opsets/fvdb.py).
+The rays' JaggedTensor layout (joffsets spanning the rays, jidx naming the grid joffsets give, every
+jagged input laid out as the origins) is checked on the host when the rays are bound
+(check_ray_layout, a derived input beside the grids' metadata); the kernels still guard `0 <= b < B`.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from typing import Iterator
 import numpy as np
 
 from luisaml import dtypes
+from luisaml.errors import InputError
 from luisaml.dynamic import Phase, scan_phases
 from luisaml.model import shape_str
 from luisaml.operator import CompileError, Derived
@@ -49,6 +52,40 @@ def ray_metadata(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch_
     for b, g in enumerate(grids):
         out[b, 3:9] = g.root_bbox.reshape(-1) if g.voxel_count else (1, 1, 1, 0, 0, 0)
     return out
+
+
+def check_ray_layout(*parts, node: str, names: tuple, grids: int, rays: int) -> np.ndarray:
+    """Check the JaggedTensor layout of a ray op's inputs when they are bound and return int32 [1] (zero):
+    parts are (joffsets, jidx) of each jagged input, names their input names (ray_origins first). The
+    first's joffsets must rise from 0 to the rays and its jidx (or none: one grid) name, ray by ray, the
+    grid joffsets give; every other jagged input must be laid out as it (fVDB's jagged_like). Without
+    this, a ray whose jidx names a grid outside the batch had no hits and joffsets that do not span the
+    rays sized the jlidx of rays outside them: answers, not errors."""
+    expected = None
+    for k in range(0, len(parts), 2):
+        off, idx = np.asarray(parts[k]).reshape(-1), np.asarray(parts[k + 1]).reshape(-1)
+        off_name, idx_name = names[k], names[k + 1]
+        if off.size != grids + 1 or off[0] != 0 or off[-1] != rays or (np.diff(off) < 0).any():
+            raise InputError(f"{node}: input '{off_name}' must rise from 0 to {rays} (the rays) in {grids + 1} "
+                             f"entries (one tensor per grid), got {_few(off)}")
+        want = np.repeat(np.arange(grids, dtype=np.int64), np.diff(off))
+        if idx.size:
+            bad = np.flatnonzero(idx.astype(np.int64) != want)
+            if bad.size:
+                r = int(bad[0])
+                raise InputError(f"{node}: input '{idx_name}' names grid {int(idx[r])} at ray {r}, but '{off_name}' "
+                                 f"{_few(off)} puts that ray in grid {int(want[r])} (the batch has {grids} "
+                                 f"grid{'s' if grids != 1 else ''})")
+        if expected is None:
+            expected = off
+        elif not np.array_equal(off, expected):
+            raise InputError(f"{node}: input '{off_name}' {_few(off)} differs from '{names[0]}' {_few(expected)}: "
+                             "every jagged input of a ray op is laid out as the ray origins")
+    return np.zeros(1, np.int32)
+
+
+def _few(a: np.ndarray) -> str:
+    return str(a.tolist()) if a.size <= 8 else f"{a[:8].tolist()} ... ({a.size} entries)"
 
 
 def _infer(node, inputs):
@@ -109,7 +146,14 @@ class RayOp(GridOp):
         return n
 
     def derived_inputs(self):
-        return super().derived_inputs() + [Derived(ray_metadata, tuple(range(6)), dtypes.INT32, (self.B, RAY_FIELDS))]
+        # the rays' layout is checked where the grids' metadata is derived: when they are bound
+        first = len(schema.BUNDLE)
+        sources = tuple(first + 4 * j + part for j in range(len(self.jagged)) for part in (1, 2))
+        names = tuple(self.inputs[k].name for k in sources)
+        layout = Derived(check_ray_layout, sources, dtypes.INT32, (1,),
+                         (("node", self.node.describe()), ("names", names), ("grids", self.B), ("rays", self.rays)))
+        return super().derived_inputs() + [Derived(ray_metadata, tuple(range(6)), dtypes.INT32, (self.B, RAY_FIELDS)),
+                                           layout]
 
     # ---- phases -----------------------------------------------------------------------------
     def phases(self):
@@ -135,7 +179,7 @@ class RayOp(GridOp):
         """Emit the set-up of one ray's walk and yield (walk state, metadata row m) where it has begun:
         inside `0 <= b < B` (on_grid() emitted there first), the dual-space ray clipped to the grid's
         box (and to time_span), the DDA initialised; after it, flag a walk that overflowed."""
-        meta, ray_meta = self.derived
+        meta, ray_meta = self.derived[:2]
         origins, directions = self.jagged[:2]
         blob, base = self.input(0).storage.byte_address()
         for helper in ("hdda_clip", "hdda_clip_span", "hdda_init", "hdda_next_voxel", "hdda_next_segment",
