@@ -112,7 +112,8 @@ class RayOp(GridOp):
             self.expect_points(jt)
         for jt in self.jagged:
             self.expect(not jt.jdata.batched, f"{jt.name}_jdata '{jt.jdata.name}' follows the batch axis; rays are "
-                        "walked once for the whole batch (give them a static first dimension)")
+                        "walked once for the whole batch: compile with batch_axis=None to bind any number of rays "
+                        "at run time, or give them a static first dimension")
         self.rays = origins.jdata.shape[0]
         self.expect(directions.jdata.shape[0] == self.rays,
                     f"ray_directions_jdata '{directions.jdata.name}' {shape_str(directions.jdata.shape)} must have "

@@ -321,7 +321,7 @@ def test_rays_whose_jagged_parts_disagree_are_refused_when_bound(two_grids):
     # two grids: jidx must follow joffsets ray by ray, and every jagged input be laid out as the origins
     origins, directions = _rays(two_grids, 4, np.random.default_rng(5))
     feeds = bundle_feeds(two_grids, ray_origins=origins, ray_directions=directions)
-    net = luisaml.compile(fvdb_model([ray_node("SegmentsAlongRays", SEGMENT_OUTS)], feeds), batch_axis=None)
+    net = luisaml.compile(fvdb_model([ray_node("SegmentsAlongRays", SEGMENT_OUTS, eps=1e-3)], feeds), batch_axis=None)
     swapped = origins.jidx[::-1].copy()
     with pytest.raises(InputError, match=r"input 'ray_origins_jidx' names grid 1 at ray 0, but 'ray_origins_joffsets' "
                                          r"\[0, 4, 8\] puts that ray in grid 0 \(the batch has 2 grids\)"):
@@ -331,4 +331,23 @@ def test_rays_whose_jagged_parts_disagree_are_refused_when_bound(two_grids):
         net.run({**feeds, "ray_directions_joffsets": np.array([0, 3, 8], np.int64),
                  "ray_directions_jidx": np.repeat(np.arange(2, dtype=np.int32), [3, 5])})
     out = net.run(feeds)  # and the consistent rays still answer as the reference walk
-    _check_segments(out, segments_along_rays(two_grids, origins, directions), origins, two_grids)
+    _check_segments(out, segments_along_rays(two_grids, origins, directions, eps=1e-3), origins, two_grids)
+
+
+def test_a_grid_of_any_size_under_the_batch_axis_suggests_batch_axis_none(two_grids):
+    """issue 25: a rays-only network over a grid of any size, compiled with the default batch axis, said
+    "give it static shapes" without naming batch_axis=None; with batch_axis=None it runs as the reference."""
+    from luisaml.errors import CompileError
+
+    origins, directions = _rays(two_grids, 4, np.random.default_rng(6))
+    feeds = bundle_feeds(two_grids, ray_origins=origins, ray_directions=directions)
+    m = fvdb_model([ray_node("SegmentsAlongRays", SEGMENT_OUTS, eps=1e-3)], feeds)
+    for vi in m.graph.input:
+        if vi.name in ("grid_blob", "leaf_batch_indices"):
+            vi.type.tensor_type.shape.dim[0].dim_param = f"rows of {vi.name}"
+    with pytest.raises(CompileError, match=r"node 'segments' \(fvdb::SegmentsAlongRays\): grid_blob 'grid_blob' .* "
+                                           r"follows the batch axis .*compile with batch_axis=None to bind a grid of "
+                                           r"any size at run time"):
+        luisaml.compile(m)
+    out = luisaml.compile(m, batch_axis=None).run(feeds)
+    _check_segments(out, segments_along_rays(two_grids, origins, directions, eps=1e-3), origins, two_grids)
