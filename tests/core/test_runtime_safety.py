@@ -181,3 +181,24 @@ def test_a_graph_output_listed_twice_runs_as_onnxruntime():
     with pytest.raises(ModelError, match=r"output 'y' is listed twice with different types \(FLOAT \['N', 4\] and "
                                          r"DOUBLE \['N', 4\]\)"):
         luisaml.compile(m)
+
+
+@pytest.mark.parametrize("b2", [np.array([1, -2, 3.5, 4], np.float32), np.full(4, 0.5, np.float32)])
+def test_an_initializer_that_is_an_output_and_read_by_a_node_runs_as_onnxruntime(b2):
+    """issue 25: a valid model whose output is an initializer another node also reads failed with "internal
+    error: tensor 'b2' has no storage"; the constant keeps its storage for its readers (in the blob, or a
+    literal when all its values are one) and is returned as it is."""
+    from onnx import numpy_helper
+
+    g = helper.make_graph([helper.make_node("Add", ["x", "b2"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4]),
+                           helper.make_tensor_value_info("b2", TensorProto.FLOAT, [4])],
+                          [numpy_helper.from_array(b2, "b2")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    x = np.random.default_rng(4).standard_normal((3, 4)).astype(np.float32)
+    got = luisaml.compile(m).run({"x": x})
+    want = ort_run(m, {"x": x})
+    for name in ("y", "b2"):
+        np.testing.assert_array_equal(got[name], want[name])
