@@ -258,8 +258,9 @@ class GridOp(Operator):
         for name in ("voxel_sizes", "origins"):
             self.expect_dtype(t[prefix + name], ("DOUBLE", "FLOAT"), prefix + name)
         for name, x in t.items():
+            any_size = getattr(self, "any_grid", False)  # (GridOp's; other ops that read a bundle have none)
             how = ("compile with batch_axis=None to bind a grid of any size at run time, or give the bundle static "
-                   "shapes" if self.any_grid else "give the bundle static shapes (this op needs the grid's sizes when "
+                   "shapes" if any_size else "give the bundle static shapes (this op needs the grid's sizes when "
                    "compiled)")
             self.expect(not x.batched, f"{name} '{x.name}' {shape_str(x.shape)} follows the batch axis (its first "
                         "dimension is symbolic and was taken as the batch); the GridBatch bundle is shared by every "
