@@ -79,7 +79,8 @@ def refined(voxels: Voxels, h: np.ndarray, o: np.ndarray, factor,
     """fVDB's refined_grid: c * f + [0, f)^3 of every voxel (a mask keeps); h' = h / f,
     origin' = origin - (f - 1) * (h / f) / 2."""
     f = factor3(factor, "subdiv_factor")
-    kept = [len(v) if masks is None else int(np.count_nonzero(np.asarray(masks[b], bool))) for b, v in enumerate(voxels)]
+    kept = [len(v) if masks is None else int(np.count_nonzero(np.asarray(masks[b], bool)))
+            for b, v in enumerate(voxels)]
     check_result_size("RefinedGrid", {"subdiv_factor": f}, kept)
     box = np.stack(np.meshgrid(*(np.arange(n) for n in f), indexing="ij"), -1).reshape(-1, 3)
     out = []
