@@ -40,7 +40,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import dtypes
-from .errors import InputError, InputNameError, InputTypeError, LuisamlError
+from .errors import InputError, InputNameError, InputTypeError, LimitError, LuisamlError
 from .interop import is_torch, same_tensor, to_numpy
 from .model import ModelError, Node, _attr_value, shape_str
 from .opsets import fvdb as schema
@@ -119,6 +119,18 @@ class DeviceBuilds:
         if not _from_grid(node.op_type):
             return self._build_from_points(node, arrays, digests)
         attrs = dict(node.attrs)
+        if node.op_type in ("DilatedGrid", "RefinedGrid"):  # a result past the limits: refused before any build
+            from .fvdb.topology import check_result_size
+
+            offsets = np.asarray(arrays[5], np.int64).reshape(-1)
+            counts = np.diff(offsets) if node.op_type == "DilatedGrid" or len(arrays) <= BUNDLE or \
+                arrays[BUNDLE] is None else [int(np.count_nonzero(arrays[BUNDLE]))]
+            try:
+                check_result_size(node.op_type, attrs, [int(c) for c in counts])
+            except LimitError as e:
+                raise LimitError(f"{node.describe()}: {e}") from None
+            except ValueError:
+                pass  # (attributes out of range: the build's own check names them)
         passes = 1
         if node.op_type == "DilatedGrid":
             passes = int(attrs.get("dilation", 1))
@@ -221,6 +233,8 @@ def on_host(node: Node, arrays: list) -> list[np.ndarray]:
 
     try:
         return registry.resolve(node.op_type, DOMAIN, 1).evaluate(node, arrays)
+    except LimitError:
+        raise  # (it names the node and the limit already)
     except LuisamlError as e:  # (the builder's messages name the node: a CompileError when folding)
         raise InputError(f"{e} (run on the host: its grid is bound at run time)") from None
 

@@ -57,6 +57,8 @@ class NetworkInstance:
         net = self._need_model()
         if name not in net.output_names:
             raise InputNameError(f"'{name}' is not an output; outputs are {net.output_names}")
+        if tensor is not None:
+            _check_writable(name, tensor)
         self._outputs[name] = tensor
 
     def set_weight_buffer(self, buffer) -> None:
@@ -102,6 +104,7 @@ class NetworkInstance:
             if target is None:
                 continue
             value = results[name]
+            _check_writable(name, target)  # (its flags may have changed since set_output)
             arr = target.detach().numpy() if is_torch(target) else target
             if tuple(arr.shape) != tuple(value.shape) or arr.dtype != np.asarray(value).dtype:
                 raise InputError(
@@ -110,3 +113,15 @@ class NetworkInstance:
                 )
             arr[...] = value if not is_torch(value) else value.numpy()
         return results
+
+
+def _check_writable(name: str, target) -> None:
+    """Raise InputError unless an output binding is an array forward() can write in place."""
+    if is_torch(target):
+        return
+    if not isinstance(target, np.ndarray):
+        raise InputError(f"output '{name}': set_output takes a numpy array or torch tensor to write into (or None), "
+                         f"got {type(target).__name__}")
+    if not target.flags.writeable:
+        raise InputError(f"output '{name}': the bound array is read-only (flags.writeable is False), so forward() "
+                         "cannot write the output into it; bind a writable array or None")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import InputTypeError
+from .errors import InputError, InputTypeError
 
 
 def is_torch(x) -> bool:
@@ -22,14 +22,31 @@ def same_tensor(kept, t) -> bool:
             and bool(torch.equal(kept, t)))
 
 
+# torch dtypes numpy has no type for: a feed of one is refused by name rather than by torch's TypeError
+_NO_NUMPY_DTYPE = ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "complex32")
+
+
+def check_torch_dtype(t, name: str) -> None:
+    """Raise InputTypeError naming the input if torch tensor t's dtype has no numpy type (bfloat16)."""
+    kind = str(t.dtype).removeprefix("torch.")
+    if kind in _NO_NUMPY_DTYPE:
+        raise InputTypeError(f"input '{name}': torch dtype {kind} has no numpy type, so luisaml cannot read it; "
+                             "convert it to the dtype the network expects first (x.float(), x.half(), x.to(...))")
+
+
 def to_numpy(x, name: str) -> np.ndarray:
     """Return a feed as a numpy array (torch tensors are copied to the host)."""
     if is_torch(x):
+        check_torch_dtype(x, name)
         return x.detach().cpu().numpy()
     if isinstance(x, np.ndarray):
         return x
     if np.isscalar(x) or isinstance(x, (list, tuple)):
-        return np.asarray(x)
+        try:
+            return np.asarray(x)
+        except ValueError as e:  # a ragged list: numpy's message does not say which input
+            raise InputError(f"input '{name}': a nested list whose rows differ in length (ragged) is not an "
+                             f"array ({e})") from None
     raise InputTypeError(f"input '{name}': expected a numpy array or torch tensor, got {type(x).__name__}")
 
 

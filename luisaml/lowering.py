@@ -276,8 +276,11 @@ def plan_storage(
     ordinary intermediates that stay live to its end (its parent copies them out)."""
     io = set(g.inputs) | (set(g.outputs) if main else set())
     for t in tensors.values():
-        # an outer constant that only subgraphs read has no storage from the enclosing graph
-        if t.value is not None and t.name not in io and (t.name in g.vars or t.home is None):
+        # an outer constant that only subgraphs read has no storage from the enclosing graph; a constant
+        # that is also a graph output keeps its storage for the nodes that read it (no node writes it:
+        # the run returns its value from the host, Plan.host_outputs)
+        placed = t.name not in io or (main and t.name not in g.inputs)
+        if t.value is not None and placed and (t.name in g.vars or t.home is None):
             t.home = constant_storage(t.value, t.dtype) or BlobWeight(t, blob)
     io |= {n for n, t in tensors.items() if n not in g.vars}  # outer tensors: not ours to place
     steps, views = [], {}

@@ -16,7 +16,7 @@ from . import cache, device, dtypes, voxel_rows
 from .dispatch import Launcher
 from .dtypes import shape_str
 from .errors import InputError, InputNameError, InputTypeError, RunError, UsageError
-from .interop import dlpack_buffer, is_torch, same_tensor, to_numpy, torch_dtype
+from .interop import check_torch_dtype, dlpack_buffer, is_torch, same_tensor, to_numpy, torch_dtype
 from .log import SLOW_BUILD_S, phase
 
 if TYPE_CHECKING:  # (not imported at run time: a network loaded from a .lml runs without onnx)
@@ -858,6 +858,7 @@ class CompiledNetwork:
 
         metas = {}
         for k, v in feeds.items():  # shape and dtype checks without touching the data
+            check_torch_dtype(v, k)
             np_dtype = torch.empty((), dtype=v.dtype).numpy().dtype
             metas[k] = np.broadcast_to(np.zeros((), np_dtype), tuple(v.shape))
         _, batch, _ = self.check_feeds(metas)

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Mapping, Optional, Union
 
+import numpy as np
 import onnx
 
 from . import cache, compiler, device, loaders, passes
@@ -68,10 +69,30 @@ class CompileOptions:
             raise UsageError(f"schedule must be 'auto', 'stages' or 'per-sample', not {self.schedule!r}")
         if self.batch_axis not in ("auto", 0, None):
             raise UsageError(f"batch_axis must be 'auto', 0 or None, not {self.batch_axis!r}")
+        check_input_shapes(self.input_shapes)
         if self.winograd not in (0, 2, 4):
             raise UsageError(f"winograd must be 'auto', False, 2 or 4, not {self.winograd!r}")
         if self.grid_build not in ("device", "host"):
             raise UsageError(f"grid_build must be 'auto', 'device' or 'host', not {self.grid_build!r}")
+
+
+def check_input_shapes(shapes) -> None:
+    """Raise UsageError unless input_shapes is None or {input name: a list of dims}, each dim an int, a
+    name (a symbolic dim) or None (kept as the model has it)."""
+    if shapes is None:
+        return
+    want = 'input_shapes must be {input name: [dim, ...]} with each dim an int, a name or None, e.g. {"x": [None, 16]}'
+    if not isinstance(shapes, Mapping):
+        raise UsageError(f"{want}; got {type(shapes).__name__} {shapes!r:.80}")
+    for name, dims in shapes.items():
+        if not isinstance(name, str):
+            raise UsageError(f"{want}; got the key {name!r:.80} ({type(name).__name__})")
+        if isinstance(dims, (str, bytes)) or not isinstance(dims, (list, tuple)):
+            raise UsageError(f"{want}; got input_shapes[{name!r}] = {dims!r:.80} ({type(dims).__name__})")
+        for d in dims:
+            if not (d is None or isinstance(d, str) or (isinstance(d, (int, np.integer)) and not isinstance(d, bool))):
+                raise UsageError(f"{want}; got input_shapes[{name!r}] = {list(dims)!r:.80}, whose dim {d!r:.40} is a "
+                                 f"{type(d).__name__}")
 
 
 # the Winograd tile "auto" takes on CUDA (benchmarks/NOTES.md, "Winograd convolutions"); the CPU

@@ -266,8 +266,13 @@ def constant_storage(value: np.ndarray, dtype: DType) -> Storage | None:
         start, step = kernel[0].astype(np.float64), kernel[1].astype(np.float64) - kernel[0].astype(np.float64)
         products = step * np.arange(flat.size, dtype=np.float64)
         rebuilt = start + products
-        with np.errstate(invalid="ignore"):  # (products past an integer type's range: not exact)
-            exact = np.array_equal(products.astype(kernel.dtype).astype(np.float64), products)
+        # products or a step past the kernel type's range are not exact: checked here, before any cast
+        # (a cast past float32's range would overflow to inf, and numpy warns about it)
+        info = np.finfo(kernel.dtype) if kernel.dtype.kind == "f" else np.iinfo(kernel.dtype)
+        lo, hi = float(info.min), float(info.max)
+        in_range = lo <= step <= hi and bool(np.all((products >= lo) & (products <= hi)))
+        with np.errstate(invalid="ignore"):  # (float(iinfo.max) rounds up for int64: one past its range)
+            exact = in_range and np.array_equal(products.astype(kernel.dtype).astype(np.float64), products)
         if exact and np.array_equal(rebuilt, kernel.astype(np.float64)) and step == step.astype(kernel.dtype):
             return Linear(kernel[0].item(), kernel.dtype.type(step).item(), dtype)
     return None

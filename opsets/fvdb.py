@@ -526,7 +526,9 @@ OPS[UNIFORM_RAY_SAMPLES] = OpSpec(
     "the row count is the number of samples the walk writes (with include_end_segments=1 fVDB's count pass "
     "moves to a segment with floor where its fill moves with ceil, so its counts can disagree with its rows); "
     "a ray whose t_min is not finite or whose t_max is NaN has no samples; "
-    "a step too small to advance a ray's float32 time flags a run-time error (fVDB loops forever).",
+    "a step too small to advance a ray's float32 time flags a run-time error (fVDB loops forever); a "
+    "step_size or cone_angle below float32's smallest normal number (which the device flushes to zero) is "
+    "refused when compiled.",
     _RAYS + (("t_min", "T"), ("t_max", "T")), "samples",
     (("step_size", "the smallest step (fVDB's min_step_size); > 0, required", None),
      ("cone_angle", "the step grows as t * cone_angle (radians); >= 0", 0.0),

@@ -78,3 +78,29 @@ def test_warp_size_one_turns_off_the_cooperative_kernel(model_path):
     np.testing.assert_allclose(inst.forward()["y"], m(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6)
     inst.set_warp_size(32)
     assert inst.net.plan.fused is not None
+
+
+def test_a_read_only_output_binding_is_an_input_error_naming_the_output(model_path):
+    """issue 25: a read-only array bound with set_output surfaced numpy's "assignment destination is read-only"
+    from forward(); it is refused by name at set_output, and again at forward if it became read-only since.
+    A writable binding is then filled as torch computes it."""
+    from luisaml.errors import InputError
+
+    path, m = model_path
+    inst = luisaml.NetworkInstance(path)
+    x = np.random.default_rng(1).standard_normal((2, 6)).astype(np.float32)
+    inst.set_input("x", x)
+    frozen = np.zeros((2, 3), np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(InputError, match=r"output 'y': the bound array is read-only"):
+        inst.set_output("y", frozen)
+    with pytest.raises(InputError, match=r"output 'y': set_output takes a numpy array or torch tensor .* got list"):
+        inst.set_output("y", [[0.0] * 3] * 2)
+    y = np.zeros((2, 3), np.float32)
+    inst.set_output("y", y)
+    y.flags.writeable = False
+    with pytest.raises(InputError, match=r"output 'y': the bound array is read-only"):
+        inst.forward()
+    y.flags.writeable = True
+    inst.forward()
+    np.testing.assert_allclose(y, m(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6)

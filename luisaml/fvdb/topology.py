@@ -24,6 +24,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from ..limits import DEFAULT as DEFAULT_LIMITS
+from ..limits import Limits
 from .builder import as_vec3, as_voxel_size
 from .grid_batch import GridBatch
 from .nanovdb import NanoGrid, active_voxels
@@ -77,6 +79,9 @@ def refined(voxels: Voxels, h: np.ndarray, o: np.ndarray, factor,
     """fVDB's refined_grid: c * f + [0, f)^3 of every voxel (a mask keeps); h' = h / f,
     origin' = origin - (f - 1) * (h / f) / 2."""
     f = factor3(factor, "subdiv_factor")
+    kept = [len(v) if masks is None else int(np.count_nonzero(np.asarray(masks[b], bool)))
+            for b, v in enumerate(voxels)]
+    check_result_size("RefinedGrid", {"subdiv_factor": f}, kept)
     box = np.stack(np.meshgrid(*(np.arange(n) for n in f), indexing="ij"), -1).reshape(-1, 3)
     out = []
     for b, v in enumerate(voxels):
@@ -86,11 +91,34 @@ def refined(voxels: Voxels, h: np.ndarray, o: np.ndarray, factor,
     return out, fine_h, o - (f - 1) * fine_h / 2.0
 
 
+def check_voxel_count(what: str, count: int, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Raise LimitError before a grid of `count` voxels is built: its voxels are indexed with 32-bit
+    integers, and the builder holds their int64 ijk (24 bytes a voxel) within Limits.tensor_bytes."""
+    limits.check_elements(f"{what}: a grid of at least {count:,} voxels (int64 ijk while it is built)", count, 24)
+
+
+def check_result_size(op_type: str, attrs: dict, counts: Sequence[int], limits: Limits = DEFAULT_LIMITS) -> None:
+    """Raise LimitError, before any work, when the grids a DilatedGrid or RefinedGrid builds from grids of
+    `counts` voxels (a mask's kept voxels for RefinedGrid) must exceed the limits: a dilation by n holds at
+    least the (2n + 1)^3 cube of every voxel, a refinement by f exactly f^3 voxels a kept voxel."""
+    if op_type == "DilatedGrid":
+        n = int(attrs.get("dilation", 1))
+        if n > 0:
+            for c in counts:
+                if c:
+                    check_voxel_count(f"dilation {n}", max(int(c), (2 * n + 1) ** 3), limits)
+    elif op_type == "RefinedGrid":
+        f = factor3(attrs.get("subdiv_factor", ()), "subdiv_factor")
+        for c in counts:
+            check_voxel_count(f"subdiv_factor {f.tolist()} of {int(c):,} voxels", int(c) * int(np.prod(f)), limits)
+
+
 def dilated(voxels: Voxels, h: np.ndarray, o: np.ndarray, dilation: int) -> tuple[Voxels, np.ndarray, np.ndarray]:
     """fVDB's dilated_grid: n passes of 26-neighbour dilation (every voxel within Chebyshev distance n)."""
     n = int(dilation)
     if n < 0:
         raise ValueError(f"dilation must be non-negative, got {n}")
+    check_result_size("DilatedGrid", {"dilation": n}, [len(v) for v in voxels])
     out = []
     for v in voxels:
         # the ball is the sum of three segments, so the dilation is one along each axis in turn:
@@ -100,6 +128,7 @@ def dilated(voxels: Voxels, h: np.ndarray, o: np.ndarray, dilation: int) -> tupl
         for axis in range(3):
             step = np.zeros((2 * n + 1, 3), np.int64)
             step[:, axis] = np.arange(-n, n + 1)
+            check_voxel_count(f"dilation {n} (a pass along axis {axis})", len(cur) * (2 * n + 1))
             cur = _checked((cur.astype(np.int64)[:, None, :] + step).reshape(-1, 3), "dilated")
         out.append(cur)
     return out, h, o

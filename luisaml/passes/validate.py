@@ -69,13 +69,15 @@ def check_versions(proto: onnx.ModelProto) -> None:
 
 def validate_model(proto: onnx.ModelProto, *, limits: Limits = DEFAULT) -> None:
     """Raise ModelError or CompileError, naming the offender, for a model luisaml must not compile;
-    LimitError for a graph input whose static dims exceed what a kernel can index."""
+    LimitError for a graph input whose static dims exceed what a kernel can index. A graph output
+    listed twice with one type is listed once after it (drop_repeated_outputs)."""
     check_text(proto)
     check_versions(proto)
     g = proto.graph
     if not g.output:
         what = "no nodes and no outputs" if not g.node else f"{len(g.node)} nodes but no outputs"
         raise ModelError(f"graph '{g.name}' has {what}: there is nothing to compute")
+    drop_repeated_outputs(proto)
     for vi in g.input:
         dims = vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else []
         static = [d.dim_value for d in dims if d.HasField("dim_value") and d.dim_value > 0]
@@ -83,6 +85,35 @@ def validate_model(proto: onnx.ModelProto, *, limits: Limits = DEFAULT) -> None:
                               _itemsize(vi.type.tensor_type.elem_type))
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in proto.opset_import}
     _check_graph(g, frozenset(), opsets, onnx_domains())
+
+
+def drop_repeated_outputs(proto: onnx.ModelProto) -> None:
+    """Remove the repeats of a top-level graph output listed twice with the same type (onnxruntime runs
+    such a model and answers it twice; luisaml's outputs are by name, so once); a repeat declared with
+    another type is a ModelError naming it. Subgraph outputs are positional and left alone."""
+    g = proto.graph
+    first: dict[str, onnx.ValueInfoProto] = {}
+    keep = []
+    for vi in g.output:
+        seen = first.get(vi.name)
+        if seen is None:
+            first[vi.name] = vi
+            keep.append(vi)
+        elif seen.type != vi.type:
+            raise ModelError(f"graph '{g.name}': output '{vi.name}' is listed twice with different types "
+                             f"({_type_str(seen)} and {_type_str(vi)}); list it once")
+    if len(keep) != len(g.output):
+        kept = [onnx.ValueInfoProto.FromString(vi.SerializeToString()) for vi in keep]
+        del g.output[:]
+        g.output.extend(kept)
+
+
+def _type_str(vi: onnx.ValueInfoProto) -> str:
+    tt = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type"):
+        return "not a tensor"
+    dims = [d.dim_param or (d.dim_value if d.HasField("dim_value") else "?") for d in tt.shape.dim]
+    return f"{onnx.TensorProto.DataType.Name(tt.elem_type) if tt.elem_type else 'no element type'} {dims}"
 
 
 def check_text(proto: onnx.ModelProto) -> None:

@@ -258,8 +258,13 @@ class GridOp(Operator):
         for name in ("voxel_sizes", "origins"):
             self.expect_dtype(t[prefix + name], ("DOUBLE", "FLOAT"), prefix + name)
         for name, x in t.items():
-            self.expect(not x.batched, f"{name} '{x.name}' {shape_str(x.shape)} follows the batch axis; the "
-                        "GridBatch bundle is shared by every sample (give it static shapes)")
+            any_size = getattr(self, "any_grid", False)  # (GridOp's; other ops that read a bundle have none)
+            how = ("compile with batch_axis=None to bind a grid of any size at run time, or give the bundle static "
+                   "shapes" if any_size else "give the bundle static shapes (this op needs the grid's sizes when "
+                   "compiled)")
+            self.expect(not x.batched, f"{name} '{x.name}' {shape_str(x.shape)} follows the batch axis (its first "
+                        "dimension is symbolic and was taken as the batch); the GridBatch bundle is shared by every "
+                        f"sample: {how}")
         blob = t[prefix + "grid_blob"]
         self.expect(blob.rank == 1, f"{prefix}grid_blob '{blob.name}' must be 1-D, got {shape_str(blob.shape)}")
         off = t[prefix + "grid_byte_offsets"]

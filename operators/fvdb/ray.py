@@ -12,8 +12,10 @@ RaysIntersectVoxels has one bool per ray: a plain items op, one thread per ray.
 Where this differs from fVDB on purpose: the segment walk re-aligns the DDA to the tree's level up
 to three times before testing a cell, as fVDB's voxel walk does (fVDB's segment walk re-aligns once
 and then tests the corner of a coarse cell, which can start a span early or end a walk); a ray whose
-direction is zero, or whose grid id is outside the batch, has no hits (jlidx (b, -1) for the latter);
-UniformRaySamples' differences are in its schema doc (opsets/fvdb.py).
+direction is zero has no hits; UniformRaySamples' differences are in its schema doc (opsets/fvdb.py).
+The rays' JaggedTensor layout (joffsets spanning the rays, jidx naming the grid joffsets give, every
+jagged input laid out as the origins) is checked on the host when the rays are bound
+(check_ray_layout, a derived input beside the grids' metadata); the kernels still guard `0 <= b < B`.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from typing import Iterator
 import numpy as np
 
 from luisaml import dtypes
+from luisaml.errors import InputError
 from luisaml.dynamic import Phase, scan_phases
 from luisaml.model import shape_str
 from luisaml.operator import CompileError, Derived
@@ -32,6 +35,7 @@ from luisaml.registry import register
 from .common import META_FIELDS, GridOp, Meta, bundle_grids
 
 FLT_MAX = 3.4028234663852886e38
+FLT_MIN_NORMAL = float(np.finfo(np.float32).tiny)  # 1.1754944e-38: the device flushes smaller floats to zero
 DELTA = 1e-5  # NanoVDB's Delta<float> (shaders/hdda.py DELTA): fVDB's smallest end piece of a segment
 RAY_FIELDS = 9  # per grid: float32 bits of the dual translate (3), the tree's bbox min (3) and max (3)
 
@@ -48,6 +52,40 @@ def ray_metadata(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch_
     for b, g in enumerate(grids):
         out[b, 3:9] = g.root_bbox.reshape(-1) if g.voxel_count else (1, 1, 1, 0, 0, 0)
     return out
+
+
+def check_ray_layout(*parts, node: str, names: tuple, grids: int, rays: int) -> np.ndarray:
+    """Check the JaggedTensor layout of a ray op's inputs when they are bound and return int32 [1] (zero):
+    parts are (joffsets, jidx) of each jagged input, names their input names (ray_origins first). The
+    first's joffsets must rise from 0 to the rays and its jidx (or none: one grid) name, ray by ray, the
+    grid joffsets give; every other jagged input must be laid out as it (fVDB's jagged_like). Without
+    this, a ray whose jidx names a grid outside the batch had no hits and joffsets that do not span the
+    rays sized the jlidx of rays outside them: answers, not errors."""
+    expected = None
+    for k in range(0, len(parts), 2):
+        off, idx = np.asarray(parts[k]).reshape(-1), np.asarray(parts[k + 1]).reshape(-1)
+        off_name, idx_name = names[k], names[k + 1]
+        if off.size != grids + 1 or off[0] != 0 or off[-1] != rays or (np.diff(off) < 0).any():
+            raise InputError(f"{node}: input '{off_name}' must rise from 0 to {rays} (the rays) in {grids + 1} "
+                             f"entries (one tensor per grid), got {_few(off)}")
+        want = np.repeat(np.arange(grids, dtype=np.int64), np.diff(off))
+        if idx.size:
+            bad = np.flatnonzero(idx.astype(np.int64) != want)
+            if bad.size:
+                r = int(bad[0])
+                raise InputError(f"{node}: input '{idx_name}' names grid {int(idx[r])} at ray {r}, but '{off_name}' "
+                                 f"{_few(off)} puts that ray in grid {int(want[r])} (the batch has {grids} "
+                                 f"grid{'s' if grids != 1 else ''})")
+        if expected is None:
+            expected = off
+        elif not np.array_equal(off, expected):
+            raise InputError(f"{node}: input '{off_name}' {_few(off)} differs from '{names[0]}' {_few(expected)}: "
+                             "every jagged input of a ray op is laid out as the ray origins")
+    return np.zeros(1, np.int32)
+
+
+def _few(a: np.ndarray) -> str:
+    return str(a.tolist()) if a.size <= 8 else f"{a[:8].tolist()} ... ({a.size} entries)"
 
 
 def _infer(node, inputs):
@@ -74,12 +112,13 @@ class RayOp(GridOp):
             self.expect_points(jt)
         for jt in self.jagged:
             self.expect(not jt.jdata.batched, f"{jt.name}_jdata '{jt.jdata.name}' follows the batch axis; rays are "
-                        "walked once for the whole batch (give them a static first dimension)")
+                        "walked once for the whole batch: compile with batch_axis=None to bind any number of rays "
+                        "at run time, or give them a static first dimension")
         self.rays = origins.jdata.shape[0]
         self.expect(directions.jdata.shape[0] == self.rays,
                     f"ray_directions_jdata '{directions.jdata.name}' {shape_str(directions.jdata.shape)} must have "
                     f"as many rows as ray_origins_jdata '{origins.jdata.name}' {shape_str(origins.jdata.shape)}")
-        self.eps = float(self.attr("eps", 0.0))
+        self.eps = self.float32_attr("eps", 0.0, ">= 0")
         self.expect(self.eps >= 0.0, f"eps must be >= 0, got {self.eps}")
         names = schema.RAY_OUTPUTS[self.node.op_type]
         self.expect(len(self.outputs) == len(names) and all(t is not None for t in self.outputs),
@@ -93,13 +132,29 @@ class RayOp(GridOp):
     def check_outputs(self) -> None:
         """Check the op's own outputs (subclasses)."""
 
+    def float32_attr(self, name: str, default, want: str) -> float:
+        """Return a float attribute as the float32 the kernel computes with (as fVDB's ScalarType), after
+        checking that it is finite in float32 (inf, NaN or beyond float32's range would reach the kernel's
+        code as a literal it cannot compile, or as a comparison that is always false); want: what it must be."""
+        value = float(self.attr(name) if default is None else self.attr(name, default))
+        self.expect(np.isfinite(value) and abs(value) <= FLT_MAX,
+                    f"attribute {name} must be a finite float32 {want}, got {value!r}")
+        return float(np.float32(value))
+
     def max_hits(self, name: str) -> int:
         n = int(self.attr(name, -1))
         self.expect(n > 0 or n == -1, f"{name} must be > 0 or -1 (no limit), got {n}")
         return n
 
     def derived_inputs(self):
-        return super().derived_inputs() + [Derived(ray_metadata, tuple(range(6)), dtypes.INT32, (self.B, RAY_FIELDS))]
+        # the rays' layout is checked where the grids' metadata is derived: when they are bound
+        first = len(schema.BUNDLE)
+        sources = tuple(first + 4 * j + part for j in range(len(self.jagged)) for part in (1, 2))
+        names = tuple(self.inputs[k].name for k in sources)
+        layout = Derived(check_ray_layout, sources, dtypes.INT32, (1,),
+                         (("node", self.node.describe()), ("names", names), ("grids", self.B), ("rays", self.rays)))
+        return super().derived_inputs() + [Derived(ray_metadata, tuple(range(6)), dtypes.INT32, (self.B, RAY_FIELDS)),
+                                           layout]
 
     # ---- phases -----------------------------------------------------------------------------
     def phases(self):
@@ -125,7 +180,7 @@ class RayOp(GridOp):
         """Emit the set-up of one ray's walk and yield (walk state, metadata row m) where it has begun:
         inside `0 <= b < B` (on_grid() emitted there first), the dual-space ray clipped to the grid's
         box (and to time_span), the DDA initialised; after it, flag a walk that overflowed."""
-        meta, ray_meta = self.derived
+        meta, ray_meta = self.derived[:2]
         origins, directions = self.jagged[:2]
         blob, base = self.input(0).storage.byte_address()
         for helper in ("hdda_clip", "hdda_clip_span", "hdda_init", "hdda_next_voxel", "hdda_next_segment",
@@ -330,10 +385,16 @@ class UniformRaySamples(RayOp):
             self.expect_shape(jt.jdata, (self.rays,), f"{jt.name}_jdata (one time per ray)")
 
     def check_outputs(self):
-        self.step = float(np.float32(self.attr("step_size")))  # fVDB's kernel: ScalarType (float32)
-        self.cone = float(np.float32(self.attr("cone_angle", 0.0)))
-        self.expect(np.isfinite(self.step) and self.step > 0.0, f"step_size must be > 0, got {self.step}")
-        self.expect(np.isfinite(self.cone) and self.cone >= 0.0, f"cone_angle must be >= 0, got {self.cone}")
+        self.step = self.float32_attr("step_size", None, "> 0")  # fVDB's kernel: ScalarType (float32)
+        self.cone = self.float32_attr("cone_angle", 0.0, ">= 0")
+        self.expect(self.step > 0.0, f"step_size must be > 0, got {self.step}")
+        self.expect(self.cone >= 0.0, f"cone_angle must be >= 0, got {self.cone}")
+        # a float32 below the smallest normal number is flushed to zero by the device: a step of 0 makes
+        # every sample's time NaN (no samples, no stalled step to flag), a cone angle of 0 another op
+        for name, value in (("step_size", self.step), ("cone_angle", self.cone)):
+            self.expect(value == 0.0 or value >= FLT_MIN_NORMAL,
+                        f"{name} {value!r} is below float32's smallest normal number {FLT_MIN_NORMAL!r}, which the "
+                        "device flushes to zero; use a step the rays' float32 times can advance by")
         self.include_end = bool(self.attr("include_end_segments", 1))
         self.midpoints = bool(self.attr("return_midpoints", 0))
         out = self.output(0)

@@ -33,6 +33,7 @@ from onnx import TensorProto
 
 from luisaml import dtypes
 from luisaml.dynamic import HostRead, HostResult, Phase
+from luisaml.errors import LimitError
 from luisaml.fvdb import layout as L
 from luisaml.fvdb import topology as T
 from luisaml.fvdb.builder import HEADER_SIZE, grid_header, grid_layout
@@ -116,6 +117,8 @@ def evaluate_grid_op(node, inputs) -> list[np.ndarray]:
     """Return the seven bundle arrays of the grids a topology node builds from constant inputs."""
     try:
         batch = _from_grids(node, inputs) if node.op_type in _FROM_GRIDS else _from_jagged(node, inputs)
+    except LimitError as e:  # (a LimitError is a ValueError: it stays one, naming the node)
+        raise LimitError(f"{node.describe()}: {e}") from None
     except (ValueError, NanoVDBError) as e:
         raise CompileError(f"{node.describe()}: {e}") from None
     return [np.ascontiguousarray(a) for a in batch.bundle()]

@@ -77,3 +77,32 @@ def test_float64_computed_as_float32_when_asked():
     np.testing.assert_allclose(y, x * x, rtol=2 ** -22)  # float32 arithmetic: a couple of ulps
     with pytest.raises(OverflowError, match=r"input 'x': float64 value 1e\+200 is beyond float32's range"):
         net.run({"x": np.array([1.0, 1e200, 2.0])})
+
+
+def test_a_constant_whose_linear_rebuild_leaves_float32_compiles_without_a_warning():
+    """issue 29: storage.constant_storage cast the products of a constant's step past float32's range
+    ("RuntimeWarning: overflow encountered in cast"); the range is checked first. [-3e38, 0, 3e38] is no
+    arithmetic progression a kernel can compute (2 * 3e38 is inf in float32): it stays in the blob, and the
+    network adds it as onnxruntime does."""
+    import warnings
+
+    import onnxruntime as ort
+
+    from luisaml import dtypes
+    from luisaml.storage import Linear, constant_storage
+
+    c = np.array([-3e38, 0.0, 3e38], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not isinstance(constant_storage(c, dtypes.FLOAT), Linear)
+        assert not isinstance(constant_storage(np.array([0, 2**30, 2**31 - 1], np.int64), dtypes.INT64), Linear)
+        assert constant_storage(np.array([1.0, 2.5, 4.0], np.float32), dtypes.FLOAT) == Linear(1.0, 1.5, dtypes.FLOAT)
+        g = helper.make_graph([helper.make_node("Add", ["x", "c"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])], [numpy_helper.from_array(c, "c")])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        x = np.array([1e37, 2.0, -1e37], np.float32)
+        got = luisaml.compile(m, batch_axis=None).run({"x": x})["y"]
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, want)

@@ -116,3 +116,89 @@ def test_batch_beyond_32_bit_indexing_is_refused_before_allocating():
     net = luisaml.compile(model)
     with pytest.raises(luisaml.LimitError, match=r"'x' at batch 1025 has 2,149,580,800 elements"):
         net.run({"x": np.broadcast_to(np.zeros((1, 2**21), np.bool_), (1025, 2**21))})
+
+
+def _relu_model(outputs=("y",)):
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, ["N", 4]) for o in outputs])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("shapes, found", [
+    ({"x": 3}, r"got input_shapes\['x'\] = 3 \(int\)"),
+    ([3, 4], r"got list \[3, 4\]"),
+    ({"x": "3x4"}, r"got input_shapes\['x'\] = '3x4' \(str\)"),
+    ({"x": [3, 4.5]}, r"got input_shapes\['x'\] = \[3, 4.5\], whose dim 4.5 is a float"),
+    ({0: [3, 4]}, r"got the key 0 \(int\)"),
+])
+def test_input_shapes_of_the_wrong_form_is_a_usage_error(shapes, found):
+    """issue 25: input_shapes={"x": 3} or [3, 4] raised a raw TypeError/AttributeError; a UsageError now says
+    what input_shapes must be and what it got. The right form still fixes the shape (onnxruntime's answer)."""
+    from luisaml.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"input_shapes must be \{input name: \[dim, \.\.\.\]\} with each dim an int, "
+                                         r"a name or None.*; " + found):
+        luisaml.compile(_relu_model(), input_shapes=shapes)
+    x = np.array([[-1, 2, -3, 4]] * 3, np.float32)
+    net = luisaml.compile(_relu_model(), input_shapes={"x": (3, np.int64(4))}, batch_axis=None)
+    np.testing.assert_array_equal(net.run({"x": x})["y"], ort_run(_relu_model(), {"x": x})["y"])
+
+
+def test_feeds_numpy_cannot_read_are_input_errors_naming_the_input():
+    """issue 25: a ragged list feed surfaced numpy's ValueError without the input's name, a bfloat16 torch
+    tensor torch's TypeError; an object array is refused by dtype. Each is an InputError naming the input."""
+    import torch
+
+    from luisaml.errors import InputError, InputTypeError
+
+    net = luisaml.compile(_relu_model())
+    with pytest.raises(InputError, match=r"input 'x': a nested list whose rows differ in length \(ragged\)"):
+        net.run({"x": [[1, 2, 3, 4], [1, 2]]})
+    with pytest.raises(InputTypeError, match=r"input 'x': expected dtype float32, got object"):
+        net.run({"x": np.array([[1, 2, 3, 4]], dtype=object)})
+    with pytest.raises(InputTypeError, match=r"input 'x': torch dtype bfloat16 has no numpy type"):
+        net.run({"x": torch.ones(2, 4, dtype=torch.bfloat16)})
+    x = np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32)
+    np.testing.assert_array_equal(net.run({"x": x})["y"], ort_run(_relu_model(), {"x": x})["y"])
+
+
+def test_a_graph_output_listed_twice_runs_as_onnxruntime():
+    """issue 25 (older cases): an output listed twice gave "dimension 0 of [?0, 4] could not be inferred";
+    listed twice with one type it is kept once (outputs are by name) and equals onnxruntime's answer; listed
+    with two types it is a ModelError naming it."""
+    from luisaml.errors import ModelError
+
+    m = _relu_model(("y", "y"))
+    x = np.array([[-1, 2, -3, 4], [5, -6, 7, -8]], np.float32)
+    got = luisaml.compile(m).run({"x": x})
+    want = ort_run(m, {"x": x})
+    assert list(got) == ["y"]
+    np.testing.assert_array_equal(got["y"], want["y"])
+    m.graph.output[1].type.tensor_type.elem_type = TensorProto.DOUBLE
+    with pytest.raises(ModelError, match=r"output 'y' is listed twice with different types \(FLOAT \['N', 4\] and "
+                                         r"DOUBLE \['N', 4\]\)"):
+        luisaml.compile(m)
+
+
+@pytest.mark.parametrize("b2", [np.array([1, -2, 3.5, 4], np.float32), np.full(4, 0.5, np.float32)])
+def test_an_initializer_that_is_an_output_and_read_by_a_node_runs_as_onnxruntime(b2):
+    """issue 25: a valid model whose output is an initializer another node also reads failed with "internal
+    error: tensor 'b2' has no storage"; the constant keeps its storage for its readers (in the blob, or a
+    literal when all its values are one) and is returned as it is."""
+    from onnx import numpy_helper
+
+    g = helper.make_graph([helper.make_node("Add", ["x", "b2"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4]),
+                           helper.make_tensor_value_info("b2", TensorProto.FLOAT, [4])],
+                          [numpy_helper.from_array(b2, "b2")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    x = np.random.default_rng(4).standard_normal((3, 4)).astype(np.float32)
+    got = luisaml.compile(m).run({"x": x})
+    want = ort_run(m, {"x": x})
+    for name in ("y", "b2"):
+        np.testing.assert_array_equal(got[name], want[name])

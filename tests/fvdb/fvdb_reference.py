@@ -386,6 +386,8 @@ def ray_walk(active: set, eye: np.ndarray, d: np.ndarray, lo: np.ndarray, hi: np
     if t_in >= t_out:
         return []
     mid = eye + d * (t_in + min(1e-9, (t_out - t_in) / 2))  # a point just inside the first voxel
+    if not np.isfinite(mid).all():  # a NaN or infinite ray: no voxel to start from (and no cast of NaN)
+        return []
     v = np.floor(mid).astype(np.int64)
     step = np.sign(d).astype(np.int64)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -324,3 +324,30 @@ def test_a_grid_the_steps_and_the_kernels_both_read_is_hashed_once_a_run(monkeyp
     # one pass over the bound blob, not one for the step and one for the kernels; the new grid's blob
     # (the step's output, also bound to the kernels) not hashed at all: its digest follows from the step's
     assert hashed.count(network._HASH_CHUNK) == blob // network._HASH_CHUNK
+
+
+@pytest.mark.parametrize("grid_build", ["host", "device"])
+@pytest.mark.parametrize("op_type, attrs, want", [
+    ("DilatedGrid", dict(dilation=1000), r"dilation 1000: a grid of at least 8,012,006,001 voxels .* kernels index "
+                                         r"with 32-bit integers"),
+    ("RefinedGrid", dict(subdiv_factor=1000), r"subdiv_factor \[1000, 1000, 1000\] of [\d,]+ voxels: a grid of at "
+                                              r"least [\d,]+ voxels .*(32-bit|luisaml\.Limits\.tensor_bytes)"),
+])
+def test_a_grid_past_the_limits_is_a_limit_error_naming_the_node_before_any_work(op_type, attrs, want, grid_build):
+    """issue 25: DilatedGrid(1000) / RefinedGrid(1000) over a grid bound at run time ran 20-60 s into numpy's
+    MemoryError; the result's size is predicted from the bound grid's voxel counts first (a dilation by n holds
+    at least the (2n + 1)^3 cube, a refinement by f f^3 voxels a voxel) and refused with a LimitError. The same
+    network still builds a small grid as the reference does (the other tests of this file)."""
+    import time
+
+    from luisaml.errors import LimitError
+
+    gb = BATCHES["two"]
+    model = topology_model(op_type, attrs, gb, False)
+    net = luisaml.compile(model, batch_axis=None, grid_build=grid_build)
+    sets = reference(op_type, gb, np.random.default_rng(4))[2]  # (for the query's feeds)
+    feeds = {**dict(zip(schema.BUNDLE, gb.bundle())), **query_feeds(sets, 2, np.random.default_rng(0))[0]}
+    t = time.perf_counter()
+    with pytest.raises(LimitError, match=rf"node 'topo' \(fvdb::{op_type}\): {want}"):
+        net.run(feeds)
+    assert time.perf_counter() - t < 5.0

@@ -289,3 +289,65 @@ def test_inspect_shows_the_phases_and_the_run_time_rows(two_grids):
     outs = rep["nodes"][0]["outputs"]
     assert outs[0]["shape"] == ["rows of segments", 2] and outs[1]["shape"] == [len(origins.jdata) + 1]
     assert "launched as 2 command lists, the host reading a row count back between them" in report.text(rep)
+
+
+def test_rays_whose_jagged_parts_disagree_are_refused_when_bound(two_grids):
+    """issue 25: a jidx naming grid 3 of a one-grid batch and joffsets [0, 3] for 8 rays were accepted
+    (no hits; rays outside joffsets' span): the rays' layout is checked when they are bound, an InputError
+    naming the node, the input and what was expected; the same network then answers as the reference."""
+    from luisaml.errors import InputError
+
+    one = GridBatch.from_ijk([np.array([[0, 0, 0], [1, 0, 0], [2, 0, 0]], np.int32)], voxel_sizes=[[1.0, 1.0, 1.0]], origins=[[0.0, 0.0, 0.0]])
+    def with_jidx(jt):  # (a one-tensor JaggedTensor with its jidx written out: zeros)
+        return JaggedTensor(jt.jdata, jt.joffsets, np.zeros(len(jt.jdata), np.int32), jt.jlidx)
+
+    origins = with_jidx(JaggedTensor.from_list([np.tile(np.array([[-5, 0.2, 0.1]], np.float32), (8, 1))]))
+    directions = with_jidx(JaggedTensor.from_list([np.tile(np.array([[1, 0, 0]], np.float32), (8, 1))]))
+    feeds = bundle_feeds(one, ray_origins=origins, ray_directions=directions)
+    net = luisaml.compile(fvdb_model([ray_node("SegmentsAlongRays", SEGMENT_OUTS)], feeds), batch_axis=None)
+    cases = [
+        (dict(ray_origins_jidx=np.full(8, 3, np.int32)), r"input 'ray_origins_jidx' names grid 3 at ray 0, but "
+         r"'ray_origins_joffsets' \[0, 8\] puts that ray in grid 0 \(the batch has 1 grid\)"),
+        (dict(ray_origins_joffsets=np.array([0, 3], np.int64), ray_directions_joffsets=np.array([0, 3], np.int64)),
+         r"input 'ray_origins_joffsets' must rise from 0 to 8 \(the rays\) in 2 entries .*got \[0, 3\]"),
+        (dict(ray_directions_joffsets=np.array([0, 3], np.int64)),
+         r"input 'ray_directions_joffsets' must rise from 0 to 8 .*got \[0, 3\]"),
+        (dict(ray_directions_jidx=np.array([0] * 7 + [-1], np.int32)), r"input 'ray_directions_jidx' names grid -1 "
+         r"at ray 7"),
+    ]
+    for change, msg in cases:
+        with pytest.raises(InputError, match=r"node 'segments' \(fvdb::SegmentsAlongRays\): " + msg):
+            net.run({**feeds, **change})
+    # two grids: jidx must follow joffsets ray by ray, and every jagged input be laid out as the origins
+    origins, directions = _rays(two_grids, 4, np.random.default_rng(5))
+    feeds = bundle_feeds(two_grids, ray_origins=origins, ray_directions=directions)
+    net = luisaml.compile(fvdb_model([ray_node("SegmentsAlongRays", SEGMENT_OUTS, eps=1e-3)], feeds), batch_axis=None)
+    swapped = origins.jidx[::-1].copy()
+    with pytest.raises(InputError, match=r"input 'ray_origins_jidx' names grid 1 at ray 0, but 'ray_origins_joffsets' "
+                                         r"\[0, 4, 8\] puts that ray in grid 0 \(the batch has 2 grids\)"):
+        net.run({**feeds, "ray_origins_jidx": swapped})
+    with pytest.raises(InputError, match=r"input 'ray_directions_joffsets' \[0, 3, 8\] differs from "
+                                         r"'ray_origins_joffsets' \[0, 4, 8\]"):
+        net.run({**feeds, "ray_directions_joffsets": np.array([0, 3, 8], np.int64),
+                 "ray_directions_jidx": np.repeat(np.arange(2, dtype=np.int32), [3, 5])})
+    out = net.run(feeds)  # and the consistent rays still answer as the reference walk
+    _check_segments(out, segments_along_rays(two_grids, origins, directions, eps=1e-3), origins, two_grids)
+
+
+def test_a_grid_of_any_size_under_the_batch_axis_suggests_batch_axis_none(two_grids):
+    """issue 25: a rays-only network over a grid of any size, compiled with the default batch axis, said
+    "give it static shapes" without naming batch_axis=None; with batch_axis=None it runs as the reference."""
+    from luisaml.errors import CompileError
+
+    origins, directions = _rays(two_grids, 4, np.random.default_rng(6))
+    feeds = bundle_feeds(two_grids, ray_origins=origins, ray_directions=directions)
+    m = fvdb_model([ray_node("SegmentsAlongRays", SEGMENT_OUTS, eps=1e-3)], feeds)
+    for vi in m.graph.input:
+        if vi.name in ("grid_blob", "leaf_batch_indices"):
+            vi.type.tensor_type.shape.dim[0].dim_param = f"rows of {vi.name}"
+    with pytest.raises(CompileError, match=r"node 'segments' \(fvdb::SegmentsAlongRays\): grid_blob 'grid_blob' .* "
+                                           r"follows the batch axis .*compile with batch_axis=None to bind a grid of "
+                                           r"any size at run time"):
+        luisaml.compile(m)
+    out = luisaml.compile(m, batch_axis=None).run(feeds)
+    _check_segments(out, segments_along_rays(two_grids, origins, directions, eps=1e-3), origins, two_grids)

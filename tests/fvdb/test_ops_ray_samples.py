@@ -234,6 +234,48 @@ def test_a_step_that_no_longer_advances_time_is_a_run_time_error():
         _run(gb, jo, jd, *spans, [ray_node("UniformRaySamples", _outs("s"), step_size=1e-3)])
 
 
+def test_a_step_the_device_flushes_to_zero_is_refused_when_compiled():
+    """issue 25: step_size=1e-42 (a float32 denormal, flushed to 0 on the device) returned no samples for rays
+    that cross voxels; a step below float32's smallest normal number is now a CompileError naming the node and
+    the attribute; a normal step too small to advance the rays' times is still the documented run-time error."""
+    from luisaml.errors import CompileError
+
+    gb = GridBatch.from_ijk([np.array([[0, 0, 0], [1, 0, 0], [2, 0, 0]], np.int32)], voxel_sizes=[[1.0, 1.0, 1.0]],
+                            origins=[[0.0, 0.0, 0.0]])
+    jo = JaggedTensor.from_list([np.tile(np.array([[-5, 0, 0]], np.float32), (8, 1))])
+    jd = JaggedTensor.from_list([np.tile(np.array([[1, 0, 0]], np.float32), (8, 1))])
+    spans = _spans(jo, [np.zeros(8), np.full(8, np.inf)])
+    assert rays_intersect_voxels(gb, jo, jd).all()  # every ray crosses voxels: no samples would be wrong
+    for step in (1e-42, 1e-39, -1e-42):
+        with pytest.raises(CompileError, match=r"node 's_samples' \(fvdb::UniformRaySamples\): step_size .*(smallest normal|> 0)"):
+            _run(gb, jo, jd, *spans, [ray_node("UniformRaySamples", _outs("s"), step_size=step)])
+    with pytest.raises(CompileError, match="node 's_samples' .*cone_angle .* smallest normal"):
+        _run(gb, jo, jd, *spans, [ray_node("UniformRaySamples", _outs("s"), step_size=0.1, cone_angle=1e-40)])
+    # a normal step too small for the rays' times: the documented run-time error, where the reference stalls
+    with pytest.raises(StalledRay):
+        uniform_ray_samples(gb, jo, jd, spans[0].jdata, spans[1].jdata, 1e-37)
+    with pytest.raises(LuisamlError, match="no longer advances"):
+        _run(gb, jo, jd, *spans, [ray_node("UniformRaySamples", _outs("s"), step_size=1e-37)])
+
+
+@pytest.mark.parametrize("op", ["VoxelsAlongRays", "SegmentsAlongRays", "UniformRaySamples", "RaysIntersectVoxels"])
+def test_eps_inf_or_nan_is_a_compile_error_naming_the_node_and_attribute(two_grids, op):
+    """issue 25: eps=inf reached the kernel's code as a literal it could not compile ("Failed to compile
+    luisa.func 'stages'"); eps must be a finite float32, checked when the node is compiled."""
+    from luisaml.errors import CompileError
+    from luisaml.opsets import fvdb as schema
+
+    rays = _random_rays(two_grids, 3, np.random.default_rng(3))
+    feeds = bundle_feeds(two_grids, ray_origins=rays[0], ray_directions=rays[1], t_min=rays[2], t_max=rays[3])
+    outs = [f"o_{k}" for k in schema.RAY_OUTPUTS[op]]
+    extra = dict(step_size=0.5) if op == "UniformRaySamples" else {}
+    for eps in (float("inf"), float("nan"), -float("inf")):  # (an ONNX float attribute is a float32: 1e39 is inf)
+        with pytest.raises(CompileError, match=rf"node 'o_\w+' \(fvdb::{op}\): attribute eps must be a finite "
+                                               rf"float32 >= 0, got {eps!r}"):
+            m = fvdb_model([ray_node(op, outs, eps=eps, **extra)], feeds)
+            luisaml.compile(m, batch_axis=None)
+
+
 def test_schema_shapes_and_attribute_checks(two_grids):
     import onnx
 
