@@ -126,6 +126,31 @@ def choose_backend(backend: str = "auto") -> str:
     return backend
 
 
+def cpu_threads() -> int:
+    """Return the worker threads LuisaCompute's CPU backend starts (LUISA_NUM_THREADS, which it
+    reads once when the device starts; else one per core); raise UsageError naming the variable
+    for a value it would abort the process on (empty, not a positive whole number)."""
+    value = os.environ.get("LUISA_NUM_THREADS")
+    if value is None:
+        return os.cpu_count() or 1
+    if not value.strip().isdigit() or int(value) < 1:
+        from .errors import UsageError
+
+        raise UsageError(f"LUISA_NUM_THREADS={value!r}: expected a whole number of threads >= 1, or leave it "
+                         "unset (one per core); LuisaCompute's CPU backend aborts the process on this value")
+    return int(value)
+
+
+def request_cpu_threads(n: int) -> bool:
+    """Ask for n worker threads on the CPU backend (onnxruntime's intra_op_num_threads). Return
+    True when the process's CPU backend runs (or will start with) n threads; False when it started
+    already with another count (LuisaCompute's thread pool is the process's and cannot change)."""
+    if _current is not None:
+        return _current == "cpu" and cpu_threads() == n
+    os.environ["LUISA_NUM_THREADS"] = str(int(n))
+    return True
+
+
 def init(backend: str = "auto") -> str:
     """Start the process's LuisaCompute device (once) and return its backend name."""
     global _current
@@ -138,6 +163,8 @@ def init(backend: str = "auto") -> str:
             )
         return _current
     check_backend(want)
+    if want == "cpu":
+        cpu_threads()  # a bad LUISA_NUM_THREADS named here, not a panic in the backend
     import luisa
     from luisa import lcapi
 
