@@ -548,7 +548,7 @@ def cmd_cache_info(a) -> int:
         print(f"{f.what:{width}s}  {f.files:6d} files  {_mib(f.bytes):>10s}  {f.path}")
     bound = f"{cache.MAX_BYTES / 2**20:.0f} MiB" if cache.MAX_BYTES is not None else "invalid"
     print(f"bound on generated modules: {bound} (LUISAML_CACHE_MAX_MB), least recently used removed first")
-    kbound = f"{cache.KERNEL_MAX_BYTES / 2**20:.0f} MiB" if cache.KERNEL_MAX_BYTES is not None else "none (invalid value)"
+    kbound = f"{cache.KERNEL_MAX_BYTES / 2**20:.0f} MiB" if cache.KERNEL_MAX_BYTES is not None else "invalid"
     print(f"bound on LuisaCompute's kernel files: {kbound} (LUISAML_KERNEL_CACHE_MAX_MB), applied before a process's "
           "first kernel build, least recently used removed first")
     print("LuisaCompute's kernels live beside the Python executable and are shared by every LuisaCompute "
