@@ -13,7 +13,7 @@ from .errors import (ArtifactError, BackendUnavailable, BatchMixingError, Compil
                      InputError, LimitError, LuisamlError, ModelError, RunError, UsageError, WeightsError)
 from .limits import Limits
 from .network import CompiledNetwork, PerBatchNetwork
-from .session import InferenceSession, NodeArg
+from .session import InferenceSession, NodeArg, SessionOptions
 from .version import __version__
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "compile", "CompileOptions", "MLPConfig", "CompiledNetwork", "PerBatchNetwork", "NetworkInstance", "Operator", "register",
     "Limits", "LuisamlError", "ModelError", "CompileError", "BatchMixingError", "WeightsError", "LimitError",
-    "InputError", "RunError", "UsageError", "BackendUnavailable", "InferenceSession", "NodeArg", "load", "ArtifactError",
+    "InputError", "RunError", "UsageError", "BackendUnavailable", "InferenceSession", "NodeArg", "SessionOptions", "load", "ArtifactError",
     "IncompatibleArtifact",
 ]
 

@@ -29,20 +29,30 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import BackendUnavailable, CacheError
+from .errors import BackendUnavailable, CacheError, UsageError
 from .log import logger
 
 ROOT = Path(os.environ.get("LUISAML_CACHE") or os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "luisaml"))
-try:
-    MAX_BYTES: int | None = int(float(os.environ.get("LUISAML_CACHE_MAX_MB", "512")) * 2**20)
-    _MAX_ERROR = None
-except ValueError:  # reported when the bound is first needed, not as an import error of luisaml
-    MAX_BYTES, _MAX_ERROR = None, f"LUISAML_CACHE_MAX_MB={os.environ['LUISAML_CACHE_MAX_MB']!r} is not a number of MiB"
-try:
-    KERNEL_MAX_BYTES: int | None = int(float(os.environ.get("LUISAML_KERNEL_CACHE_MAX_MB", "4096")) * 2**20)
-except ValueError:
-    KERNEL_MAX_BYTES = None  # (a bad value leaves LuisaCompute's folder alone; cache info says so)
+
+
+def _mib_setting(name: str, default: str) -> tuple[int | None, str | None]:
+    """Return (bytes, None) for the environment variable `name` in MiB (default `default`), or
+    (None, why) naming the variable and what it takes: a finite number >= 0 with no unit (it is
+    reported when the bound is first needed, not as an import error of luisaml)."""
+    text = os.environ.get(name, default)
+    try:
+        mib = float(text)
+    except ValueError:
+        mib = None
+    if mib is None or not (0 <= mib < 2**44):  # (inf, nan, 1e400 and negative numbers too)
+        return None, (f"{name}={text!r}: expected a number of MiB >= 0 with no unit (e.g. {name}={default}); "
+                      "unset it for the default")
+    return int(mib * 2**20), None
+
+
+MAX_BYTES, _MAX_ERROR = _mib_setting("LUISAML_CACHE_MAX_MB", "512")
+KERNEL_MAX_BYTES, _KERNEL_MAX_ERROR = _mib_setting("LUISAML_KERNEL_CACHE_MAX_MB", "4096")
 MAX_ENTRIES = 20_000  # generated modules kept at most, whatever their size (a folder stays listable)
 # a module used this recently is never evicted: another process may be between writing and importing it
 GRACE_S = 60.0
@@ -139,6 +149,8 @@ def digest(source: str) -> str:
 def write_module(source: str, path: str | os.PathLike | None = None, *, max_bytes: int | None = None) -> Path:
     """Write source to a file named by its content hash (atomically, unless an identical file is
     there) and return the path; a new file may evict the least recently used ones (`prune`)."""
+    if max_bytes is None and _MAX_ERROR:  # every compile writes or finds its module: named at the first
+        raise UsageError(_MAX_ERROR)
     data = source.encode()
     want = Path(path) if path is not None else ROOT
     try:
@@ -344,7 +356,7 @@ def prune(path: str | os.PathLike | None = None, *, max_bytes: int | None = None
     temporary files of interrupted writes and locks nobody took for a day. Return files removed."""
     if max_bytes is None:
         if _MAX_ERROR:
-            raise CacheError(_MAX_ERROR)
+            raise UsageError(_MAX_ERROR)
         max_bytes = MAX_BYTES
     r = root(path)
     # ".tmp" anywhere: older luisaml versions named them net_<hash>.tmp<pid>
@@ -490,13 +502,18 @@ _SETTLE_S = 0.05
 
 
 def check_kernel_cache(folder: str | os.PathLike | None = None, *, min_free_bytes: int = MIN_FREE_BYTES,
-                       max_bytes: int | None = KERNEL_MAX_BYTES) -> Path:
+                       max_bytes: int | None | str = "env") -> Path:
     """Make LuisaCompute's kernel cache safe to use before a kernel build and return its folder
     (once per process and folder). LuisaCompute exits the process on a truncated cached kernel and
     aborts when it cannot write one, so: raise BackendUnavailable when the folder cannot be created
     or written or its disk has less than min_free_bytes free, and delete every kernel_*.bc that is
     not a complete LLVM bitcode file (with its .hash: LuisaCompute then rebuilds it); then keep its
-    kernel files within max_bytes (prune_kernels; None: no bound)."""
+    kernel files within max_bytes (prune_kernels; None: no bound; "env": LUISAML_KERNEL_CACHE_MAX_MB,
+    a UsageError naming it when it holds no number of MiB)."""
+    if max_bytes == "env":
+        if _KERNEL_MAX_ERROR:
+            raise UsageError(_KERNEL_MAX_ERROR)
+        max_bytes = KERNEL_MAX_BYTES
     d = Path(folder) if folder is not None else kernel_cache_dir()
     if d in _checked:
         return d

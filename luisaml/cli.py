@@ -2,7 +2,7 @@
 (an .onnx or .json model, or a built .lml artifact) and `luisaml cache info | clear`,
 with their logging (-v, -q) and exit codes: 0 done, 2 bad input (a model, file, argument or
 setting luisaml refuses: one line `luisaml: error: ...` on stderr), 1 an internal error (one line;
--v adds the traceback), 141 when the reader of stdout went away (`luisaml emit m.onnx | head`),
+-v adds the traceback), 3 when `run --compare` finds an output past --atol/--rtol, 141 when the reader of stdout went away (`luisaml emit m.onnx | head`),
 130 on Ctrl-C. `inspect` also exits 1 when the model has nodes luisaml cannot compile."""
 from __future__ import annotations
 
@@ -85,6 +85,43 @@ def parse_input_shapes(items: list[str] | None) -> dict[str, list[int | None]] |
     return shapes or None
 
 
+def checked_input_shapes(model, weights, items: list[str] | None) -> dict[str, list[int | None]] | None:
+    """Return parse_input_shapes(items) after checking each fixed dimension against the model's
+    own: a dimension the model fixes (x is [?, 4]) cannot be given another value (x:2x5); the
+    model's rank must match. A built .lml is not read here (its shapes were fixed when built)."""
+    shapes = parse_input_shapes(items)
+    if not shapes or not str(model).endswith((".onnx", ".json")) or not os.path.isfile(model):
+        return shapes
+    from .passes.infer import input_shapes as declared_shapes
+
+    if str(model).endswith(".onnx"):
+        import onnx
+
+        proto = onnx.load(str(model), load_external_data=False)  # the graph's inputs only: no weights read
+    else:
+        from .loaders import load_proto
+
+        proto = load_proto(model, weights)
+    declared = declared_shapes(proto)
+    for name, shape in shapes.items():
+        dims = declared.get(name)
+        if dims is None:
+            continue  # set_input_shapes names the graph inputs
+        given = "x".join("?" if d is None else str(d) for d in shape)
+        model_dims = "[" + ", ".join("?" if not isinstance(d, int) else str(d) for d in dims) + "]"
+        if len(dims) != len(shape):
+            raise UsageError(f"--input-shapes {name}:{given} has rank {len(shape)}, the model's input '{name}' "
+                             f"is {model_dims} (rank {len(dims)})")
+        for k, (want, got) in enumerate(zip(dims, shape)):
+            if isinstance(want, int) and got is not None and got != want:
+                raise UsageError(f"--input-shapes {name}:{given}: dimension {k} is {got}, which conflicts with the "
+                                 f"model's {want} (input '{name}' is {model_dims}; only its ? dimensions can be fixed)")
+    return shapes
+
+
+_NPY_MAGIC, _ZIP_MAGIC = b"\x93NUMPY", b"PK\x03\x04"
+
+
 def _read_inputs(items: list[str] | None) -> dict[str, tuple[np.ndarray, str]]:
     """Return {name: (array, file)} of --input NAME=FILE.npy values."""
     feeds = {}
@@ -92,6 +129,11 @@ def _read_inputs(items: list[str] | None) -> dict[str, tuple[np.ndarray, str]]:
         name, sep, path = item.partition("=")
         if not sep or not name:
             raise UsageError(f"--input expects NAME=FILE.npy, got {item!r}")
+        with open(path, "rb") as f:  # an OSError names the file
+            magic = f.read(6)
+        if magic != _NPY_MAGIC and magic[:4] != _ZIP_MAGIC:  # numpy would guess a pickle and advise unpickling it
+            raise UsageError(f"--input {item}: {path} is not a .npy file (it does not start with numpy's "
+                             f"magic \\x93NUMPY); write it with numpy.save")
         try:
             v = np.load(path, allow_pickle=False)
         except OSError:
@@ -108,7 +150,7 @@ def _cast_inputs(net, given: dict[str, tuple[np.ndarray, str]]) -> dict[str, np.
     """Return the given arrays in the model's input dtypes: a cast of the same kind or a widening
     one (float64 -> float32, int64 -> int32 when the values fit, bool -> float) comes with a note;
     anything else (float -> int) is an error."""
-    want = {s.name: np.dtype(s.dtype.numpy) for s in net.inputs}
+    want = {s.name: np.dtype(net.io_dtype(s).numpy) for s in net.inputs}  # (half under --fp16)
     out = {}
     for name, (v, path) in given.items():
         dt = want.get(name)
@@ -133,7 +175,7 @@ def _random_feeds(net, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
     feeds = {}
     for s in net.inputs:
         shape = tuple(batch if not isinstance(d, int) else d for d in s.shape)
-        dt = s.dtype.numpy
+        dt = np.dtype(net.io_dtype(s).numpy)
         if dt == np.bool_:
             feeds[s.name] = rng.random(shape) > 0.5
         elif dt.kind in "iu":
@@ -165,11 +207,26 @@ def _is_artifact(a) -> bool:
 def _compile(a):
     import luisaml
 
+    from .errors import CompileError
+
+    fp16 = getattr(a, "fp16", False)
     if _is_artifact(a):
+        if fp16:
+            raise UsageError(f"{a.model} is a built artifact: its precision was fixed when it was built "
+                             "(`luisaml build --fp16` takes it)")
         return luisaml.load(a.model, backend=None if a.backend == "auto" else a.backend)
     with phase("compile", model=_name(a.model), backend=a.backend):
-        net = luisaml.compile(a.model, a.weights, backend=a.backend, batch_axis=_batch_axis(a.batch_axis),
-                              input_shapes=parse_input_shapes(a.input_shapes))
+        try:
+            net = luisaml.compile(a.model, a.weights, backend=a.backend, batch_axis=_batch_axis(a.batch_axis),
+                                  input_shapes=checked_input_shapes(a.model, a.weights, a.input_shapes),
+                                  precision="fp16" if fp16 else "fp32")
+        except CompileError as e:
+            if fp16 and "needs the fused MLP kernel" in str(e):
+                why = str(e).split("this graph is not one: ", 1)[-1]
+                raise UsageError(f"--fp16 does not apply to {_name(a.model)}: half precision is luisaml's fused MLP "
+                                 f"kernel's (a chain of Gemm/MatMul and activations), and this model is not one: "
+                                 f"{why}") from None
+            raise
     logger.info("generated module: %s", net.path)
     return net
 
@@ -193,6 +250,7 @@ def cmd_run(a) -> int:
         print("onnxruntime needs the ONNX model, not the built artifact: outputs not compared")
     elif a.compare:
         ref = _onnxruntime(a.model, a.weights, feeds)
+    failures = []  # (how far past the tolerance, message) of each output that fails it
     for name, v in out.items():
         print(f"{name}: {v.dtype}{list(v.shape)}")
         print(v)
@@ -201,14 +259,54 @@ def cmd_run(a) -> int:
             print(f"onnxruntime {name}:")
             print(r)
             if r.shape != v.shape:
-                print(f"shapes differ: luisaml {list(v.shape)}, onnxruntime {list(r.shape)}")
+                msg = f"shapes differ: luisaml {list(v.shape)}, onnxruntime {list(r.shape)}"
+                print(msg)
+                failures.append((np.inf, f"output '{name}': {msg}"))
             else:
-                diff = float(np.max(np.abs(v.astype(np.float64) - r.astype(np.float64)))) if v.size else 0.0
-                print(f"largest difference from onnxruntime: {diff:.3g}")
+                worst = compare_outputs(v, r, a.atol, a.rtol)
+                print(f"largest difference from onnxruntime: {worst.diff:.3g}")
+                if worst.ratio > 1:
+                    failures.append((worst.ratio, f"output '{name}' at index {list(worst.index)}: luisaml "
+                                     f"{worst.got:.7g}, onnxruntime {worst.want:.7g}, difference {worst.diff:.3g} > "
+                                     f"atol {a.atol:g} + rtol {a.rtol:g} x |onnxruntime| ({worst.bad} of {v.size} "
+                                     f"elements past it)"))
         if a.out:
             os.makedirs(a.out, exist_ok=True)
             np.save(os.path.join(a.out, f"{name.replace('/', '_')}.npy"), v)
+    if failures:
+        failures.sort(key=lambda f: -f[0])
+        print(f"luisaml: error: outputs differ from onnxruntime past --atol {a.atol:g} --rtol {a.rtol:g}; worst: "
+              f"{failures[0][1]}" + (f" ({len(failures)} outputs fail)" if len(failures) > 1 else ""), file=sys.stderr)
+        return 3
+    if ref is not None:
+        print(f"all outputs within atol {a.atol:g}, rtol {a.rtol:g} of onnxruntime")
     return 0
+
+
+class _Worst:
+    """The element of an output furthest past |got - want| <= atol + rtol * |want|."""
+
+    def __init__(self, got: np.ndarray, want: np.ndarray, atol: float, rtol: float):
+        g, w = got.astype(np.float64), want.astype(np.float64)
+        diff = np.abs(g - w)
+        same = (g == w) | (np.isnan(g) & np.isnan(w))  # equal infinities and NaN against NaN pass
+        diff = np.where(same, 0.0, np.where(np.isnan(diff), np.inf, diff))
+        allowed = atol + rtol * np.abs(np.where(np.isfinite(w), w, 0.0))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(diff == 0, 0.0, np.where(allowed > 0, diff / allowed, np.inf))
+        flat = int(np.argmax(ratio)) if ratio.size else 0
+        self.index = np.unravel_index(flat, got.shape) if got.size else ()
+        self.index = tuple(int(i) for i in self.index)
+        self.ratio = float(ratio.reshape(-1)[flat]) if got.size else 0.0
+        self.diff = float(diff.max()) if got.size else 0.0
+        self.got = float(g.reshape(-1)[flat]) if got.size else 0.0
+        self.want = float(w.reshape(-1)[flat]) if got.size else 0.0
+        self.bad = int(np.count_nonzero(ratio > 1))
+
+
+def compare_outputs(got: np.ndarray, want: np.ndarray, atol: float, rtol: float) -> _Worst:
+    """Return where `got` is furthest past numpy.isclose's tolerance around `want` (ratio > 1: it fails)."""
+    return _Worst(got, want, atol, rtol)
 
 
 def _onnxruntime(model, weights, feeds) -> dict[str, np.ndarray] | None:
@@ -253,7 +351,7 @@ def cmd_inspect(a) -> int:
     if _is_artifact(a):
         return _inspect_artifact(a)
     rep = report.build(a.model, a.weights, batch_axis=_batch_axis(a.batch_axis),
-                       input_shapes=parse_input_shapes(a.input_shapes), name=_name(a.model), target=a.target)
+                       input_shapes=checked_input_shapes(a.model, a.weights, a.input_shapes), name=_name(a.model), target=a.target)
     if a.html:
         with open(a.html, "w", encoding="utf-8") as f:
             f.write(report.html(rep))
@@ -298,6 +396,9 @@ def cmd_build(a) -> int:
     a.weights = a.weights or a.weights_file
     if _is_artifact(a):
         raise UsageError(f"{a.model} is already a built artifact; build takes an .onnx or .json model")
+    if os.path.isdir(a.output):
+        raise UsageError(f"--output {a.output} is a directory; give the .lml file to write, e.g. "
+                         f"{os.path.join(a.output, os.path.splitext(_name(a.model))[0] + '.lml')}")
     t0 = time.perf_counter()
     net = _compile(a)
     path = net.save(a.output, model_name=_name(a.model))
@@ -320,32 +421,120 @@ def cmd_emit(a) -> int:
         return 0
     with phase("analyze", model=_name(a.model)):
         source = analyze(a.model, a.weights, batch_axis=_batch_axis(a.batch_axis),
-                         input_shapes=parse_input_shapes(a.input_shapes), target=a.target,
+                         input_shapes=checked_input_shapes(a.model, a.weights, a.input_shapes), target=a.target,
                          fuse="gpu" if a.target == "cuda" else "off").source
     sys.stdout.write(source)
     return 0
 
 
+def _bytes_per_sample(net) -> int:
+    """Return the device bytes a run allocates per sample of the batch: the batched inputs and
+    outputs, the kernels' scratch and the stage buffers (what check_batch bounds, in bytes)."""
+    plan = net.plan
+    total = sum(s.numel * net.io_dtype(s).itemsize for s in plan.inputs + plan.outputs if s.batched)
+    total += sum(per_sample * 4 for per_sample in plan.kernel_scratch.values())
+    if plan.schedule is not None:
+        total += sum(slot.size * slot.itemsize for slot in plan.schedule.buffers.slots)
+    return int(total)
+
+
+def _free_memory(backend: str) -> int | None:
+    """Return the bytes the backend can still allocate (the host's available memory on the CPU
+    backend, the device's free memory on CUDA), or None where it cannot be asked."""
+    import ctypes
+
+    if backend == "cuda":
+        try:
+            cuda = ctypes.CDLL("libcuda.so.1")
+            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+            if cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0:
+                return int(free.value)
+        except (OSError, AttributeError):
+            pass
+        return None
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+def bench_batch(net, asked: int | None) -> tuple[int, str]:
+    """Return (the batch bench runs, why that one): the model's own where its shapes are static,
+    else --batch (1 when not given), refused with the largest batch that fits when a run of it
+    would need more memory than the backend has free (or than 32-bit indexing reaches)."""
+    if net.batch_symbol is None:
+        lead = [s.shape[0] for s in net.inputs if s.shape and isinstance(s.shape[0], int)]
+        n = lead[0] if lead else 1
+        if asked is not None:
+            note("the model's shapes are static (batch %d): --batch %d ignored", n, asked)
+        return n, "the model's static batch"
+    n = 1 if asked is None else asked
+    per_sample = _bytes_per_sample(net)
+    free = _free_memory(net.backend)
+    if free is not None and per_sample * n > free // 2:  # half: the host copies and the runtime need the rest
+        fits = 1 << max(0, int(np.log2(max(1, free // 2 // max(per_sample, 1)))))
+        raise UsageError(f"--batch {n} needs about {_mib(per_sample * n)} on the {net.backend} backend "
+                         f"({_mib(per_sample)} a sample), and {_mib(free)} is free; try --batch {fits}")
+    net.check_batch(n)  # a LimitError naming the buffer past 32-bit indexing
+    return n, "--batch" if asked is not None else "the default; --batch sets it"
+
+
 def cmd_bench(a) -> int:
-    """Time compile + first run, then net.run on random inputs: P50, P95, P99."""
+    """Time compile + first run, then net.run on random inputs (after --warmup runs) for
+    --iterations runs or --duration seconds: latency P50/P95/P99 and throughput; --profile adds
+    each stage's time (a table, and a Chrome trace with --profile-json)."""
     t0 = time.perf_counter()
     net = _compile(a)
-    feeds = _random_feeds(net, a.batch)
+    batch, why = bench_batch(net, a.batch)
+    feeds = _random_feeds(net, batch)
     with phase("first run"):
-        net.run(feeds)  # builds the kernel
+        net.run(feeds)  # builds the kernels
     print(f"compile + first run: {time.perf_counter() - t0:.2f} s on {net.backend}")
+    for _ in range(a.warmup):
+        net.run(feeds)
     times = []
-    for _ in range(a.repeat):
+    start = time.perf_counter()
+    while len(times) < a.iterations or (a.duration is not None and time.perf_counter() - start < a.duration):
         t = time.perf_counter()
         net.run(feeds)
         times.append((time.perf_counter() - t) * 1e3)
     p50, p95, p99 = np.percentile(times, [50, 95, 99])
-    print(f"net.run, batch {a.batch}, {a.repeat} runs (host copies included): "
-          f"P50 {p50:.3f} ms  P95 {p95:.3f} ms  P99 {p99:.3f} ms")
+    mean = float(np.mean(times))
+    print(f"batch {batch} ({why}); {a.warmup} warm-up runs, {len(times)} timed runs (host copies included)")
+    print(f"latency: P50 {p50:.3f} ms  P95 {p95:.3f} ms  P99 {p99:.3f} ms  mean {mean:.3f} ms")
+    print(f"throughput: {batch * 1e3 / mean:.1f} samples/s ({1e3 / mean:.1f} runs/s)")
+    if a.profile or a.profile_json:
+        stages = net.profile(feeds, repeat=max(1, min(a.iterations, 20)))
+        total = sum(ms for _, ms in stages) or 1.0
+        width = min(72, max(len("stage"), *(len(name) for name, _ in stages)))
+        print(f"\n{'stage':{width}s}  {'median ms':>10s}  {'share':>6s}")
+        for name, ms in stages:
+            print(f"{name[:width]:{width}s}  {ms:10.3f}  {100 * ms / total:5.1f}%")
+        print(f"{'all stages, each launched alone':{width}s}  {total:10.3f}")
+        if a.profile_json:
+            write_chrome_trace(a.profile_json, stages, process=f"luisaml {_name(a.model)} ({net.backend}, batch {batch})")
+            note("wrote %s (open it in chrome://tracing or ui.perfetto.dev)", a.profile_json)
     return 0
 
 
+def write_chrome_trace(path: str, stages: list[tuple[str, float]], process: str) -> None:
+    """Write (name, milliseconds) spans, one after another, as a Chrome trace (the JSON array of
+    complete events "ph": "X" that chrome://tracing, Perfetto and onnxruntime's profiler use)."""
+    import json
+
+    events, ts = [], 0.0
+    for k, (name, ms) in enumerate(stages):
+        events.append({"name": name, "cat": "stage", "ph": "X", "ts": round(ts, 3), "dur": round(ms * 1e3, 3),
+                       "pid": 0, "tid": 0, "args": {"stage": k}})
+        ts += ms * 1e3
+    events.append({"name": "process_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": process}})
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(events, f)
+
+
 def _mib(n: int) -> str:
+    if n >= 2**30:
+        return f"{n / 2**30:.1f} GiB"
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
 
 
@@ -359,7 +548,7 @@ def cmd_cache_info(a) -> int:
         print(f"{f.what:{width}s}  {f.files:6d} files  {_mib(f.bytes):>10s}  {f.path}")
     bound = f"{cache.MAX_BYTES / 2**20:.0f} MiB" if cache.MAX_BYTES is not None else "invalid"
     print(f"bound on generated modules: {bound} (LUISAML_CACHE_MAX_MB), least recently used removed first")
-    kbound = f"{cache.KERNEL_MAX_BYTES / 2**20:.0f} MiB" if cache.KERNEL_MAX_BYTES is not None else "none (invalid value)"
+    kbound = f"{cache.KERNEL_MAX_BYTES / 2**20:.0f} MiB" if cache.KERNEL_MAX_BYTES is not None else "invalid"
     print(f"bound on LuisaCompute's kernel files: {kbound} (LUISAML_KERNEL_CACHE_MAX_MB), applied before a process's "
           "first kernel build, least recently used removed first")
     print("LuisaCompute's kernels live beside the Python executable and are shared by every LuisaCompute "
@@ -397,6 +586,7 @@ def _parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("weights_file", nargs="?", metavar="weights", help="the weights (as --weights)")
     p.add_argument("--output", "-o", required=True, metavar="FILE.lml", help="the artifact to write")
+    _fp16(p)
     p.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda"],
                    help="the backend it runs on (an artifact runs on the backend it was built for)")
     p.set_defaults(fn=cmd_build)
@@ -407,7 +597,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--batch", type=_count(0), default=4, help="batch size of random inputs")
     p.add_argument("--out", help="folder to write each output as NAME.npy (a '/' in NAME written '_')")
-    p.add_argument("--compare", action="store_true", help="also run onnxruntime and print the largest difference")
+    p.add_argument("--compare", action="store_true",
+                   help="also run onnxruntime; exit 3 naming the worst output and index when an output is past "
+                        "|luisaml - onnxruntime| <= atol + rtol x |onnxruntime|")
+    p.add_argument("--atol", type=_tolerance, default=1e-5, help="absolute tolerance of --compare (default 1e-5)")
+    p.add_argument("--rtol", type=_tolerance, default=1e-5, help="relative tolerance of --compare (default 1e-5)")
+    _fp16(p)
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("inspect", parents=[verbosity],
                        help="per node: stage, output, parameters, FLOPs, bytes; the stages; both allocations")
@@ -421,11 +616,21 @@ def _parser() -> argparse.ArgumentParser:
     _common(p)
     _target(p)
     p.set_defaults(fn=cmd_emit)
-    p = sub.add_parser("bench", parents=[verbosity], help="time net.run on random inputs")
+    p = sub.add_parser("bench", parents=[verbosity],
+                       help="time net.run on random inputs: latency P50/P95/P99, throughput, per-stage times")
     _common(p)
     p.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--batch", type=_count(0), default=65536)
-    p.add_argument("--repeat", type=_count(1), default=20)
+    p.add_argument("--batch", type=_count(1), default=None,
+                   help="samples per run for a model with a dynamic batch (default 1; refused with the largest "
+                        "that fits when it would not fit in free memory); a static model runs its own batch")
+    p.add_argument("--warmup", type=_count(0), default=3, help="untimed runs after the first (default 3)")
+    p.add_argument("--iterations", "--repeat", type=_count(1), default=20, dest="iterations",
+                   help="timed runs (default 20; the least with --duration)")
+    p.add_argument("--duration", type=_seconds, default=None, metavar="SECONDS",
+                   help="keep timing runs for at least this long")
+    p.add_argument("--profile", action="store_true", help="also time each stage alone and print a table")
+    p.add_argument("--profile-json", metavar="PATH", help="write the stages' times as a Chrome trace (implies --profile)")
+    _fp16(p)
     p.set_defaults(fn=cmd_bench)
     p = sub.add_parser("cache", parents=[verbosity], help="show or clear luisaml's and LuisaCompute's caches")
     cs = p.add_subparsers(dest="cache_cmd", metavar="{info,clear}")
@@ -487,6 +692,29 @@ def _detach_stdout() -> None:
         os.close(devnull)
     except (OSError, ValueError):
         pass
+
+
+def _fp16(p) -> None:
+    p.add_argument("--fp16", action="store_true",
+                   help="half-precision inputs, outputs and tensor-core math (precision='fp16'): models that compile "
+                        "into the fused MLP kernel only; emulated on the CPU backend")
+
+
+def _tolerance(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return v
+
+
+def _seconds(text: str) -> float:
+    v = _tolerance(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return v
 
 
 def _count(least: int):

@@ -84,29 +84,71 @@ def sm_count() -> int:
 
 
 def check_backend(backend: str) -> None:
-    """Raise BackendUnavailable naming what is missing for `backend`."""
+    """Raise BackendUnavailable naming what is missing for `backend` (and the Debian packages
+    that provide it, for what a package provides)."""
     missing = missing_libraries()
+    packages = [pkg for lib, pkg in _COMMON_LIBS.items() if not _can_load(lib)]
     if backend == "cpu" and clang_path() is None:
         missing.append("clang++ (Debian package clang, or set LUISA_CLANG_PATH)")
+        packages.append("clang")
     if backend == "cuda" and cuda_device_count() == 0:
-        missing.append("a CUDA driver with at least one device (libcuda.so.1)")
+        missing.insert(0, "no CUDA device was found (libcuda.so.1 not loadable)" if not _can_load("libcuda.so.1")
+                       else "no CUDA device was found (the CUDA driver reports none)")
     if missing:
-        raise BackendUnavailable(
-            f"the LuisaCompute {backend} backend cannot start; missing: " + ", ".join(missing)
-            + ". On Debian/Ubuntu: apt-get install -y libvulkan1 clang libx11-6 libxext6 libsm6 libice6"
-        )
+        hint = f". On Debian/Ubuntu: apt-get install -y {' '.join(packages)}" if packages else \
+            "; use --backend cpu (backend='cpu'), or run where a CUDA GPU and its driver are"
+        raise BackendUnavailable(f"the LuisaCompute {backend} backend cannot start: " + ", ".join(missing) + hint)
+
+
+def backend_from_environment() -> str:
+    """Return LUISAML_BACKEND ('auto' when unset); raise UsageError naming the variable when it
+    holds something else than auto, cpu or cuda (an empty value included)."""
+    value = os.environ.get("LUISAML_BACKEND")
+    if value is None:
+        return "auto"
+    if value.strip().lower() not in ("auto",) + _BACKENDS:
+        from .errors import UsageError
+
+        raise UsageError(f"LUISAML_BACKEND={value!r}: expected auto, cpu or cuda (or leave it unset)")
+    return value.strip().lower()
 
 
 def choose_backend(backend: str = "auto") -> str:
-    """Return the backend to use: 'auto' is CUDA where a CUDA device works, else CPU."""
+    """Return the backend to use: 'auto' is LUISAML_BACKEND when set, else CUDA where a CUDA
+    device works, else CPU."""
     backend = (backend or "auto").lower()
     if backend == "auto":
-        backend = os.environ.get("LUISAML_BACKEND", "auto").lower()
+        backend = backend_from_environment()
     if backend == "auto":
         return "cuda" if cuda_device_count() > 0 and not missing_libraries() else "cpu"
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be 'auto', 'cpu' or 'cuda', not {backend!r}")
     return backend
+
+
+def cpu_threads() -> int:
+    """Return the worker threads LuisaCompute's CPU backend starts (LUISA_NUM_THREADS, which it
+    reads once when the device starts; else one per core); raise UsageError naming the variable
+    for a value it would abort the process on (empty, not a positive whole number)."""
+    value = os.environ.get("LUISA_NUM_THREADS")
+    if value is None:
+        return os.cpu_count() or 1
+    if not value.strip().isdigit() or int(value) < 1:
+        from .errors import UsageError
+
+        raise UsageError(f"LUISA_NUM_THREADS={value!r}: expected a whole number of threads >= 1, or leave it "
+                         "unset (one per core); LuisaCompute's CPU backend aborts the process on this value")
+    return int(value)
+
+
+def request_cpu_threads(n: int) -> bool:
+    """Ask for n worker threads on the CPU backend (onnxruntime's intra_op_num_threads). Return
+    True when the process's CPU backend runs (or will start with) n threads; False when it started
+    already with another count (LuisaCompute's thread pool is the process's and cannot change)."""
+    if _current is not None:
+        return _current == "cpu" and cpu_threads() == n
+    os.environ["LUISA_NUM_THREADS"] = str(int(n))
+    return True
 
 
 def init(backend: str = "auto") -> str:
@@ -121,6 +163,8 @@ def init(backend: str = "auto") -> str:
             )
         return _current
     check_backend(want)
+    if want == "cpu":
+        cpu_threads()  # a bad LUISA_NUM_THREADS named here, not a panic in the backend
     import luisa
     from luisa import lcapi
 

@@ -132,3 +132,33 @@ def compile(module: torch.nn.Module, example_inputs: torch.Tensor | Sequence[tor
     proto.graph.name = type(module).__name__  # names the generated module's file and header
     net = runtime.compile(proto, **options)
     return CompiledModule(net, ins, names_out, single)
+
+
+def dynamo_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **options: Any):
+    """torch.compile's backend "luisaml" (`torch.compile(model, backend="luisaml")`): dynamo hands
+    over each FX subgraph between graph breaks (the breaks run eagerly, as dynamo runs them) with
+    its example inputs; the subgraph is exported to ONNX with its shapes fixed (dynamo compiles a
+    new subgraph for new shapes) and compiled by luisaml. A subgraph luisaml cannot compile runs
+    eagerly, after one warning naming why."""
+    try:
+        compiled = compile(gm, tuple(example_inputs), dynamic_axes={}, **options)
+    except Exception as e:  # an operator, dtype or input (a SymInt) luisaml does not take
+        why = " ".join(str(e).split())
+        warnings.warn(f"luisaml cannot compile this torch.compile subgraph ({len(gm.graph.nodes)} FX nodes), which runs "
+                      f"eagerly: {type(e).__name__}: {why[:300]}", UserWarning, stacklevel=2)
+        return gm.forward
+    return compiled
+
+
+def _register_dynamo_backend() -> None:
+    """Register dynamo_backend as "luisaml" in this process (the package's torch_dynamo_backends
+    entry point does the same for an installed luisaml, without an import)."""
+    try:
+        from torch._dynamo.backends.registry import _BACKENDS, register_backend
+    except ImportError:  # a torch without dynamo
+        return
+    if _BACKENDS.get("luisaml") is None:
+        register_backend(compiler_fn=dynamo_backend, name="luisaml")
+
+
+_register_dynamo_backend()

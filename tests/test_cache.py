@@ -80,7 +80,7 @@ def test_env_var_read_at_import_and_fallback_in_a_subprocess(tmp_path):
 
 def test_bad_max_mb_is_reported_when_needed(fresh, monkeypatch):
     monkeypatch.setattr(cache, "_MAX_ERROR", "LUISAML_CACHE_MAX_MB='lots' is not a number of MiB")
-    with pytest.raises(cache.CacheError, match="LUISAML_CACHE_MAX_MB='lots'"):
+    with pytest.raises(luisaml.UsageError, match="LUISAML_CACHE_MAX_MB='lots'"):
         cache.write_module("z = 3\n", fresh / "c")
 
 
@@ -318,3 +318,25 @@ def test_an_unwritable_llvm_paths_file_is_a_clear_error(tmp_path):
     f.chmod(0o444)
     with pytest.raises(luisaml.BackendUnavailable, match="rewrites .* cannot be written"):
         cache.repair_llvm_paths(f)
+
+
+@pytest.mark.parametrize("name, value", [("LUISAML_KERNEL_CACHE_MAX_MB", "inf"), ("LUISAML_KERNEL_CACHE_MAX_MB", "1e400"),
+                                         ("LUISAML_KERNEL_CACHE_MAX_MB", "4096MB"), ("LUISAML_CACHE_MAX_MB", "inf"),
+                                         ("LUISAML_CACHE_MAX_MB", "-inf")])
+def test_a_bound_that_is_no_number_of_mib_is_named_at_first_use(tmp_path, name, value):
+    """issue 25: the import works; the first compile says which variable holds what, and what it takes."""
+    import subprocess
+    import sys
+
+    code = ("import luisaml, numpy as np\n"
+            "from onnx import helper, TensorProto\n"
+            "g = helper.make_graph([helper.make_node('Relu', ['x'], ['y'])], 'g',"
+            " [helper.make_tensor_value_info('x', TensorProto.FLOAT, ['n', 3])],"
+            " [helper.make_tensor_value_info('y', TensorProto.FLOAT, ['n', 3])])\n"
+            "m = helper.make_model(g, opset_imports=[helper.make_opsetid('', 17)])\n"
+            "try:\n    luisaml.compile(m, backend='cpu').run({'x': np.ones((2, 3), np.float32)})\n"
+            "except luisaml.UsageError as e:\n    print('UsageError:', e)\n")
+    env = dict(os.environ, LUISAML_CACHE=str(tmp_path / "c"), **{name: value})
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert f"UsageError: {name}={value!r}: expected a number of MiB >= 0 with no unit" in r.stdout, r.stdout + r.stderr

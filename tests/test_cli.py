@@ -462,3 +462,134 @@ def test_inspect_and_emit_for_the_cuda_target(tmp_path, capsys):
     assert "sync_block()" in capsys.readouterr().out
     assert main(["emit", str(path)]) == 0
     assert "sync_block()" not in capsys.readouterr().out
+
+
+# ---- trtexec/polygraphy-grade: bench, run --compare tolerances, messages that name the setting --------
+def _cli(*args, env=None, cwd=None):
+    """Run `python -m luisaml ARGS` in a fresh process (the CPU backend); return the CompletedProcess."""
+    return subprocess.run([sys.executable, "-m", "luisaml", *map(str, args)], capture_output=True, text=True,
+                          env={**os.environ, "LUISAML_BACKEND": "cpu", **(env or {})}, cwd=cwd)
+
+
+def _relu(tmp_path, dims=("n", 4)):
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(dims))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(dims))])
+    path = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_bench_runs_batch_1_by_default_and_reports_throughput_and_a_profile(tmp_path):
+    """bench of a dynamic-batch model: batch 1 unless --batch says otherwise (never a batch that
+    does not fit), latency percentiles and throughput that agree with each other, and with
+    --profile-json one Chrome-trace span per stage that `inspect --json` lists."""
+    path, _ = _export(tmp_path)
+    trace = tmp_path / "trace.json"
+    r = _cli("bench", path, "--warmup", "1", "--iterations", "7", "--profile-json", trace)
+    assert r.returncode == 0, r.stderr
+    assert "batch 1 (" in r.stdout and "1 warm-up runs, 7 timed runs" in r.stdout
+    p50, p95, p99, mean = map(float, re.search(r"P50 (\S+) ms  P95 (\S+) ms  P99 (\S+) ms  mean (\S+) ms", r.stdout).groups())
+    assert 0 < p50 <= p95 <= p99
+    samples = float(re.search(r"throughput: (\S+) samples/s", r.stdout).group(1))
+    assert samples == pytest.approx(1e3 / mean, rel=0.01)
+    stages = json.loads(_cli("inspect", path, "--json").stdout)["stages"]
+    events = json.loads(trace.read_text())
+    spans = [e for e in events if e["ph"] == "X"]
+    assert len(spans) == len(stages) >= 1 and all(e["dur"] > 0 and e["name"].startswith("stage") for e in spans)
+    assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-3 for a, b in zip(spans, spans[1:]))  # one after another
+    assert "median ms" in r.stdout and "all stages, each launched alone" in r.stdout
+    r = _cli("bench", path, "--batch", "4", "--iterations", "2", "--duration", "0.2")
+    assert r.returncode == 0 and "batch 4 (--batch)" in r.stdout, r.stderr
+    runs = int(re.search(r"(\d+) timed runs", r.stdout).group(1))
+    assert runs >= 2
+
+
+def test_bench_refuses_a_batch_past_free_memory_and_runs_a_static_model_at_its_batch(tmp_path):
+    from luisaml.cli import _free_memory
+
+    path, _ = _export(tmp_path)
+    r = _cli("bench", path, "--batch", str(2**40))
+    assert r.returncode == 2 and "MemoryError" not in r.stderr
+    line = _one_line_error(r.stderr)
+    fits = int(re.search(r"try --batch (\d+)", line).group(1))
+    assert line.startswith(f"luisaml: error: --batch {2**40} needs about") and "is free" in line
+    per_sample = 4 * (5 + 2)  # x [n, 5] and y [n, 2] float32 at least
+    assert per_sample * fits <= _free_memory("cpu")
+    static = _relu(tmp_path, (3, 4))
+    r = _cli("bench", static, "--iterations", "2", "--batch", "8")
+    assert r.returncode == 0, r.stderr
+    assert "batch 3 (the model's static batch)" in r.stdout and "--batch 8 ignored" in r.stderr
+
+
+def test_fp16_applies_to_a_fused_mlp_and_says_why_not_elsewhere(tmp_path):
+    r = _cli("bench", _relu(tmp_path), "--fp16", "--iterations", "1")
+    assert r.returncode == 2
+    line = _one_line_error(r.stderr)
+    assert "--fp16 does not apply to relu.onnx" in line and "node 'Relu_0' (Relu) is not a dense layer" in line
+    path, m = _export(tmp_path)
+    x = np.random.default_rng(0).standard_normal((4, 5)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = _cli("run", path, "--fp16", "--input", f"x={tmp_path / 'x.npy'}", "--out", tmp_path / "o", "-q")
+    assert r.returncode == 0, r.stderr
+    y = np.load(tmp_path / "o" / "y.npy")
+    assert y.dtype == np.float16
+    np.testing.assert_allclose(y.astype(np.float32), m(torch.from_numpy(x)).detach().numpy(), rtol=2e-2, atol=2e-2)
+
+
+def test_compare_passes_within_tolerance_and_exits_3_naming_the_worst_output_and_index(tmp_path, capsys, monkeypatch):
+    path, _ = _export(tmp_path)
+    r = _cli("run", path, "--compare", "--atol", "1e-4", "--rtol", "1e-4")
+    assert r.returncode == 0 and "all outputs within atol 0.0001, rtol 0.0001 of onnxruntime" in r.stdout, r.stderr
+    real = cli._onnxruntime
+
+    def off_by_one_element(model, weights, feeds):  # onnxruntime's answer with one element moved
+        ref = real(model, weights, feeds)
+        ref["y"] = ref["y"].copy()
+        ref["y"][2, 1] += 0.5
+        return ref
+
+    monkeypatch.setattr(cli, "_onnxruntime", off_by_one_element)
+    assert main(["run", str(path), "--compare", "--atol", "1e-3", "-q"]) == 3
+    line = _one_line_error(capsys.readouterr().err)
+    assert "past --atol 0.001 --rtol 1e-05; worst: output 'y' at index [2, 1]" in line
+    assert "(1 of 8 elements past it)" in line
+
+
+def test_compare_outputs_agrees_with_numpy_isclose():
+    rng = np.random.default_rng(3)
+    want = rng.standard_normal((6, 7)).astype(np.float32)
+    got = want + rng.standard_normal((6, 7)).astype(np.float32) * 1e-3
+    got[4, 5], want[0, 0], got[0, 0] = np.nan, np.inf, np.inf
+    for atol, rtol in ((1e-3, 1e-3), (1e-4, 0.0), (0.0, 1e-2)):
+        worst = cli.compare_outputs(got, want, atol, rtol)
+        close = np.isclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol, equal_nan=True)
+        assert worst.bad == np.count_nonzero(~close)
+        assert worst.index == (4, 5)  # NaN against a number is the worst
+
+
+def test_misleading_messages_name_the_setting(tmp_path):
+    """issue 29/25: a fixed dimension given another value, a text file as an input, no CUDA device,
+    a build output that is a folder, and a bad LUISAML_BACKEND: one line each, exit 2."""
+    relu = _relu(tmp_path)
+    r = _cli("run", relu, "--input-shapes", "x:2x5")
+    assert r.returncode == 2 and "dimension 1 is 5, which conflicts with the model's 4" in _one_line_error(r.stderr)
+    (tmp_path / "notes.txt").write_text("some notes\n")
+    r = _cli("run", relu, "--input", f"x={tmp_path / 'notes.txt'}")
+    line = _one_line_error(r.stderr)
+    assert r.returncode == 2 and "is not a .npy file" in line and "pickle" not in line
+    (tmp_path / "out.lml").mkdir()
+    r = _cli("build", relu, "-o", tmp_path / "out.lml")
+    line = _one_line_error(r.stderr)
+    assert r.returncode == 2 and f"--output {tmp_path / 'out.lml'} is a directory" in line and ".tmp" not in line
+    for value in ("vulkan9", ""):
+        r = _cli("run", relu, env={"LUISAML_BACKEND": value})
+        line = _one_line_error(r.stderr)
+        assert r.returncode == 2 and f"LUISAML_BACKEND={value!r}: expected auto, cpu or cuda" in line
+    from luisaml.device import cuda_device_count
+
+    if cuda_device_count() == 0:
+        r = _cli("run", relu, "--backend", "cuda")
+        line = _one_line_error(r.stderr)
+        assert r.returncode == 2 and "no CUDA device was found" in line
+        assert "vulkan" not in line.lower() and "clang" not in line

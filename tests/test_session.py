@@ -82,3 +82,118 @@ def test_errors_name_the_input(tmp_path):
         sess.run(["nope"], {"ids": np.zeros((2, 4), np.int64), "x": np.zeros((2, 6), np.float32)})
     with pytest.raises(luisaml.ModelError, match="not a serialised ONNX"):
         luisaml.InferenceSession(b"\x00not a model")
+
+
+# ---- onnxruntime's other session methods, options, providers and feeds -------------------------
+def _with_metadata(path: str) -> onnx.ModelProto:
+    model = _model()
+    model.producer_name, model.producer_version, model.domain = "tests", "1.0", "org.luisaml.tests"
+    model.doc_string, model.graph.doc_string, model.model_version = "a model", "its graph", 7
+    model.graph.name = "embed_and_dense"
+    helper.set_model_props(model, {"author": "eco", "licence": "BSD-3-Clause"})
+    onnx.save(model, path)
+    return model
+
+
+def test_providers_metadata_and_options_as_onnxruntime_reports_them(tmp_path):
+    path = str(tmp_path / "m.onnx")
+    _with_metadata(path)
+    ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    sess = luisaml.InferenceSession(path, providers=["CPUExecutionProvider"])
+    assert sess.get_providers() == ref.get_providers() == ["CPUExecutionProvider"]
+    assert sess.get_provider_options() == ref.get_provider_options()
+    want, got = ref.get_modelmeta(), sess.get_modelmeta()
+    for key in ("producer_name", "graph_name", "domain", "description", "graph_description", "version",
+                "custom_metadata_map"):
+        assert getattr(got, key) == getattr(want, key), key
+    want, got = ref.get_session_options(), sess.get_session_options()
+    for key in ("intra_op_num_threads", "inter_op_num_threads", "enable_profiling", "profile_file_prefix",
+                "optimized_model_filepath", "log_severity_level", "enable_cpu_mem_arena", "enable_mem_pattern"):
+        assert getattr(got, key) == getattr(want, key), key
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    assert luisaml.InferenceSession(path, so, ["CPUExecutionProvider"]).get_session_options().intra_op_num_threads == 2
+
+
+def test_end_profiling_writes_a_trace_like_onnxruntimes(tmp_path):
+    import json
+
+    path = str(tmp_path / "m.onnx")
+    onnx.save(_model(), path)
+    feeds = {"ids": np.zeros((2, 4), np.int64), "x": rand((2, 6))}
+    files = {}
+    for name, cls, opts in (("ort", ort.InferenceSession, ort.SessionOptions()),
+                            ("lml", luisaml.InferenceSession, luisaml.SessionOptions())):
+        plain = cls(path, providers=["CPUExecutionProvider"])
+        assert plain.end_profiling() == ""  # profiling off: no file, as onnxruntime
+        opts.enable_profiling, opts.profile_file_prefix = True, str(tmp_path / name)
+        sess = cls(path, opts, providers=["CPUExecutionProvider"])
+        for _ in range(3):
+            sess.run(None, feeds)
+        files[name] = sess.end_profiling()
+        assert sess.end_profiling() == ""  # ended
+    for name, f in files.items():
+        assert f.startswith(str(tmp_path / name) + "_") and f.endswith(".json")
+    want, got = (json.loads(open(files[k]).read()) for k in ("ort", "lml"))
+    session_events = [e for e in want if e["cat"] == "Session"]
+    assert {tuple(sorted(e)) for e in got} == {tuple(sorted(e)) for e in session_events}  # the same keys
+    assert [e["name"] for e in got if e["name"] == "model_run"] == [e["name"] for e in want if e["name"] == "model_run"]
+    assert "session_initialization" in {e["name"] for e in got} & {e["name"] for e in want}
+    assert all(e["ph"] == "X" and e["dur"] >= 0 and e["ts"] >= 0 for e in got)
+
+
+def test_unknown_providers_are_named_and_unhonourable_options_refused(tmp_path):
+    path = str(tmp_path / "m.onnx")
+    onnx.save(_model(), path)
+    with pytest.warns(UserWarning, match=r"ignores the execution providers \['TensorrtExecutionProvider'\]"):
+        sess = luisaml.InferenceSession(path, providers=["TensorrtExecutionProvider", "CPUExecutionProvider"])
+    with pytest.warns(UserWarning, match="TensorrtExecutionProvider"):  # onnxruntime warns too, and falls back
+        ref = ort.InferenceSession(path, providers=["TensorrtExecutionProvider", "CPUExecutionProvider"])
+    assert sess.get_providers() == ref.get_providers()
+    so = luisaml.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    with pytest.raises(luisaml.UsageError, match="optimized_model_filepath=.*luisaml build"):
+        luisaml.InferenceSession(path, so)
+    with pytest.raises(luisaml.UsageError, match=r"provider options \{'arena_extend_strategy'"):
+        luisaml.InferenceSession(path, providers=[("CPUExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})])
+
+
+def test_list_feeds_as_onnxruntime_takes_them(tmp_path):
+    path = str(tmp_path / "m.onnx")
+    onnx.save(_model(), path)
+    ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    sess = luisaml.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for feeds in ({"ids": [[1, 2, 3, 4], [0, 9, 9, 0]], "x": [[1, 2, 3, 4, 5, 6], [0.5] * 6]},  # ints into a float
+                  {"ids": np.array([[1, 2, 3, 4]]), "x": [[True, False] * 3]}):
+        for w, g in zip(ref.run(None, feeds), sess.run(None, feeds)):
+            assert w.dtype == g.dtype and w.shape == g.shape
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    ragged = {"ids": [[1, 2, 3, 4], [0]], "x": [[0.0] * 6] * 2}
+    with pytest.raises(Exception):
+        ref.run(None, ragged)
+    with pytest.raises(luisaml.InputError, match="input 'ids': a list that is not a rectangular array of int64"):
+        sess.run(None, ragged)
+
+
+def test_intra_op_num_threads_sets_the_cpu_backends_threads(tmp_path):
+    """In a fresh process (the CPU backend's thread pool is the process's): 1 thread and 3 threads
+    differ by 2 threads of the process, as the kernel's workers."""
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "m.onnx")
+    onnx.save(_model(), path)
+    code = ("import os, sys, numpy as np, luisaml\n"
+            "so = luisaml.SessionOptions(); so.intra_op_num_threads = int(sys.argv[2])\n"
+            "s = luisaml.InferenceSession(sys.argv[1], so, ['CPUExecutionProvider'])\n"
+            "s.run(None, {'ids': np.zeros((64, 4), np.int64), 'x': np.zeros((64, 6), np.float32)})\n"
+            "print(os.environ['LUISA_NUM_THREADS'], len(os.listdir('/proc/self/task')))\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "LUISA_NUM_THREADS"}
+    counts = {}
+    for n in (1, 3):
+        r = subprocess.run([sys.executable, "-c", code, path, str(n)], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        said, tasks = r.stdout.split()
+        assert said == str(n)
+        counts[n] = int(tasks)
+    assert counts[3] - counts[1] == 2

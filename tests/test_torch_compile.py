@@ -102,3 +102,36 @@ def test_cuda_tensors_in_cuda_tensors_out_without_copies():
             torch.testing.assert_close(g.cpu(), w, rtol=1e-4, atol=1e-4 * float(w.abs().max()))
         io = {s.ident for s in compiled.net.inputs + compiled.net.outputs}
         assert not [k for k in compiled.net._buffers if k[0] in io], "torch CUDA tensors were copied"
+
+
+# ---- torch.compile(model, backend="luisaml") ------------------------------------------------------
+def test_torch_compile_backend_luisaml_matches_the_module_and_falls_back_eagerly(monkeypatch):
+    import tomllib
+    import warnings
+    from pathlib import Path
+
+    import luisaml.torch as lt
+    from torch._dynamo.backends.registry import lookup_backend
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert pyproject["project"]["entry-points"]["torch_dynamo_backends"]["luisaml"] == "luisaml.torch:dynamo_backend"
+    assert lookup_backend("luisaml") is not None  # registered on import of luisaml.torch
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)).eval()
+    x = torch.randn(4, 5)
+    torch._dynamo.reset()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("error")  # no deprecation noise, no fallback
+        y = torch.compile(m, backend="luisaml")(x)
+    torch.testing.assert_close(y, m(x), rtol=1e-5, atol=1e-6)
+
+    def refuse(*a, **k):
+        raise luisaml.UsageError("no such operator")
+
+    monkeypatch.setattr(lt, "compile", refuse)
+    torch._dynamo.reset()
+    with pytest.warns(UserWarning, match="cannot compile this torch.compile subgraph.*runs eagerly.*no such operator"), \
+            torch.no_grad():
+        y = torch.compile(m, backend="luisaml")(x)
+    torch.testing.assert_close(y, m(x))
+    torch._dynamo.reset()
