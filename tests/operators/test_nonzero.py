@@ -80,3 +80,25 @@ def test_nonzero_output_cannot_be_read_by_another_node():
     model = graph_model(nodes, {"x": np.zeros((3, 4), np.float32)}, opset=13)
     with pytest.raises(luisaml.LuisamlError, match="reader.*'y'"):
         luisaml.compile(model, batch_axis=None)
+
+
+def test_nonzero_through_the_shared_torch_path(monkeypatch):
+    """The DLPack path (network.py `_run_dlpack`, on CUDA with CUDA tensors; mapped to torch CPU
+    tensors here, as tests/fvdb/test_ray_outputs_device.py does): the output is a fresh torch tensor
+    [rank, N], N read back, equal to onnxruntime's."""
+    torch = pytest.importorskip("torch")
+    from luisaml.network import CompiledNetwork
+
+    monkeypatch.setattr(CompiledNetwork, "_SHARED_DEVICES", {"cuda": "cuda", "cpu": "cpu"})
+    model = graph_model([helper.make_node("NonZero", ["x"], ["y"], name="NonZero_0")],
+                        {"x": np.zeros((5, 70), np.float32)}, opset=13)
+    net = luisaml.compile(model, batch_axis=None)
+    rng = np.random.default_rng(2)
+    outs = []
+    for density in (0.2, 0.0, 0.9):
+        x = np.where(rng.random((5, 70)) < density, -1.0, 0.0).astype(np.float32)
+        y = net.run({"x": torch.from_numpy(x)})["y"]
+        assert isinstance(y, torch.Tensor) and tuple(y.shape) == ort_run(model, {"x": x})["y"].shape
+        np.testing.assert_array_equal(y.numpy(), ort_run(model, {"x": x})["y"])
+        outs.append(y)
+    assert outs[0].data_ptr() != outs[2].data_ptr()
