@@ -114,7 +114,7 @@ def build_tensors(g: Graph, prep: Prepared, outer: dict[str, Tensor] | None = No
         v = g.var(name)
         rows = runtime_rows(name, producers, prep.model)
         if rows is not None:
-            tensors[name] = _runtime_tensor(v, rows, producers)
+            tensors[name] = _runtime_tensor(v, rows, producers, runtime_axis(name, producers, prep.model))
             continue
         if name in prep.bound:  # rows bound at run time: ROWS_PROBE here, any number when it runs
             tensors[name] = _bound_tensor(v, prep.bound[name])
@@ -154,8 +154,10 @@ def io_spec(t: Tensor, v: Variable, prep: Prepared, ident: str, producers) -> IO
     if getattr(t, "bound_rows", None) is not None:
         return IOSpec(t.name, ident, t.dtype, (t.bound_rows,) + tuple(t.shape[1:]), t.shape, False, rows=t.bound_rows)
     rows = getattr(t, "runtime_rows", None)
-    if rows is not None:  # its first dimension is the symbol the runtime sizes after a read-back
-        return IOSpec(t.name, ident, t.dtype, (rows,) + tuple(t.shape[1:]), t.shape, False, rows=rows)
+    if rows is not None:  # its runtime_axis is the symbol the runtime sizes after a read-back
+        axis = getattr(t, "runtime_axis", 0)
+        shape = tuple(rows if k == axis else d for k, d in enumerate(t.shape))
+        return IOSpec(t.name, ident, t.dtype, shape, t.shape, False, rows=rows, rows_axis=axis)
     return IOSpec(t.name, ident, t.dtype, sample_dim(v, prep, producers).onnx_shape, t.shape, t.batched)
 
 
@@ -171,15 +173,23 @@ def runtime_rows(name: str, producers: dict[str, Node], model: Model) -> str | N
     return f"rows of {node.name or node.op_type}"
 
 
-def _runtime_tensor(v: Variable, rows: str, producers: dict[str, Node]) -> Tensor:
-    """Return the Tensor of a run-time sized output: 0 rows at compile time (whatever number an
-    exporter wrote there: the runtime sizes it), its other dimensions static."""
+def runtime_axis(name: str, producers: dict[str, Node], model: Model) -> int:
+    """Return the dimension of a run-time sized tensor that its count sizes (Operator.runtime_axis)."""
+    node = producers[name]
+    return registry.resolve(node.op_type, node.domain, model.opset(node.domain)).runtime_axis
+
+
+def _runtime_tensor(v: Variable, rows: str, producers: dict[str, Node], axis: int = 0) -> Tensor:
+    """Return the Tensor of a run-time sized output: 0 along `axis` at compile time (whatever number
+    an exporter wrote there: the runtime sizes it), its other dimensions static."""
     where = f"tensor '{v.name}'{_producer_note(v.name, producers)}"
-    if v.dtype is None or v.shape is None or len(v.shape) < 1 or not all(isinstance(d, int) for d in v.shape[1:]):
-        raise ModelError(f"{where}: its first dimension is sized at run time, but its type or other dimensions "
+    others = [] if v.shape is None else [d for k, d in enumerate(v.shape) if k != axis]
+    if v.dtype is None or v.shape is None or len(v.shape) <= axis or not all(isinstance(d, int) for d in others):
+        raise ModelError(f"{where}: its dimension {axis} is sized at run time, but its type or other dimensions "
                          f"could not be inferred ({shape_str(v.shape) if v.shape is not None else 'no shape'})")
-    t = Tensor(v.name, v.dtype, (0,) + tuple(int(d) for d in v.shape[1:]), False, None)
+    t = Tensor(v.name, v.dtype, tuple(0 if k == axis else int(d) for k, d in enumerate(v.shape)), False, None)
     t.runtime_rows = rows
+    t.runtime_axis = axis
     return t
 
 

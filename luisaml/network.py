@@ -466,7 +466,7 @@ class CompiledNetwork:
             from .luisa_compat import read_buffer
 
             raw = read_buffer(buf, self.io_dtype(s).kernel_numpy, count)
-            shape = (rows[s.name],) + tuple(s.kernel_shape[1:]) if s.rows is not None else self._output_shape(s, n)
+            shape = s.sized_shape(rows[s.name]) if s.rows is not None else self._output_shape(s, n)
             results[s.name] = raw.astype(self.io_dtype(s).numpy, copy=False).reshape(shape)
             if s.name in keep:  # an output at a coarse level of a sparse network: its grid's voxels
                 results[s.name] = results[s.name][:keep[s.name]]
@@ -887,7 +887,7 @@ class CompiledNetwork:
         outs = {}
         for s in self.plan.outputs:
             # a run-time sized output starts with no rows: the stages before its read-back never write it
-            shape = (0,) + tuple(s.kernel_shape[1:]) if s.rows is not None else self._output_shape(s, n)
+            shape = s.sized_shape(0) if s.rows is not None else self._output_shape(s, n)
             make = torch.zeros if s.accumulated else torch.empty
             outs[s.name] = make(shape, dtype=torch_dtype(self.io_dtype(s).kernel_numpy), device=where)
             items.append(outs[s.name])
@@ -901,7 +901,7 @@ class CompiledNetwork:
         def sized(s: IOSpec, rows: int):
             # a fresh tensor of the read-back rows; torch's stream drained again, since its caching
             # allocator may hand out a block that work on torch's stream used last
-            t = torch.empty((rows,) + tuple(s.kernel_shape[1:]), dtype=torch_dtype(self.io_dtype(s).kernel_numpy),
+            t = torch.empty(s.sized_shape(rows), dtype=torch_dtype(self.io_dtype(s).kernel_numpy),
                             device=where)
             outs[s.name] = t
             drain_torch()

@@ -49,6 +49,9 @@ class Operator:
     # as phases(), the host reads their row count back before the phase that fills them; no other
     # node may read them, so they are graph outputs or dropped
     runtime_sized: ClassVar[tuple[int, ...]] = ()
+    # the dimension of those outputs that the run-time count sizes: the first (rows), or another
+    # whose lower dimensions are static (NonZero's [rank, N]: its last); the rest are static
+    runtime_axis: ClassVar[int] = 0
 
     # ---- how a stage may run this node (luisaml/schedule.py) ----------------------------------
     # element() is a cheap expression of its inputs with no statements when ctx.pure: its outputs

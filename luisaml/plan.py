@@ -38,6 +38,7 @@ class IOSpec:
     batched: bool
     accumulated: bool = False  # every sample adds into it (a buffer the runtime zeroes first)
     rows: str | None = None  # the symbol of a first dimension sized at run time (luisaml/dynamic.py)
+    rows_axis: int = 0  # the dimension `rows` sizes (Operator.runtime_axis; kernel_shape holds 0 there)
 
     @property
     def numel(self) -> int:
@@ -45,8 +46,15 @@ class IOSpec:
 
     @property
     def numel_per_row(self) -> int:
-        """Elements per row of the first dimension (what a run-time row count multiplies)."""
+        """Elements per row of the first dimension (what a run-time row count multiplies; for a
+        count sizing another dimension, the product of the others)."""
+        if self.rows is not None:
+            return int(np.prod([d for k, d in enumerate(self.kernel_shape) if k != self.rows_axis], dtype=np.int64))
         return int(np.prod(self.kernel_shape[1:], dtype=np.int64))
+
+    def sized_shape(self, rows: int) -> tuple[int, ...]:
+        """The shape of a run-time sized output once its count, `rows`, is read back."""
+        return tuple(int(rows) if k == self.rows_axis else int(d) for k, d in enumerate(self.kernel_shape))
 
 
 @dataclass

@@ -30,7 +30,7 @@ def register(op_type: str | list[str], domain: str = "", since: int = 1) -> Call
 
 # operator families imported on first use of their domain (importing every family costs about a
 # tenth of a second, which a cached compile of a plain MLP should not pay)
-_LAZY_DOMAINS = {"fvdb": "luisaml.operators.fvdb"}
+_LAZY_DOMAINS = {"fvdb": "luisaml.operators.fvdb", "luisaml": "luisaml.operators.detection"}
 
 
 def load_domains(domains) -> None:

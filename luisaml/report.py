@@ -309,7 +309,7 @@ def _tensor_info(t, symbol: str | None) -> dict[str, Any]:
     """Return a tensor's name, dtype and shape, its batch rows written with the batch symbol."""
     shape: list = list(t.shape)
     if getattr(t, "runtime_rows", None) is not None:  # rows known only at run time: their symbol
-        shape[0] = t.runtime_rows
+        shape[getattr(t, "runtime_axis", 0)] = t.runtime_rows
     elif t.batched and symbol is not None and shape:
         shape[0] = symbol if shape[0] == 1 else f"{shape[0]}*{symbol}"
     return {"name": t.name, "dtype": t.dtype.name.lower(), "shape": shape}

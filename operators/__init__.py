@@ -12,3 +12,4 @@ from . import topk  # noqa: E402,F401
 from . import einsum  # noqa: E402,F401
 from . import loss  # noqa: E402,F401
 from . import spectral  # noqa: E402,F401
+from . import detection  # noqa: E402,F401
