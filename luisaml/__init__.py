@@ -32,7 +32,7 @@ __all__ = [
 
 # public name -> the module that defines it, imported on first use (these import onnx)
 _LAZY = {
-    "compile": "runtime", "CompileOptions": "runtime", "MLPConfig": "mlp", "NetworkInstance": "instance",
+    "compile": "runtime", "CompileOptions": "runtime", "MLPConfig": "operators.mlp", "NetworkInstance": "instance",
     "Operator": "operator", "register": "registry",
 }
 

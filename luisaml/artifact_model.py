@@ -31,7 +31,7 @@ import numpy as np
 from . import dtypes, registry
 from .errors import ArtifactError, UsageError
 from .limits import Limits
-from .mlp import MLPConfig
+from .operators.mlp import MLPConfig
 from .model import Graph, Model, Node, Variable, subgraphs
 from .passes import Prepared
 from .passes.batch import BatchDim, BatchPlan

@@ -23,11 +23,12 @@ CircleNMS(centers, scores) -> kept
     CenterPoint's post_max_size slices the kept list the same way).
 
 Both output a count known only at run time (luisaml/dynamic.py): their output is a graph output.
+
+onnx is imported only by the registration below (luisaml/loaders calls register before it reads a
+model), so that operators/detection.py can read the names here in a process without onnx: loading a
+.lml artifact imports every shipped operator and must not import onnx (tests/test_artifact.py).
 """
 from __future__ import annotations
-
-import onnx
-from onnx import TensorProto, defs
 
 DOMAIN = "luisaml"
 VERSION = 1
@@ -48,7 +49,10 @@ THRESHOLD = {ROTATED_NMS: ("iou_threshold", "drop a box whose BEV IoU with a kep
              CIRCLE_NMS: ("min_radius", "drop a box whose centre is within this distance (<=) of a kept box")}
 
 
-def _schema(op_type: str) -> defs.OpSchema:
+def _schema(op_type: str):
+    import onnx
+    from onnx import TensorProto, defs
+
     S = defs.OpSchema
     first, first_doc = FIRST[op_type]
     thr, thr_doc = THRESHOLD[op_type]
@@ -73,9 +77,8 @@ def _schema(op_type: str) -> defs.OpSchema:
 def register() -> None:
     """Register the domain's schemas with onnx.defs (once per process)."""
     import onnx.reference  # noqa: F401  (see opsets/fvdb.py register: its schema table first)
+    from onnx import defs
+
     for op_type in (ROTATED_NMS, CIRCLE_NMS):
         if not defs.has(op_type, DOMAIN):
             defs.register_schema(_schema(op_type))
-
-
-register()

@@ -14,6 +14,11 @@ from ..model import shape_str
 from .proto_model import check_tensor
 from .json_model import _fill_from_array, parse_json_model, to_json_model
 from .weights import WeightSource, read_weights
+from ..opsets import luisaml as luisaml_domain
+
+# onnx's checker and shape inference accept luisaml.* nodes once the domain's schemas are registered;
+# the opset module leaves that to whoever imports onnx (a .lml load does not)
+luisaml_domain.register()
 
 
 def load_proto(model, weights=None, *, limits: Limits = DEFAULT) -> onnx.ModelProto:
