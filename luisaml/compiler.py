@@ -13,6 +13,7 @@ from .limits import Limits
 from .log import phase
 from .operators.mlp import MLPConfig
 from .rewrites import mlp as mlp_rewrite
+from .rewrites import rnn as rnn_rewrite
 from .rewrites import winograd as winograd_rewrite
 from .lowering import bind_derived, build_graph_code, check_sizes, io_spec, mark_accumulated, unsupported_nodes
 from .passes import Prepared
@@ -64,6 +65,8 @@ def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", pre
     plan.voxel_rows = voxel_rows.find(plan)
     if winograd and schedule == "stages":
         plan.winograd = winograd_rewrite.rewrite(plan, winograd)
+    if schedule == "stages":  # RNN, GRU, LSTM: a GEMM and a phase per step (operators/rnn_stages.py)
+        rnn_rewrite.rewrite(plan, gpu=blocks)
     plan.fused, plan.fusion_note = mlp_rewrite.fuse(plan, fuse, precision, mlp)
     if schedule != "stages":
         with phase("codegen"):

@@ -5,6 +5,7 @@ emitted into `forward` and into the kernels without one emission seeing the othe
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -109,7 +110,7 @@ def generate(plan: Plan, model_name: str) -> str:
             params = params + counters + batch_param
             kernels.append((f"stage_{st.index}", params, st.describe(), body))
         if plan.merged_stages and kernels:
-            kernels = [_merged(kernels)]
+            kernels = _merged_apart(plan, kernels)
         else:
             kernels = _shared(plan, kernels)
     type_decls += [(name, f"luisa.SharedArrayType({n}, {dsl})") for (dsl, n), name in sorted(module.shared_types.items())]
@@ -130,26 +131,72 @@ STAGE_PARAM = "stage: int"
 MERGE_GROUP = 16
 
 
-def _merged(kernels: list[tuple[str, list[str], str, str]]) -> tuple[str, list[str], str, str]:
-    """Return one kernel running stage `stage` of the network: the stages' bodies under ifs on
-    the index (every stage takes the same parameters). On the CPU backend a kernel costs a clang
-    run of its own (about a second each), so a network of 25 stages builds in one instead of 25
-    (benchmarks/NOTES.md).
+# A stage whose local arrays pass this many bytes is a kernel of its own on the CPU backend, not a
+# branch of the merged one: a function's frame holds the local arrays of all its branches, and every
+# thread of every stage pays for it (a GELU stage over 93k elements: 1.3 ms alone, 88 ms beside eight
+# LSTM stages of the old whole form, each with 14 KB of arrays; benchmarks/NOTES.md, "Recurrent stages")
+MERGE_LOCAL_BYTES = 4096
+_LOCAL_ARRAY = re.compile(r"= (Arr_([a-z0-9]+)_([0-9]+))\(\)")
+_ITEM_BYTES = {"half": 2, "bool": 1, "short": 2, "ushort": 2}
 
-    The ifs are two levels of flat `if`s, a range test per MERGE_GROUP stages and an equality test
-    inside, never an elif chain: an elif is an if nested in the else, and LuisaCompute's AST-to-IR
-    conversion aborts the process (ExceededDepthLimit) somewhere between 140 and 300 levels
+
+def local_bytes(body: str) -> int:
+    """Return the bytes of the local arrays a kernel body declares (Module.array_type's names)."""
+    return sum(_ITEM_BYTES.get(m.group(2), 4) * int(m.group(3)) for m in _LOCAL_ARRAY.finditer(body))
+
+
+def _merged_apart(plan: Plan, kernels: list[tuple[str, list[str], str, str]]) -> list[tuple[str, list[str], str, str]]:
+    """Return the merged kernel of the stages (_merged) and, apart from it, a kernel of its own for
+    each stage whose local arrays pass MERGE_LOCAL_BYTES; with any apart, plan.stage_kernels says
+    which kernel a stage launches (every kernel then takes the stage index) and merged_stages is
+    False."""
+    big = [k for k, (_, _, _, body) in enumerate(kernels) if local_bytes(body) > MERGE_LOCAL_BYTES]
+    if not big:
+        return [_merged(list(enumerate(kernels)))]
+    rest = [(k, kern) for k, kern in enumerate(kernels) if k not in big]
+    out = [_merged(rest)] if rest else []
+    plan.stage_kernels = ["stages" if k not in big else kernels[k][0] for k in range(len(kernels))]
+    plan.merged_stages = False
+    return out + [(name, params + [STAGE_PARAM], doc, body) for k, (name, params, doc, body) in enumerate(kernels)
+                  if k in big]
+
+
+def _runs(entries: list[tuple[int, tuple[str, list[str], str, str]]]) -> list[tuple[int, int, str, str]]:
+    """Return (first, last stage index, doc, body) of runs of consecutive stages with one body (the
+    steps of a recurrent node: identical code, the step read from the stage index)."""
+    runs: list[tuple[int, int, str, str]] = []
+    for k, (_, _, doc, body) in entries:
+        if runs and runs[-1][1] == k - 1 and runs[-1][3] == body:
+            runs[-1] = (runs[-1][0], k, runs[-1][2], body)
+        else:
+            runs.append((k, k, doc, body))
+    return runs
+
+
+def _merged(entries: list[tuple[int, tuple[str, list[str], str, str]]]) -> tuple[str, list[str], str, str]:
+    """Return one kernel running stage `stage` of the network: the stages' bodies (entries: (stage
+    index, kernel)) under ifs on the index (every stage takes the same parameters); a run of stages
+    with one body is one branch. On the CPU backend a kernel costs a clang run of its own (about a
+    second each), so a network of 25 stages builds in one instead of 25 (benchmarks/NOTES.md).
+
+    The ifs are two levels of flat `if`s, a range test per MERGE_GROUP branches and a test of the
+    index inside, never an elif chain: an elif is an if nested in the else, and LuisaCompute's
+    AST-to-IR conversion aborts the process (ExceededDepthLimit) somewhere between 140 and 300 levels
     (DenseNet-121 has 300 stages)."""
     lines = []
-    for k, (_, _, doc, body) in enumerate(kernels):
-        if k % MERGE_GROUP == 0:
-            lines.append(f"    if stage < {k + MERGE_GROUP}:" if k == 0 else
-                         f"    if stage >= {k} and stage < {k + MERGE_GROUP}:")
-        lines.append(f"        if stage == {k}:")
-        lines.append(f"            # {comment_text(doc)}")
-        lines += ["        " + ln for ln in body.splitlines()]
-    doc = f"The network's {len(kernels)} stages: launch k runs stage k (each one parallel loop)."
-    return ("stages", kernels[0][1] + [STAGE_PARAM], doc, "\n".join(lines))
+    runs = _runs(entries)
+    for j in range(0, len(runs), MERGE_GROUP):
+        group = runs[j:j + MERGE_GROUP]
+        lo, hi = group[0][0], group[-1][1]
+        lines.append(f"    if stage < {hi + 1}:" if lo == 0 else f"    if stage >= {lo} and stage < {hi + 1}:")
+        for first, last, doc, body in group:
+            lines.append(f"        if stage == {first}:" if first == last else
+                         f"        if stage >= {first} and stage < {last + 1}:")
+            lines.append(f"            # {comment_text(doc)}")
+            lines += ["        " + ln for ln in body.splitlines()]
+    some = "" if len(entries) == entries[-1][0] + 1 else " (the others are kernels of their own)"
+    doc = f"{len(entries)} of the network's stages{some}: launch k runs stage k (each one parallel loop)."
+    return ("stages", entries[0][1][1] + [STAGE_PARAM], doc, "\n".join(lines))
 
 
 def _shared(plan: Plan, kernels: list[tuple[str, list[str], str, str]]) -> list[tuple[str, list[str], str, str]]:
@@ -159,7 +206,7 @@ def _shared(plan: Plan, kernels: list[tuple[str, list[str], str, str]]) -> list[
     plan.stage_kernels = []
     groups: dict[str, list[int]] = {}
     for st in plan.schedule.stages:
-        name = st.root[1].shared_kernel if st.domain == "items" and st.phase is None else None
+        name = st.root[1].shared_kernel if st.domain == "items" else None
         if name is not None:
             groups.setdefault(name, []).append(st.index)
     groups = {g: ks for g, ks in groups.items() if len(ks) > 1}
@@ -178,10 +225,10 @@ def _shared(plan: Plan, kernels: list[tuple[str, list[str], str, str]]) -> list[
             continue
         done.add(g)
         lines = []
-        for j in groups[g]:
-            lines.append(f"    if stage == {j}:")
-            lines.append(f"        # {comment_text(kernels[j][2])}")
-            lines += ["        " + ln for ln in kernels[j][3].splitlines()]
+        for first, last, doc, body in _runs([(j, kernels[j]) for j in groups[g]]):
+            lines.append(f"    if stage == {first}:" if first == last else f"    if stage >= {first} and stage < {last + 1}:")
+            lines.append(f"        # {comment_text(doc)}")
+            lines += ["        " + ln for ln in body.splitlines()]
         out.append((f"shared_{g}", params + [STAGE_PARAM], f"Stages {', '.join(map(str, groups[g]))}: "
                     f"launch with stage k to run stage k ({g})", "\n".join(lines)))
     return out
@@ -424,6 +471,7 @@ def emit_stage(plan: Plan, st: Stage, module: Module) -> str:
             ctx.line(plan.tensors[st.out].store(item, v))
         elif st.domain == "items" and st.phase is not None:
             node, op = st.root
+            ctx.first_phase_stage = st.index - st.phase  # (a phase of identical code reads its number: stage - this)
             with node_context(node):
                 op.phases()[st.phase].emit(ctx, item)
         elif st.domain == "items" and st.samples > 1:

@@ -52,6 +52,9 @@ class Operator:
     # the dimension of those outputs that the run-time count sizes: the first (rows), or another
     # whose lower dimensions are static (NonZero's [rank, N]: its last); the rest are static
     runtime_axis: ClassVar[int] = 0
+    # the node runs as phases() (an items stage each, in order) though no output is sized at run time:
+    # a recurrence's steps (operators/rnn_stages.py); a phase reads its number from the stage index
+    phased: ClassVar[bool] = False
 
     # ---- how a stage may run this node (luisaml/schedule.py) ----------------------------------
     # element() is a cheap expression of its inputs with no statements when ctx.pure: its outputs

@@ -129,7 +129,7 @@ def kind(op: Operator, per_sample: bool) -> str:
     its own: Operator.own_kernel, as the fused MLP's cooperative kernel)."""
     if op.own_kernel:
         return "fused"
-    if op.runtime_sized:
+    if op.runtime_sized or op.phased:
         return "phased"
     # (derived inputs are kernel parameters or constants: every stage kernel has them)
     if op.subgraphs or op.accumulates:
@@ -240,8 +240,10 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
             continue
         close_group()
         if k == "phased":  # count, prefix sum, (the host reads the total back), fill: luisaml/dynamic.py
+            # (a recurrence's steps run per sample; a node sized at run time over the whole batch)
+            batched = per_sample and not op.runtime_sized and any(x is not None and x.batched for x in op.outputs)
             for j, ph in enumerate(op.phases()):
-                stages.append(Stage(len(stages), "items", [(n, op)], int(ph.items), False, phase=j,
+                stages.append(Stage(len(stages), "items", [(n, op)], int(ph.items), batched, phase=j,
                                     phase_name=ph.name, readback=ph.readback))
             continue
         if k == "fused":

@@ -252,7 +252,9 @@ class Recurrent(Operator):
         )
 
     def describe(self) -> str:
-        return f"{self.direction}, seq={self.S} batch={self.B} input={self.I} hidden={self.H}, layout {self.layout}"
+        note = getattr(self, "whole_note", None)  # (operators/rnn_stages.py: why it is not stages)
+        return (f"{self.direction}, seq={self.S} batch={self.B} input={self.I} hidden={self.H}, layout {self.layout}"
+                + (f"; the whole form (a thread walks the sequence): {note}" if note else ""))
 
 
 class RNN(Recurrent):

@@ -6,8 +6,6 @@ Each compiled model is one structural variant (box format, which inputs are give
 sets go through `net.run`. Coordinates are multiples of 1/4 on small grids, so many pairs have an
 IoU exactly at the threshold (0.25, 0.5: exact in float32), scores come from a few values (ties),
 some boxes have zero width or height, and format 0's corners come in either order."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -16,10 +14,8 @@ from onnx import TensorProto, helper
 
 import luisaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import nms_reference as ref  # noqa: E402
-from util import graph_model, ort_run  # noqa: E402
+import nms_reference as ref
+from util import graph_model, ort_run
 
 SHAPES = [(1, 1, 6), (2, 3, 17), (3, 2, 40)]  # (B, C, N) of the nodes of one model
 

@@ -1,8 +1,6 @@
 """NonZero (count, prefix sum, read-back, fill: operators/detection.py) against onnxruntime: ranks 1-4,
 float/int/bool inputs, none and all nonzero, more elements than one work item covers, and the
 per-batch compile of a batched input (the batch coordinate is part of the output)."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,8 +8,7 @@ from onnx import helper
 
 import luisaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from util import graph_model, ort_run  # noqa: E402
+from util import graph_model, ort_run
 
 SHAPES = [(7,), (3, 5), (2, 3, 4), (2, 1, 3, 5), (9, 31)]  # (9, 31): 279 elements, five work items of 64
 

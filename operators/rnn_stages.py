@@ -1,0 +1,445 @@
+"""Recurrent stages: an RNN, GRU or LSTM node as two nodes, a GEMM and its steps, in place of one
+thread walking the whole sequence (operators/rnn.py's form, which `forward` keeps).
+
+1. `RecurrentProjection`: P = X W^T + biases for every step and direction at once, one matrix
+   product over the rows of X ((step, batch row) pairs) on the ordinary Gemm form (operators/gemm.py's
+   Dense: prepacked weights, a thread per register tile, on CUDA the cooperative tile of
+   operators/tiled.py). The recurrent biases go in too, but for GRU's hidden gate with
+   linear_before_reset, where r multiplies them.
+2. `RecurrentSteps`: the recurrence, one items stage per step (a phase each: luisaml/dynamic.py's
+   stages without a read-back), all steps of one body that reads its step from the stage index (the
+   CPU's merged kernel and CUDA's shared kernel hold it once: emission._runs). A thread computes a tile
+   of SB batch rows x UB hidden units of one direction: the gates' pre-activations start from P, take
+   h_{t-1} . R^T (R prepacked as [direction][k][gate, unit], so a thread's UB units are consecutive
+   words) and go through the cell's activations. h lives in a ping-pong buffer [2, D, B, H] (a step
+   reads all units of h_{t-1} while others write h_t), c in [D, B, H] (only its own thread reads a
+   unit's c); a first phase copies the initial states in. GRU without linear_before_reset takes two
+   phases a step: z and r . h_{t-1} (every unit's, which the hidden gate sums over), then the rest.
+   Steps past a row's sequence length keep its state and write zeros to Y, as onnxruntime does.
+
+Every attribute of operators/rnn.py is kept (directions, layouts, activations with alpha/beta, clip,
+linear_before_reset, input_forget, peepholes, sequence_lens, initial states, all outputs). A node is
+left in its whole form only when its sequence or hidden size is 0 (`qualifies`), which inspect says.
+luisaml/rewrites/rnn.py puts them in the graph for the stages schedule."""
+from __future__ import annotations
+
+from luisaml import dtypes
+from luisaml import indexing as ix
+from luisaml.dynamic import Phase
+from luisaml.model import Node
+from luisaml.operator import Operator
+from luisaml.storage import Tensor
+
+from .common import convert, upcast
+from .gemm import Dense
+
+F32 = dtypes.FLOAT
+
+
+def tile(gpu: bool, B: int, H: int) -> tuple[int, int]:
+    """Return (SB batch rows, UB hidden units) of a step's work item. The CPU backend: one row, 8
+    units (two float4 accumulators a gate: 1 x 8 measured 0.57-1.0 ms a 64-row LSTM step, 1 x 4 0.9-1.1,
+    2 x 8 0.85, 1 x 16 0.92 on a busy 2-core host; scalar accumulators 1.0);
+    CUDA: 2 rows x 4 units (one float4 of R per gate and k serves both rows; a GRU of 1,024 rows and 128
+    units then has 16k threads a step)."""
+    units = next(u for u in ((4, 2, 1) if gpu else (8, 4, 2, 1)) if H % u == 0)
+    rows = 2 if gpu and B >= 2 else 1
+    return rows, units
+
+
+def qualifies(op) -> str | None:
+    """Return why a recurrent node keeps its whole form, or None when it runs as stages."""
+    if op.S < 1 or op.H < 1 or op.B < 1:
+        return "an empty sequence, batch or hidden state"
+    return None
+
+
+class RecurrentProjection(Dense):
+    """P[row][d, g, u] = X[row] . W[d, g * H + u] + Wb + Rb (row: X's rows in its own order)."""
+
+    nbatch = 1
+
+    def __init__(self, node: Node, inputs, outputs, cell):
+        self.cell = cell
+        x = cell.input(0)
+        self.M, self.K = x.numel // cell.I, cell.I
+        self.N = cell.D * cell.gates * cell.H
+        super().__init__(node, inputs, outputs, cell.opset)
+
+    def check(self) -> None:
+        pass  # built from a checked recurrent node
+
+    def forward(self, ctx) -> None:
+        ctx.comment("recurrent projection: in `forward` the whole form computes it, in the steps node")
+
+    def loaders(self):
+        x, w = self.input(0), self.input(1)
+        bias = self.input(2) if self.has_input(2) else None
+        I, GH = self.K, self.cell.gates * self.cell.H
+        H = self.cell.H
+        lbr = self.cell.cell == "gru" and getattr(self.cell, "linear_before_reset", False)
+
+        def load_a(_, m, k):
+            return upcast(x.load(ix.add(ix.mul(m, I), k)), x.dtype)
+
+        def load_b(_, k, n):
+            return upcast(w.load(ix.add(ix.mul(n, I), k)), w.dtype)
+
+        def finish(_, m, n, acc):
+            if bias is None:
+                return acc
+            # Wb[d][row] at n + d * GH, Rb[d][row] GH further (d = n // GH)
+            at = ix.add(n, ix.mul(ix.div(n, GH), GH))
+            wb = upcast(bias.load(at), bias.dtype)
+            rb = upcast(bias.load(ix.add(at, str(GH))), bias.dtype)
+            if lbr:  # GRU's hidden gate adds Rb inside r * (h R^T + Rb): the steps add it
+                rb = f"({rb} if {ix.mod(n, GH)} < {2 * H} else 0.0)"
+            return f"{acc} + {wb} + {rb}"
+
+        return load_a, load_b, finish, F32
+
+    def b_matrix(self, value):
+        return value.reshape(self.N, self.K).T[None]
+
+    def describe(self) -> str:
+        c = self.cell
+        return (f"{c.cell.upper()} input projection: X W^T + biases for {c.S} steps x {c.B} rows and {c.D} direction(s) "
+                f"at once ({self.M} x {self.K} by {self.K} x {self.N}), {super().describe()}")
+
+    def describe_block(self) -> str:
+        c = self.cell
+        return f"{c.cell.upper()} input projection ({self.M} x {self.K} by {self.K} x {self.N}): {self.block_tiling().describe()}"
+
+
+class RecurrentSteps(Operator):
+    """The recurrence over a projection P: a phase per step (two for GRU without
+    linear_before_reset), a first phase for the initial states. Inputs: P, R, B, sequence_lens,
+    initial_h, initial_c, peepholes, X (kept live for `forward`'s whole form); outputs: Y, Y_h, Y_c,
+    the h ping-pong buffer, c, GRU's [z, r . h] buffer."""
+
+    phased = True
+    shared_kernel = "recurrent"
+
+    def __init__(self, node: Node, inputs, outputs, cell, gpu: bool, blob):
+        self.cell, self.blob = cell, blob
+        self.SB, self.UB = tile(gpu, cell.B, cell.H)
+        self.gpu = gpu
+        self.split = cell.cell == "gru" and not cell.linear_before_reset
+        super().__init__(node, inputs, outputs, cell.opset)
+
+    def check(self) -> None:
+        pass
+
+    def forward(self, ctx) -> None:
+        self.cell.forward(ctx)  # one thread a sample: the whole form, from X
+
+    # ---- geometry -----------------------------------------------------------------------------
+    @property
+    def row_groups(self) -> int:
+        return -(-self.cell.B // self.SB)
+
+    def step_items(self) -> int:
+        c = self.cell
+        return c.D * self.row_groups * (c.H // self.UB)
+
+    def phases(self):
+        c = self.cell
+        steps = c.S * (2 if self.split else 1)
+        init = Phase("initial states", c.D * c.B * c.H, self._emit_init)
+        names = ([f"step {k // 2 + 1} of {c.S}, {'z and r . h' if k % 2 == 0 else 'the hidden gate'}" for k in range(steps)]
+                 if self.split else [f"step {k + 1} of {c.S}" for k in range(steps)])
+        return [init] + [Phase(name, self.step_items(), self._emit_step) for name in names]
+
+    def packed_r(self) -> int | None:
+        """Return the byte offset of R^T [D][H (k)][G * H] in the weight blob, or None when R is not a
+        constant (then read where it is)."""
+        r = self.input(1)
+        if r.value is None:
+            return None
+        c = self.cell
+        G, H = c.gates, c.H
+        import numpy as np
+
+        return self.blob.add_packed(f"{r.name}/recurrent[{c.D}x{H}x{G * H}]",
+                                    lambda: np.ascontiguousarray(np.asarray(r.value, np.float32).transpose(0, 2, 1)))
+
+    # ---- indices --------------------------------------------------------------------------------
+    def _state_index(self, d: str, b: str, u: str) -> str:
+        c = self.cell
+        if c.layout == 0:
+            return ix.add(ix.mul(ix.add(ix.mul(d, c.B), b), c.H), u)
+        return ix.add(ix.mul(ix.add(ix.mul(b, c.D), d), c.H), u)
+
+    def _hbuf(self, slot: str, d: str, b: str, u: str) -> str:
+        c = self.cell
+        return ix.add(ix.mul(ix.add(ix.mul(ix.add(ix.mul(slot, c.D), d), c.B), b), c.H), u)
+
+    def _dbh(self, d: str, b: str, u: str) -> str:
+        c = self.cell
+        return ix.add(ix.mul(ix.add(ix.mul(d, c.B), b), c.H), u)
+
+    def _row(self, t: str, b: str) -> str:
+        c = self.cell
+        return ix.add(ix.mul(t, c.B), b) if c.layout == 0 else ix.add(ix.mul(b, c.S), t)
+
+    def _y_index(self, t: str, d: str, b: str, u: str) -> str:
+        c = self.cell
+        if c.layout == 0:
+            return ix.add(ix.mul(ix.add(ix.mul(ix.add(ix.mul(t, c.D), d), c.B), b), c.H), u)
+        return ix.add(ix.mul(ix.add(ix.mul(ix.add(ix.mul(b, c.S), t), c.D), d), c.H), u)
+
+    def _out(self, k: int) -> Tensor | None:
+        return self.outputs[k] if k < len(self.outputs) and self.outputs[k] is not None and k < 3 else None
+
+    def _opt(self, k: int) -> Tensor | None:
+        return self.inputs[k] if k < len(self.inputs) and self.inputs[k] is not None else None
+
+    # ---- the first phase ------------------------------------------------------------------------
+    def _emit_init(self, ctx, item: str) -> None:
+        c = self.cell
+        hs, cs = self.outputs[3], self.outputs[4] if c.cell == "lstm" else None
+        d, b, u = (ctx.let(e, "w") for e in ix.unravel(item, (c.D, c.B, c.H)))
+        h0, c0 = self._opt(4), self._opt(5)
+        at = self._state_index(d, b, u)
+        ctx.line(hs.store(self._hbuf("0", d, b, u), upcast(h0.load(at), h0.dtype) if h0 is not None else "0.0"))
+        if cs is not None:
+            ctx.line(cs.store(self._dbh(d, b, u), upcast(c0.load(at), c0.dtype) if c0 is not None else "0.0"))
+
+    # ---- a step ---------------------------------------------------------------------------------
+    def _emit_step(self, ctx, item: str) -> None:
+        c = self.cell
+        G, H, D, B, S = c.gates, c.H, c.D, c.B, c.S
+        SB, UB = self.SB, self.UB
+        from .rnn import ACTIVATIONS
+
+        if any(fn.args[0] is ACTIVATIONS["softplus"][2] for acts in c.acts for fn in acts):
+            ctx.use_helper("softplus")
+        p_in, r = self.input(0), self.input(1)
+        bias, seq = self._opt(2), self._opt(3)
+        peep = self._opt(6) if c.cell == "lstm" else None
+        hs = self.outputs[3]
+        cs = self.outputs[4] if c.cell == "lstm" else None
+        zr = self.outputs[4] if self.split else None
+        y, yh, yc = self._out(0), self._out(1), self._out(2) if c.cell == "lstm" else None
+
+        # the step (and, split, the part) from the stage index: one body for every step
+        first = getattr(ctx, "first_phase_stage", None)
+        phase = ctx.let(f"stage - {first + 1}", "ph") if first is not None else "0"
+        s, part = (ctx.let(ix.div(phase, 2), "st"), ctx.let(ix.mod(phase, 2), "pt")) if self.split else (phase, None)
+        ug = ctx.let(ix.mod(item, H // UB), "ug") if H // UB > 1 else "0"
+        rest = ix.div(item, H // UB)
+        bg = ctx.let(ix.mod(rest, self.row_groups), "bg") if self.row_groups > 1 else "0"
+        d = ctx.let(ix.div(rest, self.row_groups), "d") if D > 1 else "0"
+        u0 = ctx.let(ix.mul(ug, UB), "u0")
+        units = [ctx.let(ix.add(u0, str(i)), "u") if i else u0 for i in range(UB)]
+        rows, ok = [], []
+        for j in range(SB):
+            bj = ix.add(ix.mul(bg, SB), str(j)) if SB > 1 else bg
+            if SB > 1 and B % SB:
+                ok.append(ctx.let(f"{bj} < {B}", "ok"))
+                bj = f"min({bj}, {B - 1})"
+            else:
+                ok.append(None)
+            rows.append(ctx.let(bj, "b"))
+        # per row: its length, whether this step is inside it, the time it reads, the h slots
+        reverse = {"forward": "False", "reverse": "True"}.get(c.direction, f"{d} == 1")
+        lens = [ctx.let(f"min({seq.load(b)}, {S})", "n") if seq is not None else str(S) for b in rows]
+        valid = [ctx.let(f"{s} < {n}", "v") if seq is not None else None for n in lens]
+        times = []
+        for n in lens:
+            back = f"{n} - 1 - {s}"
+            times.append(s if reverse == "False" else ctx.let(back if reverse == "True" else f"({back}) if {reverse} else {s}", "t"))
+        cur = ctx.let(ix.mod(s, 2), "cur")
+        nxt = ctx.let(f"1 - {cur}", "nx")
+        packed = self.packed_r()
+        pbase = None
+        if packed is not None:
+            pbase = ctx.let(ix.add(str(packed), ix.mul(ix.mul(d, H * G * H), 4)), "rp")
+
+        def r_loader(k: str):
+            """Return (g, i) -> R[d, g * H + u_i, k] for the current k (emitting the loads once)."""
+            vals = {}
+            if packed is not None:
+                kb = ctx.let(ix.add(pbase, ix.mul(k, G * H * 4)), "rk")
+                for g in range(G):
+                    at = ctx.let(ix.add(kb, ix.mul(ix.add(str(g * H), u0), 4)), "ra")
+                    for i in range(UB):
+                        vals[g, i] = ctx.let(f"weights.read(float, {ix.add(at, str(4 * i))})" if i else
+                                             f"weights.read(float, {at})", "rw")
+            else:
+                for g in range(G):
+                    for i in range(UB):
+                        at = ix.add(ix.mul(ix.add(ix.mul(d, G * H), str(g * H), units[i]), H), k)
+                        vals[g, i] = ctx.let(upcast(r.load(at), r.dtype), "rw")
+            return vals
+
+        def rb(g: int, u: str) -> str:
+            return upcast(bias.load(ix.add(ix.mul(d, 2 * G * H), str(G * H + g * H), u)), bias.dtype)
+
+        def pload(j: int, g: int, u: str) -> str:
+            return p_in.load(ix.add(ix.mul(self._row(times[j], rows[j]), D * G * H), ix.mul(d, G * H), str(g * H), u))
+
+        # R prepacked, 4 units a float4: the accumulators are float4s too (explicit vectors: the CPU
+        # backend's clang did not vectorise the scalar tile)
+        vector = packed is not None and UB % 4 == 0 and packed % 16 == 0
+
+        def gemv(gates: list[int], init, src) -> dict:
+            """acc[g, j, i] = init(g, j, i) + sum over k of src(j, k) R[d, g * H + u_i, k]."""
+            if vector:
+                return gemv4(gates, init, src)
+            acc = {}
+            for g in gates:
+                for j in range(SB):
+                    for i in range(UB):
+                        acc[g, j, i] = ctx.fresh("acc")
+                        ctx.line(f"{acc[g, j, i]} = {init(g, j, i)}")
+            with ctx.loop(H, "k") as k:
+                hv = [ctx.let(src(j, k), "hv") for j in range(SB)]
+                vals = r_loader(k)
+                for g in gates:
+                    for j in range(SB):
+                        for i in range(UB):
+                            ctx.line(f"{acc[g, j, i]} = fma({hv[j]}, {vals[g, i]}, {acc[g, j, i]})")
+            return acc
+
+        def gemv4(gates: list[int], init, src) -> dict:
+            acc = {}
+            for g in gates:
+                for j in range(SB):
+                    for q in range(UB // 4):
+                        acc[g, j, q] = ctx.fresh("acc")
+                        ctx.line(f"{acc[g, j, q]} = float4({', '.join(init(g, j, 4 * q + e) for e in range(4))})")
+            with ctx.loop(H, "k") as k:
+                hv = [ctx.let(f"float4({src(j, k)})", "hv") for j in range(SB)]
+                kb = ctx.let(ix.add(pbase, ix.mul(k, G * H * 4)), "rk")
+                for g in gates:
+                    for q in range(UB // 4):
+                        rq = ctx.let(f"weights.read(float4, {ix.add(kb, ix.mul(ix.add(str(g * H + 4 * q), u0), 4))})", "rq")
+                        for j in range(SB):
+                            ctx.line(f"{acc[g, j, q]} = fma({hv[j]}, {rq}, {acc[g, j, q]})")
+            return {(g, j, i): f"{acc[g, j, i // 4]}.{'xyzw'[i % 4]}" for g in gates for j in range(SB) for i in range(UB)}
+
+        def h_prev(j: int, u: str) -> str:
+            return hs.load(self._hbuf(cur, d, rows[j], u))
+
+        def clipped(v: str) -> str:
+            if c.clip is None:
+                return v
+            from .rnn import _f
+
+            clamp = ctx.use_helper("clamp_nan")
+            return f"{clamp}({v}, {_f(-float(c.clip))}, {_f(float(c.clip))})"
+
+        def by_direction(emit) -> None:
+            """emit(acts) under the direction's activations (a branch on d when they differ)."""
+            if D == 1 or all(a.args == b.args for a, b in zip(c.acts[0], c.acts[1])):
+                emit(c.acts[0])
+                return
+            ctx.line(f"if {d} == 0:")
+            with ctx.indent():
+                emit(c.acts[0])
+            ctx.line("else:")
+            with ctx.indent():
+                emit(c.acts[1])
+
+        def finish(j: int, i: int, h_new: str, c_new: str | None) -> None:
+            """Store unit i of row j: the state (held past the row's length), Y, and at the last step Y_h / Y_c."""
+            b, u = rows[j], units[i]
+            if valid[j] is not None:
+                h_new = ctx.let(f"{h_new} if {valid[j]} else {h_prev(j, u)}", "hn")
+                if c_new is not None:
+                    c_new = ctx.let(f"{c_new} if {valid[j]} else {cs.load(self._dbh(d, b, u))}", "cn")
+            cond = ok[j]
+            ctx.line_if(cond, hs.store(self._hbuf(nxt, d, b, u), h_new))
+            if c_new is not None:
+                ctx.line_if(cond, cs.store(self._dbh(d, b, u), c_new))
+            if y is not None:
+                if valid[j] is not None:
+                    ty = ctx.let(f"{times[j]} if {valid[j]} else {s}", "ty")
+                    yv = ctx.let(f"{h_new} if {valid[j]} else 0.0", "yv")
+                else:
+                    ty, yv = times[j], h_new
+                ctx.line_if(cond, y.store(self._y_index(ty, d, b, u), convert(yv, F32, y.dtype)))
+            last = [(yh, h_new)] + ([(yc, c_new)] if yc is not None else [])
+            for out, v in last:
+                if out is not None:
+                    conds = " and ".join(x for x in (cond, f"{s} == {S - 1}") if x)
+                    ctx.line_if(conds, out.store(self._state_index(d, b, u), convert(v, F32, out.dtype)))
+
+        if c.cell == "rnn":
+            acc = gemv([0], lambda g, j, i: pload(j, 0, units[i]), lambda j, k: h_prev(j, k))
+
+            def emit(acts):
+                for j in range(SB):
+                    for i in range(UB):
+                        finish(j, i, ctx.let(acts[0](ctx.let(clipped(acc[0, j, i]), "g")), "h"), None)
+            by_direction(emit)
+        elif c.cell == "lstm":
+            acc = gemv([0, 1, 2, 3], lambda g, j, i: pload(j, g, units[i]), lambda j, k: h_prev(j, k))
+
+            def emit(acts):
+                for j in range(SB):
+                    for i in range(UB):
+                        u = units[i]
+                        c_prev = ctx.let(cs.load(self._dbh(d, rows[j], u)), "cp")
+
+                        def peep_of(g, cv):
+                            if peep is None:
+                                return ""
+                            return f" + {upcast(peep.load(ix.add(ix.mul(d, 3 * H), str(g * H), u)), peep.dtype)} * {cv}"
+                        gi = ctx.let(acts[0](ctx.let(clipped(acc[0, j, i] + peep_of(0, c_prev)), "g")), "gi")
+                        if c.input_forget:
+                            gf = ctx.let(f"1.0 - {gi}", "gf")
+                        else:
+                            gf = ctx.let(acts[0](ctx.let(clipped(acc[2, j, i] + peep_of(2, c_prev)), "g")), "gf")
+                        gc = ctx.let(acts[1](ctx.let(clipped(acc[3, j, i]), "g")), "gc")
+                        c_new = ctx.let(f"{gf} * {c_prev} + {gi} * {gc}", "cn")
+                        go = ctx.let(acts[0](ctx.let(clipped(acc[1, j, i] + peep_of(1, c_new)), "g")), "go")
+                        finish(j, i, ctx.let(f"{go} * {acts[2](c_new)}", "h"), c_new)
+            by_direction(emit)
+        elif not self.split:  # GRU, linear_before_reset: h~ = g(P_h + r * (h R_h^T + Rb_h))
+            acc = gemv([0, 1, 2], lambda g, j, i: (pload(j, g, units[i]) if g < 2 else
+                                                  (rb(2, units[i]) if bias is not None else "0.0")),
+                       lambda j, k: h_prev(j, k))
+
+            def emit(acts):
+                for j in range(SB):
+                    for i in range(UB):
+                        u = units[i]
+                        z = ctx.let(acts[0](ctx.let(clipped(acc[0, j, i]), "g")), "z")
+                        rr = ctx.let(acts[0](ctx.let(clipped(acc[1, j, i]), "g")), "r")
+                        hh = ctx.let(acts[1](ctx.let(clipped(f"{pload(j, 2, u)} + {rr} * {acc[2, j, i]}"), "g")), "hh")
+                        finish(j, i, ctx.let(f"(1.0 - {z}) * {hh} + {z} * {h_prev(j, u)}", "h"), None)
+            by_direction(emit)
+        else:  # GRU: part 0 z and r . h_{t-1} into zr [2, D, B, H]; part 1 h~ = g(P_h + (r . h) R_h^T)
+            ctx.line(f"if {part} == 0:")
+            with ctx.indent():
+                acc = gemv([0, 1], lambda g, j, i: pload(j, g, units[i]), lambda j, k: h_prev(j, k))
+
+                def emit0(acts):
+                    for j in range(SB):
+                        for i in range(UB):
+                            u = units[i]
+                            z = ctx.let(acts[0](ctx.let(clipped(acc[0, j, i]), "g")), "z")
+                            rr = ctx.let(acts[0](ctx.let(clipped(acc[1, j, i]), "g")), "r")
+                            ctx.line_if(ok[j], zr.store(self._hbuf("0", d, rows[j], u), z))
+                            ctx.line_if(ok[j], zr.store(self._hbuf("1", d, rows[j], u), f"{rr} * {h_prev(j, u)}"))
+                by_direction(emit0)
+            ctx.line("else:")
+            with ctx.indent():
+                acc = gemv([2], lambda g, j, i: pload(j, 2, units[i]), lambda j, k: zr.load(self._hbuf("1", d, rows[j], k)))
+
+                def emit1(acts):
+                    for j in range(SB):
+                        for i in range(UB):
+                            u = units[i]
+                            z = ctx.let(zr.load(self._hbuf("0", d, rows[j], u)), "z")
+                            hh = ctx.let(acts[1](ctx.let(clipped(acc[2, j, i]), "g")), "hh")
+                            finish(j, i, ctx.let(f"(1.0 - {z}) * {hh} + {z} * {h_prev(j, u)}", "h"), None)
+                by_direction(emit1)
+
+    def describe(self) -> str:
+        c = self.cell
+        per = " (two phases a step: z and r . h, then the hidden gate)" if self.split else ""
+        return (f"{c.cell.upper()} steps, {c.describe()}: a phase per step{per}, a thread per {self.SB} row(s) x "
+                f"{self.UB} unit(s) of a direction, h_(t-1) . R^T from R prepacked")

@@ -1,0 +1,64 @@
+"""Recurrent stages on the CUDA backend (operators/rnn_stages.py: the projection on the GEMM tile,
+the steps 2 rows x 4 units a thread with float4 R, one shared kernel) against onnxruntime: GRU (both
+linear_before_reset) and LSTM, every direction, ragged sequence_lens, initial states, peepholes,
+layout 0 over a fixed batch and layout 1 per sample.
+
+    LUISAML_BACKEND=cuda python -m pytest tests/gpu/test_rnn_cuda.py -q"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from util import cuda_only, graph_model, ort_run
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operators"))
+from test_rnn import as_layout0, case, from_layout0, merge  # noqa: E402
+
+import luisaml  # noqa: E402
+
+pytestmark = cuda_only()
+
+EVERY = ("B", "sequence_lens", "initial_h", "initial_c", "P")
+
+
+def _split(feeds):
+    inits = {k: v for k, v in feeds.items() if k[0] in "WRBP" and not k.startswith("sequence")}
+    return {k: v for k, v in feeds.items() if k not in inits}, inits
+
+
+def _model(nodes, feeds, inits):
+    m = graph_model(nodes, feeds, inits, opset=22)
+    m.ir_version = 10  # the lent machine's onnxruntime reads IR 10 at most
+    return m
+
+
+@pytest.mark.parametrize("op,extra", [("GRU", {}), ("GRU", {"linear_before_reset": 1}), ("LSTM", {}),
+                                      ("LSTM", {"input_forget": 1})])
+def test_layout0_fixed_batch(op, extra):
+    nodes, feeds = merge(case(op, 0, S=9, B=67, I=24, H=32, use=EVERY, seed=1, **extra),
+                         case(op, 1, S=9, B=67, I=24, H=32, direction="reverse", use=("B", "sequence_lens"), seed=2, **extra),
+                         case(op, 2, S=5, B=33, I=16, H=16, direction="bidirectional", use=EVERY, seed=3, clip=3.0, **extra))
+    feeds, inits = _split(feeds)
+    net = luisaml.compile(_model(nodes, feeds, inits), batch_axis=None, backend="cuda")
+    got = net.run(feeds)
+    for name, w in ort_run(_model(nodes, feeds, inits), feeds).items():
+        np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("op", ["GRU", "LSTM"])
+def test_layout1_per_sample(op):
+    node, f = case(op, 0, S=7, B=2, I=12, H=16, layout=1, direction="bidirectional", use=EVERY)
+    feeds, inits = _split(f)
+    net = luisaml.compile(graph_model([node], feeds, inits, opset=22, batch="N"), backend="cuda")
+    for n in (1, 130):
+        rng = np.random.default_rng(n)
+        fn = {k: (np.arange(n, dtype=np.int32) % 7 + 1) if k.startswith("sequence_lens") else
+              rng.standard_normal((n,) + v.shape[1:]).astype(np.float32) for k, v in feeds.items()}
+        got = net.run(fn)
+        nodes0, f0 = as_layout0([node], {**fn, **inits})
+        m0 = graph_model(nodes0, f0, opset=22)
+        m0.ir_version = 10
+        for name, w in ort_run(m0, f0).items():
+            np.testing.assert_allclose(got[name], from_layout0(name, w), rtol=1e-4, atol=1e-4, err_msg=name)
