@@ -20,7 +20,7 @@ from .passes import Prepared
 from .plan import Blob, Plan
 from . import schedule as schedule_pass
 from .schedule import Schedule
-from . import voxel_rows
+from .fvdb import voxel_rows
 from .safe_source import Identifiers
 
 

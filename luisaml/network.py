@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from . import cache, device, dtypes, voxel_rows
+from . import cache, device, dtypes
+from .fvdb import voxel_rows
 from .dispatch import Launcher
 from .dtypes import shape_str
 from .errors import InputError, InputNameError, InputTypeError, RunError, UsageError

@@ -174,7 +174,7 @@ def _build(prep, name: str, opts: CompileOptions, fuse_mode: str, on_schedule=No
     plan = compiler.build_plan(prep, name, on_schedule=on_schedule, **options)
     plan.built_from = (prep, name, options)  # what a .lml stores as data, for load to call build_plan again
     if plan.host_steps is not None and opts.grid_build == "device":
-        from .host_steps import DeviceBuilds
+        from .fvdb.host_steps import DeviceBuilds
 
         plan.host_steps.device = DeviceBuilds(lambda m, workers: _compile_grid_step(m, opts.limits, workers),
                                               repr(opts.limits))

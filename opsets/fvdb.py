@@ -352,7 +352,7 @@ _GRID_OPS = [
                "floor(world_to_voxel(p)) + {0, 1}^3 of each tensor's points.", _jagged_in("points", "T") + _SIZES),
 ]
 GRID_OPS: dict[str, GridOpSpec] = {op.name: op for op in _GRID_OPS}
-# the attribute luisaml/host_steps.py (DeviceBuilds) sets on a topology or GridBatchFrom* node it builds
+# the attribute luisaml/fvdb/host_steps.py (DeviceBuilds) sets on a topology or GridBatchFrom* node it builds
 # on the device as a network of its own: the voxels or points that network takes, at most
 CAPACITY = "voxel_capacity"
 BUNDLE_ELEM = (TensorProto.UINT8, TensorProto.INT64, TensorProto.DOUBLE, TensorProto.DOUBLE, TensorProto.INT32,

@@ -14,7 +14,7 @@ from ..model import Model
 from .batch import PROBE_A, PROBE_B, BatchPlan
 
 if TYPE_CHECKING:
-    from ..host_steps import HostSteps
+    from ..fvdb.host_steps import HostSteps
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Prepared:
 def prepare(proto, batch_axis="auto", input_shapes=None, *, limits: Limits = DEFAULT) -> Prepared:
     """Return the prepared Model of a ModelProto (consumed: it is modified)."""
     # (imported here: they read protobuf, and a .lml artifact's Prepared is rebuilt without onnx)
-    from .. import host_steps
+    from ..fvdb import host_steps
     from ..model import model_from_proto
     from .batch import annotate
     from .cleanup import fold_batchnorm, remove_dead, remove_passthrough

@@ -11,7 +11,7 @@ Over grids bound at run time (any size, one compiled network) the voxels are the
 has a row per voxel of the output grid, a work item per sample finds its voxel from its index
 (nanovdb's nvdb_find_leaf, nvdb_leaf_slot), and SparseConv3d reads the features of the sample each
 tap names (KernelContext.at_sample); both see the whole batch (Operator.spans_batch). A coarser
-grid has fewer voxels than the batch: its map's rows past them stay missing (luisaml/voxel_rows.py
+grid has fewer voxels than the batch: its map's rows past them stay missing (luisaml/fvdb/voxel_rows.py
 says which inputs and outputs hold which grid's voxels).
 
 A kernel-map work item is one voxel slot of one output leaf (most slots of a surface's leaves are
@@ -38,7 +38,7 @@ from luisaml.fvdb.sparse_conv import ConvGeometry, conv_geometry, kernel_map
 from luisaml.model import shape_str
 from luisaml.operator import CompileError, Derived, Operator
 from luisaml.opsets import fvdb as schema
-from luisaml.voxel_rows import GRID, INDICES
+from luisaml.fvdb.voxel_rows import GRID, INDICES
 from luisaml.registry import register
 
 from .common import META_FIELDS, GridOp, GridRef, Meta, bundle_grids, grid_metadata, voxel_of_index

@@ -19,7 +19,7 @@ float32 for the arithmetic and the voxel_sizes / origins outputs, float64 bits t
 copies into the summaries, so the host step writes the headers' exact doubles). Float64 points are
 refused (the kernels compute in float32, fVDB in double for them). Over grids bound at run time the
 topology ops, and the constructors whose input has a dynamic size or whose grid other nodes read,
-are steps that run when a run binds their inputs (luisaml/host_steps.py cuts them out of the graph):
+are steps that run when a run binds their inputs (luisaml/fvdb/host_steps.py cuts them out of the graph):
 the topology ops and the constructors build on the device with these phases (a network of the
 node alone with the attribute voxel_capacity: topology_device.py for the topology ops; here the
 constructors' points are then counted by joffsets[B], jdata's rows bound at run time) or on the host.
@@ -158,7 +158,7 @@ def _not_constant(names: list[str]) -> str:
     return (f"input '{names[0]}' is not a constant: this op builds grids on the host (the GridBatchFrom* "
             "constructors also on the device), so what it reads must be constants (it is evaluated when the model "
             "is compiled) or graph inputs and grids built from them (it runs when a run binds them: "
-            "luisaml/host_steps.py), never a tensor the kernels compute")
+            "luisaml/fvdb/host_steps.py), never a tensor the kernels compute")
 
 
 # ---- building on the device ------------------------------------------------------------------------
@@ -297,7 +297,7 @@ class DeviceGridBuild(GridOp):
     @classmethod
     def reads_bound_rows(cls, op_type: str, k: int) -> bool:
         # jdata, jidx: any number of points, with CAPACITY (the only way such an input reaches the node:
-        # luisaml/host_steps.py takes one of dynamic size out of the model and builds it that way)
+        # luisaml/fvdb/host_steps.py takes one of dynamic size out of the model and builds it that way)
         return k in (0, 2)
 
     @classmethod

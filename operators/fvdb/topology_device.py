@@ -3,7 +3,7 @@ built on the device over a grid bound at run time: the device grid build of topo
 keys read from the source grid.
 
 Over constants they fold on the host (topology.GridOp). Over a grid bound at run time,
-luisaml/host_steps.py cuts the node out of the model and runs it, when a run binds a new grid, as a
+luisaml/fvdb/host_steps.py cuts the node out of the model and runs it, when a run binds a new grid, as a
 network of its own: the node alone, with the attribute `voxel_capacity` V (the source voxels the
 network takes, a power of two), compiled once per V. That node builds here, as DeviceGridBuild's
 phases with one phase changed: "voxel keys" runs a thread per source voxel, which finds the voxel's
@@ -112,7 +112,7 @@ def source_metadata(*arrays, capacity: int) -> np.ndarray:
     total = int(meta[:, Meta.VOXEL_COUNT].sum())
     if total > capacity:
         raise InputError(f"the grid has {total:,} voxels; this network takes at most {capacity:,} "
-                         "(luisaml/host_steps.py compiles one per power of two)")
+                         "(luisaml/fvdb/host_steps.py compiles one per power of two)")
     return meta
 
 

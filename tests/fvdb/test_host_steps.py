@@ -1,4 +1,4 @@
-"""Grid ops over grids bound at run time, run on the host (luisaml/host_steps.py, grid_build="host"; the
+"""Grid ops over grids bound at run time, run on the host (luisaml/fvdb/host_steps.py, grid_build="host"; the
 device's form in test_topology_device.py): one compiled network
 builds each topology op's grid from whatever grid a run binds. The new bundle equals, byte for byte,
 the builder's bundle of fvdb_reference's voxel sets (loops over voxel sets, fVDB's section-3
@@ -115,7 +115,7 @@ def chain_model(gb: GridBatch) -> onnx.ModelProto:
 def test_a_chain_of_host_steps_and_the_cache(monkeypatch):
     """CoarsenedGrid of a ConvGrid's grid: the second step reads the first's output. The same grid
     bound again runs no step; one changed voxel runs both again."""
-    from luisaml import host_steps
+    from luisaml.fvdb import host_steps
 
     gb = BATCHES["two"]
     B = gb.grid_count

@@ -261,7 +261,7 @@ def test_a_unet_over_grids_bound_at_run_time_equals_torch(unet_example):
 
 def test_an_output_at_the_coarse_level_is_cut_to_its_voxels(unet_example):
     """The coarse level's tensors have a row per sample, its voxels first: an output there comes back
-    with exactly the coarse grid's voxels (luisaml/voxel_rows.py)."""
+    with exactly the coarse grid's voxels (luisaml/fvdb/voxel_rows.py)."""
 
     class Down(torch.nn.Module):
         def __init__(self):

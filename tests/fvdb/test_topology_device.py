@@ -1,5 +1,5 @@
 """The topology ops over grids bound at run time built on the device (grid_build="device":
-luisaml/host_steps.py DeviceBuilds, operators/fvdb/topology_device.py): one compiled network builds
+luisaml/fvdb/host_steps.py DeviceBuilds, operators/fvdb/topology_device.py): one compiled network builds
 each op's grid from whatever grid a run binds, and the new bundle equals, byte for byte in all seven
 arrays, the builder's bundle of fvdb_reference's voxel sets (loops over voxel sets, fVDB's
 section-3 conventions): over two grids with negative coordinates and a far voxel, an empty grid, a
@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import luisaml
-from luisaml import host_steps
+from luisaml.fvdb import host_steps
 from luisaml.errors import InputError, RunError, UsageError
 from luisaml.fvdb import GridBatch
 from luisaml.opsets import fvdb as schema

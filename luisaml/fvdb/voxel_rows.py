@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError
+from ..errors import InputError
 
 # link targets that are not tensors (their NUL keeps them apart from any tensor name):
 GRID = "\0grid:"  # the voxels of the grid whose batch_offsets tensor follows

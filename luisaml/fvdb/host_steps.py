@@ -39,11 +39,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from . import dtypes
-from .errors import InputError, InputNameError, InputTypeError, LimitError, LuisamlError
-from .interop import is_torch, same_tensor, to_numpy
-from .model import ModelError, Node, _attr_value, shape_str
-from .opsets import fvdb as schema
+from .. import dtypes
+from ..errors import InputError, InputNameError, InputTypeError, LimitError, LuisamlError
+from ..interop import is_torch, same_tensor, to_numpy
+from ..model import ModelError, Node, _attr_value, shape_str
+from ..opsets import fvdb as schema
 
 DOMAIN = "fvdb"
 BUNDLE = len(schema.BUNDLE)
@@ -120,7 +120,7 @@ class DeviceBuilds:
             return self._build_from_points(node, arrays, digests)
         attrs = dict(node.attrs)
         if node.op_type in ("DilatedGrid", "RefinedGrid"):  # a result past the limits: refused before any build
-            from .fvdb.topology import check_result_size
+            from .topology import check_result_size
 
             offsets = np.asarray(arrays[5], np.int64).reshape(-1)
             counts = np.diff(offsets) if node.op_type == "DilatedGrid" or len(arrays) <= BUNDLE or \
@@ -144,7 +144,7 @@ class DeviceBuilds:
             out = self._build(node, attrs, out[:2] + list(arrays[2:4]) + out[4:BUNDLE] + list(arrays[BUNDLE:]), known)
             known = [None] * 2 + digests[2:4] + [None] * (BUNDLE - 4) + digests[BUNDLE:]
         # the voxel sizes and origins as the host's doubles: the kernels compute in float32
-        from .fvdb.topology import new_transforms
+        from .topology import new_transforms
 
         h, o = new_transforms(node.op_type, node.attrs, np.asarray(arrays[2], np.float64), np.asarray(arrays[3], np.float64))
         out[2], out[3] = np.ascontiguousarray(h, np.float64), np.ascontiguousarray(o, np.float64)
@@ -162,7 +162,7 @@ class DeviceBuilds:
         arrays = list(arrays)
         arrays[2], digests[2] = np.zeros(0, np.int32), None
         out = self._build(node, dict(node.attrs), arrays, digests, n, (0,))
-        from .fvdb import topology as T
+        from . import topology as T
 
         grids = len(offsets) - 1
         sizes, origins = (arrays[k] if len(arrays) > k and arrays[k] is not None else None for k in (4, 5))
@@ -208,7 +208,7 @@ class DeviceBuilds:
     def _too_large(node: Node, attrs: dict, capacity: int) -> bool:
         """Whether the node's device build of this capacity would hold more voxel keys than one holds
         (its scratch is indexed with 32-bit integers): a dilation of a 1M-voxel grid, say."""
-        from . import registry
+        from .. import registry
 
         cls = registry.resolve(node.op_type, DOMAIN, 1)
         try:
@@ -217,7 +217,7 @@ class DeviceBuilds:
             return False  # (attributes out of range: the device build's own check names them)
 
     def _on_host(self, node: Node, attrs: dict, arrays: list, capacity: int) -> list[np.ndarray]:
-        from .log import logger
+        from ..log import logger
 
         logger.warning("%s: a grid of %s voxels or points is past what a device build holds; built on the host",
                        node.describe(), f"{capacity:,}")
@@ -229,7 +229,7 @@ class DeviceBuilds:
 def on_host(node: Node, arrays: list) -> list[np.ndarray]:
     """Return the bundle arrays the node builds from arrays with the project's builder (the code that
     folds it over constants)."""
-    from . import registry
+    from .. import registry
 
     try:
         return registry.resolve(node.op_type, DOMAIN, 1).evaluate(node, arrays)
@@ -272,7 +272,7 @@ class HostSteps:
     def inputs(self, compiled: list) -> list:
         """Return the network's inputs as a user feeds them (IOSpecs): the compiled network's inputs
         (`compiled`) but the grids the steps build, and the inputs only the steps read."""
-        from .plan import IOSpec
+        from ..plan import IOSpec
 
         host = [IOSpec(h.name, "", h.dtype, h.shape, tuple(d if isinstance(d, int) else 0 for d in h.shape), False,
                        rows=h.shape[0] if h.shape and not isinstance(h.shape[0], int) else None)
@@ -489,6 +489,6 @@ def _grid_count(node: Node, shapes: dict) -> int:
 
 
 def _max_grids() -> int:
-    from .fvdb.grid_batch import MAX_GRIDS_PER_BATCH
+    from .grid_batch import MAX_GRIDS_PER_BATCH
 
     return MAX_GRIDS_PER_BATCH
