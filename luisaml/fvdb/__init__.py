@@ -16,18 +16,9 @@ from .builder import (
 from .grid_batch import MAX_GRIDS_PER_BATCH, GridBatch, GridBatchBundle, GridBatchMetadata, MetaF, MetaI
 from .jagged import JaggedBundle, JaggedTensor
 from .layout import NanoVDBError
-from .nanovdb import (
-    GridMap,
-    NanoGrid,
-    TreeInfo,
-    active_voxels,
-    ijk_to_index,
-    ijk_to_value,
-    leaf_origins,
-    read_grid,
-    read_grids,
-    require_fvdb_index_grid,
-)
+from .nanovdb import GridMap, NanoGrid, TreeInfo
+from .nanovdb_query import active_voxels, ijk_to_index, ijk_to_value, leaf_origins, require_fvdb_index_grid
+from .nanovdb_read import read_grid, read_grids
 from .nvdb_io import encode_nvdb, read_nvdb, read_nvdb_buffer, write_nvdb, write_raw
 
 __all__ = [

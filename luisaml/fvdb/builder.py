@@ -16,7 +16,8 @@ import numpy as np
 
 from . import layout as L
 from .layout import NanoVDBError
-from .nanovdb import NanoGrid, as_byte_buffer, as_ijk, leaf_slot, lower_slot, read_grids, upper_slot
+from .nanovdb import NanoGrid, as_byte_buffer, as_ijk, leaf_slot, lower_slot, upper_slot
+from .nanovdb_read import read_grids
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _DBL_MAX = float(np.finfo(np.float64).max)

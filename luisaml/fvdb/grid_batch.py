@@ -39,14 +39,9 @@ from . import layout as L
 from .builder import as_vec3, as_voxel_size, build_grid, concat_grids, dense_ijk, points_to_ijk
 from .jagged import JaggedTensor, offsets_from_counts
 from .layout import NanoVDBError
-from .nanovdb import (
-    NanoGrid,
-    active_voxels,
-    as_byte_buffer,
-    ijk_to_index,
-    read_grids,
-    require_fvdb_index_grid,
-)
+from .nanovdb import NanoGrid, as_byte_buffer
+from .nanovdb_query import active_voxels, ijk_to_index, require_fvdb_index_grid
+from .nanovdb_read import read_grids
 from .nvdb_io import PathOrBytes, read_nvdb_buffer, write_nvdb
 
 MAX_GRIDS_PER_BATCH = 1024  # fVDB's GridBatchData::MAX_GRIDS_PER_BATCH

@@ -28,7 +28,8 @@ from ..limits import DEFAULT, Limits
 from . import layout as L
 from .builder import concat_grids
 from .layout import GridLimitError, NanoVDBError
-from .nanovdb import NanoGrid, as_byte_buffer, read_grids
+from .nanovdb import NanoGrid, as_byte_buffer
+from .nanovdb_read import read_grids
 
 # zlib's deflate cannot expand data more than about 1032:1 (a stream of one repeated byte); a
 # chunk that claims more is corrupt, and is refused before it is inflated

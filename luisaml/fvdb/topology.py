@@ -28,7 +28,8 @@ from ..limits import DEFAULT as DEFAULT_LIMITS
 from ..limits import Limits
 from .builder import as_vec3, as_voxel_size
 from .grid_batch import GridBatch
-from .nanovdb import NanoGrid, active_voxels
+from .nanovdb import NanoGrid
+from .nanovdb_query import active_voxels
 from .sparse_conv import ConvGeometry, conv_grid_ijk, conv_transpose_grid_ijk, distinct_voxels
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1

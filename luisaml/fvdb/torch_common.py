@@ -18,8 +18,9 @@ import torch
 from ..opsets import fvdb as schema
 from .grid_batch import GridBatch
 from .jagged import JaggedTensor
-from .nanovdb import NanoGrid, active_voxels
-from .nanovdb import ijk_to_index as _host_ijk_to_index
+from .nanovdb import NanoGrid
+from .nanovdb_query import active_voxels
+from .nanovdb_query import ijk_to_index as _host_ijk_to_index
 
 
 def bundle_tensors(grid: GridBatch) -> tuple[torch.Tensor, ...]:

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..opsets import fvdb as schema
-from .nanovdb import active_voxels
+from .nanovdb_query import active_voxels
 from .sparse_conv import kernel_map as _host_kernel_map
 from .torch_common import bundle_voxels, flat_args, grids_of, host_forward, rows_of
 

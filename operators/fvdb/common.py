@@ -23,7 +23,9 @@ from luisaml.fvdb import layout as L
 from luisaml.fvdb.grid_batch import MAX_GRIDS_PER_BATCH
 from luisaml.fvdb.jagged import offsets_from_counts
 from luisaml.fvdb.layout import NanoVDBError
-from luisaml.fvdb.nanovdb import NanoGrid, as_byte_buffer, read_grids, require_fvdb_index_grid
+from luisaml.fvdb.nanovdb import NanoGrid, as_byte_buffer
+from luisaml.fvdb.nanovdb_query import require_fvdb_index_grid
+from luisaml.fvdb.nanovdb_read import read_grids
 from luisaml.model import shape_str
 from luisaml.operator import CompileError, Derived, Operator
 from luisaml.opsets import fvdb as schema

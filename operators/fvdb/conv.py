@@ -33,7 +33,7 @@ from luisaml import dtypes
 from luisaml import indexing as ix
 from luisaml.fvdb import layout as L
 from luisaml.fvdb.layout import NanoVDBError
-from luisaml.fvdb.nanovdb import active_voxels, ijk_to_index
+from luisaml.fvdb.nanovdb_query import active_voxels, ijk_to_index
 from luisaml.fvdb.sparse_conv import ConvGeometry, conv_geometry, kernel_map
 from luisaml.model import shape_str
 from luisaml.operator import CompileError, Derived, Operator

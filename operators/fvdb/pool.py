@@ -22,7 +22,7 @@ import contextlib
 import numpy as np
 
 from luisaml import indexing as ix
-from luisaml.fvdb.nanovdb import active_voxels, ijk_to_index
+from luisaml.fvdb.nanovdb_query import active_voxels, ijk_to_index
 from luisaml.fvdb.layout import NanoVDBError
 from luisaml.fvdb.sparse_conv import ConvGeometry
 from luisaml.fvdb.topology import factor3, pool_geometry, refine_parents

@@ -408,7 +408,7 @@ def ray_walk(active: set, eye: np.ndarray, d: np.ndarray, lo: np.ndarray, hi: np
 def _ray_hits(gb: GridBatch, origins: JaggedTensor, directions: JaggedTensor, spans=None):
     """Yield (ray, grid b, its active-voxel walk) for every ray of a batch; spans: per-ray (t_min, t_max)
     arrays (default: from 0 on)."""
-    from luisaml.fvdb.nanovdb import active_voxels
+    from luisaml.fvdb.nanovdb_query import active_voxels
 
     b_of = grid_ids(origins)
     active = [set(map(tuple, active_voxels(g).tolist())) for g in gb.grids]

@@ -19,7 +19,7 @@ import luisaml
 from luisaml.errors import RunError
 from luisaml.fvdb import GridBatch
 from luisaml.fvdb import topology as T
-from luisaml.fvdb.nanovdb import active_voxels
+from luisaml.fvdb.nanovdb_query import active_voxels
 from luisaml.opsets import fvdb as schema
 
 from fvdb_reference import fvdb_model

@@ -1,5 +1,5 @@
-"""The host's per-grid validation, vectorised over whole node levels (luisaml.fvdb.nanovdb: read_grids,
-require_fvdb_index_grid, reached per bound bundle through operators/fvdb/common.py bundle_grids).
+"""The host's per-grid validation, vectorised over whole node levels (luisaml.fvdb.nanovdb_read: read_grids;
+nanovdb_query: require_fvdb_index_grid, reached per bound bundle through operators/fvdb/common.py bundle_grids).
 
 Two halves:
 - valid grids (the builder's, warp's OnIndex and Index grids, empty grids, single voxels, value tiles
@@ -36,6 +36,8 @@ from luisaml.fvdb import (
 )
 from luisaml.fvdb import layout as L
 from luisaml.fvdb import nanovdb as nv
+from luisaml.fvdb import nanovdb_query as nq
+from luisaml.fvdb import nanovdb_read as nr
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -141,13 +143,13 @@ def assert_matches_reference(data: bytes) -> None:
         got_origins = leaf_origins(g)
         assert got_origins.dtype == np.int32 and got_origins.shape == (g.leaf_count, 3)
         assert got_origins.tolist() == [list(o) for o in ref["leaf_origins"]]
-        counts = nv._leaf_counts(g)
+        counts = nq._leaf_counts(g)
         assert counts.dtype == np.int64 and counts.tolist() == ref["leaf_counts"]
         headers = {"offset": g.offset, "grid_size": g.grid_size, "grid_type": g.grid_type,
                    "value_count": g.value_count, "node_offsets": g.tree.node_offsets,
                    "node_counts": g.tree.node_counts, "blind_metadata_offset": g.blind_metadata_offset,
                    "blind_metadata_count": g.blind_metadata_count}
-        walk = nv._walk_tree(g.buffer, "grid", headers)
+        walk = nr.walk_tree(g.buffer, "grid", headers)
         assert walk.leaf_counts.tolist() == ref["leaf_counts"]
         assert g.leaf_voxel_count == sum(ref["leaf_counts"])
         assert g.active_tile_count == ref["active_tiles"]
@@ -299,7 +301,7 @@ def test_leaf_ranges_out_of_leaf_order_still_tile():
     # Two leaves with the same voxel count swap their value ranges: the ranges still tile 1..N, so
     # fVDB's check accepts the grid (it sorts the ranges), and lookups follow the swapped offsets.
     g = read_grids(SMALL)[0]
-    counts = nv._leaf_counts(g).tolist()
+    counts = nq._leaf_counts(g).tolist()
     a = 0
     b = next(i for i in range(1, len(counts)) if counts[i] == counts[a])
     pa, pb = _leaf(SMALL, a) + L.LEAF_OFF_OFFSET, _leaf(SMALL, b) + L.LEAF_OFF_OFFSET
@@ -335,12 +337,12 @@ def test_set_bits_equals_unpacked_nonzero():
     for rows, words, density in ((0, 8, 0.5), (3, 64, 0.0), (5, 64, 0.01), (4, 8, 0.5), (2, 512, 1.0), (7, 8, 0.97)):
         bits = rng.random((rows, 64 * words)) < density
         packed = np.packbits(bits, axis=1, bitorder="little").view("<u8")
-        row, bit = nv._set_bits(packed)
+        row, bit = nv.set_bits(packed)
         want_row, want_bit = np.nonzero(bits)
         np.testing.assert_array_equal(row, want_row)
         np.testing.assert_array_equal(bit, want_bit)
     top = np.array([[1 << 63, 0, (1 << 63) | 1]], np.uint64)  # the top bit of a word
-    np.testing.assert_array_equal(nv._set_bits(top)[1], [63, 128, 191])
+    np.testing.assert_array_equal(nv.set_bits(top)[1], [63, 128, 191])
 
 
 def test_in_node_order_equals_scatter():
@@ -350,7 +352,7 @@ def test_in_node_order_equals_scatter():
         values = rng.integers(-(2**31), 2**31, (n, 3)).astype(np.int32)
         want = np.zeros((n, 3), np.int32)
         want[idx] = values
-        got = nv._in_node_order(idx, values)
+        got = nr._in_node_order(idx, values)
         assert got.dtype == np.int32
         np.testing.assert_array_equal(got, want)
 
@@ -360,21 +362,21 @@ def test_packed_prefix_word_equals_running_popcounts():
     masks = np.packbits(rng.random((500, 512)) < rng.random((500, 1)), axis=1, bitorder="little").view("<u8")
     masks[0], masks[1] = 0, np.uint64(2**64 - 1)
     counts = nv.popcount64(masks)
-    packed = (counts @ nv._PREFIX_WEIGHTS).view(np.uint64)
+    packed = (counts @ nr._PREFIX_WEIGHTS).view(np.uint64)
     running = np.cumsum(counts[:, :7], axis=1)
     fields = (packed[:, None] >> (np.uint64(9) * np.arange(7, dtype=np.uint64))) & np.uint64(511)
     np.testing.assert_array_equal(fields.astype(np.int64), running)
     assert (packed >> np.uint64(63) == 0).all()
-    np.testing.assert_array_equal(counts @ nv._ROW_SUM, counts.sum(axis=1))
+    np.testing.assert_array_equal(counts @ nv.ROW_SUM, counts.sum(axis=1))
 
 
 def test_records_refuse_a_range_outside_the_buffer():
     buf = np.zeros(100, np.uint8)
-    assert nv._records(buf, 4, 3, 32).shape == (3, 32)
-    assert nv._records(buf, 10**9, 0, 32).shape == (0, 32)
+    assert nv.records(buf, 4, 3, 32).shape == (3, 32)
+    assert nv.records(buf, 10**9, 0, 32).shape == (0, 32)
     for begin, count in ((10, 3), (-32, 1), (0, 4)):
         with pytest.raises(NanoVDBError, match="run outside the 100-byte buffer"):
-            nv._records(buf, begin, count, 32)
+            nv.records(buf, begin, count, 32)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -527,7 +529,7 @@ def test_offset_near_2_63_is_compared_exactly():
     # at offset 2^60 - 1 holding k >= 2 voxels ends past the value count, yet offset + k rounded back
     # to 2^60. Exact uint64 arithmetic refuses it.
     g = read_grids(SMALL)[0]
-    counts = nv._leaf_counts(g)
+    counts = nq._leaf_counts(g)
     n = int(np.flatnonzero((counts >= 2) & (counts < 128))[0])
     data = _patch(SMALL, L.GRID_OFF_DATA1, "<Q", 2**60)
     data = _patch(data, _leaf(SMALL, n) + L.LEAF_OFF_OFFSET, "<Q", 2**60 - 1)
@@ -548,7 +550,7 @@ def test_prefix_bit_63_is_outside_the_fields():
 
 def test_fvdb_contract_refusals_on_leaf_data():
     g = read_grids(SMALL)[0]
-    counts = nv._leaf_counts(g).tolist()
+    counts = nq._leaf_counts(g).tolist()
     # A voxel added in the last mask word (no prefix field covers it): the tree is consistent, but
     # the leaves now hold one voxel more than TreeData says.
     last = _leaf(SMALL, 0) + L.LEAF_OFF_VALUE_MASK + 56

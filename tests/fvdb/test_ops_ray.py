@@ -26,7 +26,7 @@ def _rays(gb: GridBatch, n: int, rng, inside: float = 0.3):
     """Return (origins, directions) JaggedTensors: per grid, rays from a box around its voxels towards
     random active voxels (some starting inside the grid), plus random directions."""
     origins, directions = [], []
-    from luisaml.fvdb.nanovdb import active_voxels
+    from luisaml.fvdb.nanovdb_query import active_voxels
 
     for b, g in enumerate(gb.grids):
         vox = active_voxels(g)
@@ -114,7 +114,7 @@ def test_voxels_and_segments_equal_the_reference_walk_on_two_grids(two_grids):
 def _axis_rays(gb: GridBatch, b: int):
     """Rays along +x, -y and +z through voxel centres of grid b (world space), starting outside its box:
     every crossing is a whole voxel step, so eps = 0 has no ties."""
-    from luisaml.fvdb.nanovdb import active_voxels
+    from luisaml.fvdb.nanovdb_query import active_voxels
 
     vox = active_voxels(gb.grids[b])
     lo, hi = vox.min(0) - 3, vox.max(0) + 3

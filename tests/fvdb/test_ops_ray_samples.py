@@ -87,7 +87,7 @@ def _check_all(out, gb, origins, directions, t_min, t_max, step, eps, configs=CO
 def _random_rays(gb: GridBatch, n: int, rng):
     """Per grid: rays from a box around its voxels (a third inside it) towards random active voxels, some in
     any direction; per-ray spans: from 0, from before the origin, from partway; to infinity or partway."""
-    from luisaml.fvdb.nanovdb import active_voxels
+    from luisaml.fvdb.nanovdb_query import active_voxels
 
     origins, directions, lo_t, hi_t = [], [], [], []
     for b, g in enumerate(gb.grids):

@@ -19,7 +19,7 @@ import luisaml
 from luisaml.errors import ModelError
 from luisaml.fvdb import GridBatch, nanovdb_order
 from luisaml.fvdb import torch_ops as F
-from luisaml.fvdb.nanovdb import active_voxels
+from luisaml.fvdb.nanovdb_query import active_voxels
 from luisaml.model import Node
 from luisaml.operators.fvdb.topology import evaluate_grid_op
 from luisaml.opsets import fvdb as schema
