@@ -1,9 +1,9 @@
 """Batched tensors whose rows are a grid's voxels, fewer than the batch: the coarse levels of a sparse
 network over grids bound at run time.
 
-Over such grids the voxels are the batch (operators/fvdb/conv.py): the finest grid's voxels are
-the samples, and a map to a coarser grid has a row per sample too, rows past the coarse grid's
-voxels missing (-1). A tensor at a coarse level so holds its V voxels in rows 0..V-1 and padding
+Over such grids the voxels are the batch (operators/fvdb/kernel_map.py, conv.py): the finest grid's
+voxels are the samples, and a map to a coarser grid has a row per sample too, rows past the coarse
+grid's voxels missing (-1). A tensor at a coarse level so holds its V voxels in rows 0..V-1 and padding
 after them, which no map ever names. What the runtime must know is which graph inputs and outputs
 hold which grid's voxels: an input must have exactly that many rows (it then defines the batch), an
 output is cut to them.

@@ -32,7 +32,7 @@ from luisaml.opsets import fvdb as schema
 from luisaml.registry import register
 
 from .common import GridRef, bundle_grids
-from .conv import OUT, SparseConvKernelMap, gather_links, map_index
+from .kernel_map import OUT, SparseConvKernelMap, gather_links, map_index
 
 MAX_CHANNELS = 16  # accumulators per thread (SparseConv3d's channel block)
 

@@ -45,7 +45,7 @@ from luisaml.model import shape_str
 from luisaml.operator import CompileError, Derived, Operator
 from luisaml.opsets import fvdb as schema
 from luisaml.registry import register
-from luisaml.shaders import grid_build as G
+from luisaml.shaders import grid_layout as G
 
 from .common import bundle_grids
 

@@ -30,7 +30,7 @@ from luisaml.fvdb.sparse_conv import conv_geometry
 from luisaml.operator import Derived
 from luisaml.opsets import fvdb as schema
 from luisaml.registry import register
-from luisaml.shaders import grid_build as G
+from luisaml.shaders import grid_layout as G
 
 from .common import META_FIELDS, GridOp as BundleOp, Meta, grid_metadata, voxel_of_index
 from .topology import (BUNDLE, CAPACITY, TRANSFORM_WORDS, DeviceGridBuild, GridOp, _Scratch, grid_transforms,

@@ -1,0 +1,59 @@
+"""The words a grid built on the device and its operators agree on: the scratch's counter words
+(`ctr`), the error codes, the per-grid layout row the host uploads, the summary row it reads back,
+the radix sort's passes, the chunk sizes the operators size scratch by, and NanoVDB's struct sizes.
+The stages are grid_build.py and grid_write.py; operators/fvdb/topology.py and topology_device.py
+emit their calls."""
+
+SCAN = 32  # words a prefix-sum thread scans
+CHUNK = 16  # leaves a radix-sort thread histograms and scatters (its 256 counters zeroed first)
+HASH_EMPTY = 0
+
+# ctr words (offsets from the layout's ctr base)
+C_LEAVES = 0  # distinct leaves L
+C_ERROR = 1  # first error code a stage raised (0: none); the host step reports it
+C_ZERO = 2  # always 0: a value the compiler cannot see through (no fused multiply-add across it)
+C_MIN = 3  # 3..6: min of tile k, tile j, tile i, grid over the leaves
+C_MAX = 7  # 7..10: max of the same
+C_LOWERS = 11
+C_UPPERS = 12
+C_DUMMY = 14  # where a prefix sum whose total nobody reads writes it
+C_PASS = 15  # the radix pass running
+C_WORDS = 16
+
+ERR_OFFSETS = 1  # joffsets do not rise from 0 to N
+ERR_COORDS = 2  # a point maps to a voxel that is not finite or outside int32
+
+# NanoVDB struct sizes (luisaml/fvdb/layout.py; the tests check they agree); the readers' offsets
+# are the reading library's (shaders/nanovdb.py)
+UPPER_NODE_SIZE = 270400
+LOWER_NODE_SIZE = 33856
+LEAF_NODE_SIZE = 96
+LEAF_FLAGS_WORD = 2 << 24  # mFlags (byte 15) = has-bbox, above the three bbox-dif bytes
+
+# per-grid layout row the host uploads (words)
+G_OFFSET = 0  # the grid's GridData in the blob (bytes)
+G_ROOT = 1  # its RootData
+G_TILES = 2  # its first root tile
+G_UPPER = 3  # its first upper node
+G_LOWER = 4
+G_LEAF = 5
+G_LEAF_START = 6  # global id of its first leaf (sorted order)
+G_LOWER_START = 7
+G_UPPER_START = 8
+G_VOXEL_START = 9  # voxels of the grids before it
+G_WORDS = 16
+
+# per-grid summary row the device writes before the read-back (words)
+S_LEAVES = 0
+S_LOWERS = 1
+S_UPPERS = 2
+S_VOXELS = 3
+S_BBOX = 4  # 4..9: min i, j, k, max i, j, k
+S_TRANSFORM = 16  # 16..27: the grid's voxel size and origin, float64 bits (copied by the first stage)
+S_WORDS = 32
+
+# radix sort: PASSES passes, least significant first: the slot key's bytes (field 0), then root tile k, j, i
+# (fields 1..3, 20 bits each, taken relative to their minimum over the leaves) and the grid (field
+# 4, 10 bits). A pass whose digit is 0 for every leaf (the field's range is below its shift) does
+# nothing, so a cloud inside one root tile sorts in 4 passes, one spanning two tiles per axis in 7.
+PASSES = 15
