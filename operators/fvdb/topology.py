@@ -13,7 +13,7 @@ leaf masks, a radix sort of the distinct leaves into NanoVDB's order, lower and 
 of that order, a summary per grid that the host reads back (one HostRead); the host step lays the
 grids out and writes their 832-byte headers with builder.grid_header (the same code build_grid
 runs, so the headers' doubles are exact), and the device writes every node (shaders/grid_build.py
-owns the stages' DSL). The bytes equal the host builder's. Voxel sizes and origins may be
+owns the stages' DSL, grid_write.py the last, grid_layout.py the words they share). The bytes equal the host builder's. Voxel sizes and origins may be
 constants or graph inputs: they reach the kernels as a table derived on the host (grid_transforms:
 float32 for the arithmetic and the voxel_sizes / origins outputs, float64 bits that the first stage
 copies into the summaries, so the host step writes the headers' exact doubles). Float64 points are
