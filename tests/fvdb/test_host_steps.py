@@ -162,7 +162,7 @@ def test_errors_name_the_input_and_the_node():
         blob = gb.bundle()[0].copy()
         blob[16:24] = 0  # the magic number
         net.run({**feeds, "grid_blob": blob})
-    with pytest.raises(UsageError, match=r"cannot save a network whose grid ops run as steps before the kernels \(node 'topo'"):
+    with pytest.raises(UsageError, match=r"cannot save this network: its grid ops run as steps before the kernels \(node 'topo'"):
         net.save("/tmp/never.lml")
 
 
