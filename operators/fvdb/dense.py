@@ -43,6 +43,15 @@ class InjectToDense(GridOp):
             raise CompileError(f"{node.describe()}: {e}") from None
         return [(elem, None if dims is None else tuple(dims))]
 
+    def check_jagged(self, jt, shared: bool) -> None:
+        d = jt.jdata
+        self.expect(not d.batched, f"{jt.name}_jdata '{d.name}' {shape_str(d.shape)} follows the batch axis (the "
+                    "voxels as the batch: a sparse network over grids bound at run time); the dense box has no "
+                    "batch dimension, so this node would gather every sample into one tensor, which a network "
+                    "over a batch cannot do yet. Split the model at this node: a network whose features are an "
+                    "input with rows bound at run time (batch_axis=None) runs it over grids of any size")
+        super().check_jagged(jt, shared)
+
     def check_inputs(self):
         data = self.jagged[0].jdata
         self.expect_dtype(data, ("FLOAT",), "data_jdata")
