@@ -23,22 +23,25 @@ so empty cells score lowest and the K candidates lie on occupied cells (distinct
 
 Why two networks and not one: the whole detector exports to one ONNX (Detector, `one_network`),
 but luisaml refuses to compile it. Over grids bound at run time the sparse layers run with the
-voxels as the batch (a voxel a sample), and InjectToDense turns those per-voxel rows into a dense
-tensor that no longer has the batch dimension, so it mixes samples: lowering's check_batch_mixing
-raises BatchMixingError "node '...' (fvdb::InjectToDense): output '...' [1, C*Z, Y, X] no longer has
-the batch dimension: this node mixes samples across the batch"; compile() then tries the graph at a
-fixed batch size, where the kernel map over the bound grid refuses: "fvdb::SparseConvKernelMap: a
-grid is bound at run time, so the map has a row per voxel of a grid whose size is known only then:
-make the voxels the batch ...". The example prints the message it gets. Splitting at the dense step
+voxels as the batch (a voxel a sample), and InjectToDense would gather those per-voxel rows into a
+dense tensor that has no batch dimension, which a network over a batch cannot do yet (lowering's
+check_batch_mixing forbids a node that reads per-sample rows and writes a shared tensor). The
+operator says so when the model is compiled: "node '/head/InjectToDense' (fvdb::InjectToDense):
+data_jdata '/backbone/Relu_2_output_0' [1, 16] follows the batch axis (the voxels as the batch: a
+sparse network over grids bound at run time); the dense box has no batch dimension, so this node
+would gather every sample into one tensor, which a network over a batch cannot do yet. Split the
+model at this node: ...". The example prints the message it gets. Splitting at the dense step
 gives two networks, each compiled once and serving every frame: A (voxel features and the fine grid
 -> coarse features) and B (coarse features and the fine grid -> boxes; B builds the coarse grid from
 the fine one as A does, a step cached while the grid's bytes stay the same). Issue 28's items 2-3
 (counted execution, grid batches of any count) are what would make it one network.
 
-Neither network can be saved as one .lml today: A has a grid step (ConvGrid) that runs on the host
-when a run binds a grid, and B has that step and CircleNMS, whose output's size is known only at run
-time (DESIGN.md: an artifact cannot hold one yet). `save_messages` in the result holds what
-net.save says for each.
+Neither network can be saved as one .lml today: both build the coarse grid (ConvGrid) as a step
+that runs on the host when a run binds a grid, and net.save refuses that ("UsageError: cannot save
+this network: its grid ops run as steps before the kernels (node '/ConvGrid' (fvdb::ConvGrid) builds
+a grid from one bound at run time, driven from Python): an artifact holds kernels and static data
+only"); B's CircleNMS, whose output's size is known only at run time, is a second reason (DESIGN.md:
+an artifact cannot hold one yet). `save_messages` in the result holds what net.save says for each.
 
 Run: python examples/lidar_detector.py [--points 6000] [--frames 3]
 """
@@ -222,9 +225,10 @@ OUTPUTS = ["boxes", "scores", "labels", "kept"]
 def export(model: torch.nn.Module, first: torch.Tensor, fine, first_name: str, outputs) -> onnx.ModelProto:
     """Export with the first input's rows and the fine grid's growing parts dynamic."""
     dynamic = {first_name: {0: "rows"}, **{f"fine_{n}": {0: f"fine_{n}_rows"} for n in GRID_PARTS}}
+    nms = {luisaml_ops.DOMAIN: luisaml_ops.VERSION} if "kept" in outputs else {}  # (the head's CircleNMS)
     buf = io.BytesIO()
     F.export_onnx(model, (first, *fine), buf, input_names=[first_name] + FINE, output_names=outputs,
-                  dynamic_axes=dynamic, custom_opsets={luisaml_ops.DOMAIN: luisaml_ops.VERSION})
+                  dynamic_axes=dynamic, custom_opsets=nms)
     return onnx.load_from_string(buf.getvalue())
 
 
