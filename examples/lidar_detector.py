@@ -51,7 +51,7 @@ import argparse
 import io
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -78,7 +78,6 @@ class Settings:
     candidates: int = 24  # TopK over the heatmaps
     min_radius: float = 1.2  # CircleNMS, metres between kept centres
     seed: int = 0
-    extra: dict = field(default_factory=dict)
 
     def box(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         """The BEV box over the coarse grid (voxel 2h): (min_coord, grid_size) in x, y, z."""
