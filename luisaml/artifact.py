@@ -50,7 +50,8 @@ from . import cache, device
 from .errors import ArtifactError, IncompatibleArtifact, LuisamlError, UsageError
 from .limits import Limits
 from .log import logger, phase
-from .network import CompiledNetwork, PerBatchNetwork
+from .network import CompiledNetwork
+from .per_batch import PerBatchNetwork
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -568,7 +569,7 @@ def load(path: str | os.PathLike, *, backend: str | None = None) -> CompiledNetw
         module_path = cache.write_module(plan.source)
         module = cache.import_module(module_path)
         art.seconds["module import"] = time.perf_counter() - t
-        net = CompiledNetwork(plan, module, str(module_path), name)
+        net = CompiledNetwork(plan, module, str(module_path), name, save=save)
         net.artifact = art
     return net
 
@@ -589,9 +590,6 @@ def is_artifact(path) -> bool:
         return False
     return head[:4] == b"PK\x03\x04" and head[30:30 + len(MANIFEST)] == MANIFEST.encode()
 
-
-# net.save(path): the network layer below calls this layer's save through its hook (no upward import)
-CompiledNetwork.saver = staticmethod(save)
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "SUFFIX", "Artifact", "save", "load", "read", "regenerate", "is_artifact",
            "check_compatible", "content_hash", "built_with", "ArtifactError", "IncompatibleArtifact"]

@@ -13,13 +13,14 @@ from typing import Any, Literal, Mapping, Optional, Union
 import numpy as np
 import onnx
 
-from . import cache, compiler, device, loaders, passes
+from . import artifact, cache, compiler, device, loaders, passes
 from .errors import BatchMixingError, UsageError
 from .limits import DEFAULT as DEFAULT_LIMITS
 from .limits import Limits
 from .log import logger, phase
 from .operators.mlp import MLPConfig
-from .network import CompiledNetwork, PerBatchNetwork
+from .network import CompiledNetwork
+from .per_batch import PerBatchNetwork
 from .passes.infer import PROBE_A, input_shapes as declared_shapes
 from .plan import Plan
 
@@ -296,7 +297,8 @@ def compile(
         if workers.workers is not None:
             workers.workers.close()
         net = PerBatchNetwork(net, why, symbol, declared_shapes(proto),
-                              lambda n: _compile_fixed(proto, _model_name(model), opts, mode, name, symbol, n))
+                              lambda n: _compile_fixed(proto, _model_name(model), opts, mode, name, symbol, n),
+                              save=artifact.save)
     logger.info("compiled %s in %.2f s -> %s", _model_name(model), time.perf_counter() - t0, net.path)
     return net
 
@@ -325,7 +327,7 @@ def _network(plan: Plan, backend: str, ahead: _WorkersAhead | None = None) -> Co
     with phase("codegen write"):
         path = cache.write_module(plan.source)
         module = cache.import_module(path)
-    net = CompiledNetwork(plan, module, str(path), backend)
+    net = CompiledNetwork(plan, module, str(path), backend, save=artifact.save)
     if ahead is not None and ahead.workers is not None:
         if plan.merged_stages or plan.schedule is None:  # one kernel: nothing to share out
             ahead.workers.close()
