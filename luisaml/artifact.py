@@ -143,8 +143,9 @@ def regenerate(doc, weights: bytes, where: str) -> Plan:
     from . import artifact_model, compiler
 
     prep, name, options = artifact_model.decode(doc, weights, where)
+    options = compiler.BuildOptions(**options)
     try:
-        plan = compiler.build_plan(prep, name, **options)
+        plan = compiler.build_plan(prep, name, options)
     except ArtifactError:
         raise
     except LuisamlError as e:  # (the same checks as compile's: a crafted graph fails them as a model would)
@@ -200,7 +201,8 @@ def save(net: CompiledNetwork, path: str | os.PathLike, *, model_name: str | Non
         if built is None:
             raise UsageError("cannot save this network: it was not built by luisaml.compile or luisaml.load "
                              "(its prepared model is unknown)")
-        doc, weights = artifact_model.encode(*built)
+        prep, built_name, options = built
+        doc, weights = artifact_model.encode(prep, built_name, options.as_dict())
         model_raw = model_member(doc)
         # the check load makes, made now: the data generates this very module
         again = regenerate(json.loads(model_raw), weights, os.fspath(path))
