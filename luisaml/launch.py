@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,12 +26,11 @@ class KernelLauncher:
     """The kernels of one generated module and how a run launches them: `launch` enqueues stages,
     `run` launches them all for n samples and waits, reading back between segments."""
 
-    def __init__(self, plan: Plan, module, path: str, backend: str, pool: BufferPool, weights: Callable[[], Any]):
+    def __init__(self, plan: Plan, module, path: str, backend: str, pool: BufferPool):
         self.plan = plan
         self.path = path
         self.backend = backend
         self.pool = pool
-        self.weights = weights  # () -> the uploaded weight blob (uploaded at the first call)
         self.kernels = [getattr(module, name) for name in plan.kernels]  # launched in this order
         self.kernel = self.kernels[0] if self.kernels else None  # (a graph of no node has none)
         self._by_name = dict(zip(plan.kernels, self.kernels))
@@ -151,10 +150,10 @@ class KernelLauncher:
             if self.kernel is None:
                 pass
             elif self.plan.schedule is None:
-                self.kernel(*args, self.weights(), *scratch, *extra, dispatch_size=n)
+                self.kernel(*args, self.pool.weights(self.plan), *scratch, *extra, dispatch_size=n)
             else:  # the stages, one dispatch each (of their own kernel, or of the merged one)
                 stages = self.plan.schedule.stages
-                common = [*args, self.weights(), *self.pool.stage_buffers(self.plan, n), *scratch]
+                common = [*args, self.pool.weights(self.plan), *self.pool.stage_buffers(self.plan, n), *scratch]
                 if any(st.domain == "fused" for st in stages):  # the fused MLP: its tile counter
                     common += [self.pool.tile_counter()]
                 if self.plan.schedule.takes_batch:  # (schedule.Schedule.takes_batch)

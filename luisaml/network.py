@@ -37,10 +37,9 @@ class CompiledNetwork(metaclass=abc.ABCMeta):  # (abstract of nothing: luisaml/p
         # save(network, path, model_name=...): luisaml/artifact.py's, given by whoever made the
         # network (compile, load), which sit above this layer; None: it cannot be saved
         self._save = save
-        self._weights = None
         self.pool = BufferPool()
         self.bound = BoundInputs()
-        self.launcher = KernelLauncher(plan, module, path, backend, self.pool, lambda: self.weights)
+        self.launcher = KernelLauncher(plan, module, path, backend, self.pool)
         self.kernels = self.launcher.kernels  # launched in this order
         self.kernel = self.launcher.kernel  # (a graph of no node has none)
 
@@ -109,11 +108,7 @@ class CompiledNetwork(metaclass=abc.ABCMeta):  # (abstract of nothing: luisaml/p
     @property
     def weights(self):
         """The weight blob as a luisa.ByteBuffer (uploaded once)."""
-        if self._weights is None:
-            from .luisa_compat import byte_buffer
-
-            self._weights = byte_buffer(self.weight_bytes())
-        return self._weights
+        return self.pool.weights(self.plan)
 
     def io_dtype(self, s: IOSpec) -> dtypes.DType:
         """The element type `run` takes or returns for an input or output (half in fp16 mode)."""

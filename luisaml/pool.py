@@ -1,6 +1,6 @@
-"""The device buffers a network keeps between runs: inputs' and outputs' buffers of the run's size,
-the buffers only kernels use (the stages' pooled slots, scratch) kept while the batch moves by less
-than half, the fused MLP's tile counter and the run-time error flag."""
+"""The device buffers a network keeps between runs: its weight blob, inputs' and outputs' buffers of
+the run's size, the buffers only kernels use (the stages' pooled slots, scratch) kept while the batch
+moves by less than half, the fused MLP's tile counter and the run-time error flag."""
 from __future__ import annotations
 
 from typing import Any
@@ -14,8 +14,17 @@ class BufferPool:
 
     def __init__(self) -> None:
         self.held: dict[tuple[str, int], Any] = {}
+        self._weights = None
         self._tiles = None
         self._errors = None
+
+    def weights(self, plan):
+        """The plan's weight blob as a luisa.ByteBuffer (uploaded at the first call)."""
+        if self._weights is None:
+            from .luisa_compat import byte_buffer
+
+            self._weights = byte_buffer(plan.blob.bytes())
+        return self._weights
 
     def exact(self, ident: str, dsl: str, count: int):
         """Return the buffer `ident` of exactly `count` elements of kernel type `dsl` ("ubyte": a
