@@ -207,18 +207,11 @@ class KernelLauncher:
 
         The CPU backend caches compiled kernels in one folder per Python installation and writes
         them non-atomically: two processes compiling the same kernel at once can read a half-written
-        file and abort. The lock is keyed by the kernel's code, so different kernels still compile in
-        parallel."""
+        file and abort. The lock is one of cache.LOCK_SLOTS files picked by the kernel's code, so
+        different kernels mostly compile in parallel and no lock file is left per kernel."""
         if self.built:
             yield
             return
-        import fcntl
-
         body = "\n".join(self.plan.source.splitlines()[2:])  # without the header naming the model
-        path = cache.locks_dir() / f"{cache.digest(body)}.lock"
-        with open(path, "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        with cache.build_lock(body):  # one of cache.LOCK_SLOTS files, not one a kernel
+            yield

@@ -13,7 +13,7 @@ ResNet-18's) and leaves only the shaders' creation, then cache hits, for after t
 A worker that fails, or runs past the time limit, costs only its time: the main process builds
 whatever is still missing itself, as before. The CPU backend merges a network's stages into one
 kernel, so there it has nothing to split (and its cache writes are not safe across processes
-compiling the same kernel: network.CompiledNetwork._compile_lock).
+compiling the same kernel: launch.KernelLauncher._compile_lock).
 
 A build that runs past a second shows a progress bar of the kernels the workers have built (tqdm,
 on stderr when it is a terminal; `progress`). Only builds in other processes can move a bar:
