@@ -76,10 +76,11 @@ def main(out_dir: str) -> tuple[float, float]:
     print(f"user kernel vs net.run, per-sample kernel: largest difference {exact:.3g}")
     print(f"user kernel vs net.run, stages:            largest difference {close:.3g}")
     print(f"user kernel vs torch:                      largest difference {np.abs(image - torch_ref).max():.3g}")
-    from luisaml.png import write_png
+    from PIL import Image
 
-    write_png(os.path.join(out_dir, "neural_image.png"), image)
-    print(f"wrote {os.path.join(out_dir, 'neural_image.png')}")
+    png = os.path.join(out_dir, "neural_image.png")
+    Image.fromarray((np.clip(image, 0.0, 1.0) * 255 + 0.5).astype(np.uint8)).save(png)
+    print(f"wrote {png}")
     return exact, close
 
 

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 import luisa
 import numpy as np
 import torch
+from PIL import Image
 
 import luisaml
 from luisaml.fvdb import GridBatch
 from luisaml.fvdb import torch_ops as F
 from luisaml.opsets import fvdb as schema
-from luisaml.png import write_png
 
 
 @dataclass
@@ -265,7 +265,7 @@ def main(out_dir: str, cfg: Settings = Settings(), png: str | None = None) -> di
     report["render_s"] = time.perf_counter() - t
     report["image"] = image
     png = png or os.path.join(out_dir, "neural_sdf.png")
-    write_png(png, image)
+    Image.fromarray((np.clip(image, 0.0, 1.0) * 255 + 0.5).astype(np.uint8)).save(png)
     report["png"] = png
     return report
 

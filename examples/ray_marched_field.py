@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from PIL import Image
 
 import luisaml
 from luisaml.opsets import fvdb as schema
-from luisaml.png import write_png
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import neural_sdf  # noqa: E402  (the grid, the field and its training)
@@ -178,7 +178,7 @@ def main(out_dir: str, cfg: Settings = Settings(), png: str | None = None) -> di
     image = np.clip(image, 0.0, 1.0).reshape(cfg.image, cfg.image, 3).astype(np.float32)
     report["image"] = image
     png = png or os.path.join(out_dir, "ray_marched_field.png")
-    write_png(png, image)
+    Image.fromarray((np.clip(image, 0.0, 1.0) * 255 + 0.5).astype(np.uint8)).save(png)
     report["png"] = png
     report["offsets"], report["spans"], report["origins"], report["directions"] = offsets, spans, origins, directions
     report["grid"] = grid

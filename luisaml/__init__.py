@@ -12,7 +12,8 @@ from .artifact import load
 from .errors import (ArtifactError, BackendUnavailable, BatchMixingError, CompileError, IncompatibleArtifact,
                      InputError, LimitError, LuisamlError, ModelError, RunError, UsageError, WeightsError)
 from .limits import Limits
-from .network import CompiledNetwork, PerBatchNetwork
+from .network import CompiledNetwork
+from .per_batch import PerBatchNetwork
 from .session import InferenceSession, NodeArg, SessionOptions
 from .version import __version__
 

@@ -50,7 +50,8 @@ from . import cache, device
 from .errors import ArtifactError, IncompatibleArtifact, LuisamlError, UsageError
 from .limits import Limits
 from .log import logger, phase
-from .network import CompiledNetwork, PerBatchNetwork
+from .network import CompiledNetwork
+from .per_batch import PerBatchNetwork
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -142,8 +143,9 @@ def regenerate(doc, weights: bytes, where: str) -> Plan:
     from . import artifact_model, compiler
 
     prep, name, options = artifact_model.decode(doc, weights, where)
+    options = compiler.BuildOptions(**options)
     try:
-        plan = compiler.build_plan(prep, name, **options)
+        plan = compiler.build_plan(prep, name, options)
     except ArtifactError:
         raise
     except LuisamlError as e:  # (the same checks as compile's: a crafted graph fails them as a model would)
@@ -199,7 +201,8 @@ def save(net: CompiledNetwork, path: str | os.PathLike, *, model_name: str | Non
         if built is None:
             raise UsageError("cannot save this network: it was not built by luisaml.compile or luisaml.load "
                              "(its prepared model is unknown)")
-        doc, weights = artifact_model.encode(*built)
+        prep, built_name, options = built
+        doc, weights = artifact_model.encode(prep, built_name, options.as_dict())
         model_raw = model_member(doc)
         # the check load makes, made now: the data generates this very module
         again = regenerate(json.loads(model_raw), weights, os.fspath(path))
@@ -568,7 +571,7 @@ def load(path: str | os.PathLike, *, backend: str | None = None) -> CompiledNetw
         module_path = cache.write_module(plan.source)
         module = cache.import_module(module_path)
         art.seconds["module import"] = time.perf_counter() - t
-        net = CompiledNetwork(plan, module, str(module_path), name)
+        net = CompiledNetwork(plan, module, str(module_path), name, save=save)
         net.artifact = art
     return net
 
@@ -589,9 +592,6 @@ def is_artifact(path) -> bool:
         return False
     return head[:4] == b"PK\x03\x04" and head[30:30 + len(MANIFEST)] == MANIFEST.encode()
 
-
-# net.save(path): the network layer below calls this layer's save through its hook (no upward import)
-CompiledNetwork.saver = staticmethod(save)
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "SUFFIX", "Artifact", "save", "load", "read", "regenerate", "is_artifact",
            "check_compatible", "content_hash", "built_with", "ArtifactError", "IncompatibleArtifact"]

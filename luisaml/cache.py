@@ -1,11 +1,12 @@
 """luisaml's on-disk caches: the content-hashed folder of generated modules (bounded, least
-recently used first out), its lock and template folders, the per-user fallback when that folder is
-not writable, and the health of LuisaCompute's kernel cache (checked once per process before the
-first kernel build).
+recently used first out), its inter-process locks (a bounded set of files, through filelock) and
+template folders, the per-user fallback when that folder is not writable, and the health of
+LuisaCompute's kernel cache (checked once per process before the first kernel build).
 
 Environment, read once when this module is imported:
-  LUISAML_CACHE         the cache root (default: $XDG_CACHE_HOME/luisaml, else ~/.cache/luisaml);
-                        it holds generated/, locks/ and templates/
+  LUISAML_CACHE         the cache root (default: the platform's user cache folder from platformdirs,
+                        on Linux $XDG_CACHE_HOME/luisaml, else ~/.cache/luisaml); it holds
+                        generated/, locks/ and templates/
   LUISAML_CACHE_MAX_MB  the bound on generated/ in MiB (default 512): beyond it the least recently
                         used modules are removed
   LUISAML_KERNEL_CACHE_MAX_MB  the bound on LuisaCompute's kernel files in MiB (default 4096), applied
@@ -29,11 +30,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import filelock
+import platformdirs
+
+from .bitcode import MANIFEST as _MANIFEST
+from .bitcode import scan_kernels
 from .errors import BackendUnavailable, CacheError, UsageError
 from .log import logger
 
-ROOT = Path(os.environ.get("LUISAML_CACHE") or os.path.join(
-    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "luisaml"))
+ROOT = Path(os.environ.get("LUISAML_CACHE") or platformdirs.user_cache_dir("luisaml", appauthor=False))
 
 
 def _mib_setting(name: str, default: str) -> tuple[int | None, str | None]:
@@ -118,7 +123,12 @@ def _probe(path: Path, private: bool) -> None:
             raise PermissionError(errno.EPERM, f"owned by uid {st.st_uid}, not by this user")
         if st.st_mode & 0o022:
             raise PermissionError(errno.EPERM, "writable by other users")
-    fd, tmp = tempfile.mkstemp(dir=path / "generated", prefix=".probe-")
+    _write_probe(path / "generated", ".probe-")
+
+
+def _write_probe(folder: Path, prefix: str) -> None:
+    """Write a byte to a new file in `folder` and remove it; raise OSError if that fails."""
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix)
     try:
         os.write(fd, b"x")
     finally:
@@ -134,6 +144,21 @@ def cache_dir(path: str | os.PathLike | None = None) -> Path:
 def locks_dir(path: str | os.PathLike | None = None) -> Path:
     """Return the folder of the inter-process kernel-build locks."""
     return root(path) / "locks"
+
+
+# a kernel build locks one of this many files, picked by its code's hash: two processes building
+# the same kernel wait for each other, different kernels rarely do, and locks/ never holds more
+# files than this (a lock file per kernel was never removed: it may be held)
+LOCK_SLOTS = 64
+
+
+def build_lock(code: str, path: str | os.PathLike | None = None) -> filelock.FileLock:
+    """Return the inter-process lock held while the kernels of `code` are built (LuisaCompute's CPU
+    backend writes its cached kernels non-atomically, and a process reading a half-written one
+    aborts): one of LOCK_SLOTS files in locks/, the same for the same code."""
+    folder = locks_dir(path)
+    folder.mkdir(parents=True, exist_ok=True)  # (cleared under a running process: made again)
+    return filelock.FileLock(folder / f"build-{int(digest(code), 16) % LOCK_SLOTS:02d}.lock")
 
 
 def templates_dir(path: str | os.PathLike | None = None) -> Path:
@@ -353,7 +378,8 @@ def prune(path: str | os.PathLike | None = None, *, max_bytes: int | None = None
     """Remove the least recently used generated modules until the cache is within max_bytes
     (default: LUISAML_CACHE_MAX_MB) and max_entries, down to 90% so that not every new module
     prunes again; modules used in the last GRACE_S seconds and `keep` stay. Also removes
-    temporary files of interrupted writes and locks nobody took for a day. Return files removed."""
+    temporary files of interrupted writes, and per-kernel lock files (what a network's first
+    launch made before build_lock) nobody took for a day. Return files removed."""
     if max_bytes is None:
         if _MAX_ERROR:
             raise UsageError(_MAX_ERROR)
@@ -361,29 +387,34 @@ def prune(path: str | os.PathLike | None = None, *, max_bytes: int | None = None
     r = root(path)
     # ".tmp" anywhere: older luisaml versions named them net_<hash>.tmp<pid>
     removed = (_remove_stale(r / "generated", lambda n: ".tmp" in n, 3600)
-               + _remove_stale(r / "locks", lambda n: n.endswith(".lock"), 86400))
-    es = entries(r)
-    total = sum(e.size for e in es)
-    if total <= max_bytes and len(es) <= max_entries:
-        return removed
+               + _remove_stale(r / "locks", lambda n: n.endswith(".lock") and not n.startswith("build-"), 86400))
+    gone, total, n = _evict([(e.used, e.size, [e.path, *e.pycs]) for e in entries(r)], max_bytes, max_entries,
+                            GRACE_S, keep)
+    if gone:
+        logger.debug("cache: pruned to %d modules, %.1f MiB in '%s'", n, total / 2**20, r / "generated")
+    return removed + gone
+
+
+def _evict(groups: list[tuple[float, int, list]], max_bytes: int, max_count: float, grace_s: float,
+           keep: Path | None = None) -> tuple[int, int, int]:
+    """Remove the least recently used groups of files (last use, bytes, paths) until they fit in
+    max_bytes and max_count, down to 90% so that not every write evicts again; groups used in the
+    last grace_s seconds, and the one holding `keep`, stay. Return (files removed, bytes and groups left)."""
+    total, n, removed = sum(g[1] for g in groups), len(groups), 0
+    if total <= max_bytes and n <= max_count:
+        return 0, total, n
     now = time.time()
-    goal_bytes, goal_n = int(max_bytes * 0.9), int(max_entries * 0.9)
-    n = len(es)
-    for e in es:
-        if total <= goal_bytes and n <= goal_n:
+    for used, size, paths in sorted(groups, key=lambda g: g[0]):
+        if total <= max_bytes * 0.9 and n <= max_count * 0.9:
             break
-        if e.path == keep or now - e.used < GRACE_S:
+        if now - used < grace_s or keep in paths:
             continue
-        for p in [e.path, *e.pycs]:
-            try:
-                p.unlink()
+        for p in paths:
+            with contextlib.suppress(OSError):  # gone already, or another user's file in a shared folder
+                os.unlink(p)
                 removed += 1
-            except OSError:  # gone already, or another user's file in a shared folder
-                pass
-        total -= e.size
-        n -= 1
-    logger.debug("cache: pruned to %d modules, %.1f MiB in '%s'", n, total / 2**20, r / "generated")
-    return removed
+        total, n = total - size, n - 1
+    return removed, total, n
 
 
 def _remove_stale(folder: Path, match, age_s: float) -> int:
@@ -448,7 +479,8 @@ def _count(folder: Path, match=lambda name: True) -> tuple[int, int]:
 
 
 def _is_kernel_file(name: str) -> bool:
-    return name.startswith("kernel_") or name == _MANIFEST
+    """True for LuisaCompute's kernel files and luisaml's own files in its folder."""
+    return name.startswith("kernel_") or name in (_MANIFEST, _LLVM_LOCK)
 
 
 def info(path: str | os.PathLike | None = None, *, kernels: bool = True) -> list[Folder]:
@@ -468,37 +500,39 @@ def info(path: str | os.PathLike | None = None, *, kernels: bool = True) -> list
 
 
 def clear(path: str | os.PathLike | None = None, *, kernels: bool = True) -> list[Folder]:
-    """Empty luisaml's cache folders (the fallback too) and, with kernels, LuisaCompute's kernel
-    files (kernel_*: they are rebuilt on next use); return what was removed, per folder. Run it
-    while no luisaml process is compiling."""
-    removed = []
-    for f in info(path, kernels=kernels):
-        files = size = 0
-        kernel = f.what.startswith("LuisaCompute")
-        for dirpath, _, names in os.walk(f.path, topdown=False):
-            for n in names:
-                if kernel and not _is_kernel_file(n):
-                    continue  # the folder is LuisaCompute's: only its kernel files go
-                p = os.path.join(dirpath, n)
-                try:
-                    s = os.lstat(p).st_size
-                    os.unlink(p)
-                    files, size = files + 1, size + s
-                except OSError:
-                    pass
-            if not kernel and dirpath != str(f.path):
-                shutil.rmtree(dirpath, ignore_errors=True)
-        removed.append(Folder(f.what, f.path, files, size))
+    """Remove what luisaml's caches made: the generated/, templates/ and locks/ folders of its
+    cache folder and of the fallback (each folder then too, when nothing else is left in it) and,
+    with kernels, LuisaCompute's kernel files (kernel_*: rebuilt on next use) with luisaml's own
+    files beside them (the manifest of kernels found complete, the llvm_paths.json lock); return
+    what was removed, per folder. A process that goes on using the cache makes its folders again.
+    Run it while no luisaml process is compiling."""
+    want = Path(path) if path is not None else ROOT
+    before = info(path, kernels=kernels)
+    for f in before:
+        if not f.what.startswith("LuisaCompute"):
+            shutil.rmtree(f.path, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                f.path.parent.rmdir()  # (only when empty: LUISAML_CACHE may name a folder of the user's)
+            continue
+        for dirpath, _, names in os.walk(f.path):  # the folder is LuisaCompute's: only these files go
+            for n in filter(_is_kernel_file, names):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(dirpath, n))
+    with _roots_lock:
+        in_use = want in _roots
+        _roots.clear()
+    _written.clear()
     _checked.clear()
-    return removed
+    if in_use:
+        root(want)
+    left = {f.path: f for f in info(path, kernels=kernels)}
+    return [Folder(f.what, f.path, f.files - getattr(left.get(f.path), "files", 0),
+                   f.bytes - getattr(left.get(f.path), "bytes", 0)) for f in before]
 
 
 # ---- LuisaCompute's kernel cache ----------------------------------------------------------------
-_MANIFEST = ".luisaml-checked.json"  # name -> [size, mtime_ns] of kernel files found complete
 _checked: set[Path] = set()
 _checked_lock = threading.Lock()
-# an incomplete file whose size still changes over this long is being written by another process
-_SETTLE_S = 0.05
 
 
 def check_kernel_cache(folder: str | os.PathLike | None = None, *, min_free_bytes: int = MIN_FREE_BYTES,
@@ -559,36 +593,17 @@ def prune_kernels(d: Path, max_bytes: int) -> int:
         g[0] = max(g[0], st.st_atime, st.st_mtime)
         g[1] += st.st_size
         g[2].append(e.path)
-    total = sum(g[1] for g in groups.values())
-    if total <= max_bytes:
-        return 0
-    now, goal, removed = time.time(), int(max_bytes * 0.9), 0
-    for used, size, paths in sorted(groups.values(), key=lambda g: g[0]):
-        if total <= goal:
-            break
-        if now - used < KERNEL_GRACE_S:
-            continue
-        for path in paths:
-            try:
-                os.unlink(path)
-                removed += 1
-            except OSError:
-                pass
-        total -= size
-    logger.info("kernel cache: removed %d least recently used kernel files from '%s' (%.0f MiB left, bound "
-                "%.0f MiB: LUISAML_KERNEL_CACHE_MAX_MB)", removed, d, total / 2**20, max_bytes / 2**20)
+    removed, total, _ = _evict(list(groups.values()), max_bytes, float("inf"), KERNEL_GRACE_S)
+    if removed:
+        logger.info("kernel cache: removed %d least recently used kernel files from '%s' (%.0f MiB left, bound "
+                    "%.0f MiB: LUISAML_KERNEL_CACHE_MAX_MB)", removed, d, total / 2**20, max_bytes / 2**20)
     return removed
 
 
 def _check_writable(d: Path) -> None:
     try:
         d.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".luisaml-probe-")
-        try:
-            os.write(fd, b"x")
-        finally:
-            os.close(fd)
-            os.unlink(tmp)
+        _write_probe(d, ".luisaml-probe-")
     except OSError as e:
         raise BackendUnavailable(
             f"LuisaCompute's kernel cache folder '{d}' cannot be written ({_reason(e)}); LuisaCompute "
@@ -596,65 +611,6 @@ def _check_writable(d: Path) -> None:
             f"it cannot write there. Make the folder writable (e.g. chown/chmod '{d.parent}'), or run "
             "from a virtual environment in a writable place created with `python -m venv --copies`"
         ) from e
-
-
-def scan_kernels(d: Path) -> list[str]:
-    """Delete every kernel_*.bc in d that is not complete LLVM bitcode, with its .hash; return
-    their names. Files found complete are remembered (name, size, mtime) in a manifest in d."""
-    manifest_path = d / _MANIFEST
-    try:
-        known = json.loads(manifest_path.read_text())
-        if not isinstance(known, dict):
-            known = {}
-    except (OSError, ValueError):
-        known = {}
-    good: dict[str, list[int]] = {}
-    bad: list[str] = []
-    with os.scandir(d) as it:
-        for e in it:
-            if not (e.name.startswith("kernel_") and e.name.endswith(".bc")):
-                continue
-            if e.is_dir(follow_symlinks=False):  # LuisaCompute aborts on a folder where a kernel belongs
-                shutil.rmtree(e.path, ignore_errors=True)
-                Path(e.path[:-3] + ".hash").unlink(missing_ok=True)
-                bad.append(e.name)
-                continue
-            try:
-                st = e.stat()
-            except FileNotFoundError:
-                continue
-            stamp = [st.st_size, st.st_mtime_ns]
-            if known.get(e.name) == stamp:
-                good[e.name] = stamp
-                continue
-            try:
-                problem = bitcode_problem(e.path)
-            except OSError as err:
-                problem = f"unreadable ({err.strerror})"
-            if problem is None:
-                good[e.name] = stamp
-                continue
-            time.sleep(_SETTLE_S)
-            try:
-                if os.stat(e.path).st_size != st.st_size:
-                    continue  # still growing: another process is writing it
-            except FileNotFoundError:
-                continue
-            logger.debug("kernel cache: %s: %s", e.name, problem)
-            for p in (Path(e.path), Path(e.path[:-3] + ".hash")):
-                try:
-                    p.unlink(missing_ok=True)
-                except IsADirectoryError:
-                    shutil.rmtree(p, ignore_errors=True)
-            bad.append(e.name)
-    if good != known:
-        tmp = d / f"{_MANIFEST}.{os.getpid()}.tmp"
-        try:
-            tmp.write_text(json.dumps(good, separators=(",", ":")))
-            os.replace(tmp, manifest_path)
-        except OSError:
-            tmp.unlink(missing_ok=True)
-    return bad
 
 
 # ---- LuisaCompute's llvm_paths.json ------------------------------------------------------------
@@ -711,142 +667,16 @@ def repair_llvm_paths(path: str | os.PathLike | None = None) -> None:
         )
 
 
-@contextlib.contextmanager
-def llvm_paths_lock():
-    """Hold the inter-process lock (a file in LuisaCompute's kernel cache folder, so shared by every
+def llvm_paths_lock() -> filelock.FileLock:
+    """Return the inter-process lock (a file in LuisaCompute's kernel cache folder, so shared by every
     process of one Python installation) under which a process's first CPU kernel build reads and
     rewrites llvm_paths.json."""
-    import fcntl
-
-    d = check_kernel_cache()
-    with open(d / _LLVM_LOCK, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-# LLVM bitcode: https://llvm.org/docs/BitCodeFormat.html
-_WRAPPER_MAGIC = 0x0B17C0DE
-_RAW_MAGIC = b"BC\xc0\xde"
-_MODULE_BLOCK, _STRTAB_BLOCK = 8, 23
-
-
-def bitcode_problem(data: bytes | str | os.PathLike) -> str | None:
-    """Return why `data` (bytes, or a file's path) is not a complete LLVM bitcode file, or None
-    when it is.
-
-    Cheap: only the top level is read. It is a sequence of blocks, each ENTER_SUBBLOCK (abbrev id 1
-    in 2 bits), a vbr8 block id, a vbr4 abbrev width, 32-bit alignment, and a 32-bit count of the
-    words that follow; every block must end inside the file, the last at its end (zero padding
-    allowed), and a module must be followed by its string table (module version 2, LLVM >= 5), so
-    that a cut between two blocks is caught too."""
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        return _walk(bytes(data).__getitem__, len(data))
-    with open(data, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-
-        def read(s: slice) -> bytes:
-            f.seek(s.start)
-            return f.read(s.stop - s.start)
-
-        return _walk(read, size)
-
-
-def _walk(read, size: int) -> str | None:
-    """bitcode_problem over read(slice) -> bytes of a file of `size` bytes."""
-    if size == 0:
-        return "empty"
-    base, end = 0, size
-    head = read(slice(0, 20))
-    if len(head) >= 4 and struct.unpack_from("<I", head)[0] == _WRAPPER_MAGIC:
-        if len(head) < 20:
-            return "truncated wrapper header"
-        _, offset, length = struct.unpack_from("<3I", head, 4)
-        if offset + length > size:
-            return f"the wrapper declares {offset + length} bytes, the file has {size}"
-        base, end = offset, offset + length
-        head = read(slice(base, base + 4))
-    if head[:4] != _RAW_MAGIC:
-        return "not LLVM bitcode (no 'BC' 0xC0DE magic)"
-    pos = base + 4
-    blocks: list[int] = []
-    module_version = None
-    while pos < end:
-        chunk = read(slice(pos, min(pos + 24, end)))
-        if not any(chunk) and end - pos <= 4096 and not any(read(slice(pos, end))):
-            break  # zero padding to the end
-        r = _Bits(chunk, 0, len(chunk))
-        try:
-            if r.read(2) != 1:
-                return f"byte {pos}: a top-level entry that is not a block"
-            block_id = r.vbr(8)
-            width = r.vbr(4)
-            r.align32()
-            words = r.read(32)
-        except EOFError:
-            return f"byte {pos}: truncated block header"
-        body = pos + r.bit // 8
-        block_end = body + 4 * words
-        if block_end > end:
-            return f"block {block_id} at byte {pos} declares {block_end - pos} bytes, {end - pos} are left"
-        if block_id == _MODULE_BLOCK:
-            module_version = _module_version(read(slice(body, min(body + 16, block_end))), width)
-        blocks.append(block_id)
-        pos = block_end
-    if _MODULE_BLOCK not in blocks:
-        return "no module block"
-    if (module_version is None or module_version >= 2) and _STRTAB_BLOCK not in blocks[blocks.index(_MODULE_BLOCK):]:
-        return "no string table after the module (cut between two blocks)"
-    return None
-
-
-def _module_version(data: bytes, width: int) -> int | None:
-    """The module block's first record, when it is the unabbreviated VERSION record LLVM writes."""
-    r = _Bits(data, 0, len(data))
-    try:
-        if r.read(width) != 3:  # UNABBREV_RECORD
-            return None
-        code, nops = r.vbr(6), r.vbr(6)
-        return r.vbr(6) if code == 1 and nops >= 1 else None
-    except EOFError:
-        return None
-
-
-class _Bits:
-    """Little-endian bit reader over data[start:end] (bitcode fields are packed from bit 0 up)."""
-
-    def __init__(self, data: bytes, start: int, end: int):
-        self.data, self.bit, self.end = data, start * 8, end * 8
-
-    def read(self, n: int) -> int:
-        if self.bit + n > self.end:
-            raise EOFError
-        first, last = self.bit // 8, (self.bit + n + 7) // 8
-        v = int.from_bytes(self.data[first:last], "little") >> (self.bit % 8)
-        self.bit += n
-        return v & ((1 << n) - 1)
-
-    def vbr(self, n: int) -> int:
-        hi = 1 << (n - 1)
-        v, shift = 0, 0
-        while True:
-            chunk = self.read(n)
-            v |= (chunk & (hi - 1)) << shift
-            if not chunk & hi:
-                return v
-            shift += n - 1
-            if shift > 64:
-                raise EOFError
-
-    def align32(self) -> None:
-        self.bit = (self.bit + 31) // 32 * 32
+    return filelock.FileLock(check_kernel_cache() / _LLVM_LOCK)
 
 
 __all__ = [
     "ROOT", "MAX_BYTES", "CacheError", "root", "fallback_root", "cache_dir", "locks_dir", "templates_dir",
-    "digest", "write_module", "find_module", "import_module", "entries", "prune", "info", "clear", "Folder",
-    "kernel_cache_dir", "check_kernel_cache", "scan_kernels", "bitcode_problem", "llvm_paths_file",
+    "build_lock", "digest", "write_module", "find_module", "import_module", "entries", "prune", "info", "clear",
+    "Folder", "kernel_cache_dir", "check_kernel_cache", "llvm_paths_file",
     "llvm_paths_problem", "repair_llvm_paths", "llvm_paths_lock",
 ]

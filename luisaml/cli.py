@@ -412,13 +412,13 @@ def cmd_build(a) -> int:
 
 def cmd_emit(a) -> int:
     """Print the generated module of a model (or the one a built artifact holds)."""
-    from .runtime import analyze
-
     if _is_artifact(a):
         from .artifact import read
 
         sys.stdout.write(read(a.model).source)
         return 0
+    from .runtime import analyze  # (imports onnx: not on the artifact's path)
+
     with phase("analyze", model=_name(a.model)):
         source = analyze(a.model, a.weights, batch_axis=_batch_axis(a.batch_axis),
                          input_shapes=checked_input_shapes(a.model, a.weights, a.input_shapes), target=a.target,

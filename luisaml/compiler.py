@@ -3,6 +3,8 @@ Plan that holds the generated source (see DESIGN.md for the flow)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
 
 from .codegen import collect_oversized
 from .emission import generate
@@ -24,11 +26,10 @@ from .fvdb import voxel_rows
 from .safe_source import Identifiers
 
 
-def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", precision: str = "fp32",
-               limits: Limits = DEFAULT_LIMITS, check_indices: bool = True, schedule: str = "stages",
-               mlp: MLPConfig | None = None, merge_stages: bool = True, blocks: bool = False,
-               winograd: int = 0, on_schedule: Callable[[Schedule], None] | None = None) -> Plan:
-    """Return the full compile plan of a prepared model, generated source included.
+@dataclass(frozen=True)
+class BuildOptions:
+    """build_plan's options, each one decided (luisaml/planning.py CompileOptions.resolve): what a .lml
+    stores to build the plan again.
 
     fuse: "off", "gpu" or "emulated" (luisaml/rewrites/mlp.py: a recognised MLP gets the cooperative
     batch kernel); precision: "fp32", or "fp16" (half inputs and outputs; needs the fused kernel);
@@ -39,15 +40,35 @@ def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", pre
     one kernel for every stage (a stage index picks the body) rather than a kernel each; blocks:
     large GEMMs and convolutions run as cooperative blocks through shared memory (CUDA only:
     operators/tiled.py); winograd: the tile m of 3x3 stride-1 convolutions as Winograd F(m x m, 3 x 3)
-    (operators/winograd.py), 0 for the direct form; on_schedule: called with the first schedule, before the code is generated
-    (the runtime starts its kernel-build workers there, luisaml/parallel_build.py)."""
+    (operators/winograd.py), 0 for the direct form."""
+
+    fuse: str = "off"
+    precision: str = "fp32"
+    limits: Limits = DEFAULT_LIMITS
+    check_indices: bool = True
+    schedule: str = "stages"
+    mlp: MLPConfig | None = None
+    merge_stages: bool = True
+    blocks: bool = False
+    winograd: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The options by name, values as they are (what luisaml/artifact_model.py encodes)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def build_plan(prep: Prepared, model_name: str = "model", options: BuildOptions = BuildOptions(),
+               on_schedule: Callable[[Schedule], None] | None = None) -> Plan:
+    """Return the full compile plan of a prepared model, generated source included, built with
+    `options` (BuildOptions); on_schedule: called with the first schedule, before the code is
+    generated (the runtime starts its kernel-build workers there, luisaml/parallel_build.py)."""
     g = prep.model.graph
     missing = unsupported_nodes(g, prep.model)
     if missing:
         raise CompileError(f"{len(missing)} unsupported node(s):\n  " + "\n  ".join(missing))
     blob = Blob()
     main = build_graph_code(g, prep, blob)
-    check_sizes(main, limits)
+    check_sizes(main, options.limits)
     tensors = main.tensors
     producers = g.producers()
     written = {o for n in g.nodes for o in n.outputs if o}
@@ -58,27 +79,27 @@ def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", pre
     for s in outputs:
         if s.dtype.is_byte and s.rows is None:  # (bytes sized at run time: a new grid's blob, written word-wise)
             raise CompileError(f"output '{s.name}': uint8 outputs are not supported")
-    plan = Plan(prep.model, prep.symbol, main, inputs, outputs, blob, names=names, limits=limits,
-                check_indices=check_indices, host_steps=prep.host_steps)
+    plan = Plan(prep.model, prep.symbol, main, inputs, outputs, blob, names=names, limits=options.limits,
+                check_indices=options.check_indices, host_steps=prep.host_steps)
     mark_accumulated(plan)
     bind_derived(plan)
     plan.voxel_rows = voxel_rows.find(plan)
-    if winograd and schedule == "stages":
-        plan.winograd = winograd_rewrite.rewrite(plan, winograd)
-    if schedule == "stages":  # RNN, GRU, LSTM: a GEMM and a phase per step (operators/rnn_stages.py)
-        rnn_rewrite.rewrite(plan, gpu=blocks)
-    plan.fused, plan.fusion_note = mlp_rewrite.fuse(plan, fuse, precision, mlp)
-    if schedule != "stages":
+    if options.winograd and options.schedule == "stages":
+        plan.winograd = winograd_rewrite.rewrite(plan, options.winograd)
+    if options.schedule == "stages":  # RNN, GRU, LSTM: a GEMM and a phase per step (operators/rnn_stages.py)
+        rnn_rewrite.rewrite(plan, gpu=options.blocks)
+    plan.fused, plan.fusion_note = mlp_rewrite.fuse(plan, options.fuse, options.precision, options.mlp)
+    if options.schedule != "stages":
         with phase("codegen"):
             plan.source = generate(plan, model_name)
     else:
         # shared memory and a block size belong to a whole kernel: the GPU's fused MLP stays apart
-        plan.merged_stages = merge_stages and not (plan.fused is not None and plan.fused.mode == "gpu")
+        plan.merged_stages = options.merge_stages and not (plan.fused is not None and plan.fused.mode == "gpu")
         materialise: set[str] = set()
         while True:  # ends: `materialise` grows every round
             with phase("schedule"):
                 plan.schedule = schedule_pass.build(main, set(g.outputs), per_sample=prep.symbol is not None,
-                                                    materialise=frozenset(materialise), blocks=blocks)
+                                                    materialise=frozenset(materialise), blocks=options.blocks)
             if on_schedule is not None and not materialise:
                 on_schedule(plan.schedule)
             with phase("codegen"), collect_oversized() as oversized:
@@ -91,7 +112,7 @@ def build_plan(prep: Prepared, model_name: str = "model", fuse: str = "off", pre
                 break
             materialise |= oversized
         plan.readbacks = readbacks(plan)
-    limits.check_bytes("the weight blob (all the model's constants)", plan.blob.size, "weight_bytes")
+    options.limits.check_bytes("the weight blob (all the model's constants)", plan.blob.size, "weight_bytes")
     return plan
 
 

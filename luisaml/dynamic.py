@@ -5,7 +5,7 @@ A node whose output size depends on the data (fVDB's rays: how many voxels each 
 declares those outputs in `Operator.runtime_sized` and runs as a sequence of phases, one stage
 each (schedule.py): a count phase writes each work item's row count into an offsets tensor of
 static size, the scan phases below turn it into exclusive offsets in place, the host reads back
-the one total it needs to allocate (a `Readback`, network.py), and the fill phase writes every
+the one total it needs to allocate (a `Readback`, launch.py), and the fill phase writes every
 item's rows at its offset. The count and the fill run the same code, so they agree; a fill that
 would pass its item's range flags a run-time error naming the node instead of writing.
 
@@ -15,7 +15,7 @@ many leaves it has) marks its read-back phase with a `HostRead` instead of True:
 from its first phase to its last) and gives them to the node's host step, which returns the rows of
 each run-time sized output and small arrays to write into that scratch before the next phase (a
 HostResult; a step may raise RunError for what the device flagged). A node may have any number of
-read-back phases; each one splits the launch there (network.py). The host step is O(what it reads):
+read-back phases; each one splits the launch there (launch.py). The host step is O(what it reads):
 per-grid headers, never per-voxel work.
 
 Why no shared memory: the CPU backend cannot compile it. The scan is three plain stages over

@@ -10,7 +10,8 @@ from . import device
 from .errors import InputError, InputNameError, RunError, UsageError, WeightsError
 from .interop import is_torch
 from .model import shape_str
-from .runtime import CompiledNetwork, compile
+from .network import CompiledNetwork
+from .runtime import compile
 
 
 class NetworkInstance:

@@ -13,17 +13,24 @@ ResNet-18's) and leaves only the shaders' creation, then cache hits, for after t
 A worker that fails, or runs past the time limit, costs only its time: the main process builds
 whatever is still missing itself, as before. The CPU backend merges a network's stages into one
 kernel, so there it has nothing to split (and its cache writes are not safe across processes
-compiling the same kernel: network.CompiledNetwork._compile_lock).
+compiling the same kernel: launch.KernelLauncher._compile_lock).
+
+A build that runs past a second shows a progress bar of the kernels the workers have built (tqdm,
+on stderr when it is a terminal; `progress`). Only builds in other processes can move a bar:
+LuisaCompute's native build of a kernel holds the GIL of the process that runs it.
 
     python -m luisaml.parallel_build --serve BACKEND IDLE_S   (a worker: its job comes on stdin; see main())
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -37,6 +44,8 @@ MIN_KERNELS = 6
 MAX_WORKERS = 16
 TIMEOUT_S = 600.0
 IDLE_S = 120.0  # a started worker sent no kernels within this exits
+# a kernel build shows its progress bar once it has run this long
+PROGRESS_AFTER_S = 1.0
 
 
 def describe(arg) -> list:
@@ -130,8 +139,16 @@ class Workers:
             if job["names"]:
                 sent.append(k)
         deadline = time.monotonic() + timeout
-        if meanwhile is not None:
-            meanwhile()
+        with _watched([self.logs[k] for k in sent], len(names)):
+            if meanwhile is not None:
+                meanwhile()
+            ok = self._wait(sent, deadline)
+        self.close()
+        return ok
+
+    def _wait(self, sent: list[int], deadline: float) -> int:
+        """Wait for the workers `sent` a share until the deadline (then kill them); return how many
+        finished cleanly."""
         ok = 0
         for k in sent:
             p, log = self.procs[k], self.logs[k]
@@ -147,12 +164,46 @@ class Workers:
                 logger.debug("kernel build worker exited with %s: %s", code, " | ".join(tail))
             else:  # its last line: where its time went (main)
                 logger.debug("kernel build worker: %s", tail[-1] if tail else "")
-        self.close()
         return ok
 
     def close(self) -> None:
         """Dismiss the workers not yet sent a share, and clean up."""
         self._finalizer()
+
+
+def progress(total: int, what: str = "building kernels"):
+    """Return a tqdm bar over `total` kernels on stderr that shows once it has run PROGRESS_AFTER_S
+    seconds, and never where stderr is not a terminal or luisaml logs only errors (`-q`)."""
+    from tqdm import tqdm
+
+    quiet = not getattr(sys.stderr, "isatty", lambda: False)() or not logger.isEnabledFor(logging.WARNING)
+    return tqdm(total=total, desc=f"luisaml: {what}", unit="kernel", delay=PROGRESS_AFTER_S, file=sys.stderr,
+                disable=quiet, leave=False)
+
+
+@contextlib.contextmanager
+def _watched(logs: list, total: int):
+    """Show the kernels the workers writing `logs` have built (a `built` line each) in a progress
+    bar while the block runs. A thread moves it: the main process meanwhile builds kernels' IR."""
+    bar, stop = progress(total), threading.Event()
+
+    def built() -> int:
+        return sum(line.startswith(b"built ") for log in logs for line in Path(log.name).read_bytes().splitlines())
+
+    def watch() -> None:
+        while not stop.wait(0.2):
+            bar.update(max(0, min(built(), total) - bar.n))
+
+    thread = threading.Thread(target=watch, name="luisaml-build-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        bar.update(max(0, min(built(), total) - bar.n))
+        bar.refresh()  # (the count it ends at, however soon after the last one)
+        bar.close()
 
 
 def _dismiss(procs, logs, folder) -> None:
@@ -268,6 +319,7 @@ def main(argv: Sequence[str]) -> int:
         t = time.perf_counter()
         getattr(module, name).get_compiled(0, False, argtypes)
         each.append(f"{name} {time.perf_counter() - t:.2f}")
+        print(f"built {each[-1]} s", flush=True)  # (counted by the main process's progress bar)
     print(f"imports {t_import - t0:.2f} s, device {t_device - t_import:.2f} s, waited {t_job - t_device:.2f} s, "
           f"module {t_module - t_job:.2f} s, kernels: {', '.join(each)} s", flush=True)
     return 0

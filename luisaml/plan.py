@@ -56,6 +56,10 @@ class IOSpec:
         """The shape of a run-time sized output once its count, `rows`, is read back."""
         return tuple(int(rows) if k == self.rows_axis else int(d) for k, d in enumerate(self.kernel_shape))
 
+    def batch_shape(self, n: int) -> tuple[int, ...]:
+        """The shape a run of n samples binds or returns (k*n rows when batched)."""
+        return ((n * self.kernel_shape[0],) + tuple(self.kernel_shape[1:])) if self.batched else tuple(self.kernel_shape)
+
 
 @dataclass
 class DerivedInput:

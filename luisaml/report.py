@@ -1,8 +1,10 @@
 """The inspect report as data: per node its stage, outputs, parameters, FLOPs and bytes; totals;
 the stages; the register allocation of `forward` and the buffer allocation across stages; and the
-three ways `luisaml inspect` shows it (`text`, `to_json`, `html`: one self-contained page).
+three ways `luisaml inspect` shows it (`text`, `to_json`, `html`: one self-contained page, whose
+drawings are luisaml/report_page.py's).
 
-`build(model, ...)` loads and plans a model without a device (what `luisaml inspect` runs);
+`build(model, ...)` loads and plans a model without a device (what `luisaml inspect` runs, through
+luisaml/planning.py, as compile plans);
 `from_plan(plan, ...)` reports a plan already made (`net.plan` of a CompiledNetwork). Numbers are
 per sample when the network runs one sample at a time (shapes with the batch symbol), else for the
 one instance the plan was made for (a graph whose batch moves: at batch 2).
@@ -62,13 +64,14 @@ Gather, ...): 0; the fused MLP: its layers' 2·K·N; anything else: null."""
 from __future__ import annotations
 
 import copy
-import html as _html
 import json
 import math
 from typing import Any, Mapping
 
 from .errors import UsageError
-from .model import shape_str, type_str
+from .model import type_str
+from .report_page import (CSS, alloc_summary, byte_text, escape, graph_svg, live_svg, nodes_table, shape_text,
+                          si_text, stages_table)
 
 SCHEMA = 1
 
@@ -102,7 +105,7 @@ def build(model, weights=None, *, batch_axis="auto", input_shapes: Mapping[str, 
     from .loaders import load_proto
     from .log import phase
     from .lowering import unsupported_nodes
-    from .runtime import CompileOptions, plan_for
+    from .planning import CompileOptions, plan_for
 
     if name is None:
         name = os.path.basename(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else (
@@ -112,10 +115,9 @@ def build(model, weights=None, *, batch_axis="auto", input_shapes: Mapping[str, 
         proto = load_proto(model, weights, limits=limits)
     if target not in ("cpu", "cuda"):
         raise UsageError(f"target must be 'cpu' or 'cuda', not {target!r}")
+    # compile's choices on the target, but the direct form of every convolution (winograd=False)
     options = CompileOptions(batch_axis=batch_axis, input_shapes=input_shapes, limits=limits,
-                             merge_stages=target == "cpu", blocks=target == "cuda",
-                             grid_build="device" if target == "cuda" else "host")  # (compile's "auto")
-    options.check()
+                             winograd=False).resolve(target)
     with phase("passes"):
         prep = passes.prepare(copy.deepcopy(proto), batch_axis=batch_axis, input_shapes=input_shapes, limits=limits)
     g = prep.model.graph
@@ -135,7 +137,7 @@ def build(model, weights=None, *, batch_axis="auto", input_shapes: Mapping[str, 
         return {**head, "nodes": [], "totals": None, "stages": None, "registers": None, "buffers": None,
                 "batch_kernel": "", "host_steps": []}
     with phase("plan"):
-        plan, why, _ = plan_for(proto, name, options, "gpu" if target == "cuda" else "off")
+        plan, why, _ = plan_for(proto, name, options)
     rep = from_plan(plan, model_name=name, why=why)
     return {**rep, **{k: head[k] for k in ("opsets", "inputs", "outputs", "op_counts", "unsupported")},
             "batch_symbol": prep.symbol}
@@ -396,25 +398,6 @@ def flops(node, op) -> int | None:
 
 
 # ---- text ------------------------------------------------------------------------------------------
-def _shape(info: Mapping) -> str:
-    return f"{info['dtype'] or '?'}{shape_str(info['shape'])}"
-
-
-def _si(n: int, unit: str) -> str:
-    """Return a quantity with an SI prefix: '1.2 MFLOP', '4 FLOP'."""
-    for prefix, k in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(n) >= k:
-            return f"{n / k:.1f} {prefix}{unit}"
-    return f"{n} {unit}"
-
-
-def _bytes(n: int) -> str:
-    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= k:
-            return f"{n / k:.1f} {unit}"
-    return f"{n} B"
-
-
 def text(rep: Mapping) -> str:
     """Return the report as `luisaml inspect` prints it."""
     lines = [f"model: {rep['model']}",
@@ -422,7 +405,7 @@ def text(rep: Mapping) -> str:
              f"batch axis: {rep['batch_symbol'] or 'none (one instance)'}"]
     for kind in ("inputs", "outputs"):
         lines.append(f"{kind}:")
-        lines += [f"  '{io['name']}': {_shape(io)}" for io in rep[kind]]
+        lines += [f"  '{io['name']}': {shape_text(io)}" for io in rep[kind]]
     lines.append(f"nodes after folding: {sum(rep['op_counts'].values())}")
     lines += [f"  {op:28s} {c}" for op, c in rep["op_counts"].items()]
     if rep["unsupported"]:
@@ -447,7 +430,7 @@ def text(rep: Mapping) -> str:
         where = "" if d["stage"] is None else str(d["stage"])
         if d["role"] not in ("root", "group"):
             where = f"{where} {d['role']}".strip()
-        out = ", ".join(_shape(o) for o in d["outputs"])
+        out = ", ".join(shape_text(o) for o in d["outputs"])
         table.append((d["name"], d["op_type"], where, out, f"{d['params']:,}",
                       "?" if d["flops"] is None else f"{d['flops']:,}", f"{d['bytes']:,}"))
     widths = [min(max(len(r[c]) for r in table), cap) for c, cap in enumerate((40, 20, 14, 36, 12, 14, 12))]
@@ -458,8 +441,8 @@ def text(rep: Mapping) -> str:
     unknown = (f" ({len(t['flops_unknown'])} node{'s' if len(t['flops_unknown']) != 1 else ''} without a formula: "
                f"{', '.join(t['flops_unknown'][:5])}{', ...' if len(t['flops_unknown']) > 5 else ''})"
                if t["flops_unknown"] else "")
-    lines.append(f"totals: {t['nodes']} nodes, {t['params']:,} parameters, {_si(t['flops'], 'FLOP')} {per}{unknown}, "
-                 f"{_bytes(t['bytes'])} read and written {per}")
+    lines.append(f"totals: {t['nodes']} nodes, {t['params']:,} parameters, {si_text(t['flops'], 'FLOP')} {per}{unknown}, "
+                 f"{byte_text(t['bytes'])} read and written {per}")
     if rep["stages"] is not None:
         breaks = sum(1 for st in rep["stages"] if st.get("readback"))
         how = ("launched as one command list" if not breaks else
@@ -489,38 +472,7 @@ def to_json(rep: Mapping) -> str:
     return json.dumps(rep, indent=1, allow_nan=False)
 
 
-# ---- HTML --------------------------------------------------------------------------------------------
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#1d232a;background:#fff}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #d8dee4;padding-bottom:4px}
-h3{font-size:15px;margin:18px 0 6px}.sub{color:#57606a}
-.scroll{overflow-x:auto;border:1px solid #eaeef2;border-radius:6px}
-table{border-collapse:collapse;font-size:13px}td,th{padding:3px 10px;border-bottom:1px solid #eaeef2;text-align:left;
-vertical-align:top}th{background:#f6f8fa;position:sticky;top:0}td.n{text-align:right;font-variant-numeric:tabular-nums}
-code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace}td code{white-space:nowrap}.kv td:first-child{color:#57606a}
-svg text{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;fill:#1d232a}
-svg .title{font-weight:600}svg .dim{fill:#57606a}svg .ep{fill:#8250df}svg .inl{fill:#57606a;font-style:italic}
-g.stage rect.box{stroke-width:1.2}g.stage:hover rect.box{stroke-width:2.5}
-.d-element rect.box{fill:#ddf4ff;stroke:#0969da}.d-items rect.box{fill:#dafbe1;stroke:#1a7f37}
-.d-sample rect.box,.d-single rect.box{fill:#fff8c5;stroke:#9a6700}.d-fused rect.box{fill:#fbefff;stroke:#8250df}
-.d-io rect.box,.d-kernel rect.box{fill:#f6f8fa;stroke:#57606a}
-g.edge path{fill:none;stroke:#57606a;stroke-width:1.3}g.edge:hover path{stroke:#cf222e;stroke-width:2.5}
-g.edge text{font-size:11px;fill:#57606a}
-rect.bar{stroke:#1d232a;stroke-width:.5}rect.bar:hover{stroke-width:2}
-.legend span{display:inline-block;padding:0 8px;margin-right:6px;border-radius:4px;border:1px solid}
-"""
-_PALETTE = ("#54aeff", "#4ac26b", "#d4a72c", "#fb8f44", "#c297ff", "#ff8182", "#6fdde0", "#a0a8b0")
-
-
-def _e(s: Any) -> str:
-    """Escape model text for HTML (names come from an untrusted file)."""
-    return _html.escape(str(s), quote=True)
-
-
-def _clip(s: str, n: int) -> str:
-    return s if len(s) <= n else s[: n - 1] + "…"
-
-
+# ---- HTML ------------------------------------------------------------------------------------------
 def html(rep: Mapping) -> str:
     """Return the report as one self-contained HTML page (inline CSS and SVG, no script, nothing
     fetched): the graph with stages as groups, the live ranges of both allocations, the tables."""
@@ -528,12 +480,12 @@ def html(rep: Mapping) -> str:
     t = rep["totals"]
     parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
              f"<meta name=viewport content='width=device-width,initial-scale=1'>"
-             f"<title>luisaml inspect: {_e(rep['model'])}</title><style>{_CSS}</style></head><body>",
-             f"<h1>{_e(rep['model'])}</h1>",
-             f"<div class=sub>luisaml inspect · opsets {_e(', '.join(f'{d} {v}' for d, v in rep['opsets'].items()))}"
-             f" · batch axis {_e(rep['batch_symbol'] or 'none (one instance)')}</div>"]
-    rows = [("inputs", "; ".join(f"{io['name']}: {_shape(io)}" for io in rep["inputs"])),
-            ("outputs", "; ".join(f"{io['name']}: {_shape(io)}" for io in rep["outputs"]))]
+             f"<title>luisaml inspect: {escape(rep['model'])}</title><style>{CSS}</style></head><body>",
+             f"<h1>{escape(rep['model'])}</h1>",
+             f"<div class=sub>luisaml inspect · opsets {escape(', '.join(f'{d} {v}' for d, v in rep['opsets'].items()))}"
+             f" · batch axis {escape(rep['batch_symbol'] or 'none (one instance)')}</div>"]
+    rows = [("inputs", "; ".join(f"{io['name']}: {shape_text(io)}" for io in rep["inputs"])),
+            ("outputs", "; ".join(f"{io['name']}: {shape_text(io)}" for io in rep["outputs"]))]
     if rep["unsupported"]:
         rows.append(("unsupported nodes", "; ".join(rep["unsupported"])))
     else:
@@ -543,14 +495,14 @@ def html(rep: Mapping) -> str:
                  ("parameters", f"{t['params']:,}"),
                  (f"FLOPs {per}", f"{t['flops']:,}" + (f" (+ {len(t['flops_unknown'])} nodes without a formula)"
                                                        if t["flops_unknown"] else "")),
-                 (f"bytes read and written {per}", _bytes(t["bytes"])),
-                 ("weight blob", f"{_bytes(t['weight_blob_bytes'])} in {t['weight_tensors']} tensors"),
-                 ("registers of forward", _alloc_summary(rep["registers"]))]
+                 (f"bytes read and written {per}", byte_text(t["bytes"])),
+                 ("weight blob", f"{byte_text(t['weight_blob_bytes'])} in {t['weight_tensors']} tensors"),
+                 ("registers of forward", alloc_summary(rep["registers"]))]
         if rep["buffers"] is not None:
-            rows.append(("buffers across stages", _alloc_summary(rep["buffers"])))
+            rows.append(("buffers across stages", alloc_summary(rep["buffers"])))
         if rep["batch_kernel"]:
             rows.append(("batch kernel", rep["batch_kernel"]))
-    parts.append("<table class=kv>" + "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in rows)
+    parts.append("<table class=kv>" + "".join(f"<tr><td>{escape(k)}</td><td>{escape(v)}</td></tr>" for k, v in rows)
                  + "</table>")
     if not rep["unsupported"]:
         parts.append("<h2>Graph</h2><div class='legend sub'>one box per stage, launched top to bottom as one command "
@@ -560,217 +512,17 @@ def html(rep: Mapping) -> str:
                      "<span style='background:#fbefff;border-color:#8250df'>fused</span> · "
                      "<span class=ep style='border:0;padding:0;color:#8250df'>+ epilogue</span>"
                      "<i> inline</i> · an arrow is a tensor passed in a device buffer (hover for names)</div>")
-        parts.append(f"<div class=scroll>{_graph_svg(rep)}</div>")
+        parts.append(f"<div class=scroll>{graph_svg(rep)}</div>")
         parts.append("<h2>Memory</h2><div class=sub>each row is a slot of the allocation (its size on the left), each "
                      "bar a tensor over the steps it is live; the curve above is the bytes live at each step</div>")
         one = "one sample" if rep["per_sample"] else "the whole instance"
         parts.append(f"<h3>Registers of <code>forward</code> ({one}; a step per node)</h3>"
-                     f"<div class=scroll>{_live_svg(rep['registers'], 'registers')}</div>")
+                     f"<div class=scroll>{live_svg(rep['registers'], 'registers')}</div>")
         if rep["buffers"] is not None:
             parts.append(f"<h3>Device buffers across stages (a region per sample; a step per stage)</h3>"
-                         f"<div class=scroll>{_live_svg(rep['buffers'], 'buffers')}</div>")
-        parts.append(_nodes_table(rep, per))
+                         f"<div class=scroll>{live_svg(rep['buffers'], 'buffers')}</div>")
+        parts.append(nodes_table(rep, per))
         if rep["stages"] is not None:
-            parts.append(_stages_table(rep))
+            parts.append(stages_table(rep))
     parts.append("</body></html>")
     return "\n".join(parts)
-
-
-def _alloc_summary(a: Mapping) -> str:
-    n = len(a["slots"])
-    return (f"{n} slot{'' if n == 1 else 's'}, {_bytes(a['bytes'])} pooled (one array per tensor: "
-            f"{_bytes(a['bytes_unpooled'])}); peak live {_bytes(a['peak_bytes'])}; {len(a['inplace'])} in-place, "
-            f"{len(a['views'])} views")
-
-
-def _nodes_table(rep: Mapping, per: str) -> str:
-    head = ("node", "op", "stage", "role", "outputs", "params", f"FLOPs {per}", f"bytes {per}", "how it compiles")
-    rows = []
-    for d in rep["nodes"]:
-        rows.append("<tr>" + "".join([
-            f"<td><code>{_e(d['name'])}</code></td>",
-            f"<td>{_e(d['op_type'] if d['domain'] == 'ai.onnx' else d['domain'] + '::' + d['op_type'])}</td>",
-            f"<td class=n>{'' if d['stage'] is None else d['stage']}</td><td>{_e(d['role'])}</td>",
-            f"<td><code>{_e(', '.join(_shape(o) for o in d['outputs']))}</code></td>",
-            f"<td class=n>{d['params']:,}</td>",
-            f"<td class=n>{'?' if d['flops'] is None else format(d['flops'], ',')}</td>",
-            f"<td class=n>{d['bytes']:,}</td><td class=sub>{_e(d['note'])}</td>"]) + "</tr>")
-    return ("<h2>Nodes</h2><div class=scroll><table id=nodes><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head)
-            + "</tr>" + "".join(rows) + "</table></div>")
-
-
-def _stages_table(rep: Mapping) -> str:
-    rows = []
-    for st in rep["stages"]:
-        names = "".join(f"<td><code>{_e(', '.join(st[k]))}</code></td>"
-                        for k in ("nodes", "epilogue", "inlined", "reads", "writes"))
-        rows.append(f"<tr><td class=n>{st['index']}</td><td>{_e(st['domain'])}</td>"
-                    f"<td class=n>{st['items']:,} {'per sample' if st['batched'] else 'in all'}</td>{names}</tr>")
-    head = ("stage", "domain", "items", "nodes", "epilogue", "inline", "reads", "writes")
-    return ("<h2>Stages</h2><div class=scroll><table id=stages><tr>" + "".join(f"<th>{h}</th>" for h in head)
-            + "</tr>" + "".join(rows) + "</table></div>")
-
-
-# the graph: boxes stacked in launch order (a topological order), graph inputs on top and outputs
-# at the bottom; a tensor passed to the next box is a straight arrow, one passed further is an arc
-# in a lane on the right (lanes coloured like intervals, so arcs never run over each other)
-_BOX_W, _LINE, _PAD, _GAP, _LEFT, _TOP = 520, 16, 8, 34, 16, 12
-
-
-def _graph_svg(rep: Mapping) -> str:
-    nodes = {d["name"]: d for d in rep["nodes"]}
-    boxes: list[dict] = [{"id": "inputs", "domain": "io", "title": "graph inputs",
-                          "lines": [("", f"{io['name']}", _shape(io)) for io in rep["inputs"]],
-                          "writes": [io["name"] for io in rep["inputs"]], "reads": []}]
-    if rep["stages"] is not None:
-        for st in rep["stages"]:
-            lines = []
-            for name in st["nodes"]:
-                d = nodes[name]
-                lines.append(("", f"{d['op_type']} {name}", ", ".join(_shape(o) for o in d["outputs"])))
-            lines += [("ep", f"+ {nodes[n]['op_type']} {n}", "") for n in st["epilogue"]]
-            if st["inlined"]:
-                lines.append(("inl", "inline: " + ", ".join(f"{nodes[n]['op_type']} {n}" for n in st["inlined"]), ""))
-            items = f"{st['items']:,} {'per sample' if st['batched'] else 'in all'}"
-            boxes.append({"id": f"stage {st['index']}", "index": st["index"], "domain": st["domain"],
-                          "title": f"stage {st['index']} · {st['domain']} · {items}", "lines": lines,
-                          "reads": st["reads"], "writes": st["writes"], "tip": st["describe"]})
-    else:
-        ran = [d for d in rep["nodes"] if d["role"] != "view"]
-        boxes.append({"id": "kernel", "domain": "kernel", "title": "the per-sample kernel (one thread per sample)",
-                      "lines": [("", f"{d['op_type']} {d['name']}", ", ".join(_shape(o) for o in d["outputs"]))
-                                for d in ran],
-                      "reads": [io["name"] for io in rep["inputs"]], "writes": [io["name"] for io in rep["outputs"]]})
-    boxes.append({"id": "outputs", "domain": "io", "title": "graph outputs",
-                  "lines": [("", f"{io['name']}", _shape(io)) for io in rep["outputs"]],
-                  "reads": [io["name"] for io in rep["outputs"]], "writes": []})
-    # where each tensor is written (the last writer before a reader: a graph input is box 0)
-    slot = {r["name"]: r["slot"] for r in (rep["buffers"] or {"tensors": []})["tensors"]}
-    outputs = {io["name"] for io in rep["outputs"]}
-    writer: dict[str, int] = {}
-    edges: dict[tuple[int, int], list[str]] = {}
-    for k, b in enumerate(boxes):
-        for name in b["reads"]:
-            if name in writer and writer[name] != k:
-                edges.setdefault((writer[name], k), []).append(name)
-        for name in b["writes"]:
-            writer[name] = k
-    y = _TOP
-    for b in boxes:
-        b["y"] = y
-        b["h"] = _LINE * (1 + max(len(b["lines"]), 1)) + 2 * _PAD
-        y += b["h"] + _GAP
-    lanes: list[int] = []  # the last box each lane is busy until
-    lane_of: dict[tuple[int, int], int] = {}
-    for (a, z) in sorted(e for e in edges if e[1] - e[0] > 1):
-        for i, busy in enumerate(lanes):
-            if busy <= a:
-                lanes[i], lane_of[(a, z)] = z, i
-                break
-        else:
-            lane_of[(a, z)] = len(lanes)
-            lanes.append(z)
-    width = _LEFT + _BOX_W + 40 + 16 * len(lanes) + 20
-    height = y - _GAP + _TOP
-    out = [f"<svg id=graph xmlns='http://www.w3.org/2000/svg' width={width} height={height} "
-           f"viewBox='0 0 {width} {height}' role=img aria-label='stages of {_e(rep['model'])}'>",
-           "<defs><marker id=arrow viewBox='0 0 10 10' refX=9 refY=5 markerWidth=7 markerHeight=7 "
-           "orient=auto-start-reverse>"
-           "<path d='M0,0L10,5L0,10z' fill='#57606a'/></marker></defs>"]
-    for b in boxes:
-        cls = f"stage d-{b['domain']}" if "index" in b else f"io d-{b['domain']}"
-        data = f" data-stage={b['index']}" if "index" in b else f" data-box={_e(b['id'])}"
-        out.append(f"<g class='{cls}'{data}><title>{_e(b.get('tip', b['title']))}</title>"
-                   f"<rect class=box x={_LEFT} y={b['y']} width={_BOX_W} height={b['h']} rx=6 />"
-                   f"<text class=title x={_LEFT + _PAD} y={b['y'] + _PAD + 12}>{_e(b['title'])}</text>")
-        for j, (kind, left, right) in enumerate(b["lines"]):
-            ty = b["y"] + _PAD + 12 + _LINE * (j + 1)
-            cls = f" class={kind}" if kind else ""
-            room = 68 - min(len(right), 34)
-            out.append(f"<text{cls} x={_LEFT + _PAD + 8} y={ty}>{_e(_clip(left, room))}</text>")
-            if right:
-                out.append(f"<text class=dim x={_LEFT + _BOX_W - _PAD} y={ty} text-anchor=end>"
-                           f"{_e(_clip(right, 34))}</text>")
-        out.append("</g>")
-    for (a, z), names in sorted(edges.items()):
-        src, dst = boxes[a], boxes[z]
-        where = [("output" if n in outputs else "input" if a == 0 else f"buffer {slot[n]}" if n in slot else "buffer")
-                 for n in names]
-        tip = "; ".join(f"{n} ({w})" for n, w in zip(names, where))
-        label = _clip(", ".join(names), 48) + (f" · {where[0]}" if len(set(where)) == 1 else "")
-        out.append(f"<g class=edge data-from='{_e(src['id'])}' data-to='{_e(dst['id'])}'><title>{_e(tip)}</title>")
-        if z - a == 1:
-            x, y0, y1 = _LEFT + 48, src["y"] + src["h"], dst["y"]
-            out.append(f"<path d='M{x},{y0}L{x},{y1 - 1}' marker-end='url(#arrow)'/>"
-                       f"<text x={x + 8} y={(y0 + y1) // 2 + 4}>{_e(label)}</text>")
-        else:
-            lx = _LEFT + _BOX_W + 24 + 16 * lane_of[(a, z)]
-            y0, y1 = src["y"] + src["h"] - 10, dst["y"] + 12
-            r = 6
-            out.append(f"<path d='M{_LEFT + _BOX_W},{y0}L{lx - r},{y0}Q{lx},{y0} {lx},{y0 + r}L{lx},{y1 - r}"
-                       f"Q{lx},{y1} {lx - r},{y1}L{_LEFT + _BOX_W + 1},{y1}' marker-end='url(#arrow)'/>")
-        out.append("</g>")
-    out.append("</svg>")
-    return "".join(out)
-
-
-# the live-range chart: a row per slot, a column per step, a bar per tensor from the middle of the
-# step that writes it to the middle of the last step that reads it (an in-place output starts
-# where its input ends), and the bytes live at each step as a curve above
-_LABEL_W, _ROW, _BAR, _CURVE = 230, 22, 14, 70
-
-
-def _live_svg(a: Mapping, ident: str) -> str:
-    steps, slots, rows = a["steps"], a["slots"], a["tensors"]
-    n = max(len(steps), 1)
-    sw = min(40.0, max(6.0, 900.0 / n))
-    x0 = _LABEL_W
-    top = _CURVE + 20
-    label_h = min(max((len(s) for s in steps), default=4), 28) * 7 + 16
-    width = int(x0 + sw * n + 20)
-    height = top + _ROW * max(len(slots), 1) + label_h
-    out = [f"<svg id={ident} class=liveness xmlns='http://www.w3.org/2000/svg' width={width} height={height} "
-           f"viewBox='0 0 {width} {height}' role=img aria-label='live ranges of {ident}'>"]
-    peak = max(a["live_bytes"], default=0)
-    if peak:
-        pts = [(x0 + sw * k, _CURVE + 10 - (v / peak) * _CURVE) for k, v in enumerate(a["live_bytes"])]
-        path = "".join(f"{'M' if k == 0 else 'L'}{x:.1f},{y:.1f}H{x + sw:.1f}" for k, (x, y) in enumerate(pts))
-        at = a["live_bytes"].index(peak)
-        out.append(f"<path class=live d='{path}' fill=none stroke='#cf222e' stroke-width='1.5'/>"
-                   f"<text class=dim x=8 y=22>bytes live</text><text x=8 y=38>peak {_e(_bytes(peak))}</text>"
-                   f"<text class=dim x=8 y=54>{_e(_clip('at ' + steps[at], 30))}</text>"
-                   f"<line x1={x0} x2={width - 20} y1={_CURVE + 10} y2={_CURVE + 10} stroke='#d8dee4'/>")
-    for k in range(len(steps)):  # step grid
-        if k % 2 == 0:
-            out.append(f"<rect x={x0 + sw * k:.1f} y={top} width={sw:.1f} height={_ROW * max(len(slots), 1)} "
-                       "fill='#f6f8fa'/>")
-    for j, s in enumerate(slots):
-        y = top + _ROW * j
-        what = f"slot {s['id']} {s['space']} {s['dtype']}"
-        out.append(f"<text x=8 y={y + 15}>{_e(_clip(what, 22))}</text>"
-                   f"<text class=dim x={x0 - 6} y={y + 15} text-anchor=end>{_e(_bytes(s['bytes']))}</text>")
-    if not slots:
-        out.append(f"<text class=dim x={x0} y={top + 15}>no tensors pooled here</text>")
-    index = {s["id"]: j for j, s in enumerate(slots)}
-    for i, r in enumerate(rows):
-        y = top + _ROW * index[r["slot"]] + (_ROW - _BAR) / 2
-        if r["last"] > r["first"]:
-            xa, xb = x0 + sw * (r["first"] + 0.5), x0 + sw * (r["last"] + 0.5)
-        else:
-            xa, xb = x0 + sw * (r["first"] + 0.2), x0 + sw * (r["first"] + 0.8)
-        live = (f"step {steps[r['first']]}" if r["first"] == r["last"] else
-                f"steps {r['first']}..{r['last']} ({steps[r['first']]} .. {steps[r['last']]})") if steps else ""
-        tip = f"{r['name']}: {r['elements']:,} elements, {_bytes(r['bytes'])}, slot {r['slot']}, live {live}"
-        out.append(f"<rect class=bar data-tensor='{_e(r['name'])}' data-slot={r['slot']} x={xa:.1f} y={y:.1f} "
-                   f"width={max(xb - xa, 2):.1f} height={_BAR} rx=2 fill='{_PALETTE[i % len(_PALETTE)]}'>"
-                   f"<title>{_e(tip)}</title></rect>")
-    base = top + _ROW * max(len(slots), 1) + 6
-    every = max(1, math.ceil(len(steps) * 12 / (sw * len(steps)))) if steps else 1
-    for k, label in enumerate(steps):
-        if k % every:
-            continue
-        x = x0 + sw * (k + 0.5) + 4
-        out.append(f"<text class=dim transform='translate({x:.1f},{base}) rotate(-60)' text-anchor=end>"
-                   f"{_e(_clip(label, 28))}<title>{_e(label)}</title></text>")
-    out.append("</svg>")
-    return "".join(out)

@@ -209,15 +209,17 @@ class InferenceSession:
         return want
 
     def _open(self, path_or_bytes, weights, providers, compile_options: dict) -> None:
-        from .limits import DEFAULT
-        from .loaders import load_proto
-        from .runtime import compile
         from .artifact import is_artifact
 
         if is_artifact(path_or_bytes):
             self._load_artifact(path_or_bytes, weights, providers, compile_options)
             return
+        # what compiles imports onnx: only here, so that a session over a .lml runs without it
         import onnx
+
+        from .limits import DEFAULT
+        from .loaders import load_proto
+        from .runtime import compile
 
         model = path_or_bytes
         if isinstance(model, (bytes, bytearray, memoryview)):

@@ -1,6 +1,6 @@
 """The shipped operators, one module per op family; importing this registers them all, except the
 fvdb domain's (operators/fvdb), which luisaml.registry imports on the domain's first use."""
-from . import elementwise, gemm, shape  # noqa: F401
+from . import activations, elementwise, gemm, shape  # noqa: F401
 from . import control  # noqa: E402,F401
 from . import constant, indexing, reduce, softmax  # noqa: E402,F401
 from . import conv, normalization, pool  # noqa: E402,F401

@@ -1,11 +1,11 @@
-"""Elementwise operators: unary math and activations, binary arithmetic and comparison with
-numpy broadcasting, variadic Min/Max/Sum/Mean, Where, Clip, Cast, Identity and inference Dropout.
+"""Elementwise operators: Map (the base of every elementwise map), unary math, binary arithmetic,
+comparison, logic and bitwise ops with numpy broadcasting, variadic Min/Max/Sum/Mean, Where, Clip,
+Cast, CastLike, BitCast, Identity and inference Dropout (the activation functions, Maps too, are
+in activations.py).
 
 Half inputs are computed in float and rounded to half once at the end (what onnxruntime does for
 float16 kernels); ops that only select or negate values are exact in half and stay there."""
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -108,7 +108,7 @@ class Map(Operator):
         return 4 if any(f in text for f in slow) else 1
 
 
-def _map(op_type: str, since: int, fn, kinds=FLOAT, base=None, **attrs) -> type:
+def register_map(op_type: str, since: int, fn, kinds=FLOAT, base=None, **attrs) -> type:
     """Register a Map op whose element expression is fn(self, *inputs)."""
     cls = type(op_type, (base or Map,), {"kinds": kinds, "expr": lambda self, *v: fn(self, *v), **attrs})
     register(op_type, since=since)(cls)
@@ -118,26 +118,18 @@ def _map(op_type: str, since: int, fn, kinds=FLOAT, base=None, **attrs) -> type:
 # ---- unary ---------------------------------------------------------------------------------
 # `since` is the first version with these semantics (earlier ones differ only in the legacy
 # consumed_inputs attribute or in the types they allow).
-# 0 where x < 0, else x: NaN fails the comparison and stays NaN (the max builtin is C's fmax,
-# which drops it), and -0.0 stays -0.0, both as in onnxruntime
-_map("Relu", 6, lambda s, x: f"({s.lit(0)} if {x} < {s.lit(0)} else {x})", NUM, exact_in_half=True)
-_map("Neg", 6, lambda s, x: f"(-{x})", NUM, exact_in_half=True)
-_map("Abs", 6, lambda s, x: abs_expr(x, s.dtype), NUM, exact_in_half=True)
-_map("Exp", 6, lambda s, x: f"exp({x})")
-_map("Log", 6, lambda s, x: f"log({x})")
-_map("Sqrt", 6, lambda s, x: f"sqrt_f32({x})", helpers=lambda self: [("sqrt_f32", "math_lib")])
-_map("Reciprocal", 6, lambda s, x: f"({s.lit(1)} / {x})")
-_map("Sin", 7, lambda s, x: f"sin({x})")
-_map("Cos", 7, lambda s, x: f"cos({x})")
-_map("Tanh", 6, lambda s, x: f"tanh({x})")
-_map("Floor", 6, lambda s, x: f"floor({x})")
-_map("Ceil", 6, lambda s, x: f"ceil({x})")
-# 1 / (1 + e^-x): e^-x = inf for very negative x gives 0, as it should
-_map("Sigmoid", 6, lambda s, x: f"({s.lit(1)} / ({s.lit(1)} + exp(-{x})))")
-# log(1 + e^x) without overflow or underflow (shaders/dsl_lib.py)
-_SOFTPLUS = {"helpers": lambda self: [("softplus", "dsl_lib")]}
-_map("Softplus", 1, lambda s, x: f"softplus({x})", **_SOFTPLUS)
-_map("Not", 1, lambda s, x: f"(not {x})", ("bool",))
+register_map("Neg", 6, lambda s, x: f"(-{x})", NUM, exact_in_half=True)
+register_map("Abs", 6, lambda s, x: abs_expr(x, s.dtype), NUM, exact_in_half=True)
+register_map("Exp", 6, lambda s, x: f"exp({x})")
+register_map("Log", 6, lambda s, x: f"log({x})")
+register_map("Sqrt", 6, lambda s, x: f"sqrt_f32({x})", helpers=lambda self: [("sqrt_f32", "math_lib")])
+register_map("Reciprocal", 6, lambda s, x: f"({s.lit(1)} / {x})")
+register_map("Sin", 7, lambda s, x: f"sin({x})")
+register_map("Cos", 7, lambda s, x: f"cos({x})")
+register_map("Tanh", 6, lambda s, x: f"tanh({x})")
+register_map("Floor", 6, lambda s, x: f"floor({x})")
+register_map("Ceil", 6, lambda s, x: f"ceil({x})")
+register_map("Not", 1, lambda s, x: f"(not {x})", ("bool",))
 
 
 @register("Erf", since=9)
@@ -151,66 +143,11 @@ class Erf(Map):
         return f"erf_f32({x})"
 
 
-@register("LeakyRelu", since=6)
-class LeakyRelu(Map):
-    def expr(self, x):
-        return f"({x} if {x} >= {self.lit(0)} else {x} * {self.lit(self.attr('alpha', 0.01))})"
-
-
-@register("Elu", since=6)
-class Elu(Map):
-    def expr(self, x):
-        alpha = self.lit(self.attr("alpha", 1.0))
-        return f"({x} if {x} > {self.lit(0)} else {alpha} * (exp({x}) - {self.lit(1)}))"
-
-
-@register("Selu", since=6)
-class Selu(Map):
-    def expr(self, x):
-        alpha = self.lit(self.attr("alpha", 1.67326319217681884765625))
-        gamma = self.lit(self.attr("gamma", 1.05070102214813232421875))
-        return f"({gamma} * ({x} if {x} > {self.lit(0)} else {alpha} * exp({x}) - {alpha}))"
-
-
-@register("HardSigmoid", since=6)
-class HardSigmoid(Map):
-    """clamp(alpha x + beta, 0, 1); NaN stays NaN."""
-
-    def helpers(self):
-        return [("clamp_nan", "dsl_lib")]
-
-    def expr(self, x):
-        a, b = self.lit(self.attr("alpha", 0.2)), self.lit(self.attr("beta", 0.5))
-        return f"clamp_nan({a} * {x} + {b}, {self.lit(0)}, {self.lit(1)})"
-
-
-@register("Gelu", since=20)
-class Gelu(Map):
-    """0.5 x (1 + erf(x / sqrt 2)), or the tanh approximation."""
-
-    def check(self):
-        super().check()
-        self.approximate = self.attr("approximate", "none")
-        self.expect(
-            self.approximate in ("none", "tanh"), f"attribute approximate must be 'none' or 'tanh', not {self.approximate!r}"
-        )
-
-    def helpers(self):
-        return [("erf_f32", "dsl_lib")] if self.approximate == "none" else []
-
-    def expr(self, x):
-        c = self.lit
-        if self.approximate == "tanh":
-            inner = f"{c(math.sqrt(2 / math.pi))} * ({x} + {c(0.044715)} * {x} * {x} * {x})"
-            return f"({c(0.5)} * {x} * ({c(1)} + tanh({inner})))"
-        return f"({c(0.5)} * {x} * ({c(1)} + erf_f32({x} * {c(1 / math.sqrt(2))})))"
-
-
 # ---- binary ------------------------------------------------------------------------------------
 # Since opset 7 these broadcast the numpy way (opsets 1-6 had `broadcast`/`axis` attributes).
-_map("Add", 7, lambda s, a, b: f"{a} + {b}", NUM)
-_map("Sub", 7, lambda s, a, b: f"{a} - {b}", NUM)
-_map("Mul", 7, lambda s, a, b: f"{a} * {b}", NUM)
+register_map("Add", 7, lambda s, a, b: f"{a} + {b}", NUM)
+register_map("Sub", 7, lambda s, a, b: f"{a} - {b}", NUM)
+register_map("Mul", 7, lambda s, a, b: f"{a} * {b}", NUM)
 
 
 @register("Div", since=7)
@@ -314,12 +251,12 @@ for _name, _since, _sym in (
 
 
 def _logic(op_type: str, sym: str) -> None:
-    _map(op_type, 7, lambda s, a, b: f"({a} {sym} {b})", ("bool",), result_bool=True)
+    register_map(op_type, 7, lambda s, a, b: f"({a} {sym} {b})", ("bool",), result_bool=True)
 
 
 _logic("And", "and")
 _logic("Or", "or")
-_map("Xor", 7, lambda s, a, b: f"(({a} or {b}) and not ({a} and {b}))", ("bool",), result_bool=True)
+register_map("Xor", 7, lambda s, a, b: f"(({a} or {b}) and not ({a} and {b}))", ("bool",), result_bool=True)
 
 
 class Variadic(Map):
@@ -527,23 +464,20 @@ class CastLike(Cast):
         return range(1)
 
 
-# ---- the second round: more activations and math ------------------------------------------------
-_map("Tan", 7, lambda s, x: f"tan({x})")
-_map("Asin", 7, lambda s, x: f"asin({x})")
-_map("Acos", 7, lambda s, x: f"acos({x})")
-_map("Atan", 7, lambda s, x: f"atan({x})")
-_map("Sinh", 9, lambda s, x: f"sinh({x})")
-_map("Cosh", 9, lambda s, x: f"cosh({x})")
-_map("Asinh", 9, lambda s, x: f"asinh({x})")
+# ---- the second round: more math ------------------------------------------------
+register_map("Tan", 7, lambda s, x: f"tan({x})")
+register_map("Asin", 7, lambda s, x: f"asin({x})")
+register_map("Acos", 7, lambda s, x: f"acos({x})")
+register_map("Atan", 7, lambda s, x: f"atan({x})")
+register_map("Sinh", 9, lambda s, x: f"sinh({x})")
+register_map("Cosh", 9, lambda s, x: f"cosh({x})")
+register_map("Asinh", 9, lambda s, x: f"asinh({x})")
 # NaN below 1: the backends' acosh is log(x + sqrt(x^2 - 1)), and for x << -1 the sum rounds to a
 # small positive number (acosh(-45.8) was -5.65)
-_map("Acosh", 9, lambda s, x: f"(acosh({x}) if {x} >= {s.lit(1)} else quiet_nan())")
-_map("Atanh", 9, lambda s, x: f"atanh({x})")
-_map("Softsign", 1, lambda s, x: f"({x} / ({s.lit(1)} + abs({x})))")
-# x tanh(softplus(x)), softplus as in Softplus
-_map("Mish", 18, lambda s, x: f"({x} * tanh(softplus({x})))", **_SOFTPLUS)
-_map("IsNaN", 9, lambda s, x: f"isnan({x})", result_bool=True)
-_map("BitwiseNot", 18, lambda s, x: f"(~{x})", ("int",), exact_in_half=True)
+register_map("Acosh", 9, lambda s, x: f"(acosh({x}) if {x} >= {s.lit(1)} else quiet_nan())")
+register_map("Atanh", 9, lambda s, x: f"atanh({x})")
+register_map("IsNaN", 9, lambda s, x: f"isnan({x})", result_bool=True)
+register_map("BitwiseNot", 18, lambda s, x: f"(~{x})", ("int",), exact_in_half=True)
 
 
 @register("Sign", since=9)
@@ -581,72 +515,6 @@ class IsInf(Map):
         if not neg and not pos:
             return "False"
         return f"(isinf({x}) and {x} {'<' if neg else '>'} {self.lit(0)})"
-
-
-@register("HardSwish", since=14)
-class HardSwish(Map):
-    """x * clamp(x / 6 + 1 / 2, 0, 1)."""
-
-    def expr(self, x):
-        c = self.lit
-        return f"({x} * clamp({c(1 / 6)} * {x} + {c(0.5)}, {c(0)}, {c(1)}))"
-
-
-@register("PRelu", since=7)
-class PRelu(Map):
-    """x < 0 ? slope * x : x, slope broadcast to x (opset 7 on: numpy rules)."""
-
-    kinds = NUM
-
-    def expr(self, x, slope):
-        return f"({x} * {slope} if {x} < {self.lit(0)} else {x})"
-
-
-
-@register("Celu", since=12)
-class Celu(Map):
-    """max(0, x) + min(0, alpha (exp(x / alpha) - 1)), as a select: one term is 0 on each side
-    of 0 (for either sign of alpha), and NaN, which max/min would drop, takes the exp branch."""
-
-    def expr(self, x):
-        c = self.lit
-        alpha = float(self.attr("alpha", 1.0))
-        return f"({x} if {x} > {c(0)} else {c(alpha)} * (exp({x} / {c(alpha)}) - {c(1)}))"
-
-
-@register("ThresholdedRelu", since=10)
-class ThresholdedRelu(Map):
-    def expr(self, x):
-        return f"({x} if {x} > {self.lit(self.attr('alpha', 1.0))} else {self.lit(0)})"
-
-
-@register("Shrink", since=9)
-class Shrink(Map):
-    """x + bias below -lambd, x - bias above lambd, 0 between (any numeric type)."""
-
-    kinds = NUM
-
-    def expr(self, x):
-        dt = self.dtype
-        lambd, bias = float(self.attr("lambd", 0.5)), float(self.attr("bias", 0.0))
-        if dt.is_int:  # the float attributes compare and add in float, then convert (as onnxruntime)
-            xf = convert(x, dt, dtypes.FLOAT)
-            lo = f"{xf} < {literal(-lambd, dtypes.FLOAT)}"
-            hi = f"{xf} > {literal(lambd, dtypes.FLOAT)}"
-            plus = convert(f"{xf} + {literal(bias, dtypes.FLOAT)}", dtypes.FLOAT, dt)
-            minus = convert(f"{xf} - {literal(bias, dtypes.FLOAT)}", dtypes.FLOAT, dt)
-            return f"({plus} if {lo} else ({minus} if {hi} else 0))"
-        c = self.lit
-        return f"({x} + {c(bias)} if {x} < {c(-lambd)} else ({x} - {c(bias)} if {x} > {c(lambd)} else {c(0)}))"
-
-
-@register("Swish", since=24)
-class Swish(Map):
-    """x * sigmoid(alpha x)."""
-
-    def expr(self, x):
-        c = self.lit
-        return f"({x} / ({c(1)} + exp(-{c(self.attr('alpha', 1.0))} * {x})))"
 
 
 class Bitwise(Map):
@@ -687,20 +555,6 @@ class BitShift(Map):
 
     def expr(self, a, b):
         return f"{self.fn}({a}, {b})" if self.width is None else f"{self.fn}({a}, {b}, {self.width})"
-
-
-@register("SwiGLU", since=28)
-class SwiGLU(Map):
-    """Swish_alpha(A) * B = A * sigmoid(alpha A) * B (A and B of one shape)."""
-
-    def check(self):
-        super().check()
-        a, b = self.input(0), self.input(1)
-        self.expect(tuple(a.shape) == tuple(b.shape), f"A '{a.name}' {list(a.shape)} and B '{b.name}' {list(b.shape)} differ")
-
-    def expr(self, a, b):
-        c = self.lit
-        return f"({a} / ({c(1)} + exp(-{c(self.attr('alpha', 1.0))} * {a})) * {b})"
 
 
 @register("BitCast", since=26)

@@ -1,15 +1,42 @@
-"""Shared fixtures: the CPU device, and helpers to build ONNX models and compare with onnxruntime."""
+"""Shared fixtures: the CPU device, and the split between the CI run and the full run.
+
+CI runs the suite without the tests marked `full` (the larger cases of suites that also have a
+small one: more real models, more grid ops, longer sequences) and the robustness sample;
+`bash scripts/test.sh --full` (pytest's `--full`) runs every test, every robustness case and the
+artifact fuzzer's full run (hours on 2 cores)."""
 from __future__ import annotations
 
 import os
 
 import pytest
+from suite_mode import FULL_ENV, full_run
 
 # The ONNX backend suite's recorder must run where results arrive (also the xdist controller).
 pytest_plugins = ["conformance.pytest_plugin"]
 
 # Tests run on the CPU backend unless told otherwise; generated modules go to a per-run cache.
 os.environ.setdefault("LUISAML_BACKEND", "cpu")
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--full", action="store_true", default=False,
+                     help="the full run: tests marked `full`, every robustness case, the full artifact fuzz")
+
+
+def pytest_configure(config) -> None:
+    # set before collection, in the controller and in every xdist worker (they get the same options)
+    if config.getoption("--full"):
+        os.environ[FULL_ENV] = "full"
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    # deselected, not skipped: the conformance recorder then sees a partial run, not missing passes
+    if full_run():
+        return
+    drop = [item for item in items if item.get_closest_marker("full")]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [item for item in items if not item.get_closest_marker("full")]
 
 
 @pytest.fixture(scope="session", autouse=True)

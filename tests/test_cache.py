@@ -1,5 +1,5 @@
-"""luisaml/cache.py: the fallback folder, damaged and evicted generated modules, info/clear, and
-LuisaCompute's kernel cache (writability, free space, truncated bitcode found and removed).
+"""luisaml/cache.py and luisaml/bitcode.py: the fallback folder, damaged and evicted generated
+modules, info/clear, and LuisaCompute's kernel cache (writability, free space, truncated bitcode found and removed).
 Every test works on temporary folders; the real kernel cache is only read."""
 import inspect
 import logging
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import luisaml
-from luisaml import cache
+from luisaml import bitcode, cache
 
 
 @pytest.fixture
@@ -172,21 +172,88 @@ def test_info_and_clear(fresh, monkeypatch):
         cache.write_module(f"v = {k}\n", root)
     (cache.locks_dir(root) / "a.lock").touch()
     kernels.mkdir()
+    with cache.llvm_paths_lock():  # (its lock file is luisaml's own; taking it checks the folder first)
+        pass
     (kernels / "kernel_A.bc").write_bytes(b"1234")
     (kernels / "kernel_A.hash").write_bytes(b"12")
     (kernels / "notes.txt").write_text("not LuisaCompute's")
+    (kernels / ".luisaml-checked.json").write_text("{}")  # luisaml's own files there go too
     got = {f.what: (f.path, f.files, f.bytes) for f in cache.info(root)}
     assert got["generated modules"] == (root / "generated", 3, 18)
     assert got["build locks"] == (root / "locks", 1, 0)
-    assert got["LuisaCompute kernels"] == (kernels, 2, 6)
+    assert got["LuisaCompute kernels"] == (kernels, 4, 8)
     assert "generated modules (fallback)" not in got
     removed = {f.what: (f.files, f.bytes) for f in cache.clear(root, kernels=False)}
     assert removed["generated modules"] == (3, 18) and "LuisaCompute kernels" not in removed
     assert (kernels / "kernel_A.bc").exists() and not list((root / "generated").iterdir())
     removed = {f.what: (f.files, f.bytes) for f in cache.clear(root)}
-    assert removed["LuisaCompute kernels"] == (2, 6)
+    assert removed["LuisaCompute kernels"] == (4, 8)
     assert [p.name for p in kernels.iterdir()] == ["notes.txt"]
     assert cache.write_module("v = 0\n", root).exists()  # the folders stay usable
+
+
+def test_the_default_root_is_the_platforms_user_cache_folder(tmp_path):
+    """Without LUISAML_CACHE the root is $XDG_CACHE_HOME/luisaml (the XDG base directory spec)."""
+    env = {k: v for k, v in os.environ.items() if k != "LUISAML_CACHE"}
+    code = "from luisaml import cache; print(cache.ROOT)"
+    for xdg, want in ((str(tmp_path / "xdg"), tmp_path / "xdg" / "luisaml"),
+                      (None, Path(os.path.expanduser("~")) / ".cache" / "luisaml")):
+        e = dict(env, XDG_CACHE_HOME=xdg) if xdg else {k: v for k, v in env.items() if k != "XDG_CACHE_HOME"}
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert Path(r.stdout.strip()) == want
+
+
+HOLD = """
+import sys, time
+from luisaml import cache
+with cache.build_lock(sys.argv[2], sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[3]))
+"""
+
+
+def test_build_locks_exclude_other_processes_and_stay_a_bounded_set(fresh):
+    root = fresh / "c"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(root), "kernel source", "1.0"], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        same = cache.build_lock("kernel source", root)
+        with pytest.raises(luisaml.cache.filelock.Timeout):
+            same.acquire(timeout=0.2)  # another process builds the same code
+        start = time.perf_counter()
+        with same:  # until it is done
+            assert time.perf_counter() - start > 0.3
+    finally:
+        holder.wait(timeout=60)
+    assert holder.returncode == 0
+    for k in range(500):  # a lock file per kernel used to stay behind for a day
+        with cache.build_lock(f"kernel {k}", root):
+            pass
+    files = sorted(p.name for p in (root / "locks").iterdir())
+    assert len(files) <= cache.LOCK_SLOTS and all(n.startswith("build-") for n in files)
+
+
+def test_clear_removes_everything_luisaml_made(tmp_path):
+    """`luisaml cache clear` in a fresh process: nothing of luisaml's cache is left, not a folder or
+    a lock file, and a folder of the user's that LUISAML_CACHE names keeps its own files."""
+    for own in (None, "notes.txt"):
+        root = tmp_path / ("own" if own else "c")
+        env = dict(os.environ, LUISAML_CACHE=str(root), LUISAML_BACKEND="cpu")
+        make = ("from luisaml import cache, codegen; cache.write_module('v = 1\\n')\n"
+                "e = codegen.template_env(); e.get_template(e.list_templates()[0])\n"
+                "with cache.build_lock('k'):\n    pass")
+        r = subprocess.run([sys.executable, "-c", make], capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        if own:
+            (root / own).write_text("the user's")
+        assert {p.parent.name for p in root.rglob("*") if p.is_file()} >= {"generated", "locks", "templates"}
+        r = subprocess.run([sys.executable, "-m", "luisaml", "cache", "clear", "--keep-kernels"], capture_output=True,
+                           text=True, env=env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "build locks: removed 1 files" in r.stdout
+        assert (sorted(p.name for p in root.rglob("*")) == [own]) if own else not root.exists()
 
 
 # ---- LuisaCompute's kernel cache ---------------------------------------------------------------------
@@ -213,14 +280,14 @@ def test_every_truncation_of_real_bitcode_is_found(tmp_path):
     files = _real_bitcode()
     src = next((f for f in files if f.stat().st_size > 1000), files[-1])
     data = shutil.copy(src, tmp_path / "k.bc") and (tmp_path / "k.bc").read_bytes()
-    assert cache.bitcode_problem(tmp_path / "k.bc") is None and cache.bitcode_problem(data) is None
-    assert all(cache.bitcode_problem(data[:n]) for n in range(len(data)))
+    assert bitcode.bitcode_problem(tmp_path / "k.bc") is None and bitcode.bitcode_problem(data) is None
+    assert all(bitcode.bitcode_problem(data[:n]) for n in range(len(data)))
     # the same module in the wrapper format (magic 0x0B17C0DE, offset, size), padded to 16 bytes
     wrapped = struct.pack("<5I", 0x0B17C0DE, 0, 20, len(data), 7) + data
     wrapped += bytes(-len(wrapped) % 16)
-    assert cache.bitcode_problem(wrapped) is None
-    assert all(cache.bitcode_problem(wrapped[:n]) for n in range(20 + len(data)))
-    assert cache.bitcode_problem(b"") == "empty" and "magic" in cache.bitcode_problem(b"not bitcode")
+    assert bitcode.bitcode_problem(wrapped) is None
+    assert all(bitcode.bitcode_problem(wrapped[:n]) for n in range(20 + len(data)))
+    assert bitcode.bitcode_problem(b"") == "empty" and "magic" in bitcode.bitcode_problem(b"not bitcode")
 
 
 def test_scan_removes_damaged_kernels_and_remembers_good_ones(tmp_path, monkeypatch):
@@ -229,21 +296,21 @@ def test_scan_removes_damaged_kernels_and_remembers_good_ones(tmp_path, monkeypa
         (tmp_path / f"kernel_{name}.bc").write_bytes(data)
         (tmp_path / f"kernel_{name}.hash").write_text(name)
     (tmp_path / "kernel_folder.bc").mkdir()  # LuisaCompute aborts on a folder where a kernel belongs
-    real_sleep = cache.time.sleep
+    real_sleep = bitcode.time.sleep
 
     def writer_meanwhile(s):  # another process is still writing kernel_growing.bc: left alone
         with open(tmp_path / "kernel_growing.bc", "ab") as f:
             f.write(b"\xc0\xde")
         real_sleep(s)
 
-    monkeypatch.setattr(cache.time, "sleep", writer_meanwhile)
-    assert sorted(cache.scan_kernels(tmp_path)) == ["kernel_cut.bc", "kernel_empty.bc", "kernel_folder.bc"]
+    monkeypatch.setattr(bitcode.time, "sleep", writer_meanwhile)
+    assert sorted(bitcode.scan_kernels(tmp_path)) == ["kernel_cut.bc", "kernel_empty.bc", "kernel_folder.bc"]
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
         "kernel_good.bc", "kernel_good.hash", "kernel_growing.bc", "kernel_growing.hash"]
     # the manifest spares the second scan from reading what it found complete
-    monkeypatch.setattr(cache, "bitcode_problem", lambda d: pytest.fail(f"read {d} again"))
+    monkeypatch.setattr(bitcode, "bitcode_problem", lambda d: pytest.fail(f"read {d} again"))
     (tmp_path / "kernel_growing.bc").unlink()
-    assert cache.scan_kernels(tmp_path) == []
+    assert bitcode.scan_kernels(tmp_path) == []
 
 
 def test_check_kernel_cache(tmp_path, monkeypatch):

@@ -327,10 +327,10 @@ def test_compile_and_first_run_log_their_phases_with_times_and_a_slow_build(tmp_
     """Through `logging` in the API: load, passes, schedule, codegen and the kernel build, each
     with its time; a kernel build longer than SLOW_BUILD_S is noted, saying what it builds (the
     threshold lowered here so that this small model's build counts as slow)."""
-    from luisaml import network
+    from luisaml import launch
 
     path, m = _fresh_model(tmp_path, [6, 13, 3])
-    monkeypatch.setattr(network, "SLOW_BUILD_S", 0.0)
+    monkeypatch.setattr(launch, "SLOW_BUILD_S", 0.0)
     caplog.set_level(logging.INFO, logger="luisaml")
     net = luisaml.compile(path)
     x = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
@@ -348,10 +348,10 @@ def test_compile_and_first_run_log_their_phases_with_times_and_a_slow_build(tmp_
 
 
 def test_cli_notes_a_slow_build_by_default_and_shows_the_phases_with_v(tmp_path, capsys, monkeypatch):
-    from luisaml import network
+    from luisaml import launch
 
     path, _ = _fresh_model(tmp_path, [7, 11, 2])
-    monkeypatch.setattr(network, "SLOW_BUILD_S", 0.0)  # this small model's first build counts as slow
+    monkeypatch.setattr(launch, "SLOW_BUILD_S", 0.0)  # this small model's first build counts as slow
     assert main(["run", str(path), "--batch", "2"]) == 0
     err = capsys.readouterr().err.splitlines()
     building = [ln for ln in err if "still running" in ln]

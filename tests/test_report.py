@@ -14,7 +14,7 @@ import pytest
 from onnx import helper
 from util import graph_model, rand, unsupported_node_model
 
-from luisaml import report, runtime
+from luisaml import planning, report, runtime
 from luisaml.cli import main
 
 CHROMIUM = "/usr/bin/chromium"
@@ -120,7 +120,7 @@ def test_a_graph_whose_batch_moves_and_one_per_sample_kernel():
              helper.make_node("Softmax", ["t"], ["s"], name="softmax", axis=1),  # across the batch
              helper.make_node("Transpose", ["s"], ["y"], name="back", perm=[1, 0, 2])]
     model = graph_model(nodes, {"x": rand((2, 3, 4))}, batch="B")
-    plan, why, _ = runtime.plan_for(model, "moves", runtime.CompileOptions(), "off")
+    plan, why, _ = planning.plan_for(model, "moves", planning.CompileOptions().resolve("cpu"))
     rep = report.from_plan(plan, model_name="moves", why=why)
     assert rep["per_sample"] is False and "batch" in rep["per_sample_impossible"]
     assert "per-sample execution: impossible" in report.text(rep)

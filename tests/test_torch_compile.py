@@ -101,7 +101,7 @@ def test_cuda_tensors_in_cuda_tensors_out_without_copies():
             assert g.is_cuda and g.dtype == w.dtype and g.shape == w.shape
             torch.testing.assert_close(g.cpu(), w, rtol=1e-4, atol=1e-4 * float(w.abs().max()))
         io = {s.ident for s in compiled.net.inputs + compiled.net.outputs}
-        assert not [k for k in compiled.net._buffers if k[0] in io], "torch CUDA tensors were copied"
+        assert not [k for k in compiled.net.pool.held if k[0] in io], "torch CUDA tensors were copied"
 
 
 # ---- torch.compile(model, backend="luisaml") ------------------------------------------------------

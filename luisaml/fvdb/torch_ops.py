@@ -17,7 +17,8 @@ bias) per layer (gather-matmul-scatter, differentiable in features, weight and b
 
 The functions live by family beside this module (torch_points.py: queries, transforms, samplers
 and splats; torch_conv.py: sparse convolution; torch_topology.py: pooling and new grids;
-torch_rays.py: rays; torch_common.py what they share); this module is the one to import.
+torch_rays.py: rays; torch_common.py what they share); this module is the one to import, but for
+the sparse-to-dense step (torch_dense.py, imported on its own).
 
 Lookups run on the host (luisaml.fvdb's reader, checked against warp) with the grids parsed and
 validated once per bundle; the arithmetic is fVDB's float32 arithmetic, so these functions and the

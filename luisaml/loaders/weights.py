@@ -1,12 +1,16 @@
 """Weight files: a valid safetensors file, or exactly a header-less blob of the model's tensors.
 
-A file is taken as safetensors only when it is valid by the format's rules (header JSON, known
-dtypes, shape x itemsize equal to each tensor's byte span, spans inside the data section, no
-overlaps, the data section covered without holes). Anything else is held as a header-less blob,
-which the model must then fit exactly (`bind_weights`, the JSON loader); a blob that started like
-a safetensors file but failed those rules is reported as an invalid safetensors file, with why."""
+A file is taken as safetensors only when its header is valid by the format's rules (header JSON,
+unique keys, known dtypes, shape x itemsize equal to each tensor's byte span, spans inside the data
+section, no overlaps, the data section covered without holes): `parse_safetensors` checks them on
+the header alone and says which rule a file breaks. The tensors of a valid file are then read by
+the `safetensors` library (a file memory-mapped through `safe_open`, bytes through `deserialize`),
+which checks the file again. Anything else is held as a header-less blob, which the model must then
+fit exactly (`bind_weights`, the JSON loader); a blob that started like a safetensors file but
+failed those rules is reported as an invalid safetensors file, with why."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -14,6 +18,7 @@ import struct
 from dataclasses import dataclass, field
 
 import numpy as np
+import safetensors
 
 from ..errors import WeightsError
 from ..limits import DEFAULT, Limits
@@ -27,6 +32,7 @@ SAFETENSORS_DTYPES: dict[str, tuple[int, str | None]] = {
     "U32": (32, "<u4"), "I32": (32, "<i4"), "U64": (64, "<u8"), "I64": (64, "<i8"),
     "F16": (16, "<f2"), "F32": (32, "<f4"), "F64": (64, "<f8"),
     "BF16": (16, None), "F8_E5M2": (8, None), "F8_E4M3": (8, None), "F8_E8M0": (8, None),
+    "F8_E4M3FNUZ": (8, None), "F8_E5M2FNUZ": (8, None),
     "F4": (4, None), "F6_E2M3": (6, None), "F6_E3M2": (6, None), "C64": (64, None),
 }
 # The format caps its header at 100 MB (safetensors' MAX_HEADER_SIZE).
@@ -39,7 +45,7 @@ class WeightSource:
 
     origin: str
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
-    # the bytes that `data_offsets` index: a raw blob, or a safetensors file's data section
+    # the bytes that `data_offsets` index: a raw blob (None for safetensors: its tensors go by name)
     data: bytes | None = None
     is_safetensors: bool = False
     # safetensors tensors of a dtype numpy cannot hold (BF16, F8, ...): name -> dtype
@@ -103,14 +109,16 @@ def _entry(name, e, where: str) -> tuple[str, list[int], int, int]:
     return dtype, shape, offs[0], offs[1]
 
 
-def parse_safetensors(raw: bytes) -> tuple[int, dict[str, tuple[str, list[int], int, int]]]:
+def parse_safetensors(raw: bytes, file_size: int | None = None) -> tuple[int, dict[str, tuple[str, list[int], int, int]]]:
     """Return (header length, {name: (dtype, shape, start, end)}) of a valid safetensors file, or
-    raise ValueError saying which rule of the format it breaks."""
-    if len(raw) < 8:
-        raise ValueError(f"{len(raw)} bytes, shorter than the 8-byte header length")
+    raise ValueError saying which rule of the format it breaks. `raw` is the file's bytes, or, with
+    `file_size`, its first bytes (the header: the data section is checked by its size only)."""
+    total = len(raw) if file_size is None else file_size
+    if total < 8:
+        raise ValueError(f"{total} bytes, shorter than the 8-byte header length")
     (n,) = struct.unpack("<Q", raw[:8])
-    if n > len(raw) - 8:
-        raise ValueError(f"its first 8 bytes give a header length of {n}, beyond the file's {len(raw)} bytes")
+    if n > total - 8:
+        raise ValueError(f"its first 8 bytes give a header length of {n}, beyond the file's {total} bytes")
     if n > MAX_HEADER:
         raise ValueError(f"header length {n} exceeds the format's limit of {MAX_HEADER} bytes")
     if raw[8:9] != b"{":
@@ -125,7 +133,7 @@ def parse_safetensors(raw: bytes) -> tuple[int, dict[str, tuple[str, list[int], 
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
         raise ValueError("__metadata__ must map strings to strings")
     entries = {name: _entry(name, e, f"tensor '{name}'") for name, e in header.items()}
-    size = len(raw) - 8 - n
+    size = total - 8 - n
     # The format requires the data section to be covered by the tensors, in order, without holes.
     pos, prev = 0, None
     for name, (_, _, start, end) in sorted(entries.items(), key=lambda kv: (kv[1][2], kv[1][3])):
@@ -157,38 +165,73 @@ def read_weights(weights, *, limits: Limits = DEFAULT) -> WeightSource | None:
             tensors[k] = arr
         return WeightSource("weights dict", tensors)
     if isinstance(weights, (str, os.PathLike)):
-        origin = f"weights file '{os.fspath(weights)}'"
-        try:
-            size = os.stat(weights).st_size
-            limits.check_bytes(origin, size, "weight_bytes")
-            with open(weights, "rb") as f:
-                raw = f.read()
-        except OSError as e:
-            raise WeightsError(f"cannot read {origin}: {e.strerror}") from e
-    elif isinstance(weights, (bytes, bytearray, memoryview, np.ndarray)):
-        origin = "weight bytes"
-        try:
-            raw = bytes(memoryview(weights).cast("B"))
-        except (TypeError, ValueError) as e:  # a non-contiguous array, say
-            raise WeightsError(f"weight bytes: cannot view as bytes: {e}") from e
-    else:
+        return _read_file(weights, limits)
+    if not isinstance(weights, (bytes, bytearray, memoryview, np.ndarray)):
         raise TypeError(f"weights must be a path, bytes or a dict of arrays, not {type(weights).__name__}")
-    if not raw:
-        raise WeightsError(f"{origin} is empty (0 bytes)")
     try:
-        n, entries = parse_safetensors(raw)
+        raw = bytes(memoryview(weights).cast("B"))
+    except (TypeError, ValueError) as e:  # a non-contiguous array, say
+        raise WeightsError(f"weight bytes: cannot view as bytes: {e}") from e
+    if not raw:
+        raise WeightsError("weight bytes is empty (0 bytes)")
+    try:
+        _, entries = parse_safetensors(raw)
     except ValueError as e:
-        looks = len(raw) >= 10 and 2 <= struct.unpack("<Q", raw[:8])[0] <= len(raw) - 8 and raw[8:9] == b"{"
-        return WeightSource(origin, data=raw, not_safetensors=str(e), looks_like_safetensors=looks)
-    data = raw[8 + n :]
-    tensors, unreadable = {}, {}
-    for name, (dtype, shape, start, end) in entries.items():
-        np_dtype = SAFETENSORS_DTYPES[dtype][1]
-        if np_dtype is None:
-            unreadable[name] = dtype
-            continue
-        tensors[name] = np.frombuffer(data, np.dtype(np_dtype), math.prod(shape), start).reshape(shape)
-    return WeightSource(origin, tensors, data=data, is_safetensors=True, unreadable=unreadable)
+        return _blob("weight bytes", raw, e)
+    with _library_reads("weight bytes"):
+        views = safetensors.deserialize(raw)
+    return _safetensors_source("weight bytes", entries,
+                               {k: np.frombuffer(v["data"], np.dtype(SAFETENSORS_DTYPES[v["dtype"]][1])).reshape(v["shape"])
+                                for k, v in views if SAFETENSORS_DTYPES[v["dtype"]][1] is not None})
+
+
+def _read_file(path, limits: Limits) -> WeightSource:
+    """Return the WeightSource of a weights file: its header checked alone, then its tensors read by
+    the safetensors library (memory-mapped), or the whole file as a blob when it is not one."""
+    origin = f"weights file '{os.fspath(path)}'"
+    try:
+        size = os.stat(path).st_size
+        limits.check_bytes(origin, size, "weight_bytes")
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+            if n <= min(MAX_HEADER, size - 8):  # (a longer one fails the format's rules on its length)
+                head += f.read(n)
+            try:
+                _, entries = parse_safetensors(head, size)
+            except ValueError as e:
+                f.seek(0)
+                raw = f.read()
+                if not raw:
+                    raise WeightsError(f"{origin} is empty (0 bytes)") from None
+                return _blob(origin, raw, e)
+    except OSError as e:
+        raise WeightsError(f"cannot read {origin}: {e.strerror}") from e
+    with _library_reads(origin), safetensors.safe_open(path, framework="numpy") as st:
+        tensors = {k: st.get_tensor(k) for k, e in entries.items() if SAFETENSORS_DTYPES[e[0]][1] is not None}
+    return _safetensors_source(origin, entries, tensors)
+
+
+def _blob(origin: str, raw: bytes, why: ValueError) -> WeightSource:
+    """Return the WeightSource of bytes that are not a safetensors file (`why`)."""
+    looks = len(raw) >= 10 and 2 <= struct.unpack("<Q", raw[:8])[0] <= len(raw) - 8 and raw[8:9] == b"{"
+    return WeightSource(origin, data=raw, not_safetensors=str(why), looks_like_safetensors=looks)
+
+
+def _safetensors_source(origin: str, entries: dict, tensors: dict[str, np.ndarray]) -> WeightSource:
+    """Return the WeightSource of a safetensors file's tensors; those numpy cannot hold named as unreadable."""
+    unreadable = {name: e[0] for name, e in entries.items() if name not in tensors}
+    return WeightSource(origin, tensors, is_safetensors=True, unreadable=unreadable)
+
+
+@contextlib.contextmanager
+def _library_reads(origin: str):
+    """Turn the safetensors library's refusal of a file whose header passed (a file changed since
+    it was checked) into the WeightsError that names it."""
+    try:
+        yield
+    except (safetensors.SafetensorError, OSError) as e:
+        raise WeightsError(f"{origin}: invalid safetensors file: the safetensors library refuses it: {e}") from e
 
 
 def slice_range(src: WeightSource, name: str, start: int, end: int, nbytes: int) -> bytes:

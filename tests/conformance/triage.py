@@ -62,8 +62,6 @@ NOT_IMPLEMENTED: dict[str, str] = {
     "MatMulInteger": "not implemented yet",
     "MaxUnpool": "not implemented yet",
     "MelWeightMatrix": "not implemented yet",
-    "NonMaxSuppression": "not implemented yet",
-    "NonZero": "its output length is the number of nonzero elements, known only from the data: not a static shape (a constant input is folded before compiling)",
     "Optional": "not implemented yet",
     "OptionalGetElement": "not implemented yet",
     "OptionalHasElement": "not implemented yet",

@@ -2,8 +2,10 @@
 disk cache before the first launch (on CUDA, for networks of many stage kernels). Here on the CPU
 backend, over a module of kernels of its own: the worker exits cleanly, each kernel gains a cached
 build, and the kernels then launch and compute what numpy does; a worker that fails is harmless."""
+import io
 import logging
 import os
+import sys
 import uuid
 from pathlib import Path
 
@@ -161,3 +163,29 @@ def test_a_worker_never_sent_a_share_exits_on_its_own():
     assert pool.procs[0].wait(timeout=120) == 0
     assert time.monotonic() - t < 60
     pool.close()
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_a_build_shows_the_kernels_built_on_a_terminal_only(tmp_path, monkeypatch, terminal):
+    """The workers' kernels counted in a progress bar on stderr, once the build has run
+    PROGRESS_AFTER_S (0 here; a worker's start alone takes longer than the default second); where
+    stderr is not a terminal (a log file, CI), nothing."""
+    luisaml.device.init("cpu")
+    import luisa
+
+    path, _ = _module(tmp_path, f"bar{int(terminal)}")
+    args = [luisa.Buffer(8, float), luisa.Buffer(8, float), 8]
+    err = _Terminal() if terminal else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.setattr(parallel_build, "PROGRESS_AFTER_S", 0.0)
+    assert parallel_build.build(path, "cpu", [f"k{k}" for k in range(KERNELS)], args, workers=1) == 1
+    if terminal:
+        assert "luisaml: building kernels" in err.getvalue()
+        assert f"{KERNELS}/{KERNELS}" in err.getvalue()  # every kernel the worker built, counted
+    else:
+        assert err.getvalue() == ""

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from util import ort_run, stage_of
 
 import luisaml
-from luisaml import schedule
+from luisaml import planning, schedule
 from luisaml.runtime import analyze
 
 F = TensorProto.FLOAT
@@ -244,10 +244,9 @@ def test_blocks_are_planned_for_large_products_only():
     its tiles runs as a blocks stage (dispatch = blocks x threads per sample, the Relu in its
     epilogue), one that would leave most of a tile empty keeps the items form; the CPU backend's
     default plan has no blocks at all (it cannot compile shared memory)."""
-    from luisaml import runtime
     from luisaml.operators import tiled
 
-    plan, _, _ = runtime.plan_for(_conv_chain(64, 32), "m", runtime.CompileOptions(blocks=True, merge_stages=False), "off")
+    plan, _, _ = planning.plan_for(_conv_chain(64, 32), "m", planning.CompileOptions(blocks=True, merge_stages=False).resolve("cpu"))
     first, second = plan.schedule.stages
     assert first.domain == "blocks" and [n.op_type for n, _ in first.epilogue] == ["Relu"]
     t = tiled.choose(32 * 32, 32, 27, 1, m_fast=True)
@@ -256,10 +255,10 @@ def test_blocks_are_planned_for_large_products_only():
     assert "set_block_size" in plan.source and "sync_block()" in plan.source
     assert second.domain == "blocks"  # 15 x 15 positions x 64 channels
 
-    small, _, _ = runtime.plan_for(_conv_chain(8, 12), "m", runtime.CompileOptions(blocks=True, merge_stages=False), "off")
+    small, _, _ = planning.plan_for(_conv_chain(8, 12), "m", planning.CompileOptions(blocks=True, merge_stages=False).resolve("cpu"))
     assert [st.domain for st in small.schedule.stages] == ["blocks", "items"]  # 8 channels: under MIN_SIDE
 
-    cpu, _, _ = runtime.plan_for(_conv_chain(64, 32), "m", runtime.CompileOptions(), "off")
+    cpu, _, _ = planning.plan_for(_conv_chain(64, 32), "m", planning.CompileOptions().resolve("cpu"))
     assert {st.domain for st in cpu.schedule.stages} == {"items"} and "sync_block" not in cpu.source
 
 
@@ -267,7 +266,6 @@ def test_row_reductions_take_a_warp_per_row_with_blocks():
     """With blocks on (CUDA), LayerNorm and Softmax rows of at least rows.MIN_LENGTH run a warp per row
     (blocks of ROWS_PER_BLOCK warps, the last one guarded), their sums combined with the warp
     reductions the module imports; shorter rows and the CPU backend's plan keep a thread per row."""
-    from luisaml import runtime
     from luisaml.operators import rows
 
     F = TensorProto.FLOAT
@@ -280,12 +278,12 @@ def test_row_reductions_take_a_warp_per_row_with_blocks():
                               [numpy_helper.from_array(np.ones(length, np.float32), "g")])
         return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
-    plan, _, _ = runtime.plan_for(model(100), "m", runtime.CompileOptions(blocks=True, merge_stages=False), "off")
+    plan, _, _ = planning.plan_for(model(100), "m", planning.CompileOptions(blocks=True, merge_stages=False).resolve("cpu"))
     assert [(st.domain, st.items, st.threads) for st in plan.schedule.stages] == \
         [("blocks", 2, rows.ROWS_PER_BLOCK * rows.WARP)] * 2  # 6 rows a sample: 2 blocks, the second half empty
     assert "warp_active_sum(" in plan.source and "warp_active_max(" in plan.source
     assert f"< {6}:" in plan.source  # the row guard
-    short, _, _ = runtime.plan_for(model(rows.MIN_LENGTH - 1), "m", runtime.CompileOptions(blocks=True), "off")
+    short, _, _ = planning.plan_for(model(rows.MIN_LENGTH - 1), "m", planning.CompileOptions(blocks=True).resolve("cpu"))
     assert {st.domain for st in short.schedule.stages} == {"items"}
-    cpu, _, _ = runtime.plan_for(model(100), "m", runtime.CompileOptions(), "off")
+    cpu, _, _ = planning.plan_for(model(100), "m", planning.CompileOptions().resolve("cpu"))
     assert {st.domain for st in cpu.schedule.stages} == {"items"} and "warp_active" not in cpu.source

@@ -258,6 +258,26 @@ def test_unreadable_safetensors_dtype_named(tmp_path, json_safetensors):
         load_proto(mp, wp)
 
 
+def test_every_dtype_the_library_reads_is_valid(tmp_path, json_safetensors):
+    """A file the safetensors library accepts, in a dtype numpy has no type for (F8_E4M3FNUZ), is a
+    valid safetensors file whose tensor luisaml names as unreadable, not a blob that fits nothing."""
+    import safetensors
+
+    _, _, raw, mp = json_safetensors
+
+    def to_fnuz(h, d):
+        h["w1"]["dtype"] = "F8_E4M3FNUZ"
+        h["w1"]["shape"] = [4 * h["w1"]["shape"][0], h["w1"]["shape"][1]]
+        return d
+
+    bad = _edit(raw, to_fnuz)
+    assert dict(safetensors.deserialize(bad))["w1"]["dtype"] == "F8_E4M3FNUZ"
+    wp = tmp_path / "w.safetensors"
+    wp.write_bytes(bad)
+    with pytest.raises(WeightsError, match=r"initializer 'w1': weights file .* holds it as F8_E4M3FNUZ"):
+        load_proto(mp, wp)
+
+
 def test_weight_as_graph_input_of_wrong_shape(tmp_path):
     proto = _mlp()
     w = _weights(proto)

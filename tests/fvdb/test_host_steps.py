@@ -162,7 +162,7 @@ def test_errors_name_the_input_and_the_node():
         blob = gb.bundle()[0].copy()
         blob[16:24] = 0  # the magic number
         net.run({**feeds, "grid_blob": blob})
-    with pytest.raises(UsageError, match=r"cannot save a network whose grid ops run as steps before the kernels \(node 'topo'"):
+    with pytest.raises(UsageError, match=r"cannot save this network: its grid ops run as steps before the kernels \(node 'topo'"):
         net.save("/tmp/never.lml")
 
 
@@ -299,7 +299,7 @@ def test_a_grid_the_steps_and_the_kernels_both_read_is_hashed_once_a_run(monkeyp
     (one memo)."""
     import hashlib
 
-    from luisaml import network
+    from luisaml import feeds as bound
 
     gb = BATCHES["two"]
     attrs, extra, sets, _, _ = reference("ConvGrid", gb, np.random.default_rng(0))
@@ -316,14 +316,14 @@ def test_a_grid_the_steps_and_the_kernels_both_read_is_hashed_once_a_run(monkeyp
     net = luisaml.compile(m, batch_axis=None, grid_build="host")
     hashed: list = []
     real = hashlib.blake2b
-    monkeypatch.setattr(network.hashlib, "blake2b", lambda data=b"", **kw: hashed.append(len(data)) or real(data, **kw))
+    monkeypatch.setattr(bound.hashlib, "blake2b", lambda data=b"", **kw: hashed.append(len(data)) or real(data, **kw))
     feeds = {**dict(zip(schema.BUNDLE, gb.bundle())), **query_feeds(sets, 2, np.random.default_rng(0))[0]}
     net.run(feeds)
     blob = gb.bundle()[0].nbytes
-    assert blob > network._PARALLEL_HASH_BYTES  # (hashed as a tree of 1 MiB chunks: count those)
+    assert blob > bound.PARALLEL_HASH_BYTES  # (hashed as a tree of 1 MiB chunks: count those)
     # one pass over the bound blob, not one for the step and one for the kernels; the new grid's blob
     # (the step's output, also bound to the kernels) not hashed at all: its digest follows from the step's
-    assert hashed.count(network._HASH_CHUNK) == blob // network._HASH_CHUNK
+    assert hashed.count(bound.HASH_CHUNK) == blob // bound.HASH_CHUNK
 
 
 @pytest.mark.parametrize("grid_build", ["host", "device"])

@@ -23,5 +23,8 @@ def test_neural_sdf_trains_compiles_and_renders(example, tmp_path):
     background = image[0, 0]
     hit = np.abs(image - background).max(axis=2) > 0.1
     assert hit[24, 24] and not hit[0, -1] and 0.15 < hit.mean() < 0.8  # the shape in the middle, sky around it
-    with open(r["png"], "rb") as f:
-        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    from PIL import Image
+
+    with Image.open(r["png"]) as png:  # the image as 8-bit RGB, as Pillow reads the file back
+        assert png.format == "PNG"
+        np.testing.assert_array_equal(np.asarray(png), (np.clip(image, 0, 1) * 255 + 0.5).astype(np.uint8))

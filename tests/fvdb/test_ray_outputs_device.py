@@ -1,10 +1,10 @@
 """Run-time sized outputs (fVDB's rays) returned as torch tensors: with torch CUDA tensors in, `net.run`
-returns torch CUDA tensors written in place through DLPack (luisaml/network.py `_run_dlpack`), a fresh
+returns torch CUDA tensors written in place through DLPack (luisaml/zero_copy.py), a fresh
 tensor of the read-back rows for each run-time sized output, and no host copy of the data (the read-back
 of the total is the one round trip).
 
 On the CPU backend: torch CPU tensors in give torch tensors equal to the numpy path; the shared path
-itself runs here too with the CPU backend mapped to torch's CPU tensors (`_SHARED_DEVICES`, what the
+itself runs here too with the CPU backend mapped to torch's CPU tensors (`zero_copy.SHARED_DEVICES`, what the
 CUDA backend does with CUDA tensors), checking its values, that no output is downloaded, and that two runs
 of different row counts never share an output's memory. The CUDA tests skip without a GPU."""
 from __future__ import annotations
@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 import luisaml
-from luisaml import luisa_compat
+from luisaml import luisa_compat, zero_copy
 from luisaml.fvdb import GridBatch, JaggedTensor
-from luisaml.network import CompiledNetwork
 
 from fvdb_reference import bundle_feeds, fvdb_model, ray_node
 
@@ -85,9 +84,9 @@ def shared_on_cpu(monkeypatch, case):
     net, _ = case
     if net.backend != "cpu":
         pytest.skip("maps the CPU backend's buffers onto torch CPU tensors")
-    monkeypatch.setattr(CompiledNetwork, "_SHARED_DEVICES", {"cuda": "cuda", "cpu": "cpu"})
+    monkeypatch.setattr(zero_copy, "SHARED_DEVICES", {"cuda": "cuda", "cpu": "cpu"})
     calls = {"dlpack": 0, "read_buffer": 0, "read_element": 0}
-    run_dlpack, read_buffer, read_element = CompiledNetwork._run_dlpack, luisa_compat.read_buffer, luisa_compat.read_element
+    run_dlpack, read_buffer, read_element = zero_copy.run, luisa_compat.read_buffer, luisa_compat.read_element
 
     def counted(name, fn):
         def wrapped(*a, **k):
@@ -95,7 +94,7 @@ def shared_on_cpu(monkeypatch, case):
             return fn(*a, **k)
         return wrapped
 
-    monkeypatch.setattr(CompiledNetwork, "_run_dlpack", counted("dlpack", run_dlpack))
+    monkeypatch.setattr(zero_copy, "run", counted("dlpack", run_dlpack))
     monkeypatch.setattr(luisa_compat, "read_buffer", counted("read_buffer", read_buffer))
     monkeypatch.setattr(luisa_compat, "read_element", counted("read_element", read_element))
     return calls
@@ -129,23 +128,21 @@ def test_shared_path_outputs_are_fresh_tensors_never_aliased_across_runs(case, s
     assert int(second["seg_joffsets"][-1]) > int(first["seg_joffsets"][-1])
     io = {s.ident for s in net.outputs}
     # the host runs above made the network's own output buffers; the shared runs never grew them
-    sizes = {k: v.size for k, v in net._buffers.items() if k[0] in io}
+    sizes = {k: v.size for k, v in net.pool.held.items() if k[0] in io}
     net.run(_torch(feeds[1]))
-    assert {k: v.size for k, v in net._buffers.items() if k[0] in io} == sizes
+    assert {k: v.size for k, v in net.pool.held.items() if k[0] in io} == sizes
 
 
 def test_shared_path_reads_the_grid_on_the_host_once_and_again_when_it_changes(case, shared_on_cpu, monkeypatch):
-    import luisaml.network as network
-
     net, feeds = case
     copied = []
-    to_numpy = network.to_numpy
+    to_numpy = zero_copy.to_numpy
     def counted(x, name):
         if isinstance(x, torch.Tensor):  # (run() on numpy feeds passes arrays)
             copied.append(name)
         return to_numpy(x, name)
 
-    monkeypatch.setattr(network, "to_numpy", counted)
+    monkeypatch.setattr(zero_copy, "to_numpy", counted)
     tf = _torch(feeds[1])
     net.run(tf)
     copied.clear()

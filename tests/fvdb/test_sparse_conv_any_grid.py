@@ -347,9 +347,9 @@ def test_torch_tensors_in_place_give_the_coarse_level_cut(unet_example, monkeypa
     """The zero-copy path (torch tensors on the kernels' device: CUDA tensors on CUDA; on the CPU backend
     mapped to torch's CPU tensors, as tests/fvdb/test_ray_outputs_device.py does) cuts a coarse-level
     output too. Also run on CUDA: LUISAML_BACKEND=cuda python -m pytest tests/fvdb/test_sparse_conv_any_grid.py"""
-    from luisaml.network import CompiledNetwork
+    from luisaml import zero_copy
 
-    monkeypatch.setattr(CompiledNetwork, "_SHARED_DEVICES", {"cuda": "cuda", "cpu": "cpu"})
+    monkeypatch.setattr(zero_copy, "SHARED_DEVICES", {"cuda": "cuda", "cpu": "cpu"})
 
     class Pooled(torch.nn.Module):
         def forward(self, x, *grids):
@@ -367,7 +367,7 @@ def test_torch_tensors_in_place_give_the_coarse_level_cut(unet_example, monkeypa
     x = torch.randn(int(fine[5][-1]), 3, device=where)
     feeds = {"x": x, **{f"fine_{n}": t for n, t in zip(schema.BUNDLE, fine)},
              **{f"coarse_{n}": t for n, t in zip(schema.BUNDLE, coarse)}}
-    assert net._zero_copy(feeds)
+    assert zero_copy.applies(net, feeds)
     got = net.run(feeds)["pooled"]
     assert isinstance(got, torch.Tensor) and got.shape == (int(coarse[5][-1]), 3)
     want = Pooled()(x.cpu(), *(t.cpu() for t in fine), *(t.cpu() for t in coarse))
@@ -400,8 +400,8 @@ def test_a_new_grid_each_run_reuses_the_device_buffers():
         x = rng.standard_normal((gb.total_voxels, C)).astype(np.float32)
         assert_close(net.run({**grid_feeds(gb, "in_", "out_"), "x": x})["y"], reference_block(gb, x.astype(np.float64), p))
         # (the objects themselves, held: a freed buffer's id could be a new one's)
-        buffers.append(({k: v[1] for k, v in net._derived.items()},
-                        {name: b for (name, _), b in net._buffers.items() if name.startswith(("buf_", "scratch_"))}))
+        buffers.append(({k: v[1] for k, v in net.bound.derived.items()},
+                        {name: b for (name, _), b in net.pool.held.items() if name.startswith(("buf_", "scratch_"))}))
     for kind in (0, 1):
         first = buffers[0][kind]
         assert first and all(later.keys() == first.keys() and all(later[k] is first[k] for k in first)
@@ -461,9 +461,9 @@ def test_alternating_grids_reuse_the_blob_buffers_no_input_holds(monkeypatch):
 def zero_copy_block(monkeypatch, seed: int):
     """(the residual block's network with torch tensors on the zero-copy path: CPU tensors mapped as on
     CUDA, CUDA tensors on the CUDA backend; its parameters; feeds(gb, x, shared))."""
-    from luisaml.network import CompiledNetwork
+    from luisaml import zero_copy
 
-    monkeypatch.setattr(CompiledNetwork, "_SHARED_DEVICES", {"cuda": "cuda", "cpu": "cpu"})
+    monkeypatch.setattr(zero_copy, "SHARED_DEVICES", {"cuda": "cuda", "cpu": "cpu"})
     m, p = block_model(4, 3, np.random.default_rng(seed))
     net = luisaml.compile(m)
     where = "cuda" if net.backend == "cuda" else "cpu"
@@ -481,6 +481,8 @@ def test_zero_copy_runs_copy_and_upload_one_grid_given_twice_once(monkeypatch):
     """On the zero-copy path (torch tensors; here CPU tensors mapped as on CUDA) the fine and the coarse
     map's bundles given as the same tensors are copied to the host and uploaded once; the same grid
     again costs neither; each run equals the reference. (On the CUDA backend: CUDA tensors.)"""
+    from luisaml import zero_copy
+
     net, p, feeds = zero_copy_block(monkeypatch, 9)
     rng = np.random.default_rng(9)
     uploads = counted_uploads(monkeypatch)
@@ -488,7 +490,7 @@ def test_zero_copy_runs_copy_and_upload_one_grid_given_twice_once(monkeypatch):
     for gb in (sphere(15, 500, 6.0), sphere(15, 500, 6.0), sphere(16, 500, 6.0)):
         x = rng.standard_normal((gb.total_voxels, 4)).astype(np.float32)
         f = feeds(gb, x)
-        assert net._zero_copy(f)
+        assert zero_copy.applies(net, f)
         assert_close(net.run(f)["y"].cpu().numpy(), reference_block(gb, x.astype(np.float64), p))
         counts.append(len(uploads))
     assert counts == [2, 2, 3]  # the weight blob and one grid blob; nothing; the new grid's blob
@@ -500,19 +502,19 @@ def test_zero_copy_runs_do_not_hash_a_grid_that_changed(monkeypatch):
     its two bundles in separate memory are found equal and share one blob buffer."""
     import hashlib
 
-    from luisaml import network
+    from luisaml import feeds as bound
 
     net, p, feeds = zero_copy_block(monkeypatch, 12)
     rng = np.random.default_rng(12)
     hashed: list = []
     real = hashlib.blake2b
-    monkeypatch.setattr(network.hashlib, "blake2b", lambda data=b"", **kw: hashed.append(len(data)) or real(data, **kw))
+    monkeypatch.setattr(bound.hashlib, "blake2b", lambda data=b"", **kw: hashed.append(len(data)) or real(data, **kw))
     for gb, shared in ((sphere(20, 500, 6.0), True), (sphere(21, 520, 6.0), True), (sphere(22, 540, 6.0), False)):
         x = rng.standard_normal((gb.total_voxels, 4)).astype(np.float32)
         assert_close(net.run(feeds(gb, x, shared))["y"].cpu().numpy(), reference_block(gb, x.astype(np.float64), p))
         assert sum(hashed) < gb.bundle()[0].nbytes  # (names and small keys only: not the blob, in chunks or whole)
         hashed.clear()
-    blobs = [buf for _, buf in net._byte_inputs.values()]
+    blobs = [buf for _, buf in net.bound.byte_inputs.values()]
     assert len(blobs) == 2 and blobs[0] is blobs[1]
 
 

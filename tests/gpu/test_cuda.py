@@ -138,7 +138,7 @@ def test_dlpack_zero_copy_and_streams(fuse, tmp_path):
             ref = module(x)
         torch.testing.assert_close(z, ref * 2, rtol=RTOL, atol=RTOL * float(ref.abs().max()))
     io = {s.ident for s in net.inputs + net.outputs}
-    assert not [k for k in net._buffers if k[0] in io], "torch CUDA tensors must not be copied into buffers of luisaml's own"
+    assert not [k for k in net.pool.held if k[0] in io], "torch CUDA tensors must not be copied into buffers of luisaml's own"
     with pytest.raises(ValueError, match=r"expected shape \[batch, 32\]"):
         net.run({"x": torch.zeros(4, 31, device="cuda")})
 

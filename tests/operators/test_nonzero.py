@@ -80,13 +80,13 @@ def test_nonzero_output_cannot_be_read_by_another_node():
 
 
 def test_nonzero_through_the_shared_torch_path(monkeypatch):
-    """The DLPack path (network.py `_run_dlpack`, on CUDA with CUDA tensors; mapped to torch CPU
+    """The DLPack path (luisaml/zero_copy.py, on CUDA with CUDA tensors; mapped to torch CPU
     tensors here, as tests/fvdb/test_ray_outputs_device.py does): the output is a fresh torch tensor
     [rank, N], N read back, equal to onnxruntime's."""
     torch = pytest.importorskip("torch")
-    from luisaml.network import CompiledNetwork
+    from luisaml import zero_copy
 
-    monkeypatch.setattr(CompiledNetwork, "_SHARED_DEVICES", {"cuda": "cuda", "cpu": "cpu"})
+    monkeypatch.setattr(zero_copy, "SHARED_DEVICES", {"cuda": "cuda", "cpu": "cpu"})
     model = graph_model([helper.make_node("NonZero", ["x"], ["y"], name="NonZero_0")],
                         {"x": np.zeros((5, 70), np.float32)}, opset=13)
     net = luisaml.compile(model, batch_axis=None)

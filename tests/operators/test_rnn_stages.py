@@ -11,7 +11,7 @@ from test_rnn import as_layout0, case, from_layout0, merge
 from util import assert_matches_ort, graph_model, ort_run
 
 import luisaml
-from luisaml import runtime
+from luisaml import planning, runtime
 from luisaml.rewrites import rnn as rnn_rewrite
 
 EVERY = ("B", "sequence_lens", "initial_h", "initial_c", "P")
@@ -87,7 +87,7 @@ def test_cuda_tile_and_a_kernel_a_stage(tmp_path, monkeypatch):
                          case("LSTM", 1, S=4, B=5, I=3, H=8, direction="bidirectional", use=EVERY, seed=9))
     feeds, inits = constants(feeds)
     model = graph_model(nodes, feeds, inits, opset=22)
-    plan, _, _ = runtime.plan_for(model, "rnn", runtime.CompileOptions(merge_stages=False, batch_axis=None), "off")
+    plan, _, _ = planning.plan_for(model, "rnn", planning.CompileOptions(merge_stages=False, batch_axis=None).resolve("cpu"))
     assert "shared_recurrent" in plan.kernels
     assert len(plan.kernels) < len(plan.schedule.stages) - 8
     assert "weights.read(float4" in plan.source

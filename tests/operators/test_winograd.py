@@ -155,11 +155,11 @@ def test_transform_stages_share_kernels(tmp_path):
     """With a kernel a stage (CUDA's plan), the input transforms of all layers are one kernel and the
     output transforms another, launched with the stage's index (Operator.shared_kernel): the network
     still equals onnxruntime, also loaded back from an artifact."""
-    from luisaml import runtime
+    from luisaml import planning, runtime
 
     model, feeds, out = _chain2()
-    opts = runtime.CompileOptions(merge_stages=False, winograd=4)
-    plan, _, _ = runtime.plan_for(model, "chain", opts, "off")
+    opts = planning.CompileOptions(merge_stages=False, winograd=4).resolve("cpu")
+    plan, _, _ = planning.plan_for(model, "chain", opts)
     assert plan.winograd == ["conv0", "conv1", "conv2"]
     kinds = [k for k in plan.kernels if k.startswith("shared_")]
     assert kinds == ["shared_winograd_input", "shared_winograd_output"]

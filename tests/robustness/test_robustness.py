@@ -1,9 +1,11 @@
 """The robustness suite's CI entry: the deterministic sample of hostile-input cases and fuzz
 graphs, each run in a worker process (an abort fails its case, not the test session), and the
-harness's own checks. The full run is `python -m tests.robustness --full`."""
+harness's own checks. The full run is `python -m tests.robustness --full`, or the suite's
+`bash scripts/test.sh --full` (every case through this test)."""
 from __future__ import annotations
 
 import pytest
+from suite_mode import full_run
 
 from . import catalog, selftest
 from .harness import PASS, Case
@@ -11,7 +13,7 @@ from .pool import Pool
 
 pytestmark = pytest.mark.robustness
 
-SAMPLE = catalog.select(full=False)
+SAMPLE = catalog.select(full=full_run())
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,88 @@
+"""The device buffers a network keeps between runs: its weight blob, inputs' and outputs' buffers of
+the run's size, the buffers only kernels use (the stages' pooled slots, scratch) kept while the batch
+moves by less than half, the fused MLP's tile counter and the run-time error flag."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class BufferPool:
+    """Buffers by (identifier, element count): one per identifier, replaced when its count changes
+    (`exact`), or kept while the count stays between half of it and all of it (`pooled`)."""
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[str, int], Any] = {}
+        self._weights = None
+        self._tiles = None
+        self._errors = None
+
+    def weights(self, plan):
+        """The plan's weight blob as a luisa.ByteBuffer (uploaded at the first call)."""
+        if self._weights is None:
+            from .luisa_compat import byte_buffer
+
+            self._weights = byte_buffer(plan.blob.bytes())
+        return self._weights
+
+    def exact(self, ident: str, dsl: str, count: int):
+        """Return the buffer `ident` of exactly `count` elements of kernel type `dsl` ("ubyte": a
+        ByteBuffer of `count` bytes in whole words), replacing one of another count."""
+        key = (ident, count)
+        if key not in self.held:
+            from .luisa_compat import buffer_type  # noqa: F401
+
+            import luisa
+            from luisa.types import half, uint
+
+            self.held = {k: v for k, v in self.held.items() if k[0] != ident}
+            if dsl == "ubyte":  # bytes sized at run time (a new grid's blob): a ByteBuffer of whole words
+                from .luisa_compat import fix_byte_buffer
+
+                buf = luisa.ByteBuffer(max(-(-count // 4) * 4, 4))
+                fix_byte_buffer(buf)
+                self.held[key] = buf
+                return buf
+            kind = {"float": float, "int": int, "uint": uint, "half": half, "bool": bool}[dsl]
+            self.held[key] = luisa.Buffer(max(count, 1), kind)
+        return self.held[key]
+
+    def pooled(self, ident: str, dsl: str, count: int):
+        """Return a buffer only kernels use (a pooled slot, a scratch region) of at least `count`
+        elements: the one it has while runs need between half of it and all of it, so that a voxel
+        count moving a little from frame to frame (the batch of a sparse network over grids bound at
+        run time) does not reallocate every such buffer every run (kernels index within the run's
+        count; the host never copies these whole)."""
+        for (name, capacity), buf in self.held.items():
+            if name == ident and count <= capacity <= 2 * max(count, 1):
+                return buf
+        return self.exact(ident, dsl, count)
+
+    def stage_buffers(self, plan, n: int) -> list:
+        """The stages' pooled buffers for n samples (a region per sample of each slot)."""
+        return [self.pooled(f"buf_{slot.dtype}_{slot.id}", slot.dtype, slot.size * max(n, 1))
+                for slot in plan.schedule.buffers.slots]
+
+    def scratch(self, plan, n: int) -> list:
+        """The kernels' scratch buffers for n samples, one per kernel dtype in sorted order."""
+        return [self.pooled(f"scratch_{dsl}", dsl, per_sample * max(n, 1))
+                for dsl, per_sample in sorted(plan.kernel_scratch.items())]
+
+    def tile_counter(self):
+        """The fused kernel's [next tile, blocks done] counters: zeroed once, and reset by the last
+        block of every launch."""
+        if self._tiles is None:
+            import luisa
+
+            self._tiles = luisa.Buffer.from_array(np.zeros(2, np.int32))
+        return self._tiles
+
+    def error_flag(self):
+        """The int buffer run-time checks flag (KernelContext.flag_error), zeroed for this launch."""
+        import luisa
+
+        if self._errors is None:
+            self._errors = luisa.Buffer(1, int)
+        self._errors.copy_from_array(np.zeros(1, np.int32))
+        return self._errors
