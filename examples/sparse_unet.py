@@ -111,7 +111,7 @@ class GridInputUNet(SparseUNet):
 class FineGridUNet(SparseUNet):
     """SparseUNet's layers over a fine grid given as an input, any size: forward(x, *fine). The coarse
     level is fVDB's stride-2 conv grid of it, made inside the model; luisaml runs that op when a run
-    binds a new grid (luisaml/host_steps.py: on the device on CUDA, the host's builder on the CPU
+    binds a new grid (luisaml/fvdb/host_steps.py: on the device on CUDA, the host's builder on the CPU
     backend), and everything else in the kernels."""
 
     def forward(self, x: torch.Tensor, *fine) -> torch.Tensor:

@@ -97,7 +97,7 @@ def check_feeds(plan: Plan, feeds: Mapping[str, Any]) -> tuple[dict[str, np.ndar
 
 
 def host_feeds(plan: Plan, feeds: Mapping[str, Any], seen: dict | None = None) -> Mapping[str, Any]:
-    """The feeds with the grids the plan's host steps build from them (luisaml/host_steps.py). seen:
+    """The feeds with the grids the plan's host steps build from them (luisaml/fvdb/host_steps.py). seen:
     the run's memo of digests (bytes_digest), which the run's binding reads after: a grid the steps
     and the kernels both read is hashed once."""
     steps = getattr(plan, "host_steps", None)
@@ -116,7 +116,7 @@ def host_feeds(plan: Plan, feeds: Mapping[str, Any], seen: dict | None = None) -
 
 def voxel_rows_kept(plan: Plan, n: int, bound) -> dict[str, int]:
     """Check the run's grids against its batch and inputs; return {output: rows} of the outputs at a
-    coarse level of a sparse network (luisaml/voxel_rows.py). bound(name): a graph input's host array."""
+    coarse level of a sparse network (luisaml/fvdb/voxel_rows.py). bound(name): a graph input's host array."""
     if not plan.voxel_rows:
         return {}
     graph = plan.model.graph

@@ -196,7 +196,7 @@ class CompiledNetwork(metaclass=abc.ABCMeta):  # (abstract of nothing: luisaml/p
 
     def run_hashed(self, feeds: Mapping[str, np.ndarray], digests: Mapping[str, bytes]) -> dict[str, np.ndarray]:
         """run() over numpy feeds, every output, where the caller knows digests of some feeds' bytes
-        (luisaml/host_steps.py: a device build's inputs, which the outer run has hashed): those are
+        (luisaml/fvdb/host_steps.py: a device build's inputs, which the outer run has hashed): those are
         not hashed again."""
         with device.stream_lock:
             seen: dict = {memory_key(a): digests[k] for k, a in feeds.items() if digests.get(k) is not None}

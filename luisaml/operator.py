@@ -241,7 +241,7 @@ class Operator:
     def row_links(self) -> list[tuple[str, str]] | None:
         """For a node that spans the batch: pairs of names whose batched rows hold the same things (a
         tensor; voxel_rows.GRID + a batch_offsets tensor: that grid's voxels; voxel_rows.INDICES + a
-        map: the rows its indices name), luisaml/voxel_rows.py. None, for any other node: its
+        map: the rows its indices name), luisaml/fvdb/voxel_rows.py. None, for any other node: its
         batched inputs and outputs share rows sample for sample."""
         return None
 

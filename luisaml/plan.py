@@ -170,9 +170,9 @@ class Plan:
     # totals the host reads back between stages to size run-time sized outputs (luisaml/dynamic.py)
     readbacks: list = field(default_factory=list)
     # graph inputs and outputs whose rows are a grid's voxels, fewer than the batch at a coarse level
-    # (luisaml/voxel_rows.py): checked and cut when the grids are bound
+    # (luisaml/fvdb/voxel_rows.py): checked and cut when the grids are bound
     voxel_rows: list = field(default_factory=list)
-    # grid ops over grids bound at run time that the host runs per new grid (luisaml/host_steps.py)
+    # grid ops over grids bound at run time that the host runs per new grid (luisaml/fvdb/host_steps.py)
     host_steps: Any = None
     # the Conv nodes that run as Winograd F(m x m, 3 x 3) stages (operators/winograd.py)
     winograd: list = field(default_factory=list)

@@ -1,7 +1,7 @@
 """Passes from a loaded model to one ready to compile: opset upgrade, expansion of ONNX function ops
 luisaml has no operator for, shape/dtype inference with constant folding, batch-dimension
 discovery and annotation (batch.py), grid ops over grids bound at run time cut out to run on the
-host (luisaml/host_steps.py), Identity/Dropout and dead-node removal, BatchNormalization
+host (luisaml/fvdb/host_steps.py), Identity/Dropout and dead-node removal, BatchNormalization
 folded into a convolution."""
 from __future__ import annotations
 
