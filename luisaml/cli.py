@@ -288,9 +288,10 @@ class _Worst:
 
     def __init__(self, got: np.ndarray, want: np.ndarray, atol: float, rtol: float):
         g, w = got.astype(np.float64), want.astype(np.float64)
-        diff = np.abs(g - w)
         same = (g == w) | (np.isnan(g) & np.isnan(w))  # equal infinities and NaN against NaN pass
-        diff = np.where(same, 0.0, np.where(np.isnan(diff), np.inf, diff))
+        # subtracted only where they differ: inf - inf (an invalid operation numpy warns about) is `same`
+        diff = np.abs(np.subtract(g, w, out=np.zeros_like(g), where=~same))
+        diff = np.where(np.isnan(diff), np.inf, diff)  # NaN against a number: as far as it gets
         allowed = atol + rtol * np.abs(np.where(np.isfinite(w), w, 0.0))
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(diff == 0, 0.0, np.where(allowed > 0, diff / allowed, np.inf))

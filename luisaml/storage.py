@@ -259,7 +259,15 @@ def constant_storage(value: np.ndarray, dtype: DType) -> Storage | None:
     ):
         return Scalar(flat[0].item(), dtype)
     if flat.size >= 3 and not dtype.is_bool:
-        kernel = flat.astype(dtype.kernel_numpy)
+        kind = np.dtype(dtype.kernel_numpy)
+        info = np.finfo(kind) if kind.kind == "f" else np.iinfo(kind)
+        # values past the kernel type's range make no pattern: the blob's conversion (dtypes.to_kernel)
+        # refuses them by name, where a cast here would wrap an int64 into a wrong progression, or
+        # overflow a float64 to inf (numpy warns)
+        finite = flat[np.isfinite(flat)] if flat.dtype.kind == "f" else flat
+        if finite.size and (finite.min() < info.min or finite.max() > info.max):
+            return None
+        kernel = flat.astype(kind)
         if not np.all(np.isfinite(kernel.astype(np.float64))):
             return None
         # exact in real arithmetic, so a fused multiply-add and separate ops give the same values
@@ -268,7 +276,6 @@ def constant_storage(value: np.ndarray, dtype: DType) -> Storage | None:
         rebuilt = start + products
         # products or a step past the kernel type's range are not exact: checked here, before any cast
         # (a cast past float32's range would overflow to inf, and numpy warns about it)
-        info = np.finfo(kernel.dtype) if kernel.dtype.kind == "f" else np.iinfo(kernel.dtype)
         lo, hi = float(info.min), float(info.max)
         in_range = lo <= step <= hi and bool(np.all((products >= lo) & (products <= hi)))
         with np.errstate(invalid="ignore"):  # (float(iinfo.max) rounds up for int64: one past its range)
