@@ -106,3 +106,17 @@ def test_a_constant_whose_linear_rebuild_leaves_float32_compiles_without_a_warni
         got = luisaml.compile(m, batch_axis=None).run({"x": x})["y"]
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_array_equal(got, want)
+
+
+def test_an_int64_constant_past_32_bits_is_refused_not_wrapped():
+    """A constant [0, 2**32, 2**33] was cast to the kernel's 32-bit integers and wrapped into the
+    progression Linear(0, 0): `x + c` returned [0, 0, 0] (numpy says [0, 2**32, 2**33]). It is now
+    an error naming the constant and the value."""
+    c = np.array([0, 2**32, 2**33], np.int64)
+    g = helper.make_graph([helper.make_node("Add", ["x", "c"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.INT64, [3])],
+                          [helper.make_tensor_value_info("y", TensorProto.INT64, [3])],
+                          [numpy_helper.from_array(c, "c")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(luisaml.LuisamlError, match=r"constant 'c': int64 value 4294967296 does not fit"):
+        luisaml.compile(m, batch_axis=None).run({"x": np.zeros(3, np.int64)})
