@@ -356,7 +356,6 @@ class _Decoder(_Reader):
             for name in getattr(g, key):
                 if not g.has_var(name):
                     self.fail(f"{at}.{key}", f"{name!r} names no tensor")
-        registry._load_builtin()
         for k, n in enumerate(self.list(v["nodes"], f"{at}.nodes")):
             nat = f"{at}.nodes[{k}]"
             self.obj(n, nat, ("name", "op", "domain", "inputs", "outputs", "attrs"))
@@ -475,7 +474,7 @@ def decode(doc, weights: bytes, where: str) -> tuple[Prepared, str, dict[str, An
         if d.str(name, f"prepared.bound[{k}][0]") not in model.graph.inputs:
             d.fail(f"prepared.bound[{k}]", f"{name!r} is not an input of the graph")
         bound[name] = d.str(sym, f"prepared.bound[{k}][1]")
-    prep = Prepared(model, batch, d.bool(p["float64_as_float"], "prepared.float64_as_float"), bound)
+    prep = Prepared(model, batch, registry.Binding(model.opsets), d.bool(p["float64_as_float"], "prepared.float64_as_float"), bound)
     name, options = d.options(doc["options"])
     return prep, name, options
 

@@ -1,11 +1,14 @@
-"""The compiler's driver: a prepared Model through lowering, fusion, scheduling and emission to a
-Plan that holds the generated source (see DESIGN.md for the flow)."""
+"""The compiler's driver: a ModelProto through the passes to a prepared Model (`prepare`), and that
+through lowering, fusion, scheduling and emission to a Plan that holds the generated source
+(`build_plan`; see DESIGN.md for the flow)."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
+from . import operators as _shipped  # noqa: F401  (importing the package registers the shipped operators)
+from . import registry
 from .codegen import collect_oversized
 from .emission import generate
 from .dynamic import Readback, readback_of
@@ -24,6 +27,37 @@ from . import schedule as schedule_pass
 from .schedule import Schedule
 from .fvdb import voxel_rows
 from .safe_source import Identifiers
+
+
+def prepare(proto, batch_axis="auto", input_shapes=None, *, limits: Limits = DEFAULT_LIMITS) -> Prepared:
+    """Return the prepared Model of a ModelProto (consumed: it is modified): the passes in order, each
+    node's operator class bound once after the opset upgrade (registry.Binding) and handed to the
+    passes that follow, to lowering (Prepared.operators) and to the host steps."""
+    # (imported here: they read protobuf, and a .lml artifact's Prepared is rebuilt without onnx)
+    from .fvdb import host_steps
+    from .model import model_from_proto
+    from .passes.batch import annotate
+    from .passes.cleanup import fold_batchnorm, remove_dead, remove_passthrough
+    from .passes.functions import expand_functions
+    from .passes.infer import Specialised, find_batch_symbol, set_input_shapes, specialise
+    from .passes.upgrade import upgrade_opset
+    from .passes.validate import validate_model
+
+    validate_model(proto, limits=limits)
+    proto = upgrade_opset(proto)
+    operators = registry.Binding({o.domain: o.version for o in proto.opset_import})
+    expand_functions(proto, lambda op_type, domain, opset: operators(op_type, domain) is not None)
+    if input_shapes:
+        set_input_shapes(proto, input_shapes)
+    steps = host_steps.split(proto, operators)
+    symbol = find_batch_symbol(proto, batch_axis, operators)
+    spec: Specialised = specialise(proto, symbol, limits=limits, operators=operators)
+    model = model_from_proto(spec.proto)
+    remove_passthrough(model)
+    remove_dead(model)
+    fold_batchnorm(model)
+    return Prepared(model, annotate(model, symbol, spec.shapes_b, spec.values_b), operators,
+                    bound=dict(spec.bound or {}), host_steps=steps)
 
 
 @dataclass(frozen=True)
@@ -63,7 +97,7 @@ def build_plan(prep: Prepared, model_name: str = "model", options: BuildOptions 
     `options` (BuildOptions); on_schedule: called with the first schedule, before the code is
     generated (the runtime starts its kernel-build workers there, luisaml/parallel_build.py)."""
     g = prep.model.graph
-    missing = unsupported_nodes(g, prep.model)
+    missing = unsupported_nodes(g, prep)
     if missing:
         raise CompileError(f"{len(missing)} unsupported node(s):\n  " + "\n  ".join(missing))
     blob = Blob()

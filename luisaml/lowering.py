@@ -35,7 +35,7 @@ def _producer_note(name: str, producers: dict[str, Node]) -> str:
     return f" (output of {n.describe()})" if n else ""
 
 
-def _untyped(name: str, g: Graph, producers: dict[str, Node], opset: int, symbol: str | None = None) -> ModelError:
+def _untyped(name: str, g: Graph, producers: dict[str, Node], prep: Prepared) -> ModelError:
     """Return the error for a tensor inference could not type: the producing node's own shape
     inference error when onnx gives one (an inner dimension that does not match, say), so the
     message blames the node with the bad inputs rather than the tensor after it."""
@@ -54,21 +54,19 @@ def _untyped(name: str, g: Graph, producers: dict[str, Node], opset: int, symbol
                 ins.append(helper.make_tensor_value_info(i, v.elem_type, list(v.shape) if v.shape is not None else None))
             proto = helper.make_node(node.op_type, node.inputs, node.outputs, name="n", **node.attrs)
             m = helper.make_model(helper.make_graph([proto], "g", ins, [], inits),
-                                  opset_imports=[helper.make_opsetid("", opset)])
+                                  opset_imports=[helper.make_opsetid("", prep.model.opset(""))])
             shape_inference.infer_shapes(m, check_type=True, strict_mode=True)
         except Exception as e:  # the message we want; anything else falls through to the generic one
             detail = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             if "InferenceError" in detail or "InferenceError" in type(e).__name__:
                 detail = re.sub(r"\[\w+\] Inference error\(s\): |\(op_type:[^)]*\):\s*", "", detail)
                 shapes = ", ".join(g.var(i).describe() for i in node.inputs if i)
-                probe = f" (shapes at the probe batch size {PROBE_A} of '{symbol}')" if symbol else ""
+                probe = f" (shapes at the probe batch size {PROBE_A} of '{prep.symbol}')" if prep.symbol else ""
                 return ModelError(f"{node.describe()}: its inputs ({shapes}){probe} do not fit: {detail}")
     if node is not None and node.domain not in ("", "ai.onnx"):
         # a custom operator that knows why its outputs stay untyped says so (an fvdb topology node
         # over grids that are not constants: operators/fvdb/topology.py)
-        from . import registry
-
-        cls = registry.resolve(node.op_type, node.domain, 1)
+        cls = prep.operators(node.op_type, node.domain)
         reason = getattr(cls, "untyped_reason", None)
         if reason is not None:
             return ModelError(f"{node.describe()}: {reason(node, g)}")
@@ -112,9 +110,9 @@ def build_tensors(g: Graph, prep: Prepared, outer: dict[str, Tensor] | None = No
             tensors[name] = outer[name]
             continue
         v = g.var(name)
-        rows = runtime_rows(name, producers, prep.model)
+        rows = runtime_rows(name, producers, prep.operators)
         if rows is not None:
-            tensors[name] = _runtime_tensor(v, rows, producers, runtime_axis(name, producers, prep.model))
+            tensors[name] = _runtime_tensor(v, rows, producers, runtime_axis(name, producers, prep.operators))
             continue
         if name in prep.bound:  # rows bound at run time: ROWS_PROBE here, any number when it runs
             tensors[name] = _bound_tensor(v, prep.bound[name])
@@ -122,12 +120,12 @@ def build_tensors(g: Graph, prep: Prepared, outer: dict[str, Tensor] | None = No
         untyped = v.elem_type == 0 or v.shape is None or not all(isinstance(d, int) for d in v.shape)
         if untyped and name in producers:
             node = producers[name]
-            sized = next((i for i in node.inputs if i and runtime_rows(i, producers, prep.model)), None)
+            sized = next((i for i in node.inputs if i and runtime_rows(i, producers, prep.operators)), None)
             if sized is not None:  # its shape is unknown because it reads such a tensor: say that
                 raise ModelError(f"{node.describe()}: input '{sized}' has a first dimension known only at run "
-                                 f"time ({runtime_rows(sized, producers, prep.model)}); no node can read it yet: "
+                                 f"time ({runtime_rows(sized, producers, prep.operators)}); no node can read it yet: "
                                  "make it a graph output")
-            raise _untyped(name, g, producers, prep.model.opset(""), prep.symbol)
+            raise _untyped(name, g, producers, prep)
         if v.dtype is None:
             raise ModelError(
                 f"tensor '{name}'{_producer_note(name, producers)}: element type "
@@ -161,22 +159,23 @@ def io_spec(t: Tensor, v: Variable, prep: Prepared, ident: str, producers) -> IO
     return IOSpec(t.name, ident, t.dtype, sample_dim(v, prep, producers).onnx_shape, t.shape, t.batched)
 
 
-def runtime_rows(name: str, producers: dict[str, Node], model: Model) -> str | None:
+def runtime_rows(name: str, producers: dict[str, Node], operators) -> str | None:
     """Return the symbol of a tensor's run-time row count (the output of a node whose operator
-    declares it runtime_sized: luisaml/dynamic.py), or None for a tensor of static shape."""
+    declares it runtime_sized: luisaml/dynamic.py), or None for a tensor of static shape;
+    operators: the model's binding (Prepared.operators)."""
     node = producers.get(name)
     if node is None:
         return None
-    cls = registry.resolve(node.op_type, node.domain, model.opset(node.domain))
+    cls = operators(node.op_type, node.domain)
     if cls is None or node.outputs.index(name) not in cls.runtime_sized:
         return None
     return f"rows of {node.name or node.op_type}"
 
 
-def runtime_axis(name: str, producers: dict[str, Node], model: Model) -> int:
+def runtime_axis(name: str, producers: dict[str, Node], operators) -> int:
     """Return the dimension of a run-time sized tensor that its count sizes (Operator.runtime_axis)."""
     node = producers[name]
-    return registry.resolve(node.op_type, node.domain, model.opset(node.domain)).runtime_axis
+    return operators(node.op_type, node.domain).runtime_axis
 
 
 def _runtime_tensor(v: Variable, rows: str, producers: dict[str, Node], axis: int = 0) -> Tensor:
@@ -213,19 +212,18 @@ def check_runtime_sized(code: GraphCode) -> None:
 # ---- operators -------------------------------------------------------------------------------
 
 
-def unsupported_nodes(g: Graph, model: Model) -> list[str]:
+def unsupported_nodes(g: Graph, prep: Prepared) -> list[str]:
     """Return a line for every node (subgraphs included) that no registered operator implements."""
-    registry._load_builtin()
     missing = []
     for node in g.nodes:
-        opset = model.opset(node.domain)
-        if registry.resolve(node.op_type, node.domain, opset) is None:
+        opset = prep.model.opset(node.domain)
+        if prep.operators(node.op_type, node.domain) is None:
             dom = node.domain or "ai.onnx"
             have = registry.versions(node.op_type, node.domain)
             why = f"registered from opset {have[0]}, model uses {opset}" if have else "not implemented"
             missing.append(f"{node.describe()} [{dom} opset {opset}]: {why}")
         for sub in subgraphs(node):
-            missing += unsupported_nodes(sub, model)
+            missing += unsupported_nodes(sub, prep)
     return missing
 
 
@@ -236,7 +234,7 @@ def build_operators(
     ops = []
     for node in g.nodes:
         opset = model.opset(node.domain)
-        cls = registry.resolve(node.op_type, node.domain, opset)
+        cls = prep.operators(node.op_type, node.domain)
         ins = [tensors[i] if i else None for i in node.inputs]
         outs = [tensors[o] if o else None for o in node.outputs]
         for t in ins:

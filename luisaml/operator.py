@@ -298,10 +298,10 @@ class Operator:
         output has the batch's rows without reading a batched input; None: `infer` decides."""
         return None
 
-    @classmethod
-    def infer(cls, node: Node, inputs: list) -> list | None:
-        """Return [(elem_type, shape)] per output for ops onnx cannot infer (custom domains)."""
-        return None
+    # the class's own shape rule, for ops onnx cannot infer (custom domains) or whose dims it leaves
+    # unknown: a classmethod infer(node, inputs) -> [(elem_type, shape)] per output, or None for no
+    # answer; None here: the class has no rule (passes/infer.py asks only those that have one)
+    infer: ClassVar[Callable[..., list | None] | None] = None
 
     @classmethod
     def evaluate(cls, node: Node, inputs: list) -> list | None:

@@ -10,7 +10,7 @@ from typing import Any, Callable, Literal, Mapping, Optional
 import numpy as np
 import onnx
 
-from . import compiler, passes
+from . import compiler
 from .compiler import BuildOptions
 from .errors import BatchMixingError, UsageError
 from .limits import DEFAULT as DEFAULT_LIMITS
@@ -162,8 +162,8 @@ def plan_for(proto: onnx.ModelProto, name: str, opts: CompileOptions, on_schedul
     opts: resolved (CompileOptions.resolve); on_schedule: build_plan's hook, for the plan that runs
     (not a probe's); compile_grid_step: what builds grids on the device (build's)."""
     with phase("passes"):
-        prep = passes.prepare(copy.deepcopy(proto), batch_axis=opts.batch_axis, input_shapes=opts.input_shapes,
-                              limits=opts.limits)
+        prep = compiler.prepare(copy.deepcopy(proto), batch_axis=opts.batch_axis, input_shapes=opts.input_shapes,
+                                limits=opts.limits)
     prep.float64_as_float = opts.float64 == "float32"
     try:
         return build(prep, name, opts, on_schedule, compile_grid_step), None, prep.symbol
@@ -173,7 +173,7 @@ def plan_for(proto: onnx.ModelProto, name: str, opts: CompileOptions, on_schedul
         why = str(e)
     shapes = fixed_shapes(proto, prep.symbol, PROBE_A, opts.input_shapes)
     with phase("passes", batch=PROBE_A):
-        fixed = passes.prepare(copy.deepcopy(proto), batch_axis=None, input_shapes=shapes, limits=opts.limits)
+        fixed = compiler.prepare(copy.deepcopy(proto), batch_axis=None, input_shapes=shapes, limits=opts.limits)
     fixed.float64_as_float = prep.float64_as_float
     return build(fixed, name, fixed_batch(opts), None, compile_grid_step), why, prep.symbol
 

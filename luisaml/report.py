@@ -100,7 +100,7 @@ def build(model, weights=None, *, batch_axis="auto", input_shapes: Mapping[str, 
     kernel and the cooperative blocks stages are CUDA's: compile() chooses them there)."""
     import os
 
-    from . import passes
+    from . import compiler
     from .limits import DEFAULT
     from .loaders import load_proto
     from .log import phase
@@ -119,7 +119,7 @@ def build(model, weights=None, *, batch_axis="auto", input_shapes: Mapping[str, 
     options = CompileOptions(batch_axis=batch_axis, input_shapes=input_shapes, limits=limits,
                              winograd=False).resolve(target)
     with phase("passes"):
-        prep = passes.prepare(copy.deepcopy(proto), batch_axis=batch_axis, input_shapes=input_shapes, limits=limits)
+        prep = compiler.prepare(copy.deepcopy(proto), batch_axis=batch_axis, input_shapes=input_shapes, limits=limits)
     g = prep.model.graph
     head = {
         "schema": SCHEMA,
@@ -131,7 +131,7 @@ def build(model, weights=None, *, batch_axis="auto", input_shapes: Mapping[str, 
         "inputs": [_declared(g.var(n), prep) for n in g.inputs],
         "outputs": [_declared(g.var(n), prep) for n in g.outputs],
         "op_counts": _op_counts(g.nodes),
-        "unsupported": unsupported_nodes(g, prep.model),
+        "unsupported": unsupported_nodes(g, prep),
     }
     if head["unsupported"]:
         return {**head, "nodes": [], "totals": None, "stages": None, "registers": None, "buffers": None,

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Union
 
 import onnx
 
-from . import artifact, cache, device, loaders, passes
+from . import artifact, cache, compiler, device, loaders
 from .errors import UsageError
 from .limits import DEFAULT as DEFAULT_LIMITS
 from .limits import Limits
@@ -191,7 +191,7 @@ def _compile_fixed(proto, name: str, opts: CompileOptions, backend: str, symbol:
     shapes = fixed_shapes(proto, symbol, n, opts.input_shapes)
     fixed = fixed_batch(replace(opts, batch_axis=None, input_shapes=shapes))
     with phase("passes", batch=n):
-        prep = passes.prepare(copy.deepcopy(proto), batch_axis=None, input_shapes=shapes, limits=opts.limits)
+        prep = compiler.prepare(copy.deepcopy(proto), batch_axis=None, input_shapes=shapes, limits=opts.limits)
     prep.float64_as_float = opts.float64 == "float32"
     ahead = _WorkersAhead(backend)
     return _network(build(prep, name, fixed, ahead, _compile_grid_step), backend, ahead)

@@ -1,5 +1,8 @@
-"""The shipped operators, one module per op family; importing this registers them all, except the
-fvdb domain's (operators/fvdb), which luisaml.registry imports on the domain's first use."""
+"""The shipped operators, one module per op family; importing this registers them all into
+luisaml.registry (the compiler imports it), except the fvdb domain's (operators/fvdb), which
+register on the domain's first lookup."""
+from luisaml import registry
+
 from . import activations, elementwise, gemm, shape  # noqa: F401
 from . import control  # noqa: E402,F401
 from . import constant, indexing, reduce, softmax  # noqa: E402,F401
@@ -13,3 +16,10 @@ from . import einsum  # noqa: E402,F401
 from . import loss  # noqa: E402,F401
 from . import spectral  # noqa: E402,F401
 from . import detection  # noqa: E402,F401
+
+
+def _load_fvdb() -> None:
+    from . import fvdb  # noqa: F401
+
+
+registry.load_on_first_use("fvdb", _load_fvdb)

@@ -66,9 +66,11 @@ class HostInput:
 
 @dataclass
 class HostStep:
-    """One grid op the host runs: its node, the values of its constant inputs, and its last result."""
+    """One grid op the host runs: its node, its operator class (the model's binding of it), the values
+    of its constant inputs, and its last result."""
 
     node: Node
+    operator: type
     constants: dict[str, np.ndarray]
     _last: tuple | None = field(default=None, repr=False)  # (key of the inputs' bytes, {output: array})
 
@@ -83,9 +85,9 @@ class HostStep:
         if self._last is not None and self._last[0] == key:
             return self._last[1], key
         if device is not None:
-            out = device.run(self.node, arrays, [None if k is None else k[2] for k in key])
+            out = device.run(self.node, self.operator, arrays, [None if k is None else k[2] for k in key])
         else:
-            out = on_host(self.node, arrays)
+            out = on_host(self.node, self.operator, arrays)
         result = {name: np.ascontiguousarray(a) for name, a in zip(self.node.outputs, out) if name}
         self._last = (key, result)
         return result, key
@@ -112,12 +114,13 @@ class DeviceBuilds:
         self.config = config
         self.networks: dict[tuple, Any] = {}  # this network's buckets: (node, capacity, attrs, inputs) -> network
 
-    def run(self, node: Node, arrays: list, digests: list | None = None) -> list[np.ndarray]:
-        """Return the seven bundle arrays node builds from arrays (its inputs, None where absent);
-        digests: the digest of each one's bytes where the run knows it (None: hashed here)."""
+    def run(self, node: Node, operator: type, arrays: list, digests: list | None = None) -> list[np.ndarray]:
+        """Return the seven bundle arrays node (of operator class `operator`) builds from arrays (its
+        inputs, None where absent); digests: the digest of each one's bytes where the run knows it
+        (None: hashed here)."""
         digests = list(digests or [None] * len(arrays))
         if not _from_grid(node.op_type):
-            return self._build_from_points(node, arrays, digests)
+            return self._build_from_points(node, operator, arrays, digests)
         attrs = dict(node.attrs)
         if node.op_type in ("DilatedGrid", "RefinedGrid"):  # a result past the limits: refused before any build
             from .topology import check_result_size
@@ -141,7 +144,7 @@ class DeviceBuilds:
             attrs["dilation"] = 1
         out, known = list(arrays), digests
         for _ in range(passes):  # (a pass's voxel sizes and origins are its input's)
-            out = self._build(node, attrs, out[:2] + list(arrays[2:4]) + out[4:BUNDLE] + list(arrays[BUNDLE:]), known)
+            out = self._build(node, operator, attrs, out[:2] + list(arrays[2:4]) + out[4:BUNDLE] + list(arrays[BUNDLE:]), known)
             known = [None] * 2 + digests[2:4] + [None] * (BUNDLE - 4) + digests[BUNDLE:]
         # the voxel sizes and origins as the host's doubles: the kernels compute in float32
         from .topology import new_transforms
@@ -150,7 +153,7 @@ class DeviceBuilds:
         out[2], out[3] = np.ascontiguousarray(h, np.float64), np.ascontiguousarray(o, np.float64)
         return out
 
-    def _build_from_points(self, node: Node, arrays: list, digests: list) -> list[np.ndarray]:
+    def _build_from_points(self, node: Node, operator: type, arrays: list, digests: list) -> list[np.ndarray]:
         """A GridBatchFrom* of any number of points: jdata's rows bound at run time, counted by
         joffsets (checked here first), jidx not read (the device reads the grids off joffsets)."""
         jdata, offsets = np.asarray(arrays[0]), np.asarray(arrays[1]).reshape(-1)
@@ -161,7 +164,7 @@ class DeviceBuilds:
                              f"jdata), got {offsets.tolist() if len(offsets) <= 8 else shape_str(offsets.shape)}")
         arrays = list(arrays)
         arrays[2], digests[2] = np.zeros(0, np.int32), None
-        out = self._build(node, dict(node.attrs), arrays, digests, n, (0,))
+        out = self._build(node, operator, dict(node.attrs), arrays, digests, n, (0,))
         from . import topology as T
 
         grids = len(offsets) - 1
@@ -171,7 +174,7 @@ class DeviceBuilds:
         out[3] = T.per_grid(0.0 if origins is None else origins, grids, "origins", False).astype(np.float64)
         return out
 
-    def _build(self, node: Node, attrs: dict, arrays: list, digests: list, count: int | None = None,
+    def _build(self, node: Node, operator: type, attrs: dict, arrays: list, digests: list, count: int | None = None,
                bound: tuple = None) -> list[np.ndarray]:
         """Run the node's network for the capacity of `count` (the source grid's voxels when None)
         over arrays, the rows of `bound` (default _BOUND_ROWS) bound at run time."""
@@ -186,8 +189,8 @@ class DeviceBuilds:
                tuple((a.dtype.str, a.shape[1:] if k in bound else a.shape) if a is not None else None
                      for k, a in enumerate(arrays)))
         net = self.networks.get(key)
-        if net is None and self._too_large(node, attrs, capacity):
-            return self._on_host(node, attrs, arrays, capacity)
+        if net is None and self._too_large(node, operator, attrs, capacity):
+            return self._on_host(node, operator, attrs, arrays, capacity)
         if net is None:  # (a later capacity of the node: the same kernels, cached, so no build workers)
             model = _build_model(node, attrs, capacity, arrays, bound)
             shared = (self.config, hashlib.blake2b(model.SerializeToString(), digest_size=16).digest())
@@ -205,34 +208,29 @@ class DeviceBuilds:
         return [np.ascontiguousarray(got[f"out_{k}"]) for k in range(BUNDLE)]
 
     @staticmethod
-    def _too_large(node: Node, attrs: dict, capacity: int) -> bool:
+    def _too_large(node: Node, operator: type, attrs: dict, capacity: int) -> bool:
         """Whether the node's device build of this capacity would hold more voxel keys than one holds
         (its scratch is indexed with 32-bit integers): a dilation of a 1M-voxel grid, say."""
-        from .. import registry
-
-        cls = registry.resolve(node.op_type, DOMAIN, 1)
         try:
-            return cls.keys_for(node.op_type, attrs, capacity) > cls.MAX_KEYS
+            return operator.keys_for(node.op_type, attrs, capacity) > operator.MAX_KEYS
         except ValueError:
             return False  # (attributes out of range: the device build's own check names them)
 
-    def _on_host(self, node: Node, attrs: dict, arrays: list, capacity: int) -> list[np.ndarray]:
+    def _on_host(self, node: Node, operator: type, attrs: dict, arrays: list, capacity: int) -> list[np.ndarray]:
         from ..log import logger
 
         logger.warning("%s: a grid of %s voxels or points is past what a device build holds; built on the host",
                        node.describe(), f"{capacity:,}")
         bare = Node(node.name, node.op_type, node.domain, node.inputs, node.outputs)
         bare.attrs = dict(attrs)  # (a dilation pass's)
-        return on_host(bare, arrays)
+        return on_host(bare, operator, arrays)
 
 
-def on_host(node: Node, arrays: list) -> list[np.ndarray]:
-    """Return the bundle arrays the node builds from arrays with the project's builder (the code that
-    folds it over constants)."""
-    from .. import registry
-
+def on_host(node: Node, operator: type, arrays: list) -> list[np.ndarray]:
+    """Return the bundle arrays the node (of operator class `operator`) builds from arrays with the
+    project's builder (the code that folds it over constants: the class's evaluate)."""
     try:
-        return registry.resolve(node.op_type, DOMAIN, 1).evaluate(node, arrays)
+        return operator.evaluate(node, arrays)
     except LimitError:
         raise  # (it names the node and the limit already)
     except LuisamlError as e:  # (the builder's messages name the node: a CompileError when folding)
@@ -374,9 +372,10 @@ def _dims(vi: onnx.ValueInfoProto) -> tuple:
                  for d in vi.type.tensor_type.shape.dim)
 
 
-def split(proto: onnx.ModelProto) -> HostSteps | None:
+def split(proto: onnx.ModelProto, operators) -> HostSteps | None:
     """Take the grid ops that must run before the kernels out of proto (module docstring); return them,
-    or None when there are none. proto is modified."""
+    or None when there are none. proto is modified; operators: the model's Binding (luisaml.registry),
+    which gives each step its operator class."""
     g = proto.graph
     init = {t.name: t for t in g.initializer}
     constants = set(init)  # (Constant nodes' outputs too; their values read when a step needs them)
@@ -420,7 +419,7 @@ def split(proto: onnx.ModelProto) -> HostSteps | None:
         node.attrs = {a.name: _attr_value(a, None, node.describe()) for a in n.attribute}  # (as model_from_proto reads them)
         values = {i: numpy_helper.to_array(init[i] if i in init else constant_nodes[i]) for i in ins if i in constants}
         grids = _grid_count(node, shapes)
-        chosen.append((n, HostStep(node, values)))
+        chosen.append((n, HostStep(node, operators(n.op_type, DOMAIN), values)))
         for j, name in enumerate(n.output):
             if not name:
                 continue

@@ -59,16 +59,18 @@ def _evaluate(node: onnx.NodeProto, inputs: list[np.ndarray | None], opsets) -> 
     return [np.asarray(o) for o in outs]
 
 
-def fold_constants(proto: onnx.ModelProto, *, limits: Limits = DEFAULT) -> int:
-    """Fold every foldable node of the main graph in place; return how many were folded."""
-    return _fold_graph(proto.graph, {}, proto.opset_import, limits)
+def fold_constants(proto: onnx.ModelProto, *, limits: Limits = DEFAULT, operators=None) -> int:
+    """Fold every foldable node of the main graph in place; return how many were folded. operators:
+    the model's Binding (luisaml.registry; op_type, domain -> operator class), whose `evaluate` folds
+    a custom-domain node; None: such nodes stay."""
+    return _fold_graph(proto.graph, {}, proto.opset_import, limits, operators)
 
 
 def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
 
 
-def _fold_graph(g: onnx.GraphProto, outer: dict[str, np.ndarray], opsets, limits: Limits) -> int:
+def _fold_graph(g: onnx.GraphProto, outer: dict[str, np.ndarray], opsets, limits: Limits, operators) -> int:
     known: dict[str, np.ndarray] = dict(outer)
     known.update({t.name: numpy_helper.to_array(t) for t in g.initializer})
     types = {vi.name: vi for vi in list(g.value_info) + list(g.input) + list(g.output)}
@@ -76,7 +78,7 @@ def _fold_graph(g: onnx.GraphProto, outer: dict[str, np.ndarray], opsets, limits
     keep: list[onnx.NodeProto] = []
     folded = 0
     for node in g.node:
-        result = _fold_one(node, known, types, opsets, limits)
+        result = _fold_one(node, known, types, opsets, limits, operators)
         if result is None:
             keep.append(node)
             continue
@@ -102,14 +104,11 @@ def _fold_graph(g: onnx.GraphProto, outer: dict[str, np.ndarray], opsets, limits
     return folded
 
 
-def _evaluate_custom(node: onnx.NodeProto, inputs: list[np.ndarray | None], opsets) -> list[np.ndarray] | None:
+def _evaluate_custom(node: onnx.NodeProto, inputs: list[np.ndarray | None], operators) -> list[np.ndarray] | None:
     """Return the outputs of a custom-domain node by its operator's `evaluate`, or None."""
-    from .. import registry
     from ..model import Node, _attr_value
 
-    registry._load_builtin()
-    version = next((o.version for o in opsets if o.domain == node.domain), 0)
-    cls = registry.resolve(node.op_type, node.domain, version)
+    cls = operators(node.op_type, node.domain) if operators is not None else None
     if cls is None:
         return None
     n = Node(node.name, node.op_type, node.domain, list(node.input), list(node.output),
@@ -119,13 +118,13 @@ def _evaluate_custom(node: onnx.NodeProto, inputs: list[np.ndarray | None], opse
 
 
 def _fold_one(node: onnx.NodeProto, known: dict[str, np.ndarray], types, opsets,
-              limits: Limits = DEFAULT) -> list[np.ndarray] | None:
+              limits: Limits = DEFAULT, operators=None) -> list[np.ndarray] | None:
     if node.domain not in ("", "ai.onnx"):
         inputs = [known.get(i) if i else None for i in node.input]
         if not node.input or any(i and known.get(i) is None for i in node.input):
             return None
         _check_fold_size(node, inputs, types, limits, custom=True)
-        return _evaluate_custom(node, inputs, opsets)
+        return _evaluate_custom(node, inputs, operators)
     if node.op_type in NOT_FOLDED:
         return None
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
@@ -308,19 +307,20 @@ def inline_constant_ifs(proto: onnx.ModelProto) -> int:
     return count
 
 
-def fold_to_fixpoint(proto: onnx.ModelProto, infer, *, limits: Limits = DEFAULT) -> onnx.ModelProto:
+def fold_to_fixpoint(proto: onnx.ModelProto, infer, *, limits: Limits = DEFAULT, operators=None) -> onnx.ModelProto:
     """Alternate shape inference and folding (constant Ifs inlined) until nothing more folds;
-    then each subgraph is specialised the same way as a model of its own; return the model."""
+    then each subgraph is specialised the same way as a model of its own; return the model.
+    operators: as fold_constants takes it."""
     for _ in range(64):
         guard_generators(proto.graph, limits)
         proto = infer(proto)
         check_static_sizes(proto.graph, limits)
         _inline_constants(proto)
-        if fold_constants(proto, limits=limits) + inline_constant_ifs(proto) == 0:
+        if fold_constants(proto, limits=limits, operators=operators) + inline_constant_ifs(proto) == 0:
             break
         _drop_unknown_dims(proto.graph)
     if any(_subgraphs(n) for n in proto.graph.node):
-        specialise_subgraphs(proto, infer, limits=limits)
+        specialise_subgraphs(proto, infer, limits=limits, operators=operators)
         proto = infer(proto)  # the parents' outputs take the subgraphs' inferred types
     return proto
 
@@ -405,7 +405,7 @@ def _typed(g: onnx.GraphProto) -> dict[str, onnx.ValueInfoProto]:
 
 def specialise_subgraphs(proto: onnx.ModelProto, infer, graph: onnx.GraphProto | None = None,
                          outer_types: dict | None = None, outer_consts: dict | None = None, *,
-                         limits: Limits = DEFAULT) -> None:
+                         limits: Limits = DEFAULT, operators=None) -> None:
     """Infer and fold every subgraph as a standalone model whose inputs are its formal inputs plus
     the outer tensors it reads (outer constants become its initializers); write the result back.
     onnx's own inference does not see values across scopes (a Squeeze whose axes live outside
@@ -417,10 +417,11 @@ def specialise_subgraphs(proto: onnx.ModelProto, infer, graph: onnx.GraphProto |
     consts.update({t.name: t for t in g.initializer})
     for node in g.node:
         for sub in _subgraphs(node):
-            _specialise_one(proto, sub, types, consts, infer, limits)
+            _specialise_one(proto, sub, types, consts, infer, limits, operators)
 
 
-def _specialise_one(proto, sub: onnx.GraphProto, types: dict, consts: dict, infer, limits: Limits = DEFAULT) -> None:
+def _specialise_one(proto, sub: onnx.GraphProto, types: dict, consts: dict, infer, limits: Limits = DEFAULT,
+                    operators=None) -> None:
     local = {i.name for i in sub.input} | {t.name for t in sub.initializer} | {o for n in sub.node for o in n.output}
     reads = sorted({i for n in sub.node for i in n.input if i and i not in local} |
                    {o.name for o in sub.output if o.name not in local} | _nested_reads(sub, local))
@@ -436,7 +437,7 @@ def _specialise_one(proto, sub: onnx.GraphProto, types: dict, consts: dict, infe
                                    list(sub.initializer) + borrowed)
     model = helper.make_model(standalone, opset_imports=list(proto.opset_import), ir_version=proto.ir_version)
     try:
-        done = fold_to_fixpoint(model, infer, limits=limits).graph
+        done = fold_to_fixpoint(model, infer, limits=limits, operators=operators).graph
     except LimitError:
         raise
     except Exception:  # a subgraph that cannot be specialised keeps what onnx inferred in place

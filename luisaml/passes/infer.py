@@ -1,6 +1,11 @@
 """Shape and dtype inference. onnx.shape_inference does the standard ops on a model whose
 dimensions are all numbers; the batch dimension is found by specialising the model to two batch
-sizes and comparing the results."""
+sizes and comparing the results.
+
+`operators`, where a function takes it: the model's Binding (luisaml.registry: op_type, domain ->
+its operator class), whose rules type the nodes onnx cannot (`infer`, `probe_rows`) and say which
+inputs may have rows bound at run time (`reads_bound_rows`); None: onnx's rules alone, and no input's rows
+are bound at run time."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,7 +16,6 @@ from onnx import helper, numpy_helper
 
 from .. import dtypes
 from ..model import ModelError, Node, Variable, _attr_value, _var_from_type, shape_str
-from ..operator import Operator
 from ..limits import DEFAULT as DEFAULT_LIMITS
 from ..limits import Limits
 from .fold import fold_to_fixpoint
@@ -31,11 +35,13 @@ class Probe:
     bound: frozenset[str]
 
 
-def _probe(proto: onnx.ModelProto, values: dict[str, int], batch: int | None, bound, limits: Limits) -> onnx.ModelProto:
+def _probe(proto: onnx.ModelProto, values: dict[str, int], batch: int | None, bound, limits: Limits,
+           operators) -> onnx.ModelProto:
     """Fold and infer proto with the named dims set to numbers, under the Probe they make (passed to
     the operators' probe_rows rules)."""
     probe = Probe(batch, frozenset(bound))
-    return fold_to_fixpoint(set_symbols(proto, values), lambda m: infer_shapes(m, probe), limits=limits)
+    return fold_to_fixpoint(set_symbols(proto, values), lambda m: infer_shapes(m, probe, operators), limits=limits,
+                            operators=operators)
 
 
 # an initializer of more elements than this reaches onnx's shape inference as a typed graph input, its
@@ -76,16 +82,13 @@ def _onnx_infer(proto: onnx.ModelProto) -> onnx.ModelProto:
     return m
 
 
-def infer_shapes(proto: onnx.ModelProto, probe: Probe | None = None) -> onnx.ModelProto:
+def infer_shapes(proto: onnx.ModelProto, probe: Probe | None = None, operators=None) -> onnx.ModelProto:
     """Return the model with value_info for every tensor onnx can type; nodes onnx leaves untyped
     (other domains, and standard function ops such as GroupNormalization) are typed by their
     operator's own `infer` rule, and inference resumes after them."""
-    from .. import registry
-
-    registry.load_domains({o.domain for o in proto.opset_import})  # their onnx schemas too
     m = _onnx_infer(proto)
     for _ in range(len(m.graph.node) + 1):
-        if not _infer_custom(m, probe):
+        if not _infer_custom(m, probe, operators):
             break
         m = _onnx_infer(m)
     return m
@@ -104,23 +107,21 @@ def _known_types(g: onnx.GraphProto) -> dict[str, Variable]:
     return out
 
 
-def _infer_custom(m: onnx.ModelProto, probe: Probe | None = None) -> bool:
+def _infer_custom(m: onnx.ModelProto, probe: Probe | None, operators) -> bool:
     """Type the untyped outputs of nodes by their operators' rules; return if any."""
-    from .. import registry
-
-    registry._load_builtin()
+    if operators is None:
+        return False
     g = m.graph
-    opsets = {o.domain: o.version for o in m.opset_import}
     known = _known_types(g)
     added = False
     for node in g.node:
         # a custom node's output counts as typed once its shape is all numbers (a graph output may
         # arrive with its symbolic dims cleared, which only the node's own rule can fill in)
         custom = node.domain not in ("", "ai.onnx")
-        cls = registry.resolve(node.op_type, node.domain, opsets.get(node.domain, 0))
+        cls = operators(node.op_type, node.domain)
         # ... and so does a standard node's whose operator has a rule of its own, for the dims onnx
         # leaves unknown (Compress with a constant condition)
-        refine = custom or (cls is not None and getattr(cls.infer, "__func__", cls.infer) is not Operator.infer.__func__)
+        refine = custom or (cls is not None and cls.infer is not None)
         if all(o in known and (_static(known[o].shape) or not refine) for o in node.output if o):
             continue
         if cls is None or any(i and i not in known for i in node.input):
@@ -128,7 +129,7 @@ def _infer_custom(m: onnx.ModelProto, probe: Probe | None = None) -> bool:
         n = Node(node.name, node.op_type, node.domain, list(node.input), list(node.output),
                  {a.name: _attr_value(a, None, node.name) for a in node.attribute})
         result = cls.probe_rows(n, probe) if probe is not None else None
-        if result is None:
+        if result is None and cls.infer is not None:
             result = cls.infer(n, [known.get(i) if i else None for i in node.input])
         if not result:
             continue
@@ -174,7 +175,7 @@ def input_shapes(proto: onnx.ModelProto) -> dict[str, list[int | str | None]]:
     return out
 
 
-def find_batch_symbol(proto: onnx.ModelProto, batch_axis) -> str | None:
+def find_batch_symbol(proto: onnx.ModelProto, batch_axis, operators=None) -> str | None:
     """Return the symbol of the batch axis, or None for single-instance mode.
 
     "auto": the symbol that leads an input and an output; else, when an output leads with a dim
@@ -203,7 +204,7 @@ def find_batch_symbol(proto: onnx.ModelProto, batch_axis) -> str | None:
         return None
     if leading_in:
         # a symbol only inputs that may be bound at any size lead (a grid's bytes) is not the batch
-        batch_like = [s[0] for k, s in ins.items() if s and isinstance(s[0], str) and not _any_rows(proto, k)]
+        batch_like = [s[0] for k, s in ins.items() if s and isinstance(s[0], str) and not _any_rows(proto, k, operators)]
         return batch_like[0] if batch_like else leading_in[0]
     unnamed = [k for k, s in ins.items() if s and s[0] is None]
     if unnamed:
@@ -292,20 +293,17 @@ class Specialised:
     bound: dict[str, str] | None = None
 
 
-def bound_inputs(proto: onnx.ModelProto, unresolved: dict[str, list], symbol: str | None) -> dict[str, str]:
+def bound_inputs(proto: onnx.ModelProto, unresolved: dict[str, list], symbol: str | None,
+                 operators=None) -> dict[str, str]:
     """Return the inputs whose rows are bound at run time: a dynamic first dimension that is not the
     batch, every other dimension fixed, and every node reading it an operator that can read rows of
-    any number (Operator.reads_bound_rows: fVDB's grid bytes and voxel data). Name -> the symbol of
-    its rows; an unnamed dynamic dimension is named 'rows of <input>' in proto."""
-    from .. import registry
-
-    registry._load_builtin()
-    opsets = {o.domain: o.version for o in proto.opset_import}
+    any number (Operator.reads_bound_rows: fVDB's grid bytes and voxel data). Name -> the symbol of its
+    rows; an unnamed dynamic dimension is named 'rows of <input>' in proto."""
     out: dict[str, str] = {}
     for name, dims in unresolved.items():
         if not dims or isinstance(dims[0], int) or dims[0] == symbol or any(not isinstance(d, int) for d in dims[1:]):
             continue
-        if not _any_rows(proto, name) or name in _subgraph_inputs(proto.graph):
+        if not _any_rows(proto, name, operators) or name in _subgraph_inputs(proto.graph):
             continue
         vi = next(v for v in proto.graph.input if v.name == name)
         d = _dims(vi)[0]
@@ -315,40 +313,36 @@ def bound_inputs(proto: onnx.ModelProto, unresolved: dict[str, list], symbol: st
         out[name] = d.dim_param
     for n in proto.graph.node:  # an exporter's example size pinned in an attribute no longer holds
         if any(i in out for i in n.input):
-            cls = registry.resolve(n.op_type, n.domain, opsets.get(n.domain, 1))
+            cls = operators(n.op_type, n.domain) if operators is not None else None
             drop = set(cls.pinned_by_example(n.op_type)) if cls is not None else set()
             for a in [a for a in n.attribute if a.name in drop]:
                 n.attribute.remove(a)
     return out
 
 
-def _readers(proto: onnx.ModelProto, name: str) -> tuple[list, list]:
+def _readers(proto: onnx.ModelProto, name: str, operators) -> tuple[list, list]:
     """Return (the nodes reading `name` that can take any number of its rows: Operator.reads_bound_rows,
     those that cannot)."""
-    from .. import registry
-
-    registry._load_builtin()
-    opsets = {o.domain: o.version for o in proto.opset_import}
     takes, refuses = [], []
     for n in proto.graph.node:
         for k, i in enumerate(n.input):
             if i == name:
-                cls = registry.resolve(n.op_type, n.domain, opsets.get(n.domain, 1))
+                cls = operators(n.op_type, n.domain) if operators is not None else None
                 (takes if cls is not None and cls.reads_bound_rows(n.op_type, k) else refuses).append(n)
     return takes, refuses
 
 
-def _any_rows(proto: onnx.ModelProto, name: str) -> bool:
+def _any_rows(proto: onnx.ModelProto, name: str, operators) -> bool:
     """Whether input `name` is read (by a node, or passed straight out as a graph output), and every
     node reading it can take any number of its rows."""
-    takes, refuses = _readers(proto, name)
+    takes, refuses = _readers(proto, name, operators)
     return (bool(takes) or any(o.name == name for o in proto.graph.output)) and not refuses
 
 
-def _fixed_size_reader(proto: onnx.ModelProto, name: str) -> str:
+def _fixed_size_reader(proto: onnx.ModelProto, name: str, operators) -> str:
     """Return ' (...)' naming the node that keeps an input's rows from being bound at run time when
     another node reading it could take any number (a Cast beside a kernel map), else ''."""
-    takes, refuses = _readers(proto, name)
+    takes, refuses = _readers(proto, name, operators)
     if not (takes and refuses):
         return ""
     n = refuses[0]
@@ -408,38 +402,40 @@ def _graph_shapes(g: onnx.GraphProto) -> dict[str, list[int | None]]:
     return out
 
 
-def specialise(proto: onnx.ModelProto, symbol: str | None, limits: Limits = DEFAULT_LIMITS) -> Specialised:
+def specialise(proto: onnx.ModelProto, symbol: str | None, limits: Limits = DEFAULT_LIMITS,
+               operators=None) -> Specialised:
     """Fold and infer the model with every dim numeric; with a batch symbol, at two batch sizes."""
     unresolved = unresolved_inputs(proto)
-    bound = bound_inputs(proto, unresolved, symbol)
+    bound = bound_inputs(proto, unresolved, symbol, operators)
     rows = {v: ROWS_PROBE for v in bound.values()}
     unresolved = {k: v for k, v in unresolved.items() if k not in bound}
     if symbol is None:
         if unresolved:
             raise ModelError(
                 "inputs with dynamic dimensions: "
-                + ", ".join(f"'{k}' {shape_str(v)}{_fixed_size_reader(proto, k)}" for k, v in unresolved.items())
+                + ", ".join(f"'{k}' {shape_str(v)}{_fixed_size_reader(proto, k, operators)}" for k, v in unresolved.items())
                 + "; give input_shapes={name: [...]} or compile with batch_axis='auto' for a batch dimension"
             )
-        a = _probe(proto, rows, None, bound, limits)
-        _check_rows_probe(proto, a, bound, {}, limits)
+        a = _probe(proto, rows, None, bound, limits, operators)
+        _check_rows_probe(proto, a, bound, {}, limits, operators)
         return Specialised(a, None, {}, {}, bound)
     others = {k: v for k, v in unresolved.items() if any(not isinstance(d, int) and d != symbol for d in v)}
     if others:
         raise ModelError(
             f"only the batch dimension '{symbol}' may be dynamic, but "
-            + ", ".join(f"'{k}' is {shape_str(v)}{_fixed_size_reader(proto, k)}" for k, v in others.items())
+            + ", ".join(f"'{k}' is {shape_str(v)}{_fixed_size_reader(proto, k, operators)}" for k, v in others.items())
             + "; fix the other dimensions with input_shapes={name: [...]}"
         )
-    a = _probe(proto, {symbol: PROBE_A, **rows}, PROBE_A, bound, limits)
-    b = _probe(proto, {symbol: PROBE_B, **rows}, PROBE_B, bound, limits)
-    _check_rows_probe(proto, a, bound, {symbol: PROBE_A}, limits)
+    a = _probe(proto, {symbol: PROBE_A, **rows}, PROBE_A, bound, limits, operators)
+    b = _probe(proto, {symbol: PROBE_B, **rows}, PROBE_B, bound, limits, operators)
+    _check_rows_probe(proto, a, bound, {symbol: PROBE_A}, limits, operators)
     values_b = {t.name: numpy_helper.to_array(t) for t in b.graph.initializer}
     return Specialised(a, symbol, _all_shapes(b), values_b, bound)
 
 
-def _check_rows_probe(proto, a, bound: dict[str, str], batch: dict[str, int], limits: Limits) -> None:
+def _check_rows_probe(proto, a, bound: dict[str, str], batch: dict[str, int], limits: Limits, operators) -> None:
     """With bound inputs, specialise once more with other rows and check nothing else changed."""
     if bound:
         other = {v: ROWS_CHECK for v in bound.values()}
-        _check_bound_rows(a, _probe(proto, {**batch, **other}, next(iter(batch.values()), None), bound, limits), bound)
+        probe_c = _probe(proto, {**batch, **other}, next(iter(batch.values()), None), bound, limits, operators)
+        _check_bound_rows(a, probe_c, bound)

@@ -22,7 +22,7 @@ from luisaml.onnx_backend import LuisaBackend
 
 def registered_ops() -> set[str]:
     """Return the op types luisaml registers ("domain::Op" outside ai.onnx)."""
-    registry._load_builtin()
+    from luisaml import operators  # noqa: F401  (importing the package registers the shipped operators)
     return {op if dom == "" else f"{dom}::{op}" for dom, op in registry.registered()}
 
 

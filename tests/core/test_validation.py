@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import luisaml
-from luisaml import passes
+from luisaml import compiler
 from luisaml.errors import CompileError, LimitError, ModelError, WeightsError
 from luisaml.limits import INDEX_LIMIT, Limits
 from luisaml.loaders import load_proto, to_json_model
@@ -342,7 +342,7 @@ def test_ir_version_newer_than_onnx_knows():
     proto.ir_version = onnx.IR_VERSION + 1
     with pytest.raises(ModelError, match=rf"IR version {onnx.IR_VERSION + 1}, newer than the installed onnx "
                                          rf"{onnx.__version__} supports \(IR version {onnx.IR_VERSION}\)"):
-        passes.prepare(proto)
+        compiler.prepare(proto)
 
 
 def test_custom_domains_keep_any_version():
@@ -419,14 +419,14 @@ def test_empty_model_refused_passthrough_kept():
         luisaml.compile(empty, batch_axis=None)
     passthrough = _graph([], [_vi("x", [2])], [_vi("x", [2])])
     assert not _checker_rejects(passthrough)
-    prepared = passes.prepare(passthrough, batch_axis=None)
+    prepared = compiler.prepare(passthrough, batch_axis=None)
     assert prepared.model.graph.outputs == prepared.model.graph.inputs == ["x"]
 
 
 def test_undefined_graph_output():
     m = _graph([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [2])], [_vi("z", [2])])
     with pytest.raises(ModelError, match=r"graph output 'z' is no graph input, initializer or node output"):
-        passes.prepare(m, batch_axis=None)
+        compiler.prepare(m, batch_axis=None)
 
 
 @pytest.mark.parametrize("op, inputs, outputs", [
@@ -454,7 +454,7 @@ def test_node_arity_against_the_schema(op, inputs, outputs):
 def test_required_input_left_empty():
     m = _graph([helper.make_node("Add", ["", "x"], ["y"], name="bad")], [_vi("x", [2])], [_vi("y", [2])])
     with pytest.raises(CompileError, match=r"node 'bad' \(Add\) input #0 \('A'\) is required but empty"):
-        passes.prepare(m, batch_axis=None)
+        compiler.prepare(m, batch_axis=None)
 
 
 # ---- LuisaML JSON shapes ---------------------------------------------------------------------
@@ -546,7 +546,7 @@ def test_huge_folded_constant_is_a_limit_error(nodes, inits, count):
     """Used to end in numpy's (or onnx's) MemoryError, or the OOM killer."""
     node = nodes[0]
     with pytest.raises(LimitError, match=rf"node '{node.name}' \({node.op_type}\) output 'c' has {count:,} elements"):
-        passes.prepare(_reduced(nodes, inits), batch_axis=None)
+        compiler.prepare(_reduced(nodes, inits), batch_axis=None)
 
 
 def test_fold_bytes_limit_names_the_node():
@@ -565,7 +565,7 @@ def test_integer_range_onnx_would_materialise():
     m = _reduced([helper.make_node("Range", ["a", "b", "d"], ["c"], name="rng")], [_i64(0, "a"), _i64(10**8, "b"), _i64(1, "d")])
     with pytest.raises(LimitError, match=r"node 'rng' \(Range\) makes a constant of 100,000,000 integers; onnx's shape "
                                          r"inference materialises .*luisaml\.Limits\.fold_bytes"):
-        passes.prepare(m, batch_axis=None)
+        compiler.prepare(m, batch_axis=None)
 
 
 def test_static_intermediate_beyond_32_bit_indexing():
@@ -573,13 +573,13 @@ def test_static_intermediate_beyond_32_bit_indexing():
                [_vi("x", [1])], [_vi("y", None)], [_i64([100_000, 100_000], "s")])
     with pytest.raises(LimitError, match=r"tensor 'big' \[100000, 100000\] \(output of node 'grow' \(Expand\)\) has "
                                          rf"10,000,000,000 elements; .* at most {INDEX_LIMIT:,}"):
-        passes.prepare(m, batch_axis=None)
+        compiler.prepare(m, batch_axis=None)
 
 
 def test_graph_input_beyond_32_bit_indexing():
     m = _graph([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", ["N", 100_000, 100_000])], [_vi("y", ["N", 100_000, 100_000])])
     with pytest.raises(LimitError, match=r"graph input 'x' \(its static dims \[100000, 100000\]\) has 10,000,000,000 elements"):
-        passes.prepare(m)
+        compiler.prepare(m)
 
 
 # ---- names, attributes and tensor data -------------------------------------------------------
@@ -622,7 +622,7 @@ def test_initializer_data_that_does_not_fit(case):
         message = r"'w': cannot decode int8\[2, 3\]"
     m = _graph([helper.make_node("Add", ["x", "w"], ["y"])], [_vi("x", [2, 3])], [_vi("y", [2, 3])], [t])
     with pytest.raises(ModelError, match=message):
-        passes.prepare(m, batch_axis=None)
+        compiler.prepare(m, batch_axis=None)
     with pytest.raises(ModelError, match=message):
         luisaml.compile(m, batch_axis=None)
 
@@ -633,7 +633,7 @@ def test_constant_attribute_tensor_checked():
     m = _graph([helper.make_node("Constant", [], ["c"], value=bad, name="k"), helper.make_node("Add", ["x", "c"], ["y"])],
                [_vi("x", [4])], [_vi("y", [4])])
     with pytest.raises(ModelError, match=r"node 'k' \(Constant\) attribute 'value' tensor 'v': raw_data has 12 bytes, expected 16"):
-        passes.prepare(m, batch_axis=None)
+        compiler.prepare(m, batch_axis=None)
 
 
 def test_external_data_over_the_weight_limit(tmp_path):
