@@ -297,7 +297,7 @@ def runtime_sized_node(plan: Plan) -> str | None:
 def batch_spanning_node(plan: Plan) -> str | None:
     """Return the description of the first node that sees the whole batch (Operator.spans_batch), or None."""
     for node, op in plan.ops:
-        if op.spans_batch():
+        if op.spans_batch:
             return node.describe()
     return None
 

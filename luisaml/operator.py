@@ -55,6 +55,15 @@ class Operator:
     # the node runs as phases() (an items stage each, in order) though no output is sized at run time:
     # a recurrence's steps (operators/rnn_stages.py); a phase reads its number from the stage index
     phased: ClassVar[bool] = False
+    # some inputs may have rows bound at run time (any number, one compiled network for all): the
+    # class is a luisaml.fvdb.op_mixins.BoundRows, whose rules passes/infer.py asks only then
+    bound_rows: ClassVar[bool] = False
+    # the node sees the whole batch, not one sample: it reads rows of other samples of a batched
+    # input at indices it computes, or checks the batch size (fVDB's sparse convolution over grids
+    # bound at run time, a voxel a sample: luisaml.fvdb.op_mixins.VoxelBatch). It then runs only
+    # in batched items stages (KernelContext.at_sample, n_samples); the module has no per-sample
+    # `forward`.
+    spans_batch: bool = False
 
     # ---- how a stage may run this node (luisaml/schedule.py) ----------------------------------
     # element() is a cheap expression of its inputs with no statements when ctx.pure: its outputs
@@ -225,33 +234,6 @@ class Operator:
         runtime_sized outputs once the phase marked readback has run."""
         raise NotImplementedError
 
-    @classmethod
-    def reads_bound_rows(cls, op_type: str, k: int) -> bool:
-        """Whether input k may have rows bound at run time (any number, one compiled network for
-        all): only when the node reads it by index and nothing it computes depends on its size."""
-        return False
-
-    @classmethod
-    def pinned_by_example(cls, op_type: str) -> tuple[str, ...]:
-        """Attributes in which an exporter wrote a size of the example it traced (SparseConvKernelMap's
-        output_voxels): dropped when the node reads inputs whose rows are bound at run time, as its
-        rule then derives that size from them."""
-        return ()
-
-    def row_links(self) -> list[tuple[str, str]] | None:
-        """For a node that spans the batch: pairs of names whose batched rows hold the same things (a
-        tensor; voxel_rows.GRID + a batch_offsets tensor: that grid's voxels; voxel_rows.INDICES + a
-        map: the rows its indices name), luisaml/fvdb/voxel_rows.py. None, for any other node: its
-        batched inputs and outputs share rows sample for sample."""
-        return None
-
-    def spans_batch(self) -> bool:
-        """Whether the node sees the whole batch, not one sample: it reads rows of other samples of a
-        batched input at indices it computes, or checks the batch size (fVDB's sparse convolution over
-        grids bound at run time, a voxel a sample). It then runs only in batched items stages
-        (KernelContext.at_sample, n_samples), and the module has no per-sample `forward`."""
-        return False
-
     def samples_per_item(self) -> int:
         """Return how many samples one work item of a batched items stage computes (emit_item then
         gets their bindings as `rows`); 1 unless a tile across samples reuses loads (Dense on the CPU)."""
@@ -290,13 +272,6 @@ class Operator:
     def dispatch_size(self, n: int) -> int:
         """Threads an own_kernel node's launch for n samples dispatches."""
         raise CompileError(f"{self.node.describe()}: internal error: no kernel of its own")
-
-    @classmethod
-    def probe_rows(cls, node: Node, probe) -> list | None:
-        """Return [(elem_type, shape)] per output while the passes probe a batch size
-        (luisaml.passes.infer.Probe: the batch, the inputs bound at run time) for a node whose
-        output has the batch's rows without reading a batched input; None: `infer` decides."""
-        return None
 
     # the class's own shape rule, for ops onnx cannot infer (custom domains) or whose dims it leaves
     # unknown: a classmethod infer(node, inputs) -> [(elem_type, shape)] per output, or None for no

@@ -9,7 +9,7 @@ hold which grid's voxels: an input must have exactly that many rows (it then def
 output is cut to them.
 
 The levels are found by linking names that share rows: each node that spans the batch says what
-its output and inputs hold (`Operator.row_links`: a map's rows are its output grid's voxels, the
+its output and inputs hold (`VoxelBatch.row_links`: a map's rows are its output grid's voxels, the
 rows its indices name are its input grid's; a convolution's output rows are its map's), and any
 other node's batched inputs and outputs share rows sample for sample. A grid is named by its
 bundle's batch_offsets tensor (GRID + its name), whose last element is its voxel count. Two grids
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
+from .op_mixins import VoxelBatch
 
 # link targets that are not tensors (their NUL keeps them apart from any tensor name):
 GRID = "\0grid:"  # the voxels of the grid whose batch_offsets tensor follows
@@ -52,7 +53,7 @@ def find(plan) -> list[VoxelRows]:
 
     spans = False
     for node, op in plan.ops:
-        links = op.row_links()
+        links = op.row_links() if isinstance(op, VoxelBatch) else None
         if links is not None:
             spans = True
             for a, b in links:

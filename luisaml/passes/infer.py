@@ -4,7 +4,7 @@ sizes and comparing the results.
 
 `operators`, where a function takes it: the model's Binding (luisaml.registry: op_type, domain ->
 its operator class), whose rules type the nodes onnx cannot (`infer`, `probe_rows`) and say which
-inputs may have rows bound at run time (`reads_bound_rows`); None: onnx's rules alone, and no input's rows
+inputs may have rows bound at run time (`bound_rows`); None: onnx's rules alone, and no input's rows
 are bound at run time."""
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def _infer_custom(m: onnx.ModelProto, probe: Probe | None, operators) -> bool:
             continue
         n = Node(node.name, node.op_type, node.domain, list(node.input), list(node.output),
                  {a.name: _attr_value(a, None, node.name) for a in node.attribute})
-        result = cls.probe_rows(n, probe) if probe is not None else None
+        result = cls.probe_rows(n, probe) if probe is not None and cls.bound_rows else None
         if result is None and cls.infer is not None:
             result = cls.infer(n, [known.get(i) if i else None for i in node.input])
         if not result:
@@ -297,7 +297,7 @@ def bound_inputs(proto: onnx.ModelProto, unresolved: dict[str, list], symbol: st
                  operators=None) -> dict[str, str]:
     """Return the inputs whose rows are bound at run time: a dynamic first dimension that is not the
     batch, every other dimension fixed, and every node reading it an operator that can read rows of
-    any number (Operator.reads_bound_rows: fVDB's grid bytes and voxel data). Name -> the symbol of its
+    any number (Operator.bound_rows: fVDB's grid bytes and voxel data). Name -> the symbol of its
     rows; an unnamed dynamic dimension is named 'rows of <input>' in proto."""
     out: dict[str, str] = {}
     for name, dims in unresolved.items():
@@ -314,21 +314,22 @@ def bound_inputs(proto: onnx.ModelProto, unresolved: dict[str, list], symbol: st
     for n in proto.graph.node:  # an exporter's example size pinned in an attribute no longer holds
         if any(i in out for i in n.input):
             cls = operators(n.op_type, n.domain) if operators is not None else None
-            drop = set(cls.pinned_by_example(n.op_type)) if cls is not None else set()
+            drop = set(cls.pinned_by_example(n.op_type)) if cls is not None and cls.bound_rows else set()
             for a in [a for a in n.attribute if a.name in drop]:
                 n.attribute.remove(a)
     return out
 
 
 def _readers(proto: onnx.ModelProto, name: str, operators) -> tuple[list, list]:
-    """Return (the nodes reading `name` that can take any number of its rows: Operator.reads_bound_rows,
+    """Return (the nodes reading `name` that can take any number of its rows: Operator.bound_rows,
     those that cannot)."""
     takes, refuses = [], []
     for n in proto.graph.node:
         for k, i in enumerate(n.input):
             if i == name:
                 cls = operators(n.op_type, n.domain) if operators is not None else None
-                (takes if cls is not None and cls.reads_bound_rows(n.op_type, k) else refuses).append(n)
+                (takes if cls is not None and cls.bound_rows and cls.reads_bound_rows(n.op_type, k)
+                 else refuses).append(n)
     return takes, refuses
 
 

@@ -26,6 +26,7 @@ from luisaml.fvdb.layout import NanoVDBError
 from luisaml.fvdb.nanovdb import NanoGrid, as_byte_buffer
 from luisaml.fvdb.nanovdb_query import require_fvdb_index_grid
 from luisaml.fvdb.nanovdb_read import read_grids
+from luisaml.fvdb.op_mixins import BoundRows
 from luisaml.model import shape_str
 from luisaml.operator import CompileError, Derived, Operator
 from luisaml.opsets import fvdb as schema
@@ -207,7 +208,7 @@ class GridRef:
         return self._transform
 
 
-class GridOp(Operator):
+class GridOp(BoundRows, Operator):
     """Base of the operators that read a GridBatch bundle and JaggedTensors (schema.OPS)."""
 
     # jagged inputs whose jdata is shared by every sample (voxel data), by position

@@ -3,7 +3,7 @@
 A layer is a plain items operator whose output takes the usual epilogues (BatchNormalization,
 Relu); the map it reads is an edge of the graph that every layer over the same grid pair shares.
 Over grids bound at run time the voxels are the batch, and SparseConv3d reads the features of the
-sample each tap names (KernelContext.at_sample); it sees the whole batch (Operator.spans_batch).
+sample each tap names (KernelContext.at_sample); it sees the whole batch (VoxelBatch).
 
 A convolution work item is R output voxels x O output channels, the channel blocks of a voxel block
 on consecutive threads, weights prepacked [tap][C_in][C_out] so a thread's O weights are consecutive
@@ -19,6 +19,7 @@ import numpy as np
 
 from luisaml import dtypes
 from luisaml import indexing as ix
+from luisaml.fvdb.op_mixins import VoxelBatch
 from luisaml.model import shape_str
 from luisaml.operator import CompileError, Derived, Operator
 from luisaml.opsets import fvdb as schema
@@ -57,7 +58,7 @@ def conv_tile(n_out: int, c_out: int) -> tuple[int, int]:
 
 
 @register(schema.SPARSE_CONV, domain="fvdb", since=1)
-class SparseConv3d(Operator):
+class SparseConv3d(VoxelBatch, Operator):
     """out[o] = bias + sum over taps t with kernel_map[o, t] >= 0 of weight[:, :, t] @ features[kernel_map[o, t]]."""
 
     stores_once = True
@@ -113,9 +114,6 @@ class SparseConv3d(Operator):
             bad = (v < -1) | (v >= self.n_in)
             self.expect(not bad.any(), f"kernel_map '{kmap.name}' holds index "
                         f"{int(v[bad][0]) if bad.any() else 0} outside [-1, {self.n_in}) (the features' rows)")
-
-    def spans_batch(self) -> bool:
-        return self.voxel_batch
 
     def row_links(self):
         return gather_links(self)

@@ -9,7 +9,7 @@ Over constant grids the map folds on the host at compile time (evaluate).
 
 Over grids bound at run time (any size, one compiled network) the voxels are the batch: the map
 has a row per voxel of the output grid, and a work item per sample finds its voxel from its index
-(nanovdb's nvdb_find_leaf, nvdb_leaf_slot); it sees the whole batch (Operator.spans_batch). A
+(nanovdb's nvdb_find_leaf, nvdb_leaf_slot); it sees the whole batch (VoxelBatch). A
 coarser grid has fewer voxels than the batch: its map's rows past them stay missing
 (luisaml/fvdb/voxel_rows.py says which inputs and outputs hold which grid's voxels).
 
@@ -26,6 +26,7 @@ from luisaml import indexing as ix
 from luisaml.fvdb import layout as L
 from luisaml.fvdb.layout import NanoVDBError
 from luisaml.fvdb.nanovdb_query import active_voxels, ijk_to_index
+from luisaml.fvdb.op_mixins import VoxelBatch
 from luisaml.fvdb.sparse_conv import ConvGeometry, conv_geometry, kernel_map
 from luisaml.fvdb.voxel_rows import GRID, INDICES
 from luisaml.model import shape_str
@@ -69,7 +70,7 @@ def map_index(ctx, expr: str, limit: str | int, flag: str | None, checked: bool 
 
 
 def gather_links(op) -> list[tuple[str, str]] | None:
-    """Operator.row_links of a node out = f(features, map) that reads features at the rows the map
+    """VoxelBatch.row_links of a node out = f(features, map) that reads features at the rows the map
     names (SparseConv3d, the pooling reductions), when the voxels are the batch."""
     if not op.voxel_batch:
         return None
@@ -78,7 +79,7 @@ def gather_links(op) -> list[tuple[str, str]] | None:
 
 
 @register(schema.KERNEL_MAP, domain="fvdb", since=1)
-class SparseConvKernelMap(GridOp):
+class SparseConvKernelMap(VoxelBatch, GridOp):
     """int32 [N_out, T]: the batch-global input voxel each output voxel reads at each tap, or -1."""
 
     # the bundle inputs whose rows may be bound at run time (of either grid): the map then has a row
@@ -178,9 +179,6 @@ class SparseConvKernelMap(GridOp):
                 Derived(grid_metadata, tuple(range(OUT, OUT + 6)), dtypes.INT32, (self.B, META_FIELDS),
                         (("expect_voxels", rows),)),
                 Derived(leaf_positions, tuple(range(OUT, OUT + 6)), dtypes.INT32, (self.leaves,))]
-
-    def spans_batch(self) -> bool:
-        return self.voxel_batch  # (it checks the batch against the grids' voxels)
 
     def row_links(self):
         if not self.voxel_batch:

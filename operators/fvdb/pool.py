@@ -23,6 +23,7 @@ import numpy as np
 
 from luisaml import indexing as ix
 from luisaml.fvdb.nanovdb_query import active_voxels, ijk_to_index
+from luisaml.fvdb.op_mixins import VoxelBatch
 from luisaml.fvdb.layout import NanoVDBError
 from luisaml.fvdb.sparse_conv import ConvGeometry
 from luisaml.fvdb.topology import factor3, pool_geometry, refine_parents
@@ -107,7 +108,7 @@ class RefineMap(_MapBase):
         return f"refine map, factor {list(self.geo.stride)}: {where}"
 
 
-class _Pool(Operator):
+class _Pool(VoxelBatch, Operator):
     """out[o] = reduce over the map's columns t with map[o, t] >= 0 of features[map[o, t]]."""
 
     stores_once = True
@@ -152,9 +153,6 @@ class _Pool(Operator):
     def work_items(self):
         _, cblocks = self.channel_blocks()
         return self.n_out * cblocks if self.c else 0
-
-    def spans_batch(self) -> bool:
-        return self.voxel_batch
 
     def row_links(self):
         return gather_links(self)

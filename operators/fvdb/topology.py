@@ -39,6 +39,7 @@ from luisaml.fvdb import topology as T
 from luisaml.fvdb.builder import HEADER_SIZE, grid_header, grid_layout
 from luisaml.fvdb.grid_batch import MAX_GRIDS_PER_BATCH
 from luisaml.fvdb.layout import NanoVDBError
+from luisaml.fvdb.op_mixins import BoundRows
 from luisaml.fvdb.jagged import JaggedTensor
 from luisaml.dtypes import from_numpy
 from luisaml.model import shape_str
@@ -277,7 +278,7 @@ class _Scratch:
         return self.aux[name]
 
 
-class DeviceGridBuild(GridOp):
+class DeviceGridBuild(BoundRows, GridOp):
     """GridBatchFromIJK / GridBatchFromPoints / GridBatchFromNearestVoxelsToPoints: fold on the host over
     constants (GridOp), build on the device over ijk or points bound at run time (the phases below;
     module docstring)."""

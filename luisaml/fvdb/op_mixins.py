@@ -1,0 +1,59 @@
+"""The parts of the Operator protocol only fVDB's operators have (operators/fvdb/), as two mixins: the
+rules the passes ask of an operator class some of whose inputs may have rows bound at run time
+(`BoundRows`), and what a node over a grid's voxels as the batch says of its rows (`VoxelBatch`).
+
+The compiler's middle sees them through two generic attributes of the Operator base, False there:
+`Operator.bound_rows` (the class has the rules below: passes/infer.py asks them only then) and
+`Operator.spans_batch` (the node sees the whole batch: emission.py). The rows a
+VoxelBatch node links are read by luisaml/fvdb/voxel_rows.py alone. A mixin comes before the
+Operator base among a class's bases, so that its attributes win."""
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class BoundRows:
+    """Mixin of an operator class some of whose inputs may have rows bound at run time (any number,
+    one compiled network for all: passes/infer.py, bound_inputs): fVDB's grid bytes and voxel data."""
+
+    bound_rows: ClassVar[bool] = True  # (Operator.bound_rows: the passes ask the rules below)
+
+    @classmethod
+    def reads_bound_rows(cls, op_type: str, k: int) -> bool:
+        """Whether input k may have rows bound at run time: only when the node reads it by index and
+        nothing it computes depends on its size."""
+        return False
+
+    @classmethod
+    def pinned_by_example(cls, op_type: str) -> tuple[str, ...]:
+        """Attributes in which an exporter wrote a size of the example it traced (SparseConvKernelMap's
+        output_voxels): dropped when the node reads inputs whose rows are bound at run time, as its
+        rule then derives that size from them."""
+        return ()
+
+    @classmethod
+    def probe_rows(cls, node, probe) -> list | None:
+        """Return [(elem_type, shape)] per output while the passes probe a batch size
+        (luisaml.passes.infer.Probe: the batch, the inputs bound at run time) for a node whose
+        output has the batch's rows without reading a batched input; None: `infer` decides."""
+        return None
+
+
+class VoxelBatch:
+    """Mixin of an operator whose node may run over a grid's voxels as the batch, a voxel a sample
+    (operators/fvdb/kernel_map.py): its check() sets `voxel_batch`, and the node then sees the whole
+    batch (Operator.spans_batch: it reads rows of other samples at indices it computes, or checks
+    the batch size against the grids' voxels)."""
+
+    voxel_batch: bool = False  # the voxels are the batch (set by check())
+
+    @property
+    def spans_batch(self) -> bool:
+        return self.voxel_batch
+
+    def row_links(self) -> list[tuple[str, str]] | None:
+        """Pairs of names whose batched rows hold the same things (a tensor; voxel_rows.GRID + a
+        batch_offsets tensor: that grid's voxels; voxel_rows.INDICES + a map: the rows its indices
+        name), luisaml/fvdb/voxel_rows.py; None when the voxels are not the batch: its batched inputs
+        and outputs then share rows sample for sample."""
+        return None
