@@ -1,8 +1,9 @@
 """luisaml: compile ONNX models into LuisaCompute kernels that run as one launch.
 
 `import luisaml` imports neither onnx nor torch: what compiles (`compile`, `CompileOptions`,
-`Operator`, `register`, `MLPConfig`, `NetworkInstance`) is imported on first use, so that
-`luisaml.load("model.lml")` runs a built artifact without them."""
+`Operator`, `register`, `MLPConfig`, `NetworkInstance`) and the onnxruntime-style session
+(`InferenceSession`, `NodeArg`, `SessionOptions`, which sit above the compiler) are imported on first
+use, so that `luisaml.load("model.lml")` runs a built artifact without them."""
 from __future__ import annotations
 
 import importlib
@@ -14,7 +15,6 @@ from .errors import (ArtifactError, BackendUnavailable, BatchMixingError, Compil
 from .limits import Limits
 from .network import CompiledNetwork
 from .per_batch import PerBatchNetwork
-from .session import InferenceSession, NodeArg, SessionOptions
 from .version import __version__
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .operator import Operator
     from .registry import register
     from .runtime import CompileOptions, compile
+    from .session import InferenceSession, NodeArg, SessionOptions
 
 __all__ = [
     "compile", "CompileOptions", "MLPConfig", "CompiledNetwork", "PerBatchNetwork", "NetworkInstance", "Operator", "register",
@@ -31,10 +32,12 @@ __all__ = [
     "IncompatibleArtifact",
 ]
 
-# public name -> the module that defines it, imported on first use (these import onnx)
+# public name -> the module that defines it, imported on first use (most import onnx; the session
+# module does not, but it is the top of the house: the package's own import stays below it)
 _LAZY = {
     "compile": "runtime", "CompileOptions": "runtime", "MLPConfig": "operators.mlp", "NetworkInstance": "instance",
     "Operator": "operator", "register": "registry",
+    "InferenceSession": "session", "NodeArg": "session", "SessionOptions": "session",
 }
 
 
