@@ -153,7 +153,7 @@ def build_plan(prep: Prepared, model_name: str = "model", options: BuildOptions 
 
 
 def readbacks(plan: Plan) -> list[Readback]:
-    """Return what the runtime reads back between stages: after each phase marked readback, the
+    """Return what the runtime reads back between stages: after each phase that reads back, the
     row count of its node's run-time sized outputs (luisaml/dynamic.py)."""
     out = []
     for st in plan.schedule.stages:

@@ -5,12 +5,13 @@ A node whose output size depends on the data (fVDB's rays: how many voxels each 
 declares those outputs in `Operator.runtime_sized` and runs as a sequence of phases, one stage
 each (schedule.py): a count phase writes each work item's row count into an offsets tensor of
 static size, the scan phases below turn it into exclusive offsets in place, the host reads back
-the one total it needs to allocate (a `Readback`, launch.py), and the fill phase writes every
+the one total it needs to allocate (the scan's last phase names it, a `TotalRead`; the runtime's
+`Readback`, launch.py), and the fill phase writes every
 item's rows at its offset. The count and the fill run the same code, so they agree; a fill that
 would pass its item's range flags a run-time error naming the node instead of writing.
 
 A node that needs more than one total (a grid builder: how many bytes each new grid takes, how
-many leaves it has) marks its read-back phase with a `HostRead` instead of True: the runtime reads
+many leaves it has) marks its read-back phase with a `HostRead` instead: the runtime reads
 `count` int32 words of the node's own int scratch (`Operator.scratch`, device memory that persists
 from its first phase to its last) and gives them to the node's host step, which returns the rows of
 each run-time sized output and small arrays to write into that scratch before the next phase (a
@@ -26,7 +27,7 @@ is 4,096 sequential steps in the middle stage; everything else is parallel.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -53,15 +54,25 @@ class HostRead:
 
 
 @dataclass(frozen=True)
+class TotalRead:
+    """A read-back of one int32 element: element `index` of `offsets`, the node's static-size tensor
+    whose counts scan_phases turned into offsets in place (their total: the rows of the node's
+    run-time sized outputs)."""
+
+    offsets: Any  # a storage.Tensor (read back by its name)
+    index: int
+
+
+@dataclass(frozen=True)
 class Phase:
     """One stage of a node with run-time sized outputs: `items` threads run emit(ctx, item);
-    readback: the host reads back after this phase, before the next is launched: True for the one
-    total Operator.rows_total names, a HostRead for the node's own host step."""
+    readback: what the host reads back after this phase, before the next is launched: a TotalRead
+    (the one total of a prefix sum), or a HostRead for the node's own host step; None: nothing."""
 
     name: str
     items: int
     emit: Callable[..., None]
-    readback: bool | HostRead = False
+    readback: TotalRead | HostRead | None = None
 
 
 @dataclass
@@ -81,7 +92,7 @@ class Readback:
 
 
 def readback_of(stage: int, node, op, phase: Phase) -> Readback:
-    """Return the Readback after `stage`, a phase of node (its operator op) marked readback."""
+    """Return the Readback after `stage`, a phase of node (its operator op) that reads back."""
     sized = [node.outputs[j] for j in op.runtime_sized if j < len(node.outputs) and node.outputs[j]]
     if isinstance(phase.readback, HostRead):
         hr = phase.readback
@@ -92,8 +103,8 @@ def readback_of(stage: int, node, op, phase: Phase) -> Readback:
             return HostResult(rows, res.writes)
 
         return Readback(stage, "", hr.index, node.describe(), sized, hr.count, step)
-    k, index = op.rows_total()
-    return Readback(stage, node.outputs[k], int(index), node.describe(), sized)
+    total = phase.readback
+    return Readback(stage, total.offsets.name, int(total.index), node.describe(), sized)
 
 
 def download_words(buf, index: int, count: int) -> np.ndarray:
@@ -122,7 +133,8 @@ def upload_words(buf, index: int, words: np.ndarray) -> None:
 def scan_phases(offsets, count: int) -> list[Phase]:
     """Return the phases turning offsets[1..count] (per-item counts, as the count phase wrote them)
     into the exclusive prefix sum offsets[0..count] in place; the last one reads back the total
-    offsets[count]. `offsets` is the Tensor (count + 1 elements)."""
+    offsets[count] (a TotalRead: the caller replaces it where offsets is scratch, not a Tensor the
+    runtime can read by name). `offsets` is the Tensor (count + 1 elements)."""
     chunks = max(-(-count // SCAN_CHUNK), 1)
 
     def chunk_scan(ctx, item):
@@ -157,4 +169,4 @@ def scan_phases(offsets, count: int) -> list[Phase]:
 
     return [Phase("scan chunks", chunks if count else 0, chunk_scan),
             Phase("scan chain", 1, chain),
-            Phase("scan add", count if count > SCAN_CHUNK else 0, add_base, readback=True)]
+            Phase("scan add", count if count > SCAN_CHUNK else 0, add_base, readback=TotalRead(offsets, count))]

@@ -229,11 +229,6 @@ class Operator:
         `scratch_<type>` kernel argument, from element 0; luisaml/dynamic.py); none by default."""
         return {}
 
-    def rows_total(self) -> tuple[int, int]:
-        """Return (output index, element) of the static-size output that holds the row count of the
-        runtime_sized outputs once the phase marked readback has run."""
-        raise NotImplementedError
-
     def samples_per_item(self) -> int:
         """Return how many samples one work item of a batched items stage computes (emit_item then
         gets their bindings as `rows`); 1 unless a tile across samples reuses loads (Dense on the CPU)."""

@@ -51,7 +51,7 @@ class Stage:
     threads: int = 1  # threads per work item: a "blocks" stage's block size, else 1
     phase: int | None = None  # a phase of a node with run-time sized outputs (luisaml/dynamic.py)
     phase_name: str = ""
-    readback: bool = False  # the host reads the node's row count back after this stage
+    readback: object = None  # what the host reads back after this stage (a dynamic.TotalRead or HostRead)
     # samples a work item covers (Operator.samples_per_item): items of the others idle; of a blocks
     # stage, the samples a block's tile covers (Operator.block_samples): the stage dispatches
     # ceil(n / samples) groups of `items` blocks and its kernel takes the batch as an argument

@@ -163,9 +163,6 @@ class RayOp(GridOp):
                 + scan_phases(joffsets, self.rays)
                 + [Phase("fill", self.rays, lambda ctx, ray: self.emit_walk(ctx, ray, fill=True))])
 
-    def rows_total(self):
-        return self.JOFFSETS, self.rays
-
     def grid_id(self, ctx, ray: str) -> str:
         """Emit and return the grid id of a ray (its jidx; 0 for a single tensor)."""
         origins = self.jagged[0]
