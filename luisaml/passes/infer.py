@@ -280,6 +280,18 @@ def unresolved_inputs(proto: onnx.ModelProto) -> dict[str, list]:
     return {k: v for k, v in input_shapes(proto).items() if any(not isinstance(d, int) for d in v)}
 
 
+class DynamicDimsError(ModelError):
+    """Graph inputs with dynamic dimensions besides the batch: compile() specialises the model to
+    each shape it runs with (luisaml/per_shape.py), what needs one plan (analyze) refuses.
+    inputs: {input: its dims} of those inputs (ints, the batch symbol, and the other dynamic dims: a
+    name, or None when unnamed); symbol: the batch symbol (None: the graph has no batch)."""
+
+    def __init__(self, message: str, inputs: dict[str, list] | None = None, symbol: str | None = None):
+        super().__init__(message)
+        self.inputs = inputs or {}
+        self.symbol = symbol
+
+
 @dataclass
 class Specialised:
     """The model at batch PROBE_A, plus what differs at PROBE_B: batch dims and batch-dependent data;
@@ -416,21 +428,21 @@ def specialise(proto: onnx.ModelProto, symbol: str | None, limits: Limits = DEFA
     unresolved = {k: v for k, v in unresolved.items() if k not in bound}
     if symbol is None:
         if unresolved:
-            raise ModelError(
+            raise DynamicDimsError(
                 "inputs with dynamic dimensions: "
                 + ", ".join(f"'{k}' {shape_str(v)}{_fixed_size_reader(proto, k)}" for k, v in unresolved.items())
-                + "; give input_shapes={name: [...]} or compile with batch_axis='auto' for a batch dimension"
-            )
+                + "; give input_shapes={name: [...]} or compile with batch_axis='auto' for a batch dimension",
+                unresolved, None)
         a = _probe(proto, rows, None, bound, limits)
         _check_rows_probe(proto, a, bound, {}, limits)
         return Specialised(a, None, {}, {}, bound)
     others = {k: v for k, v in unresolved.items() if any(not isinstance(d, int) and d != symbol for d in v)}
     if others:
-        raise ModelError(
+        raise DynamicDimsError(
             f"only the batch dimension '{symbol}' may be dynamic, but "
             + ", ".join(f"'{k}' is {shape_str(v)}{_fixed_size_reader(proto, k)}" for k, v in others.items())
-            + "; fix the other dimensions with input_shapes={name: [...]}"
-        )
+            + "; fix the other dimensions with input_shapes={name: [...]}",
+            others, symbol)
     a = _probe(proto, {symbol: PROBE_A, **rows}, PROBE_A, bound, limits)
     b = _probe(proto, {symbol: PROBE_B, **rows}, PROBE_B, bound, limits)
     _check_rows_probe(proto, a, bound, {symbol: PROBE_A}, limits)
