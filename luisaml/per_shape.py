@@ -74,9 +74,18 @@ class PerShapeNetwork:
         raise AttributeError(f"'PerShapeNetwork' object has no attribute '{name}'")
 
     def _one_shape(self, what: str) -> str:
-        example = ", ".join(f"{s}=..." if s.isidentifier() else f"**{{{s!r}: ...}}" for s in self.symbols)
-        return (f"{what} compiles per shape of its dynamic dimensions ({self.why}); net.specialise({example}) "
-                "returns the network of one shape, or compile with input_shapes={name: [...]} fixing them")
+        dims = ", ".join(f"'{k}' {_dims_str(v)}" for k, v in self.input_shapes.items())
+        return (f"{what} compiles per shape of its dynamic dimensions {', '.join(self.symbols)} ({dims}): "
+                f"{self._specialise_call()} returns the network of one shape, or compile with "
+                "input_shapes={name: [...]} fixing them")
+
+    def _specialise_call(self) -> str:
+        """net.specialise(...) with this network's dimensions, as messages write it."""
+        kw = [f"{s}=..." for s in self.symbols if s.isidentifier()]
+        named = [f"{s!r}: ..." for s in self.symbols if not s.isidentifier()]
+        if named:
+            kw.append("**{" + ", ".join(named) + "}")
+        return f"net.specialise({', '.join(kw)})"
 
     @property
     def batch_symbol(self) -> str | None:
@@ -97,7 +106,7 @@ class PerShapeNetwork:
         shapes = {k: tuple(feeds[k].shape) if is_torch(feeds[k]) else np.shape(feeds[k]) for k in self.input_shapes}
         for k, dims in self.input_shapes.items():
             if len(shapes[k]) != len(dims):
-                raise InputError(f"input '{k}': expected rank {len(dims)} ({shape_str(dims)}), got shape "
+                raise InputError(f"input '{k}': expected rank {len(dims)} ({_dims_str(dims)}), got shape "
                                  f"{shape_str(shapes[k])}")
         sizes: dict[str, tuple[int, str, int]] = {}  # dimension -> (size, the input that set it, its axis)
         for name, axis, sym in self._dynamic:
@@ -163,9 +172,8 @@ class PerShapeNetwork:
 
     def save(self, path: str | os.PathLike, *, model_name: str | None = None):
         """Refuse with UsageError, saying why: an artifact holds the network of one shape."""
-        raise OneShapeNeeded(f"cannot save a network that compiles per shape ({self.why}); save "
-                             f"net.specialise(...) (one shape), or compile with input_shapes (--input-shapes "
-                             "NAME:DIMxDIM...) to build one network")
+        raise OneShapeNeeded(f"cannot save a network that compiles per shape: {self.why}, or save "
+                             f"{self._specialise_call()}, the network of one shape")
 
     def __call__(self, **feeds):
         """Run and return the output (one) or a tuple of outputs in graph order."""
@@ -174,9 +182,14 @@ class PerShapeNetwork:
         return vals[0] if len(vals) == 1 else tuple(vals)
 
     def __repr__(self) -> str:
-        dims = ", ".join(f"{k}: {shape_str(v)}" for k, v in self.input_shapes.items())
+        dims = ", ".join(f"{k}: {_dims_str(v)}" for k, v in self.input_shapes.items())
         return (f"<PerShapeNetwork {dims} on {self.backend}: compiled per shape of {', '.join(self.symbols)}, "
                 f"{len(self._nets)} kept>")
+
+
+def _dims_str(dims: list) -> str:
+    """A model's dims as messages write them, an unnamed dynamic one '?'."""
+    return shape_str(["?" if d is None else d for d in dims])
 
 
 # a PerShapeNetwork is taken wherever a compiled network is (isinstance says so): what it cannot do

@@ -430,7 +430,7 @@ def specialise(proto: onnx.ModelProto, symbol: str | None, limits: Limits = DEFA
         if unresolved:
             raise DynamicDimsError(
                 "inputs with dynamic dimensions: "
-                + ", ".join(f"'{k}' {shape_str(v)}{_fixed_size_reader(proto, k)}" for k, v in unresolved.items())
+                + ", ".join(f"'{k}' {_dims_str(v)}{_fixed_size_reader(proto, k)}" for k, v in unresolved.items())
                 + "; give input_shapes={name: [...]} or compile with batch_axis='auto' for a batch dimension",
                 unresolved, None)
         a = _probe(proto, rows, None, bound, limits)
@@ -440,7 +440,7 @@ def specialise(proto: onnx.ModelProto, symbol: str | None, limits: Limits = DEFA
     if others:
         raise DynamicDimsError(
             f"only the batch dimension '{symbol}' may be dynamic, but "
-            + ", ".join(f"'{k}' is {shape_str(v)}{_fixed_size_reader(proto, k)}" for k, v in others.items())
+            + ", ".join(f"'{k}' is {_dims_str(v)}{_fixed_size_reader(proto, k)}" for k, v in others.items())
             + "; fix the other dimensions with input_shapes={name: [...]}",
             others, symbol)
     a = _probe(proto, {symbol: PROBE_A, **rows}, PROBE_A, bound, limits)
@@ -448,6 +448,11 @@ def specialise(proto: onnx.ModelProto, symbol: str | None, limits: Limits = DEFA
     _check_rows_probe(proto, a, bound, {symbol: PROBE_A}, limits)
     values_b = {t.name: numpy_helper.to_array(t) for t in b.graph.initializer}
     return Specialised(a, symbol, _all_shapes(b), values_b, bound)
+
+
+def _dims_str(dims: list) -> str:
+    """An input's dims as messages write them, an unnamed dynamic one '?'."""
+    return shape_str(["?" if d is None else d for d in dims])
 
 
 def _check_rows_probe(proto, a, bound: dict[str, str], batch: dict[str, int], limits: Limits) -> None:
