@@ -428,8 +428,8 @@ def specialise(proto: onnx.ModelProto, symbol: str | None, limits: Limits = DEFA
     unresolved = {k: v for k, v in unresolved.items() if k not in bound}
     if symbol is None:
         if unresolved:
-            raise DynamicDimsError(
-                "inputs with dynamic dimensions: "
+            raise _dynamic_dims_error(
+                proto, "inputs with dynamic dimensions: "
                 + ", ".join(f"'{k}' {_dims_str(v)}{_fixed_size_reader(proto, k)}" for k, v in unresolved.items())
                 + "; give input_shapes={name: [...]} or compile with batch_axis='auto' for a batch dimension",
                 unresolved, None)
@@ -438,8 +438,8 @@ def specialise(proto: onnx.ModelProto, symbol: str | None, limits: Limits = DEFA
         return Specialised(a, None, {}, {}, bound)
     others = {k: v for k, v in unresolved.items() if any(not isinstance(d, int) and d != symbol for d in v)}
     if others:
-        raise DynamicDimsError(
-            f"only the batch dimension '{symbol}' may be dynamic, but "
+        raise _dynamic_dims_error(
+            proto, f"only the batch dimension '{symbol}' may be dynamic, but "
             + ", ".join(f"'{k}' is {_dims_str(v)}{_fixed_size_reader(proto, k)}" for k, v in others.items())
             + "; fix the other dimensions with input_shapes={name: [...]}",
             others, symbol)
@@ -448,6 +448,41 @@ def specialise(proto: onnx.ModelProto, symbol: str | None, limits: Limits = DEFA
     _check_rows_probe(proto, a, bound, {symbol: PROBE_A}, limits)
     values_b = {t.name: numpy_helper.to_array(t) for t in b.graph.initializer}
     return Specialised(a, symbol, _all_shapes(b), values_b, bound)
+
+
+def _dynamic_dims_error(proto: onnx.ModelProto, message: str, inputs: dict[str, list], symbol: str | None) -> ModelError:
+    """Return the DynamicDimsError of inputs with dynamic dimensions besides the batch (compile then
+    specialises the model per shape), or a ModelError where one of them reaches a node of another
+    domain than ONNX's: such a node may hold sizes of the exported example in its attributes (fVDB's
+    total_voxels), which fixing the input's shape would leave wrong."""
+    reached = _custom_node_reached(proto, inputs)
+    if reached is not None:
+        k, n = reached
+        return ModelError(f"{message} ('{k}' reaches node '{n.name or n.op_type}' ({n.domain}::{n.op_type}), whose "
+                          "attributes may hold the exported example's sizes: it is not compiled per shape)")
+    return DynamicDimsError(message, inputs, symbol)
+
+
+def _custom_node_reached(proto: onnx.ModelProto, names) -> tuple[str, onnx.NodeProto] | None:
+    """Return (input, node) of the first of `names` whose values reach a node of another domain than
+    ONNX's (through any nodes, or a subgraph reading them), else None."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in proto.graph.node:
+        inner = {i for a in n.attribute for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs)
+                 for i in {i for m in sub.node for i in m.input} | _subgraph_inputs(sub)}
+        for t in set(n.input) | inner:
+            readers.setdefault(t, []).append(n)
+    for name in names:
+        seen, frontier = {name}, [name]
+        while frontier:
+            for n in readers.get(frontier.pop(), []):
+                if n.domain not in ("", "ai.onnx"):
+                    return name, n
+                for o in n.output:
+                    if o and o not in seen:
+                        seen.add(o)
+                        frontier.append(o)
+    return None
 
 
 def _dims_str(dims: list) -> str:
