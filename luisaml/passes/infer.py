@@ -372,9 +372,16 @@ def _subgraph_inputs(g: onnx.GraphProto) -> set[str]:
     """Return every name the nodes of g's subgraphs (at any depth) read."""
     out: set[str] = set()
     for n in g.node:
-        for a in n.attribute:
-            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                out |= {i for m in sub.node for i in m.input} | _subgraph_inputs(sub)
+        out |= _node_subgraph_inputs(n)
+    return out
+
+
+def _node_subgraph_inputs(n: onnx.NodeProto) -> set[str]:
+    """Return every name the nodes of n's subgraphs (an If's branches, a Loop's body; at any depth) read."""
+    out: set[str] = set()
+    for a in n.attribute:
+        for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+            out |= {i for m in sub.node for i in m.input} | _subgraph_inputs(sub)
     return out
 
 
@@ -468,9 +475,7 @@ def _custom_node_reached(proto: onnx.ModelProto, names) -> tuple[str, onnx.NodeP
     ONNX's (through any nodes, or a subgraph reading them), else None."""
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in proto.graph.node:
-        inner = {i for a in n.attribute for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs)
-                 for i in {i for m in sub.node for i in m.input} | _subgraph_inputs(sub)}
-        for t in set(n.input) | inner:
+        for t in set(n.input) | _node_subgraph_inputs(n):
             readers.setdefault(t, []).append(n)
     for name in names:
         seen, frontier = {name}, [name]
