@@ -70,13 +70,16 @@ class PerShapeNetwork:
 
     def __getattr__(self, name: str) -> Any:
         if name in PerShapeNetwork._ONE_SHAPE:
-            raise OneShapeNeeded(self._one_shape(f"`{name}` exists for one shape, and this network"))
+            raise OneShapeNeeded(self._one_shape(f"`{name}` exists for one shape", "there"))
         raise AttributeError(f"'PerShapeNetwork' object has no attribute '{name}'")
 
-    def _one_shape(self, what: str) -> str:
+    def _one_shape(self, what: str, where: str) -> str:
+        """The message of `what` (an attribute, save) a network of one shape has: why, and how to get one."""
         dims = ", ".join(f"'{k}' {_dims_str(v)}" for k, v in self.input_shapes.items())
-        return (f"{what} compiles per shape of its dynamic dimensions {', '.join(self.symbols)} ({dims}): "
-                f"{self._specialise_call()} returns the network of one shape, or compile with "
+        static = (f"only the batch dimension '{self.symbol}' may be dynamic" if self.symbol is not None
+                  else "no dimension may be dynamic")
+        return (f"{what}: {static} {where}, and this network compiles per shape of {', '.join(self.symbols)} "
+                f"({dims}); {self._specialise_call()} returns the network of one shape, or compile with "
                 "input_shapes={name: [...]} fixing them")
 
     def _specialise_call(self) -> str:
@@ -172,8 +175,7 @@ class PerShapeNetwork:
 
     def save(self, path: str | os.PathLike, *, model_name: str | None = None):
         """Refuse with UsageError, saying why: an artifact holds the network of one shape."""
-        raise OneShapeNeeded(f"cannot save a network that compiles per shape: {self.why}, or save "
-                             f"{self._specialise_call()}, the network of one shape")
+        raise OneShapeNeeded(self._one_shape("cannot save this network", "in an artifact"))
 
     def __call__(self, **feeds):
         """Run and return the output (one) or a tuple of outputs in graph order."""

@@ -141,16 +141,17 @@ def test_specialisations_kept_are_bounded_and_a_kept_one_is_not_compiled_again(b
 def test_what_needs_one_shape_says_how_to_fix_it(bert):
     net = luisaml.compile(bert)
     for what in (lambda: net.forward, lambda: net.plan, lambda: net.inputs, lambda: net.source):
-        with pytest.raises(UsageError, match=r"compiles per shape of its dynamic dimensions seq \('ids' \[batch, "
-                                             r"seq\], 'mask' \[batch, seq\]\): net\.specialise\(seq=\.\.\.\) "
+        with pytest.raises(UsageError, match=r"exists for one shape: only the batch dimension 'batch' may be dynamic "
+                                             r"there, and this network compiles per shape of seq \('ids' \[batch, "
+                                             r"seq\], 'mask' \[batch, seq\]\); net\.specialise\(seq=\.\.\.\) "
                                              r"returns the network of one shape, or compile with input_shapes="):
             what()
     assert not hasattr(net, "plan") and getattr(net, "source", None) is None  # (an AttributeError too)
-    with pytest.raises(UsageError, match=r"cannot save a network that compiles per shape: only the batch dimension "
-                                         r"'batch' may be dynamic, .*, or save net\.specialise\(seq=\.\.\.\), the "
-                                         r"network of one shape"):
+    with pytest.raises(UsageError, match=r"cannot save this network: only the batch dimension 'batch' may be "
+                                         r"dynamic in an artifact, and this network compiles per shape of seq .*"
+                                         r"net\.specialise\(seq=\.\.\.\) returns the network of one shape"):
         net.save("never.lml")
-    with pytest.raises(UsageError, match=r"compiles per shape"):
+    with pytest.raises(UsageError, match=r"`inputs` exists for one shape: .* net\.specialise\(seq=\.\.\.\)"):
         NetworkInstance(net).set_input("ids", _bert_feeds(2, 8)["ids"])
     with pytest.raises(UsageError, match=r"a size for each dynamic dimension besides the batch, \['seq'\]; "
                                          r"unknown: \['length'\]"):
