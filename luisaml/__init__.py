@@ -15,6 +15,7 @@ from .errors import (ArtifactError, BackendUnavailable, BatchMixingError, Compil
 from .limits import Limits
 from .network import CompiledNetwork
 from .per_batch import PerBatchNetwork
+from .per_shape import PerShapeNetwork
 from .version import __version__
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from .session import InferenceSession, NodeArg, SessionOptions
 
 __all__ = [
-    "compile", "CompileOptions", "MLPConfig", "CompiledNetwork", "PerBatchNetwork", "NetworkInstance", "Operator", "register",
+    "compile", "CompileOptions", "MLPConfig", "CompiledNetwork", "PerBatchNetwork", "PerShapeNetwork", "NetworkInstance", "Operator", "register",
     "Limits", "LuisamlError", "ModelError", "CompileError", "BatchMixingError", "WeightsError", "LimitError",
     "InputError", "RunError", "UsageError", "BackendUnavailable", "InferenceSession", "NodeArg", "SessionOptions", "load", "ArtifactError",
     "IncompatibleArtifact",

@@ -1,7 +1,8 @@
 """compile() and analyze(): from a model file to a CompiledNetwork (or a plan, without a device).
 
 The options travel as one `CompileOptions`, so that a network whose batch moves (its shapes are
-fixed per run: per_batch.PerBatchNetwork) can compile itself again at another batch size; they are
+fixed per run: per_batch.PerBatchNetwork) can compile itself again at another batch size, and one
+with other dynamic dimensions (per_shape.PerShapeNetwork) at another shape; they are
 resolved for the backend once (planning.CompileOptions.resolve), and planned by luisaml/planning.py."""
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ from .limits import Limits
 from .log import logger, phase
 from .network import CompiledNetwork
 from .operators.mlp import MLPConfig
+from .passes.infer import DynamicDimsError
 from .passes.infer import input_shapes as declared_shapes
 from .per_batch import PerBatchNetwork
+from .per_shape import PerShapeNetwork
 from .plan import Plan
 from .planning import (Backend, BatchAxis, CompileOptions, Float64, Fuse, FuseMode, GridBuild, Precision, Schedule,
                        Winograd, build, fixed_batch, fixed_shapes, plan_for)
@@ -93,7 +96,8 @@ def compile(
     winograd: Winograd = "auto",
     grid_build: GridBuild = "auto",
 ) -> CompiledNetwork:
-    """Return the model compiled for the chosen backend.
+    """Return the model compiled for the chosen backend (a PerBatchNetwork or PerShapeNetwork
+    where it compiles per batch size or per shape: both are CompiledNetworks to isinstance).
 
     model: a path (.onnx or LuisaML .json), or an onnx.ModelProto.
     weights: a safetensors file, a header-less blob, bytes, or a dict of arrays (optional).
@@ -104,7 +108,10 @@ def compile(
     apart runs per sample for any batch size; one that moves the batch axis (attention's
     [B,S,D] -> [S,B,D]) or mixes samples (a mean over the batch) compiles for each batch size it
     is run with.
-    input_shapes: fix dynamic dimensions, e.g. {"x": [None, 16, 3]} (None keeps a dimension).
+    input_shapes: fix dynamic dimensions, e.g. {"x": [None, 16, 3]} (None keeps a dimension). A
+    dynamic dimension besides the batch left unfixed (a sequence length, an image size) makes a
+    PerShapeNetwork: it compiles for each shape it runs with and keeps the last 8 (luisaml/per_shape.py);
+    with batch_axis=None such a dimension is refused instead.
     precision: "fp32", or "fp16": float inputs and outputs are half (the fused MLP kernel only;
     never chosen implicitly).
     fuse: "auto" (an MLP gets the fused cooperative kernel on CUDA), True (also on the CPU
@@ -139,16 +146,35 @@ def compile(
                           schedule, mlp, winograd=winograd, grid_build=grid_build).resolve(name)
     with phase("load", model=_model_name(model)):
         proto = loaders.load_proto(model, weights, limits=opts.limits)
-    workers = _WorkersAhead(name)
-    plan, why, symbol = plan_for(proto, _model_name(model), opts, workers, _compile_grid_step)
-    net = _network(plan, name, workers if why is None else None)
+    net = _compile_loaded(proto, _model_name(model), opts, name)
+    logger.info("compiled %s in %.2f s -> %s", _model_name(model), time.perf_counter() - t0,
+                getattr(net, "path", "(per shape: at each run's shape)"))
+    return net
+
+
+def _compile_loaded(proto: onnx.ModelProto, model_name: str, opts: CompileOptions,
+                    backend: str) -> CompiledNetwork | PerBatchNetwork | PerShapeNetwork:
+    """Return the network of a loaded model under resolved options: a CompiledNetwork; a
+    PerBatchNetwork where the batch moves; a PerShapeNetwork where inputs have dynamic dimensions
+    besides the batch (and batch_axis is not None: the model's shapes as they are), which calls
+    this again with them fixed at each new shape it runs with."""
+    workers = _WorkersAhead(backend)
+    try:
+        plan, why, symbol = plan_for(proto, model_name, opts, workers, _compile_grid_step)
+    except DynamicDimsError as e:
+        if opts.batch_axis is None:
+            raise
+        given = dict(opts.input_shapes or {})
+        return PerShapeNetwork(str(e), e.symbol, e.inputs, list(declared_shapes(proto)), backend,
+                               lambda shapes: _compile_loaded(proto, model_name,
+                                                              replace(opts, input_shapes={**given, **shapes}), backend))
+    net = _network(plan, backend, workers if why is None else None)
     if why is not None:  # (the probe plan runs only if asked to; its per-batch builds start their own)
         if workers.workers is not None:
             workers.workers.close()
         net = PerBatchNetwork(net, why, symbol, declared_shapes(proto),
-                              lambda n: _compile_fixed(proto, _model_name(model), opts, name, symbol, n),
+                              lambda n: _compile_fixed(proto, model_name, opts, backend, symbol, n),
                               save=artifact.save)
-    logger.info("compiled %s in %.2f s -> %s", _model_name(model), time.perf_counter() - t0, net.path)
     return net
 
 

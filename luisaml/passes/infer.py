@@ -281,6 +281,18 @@ def unresolved_inputs(proto: onnx.ModelProto) -> dict[str, list]:
     return {k: v for k, v in input_shapes(proto).items() if any(not isinstance(d, int) for d in v)}
 
 
+class DynamicDimsError(ModelError):
+    """Graph inputs with dynamic dimensions besides the batch: compile() specialises the model to
+    each shape it runs with (luisaml/per_shape.py), what needs one plan (analyze) refuses.
+    inputs: {input: its dims} of those inputs (ints, the batch symbol, and the other dynamic dims: a
+    name, or None when unnamed); symbol: the batch symbol (None: the graph has no batch)."""
+
+    def __init__(self, message: str, inputs: dict[str, list] | None = None, symbol: str | None = None):
+        super().__init__(message)
+        self.inputs = inputs or {}
+        self.symbol = symbol
+
+
 @dataclass
 class Specialised:
     """The model at batch PROBE_A, plus what differs at PROBE_B: batch dims and batch-dependent data;
@@ -355,9 +367,16 @@ def _subgraph_inputs(g: onnx.GraphProto) -> set[str]:
     """Return every name the nodes of g's subgraphs (at any depth) read."""
     out: set[str] = set()
     for n in g.node:
-        for a in n.attribute:
-            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                out |= {i for m in sub.node for i in m.input} | _subgraph_inputs(sub)
+        out |= _node_subgraph_inputs(n)
+    return out
+
+
+def _node_subgraph_inputs(n: onnx.NodeProto) -> set[str]:
+    """Return every name the nodes of n's subgraphs (an If's branches, a Loop's body; at any depth) read."""
+    out: set[str] = set()
+    for a in n.attribute:
+        for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+            out |= {i for m in sub.node for i in m.input} | _subgraph_inputs(sub)
     return out
 
 
@@ -412,26 +431,64 @@ def specialise(proto: onnx.ModelProto, symbol: str | None, limits: Limits = DEFA
     unresolved = {k: v for k, v in unresolved.items() if k not in bound}
     if symbol is None:
         if unresolved:
-            raise ModelError(
-                "inputs with dynamic dimensions: "
-                + ", ".join(f"'{k}' {shape_str(v)}{_fixed_size_reader(proto, k, operators)}" for k, v in unresolved.items())
-                + "; give input_shapes={name: [...]} or compile with batch_axis='auto' for a batch dimension"
-            )
+            raise _dynamic_dims_error(
+                proto, "inputs with dynamic dimensions: "
+                + ", ".join(f"'{k}' {_dims_str(v)}{_fixed_size_reader(proto, k, operators)}" for k, v in unresolved.items())
+                + "; give input_shapes={name: [...]} or compile with batch_axis='auto' for a batch dimension",
+                unresolved, None)
         a = _probe(proto, rows, None, bound, limits, operators)
         _check_rows_probe(proto, a, bound, {}, limits, operators)
         return Specialised(a, None, {}, {}, bound)
     others = {k: v for k, v in unresolved.items() if any(not isinstance(d, int) and d != symbol for d in v)}
     if others:
-        raise ModelError(
-            f"only the batch dimension '{symbol}' may be dynamic, but "
-            + ", ".join(f"'{k}' is {shape_str(v)}{_fixed_size_reader(proto, k, operators)}" for k, v in others.items())
-            + "; fix the other dimensions with input_shapes={name: [...]}"
-        )
+        raise _dynamic_dims_error(
+            proto, f"only the batch dimension '{symbol}' may be dynamic, but "
+            + ", ".join(f"'{k}' is {_dims_str(v)}{_fixed_size_reader(proto, k, operators)}" for k, v in others.items())
+            + "; fix the other dimensions with input_shapes={name: [...]}",
+            others, symbol)
     a = _probe(proto, {symbol: PROBE_A, **rows}, PROBE_A, bound, limits, operators)
     b = _probe(proto, {symbol: PROBE_B, **rows}, PROBE_B, bound, limits, operators)
     _check_rows_probe(proto, a, bound, {symbol: PROBE_A}, limits, operators)
     values_b = {t.name: numpy_helper.to_array(t) for t in b.graph.initializer}
     return Specialised(a, symbol, _all_shapes(b), values_b, bound)
+
+
+def _dynamic_dims_error(proto: onnx.ModelProto, message: str, inputs: dict[str, list], symbol: str | None) -> ModelError:
+    """Return the DynamicDimsError of inputs with dynamic dimensions besides the batch (compile then
+    specialises the model per shape), or a ModelError where one of them reaches a node of another
+    domain than ONNX's: such a node may hold sizes of the exported example in its attributes (fVDB's
+    total_voxels), which fixing the input's shape would leave wrong."""
+    reached = _custom_node_reached(proto, inputs)
+    if reached is not None:
+        k, n = reached
+        return ModelError(f"{message} ('{k}' reaches node '{n.name or n.op_type}' ({n.domain}::{n.op_type}), whose "
+                          "attributes may hold the exported example's sizes: it is not compiled per shape)")
+    return DynamicDimsError(message, inputs, symbol)
+
+
+def _custom_node_reached(proto: onnx.ModelProto, names) -> tuple[str, onnx.NodeProto] | None:
+    """Return (input, node) of the first of `names` whose values reach a node of another domain than
+    ONNX's (through any nodes, or a subgraph reading them), else None."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in proto.graph.node:
+        for t in set(n.input) | _node_subgraph_inputs(n):
+            readers.setdefault(t, []).append(n)
+    for name in names:
+        seen, frontier = {name}, [name]
+        while frontier:
+            for n in readers.get(frontier.pop(), []):
+                if n.domain not in ("", "ai.onnx"):
+                    return name, n
+                for o in n.output:
+                    if o and o not in seen:
+                        seen.add(o)
+                        frontier.append(o)
+    return None
+
+
+def _dims_str(dims: list) -> str:
+    """An input's dims as messages write them, an unnamed dynamic one '?'."""
+    return shape_str(["?" if d is None else d for d in dims])
 
 
 def _check_rows_probe(proto, a, bound: dict[str, str], batch: dict[str, int], limits: Limits, operators) -> None:
