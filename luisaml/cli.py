@@ -402,8 +402,9 @@ def _inspect_artifact(a) -> int:
     if a.html:
         if rep is None:
             raise UsageError(f"{a.model} holds no inspect report (see the warning when it was built): no --html")
+        page = report.html(rep)
         with open(a.html, "w", encoding="utf-8") as f:
-            f.write(report.html(rep))
+            f.write(page)
         note("wrote %s", a.html)
     if a.json:
         print(report.to_json({**(rep or {}), "artifact": about}))

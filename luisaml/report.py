@@ -274,7 +274,8 @@ def attribute_value(v: Any) -> Any:
             return [attribute_value(x) for x in v]
         if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
             return "list " + _array_text(np.asarray(v))
-        return f"list of {len(v)}: " + "; ".join(str(attribute_value(x)) for x in v[:3]) + ("; …" if len(v) > 3 else "")
+        shown = "; ".join(str(attribute_value(x)) for x in v[:3])
+        return f"list of {len(v)}: {shown}" + ("; …" if len(v) > 3 else "")
     return type(v).__name__  # a TypeProto: its kind only
 
 
@@ -612,8 +613,8 @@ def html(rep: Mapping) -> str:
         rows.append(("stage times", f"{time_text(prof['total_ms'])} in all, each stage launched alone (the median of "
                                     f"{prof['repeat']}) on {prof['backend']}, batch {prof['batch']} of random inputs"
                      if prof else "not measured (inspect --html FILE --profile runs the model once to time them)"))
-    parts.append("<table class=kv>" + "".join(f"<tr><td>{escape(k)}</td><td><span class=w>{escape(v)}</span></td></tr>" for k, v in rows)
-                 + "</table>")
+    parts.append("<table class=kv>" + "".join(f"<tr><td>{escape(k)}</td><td><span class=w>{escape(v)}</span></td></tr>"
+                                              for k, v in rows) + "</table>")
     if not rep["unsupported"]:
         parts.append("<h2>Graph</h2><div class='legend sub'>one box per stage, launched top to bottom as one command "
                      "list: <span style='background:#ddf4ff;border-color:#0969da'>element</span>"

@@ -175,7 +175,12 @@ $$(".zoombox").forEach(zoomable);
 
 // a node's details: written with textContent only
 const panel = $("#details");
-const text = (tag, s, cls) => { const e = document.createElement(tag); e.textContent = s; if (cls) e.className = cls; return e; };
+const text = (tag, s, cls) => {
+  const e = document.createElement(tag);
+  e.textContent = s;
+  if (cls) e.className = cls;
+  return e;
+};
 const shapeOf = t => `${t.dtype || "?"}[${t.shape == null ? "?" : t.shape.join(", ")}]`;
 const valueOf = v => typeof v === "string" ? v : JSON.stringify(v);
 function select(name) {
@@ -223,7 +228,11 @@ function find() {
     if (name.toLowerCase().includes(q) || op.toLowerCase().includes(q)) found.add(name);
   });
   hits = []; at = -1;
-  $$("#graph g.node").forEach(g => { const on = found.has(g.dataset.node); g.classList.toggle("hit", on); if (on) hits.push(g); });
+  $$("#graph g.node").forEach(g => {
+    const on = found.has(g.dataset.node);
+    g.classList.toggle("hit", on);
+    if (on) hits.push(g);
+  });
   const stages = new Set();
   byName.forEach((d, name) => {
     if (!found.has(name)) return;
@@ -231,8 +240,9 @@ function find() {
     (d.inlined_in || []).forEach(k => stages.add(String(k)));
   });
   $$("#graph g.stage").forEach(g => g.classList.toggle("hit", stages.has(g.dataset.stage)));
-  $$("#nodes tr[data-node]").forEach(tr => { const on = found.has(tr.dataset.node); tr.classList.toggle("hit", on); tr.hidden = !!q && !on; });
-  $$("#stages tr[data-stage]").forEach(tr => { const on = stages.has(tr.dataset.stage); tr.classList.toggle("hit", on); tr.hidden = !!q && !on; });
+  const filter = (tr, on) => { tr.classList.toggle("hit", on); tr.hidden = !!q && !on; };
+  $$("#nodes tr[data-node]").forEach(tr => filter(tr, found.has(tr.dataset.node)));
+  $$("#stages tr[data-stage]").forEach(tr => filter(tr, stages.has(tr.dataset.stage)));
   const n = found.size, m = stages.size;
   count.textContent = q ? `${n} node${n === 1 ? "" : "s"} in ${m} stage${m === 1 ? "" : "s"}` +
       (hits.length ? " (Enter: the next in the graph)" : "") : "";
@@ -289,8 +299,9 @@ def zoom_box(svg: str, height: int, view: str) -> str:
             "<button type=button data-zoom=width title='fit the width'>width</button>"
             "<button type=button data-zoom=fit title='fit the whole drawing (0)'>fit</button>"
             "<button type=button data-zoom=actual title='actual size'>1:1</button>"
-            "<span class='zoomlabel sub'></span><span class=sub>· drag or wheel to pan, ctrl+wheel to zoom</span></div>"
-            f"<div class=zoomview data-view={view} tabindex=0 style='height:min(75vh,{height + 2}px)'>{svg}</div></div>")
+            "<span class='zoomlabel sub'></span><span class=sub>· drag or wheel to pan, ctrl+wheel to zoom</span>"
+            f"</div><div class=zoomview data-view={view} tabindex=0 style='height:min(75vh,{height + 2}px)'>{svg}"
+            "</div></div>")
 
 
 def _names(names: list[str]) -> str:
@@ -333,11 +344,13 @@ def stages_table(rep: Mapping) -> str:
         when = ""
         if prof:
             ms = st.get("time_ms")
+            share = 100 * ms / total if ms is not None else 0.0
             when = ("<td class=n></td>" if ms is None else
-                    f"<td class=n data-ms='{ms:.6f}'>{escape(time_text(ms))}<br>{100 * ms / total:.1f}%"
-                    f"<span class=track><span class=share style='width:{min(100.0, 100 * ms / total):.1f}%'></span></span></td>")
-        rows.append(f"<tr data-stage={int(st['index'])}><td class=n>{int(st['index'])}</td><td>{escape(st['domain'])}</td>"
-                    f"<td class=n>{st['items']:,}<br>{'per sample' if st['batched'] else 'in all'}</td>{when}{names}</tr>")
+                    f"<td class=n data-ms='{ms:.6f}'>{escape(time_text(ms))}<br>{share:.1f}%<span class=track>"
+                    f"<span class=share style='width:{min(100.0, share):.1f}%'></span></span></td>")
+        k = int(st["index"])
+        rows.append(f"<tr data-stage={k}><td class=n>{k}</td><td>{escape(st['domain'])}</td><td class=n>"
+                    f"{st['items']:,}<br>{'per sample' if st['batched'] else 'in all'}</td>{when}{names}</tr>")
     head = ("stage", "domain", "items") + (("time",) if prof else ()) + ("nodes", "epilogue", "inline", "reads",
                                                                          "writes")
     sub = ""
@@ -456,7 +469,8 @@ def graph_svg(rep: Mapping) -> tuple[str, int]:
             ty = b["y"] + _PAD + 12 + _LINE * (j + 1)
             cls = f" class={kind}" if kind else ""
             shown = clip(right, _RIGHT)
-            text = (f"<text{cls} x={_LEFT + _PAD + 8} y={ty}>{escape(clip(left, max(room - len(shown) - 3, 12)))}</text>"
+            cut = clip(left, max(room - len(shown) - 3, 12))  # whole in the tooltip and the details
+            text = (f"<text{cls} x={_LEFT + _PAD + 8} y={ty}>{escape(cut)}</text>"
                     + (f"<text class=dim x={_LEFT + box_w - _PAD} y={ty} text-anchor=end>{escape(shown)}</text>"
                        if right else ""))
             if name is None:

@@ -18,6 +18,7 @@ from util import graph_model, rand, unsupported_node_model
 
 from luisaml import planning, report, report_page, runtime
 from luisaml.cli import main
+from luisaml.errors import RunError
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -280,3 +281,34 @@ def test_hostile_text_stays_text_in_chromium(tmp_path):
         finally:
             browser.close()
     assert dialogs == [] and errors == []
+
+
+def test_attribute_values_are_data_of_bounded_size():
+    from luisaml.model import Graph, Node
+
+    big = np.arange(1000, dtype=np.float32).reshape(10, 100) - 7
+    v = report.attribute_value(big)
+    assert v.startswith("float32[10, 100]: -7, -6, -5") and "1,000 values" in v
+    assert f"min {big.min():g}" in v and f"max {big.max():g}" in v and len(v) < 120
+    assert report.attribute_value(np.array([1.5, 2], np.float32)) == "float32[2] = [1.5, 2]"
+    assert report.attribute_value(list(range(16))) == list(range(16))  # short lists as they are
+    longer = report.attribute_value(list(range(-3, 97)))
+    assert longer.startswith("list int64[100]: -3, -2") and "min -3, max 96" in longer
+    assert [report.attribute_value(x) for x in (float("inf"), float("-inf"), float("nan"))] == ["inf", "-inf", "nan"]
+    assert report.attribute_value("x" * 5000).endswith("… (5,000 characters)")
+    body = Graph("then_branch", [Node("n", "Relu", "", ["a"], ["b"])], ["a"], ["b"], {})
+    assert report.attribute_value(body) == "graph 'then_branch': 1 node, inputs a, outputs b"
+    json.dumps({"v": [report.attribute_value(x) for x in (big, float("nan"), body)]}, allow_nan=False)
+
+
+def test_profile_times_must_be_of_the_reported_stages():
+    rep = report.from_plan(runtime.analyze(_cnn()))
+    lines = [st["describe"] for st in rep["stages"]]
+    timed = report.with_profile(rep, [(line, 0.5 + k) for k, line in enumerate(lines)], backend="cpu", batch=1,
+                                repeat=3)
+    assert [st["time_ms"] for st in timed["stages"]] == [0.5 + k for k in range(len(lines))]
+    assert timed["profile"]["total_ms"] == sum(0.5 + k for k in range(len(lines)))
+    assert rep["profile"] is None and rep["stages"][0]["time_ms"] is None  # the report given is left as it was
+    assert f"{0.5:9.3f} ms" in report.text(timed) and "data-ms=" in report.html(timed)
+    with pytest.raises(RunError, match="first differ at stage 1"):
+        report.with_profile(rep, [(lines[0], 1.0), ("stage 1 something else", 1.0)], backend="cpu", batch=1, repeat=1)
