@@ -182,7 +182,8 @@ const text = (tag, s, cls) => {
   return e;
 };
 const shapeOf = t => `${t.dtype || "?"}[${t.shape == null ? "?" : t.shape.join(", ")}]`;
-const valueOf = v => typeof v === "string" ? v : JSON.stringify(v);
+const valueOf = v => typeof v === "string" ? v : Array.isArray(v) ? `[${v.map(x => JSON.stringify(x)).join(", ")}]`
+    : JSON.stringify(v);
 function select(name) {
   const d = byName.get(name);
   if (!d) return;

@@ -155,6 +155,7 @@ def test_the_page_in_chromium(model, profiled, tmp_path):
             assert details.is_visible() and details.locator("h3").text_content() == "Gemm gemm_7"
             pairs = dict(zip(details.locator("dt").all_text_contents(), details.locator("dd").all_text_contents()))
             gemm = next(n for n in proto.graph.node if n.name == "gemm_7")
+            assert len(gemm.attribute) == 2  # alpha 0.5, transB 1
             assert {k[1:]: v for k, v in pairs.items() if k.startswith("@")} == {
                 a.name: str(helper.get_attribute_value(a)) for a in gemm.attribute}
             assert pairs["input 1"] == "w7: float[16, 16] (constant)" and pairs["output 0"] == "mm7: float[N, 16]"
@@ -205,3 +206,29 @@ def test_the_page_in_chromium(model, profiled, tmp_path):
     pixels = np.asarray(Image.open(io.BytesIO(shot)).convert("RGB"))
     assert pixels.shape[:2] == (900, 1280)
     assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50 and pixels.std() > 20
+
+
+def test_list_attributes_in_the_details(tmp_path):
+    """A Conv's pads, strides and kernel_shape as the ONNX model writes them."""
+    sync_playwright, launch = _chromium()
+    node = helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 0, 1, 0], strides=[2, 1],
+                            kernel_shape=[3, 3], group=1)
+    path = tmp_path / "conv.onnx"
+    proto = graph_model([node], {"x": rand((2, 3, 8, 8))}, {"w": rand((4, 3, 3, 3))}, opset=17, batch="N")
+    onnx.save(proto, path)
+    dims = [d.dim_param or d.dim_value for d in proto.graph.output[0].type.tensor_type.shape.dim]  # onnx's inference
+    page_path = tmp_path / "conv.html"
+    assert main(["inspect", str(path), "--html", str(page_path)]) == 0
+    with sync_playwright() as p:
+        browser = p.chromium.launch(**launch)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page.goto(page_path.as_uri())
+            page.locator("#graph g.node[data-node='conv']").click()
+            details = page.locator("#details")
+            pairs = dict(zip(details.locator("dt").all_text_contents(), details.locator("dd").all_text_contents()))
+        finally:
+            browser.close()
+    assert {k[1:]: v for k, v in pairs.items() if k.startswith("@")} == {
+        a.name: str(helper.get_attribute_value(a)) for a in node.attribute}
+    assert pairs["input 1"] == "w: float[4, 3, 3, 3] (constant)" and pairs["output 0"] == f"y: float[{', '.join(map(str, dims))}]"
