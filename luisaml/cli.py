@@ -386,7 +386,8 @@ def _profiled(rep: dict, net) -> dict:
 
 def _inspect_artifact(a) -> int:
     """inspect for a built .lml: what the artifact records (its versions, backend, hash, members)
-    and the report made when it was built; reads the file only (no device, no compile)."""
+    and the report made when it was built; reads the file only (no device, no compile) unless
+    --profile loads it to time its stages."""
     from . import artifact, report
 
     with phase("artifact read", path=a.model):

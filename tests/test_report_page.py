@@ -100,7 +100,7 @@ def _view_box(page) -> list[float]:
     return [float(v) for v in page.locator("#graph").get_attribute("viewBox").split()]
 
 
-def test_the_page_in_chromium(model, profiled, tmp_path):
+def test_the_page_in_chromium(model, profiled):
     sync_playwright, launch = _chromium()
     _, proto, _ = model
     page_path, doc = profiled
