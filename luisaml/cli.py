@@ -346,38 +346,67 @@ def _target(p) -> None:
 def cmd_inspect(a) -> int:
     """Print what a model compiles to, without a device: the report of luisaml/report.py as text,
     or as one JSON document (--json: its keys are documented in luisaml/report.py's docstring);
-    --html FILE also writes it as one self-contained page. Exit 1 when nodes are unsupported."""
+    --html FILE also writes it as one self-contained page; --profile runs the model once to add each
+    stage's time. Exit 1 when nodes are unsupported."""
     from . import report
 
     if _is_artifact(a):
         return _inspect_artifact(a)
-    rep = report.build(a.model, a.weights, batch_axis=_batch_axis(a.batch_axis),
-                       input_shapes=checked_input_shapes(a.model, a.weights, a.input_shapes), name=_name(a.model), target=a.target)
+    shapes = checked_input_shapes(a.model, a.weights, a.input_shapes)
+    rep = report.build(a.model, a.weights, batch_axis=_batch_axis(a.batch_axis), input_shapes=shapes,
+                       name=_name(a.model), target=a.target)
+    if a.profile and not rep["unsupported"]:
+        import luisaml
+
+        with phase("compile", model=_name(a.model), backend=a.target):  # as report.build plans: direct convolutions
+            net = luisaml.compile(a.model, a.weights, backend=a.target, batch_axis=_batch_axis(a.batch_axis),
+                                  input_shapes=shapes, winograd=False)
+        rep = _profiled(rep, net)
     if a.html:
+        page = report.html(rep)  # drawn before the file is opened: an error leaves no empty page
         with open(a.html, "w", encoding="utf-8") as f:
-            f.write(report.html(rep))
+            f.write(page)
         note("wrote %s", a.html)
     print(report.to_json(rep) if a.json else report.text(rep))
     return 1 if rep["unsupported"] else 0
 
 
+def _profiled(rep: dict, net) -> dict:
+    """Return the report with each stage's time: the network run once on random inputs of its
+    inputs' shapes (the model's batch, or 1), each stage then launched alone (net.profile)."""
+    from . import report
+
+    batch, _ = bench_batch(net, None)
+    feeds = _random_feeds(net, batch)
+    repeat = 5
+    with phase("profile", backend=net.backend):
+        net.run(feeds)  # builds the kernels, so that no stage's time is its build
+        times = net.profile(feeds, repeat=repeat)
+    return report.with_profile(rep, times, backend=net.backend, batch=batch, repeat=repeat)
+
+
 def _inspect_artifact(a) -> int:
     """inspect for a built .lml: what the artifact records (its versions, backend, hash, members)
-    and the report made when it was built; reads the file only (no device, no compile)."""
+    and the report made when it was built; reads the file only (no device, no compile) unless
+    --profile loads it to time its stages."""
     from . import artifact, report
 
     with phase("artifact read", path=a.model):
         art = artifact.read(a.model)
     rep = art.report
     m = art.manifest
+    if a.profile and rep is not None:
+        a.backend = "auto"
+        rep = _profiled(rep, _compile(a))
     about = {"path": a.model, "format_version": m["format_version"], "backend": m["backend"],
              "built_with": m["built_with"], "created": m.get("created"), "content_hash": m["content_hash"],
              "members": {k: v["bytes"] for k, v in m["members"].items()}}
     if a.html:
         if rep is None:
             raise UsageError(f"{a.model} holds no inspect report (see the warning when it was built): no --html")
+        page = report.html(rep)
         with open(a.html, "w", encoding="utf-8") as f:
-            f.write(report.html(rep))
+            f.write(page)
         note("wrote %s", a.html)
     if a.json:
         print(report.to_json({**(rep or {}), "artifact": about}))
@@ -610,7 +639,11 @@ def _parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--json", action="store_true", help="print the report as one JSON document (stable keys)")
     p.add_argument("--html", metavar="FILE", help="also write the report as one self-contained HTML page: the "
-                                                  "graph by stage and the live ranges of both allocations")
+                                                  "graph by stage (zoom, search, a node's attributes on click) and "
+                                                  "the live ranges of both allocations")
+    p.add_argument("--profile", action="store_true",
+                   help="also compile and run the model once on random inputs (on the --target backend, or an "
+                        "artifact's own) and time each stage launched alone: in the text, the JSON and the page")
     _target(p)
     p.set_defaults(fn=cmd_inspect)
     p = sub.add_parser("emit", parents=[verbosity], help="print the generated module")

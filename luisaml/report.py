@@ -31,7 +31,11 @@ these keep their names and meanings while "schema" is 1:
   `inlined_in` (stages computing an inline node), `params` (elements of its constant inputs),
   `flops` (null when luisaml has no formula for the op type: unknown rather than a guess),
   `bytes` (reads + writes of its non-constant tensors, inside the kernel: int64 is held in 4
-  bytes), `note` (how the operator compiles, or "")}.
+  bytes), `note` (how the operator compiles, or ""), `attrs` ({attribute: value}: numbers, strings
+  and lists of up to 16 numbers or strings as they are (a float that is not finite as "inf", "-inf",
+  "nan"); a tensor, a longer list or a subgraph as one line of text saying what it is: its dtype
+  and shape, its first values, min and max — `attribute_value`), `inputs_info` (one {`name`,
+  `dtype`, `shape`, `constant`} per entry of `inputs`, null dtype and shape where unknown)}.
 - `totals`: {`nodes`, `params`, `flops` (the sum over nodes with a formula), `flops_unknown`
   (names of the nodes without one), `bytes`, `weight_blob_bytes`, `weight_tensors`}.
 - `stages`: in launch order, each {`index`, `domain` ("element", "items", "blocks", "sample",
@@ -40,7 +44,11 @@ these keep their names and meanings while "schema" is 1:
   count back after it: outputs sized at run time, luisaml/dynamic.py), `batched`, `out`,
   `nodes`, `epilogue`, `inlined` (node names), `reads`, `writes` (tensors in device buffers),
   `describe` (the line inspect prints), `registers` (a whole group's allocation, below, or
-  null)}; null when the network runs as one per-sample kernel (`schedule="per-sample"`).
+  null), `time_ms` (its median time launched alone, with `inspect --profile`; else null)}; null
+  when the network runs as one per-sample kernel (`schedule="per-sample"`).
+- `profile`: null, or with `inspect --profile` (`with_profile`) how the stages were timed:
+  {`backend`, `batch` (samples of the random feeds), `repeat` (launches per stage, the median
+  kept), `total_ms` (the sum over stages; the per-sample kernel's time when there are no stages)}.
 - `registers`: the allocation of `forward`, one step per node; `buffers`: the allocation of the
   tensors crossing stages, one step per stage (null without stages). An allocation is
   {`steps` (labels: node names, or "stage k"), `slots` ({`id`, `space` ("local", "scratch",
@@ -68,10 +76,12 @@ import json
 import math
 from typing import Any, Mapping
 
-from .errors import UsageError
-from .model import type_str
-from .report_page import (CSS, alloc_summary, byte_text, escape, graph_svg, live_svg, nodes_table, shape_text,
-                          si_text, stages_table)
+import numpy as np
+
+from .errors import RunError, UsageError
+from .model import Graph, type_str
+from .report_page import (CSP, CSS, SCRIPT, alloc_summary, byte_text, data_json, escape, graph_svg, live_svg,
+                          nodes_table, shape_text, si_text, stages_table, time_text, zoom_box)
 
 SCHEMA = 1
 
@@ -135,7 +145,7 @@ def build(model, weights=None, *, batch_axis="auto", input_shapes: Mapping[str, 
     }
     if head["unsupported"]:
         return {**head, "nodes": [], "totals": None, "stages": None, "registers": None, "buffers": None,
-                "batch_kernel": "", "host_steps": []}
+                "batch_kernel": "", "host_steps": [], "profile": None}
     with phase("plan"):
         plan, why, _ = plan_for(proto, name, options)
     rep = from_plan(plan, model_name=name, why=why)
@@ -167,6 +177,8 @@ def from_plan(plan, *, model_name: str = "model", why: str | None = None) -> dic
             "flops": flops(n, op),
             "bytes": 0 if role == "view" else moved_bytes(op),
             "note": _note(op, role == "root" and stage is not None and sched.stages[stage].domain == "blocks"),
+            "attrs": {k: attribute_value(v) for k, v in n.attrs.items()},
+            "inputs_info": [_input_info(name, tensors, symbol) for name in n.inputs],
         })
     known = [d["flops"] for d in nodes if d["flops"] is not None]
     totals = {
@@ -196,6 +208,7 @@ def from_plan(plan, *, model_name: str = "model", why: str | None = None) -> dic
             "describe": st.describe(),
             "registers": (allocation(st.allocation, [n.name for n, _ in st.nodes], tensors)
                           if st.allocation is not None else None),
+            "time_ms": None,
         } for st in sched.stages]
     model = plan.model
     g = model.graph
@@ -219,7 +232,82 @@ def from_plan(plan, *, model_name: str = "model", why: str | None = None) -> dic
                     if sched is not None else None),
         "batch_kernel": plan.fusion_note or "",
         "host_steps": plan.host_steps.describe() if getattr(plan, "host_steps", None) is not None else [],
+        "profile": None,
     }
+
+
+def with_profile(rep: Mapping, times: list[tuple[str, float]], *, backend: str, batch: int,
+                 repeat: int) -> dict[str, Any]:
+    """Return the report with each stage's time: `times` are CompiledNetwork.profile's (the stage's
+    line, median milliseconds) in launch order, of a network compiled as the report was planned
+    (the lines must agree: a time is never shown against another stage)."""
+    stages = rep.get("stages")
+    lines = [st["describe"] for st in stages] if stages is not None else ["the per-sample kernel"]
+    got = [line for line, _ in times]
+    if got != lines:
+        k = next((k for k, (a, b) in enumerate(zip(got, lines)) if a != b), min(len(got), len(lines)))
+        raise RunError(f"the profiled network launches {len(got)} kernels and the report has {len(lines)}; they "
+                       f"first differ at stage {k}: profiled {got[k] if k < len(got) else 'nothing'!r}, "
+                       f"reported {lines[k] if k < len(lines) else 'nothing'!r}")
+    out = dict(rep)
+    if stages is not None:
+        out["stages"] = [{**st, "time_ms": float(ms)} for st, (_, ms) in zip(stages, times)]
+    out["profile"] = {"backend": backend, "batch": int(batch), "repeat": int(repeat),
+                      "total_ms": float(sum(ms for _, ms in times))}
+    return out
+
+
+def attribute_value(v: Any) -> Any:
+    """Return a node attribute as report data (module docstring, `attrs`): what a reader needs to
+    see, in a size that does not grow with the model's arrays."""
+    if isinstance(v, (bool, int, str)):
+        return v if not isinstance(v, str) or len(v) <= _LONG_TEXT else f"{v[:_LONG_TEXT]}… ({len(v):,} characters)"
+    if isinstance(v, float):
+        return v if math.isfinite(v) else str(v)
+    if isinstance(v, Graph):
+        return (f"graph '{v.name}': {len(v.nodes)} node{'s' if len(v.nodes) != 1 else ''}, inputs "
+                f"{', '.join(v.inputs) or 'none'}, outputs {', '.join(v.outputs) or 'none'}")
+    if isinstance(v, np.ndarray):
+        return _array_text(v)
+    if isinstance(v, (list, tuple)):
+        if len(v) <= _SHORT_LIST and all(isinstance(x, (bool, int, float, str)) for x in v):
+            return [attribute_value(x) for x in v]
+        if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+            return "list " + _array_text(np.asarray(v))
+        shown = "; ".join(str(attribute_value(x)) for x in v[:3])
+        return f"list of {len(v)}: {shown}" + ("; …" if len(v) > 3 else "")
+    return type(v).__name__  # a TypeProto: its kind only
+
+
+_SHORT_LIST = 16  # lists up to this long are shown whole
+_LONG_TEXT = 400  # characters of a string attribute shown
+
+
+def _array_text(a) -> str:
+    """Return an array as one line: 'float32[2, 3] = [1, 2, 3, 4, 5, 6]', or for a large one its
+    first values, min and max."""
+    head = f"{a.dtype}{list(a.shape)}"
+    flat = a.reshape(-1)
+    if flat.size <= _SHORT_LIST:
+        return f"{head} = [{', '.join(_number_text(x) for x in flat)}]"
+    first = ", ".join(_number_text(x) for x in flat[:6])
+    if a.dtype.kind in "fiub":
+        with np.errstate(invalid="ignore"):
+            lo, hi = flat.min(), flat.max()
+        return f"{head}: {first}, … ({flat.size:,} values, min {_number_text(lo)}, max {_number_text(hi)})"
+    return f"{head}: {first}, … ({flat.size:,} values)"
+
+
+def _number_text(x) -> str:
+    return f"{float(x):.6g}" if isinstance(x, (float, np.floating)) else str(x)
+
+
+def _input_info(name: str, tensors: Mapping, symbol: str | None) -> dict[str, Any]:
+    """Return a node input's name, dtype, shape and whether it is a constant ("" : an absent input)."""
+    t = tensors.get(name) if name else None
+    if t is None:
+        return {"name": name, "dtype": None, "shape": None, "constant": False}
+    return {**_tensor_info(t, symbol), "constant": t.value is not None}
 
 
 def _placement(plan) -> dict[str, tuple[int | None, str, list[int]]]:
@@ -448,8 +536,20 @@ def text(rep: Mapping) -> str:
         how = ("launched as one command list" if not breaks else
                f"launched as {breaks + 1} command lists, the host reading a row count back between them")
         lines.append(f"stages ({len(rep['stages'])}, {how}):")
-        lines += [f"  {st['describe']}" for st in rep["stages"]]
+        prof = rep.get("profile")
+        if prof:
+            lines.append(f"  (median ms of {prof['repeat']} launches each alone, and share of their "
+                         f"{prof['total_ms']:.3f} ms; {prof['backend']}, batch {prof['batch']})")
+            total = prof["total_ms"] or 1.0
+            lines += [f"  {st['time_ms']:9.3f} ms {100 * st['time_ms'] / total:5.1f}%  {st['describe']}"
+                      for st in rep["stages"]]
+        else:
+            lines += [f"  {st['describe']}" for st in rep["stages"]]
         lines.append("buffers across stages: " + _alloc_text(rep["buffers"]))
+    if rep["stages"] is None and rep.get("profile"):
+        p = rep["profile"]
+        lines.append(f"the per-sample kernel: {p['total_ms']:.3f} ms (median of {p['repeat']}; {p['backend']}, "
+                     f"batch {p['batch']})")
     lines.append(f"forward's register allocation: {_alloc_text(rep['registers'])}")
     if rep["batch_kernel"]:
         lines.append("batch kernel: " + rep["batch_kernel"])
@@ -474,16 +574,24 @@ def to_json(rep: Mapping) -> str:
 
 # ---- HTML ------------------------------------------------------------------------------------------
 def html(rep: Mapping) -> str:
-    """Return the report as one self-contained HTML page (inline CSS and SVG, no script, nothing
-    fetched): the graph with stages as groups, the live ranges of both allocations, the tables."""
+    """Return the report as one self-contained HTML page (inline CSS, SVG and one script, nothing
+    fetched): the graph with stages as groups, zoomed and panned in the page, with each stage's time
+    when profiled; a search box over node names and op types; a node's attributes and its inputs'
+    shapes on click; the live ranges of both allocations; the tables."""
     per = "per sample" if rep["per_sample"] else "in all"
     t = rep["totals"]
+    prof = rep.get("profile")
     parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
+             f"<meta http-equiv=Content-Security-Policy content=\"{CSP}\">"
              f"<meta name=viewport content='width=device-width,initial-scale=1'>"
-             f"<title>luisaml inspect: {escape(rep['model'])}</title><style>{CSS}</style></head><body>",
-             f"<h1>{escape(rep['model'])}</h1>",
-             f"<div class=sub>luisaml inspect · opsets {escape(', '.join(f'{d} {v}' for d, v in rep['opsets'].items()))}"
-             f" · batch axis {escape(rep['batch_symbol'] or 'none (one instance)')}</div>"]
+             f"<title>luisaml inspect: {escape(rep['model'])}</title><style>{CSS}</style></head><body>"]
+    if not rep["unsupported"]:
+        parts.append("<div class=bar-top><input id=search type=search placeholder='find a node by name or op type' "
+                     "aria-label='find a node by name or op type' autocomplete=off><span id=search-count class=sub "
+                     "aria-live=polite></span></div>")
+    parts += [f"<h1>{escape(rep['model'])}</h1>",
+              f"<div class=sub>luisaml inspect · opsets {escape(', '.join(f'{d} {v}' for d, v in rep['opsets'].items()))}"
+              f" · batch axis {escape(rep['batch_symbol'] or 'none (one instance)')}</div>"]
     rows = [("inputs", "; ".join(f"{io['name']}: {shape_text(io)}" for io in rep["inputs"])),
             ("outputs", "; ".join(f"{io['name']}: {shape_text(io)}" for io in rep["outputs"]))]
     if rep["unsupported"]:
@@ -502,27 +610,35 @@ def html(rep: Mapping) -> str:
             rows.append(("buffers across stages", alloc_summary(rep["buffers"])))
         if rep["batch_kernel"]:
             rows.append(("batch kernel", rep["batch_kernel"]))
-    parts.append("<table class=kv>" + "".join(f"<tr><td>{escape(k)}</td><td>{escape(v)}</td></tr>" for k, v in rows)
-                 + "</table>")
+        rows.append(("stage times", f"{time_text(prof['total_ms'])} in all, each stage launched alone (the median of "
+                                    f"{prof['repeat']}) on {prof['backend']}, batch {prof['batch']} of random inputs"
+                     if prof else "not measured (inspect --html FILE --profile runs the model once to time them)"))
+    parts.append("<table class=kv>" + "".join(f"<tr><td>{escape(k)}</td><td><span class=w>{escape(v)}</span></td></tr>"
+                                              for k, v in rows) + "</table>")
     if not rep["unsupported"]:
         parts.append("<h2>Graph</h2><div class='legend sub'>one box per stage, launched top to bottom as one command "
                      "list: <span style='background:#ddf4ff;border-color:#0969da'>element</span>"
                      "<span style='background:#dafbe1;border-color:#1a7f37'>items</span>"
+                     "<span style='background:#fff1e5;border-color:#bc4c00'>blocks</span>"
                      "<span style='background:#fff8c5;border-color:#9a6700'>sample / single</span>"
                      "<span style='background:#fbefff;border-color:#8250df'>fused</span> · "
                      "<span class=ep style='border:0;padding:0;color:#8250df'>+ epilogue</span>"
-                     "<i> inline</i> · an arrow is a tensor passed in a device buffer (hover for names)</div>")
-        parts.append(f"<div class=scroll>{graph_svg(rep)}</div>")
+                     "<i> inline</i> · an arrow is a tensor passed in a device buffer (hover for names) · "
+                     "click a node for its attributes" + (" · in red: each stage's time and share" if prof else "")
+                     + "</div>")
+        parts.append(zoom_box(*graph_svg(rep), view="graph"))
         parts.append("<h2>Memory</h2><div class=sub>each row is a slot of the allocation (its size on the left), each "
                      "bar a tensor over the steps it is live; the curve above is the bytes live at each step</div>")
         one = "one sample" if rep["per_sample"] else "the whole instance"
         parts.append(f"<h3>Registers of <code>forward</code> ({one}; a step per node)</h3>"
-                     f"<div class=scroll>{live_svg(rep['registers'], 'registers')}</div>")
+                     + zoom_box(*live_svg(rep["registers"], "registers"), view="registers"))
         if rep["buffers"] is not None:
-            parts.append(f"<h3>Device buffers across stages (a region per sample; a step per stage)</h3>"
-                         f"<div class=scroll>{live_svg(rep['buffers'], 'buffers')}</div>")
+            parts.append("<h3>Device buffers across stages (a region per sample; a step per stage)</h3>"
+                         + zoom_box(*live_svg(rep["buffers"], "buffers"), view="buffers"))
         parts.append(nodes_table(rep, per))
         if rep["stages"] is not None:
             parts.append(stages_table(rep))
-    parts.append("</body></html>")
+    parts.append("<aside id=details hidden aria-live=polite></aside>")
+    parts.append(f"<script type=application/json id=report-data>{data_json(rep)}</script>")
+    parts.append(f"<script>{SCRIPT}</script></body></html>")
     return "\n".join(parts)

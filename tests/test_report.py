@@ -4,6 +4,8 @@ self-contained page rendered headless in Chromium (Playwright) with a group per 
 and a bar per allocated tensor in the live-range charts."""
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import tempfile
@@ -14,8 +16,9 @@ import pytest
 from onnx import helper
 from util import graph_model, rand, unsupported_node_model
 
-from luisaml import planning, report, runtime
+from luisaml import planning, report, report_page, runtime
 from luisaml.cli import main
+from luisaml.errors import RunError
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -136,15 +139,26 @@ def test_inspect_json_is_one_document_with_the_documented_keys(cnn_path, capsys)
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {"schema", "model", "opsets", "batch_symbol", "per_sample", "per_sample_impossible", "inputs",
                         "outputs", "op_counts", "unsupported", "nodes", "totals", "stages", "registers", "buffers",
-                        "batch_kernel", "host_steps"}
-    assert doc["host_steps"] == []
+                        "batch_kernel", "host_steps", "profile"}
+    assert doc["host_steps"] == [] and doc["profile"] is None  # no --profile: nothing ran, no times
+    assert all(st["time_ms"] is None for st in doc["stages"])
     assert doc["schema"] == 1 and doc["model"] == "cnn.onnx" and doc["op_counts"]["Conv"] == 2
     assert set(doc["nodes"][0]) == {"name", "op_type", "domain", "inputs", "outputs", "stage", "role", "inlined_in",
-                                    "params", "flops", "bytes", "note"}
+                                    "params", "flops", "bytes", "note", "attrs", "inputs_info"}
+    # attributes and input shapes as the ONNX model has them
+    proto = onnx.load(cnn_path)
+    nodes = {d["name"]: d for d in doc["nodes"]}
+    for n in proto.graph.node:
+        assert nodes[n.name]["attrs"] == {a.name: helper.get_attribute_value(a) for a in n.attribute}, n.name
+    inits = {t.name: list(t.dims) for t in proto.graph.initializer}
+    assert nodes["c1"]["inputs_info"] == [
+        {"name": "x", "dtype": "float", "shape": ["N", 3, 8, 8], "constant": False},
+        {"name": "w1", "dtype": "float", "shape": inits["w1"], "constant": True},
+        {"name": "b1", "dtype": "float", "shape": inits["b1"], "constant": True}]
     assert set(doc["totals"]) == {"nodes", "params", "flops", "flops_unknown", "bytes", "weight_blob_bytes",
                                   "weight_tensors"}
     assert set(doc["stages"][0]) == {"index", "domain", "items", "batched", "out", "nodes", "epilogue", "inlined",
-                                     "reads", "writes", "describe", "registers", "threads", "readback"}
+                                     "reads", "writes", "describe", "registers", "threads", "readback", "time_ms"}
     assert set(doc["registers"]) == {"steps", "slots", "tensors", "bytes", "bytes_unpooled", "live_bytes",
                                      "peak_bytes", "inplace", "views"}
     assert set(doc["registers"]["tensors"][0]) == {"name", "slot", "first", "last", "elements", "bytes"}
@@ -162,10 +176,30 @@ def test_inspect_json_of_unsupported_nodes_exits_1(tmp_path, capsys):
     assert doc["unsupported"] and "mystery" in doc["unsupported"][0] and doc["nodes"] == [] and doc["stages"] is None
 
 
-def test_html_escapes_model_text(tmp_path):
-    evil = "</text><script>alert(1)</script><text>"
-    page = report.html(report.from_plan(runtime.analyze(_cnn(name_c1=evil))))
-    assert "<script" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+EVIL = "</text></script><script>alert(1)</script><text>"
+
+
+def _hostile_report() -> dict:
+    """Return the report of a model whose node name is markup, with an attribute string that is too
+    (as a crafted .lml's stored report could carry)."""
+    rep = report.from_plan(runtime.analyze(_cnn(name_c1=EVIL)))
+    node = next(d for d in rep["nodes"] if d["name"] == EVIL)
+    node["attrs"]["note"] = "<img src=x onerror=alert(2)>" + EVIL
+    return rep
+
+
+def test_html_escapes_model_text():
+    page = report.html(_hostile_report())
+    # the page's two script elements are its own: the data (JSON, every '<' escaped) and the code
+    assert page.count("<script") == 2 and page.count("</script") == 2
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<img" not in page
+    data = page[page.index("<script type=application/json id=report-data>"):]
+    data = data[data.index(">") + 1:data.index("</script>")]
+    assert "<" not in data and EVIL in json.loads(data)["nodes"][0]["name"]
+    code = page[page.rindex("<script>") + len("<script>"):page.rindex("</script>")]
+    assert code == report_page.SCRIPT  # no model text in the code
+    digest = base64.b64encode(hashlib.sha256(code.encode()).digest()).decode()
+    assert f"script-src 'sha256-{digest}'" in page and "default-src 'none'" in page  # CSP: this script, no fetch
     assert "http://" not in page.replace("http://www.w3.org/2000/svg", "") and "https://" not in page
 
 
@@ -211,9 +245,70 @@ def test_inspect_html_renders_the_graph_by_stage_and_the_live_ranges(cnn_path, t
                 assert bb is not None and bb["width"] > 200 and bb["height"] > 100, chart
             bb = bars.first.bounding_box()
             assert bb is not None and bb["width"] > 1 and bb["height"] > 5  # drawn, not collapsed
-            assert page.locator("script").count() == 0
+            scripts = page.locator("script").evaluate_all("ss => ss.map(s => [s.type, s.src])")
+            assert scripts == [["application/json", ""], ["", ""]]  # the data and the page's own code: no src
             page.screenshot(path=SCREENSHOT, full_page=True)
         finally:
             browser.close()
     assert requests == [page_path.as_uri()]
     assert os.path.getsize(SCREENSHOT) > 10_000
+
+
+def test_hostile_text_stays_text_in_chromium(tmp_path):
+    """A name and an attribute that are markup neither run nor change the page: the details show them
+    as written, no dialog opens, no script error."""
+    sync_playwright, launch = _chromium()
+    page_path = tmp_path / "hostile.html"
+    page_path.write_text(report.html(_hostile_report()), encoding="utf-8")
+    dialogs, errors = [], []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(**launch)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(page_path.as_uri())
+            assert page.locator("img").count() == 0 and page.locator("script").count() == 2
+            nodes = page.locator("#graph g.node").evaluate_all("gs => gs.map(g => g.dataset.node)")
+            assert EVIL in nodes
+            page.locator("#nodes tr[data-node]").first.click()  # the Conv named EVIL
+            details = page.locator("#details")
+            assert details.is_visible()
+            assert details.locator("h3").text_content() == f"Conv {EVIL}"
+            assert "<img src=x onerror=alert(2)>" + EVIL in details.inner_text()
+            page.fill("#search", "alert(1)")
+            assert page.locator("#graph g.node.hit").count() == 1
+        finally:
+            browser.close()
+    assert dialogs == [] and errors == []
+
+
+def test_attribute_values_are_data_of_bounded_size():
+    from luisaml.model import Graph, Node
+
+    big = np.arange(1000, dtype=np.float32).reshape(10, 100) - 7
+    v = report.attribute_value(big)
+    assert v.startswith("float32[10, 100]: -7, -6, -5") and "1,000 values" in v
+    assert f"min {big.min():g}" in v and f"max {big.max():g}" in v and len(v) < 120
+    assert report.attribute_value(np.array([1.5, 2], np.float32)) == "float32[2] = [1.5, 2]"
+    assert report.attribute_value(list(range(16))) == list(range(16))  # short lists as they are
+    longer = report.attribute_value(list(range(-3, 97)))
+    assert longer.startswith("list int64[100]: -3, -2") and "min -3, max 96" in longer
+    assert [report.attribute_value(x) for x in (float("inf"), float("-inf"), float("nan"))] == ["inf", "-inf", "nan"]
+    assert report.attribute_value("x" * 5000).endswith("… (5,000 characters)")
+    body = Graph("then_branch", [Node("n", "Relu", "", ["a"], ["b"])], ["a"], ["b"], {})
+    assert report.attribute_value(body) == "graph 'then_branch': 1 node, inputs a, outputs b"
+    json.dumps({"v": [report.attribute_value(x) for x in (big, float("nan"), body)]}, allow_nan=False)
+
+
+def test_profile_times_must_be_of_the_reported_stages():
+    rep = report.from_plan(runtime.analyze(_cnn()))
+    lines = [st["describe"] for st in rep["stages"]]
+    timed = report.with_profile(rep, [(line, 0.5 + k) for k, line in enumerate(lines)], backend="cpu", batch=1,
+                                repeat=3)
+    assert [st["time_ms"] for st in timed["stages"]] == [0.5 + k for k in range(len(lines))]
+    assert timed["profile"]["total_ms"] == sum(0.5 + k for k in range(len(lines)))
+    assert rep["profile"] is None and rep["stages"][0]["time_ms"] is None  # the report given is left as it was
+    assert f"{0.5:9.3f} ms" in report.text(timed) and "data-ms=" in report.html(timed)
+    with pytest.raises(RunError, match="first differ at stage 1"):
+        report.with_profile(rep, [(lines[0], 1.0), ("stage 1 something else", 1.0)], backend="cpu", batch=1, repeat=1)
