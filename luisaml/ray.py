@@ -163,7 +163,7 @@ def map_batches(ds, path: str | os.PathLike, *, actors: int | None = None, backe
                 num_cpus: float | None = None, num_gpus: float | None = None, **ray_remote_args):
     """Return `ds` mapped through the .lml at `path` by `actors` Predictor actors: one GPU each on CUDA
     (default: every GPU of the cluster), `num_cpus` CPUs each on the CPU backend (default 1 CPU each, as
-    many actors as the cluster has CPUs). Ray's whole blocks are the batches unless batch_size is given
+    many actors as the cluster has CPUs but one, which the dataset's own tasks need). Ray's whole blocks are the batches unless batch_size is given
     (on CUDA GPU_BATCH_ROWS: Ray wants a number there); each is run in runs the network's limits allow. An actor that dies is restarted and its block run
     again (max_restarts=-1, max_task_retries=-1 unless given in ray_remote_args). Rows keep their order
     within a block; for the order across blocks set Ray's DataContext execution_options.preserve_order."""
@@ -177,8 +177,8 @@ def map_batches(ds, path: str | os.PathLike, *, actors: int | None = None, backe
             actors = max(1, int(ray.cluster_resources().get("GPU", 1) // max(num_gpus, 1e-9)))
     else:
         num_cpus = 1 if num_cpus is None else num_cpus
-        if actors is None:
-            actors = max(1, int(ray.cluster_resources().get("CPU", 1) // num_cpus))
+        if actors is None:  # (one CPU left to the dataset's own tasks: actors holding every CPU starve its reads)
+            actors = max(1, int((ray.cluster_resources().get("CPU", 1) - 1) // num_cpus))
     return ds.map_batches(
         Predictor, fn_constructor_args=(os.fspath(path),),
         fn_constructor_kwargs=dict(backend=backend, constants=constants, frames=frames, row_id=row_id, chunk=chunk,
