@@ -100,7 +100,7 @@ def run_ray(lml: str, x: np.ndarray, want: np.ndarray, devices: list[int], backe
 
     # a CPU slot more than the actors take: the dataset's own tasks (reading the blocks) need one
     ray.init(num_cpus=cores + 1, include_dashboard=False, log_to_driver=False,
-             configure_logging=False, object_store_memory=min(8 << 30, max(256 << 20, 3 * (x.nbytes + want.nbytes))))
+             configure_logging=False, object_store_memory=min(64 << 30, max(256 << 20, 3 * (x.nbytes + want.nbytes))))
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = False
@@ -110,7 +110,8 @@ def run_ray(lml: str, x: np.ndarray, want: np.ndarray, devices: list[int], backe
             cuts = _cuts(len(x), 4 * n)
             # one job over reps + 1 passes of the batch (Ray Data starts its actors once a job): the
             # first pass includes the actors' start, the others time the batch as the Pool's runs do
-            ds = ray.data.from_numpy([x[a:b] for _ in range(reps + 1) for a, b in cuts]).rename_columns({"data": "x"})
+            refs = [ray.put(x[a:b]) for a, b in cuts]  # (each block once in the object store, read reps + 1 times)
+            ds = ray.data.from_numpy_refs(refs * (reps + 1)).rename_columns({"data": "x"})
             kw = {} if backend == "cuda" else {"num_cpus": max(1, cores // n)}
             out = luisaml.ray.map_batches(ds, lml, actors=n, backend=backend, **kw)
             done, t0, ends = 0, time.perf_counter(), []
