@@ -424,28 +424,26 @@ class Pool:
         def give(i: int) -> None:
             if todo and not failures:
                 start, stop = todo.popleft()
-                workers[i].conn.send(("rows", layout, start, stop, wanted))
                 busy[i] = (start, stop)
+                try:
+                    workers[i].conn.send(("rows", layout, start, stop, wanted))
+                except OSError:  # (its process ended: the sentinel below says so, naming these rows)
+                    pass
 
         for i in range(len(workers)):
             give(i)
         while busy:
-            waiting = [workers[i].conn for i in busy] + [workers[i].process.sentinel for i in busy]
-            for ready in connection.wait(waiting):
-                if not hasattr(ready, "recv"):
-                    i = next(i for i in busy if workers[i].process.sentinel == ready)
-                    if workers[i].conn.poll():
-                        continue  # its last message first
-                    start, stop = busy[i]
-                    code = workers[i].process.exitcode
-                    self.close()
-                    raise RunError(f"the worker on {workers[i].device} died (exit code {code}) running rows "
-                                   f"[{start}, {stop}) of the batch; the pool is closed")
+            # a worker's pipe reads as ended once its process is gone (the parent holds no copy of its end)
+            for ready in connection.wait([workers[i].conn for i in busy]):
                 i = by_conn[id(ready)]
                 try:
                     msg = ready.recv()
-                except EOFError:
-                    continue  # (its sentinel says why)
+                except (EOFError, OSError):
+                    (start, stop), w = busy[i], workers[i]
+                    w.process.join(5)
+                    self.close()
+                    raise RunError(f"the worker on {w.device} died (exit code {w.process.exitcode}) running rows "
+                                   f"[{start}, {stop}) of the batch; the pool is closed") from None
                 del busy[i]
                 if msg[0] == "error":
                     failures.append(msg[1:])

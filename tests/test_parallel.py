@@ -41,10 +41,14 @@ def test_two_cpu_workers_equal_one_run_bit_for_bit_in_order(mlp_lml):
         np.testing.assert_allclose(got["y"], module(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-5)
 
 
-def test_a_failing_row_is_named_with_its_input(tmp_path):
+def test_a_failing_row_a_bad_input_and_a_dead_worker_are_named(tmp_path):
     """A run-time index out of range in row 37 of 100 (one chunk of 50 holds it): the error is the
     network's own RunError naming the node, the row and the input's value there; a bad dtype is named
-    by input before any row runs; rows that run fine are unaffected by another call's failure."""
+    by input before any row runs; the pool runs on after both. A worker killed between runs: the next
+    run's error names its device, exit code and rows, and the pool is closed (not hung)."""
+    import os
+    import signal
+
     nodes = [helper.make_node("GatherElements", ["x", "i"], ["y"], axis=1, name="pick")]
     x = np.arange(400, dtype=np.float32).reshape(100, 4)
     i = (np.arange(100, dtype=I64) % 4).reshape(100, 1)
@@ -62,6 +66,13 @@ def test_a_failing_row_is_named_with_its_input(tmp_path):
         with pytest.raises(luisaml.errors.InputNameError, match=r"the network's inputs are \['x', 'i'\]"):
             pool.run({"x": x})
         np.testing.assert_array_equal(pool.run({"x": x[:3], "i": i[:3]})["y"], np.take_along_axis(x[:3], i[:3], axis=1))
+        victim = pool.workers[1].process
+        os.kill(victim.pid, signal.SIGKILL)  # (a process this test started, through the pool)
+        victim.join(10)
+        with pytest.raises(luisaml.RunError, match=r"the worker on cpu:1 died \(exit code -9\) running rows \[\d+, \d+\)"):
+            pool.run({"x": x, "i": i})
+        with pytest.raises(luisaml.UsageError, match="closed"):
+            pool.run({"x": x, "i": i})
 
 
 def test_devices_on_the_cpu_backend_are_a_count_of_workers(mlp_lml):
@@ -93,3 +104,4 @@ def test_max_rows_is_what_check_batch_allows(mlp_lml):
         return
     with pytest.raises(luisaml.LimitError):
         net.check_batch(n + 1)
+

@@ -112,8 +112,8 @@ def test_an_actor_killed_mid_job_is_restarted_and_no_row_is_dropped(cluster, mlp
     import luisaml.ray
 
     path, net, _ = mlp
-    rows = 40_000
-    out = luisaml.ray.map_batches(_dataset(cluster, rows, BLOCKS, delay=0.15), path, actors=2)
+    rows = 20_000
+    out = luisaml.ray.map_batches(_dataset(cluster, rows, BLOCKS, delay=0.1), path, actors=2)
     batches, killed, seen = [], [], set()
     for b in out.iter_batches(batch_size=None, batch_format="numpy"):
         batches.append(b)
@@ -163,6 +163,19 @@ def test_frames_of_different_sizes_run_one_after_another(mlp):
     assert out["y"].dtype == object and [y.shape for y in out["y"]] == [(5, 4), (17, 4), (1, 4)]
     for f, y in zip(frames, out["y"]):
         np.testing.assert_array_equal(y, net.run({"x": f})["y"])
+
+
+def test_a_pyarrow_batch_with_a_tensor_column_is_read_through_rays_conversion(mlp):
+    pytest.importorskip("ray.data")
+    import pyarrow as pa
+    from ray.data.extensions import ArrowTensorArray
+
+    path, net, _ = mlp
+    x = points(np.arange(64))
+    table = pa.table({"x": ArrowTensorArray.from_numpy(x), "id": pa.array(np.arange(64))})
+    out = Predictor(path)(table)
+    np.testing.assert_array_equal(out["y"], net.run({"x": x})["y"])
+    np.testing.assert_array_equal(out["id"], np.arange(64))
 
 
 def test_a_pandas_batch_is_read_through_rays_conversion(mlp):
