@@ -406,8 +406,10 @@ class Pool:
             return {k[4:]: np.array(a) for k, a in blocks_out.arrays.items()}  # (copied out of the blocks)
         finally:
             for w in self.workers:
-                if w.process.is_alive():
-                    w.conn.send(("release",))
+                try:
+                    w.conn.send(("release",))  # (a worker unmaps this run's blocks before the next)
+                except OSError:
+                    pass
             blocks_in.close(unlink=True)
             if blocks_out is not None:
                 blocks_out.close(unlink=True)
