@@ -47,6 +47,7 @@ import copy
 import datetime
 import importlib.util
 import json
+import math
 import os
 import statistics
 import sys
@@ -80,10 +81,10 @@ PARTS = {
         "sdf 3-64x4-1 softplus"],
     2: ["convnext-tiny", "regnet-y-400mf", "densenet-121", "squeezenet-1.1", "shufflenet-v2", "unet-small",
         "siren 2-256x3-3"],
-    3: ["vit-tiny/16", "deit-small/16 distilled", "mixer-s/16", "bert-base seq 128", "transformer d64 seq 16",
+    3: ["vit-tiny/16", "deit-small/16 distilled", "mixer-s/16", "bert-base", "transformer d64 seq 16",
         "nerf mlp 8x256"],
-    4: ["gpt-2 small seq 256", "gru 64-128 seq 32", "lstm 64-128 seq 32", "bilstm tagger 2x256 seq 64",
-        "wav2vec2 conv encoder 1 s", "pointnet 1024 pts"],
+    4: ["gpt-2 small", "gru 64-128 seq 32", "lstm 64-128 seq 32", "bilstm tagger 2x256",
+        "wav2vec2 conv encoder", "pointnet"],
 }
 
 
@@ -258,7 +259,7 @@ def bench_cuda(net, batch: int, quick: bool, tmp: Path, reps: int, budget_s: flo
             ok = check(rec, y.float().cpu().numpy(), ref, floor)
         except Exception as e:
             rec.update(status=f"{stage} failed", error=first_line(e))
-        rec["ms"], rec["errors"] = {}, {}
+        rec["ms"], rec["timing"], rec["errors"] = {}, {}, {}
 
         def time_side(side, fn, setup=None):
             try:
@@ -266,7 +267,7 @@ def bench_cuda(net, batch: int, quick: bool, tmp: Path, reps: int, budget_s: flo
                     setup()
                 ms, how = device_times(fn, sync, reps)
                 rec["ms"][side] = percentiles(ms)
-                rec.setdefault("timing", how)
+                rec["timing"][side] = how  # CUPTI spans, or the host clock where CUPTI fails
             except Exception as e:  # a baseline that cannot run here (no inductor, no half kernel)
                 rec["ms"][side] = None
                 rec["errors"][side] = first_line(e)
@@ -331,11 +332,16 @@ def merge(path: Path, records: list[dict], meta: dict) -> dict:
     return doc
 
 
+def _num(v: float) -> str:
+    """Three significant digits, never an exponent (1316, 6.66, 0.0123)."""
+    return f"{v:.{max(0, 2 - math.floor(math.log10(abs(v))))}f}" if v else "0"
+
+
 def _ms(r: dict, side: str, all3: bool = False) -> str:
     v = (r.get("ms") or {}).get(side)
     if not v:
         return "-"
-    return f"{v['p50']:.3g} / {v['p95']:.3g} / {v['p99']:.3g}" if all3 else f"{v['p50']:.3g}"
+    return f"{_num(v['p50'])} / {_num(v['p95'])} / {_num(v['p99'])}" if all3 else _num(v["p50"])
 
 
 def _x(r: dict, key: str) -> str:
@@ -356,7 +362,7 @@ def table(doc: dict) -> str:
         cols = [(b, f"speedup_vs_{b}") for b in CUDA_BASELINES]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in doc["records"]:
-        shape = "; ".join("x".join(map(str, s[1:])) for s in r.get("inputs", {}).values())
+        shape = "; ".join(("" if k == "x" else k + " ") + "x".join(map(str, s[1:])) for k, s in r.get("inputs", {}).items())
         cells = [r["model"], str(r["batch"]), shape]
         if r["status"] == "ok":
             cells.append(_ms(r, "luisaml", True))
@@ -378,6 +384,16 @@ def table(doc: dict) -> str:
             lines.append(f"- {key}: geometric mean {v['geomean']:.2f}x, median {v['median']:.2f}x over {v['n']}, "
                          f"worst {v['worst'][0]} {v['worst'][1]:.2f}x")
     return "\n".join(lines)
+
+
+def _version(package: str) -> str | None:
+    """The installed version, or None (the GPU machine needs no onnxruntime)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
 
 
 def select(only: str | None, part: int | None) -> list:
@@ -409,7 +425,6 @@ def main(argv=None) -> int:
     if a.table:
         print(table(json.loads(out.read_text())))
         return 0
-    import onnxruntime
     import torch
 
     import luisaml
@@ -420,8 +435,9 @@ def main(argv=None) -> int:
     budget = a.budget or 12.0
     meta = {"device": a.device, "profile": "quick" if a.quick else "full",
             "machine": machine() + (", shared with other jobs" if a.device == "cpu" else ""),
-            "torch": torch.__version__, "onnxruntime": onnxruntime.__version__, "exporter": EXPORTER,
-            "rel_tol": REL_TOL, "floor_factor": FLOOR_FACTOR, "omp_wait_policy": os.environ["OMP_WAIT_POLICY"]}
+            "torch": torch.__version__, "onnxruntime": _version("onnxruntime"), "exporter": EXPORTER,
+            "rel_tol": REL_TOL, "floor_factor": FLOOR_FACTOR, "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
+            "luisa_num_threads": os.environ.get("LUISA_NUM_THREADS", "default (all cores)")}
     if a.device == "cuda":
         meta["gpu"] = torch.cuda.get_device_name()
     bench = bench_cpu if a.device == "cpu" else bench_cuda
@@ -433,7 +449,8 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             rec = bench(net, batch, a.quick, Path(tmp), reps, budget, a.profile)
         rec.update(date=datetime.date.today().isoformat(), command="python benchmarks/bench_zoo.py " + " ".join(
-            sys.argv[1:] if argv is None else argv), wall_s=time.perf_counter() - t)
+            sys.argv[1:] if argv is None else argv), wall_s=time.perf_counter() - t,
+                   load_avg_1min=os.getloadavg()[0])  # the host's other jobs: a shared CPU's numbers move with it
         records.append(rec)
         brief = {k: v for k, v in rec.items() if k.startswith(("x_", "speedup_vs_")) or k in ("status", "error", "rel_err")}
         print(f"   {rec['wall_s']:.0f} s: {json.dumps(brief)}", flush=True)
