@@ -144,8 +144,10 @@ def timed_reps(fns: dict, reps: int, budget_s: float) -> int:
     return int(max(3, min(reps, budget_s // max(one, 1e-9))))
 
 
-def stage_profile(net, feeds: dict, batch: int, top: int) -> list[dict]:
-    """The slowest stages (net.profile: each launched alone) with their achieved GFLOP/s."""
+def stage_profile(net, feeds: dict, batch: int, top: int) -> dict:
+    """Where the time goes (net.profile: each stage launched alone): the slowest stages with their
+    achieved GFLOP/s, and the stages summed by form and root operator ("element Mul": every
+    element stage whose root is a Mul, epilogues and inlined nodes included)."""
     sys.path.insert(0, str(HERE / "experiments"))
     from profile_stages import stage_tflops
 
@@ -154,8 +156,18 @@ def stage_profile(net, feeds: dict, batch: int, top: int) -> list[dict]:
     rates = stage_tflops(one, batch, times)
     total = sum(t for _, t in times)
     rows = sorted(zip(times, rates), key=lambda p: -p[0][1])[:top]
-    return [{"stage": name[:300], "ms": ms, "share": ms / total, "gflops": 1e3 * rate}
-            for (name, ms), rate in rows] + [{"stage": f"all {len(times)} stages, launched one by one", "ms": total}]
+    by_op: dict[str, dict] = {}
+    stages = one.plan.schedule.stages if one.plan.schedule is not None else []
+    for stage, (_, ms) in zip(stages, times):
+        agg = by_op.setdefault(f"{stage.domain} {stage.root[0].op_type}", {"stages": 0, "ms": 0.0})
+        agg["stages"] += 1
+        agg["ms"] += ms
+    for agg in by_op.values():
+        agg["share"] = agg["ms"] / total
+    return {"total_ms": total, "stages": len(times),
+            "slowest": [{"stage": name[:300], "ms": ms, "share": ms / total, "gflops": 1e3 * rate}
+                        for (name, ms), rate in rows],
+            "by_op": dict(sorted(by_op.items(), key=lambda kv: -kv[1]["ms"]))}
 
 
 def bench_cpu(net, batch: int, quick: bool, tmp: Path, reps: int, budget_s: float, profile: int) -> dict:
@@ -417,7 +429,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=None, help="timed runs of each side (default: 30 on CUDA, 15 on the CPU)")
     ap.add_argument("--budget", type=float, default=None,
                     help="CPU: seconds of timing per network; fewer repetitions (>= 3) when they do not fit (default 12)")
-    ap.add_argument("--profile", type=int, default=0, help="record the slowest N stages of each network (net.profile)")
+    ap.add_argument("--profile", type=int, default=0,
+                    help="record the slowest N stages of each network and its stage times by operator (net.profile)")
     ap.add_argument("--out", type=Path, help="results file (default benchmarks/results/zoo-cpu.json or zoo-h200.json)")
     ap.add_argument("--table", action="store_true", help="print the markdown table of the results file and stop")
     a = ap.parse_args(argv)
