@@ -2,8 +2,9 @@
 with random weights, luisaml against torch and onnxruntime in the same process on the same inputs.
 
 CPU backend, the --quick size profile (batch 1 and 112x112 images for the CNNs, sequences of 32
-for BERT and GPT-2, ...; ~20 minutes on a 2-core host), writes benchmarks/results/zoo-cpu.json:
-    python benchmarks/bench_zoo.py --device cpu --quick
+for BERT and GPT-2, ...: zoo_models.ZOO's quick_batch and inputs; 13 minutes with cold caches, 8.5
+with warm ones, on the shared 2-core development host), writes benchmarks/results/zoo-cpu.json:
+    python benchmarks/bench_zoo.py --device cpu --quick --profile 6
 CUDA backend, the batches of zoo_models.ZOO (writes zoo-h200.json), one part per device command:
     python benchmarks/bench_zoo.py --device cuda --part 1      # ... --part 4
 The markdown table of a results file (RESULTS.md's), with geometric means and medians:
@@ -26,7 +27,8 @@ torch.compile and six timed sides per network; the slow compiles spread across t
     2: convnext-tiny, regnet-y-400mf, densenet-121, squeezenet-1.1, shufflenet-v2, unet-small, siren
     3: vit-tiny/16, deit-small/16, mixer-s/16, bert-base, transformer d64, nerf
     4: gpt-2 small, gru, lstm, bilstm tagger, wav2vec2 conv encoder, pointnet
-`--only "resnet-50,gru 64-128 seq 32"` runs named networks instead (a part that ran out of time).
+`--only "resnet-50,gru 64-128 seq 32"` runs named networks instead (a part that ran out of time);
+`--skip torch_compile` leaves a baseline out (inductor compiles take ~1 minute on the big networks).
 
 For every network, correctness comes first: the reference is onnxruntime on the CPU and torch fp32
 with TF32 off on CUDA; a network passes when luisaml's largest difference is within REL_TOL of the
@@ -170,7 +172,8 @@ def stage_profile(net, feeds: dict, batch: int, top: int) -> dict:
             "by_op": dict(sorted(by_op.items(), key=lambda kv: -kv[1]["ms"]))}
 
 
-def bench_cpu(net, batch: int, quick: bool, tmp: Path, reps: int, budget_s: float, profile: int) -> dict:
+def bench_cpu(net, batch: int, quick: bool, tmp: Path, reps: int, budget_s: float, profile: int,
+              skip: frozenset = frozenset()) -> dict:
     """One network on the CPU backend against onnxruntime (its threads, and one) and torch eager."""
     import onnxruntime as ort
     import torch
@@ -202,6 +205,7 @@ def bench_cpu(net, batch: int, quick: bool, tmp: Path, reps: int, budget_s: floa
 
     floor = rel_err(torch_run().numpy(), ref)
     fns = {side: (lambda s=s: s.run(None, feeds)) for side, s in sessions.items()} | {"torch": torch_run}
+    fns = {side: fn for side, fn in fns.items() if side not in skip}
     ok, net_ = False, None
     try:
         t = time.perf_counter()
@@ -220,7 +224,8 @@ def bench_cpu(net, batch: int, quick: bool, tmp: Path, reps: int, budget_s: floa
     rec.update(reps=n, ms={k: percentiles(v) for k, v in ms.items()}, ort_spinning=False)
     if ok:
         for side in CPU_BASELINES:
-            rec[f"x_{side}"] = rec["ms"]["luisaml"]["p50"] / rec["ms"][side]["p50"]
+            if side in rec["ms"]:
+                rec[f"x_{side}"] = rec["ms"]["luisaml"]["p50"] / rec["ms"][side]["p50"]
         rec["stages"] = _stages(net_, batch)
         if profile:
             rec["profile"] = stage_profile(net_, feeds, batch, profile)
@@ -232,7 +237,8 @@ def _stages(net, batch: int) -> int:
     return len(one.plan.schedule.stages) if one.plan.schedule is not None else 1
 
 
-def bench_cuda(net, batch: int, quick: bool, tmp: Path, reps: int, budget_s: float, profile: int) -> dict:
+def bench_cuda(net, batch: int, quick: bool, tmp: Path, reps: int, budget_s: float, profile: int,
+               skip: frozenset = frozenset()) -> dict:
     """One network on the CUDA backend against torch on the same GPU and inputs (CUPTI spans)."""
     import torch
 
@@ -274,6 +280,8 @@ def bench_cuda(net, batch: int, quick: bool, tmp: Path, reps: int, budget_s: flo
         rec["ms"], rec["timing"], rec["errors"] = {}, {}, {}
 
         def time_side(side, fn, setup=None):
+            if side in skip:
+                return
             try:
                 if setup:
                     setup()
@@ -293,7 +301,7 @@ def bench_cuda(net, batch: int, quick: bool, tmp: Path, reps: int, budget_s: flo
         half = copy.deepcopy(gpu).half()
         hargs = tuple(a.half() if a.is_floating_point() else a for a in args)
         time_side("torch_fp16", lambda: half(*hargs))
-        compiled = torch.compile(gpu)
+        compiled = torch.compile(gpu)  # lazy: nothing compiles until its setup call
         time_side("torch_compile", lambda: compiled(*args), setup=lambda: (compiled(*args), sync()))
     rec["reps"] = reps
     if ok:
@@ -425,6 +433,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="the CPU size profile (zoo_models' quick batches and sizes)")
     ap.add_argument("--part", type=int, choices=sorted(PARTS), help="one of the four parts (see the docstring)")
     ap.add_argument("--only", help="comma-separated network names")
+    ap.add_argument("--skip", default="", help="comma-separated baselines to leave out (cuda: torch_fp16, torch_compile, ...)")
     ap.add_argument("--batch", type=int, help="every network at this batch (a smoke run)")
     ap.add_argument("--reps", type=int, default=None, help="timed runs of each side (default: 30 on CUDA, 15 on the CPU)")
     ap.add_argument("--budget", type=float, default=None,
@@ -460,7 +469,7 @@ def main(argv=None) -> int:
         print(f"== {net.name} batch {batch}", flush=True)
         t = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
-            rec = bench(net, batch, a.quick, Path(tmp), reps, budget, a.profile)
+            rec = bench(net, batch, a.quick, Path(tmp), reps, budget, a.profile, frozenset(filter(None, a.skip.split(","))))
         rec.update(date=datetime.date.today().isoformat(), command="python benchmarks/bench_zoo.py " + " ".join(
             sys.argv[1:] if argv is None else argv), wall_s=time.perf_counter() - t,
                    load_avg_1min=os.getloadavg()[0])  # the host's other jobs: a shared CPU's numbers move with it
