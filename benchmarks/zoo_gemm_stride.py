@@ -1,6 +1,6 @@
 """One MatMul with a constant B on the CPU backend at the zoo's power-of-two widths and at widths just
 off them: the reproducer of NOTES.md's "The zoo on the CPU", finding 1 (a prepacked B whose rows are
-a multiple of 4 KB apart runs 4-5x slower).
+a multiple of 4 KB apart runs 2-5x slower).
 
     python benchmarks/zoo_gemm_stride.py [--reps 7]
 
