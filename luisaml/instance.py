@@ -94,13 +94,8 @@ class NetworkInstance:
         if unbound:
             raise RunError(f"input(s) {unbound} are not bound: call set_input for each")
         with device.stream_lock:  # the weight swap must not leak into another thread's run
-            saved = net._weights
-            if self._weights is not None:
-                net._weights = self._weights
-            try:
+            with net.pool.weights_swapped(self._weights):
                 results = net.run(self._inputs)
-            finally:
-                net._weights = saved
         for name, target in self._outputs.items():
             if target is None:
                 continue

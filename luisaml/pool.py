@@ -3,6 +3,7 @@ the run's size, the buffers only kernels use (the stages' pooled slots, scratch)
 moves by less than half, the fused MLP's tile counter and the run-time error flag."""
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,18 @@ class BufferPool:
         self._weights = None
         self._tiles = None
         self._errors = None
+
+    @contextlib.contextmanager
+    def weights_swapped(self, buffer):
+        """Use `buffer` (a ByteBuffer of the plan's blob layout) as the weight blob inside the block,
+        the pool's own after it (NetworkInstance.set_weight_buffer); None keeps the pool's own."""
+        saved = self._weights
+        if buffer is not None:
+            self._weights = buffer
+        try:
+            yield
+        finally:
+            self._weights = saved
 
     def weights(self, plan):
         """The plan's weight blob as a luisa.ByteBuffer (uploaded at the first call)."""

@@ -68,8 +68,10 @@ def test_unary_half(op):
 
 
 def test_erf_accuracy():
-    """erf_f32 against scipy's float64 erf on a dense grid: within two float32 ulp."""
-    from scipy.special import erf
+    """erf_f32 against the C library's float64 erf (math.erf) on a dense grid: within two float32 ulp."""
+    import math
+
+    erf = np.vectorize(math.erf, otypes=[np.float64])
 
     x = np.concatenate([np.linspace(-6, 6, 200_001, dtype=np.float32), np.float32([0.0, 1e-20, -1e-30, np.inf, -np.inf])])
     model = single_node_model("Erf", {"x": x})
