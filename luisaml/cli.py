@@ -17,7 +17,9 @@ import traceback
 import numpy as np
 
 from .errors import LuisamlError, UsageError
+from .compare import compare_outputs, onnxruntime_outputs
 from .log import logger, note, phase
+from .memory import bench_batch, mib
 
 
 class _Parser(argparse.ArgumentParser):
@@ -249,7 +251,7 @@ def cmd_run(a) -> int:
     if a.compare and net.artifact is not None:
         print("onnxruntime needs the ONNX model, not the built artifact: outputs not compared")
     elif a.compare:
-        ref = _onnxruntime(a.model, a.weights, feeds)
+        ref = onnxruntime_outputs(a.model, a.weights, feeds)
     failures = []  # (how far past the tolerance, message) of each output that fails it
     for name, v in out.items():
         print(f"{name}: {v.dtype}{list(v.shape)}")
@@ -281,60 +283,6 @@ def cmd_run(a) -> int:
     if ref is not None:
         print(f"all outputs within atol {a.atol:g}, rtol {a.rtol:g} of onnxruntime")
     return 0
-
-
-class _Worst:
-    """The element of an output furthest past |got - want| <= atol + rtol * |want|."""
-
-    def __init__(self, got: np.ndarray, want: np.ndarray, atol: float, rtol: float):
-        g, w = got.astype(np.float64), want.astype(np.float64)
-        same = (g == w) | (np.isnan(g) & np.isnan(w))  # equal infinities and NaN against NaN pass
-        # subtracted only where they differ: inf - inf (an invalid operation numpy warns about) is `same`
-        diff = np.abs(np.subtract(g, w, out=np.zeros_like(g), where=~same))
-        diff = np.where(np.isnan(diff), np.inf, diff)  # NaN against a number: as far as it gets
-        allowed = atol + rtol * np.abs(np.where(np.isfinite(w), w, 0.0))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(diff == 0, 0.0, np.where(allowed > 0, diff / allowed, np.inf))
-        flat = int(np.argmax(ratio)) if ratio.size else 0
-        self.index = np.unravel_index(flat, got.shape) if got.size else ()
-        self.index = tuple(int(i) for i in self.index)
-        self.ratio = float(ratio.reshape(-1)[flat]) if got.size else 0.0
-        self.diff = float(diff.max()) if got.size else 0.0
-        self.got = float(g.reshape(-1)[flat]) if got.size else 0.0
-        self.want = float(w.reshape(-1)[flat]) if got.size else 0.0
-        self.bad = int(np.count_nonzero(ratio > 1))
-
-
-def compare_outputs(got: np.ndarray, want: np.ndarray, atol: float, rtol: float) -> _Worst:
-    """Return where `got` is furthest past numpy.isclose's tolerance around `want` (ratio > 1: it fails)."""
-    return _Worst(got, want, atol, rtol)
-
-
-def _onnxruntime(model, weights, feeds) -> dict[str, np.ndarray] | None:
-    """Return onnxruntime's outputs for the same model and feeds (weights bound the same way), or
-    None after one line on stdout saying why it cannot run the model."""
-    from .loaders import load_proto
-
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        print("onnxruntime is not installed (pip install onnxruntime): outputs not compared")
-        return None
-    proto = load_proto(model, weights)
-    try:
-        with phase("onnxruntime"):
-            sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-            names = [o.name for o in sess.get_outputs()]
-            return dict(zip(names, sess.run(names, feeds)))
-    except Exception as e:  # onnxruntime raises its own classes (Fail, InvalidGraph, NotImplemented, ...)
-        custom = sorted({o.domain for o in proto.opset_import} - {"", "ai.onnx", "ai.onnx.ml", "com.microsoft"})
-        why = " ".join(str(e).split())
-        if "No Op registered" in why:
-            why = why[why.index("No Op registered"):]
-        why = why if len(why) <= 160 else why[:157] + "..."
-        domains = f"; the model uses the domain {', '.join(repr(d) for d in custom)}" if custom else ""
-        print(f"onnxruntime cannot run this model ({why}{domains}): outputs not compared")
-        return None
 
 
 def _target(p) -> None:
@@ -414,7 +362,7 @@ def _inspect_artifact(a) -> int:
     built = m["built_with"]
     print(f"artifact {a.model}: format {about['format_version']}, {m['backend']} backend, built {about['created']} "
           f"with luisaml {built.get('luisaml')}, luisa-python {built.get('luisa_python')}, Python {built.get('python')}")
-    print(f"content hash {about['content_hash']}; " + ", ".join(f"{k} {_mib(n)}" for k, n in about["members"].items()))
+    print(f"content hash {about['content_hash']}; " + ", ".join(f"{k} {mib(n)}" for k, n in about["members"].items()))
     print(report.text(rep) if rep is not None else "(no inspect report in the artifact)")
     return 0
 
@@ -435,7 +383,7 @@ def cmd_build(a) -> int:
     from .artifact import read
 
     art = read(path)  # what load will check, checked now
-    print(f"wrote {path} ({_mib(os.path.getsize(path))}, {net.backend} backend, content hash "
+    print(f"wrote {path} ({mib(os.path.getsize(path))}, {net.backend} backend, content hash "
           f"{art.content_hash[:16]}) in {time.perf_counter() - t0:.1f} s")
     return 0
 
@@ -455,58 +403,6 @@ def cmd_emit(a) -> int:
                          fuse="gpu" if a.target == "cuda" else "off").source
     sys.stdout.write(source)
     return 0
-
-
-def _bytes_per_sample(net) -> int:
-    """Return the device bytes a run allocates per sample of the batch: the batched inputs and
-    outputs, the kernels' scratch and the stage buffers (what check_batch bounds, in bytes)."""
-    plan = net.plan
-    total = sum(s.numel * net.io_dtype(s).itemsize for s in plan.inputs + plan.outputs if s.batched)
-    total += sum(per_sample * 4 for per_sample in plan.kernel_scratch.values())
-    if plan.schedule is not None:
-        total += sum(slot.size * slot.itemsize for slot in plan.schedule.buffers.slots)
-    return int(total)
-
-
-def _free_memory(backend: str) -> int | None:
-    """Return the bytes the backend can still allocate (the host's available memory on the CPU
-    backend, the device's free memory on CUDA), or None where it cannot be asked."""
-    import ctypes
-
-    if backend == "cuda":
-        try:
-            cuda = ctypes.CDLL("libcuda.so.1")
-            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-            if cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0:
-                return int(free.value)
-        except (OSError, AttributeError):
-            pass
-        return None
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return None
-
-
-def bench_batch(net, asked: int | None) -> tuple[int, str]:
-    """Return (the batch bench runs, why that one): the model's own where its shapes are static,
-    else --batch (1 when not given), refused with the largest batch that fits when a run of it
-    would need more memory than the backend has free (or than 32-bit indexing reaches)."""
-    if net.batch_symbol is None:
-        lead = [s.shape[0] for s in net.inputs if s.shape and isinstance(s.shape[0], int)]
-        n = lead[0] if lead else 1
-        if asked is not None:
-            note("the model's shapes are static (batch %d): --batch %d ignored", n, asked)
-        return n, "the model's static batch"
-    n = 1 if asked is None else asked
-    per_sample = _bytes_per_sample(net)
-    free = _free_memory(net.backend)
-    if free is not None and per_sample * n > free // 2:  # half: the host copies and the runtime need the rest
-        fits = 1 << max(0, int(np.log2(max(1, free // 2 // max(per_sample, 1)))))
-        raise UsageError(f"--batch {n} needs about {_mib(per_sample * n)} on the {net.backend} backend "
-                         f"({_mib(per_sample)} a sample), and {_mib(free)} is free; try --batch {fits}")
-    net.check_batch(n)  # a LimitError naming the buffer past 32-bit indexing
-    return n, "--batch" if asked is not None else "the default; --batch sets it"
 
 
 def cmd_bench(a) -> int:
@@ -562,12 +458,6 @@ def write_chrome_trace(path: str, stages: list[tuple[str, float]], process: str)
         json.dump(events, f)
 
 
-def _mib(n: int) -> str:
-    if n >= 2**30:
-        return f"{n / 2**30:.1f} GiB"
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
-
-
 def cmd_cache_info(a) -> int:
     """Print every cache folder with its files and bytes, and the bounds on generated modules and kernels."""
     from . import cache
@@ -575,7 +465,7 @@ def cmd_cache_info(a) -> int:
     folders = cache.info()
     width = max(len(f.what) for f in folders)
     for f in folders:
-        print(f"{f.what:{width}s}  {f.files:6d} files  {_mib(f.bytes):>10s}  {f.path}")
+        print(f"{f.what:{width}s}  {f.files:6d} files  {mib(f.bytes):>10s}  {f.path}")
     bound = f"{cache.MAX_BYTES / 2**20:.0f} MiB" if cache.MAX_BYTES is not None else "invalid"
     print(f"bound on generated modules: {bound} (LUISAML_CACHE_MAX_MB), least recently used removed first")
     kbound = f"{cache.KERNEL_MAX_BYTES / 2**20:.0f} MiB" if cache.KERNEL_MAX_BYTES is not None else "invalid"
@@ -591,7 +481,7 @@ def cmd_cache_clear(a) -> int:
     from . import cache
 
     for f in cache.clear(kernels=not a.keep_kernels):
-        print(f"{f.what}: removed {f.files} files ({_mib(f.bytes)}) from {f.path}")
+        print(f"{f.what}: removed {f.files} files ({mib(f.bytes)}) from {f.path}")
     return 0
 
 

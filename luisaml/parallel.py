@@ -22,11 +22,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from . import device, errors
+from . import device, errors, memory
 from .artifact import load, read
 from .errors import InputError, InputNameError, LuisamlError, RunError, UsageError
 from .interop import to_numpy
 from .limits import INDEX_LIMIT
+from .per_batch import PerBatchNetwork
 
 # chunks a worker takes on average from one run: more balance the workers (one may be slower, the
 # machine shared), fewer launch less; a chunk is never larger than the network allows (max_rows)
@@ -40,8 +41,6 @@ def max_rows(net, sharing: int = 1) -> int:
     """Return the most rows one run of `net` may take: what its buffers may hold under 32-bit
     indexing and its Limits (net.check_batch), and half the memory the backend has free, shared by
     `sharing` processes on the host (the CPU backend's workers share the host's memory)."""
-    from .cli import _bytes_per_sample, _free_memory  # (the sizes `luisaml bench --batch` is refused by)
-
     lo, hi = 1, INDEX_LIMIT  # check_batch(lo) passes or nothing does; the largest n it passes
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -50,7 +49,7 @@ def max_rows(net, sharing: int = 1) -> int:
             lo = mid
         except errors.LimitError:
             hi = mid - 1
-    per_row, free = _bytes_per_sample(net), _free_memory(net.backend)
+    per_row, free = memory.bytes_per_sample(net), memory.free_memory(net.backend)
     if per_row and free:
         lo = min(lo, max(1, free // 2 // max(1, sharing) // per_row))
     return lo
@@ -76,8 +75,6 @@ def ports(net) -> tuple[list[Port], list[Port]]:
     """Return (inputs, outputs) of a network a batch can be split for; raise UsageError naming what
     makes it run its batch as a whole (a network compiled per batch size, a static batch, an output
     summed over the batch or sized at run time, a sparse network whose batch is a grid's voxels)."""
-    from .network import PerBatchNetwork
-
     if isinstance(net, PerBatchNetwork):
         raise UsageError(f"this network cannot be split by rows of its batch: {net.why} (it compiles per batch "
                          "size); run it with net.run")

@@ -506,7 +506,7 @@ def test_bench_runs_batch_1_by_default_and_reports_throughput_and_a_profile(tmp_
 
 
 def test_bench_refuses_a_batch_past_free_memory_and_runs_a_static_model_at_its_batch(tmp_path):
-    from luisaml.cli import _free_memory
+    from luisaml.memory import free_memory as _free_memory
 
     path, _ = _export(tmp_path)
     r = _cli("bench", path, "--batch", str(2**40))
