@@ -1,4 +1,9 @@
-"""The element types luisaml knows: ONNX enum, numpy dtype, and how a kernel holds them."""
+"""The element types luisaml knows: ONNX enum, numpy dtype, and how a kernel holds them.
+
+float64 and int64 live in 32 bits: LuisaCompute has no double and luisa-python's 64-bit integer
+arithmetic is mistyped, so int64 is held as int32 and float64 (opt-in) as float32; a value that does
+not fit is an error at the boundary, never a silent truncation.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -23,6 +23,17 @@ Why no shared memory: the CPU backend cannot compile it. The scan is three plain
 SCAN_CHUNK-sized chunks: each chunk scanned by one thread, the chunk totals chained by one
 thread (items / SCAN_CHUNK additions), then every element adds its chunk's base. For 1M rays that
 is 4,096 sequential steps in the middle stage; everything else is parallel.
+
+Run-time sized uint8 outputs are ByteBuffers the node writes word-wise (a new grid's blob). No node
+may read such an output (lowering says which and why), there is no per-sample `forward`, and an
+artifact cannot hold one yet. On torch CUDA tensors such an output is a torch tensor allocated once
+its rows are read back and written in place (DLPack, zero_copy.py `run`): a fresh one each run, so
+no run's result aliases another's. The count may size a dimension other than the first
+(`Operator.runtime_axis`, `IOSpec.rows_axis` / `sized_shape`: NonZero's [rank, N]). Ops with one
+output (NonZero, NonMaxSuppression, the luisaml domain's RotatedNMS / CircleNMS:
+operators/detection.py) keep their counts and offsets in their own int scratch and read the total
+back with a HostRead of one word; their output spans the batch, so a batched input compiles per
+batch size (BatchMixingError).
 """
 from __future__ import annotations
 

@@ -3,7 +3,14 @@
 Each message names what failed (the file, node, tensor, input or setting) and what was expected.
 The classes also derive from the built-in exception a caller would have caught before they
 existed (ValueError for a bad model, KeyError for an unknown input name, ...), so `except
-ValueError` keeps working; `except luisaml.LuisamlError` catches them all."""
+ValueError` keeps working; `except luisaml.LuisamlError` catches them all.
+
+Where the checks sit: an unsupported operator is a compile error (nothing silently falls back);
+feeds numpy cannot read (a ragged list, a bfloat16 torch tensor) are refused by input name in
+`interop.to_numpy`; `input_shapes` is checked by `planning.check_input_shapes`; a DilatedGrid or
+RefinedGrid whose result must pass `luisaml.Limits` is a LimitError before it is built
+(`fvdb/topology.check_result_size`, also on the host-step path).
+"""
 from __future__ import annotations
 
 

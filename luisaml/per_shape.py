@@ -1,7 +1,15 @@
 """PerShapeNetwork: a graph with dynamic dimensions besides the batch (a sequence length, an image's
 height and width), compiled for each shape it runs with: the first run at new sizes of those
 dimensions compiles the model with them fixed (a CompiledNetwork, or a PerBatchNetwork where the
-batch moves: the batch keeps its own handling), and the last SPECIALISATIONS_KEPT are kept."""
+batch moves: the batch keeps its own handling), and the last SPECIALISATIONS_KEPT are kept.
+
+A sequence length or an image size left dynamic stops the passes (passes/infer.py raises
+DynamicDimsError, naming the inputs); compile then returns a PerShapeNetwork. A kept shape costs a
+dictionary look-up, a dropped one a pass over the model and build_plan (its kernels are in the
+kernel cache). An input whose values reach a node of another domain than ONNX's keeps the refusal:
+such a node may hold the exported example's sizes in its attributes (fVDB's `total_voxels`).
+`batch_axis=None` keeps it too: the graph as its shapes say.
+"""
 from __future__ import annotations
 
 import os

@@ -1,6 +1,6 @@
 """The schedule: a graph grouped into stages, each one parallel loop over its own domain.
 
-A node runs in one of four ways, by what its operator offers (luisaml/operator.py):
+A node runs in one of seven ways, by what its operator offers (luisaml/operator.py); four of them:
 
 - **inline** (`Operator.inline`, an `element()` that is a pure expression: elementwise maps,
   views, transposes, slices): its output gets no buffer; whoever reads it computes it there
@@ -15,6 +15,26 @@ A node runs in one of four ways, by what its operator offers (luisaml/operator.p
 Tensors that cross stages live in device buffers pooled by the register allocator's colouring
 (a stage is a step, a buffer a slot), so peak device memory is the largest live set. A stage is
 dispatched over `items` per sample times the batch (per-sample mode) or `items` (shapes fixed).
+
+Three more forms make seven: **blocks** -- on CUDA only, a block of threads per tile of a Gemm,
+MatMul, Conv, Winograd product or fvdb SparseConv3d through shared memory (operators/tiled.py), or a
+warp per row of a normalization or Softmax (operators/rows.py: lanes stride the row, warp reductions
+combine their sums); the CPU backend cannot compile shared memory, and a product that would leave
+most of a tile empty, or a row shorter than 16, keeps its items form; **fused** -- a kernel of its
+own (`Operator.own_kernel`, `kernel_counters`, `dispatch_size`, `emit_kernel`: the FusedMLP's
+cooperative kernel); **phased** -- a node with outputs sized at run time, one items stage per phase
+(luisaml/dynamic.py). An items stage may also run a register tile of a Gemm or Conv; on the CPU
+backend a per-sample layer of one row computes two samples an item (`Operator.samples_per_item`), so
+each weight it loads serves both. `whole` is the fallback every operator has (control flow,
+recurrences, user plugins).
+
+Fusion without a fusion table. An elementwise node after a root (Conv -> BatchNorm -> Relu) becomes
+its epilogue: the root's value is bound to the chain's input and the chain's element() is applied
+before the store (not for a root whose other outputs are read: TopK's indices would be read before
+the deferred root writes them). An inline node read by another is inlined, within a budget
+(expression size, and cheap-only where the reader reads each element many times); an expression
+whose text still grows past codegen.INLINE_CHARS (index arithmetic repeats geometrically through
+nested remaps) is materialised and the schedule built again.
 """
 from __future__ import annotations
 

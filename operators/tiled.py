@@ -16,7 +16,17 @@ while tile kt's multiply-adds run. A product of few tiles (DEEP_TILES) and 64 x 
 shared buffers (tile kt + 1 stored into the other while kt is read: one barrier a step instead of
 two) and load B as float4s where the operator offers them (Conv's prepacked weights); Conv and
 fvdb's SparseConv3d ask for them (choose's `pipelined`). A product may also skip whole k steps
-(emit's k_steps: SparseConv3d runs only the taps its tile's voxels read)."""
+(emit's k_steps: SparseConv3d runs only the taps its tile's voxels read).
+
+Tiles of samples. A blocks stage may cover several samples a block (`Operator.block_samples`,
+`Stage.grouped`: ceil(n / samples) groups, the batch an argument `n` of the kernel,
+`Schedule.takes_batch`; emit's `m_limit` stops the rows past the batch): SparseConv3d over voxels (a
+voxel a sample, 64 a tile), a Winograd product whose samples have few tiles, and a Gemm or MatMul of
+one row a sample with constant weights (a classifier head: 64 samples a tile). A row of another
+sample is read and written through `KernelContext.at_sample(s)`, never at an offset from the group's
+first sample: a pooled buffer's samples lie its slot's size apart, and a slot is as large as its
+largest tensor. An artifact stores such a stage's dispatch as groups.
+"""
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -6,7 +6,19 @@ The compiler's middle sees them through two generic attributes of the Operator b
 `Operator.bound_rows` (the class has the rules below: passes/infer.py asks them only then) and
 `Operator.spans_batch` (the node sees the whole batch: emission.py). The rows a
 VoxelBatch node links are read by luisaml/fvdb/voxel_rows.py alone. A mixin comes before the
-Operator base among a class's bases, so that its attributes win."""
+Operator base among a class's bases, so that its attributes win.
+
+Inputs with rows bound at run time: a graph input whose only dynamic dimension is its first, not the
+batch, is bound at run time when every node reading it says it can take any number of rows
+(`BoundRows.reads_bound_rows`: fVDB's per-point and per-ray ops for the grid bytes, leaf and list
+indices, the sampling ops for their voxel data, all read by index through the metadata derived when
+a grid is bound). The passes probe those rows at two values and refuse a model where any other shape
+or folded constant follows them (passes/infer.py, `bound_inputs`); the runtime accepts any rows for
+them, and the derived metadata checks the voxel data against the grid when it is bound. An attribute
+where an exporter pinned the traced example's size (`BoundRows.pinned_by_example`: the kernel map's
+`output_voxels`) is dropped from a node reading such inputs. A kernel map whose grids are bound
+gives the probe's batch as its rows (`BoundRows.probe_rows`, given the probe by passes/infer.py).
+"""
 from __future__ import annotations
 
 from typing import ClassVar

@@ -13,7 +13,13 @@ its output and inputs hold (`VoxelBatch.row_links`: a map's rows are its output 
 rows its indices name are its input grid's; a convolution's output rows are its map's), and any
 other node's batched inputs and outputs share rows sample for sample. A grid is named by its
 bundle's batch_offsets tensor (GRID + its name), whose last element is its voxel count. Two grids
-linked to one tensor must have as many voxels (checked when they are bound)."""
+linked to one tensor must have as many voxels (checked when they are bound).
+
+Rejected: a symbol of rows per grid carried through every shape (NOTES.md, "Grids of any size for
+sparse convolution"): every pass, the allocator and the runtime would carry a second kind of size;
+the batch already carries one run-time size everywhere, and padding costs only the coarse levels'
+idle rows. Splatting outputs keep static grids.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass

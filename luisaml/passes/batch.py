@@ -15,6 +15,12 @@ k·PROBE_A / k·PROBE_B is k rows per sample of it. This pass turns that compari
 A tensor whose batch dimension is not a leading k·B (a Transpose moved it, or a Reshape merged it
 with another axis) cannot be indexed per sample: `BatchPlan.moved` says which and why, and the
 compiler then runs the graph with its shapes fixed at the batch size of each run instead.
+
+A graph whose tensors all keep the batch leading runs per sample for any batch size (stages dispatch
+items x samples) and has a `forward`. A graph whose batch moves (attention's [B,S,D] -> [S,B,D]) or
+that mixes samples (a mean over the batch) compiles for each batch size it runs with
+(luisaml/per_batch.py's PerBatchNetwork): shapes fixed, still stages; it has no per-sample
+`forward`, and asking for one names the node.
 """
 from __future__ import annotations
 

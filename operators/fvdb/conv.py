@@ -8,6 +8,15 @@ sample each tap names (KernelContext.at_sample); it sees the whole batch (VoxelB
 A convolution work item is R output voxels x O output channels, the channel blocks of a voxel block
 on consecutive threads, weights prepacked [tap][C_in][C_out] so a thread's O weights are consecutive
 words and a warp reads whole rows of them. A tap no voxel of the block has is skipped.
+
+A surface's voxel reads few of the 27 taps, so work is cut to the taps read: a GPU tile ORs its
+voxels' tap masks and walks k over that list (operators/tiled.py emit's `k_steps`), a CPU item skips
+a tap none of its voxels read, and a map known at compile time orders the voxels by tap set (a
+derived input, `rows_by_taps`) so that neighbours in a tile share taps (27 -> 13 taps a tile on the
+benchmark's shell). On CUDA the layer is a blocks stage, an implicit GEMM over k = (tap, input
+channel), A gathered through the map; over grids bound at run time a grouped one
+(operators/tiled.py: a block's tile rows are 64 consecutive samples): 4.53 -> 1.54 ms for the
+benchmark's map and layer over 198k voxels.
 """
 from __future__ import annotations
 

@@ -16,6 +16,14 @@ direction is zero has no hits; UniformRaySamples' differences are in its schema 
 The rays' JaggedTensor layout (joffsets spanning the rays, jidx naming the grid joffsets give, every
 jagged input laid out as the origins) is checked on the host when the rays are bound
 (check_ray_layout, a derived input beside the grids' metadata); the kernels still guard `0 <= b < B`.
+
+The walk: fVDB's dual transform, the root bbox clip (from 0, or a ray's own [t_min, t_max]), empty
+nodes skipped a node at a time. One change from NanoVDB's update on purpose: a level change takes
+the new cell from the integer walk (a coarser cell holds the current one, a finer one is clamped
+inside it), because floor(ray(t)) at a cell face rounds to either side and re-probing the wrong side
+sent the walk back and forth between two levels without advancing. The float attributes (eps,
+step_size, cone_angle) are checked as finite float32 when compiled, and a step or cone below
+float32's smallest normal (flushed to zero on the device) is refused.
 """
 from __future__ import annotations
 

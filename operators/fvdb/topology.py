@@ -23,6 +23,22 @@ are steps that run when a run binds their inputs (luisaml/fvdb/host_steps.py cut
 the topology ops and the constructors build on the device with these phases (a network of the
 node alone with the attribute voxel_capacity: topology_device.py for the topology ops; here the
 constructors' points are then counted by joffsets[B], jdata's rows bound at run time) or on the host.
+
+The device build in detail: voxel keys (8 a point for the nearest voxels); leaves deduplicated by a
+hash table (a slot claimed by a compare-and-swap of the point's index, a key compared with the owner
+point's, which an earlier stage wrote, so nothing waits on another thread); leaf masks by atomic OR;
+leaf ids by a prefix sum over the owners; the distinct leaves sorted into NanoVDB's order by an LSD
+radix sort (a chunk of leaves per thread: histograms, a prefix sum over (digit, chunk), a stable
+scatter; the slot key's bytes, then root tile k, j, i and the grid, relative to their minimum, a
+pass whose digit is 0 everywhere doing nothing); lower and upper nodes as runs of that order, their
+bboxes by atomic min/max from the leaves; after the host writes the headers, every leaf, node and
+root tile writes its own bytes and its parent's table entry, and a thread per child-mask word its
+word. The stages read their regions' offsets from a layout table at the scratch's start (the first
+stage writes it) and the radix pass number from a counter, so the ~200 stages of a 1M-point build
+are ~44 distinct kernels, the same text in every network of the op: the CUDA backend compiles each
+once (its compile cache is keyed by the source's hash). The bundle equals the host builder's, the
+blob byte for byte; its voxel_sizes / origins outputs are their float32 values (the blob's map holds
+the doubles).
 """
 from __future__ import annotations
 
