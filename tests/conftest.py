@@ -1,7 +1,7 @@
 """Shared fixtures: the CPU device, and the split between the CI run and the full run.
 
-CI runs the suite without the tests marked `full` (the larger cases of suites that also have a
-small one: more real models, more grid ops, longer sequences) and the robustness sample;
+CI runs the suite without the tests marked `full` (the larger cases of suites that keep a small one
+in CI: today four of the ONNX suite's nine real models) and with the robustness sample;
 `bash scripts/test.sh --full` (pytest's `--full`) runs every test, every robustness case and the
 artifact fuzzer's full run (hours on 2 cores)."""
 from __future__ import annotations

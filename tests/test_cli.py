@@ -541,7 +541,7 @@ def test_compare_passes_within_tolerance_and_exits_3_naming_the_worst_output_and
     path, _ = _export(tmp_path)
     r = _cli("run", path, "--compare", "--atol", "1e-4", "--rtol", "1e-4")
     assert r.returncode == 0 and "all outputs within atol 0.0001, rtol 0.0001 of onnxruntime" in r.stdout, r.stderr
-    real = cli._onnxruntime
+    real = cli.onnxruntime_outputs
 
     def off_by_one_element(model, weights, feeds):  # onnxruntime's answer with one element moved
         ref = real(model, weights, feeds)
@@ -549,7 +549,7 @@ def test_compare_passes_within_tolerance_and_exits_3_naming_the_worst_output_and
         ref["y"][2, 1] += 0.5
         return ref
 
-    monkeypatch.setattr(cli, "_onnxruntime", off_by_one_element)
+    monkeypatch.setattr(cli, "onnxruntime_outputs", off_by_one_element)
     assert main(["run", str(path), "--compare", "--atol", "1e-3", "-q"]) == 3
     line = _one_line_error(capsys.readouterr().err)
     assert "past --atol 0.001 --rtol 1e-05; worst: output 'y' at index [2, 1]" in line
