@@ -294,7 +294,8 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
 
 
 def _epilogue(start: str, code: GraphCode, kinds: dict[str, str], readers: dict, pinned: set[str],
-              claimed: set[str], order: dict[str, int], views: dict[str, str]) -> tuple[list[tuple[Node, Operator]], str]:
+              claimed: set[str], order: dict[str, int],
+              views: dict[str, str]) -> tuple[list[tuple[Node, Operator]], str]:
     """Return (the epilogue of a root whose output is `start`, in graph order; the tensor it ends
     at): the largest region of elementwise inline nodes, grown from `start` by taking in every
     reader of a tensor at once, of which exactly one tensor is read outside (or is a graph
