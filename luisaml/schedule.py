@@ -28,10 +28,13 @@ backend a per-sample layer of one row computes two samples an item (`Operator.sa
 each weight it loads serves both. `whole` is the fallback every operator has (control flow,
 recurrences, user plugins).
 
-Fusion without a fusion table. An elementwise node after a root (Conv -> BatchNorm -> Relu) becomes
-its epilogue: the root's value is bound to the chain's input and the chain's element() is applied
-before the store (not for a root whose other outputs are read: TopK's indices would be read before
-the deferred root writes them). An inline node read by another is inlined, within a budget
+Fusion without a fusion table. The elementwise nodes after a root become its epilogue: a chain
+(Conv -> BatchNorm -> Relu), or a region of them that all of the root's readers start and one
+tensor leaves (`x * f(x)`: SiLU, GELU, HardSwish, Mish written as graphs, whose x has two readers);
+the root's value is bound to the region's input and each node's element() applied in turn before
+the store, every region tensor one variable (emission.epilogue_lets), so a node reading one twice
+costs a name, not a copy (not for a root whose other outputs are read: TopK's indices would be
+read before the deferred root writes them). An inline node read by another is inlined, within a budget
 (expression size, and cheap-only where the reader reads each element many times); an expression
 whose text still grows past codegen.INLINE_CHARS (index arithmetic repeats geometrically through
 nested remaps) is materialised and the schedule built again.
@@ -180,12 +183,14 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
     readers = _readers(code, ops, views)
     pinned = set(graph_outputs) | _subgraph_reads(code)
 
-    # 1. epilogues: an elementwise inline node reading a root's only output at the same index
+    # 1. epilogues: the elementwise inline nodes closing over a root's only output (a chain, or a
+    # region such as SiLU's Sigmoid and Mul that both read it), applied before the root's store
     chained: dict[str, str] = {}
     claimed: set[str] = set()
     epilogue_of: dict[str, list[tuple[Node, Operator]]] = {}
     end_of: dict[str, str] = {}
     if fuse:
+        order = {o: k for k, (n, _) in enumerate(ops) for o in n.outputs if o}  # tensor -> its producer's place
         for n, op in ops:
             if kinds[n.name] not in ("element", "items") or (kinds[n.name] == "items" and not op.stores_once):
                 continue
@@ -193,22 +198,14 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
             # (TopK's indices) placed before that end would run before the root has written it
             if any(o and o in readers for o in n.outputs[1:]):
                 continue
-            cur, chain = n.outputs[0], []
-            while cur not in pinned and len(readers.get(cur, [])) == 1:
-                c_node, c_op = readers[cur][0]
-                c_out = c_op.outputs[0] if c_op.outputs else None
-                if (kinds[c_node.name] != "inline" or not c_op.elementwise or c_out is None
-                        or tuple(c_out.shape) != tuple(code.tensors[cur].shape) or len(c_node.outputs) != 1
-                        or c_node.name in claimed  # (a node joins one epilogue: Mul of two roots' outputs)
-                        or cur not in c_node.inputs):  # (it reads a view of cur: another index space)
-                    break
-                claimed.add(c_node.name)
-                chain.append((c_node, c_op))
-                chained[cur] = n.name
-                cur = c_out.name
+            chain, end = _epilogue(n.outputs[0], code, kinds, readers, pinned, claimed, order, views)
             if chain:
+                claimed.update(c.name for c, _ in chain)
+                for t in [n.outputs[0]] + [c.outputs[0] for c, _ in chain]:
+                    if t != end:
+                        chained[t] = n.name
                 epilogue_of[n.name] = chain
-                end_of[n.name] = cur
+                end_of[n.name] = end
     in_chain = {c.name for chain in epilogue_of.values() for c, _ in chain}
 
     # 2. inline tensors: computed where they are read, within the budget
@@ -294,6 +291,56 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
         _fill_io(st, code, virtual, views, readers, pinned)
     buffers = _pool(stages, code, set(graph_outputs) | set(code.graph.inputs), views)
     return Schedule(stages, virtual, chained, buffers)
+
+
+def _epilogue(start: str, code: GraphCode, kinds: dict[str, str], readers: dict, pinned: set[str],
+              claimed: set[str], order: dict[str, int],
+              views: dict[str, str]) -> tuple[list[tuple[Node, Operator]], str]:
+    """Return (the epilogue of a root whose output is `start`, in graph order; the tensor it ends
+    at): the largest region of elementwise inline nodes, grown from `start` by taking in every
+    reader of a tensor at once, of which exactly one tensor is read outside (or is a graph
+    output). A chain (Conv -> BatchNorm -> Relu) is such a region; so is `x * f(x)` of one x
+    (SiLU's Sigmoid and Mul, GELU's Div, Erf, Add and two Muls, HardSwish), which would
+    otherwise leave x two readers and the root no epilogue. Every region tensor has the root's
+    output shape and is read at the element the root stores (never through a view), so emission
+    can hold each in one variable. The end's producer is the last region node in graph order:
+    an outside tensor a region node reads is then computed before the end, never from it."""
+    shape = tuple(code.tensors[start].shape)
+    region, taken = {start}, set()
+    nodes: list[tuple[Node, Operator]] = []  # in the order taken in
+    best = (0, start)  # (how many of `nodes`, the end) at the last state with one open tensor
+    last = -1  # the latest place in graph order of a node taken in
+
+    def is_open(t: str) -> bool:  # read outside the region, or a graph output
+        return t in pinned or any(r.name not in taken for r, _ in readers.get(t, []))
+
+    def joins(r: Node, r_op: Operator) -> bool:
+        out = r_op.outputs[0] if r_op.outputs else None
+        return (kinds[r.name] == "inline" and r_op.elementwise and out is not None and len(r.outputs) == 1
+                and tuple(out.shape) == shape and r.name not in claimed  # (a node joins one epilogue)
+                # it reads region tensors directly, never through a view (another index space)
+                and not any(i and i not in region and _root(i, views) in region for i in r.inputs))
+
+    frontier = [start]  # the open region tensors
+    while True:
+        step = None
+        for t in sorted(frontier, key=lambda t: order.get(t, -1)):  # the earliest computed first
+            rs = [(r, r_op) for r, r_op in readers.get(t, []) if r.name not in taken]
+            if t not in pinned and rs and all(joins(r, r_op) for r, r_op in rs):
+                step = rs
+                break
+        if step is None:
+            break
+        for r, r_op in step:
+            taken.add(r.name)
+            nodes.append((r, r_op))
+            region.add(r.outputs[0])
+            frontier.append(r.outputs[0])
+            last = max(last, order[r.outputs[0]])
+        frontier = [t for t in frontier if is_open(t)]
+        if len(frontier) == 1 and order[frontier[0]] == last:
+            best = (len(nodes), frontier[0])
+    return sorted(nodes[:best[0]], key=lambda x: order[x[0].outputs[0]]), best[1]
 
 
 def _batched(op: Operator, per_sample: bool) -> bool:
