@@ -1,5 +1,8 @@
 """Pools: MaxPool (with its Indices output), AveragePool, LpPool and the global pools. Each output
-element reduces its window (shaders/conv.py.j2, the loop nest the convolutions use) in float."""
+element reduces its window (shaders/conv.py.j2, the loop nest the convolutions use) in float. In a
+stage a work item is ROW_TILE consecutive outputs of a row (every output of the node: Y and
+MaxPool's Indices): a thread a window cost more in the CPU backend's per-thread call (~7 ns,
+benchmarks/NOTES.md) than a 2 x 2 window's work."""
 from __future__ import annotations
 
 from luisaml import dtypes
@@ -20,10 +23,16 @@ from .conv import (
 )
 
 
+# outputs of a row a stage's work item computes, one window after the other (a last strip past
+# the row's end stores only its outputs inside): the CIFAR CNN's 2 x 2 pools, the stage alone,
+# measured in benchmarks/NOTES.md ("ConvTranspose tiles, long reductions and pools on the CPU")
+ROW_TILE = 8
+
+
 class Pool(Operator):
     """A sliding-window pool over X [N, C, D...]; subclasses say how a window reduces. Each output
-    element is one window: a stage runs one thread per element (element()), or per element of
-    both outputs for MaxPool with Indices (emit_item())."""
+    element is one window: a stage runs one thread per ROW_TILE outputs along the row (every
+    output: MaxPool's Indices with Y)."""
 
     global_pool = False
     stores_once = True
@@ -83,20 +92,37 @@ class Pool(Operator):
         outer = loop_vars(ctx, self.output().shape, "o", unit_zero=True)
         self.emit(ctx, outer, [v for v, _ in outer], store=True)
 
-    def coords(self, ctx, i: str) -> list[str]:
-        """Return the output coordinates of flat index i, bound to variables."""
-        shape = tuple(self.output().shape)
-        return [ctx.let(c, "o") if n > 1 else "0" for c, n in zip(ix.unravel(i, shape), shape)]
+    def row_tile(self) -> tuple[int, int]:
+        """Return (outputs a work item computes along the last dimension, work items a row)."""
+        row = self.output().shape[-1]
+        P = max(1, min(ROW_TILE, row))
+        return P, -(-row // P)
 
-    def element(self, ctx, i: str, k: int = 0) -> str:
-        return self.emit(ctx, [], self.coords(ctx, i), store=False)[k]
-
-    def work_items(self) -> int | None:
-        """MaxPool with Indices has two outputs: one item per output element stores both."""
-        return self.output().numel if len([t for t in self.outputs if t is not None]) > 1 else None
+    def work_items(self) -> int:
+        P, strips = self.row_tile()
+        y = self.output()
+        return y.numel // y.shape[-1] * strips
 
     def emit_item(self, ctx, item: str) -> None:
-        self.emit(ctx, [], self.coords(ctx, item), store=True)
+        y = self.output()
+        P, strips = self.row_tile()
+        dims = tuple(y.shape[:-1]) + (strips,)
+        *lead, strip = [ctx.let(c, "o") if n > 1 else "0" for c, n in zip(ix.unravel(item, dims), dims)]
+        o0 = ctx.let(ix.mul(strip, P), "o")
+        row = y.shape[-1]
+        outs = [y] + [t for t in self.outputs[1:] if t is not None]
+        done = []  # the finished values of every strip position inside the row, then their stores
+        for pp in range(P):
+            o = ctx.let(ix.add(o0, str(pp)), "o") if pp else o0
+            if (strips - 1) * P + pp >= row:  # the last strip's outputs past the row: guarded
+                ctx.line(f"if {o} < {row}:")
+                with ctx.indent():
+                    self.emit(ctx, [], lead + [o], store=True)
+            else:
+                done.append((lead + [o], [ctx.let(v, "f") for v in self.emit(ctx, [], lead + [o], store=False)]))
+        for ov, values in done:
+            for t, v in zip(outs, values):
+                ctx.line(t.store(ix.ravel(ov, t.strides), v))
 
     def x_index(self, ov, coords) -> str:
         return ix.ravel(ov[:2] + coords, self.input(0).strides)

@@ -1,0 +1,71 @@
+"""Pools in row tiles (operators/pool.py: a work item computes ROW_TILE outputs of a row, a last
+strip past the row's end stores only its own) against onnxruntime at two batch sizes: output rows
+shorter than, equal to and past a tile (ragged), pads, strides, dilations, ceil_mode, 1-D and 3-D,
+MaxPool's Indices, and torch's max_pool2d export (the CIFAR CNN's) against torch."""
+import numpy as np
+import pytest
+from onnx import helper
+
+from stage_forms import assert_stage_forms
+from test_reduce import assert_compiles_per_batch
+from util import graph_model, rand, single_node_model, stage_of
+
+import luisaml
+from luisaml.operators import pool
+
+NODES = [  # (name, op, attributes): output rows of 11, 3, 8, 22 and 6 from an input of 22 x 22
+    ("max_2x2", "MaxPool", dict(kernel_shape=[2, 2], strides=[2, 2])),
+    ("max_3x3_s2_pad_ceil", "MaxPool", dict(kernel_shape=[3, 3], strides=[2, 7], pads=[1, 1, 1, 1], ceil_mode=1)),
+    ("max_dil", "MaxPool", dict(kernel_shape=[2, 3], strides=[3, 2], dilations=[2, 3], pads=[0, 1, 0, 0])),
+    ("avg_pad", "AveragePool", dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=1)),
+    ("avg_same", "AveragePool", dict(kernel_shape=[3, 2], strides=[2, 4], auto_pad="SAME_UPPER")),
+    ("lp", "LpPool", dict(kernel_shape=[2, 2], strides=[1, 2], p=2)),
+]
+
+
+def test_the_rows_here_cover_every_tile_case():
+    assert pool.ROW_TILE == 8  # rows of 3 (one short strip), 8 (one strip), 11 and 22 (ragged), 6
+
+
+def test_pools_in_row_tiles_2d():
+    x = rand((2, 5, 22, 22), seed=1)
+    m = graph_model([helper.make_node(op, ["x"], [name], name=name, **a) for name, op, a in NODES], {"x": x}, batch="N")
+    net = assert_stage_forms(m, lambda n: {"x": rand((n, 5, 22, 22), seed=n)}, [name for name, _, _ in NODES],
+                             rtol=1e-5, atol=1e-6)
+    assert all(stage_of(net, name).domain == "items" for name, _, _ in NODES)
+
+
+def test_pools_in_row_tiles_1d_3d():
+    x1, x3 = rand((2, 3, 19), seed=2), rand((2, 2, 5, 4, 13), seed=3)
+    nodes = [helper.make_node("MaxPool", ["x1"], ["m1"], name="m1", kernel_shape=[3], strides=[2], pads=[1, 1]),
+             helper.make_node("AveragePool", ["x1"], ["a1"], name="a1", kernel_shape=[2]),
+             helper.make_node("MaxPool", ["x3"], ["m3"], name="m3", kernel_shape=[2, 2, 3], strides=[1, 2, 1]),
+             helper.make_node("GlobalAveragePool", ["x3"], ["g3"], name="g3")]
+    m = graph_model(nodes, {"x1": x1, "x3": x3}, batch="N")
+    assert_stage_forms(m, lambda n: {"x1": rand((n, 3, 19), seed=n), "x3": rand((n, 2, 5, 4, 13), seed=n + 1)},
+                       ["m1", "a1", "m3", "g3"], rtol=1e-5, atol=1e-6)
+
+
+def test_max_pool_indices_in_row_tiles():
+    """Both outputs stored by each of a tile's windows; a row of 12 (a ragged second strip)."""
+    m = single_node_model("MaxPool", {"x": rand((2, 3, 9, 24))}, outputs=["y", "i"], batch="N",
+                          kernel_shape=[3, 2], pads=[1, 0, 1, 0], strides=[1, 2])
+    net = assert_compiles_per_batch(m, "MaxPool_0", lambda n: {"x": rand((n, 3, 9, 24), seed=n)}, rtol=1e-5, atol=1e-6)
+    assert stage_of(net, "MaxPool_0").domain == "items"
+
+
+def test_torch_max_pool2d_export():
+    """The CIFAR CNN's pool after a Relu, exported by torch, against torch at two batch sizes."""
+    torch = pytest.importorskip("torch")
+    import io
+
+    import onnx
+
+    mod = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.MaxPool2d(2))
+    buf = io.BytesIO()
+    torch.onnx.export(mod, (torch.randn(2, 16, 32, 32),), buf, input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "n"}}, dynamo=False)
+    net = luisaml.compile(onnx.load_from_string(buf.getvalue()))
+    for n in (1, 3):
+        x = torch.randn(n, 16, 32, 32)
+        np.testing.assert_array_equal(net.run({"x": x.numpy()})["y"], mod(x).numpy())
