@@ -54,17 +54,17 @@ def old_form(family: str):
     """Compile the layer as it was before this change (the switch each family keeps for this)."""
     from luisaml.operators import conv_transpose, pool, reduce
 
-    saved = conv_transpose.MAX_STRIDE, reduce.LANES, pool.ROW_TILE
+    saved = conv_transpose.MAX_STRIDE, reduce.LANES, pool.ROW_TILE, pool.ROWS_FIRST
     if family == "convt":
         conv_transpose.MAX_STRIDE = 0
     elif family == "reduce":
         reduce.LANES = 1
     else:
-        pool.ROW_TILE = 1
+        pool.ROW_TILE, pool.ROWS_FIRST = 1, False
     try:
         yield
     finally:
-        conv_transpose.MAX_STRIDE, reduce.LANES, pool.ROW_TILE = saved
+        conv_transpose.MAX_STRIDE, reduce.LANES, pool.ROW_TILE, pool.ROWS_FIRST = saved
 
 
 def main(argv=None) -> int:

@@ -2,7 +2,10 @@
 element reduces its window (shaders/conv.py.j2, the loop nest the convolutions use) in float. In a
 stage a work item is ROW_TILE consecutive outputs of a row (every output of the node: Y and
 MaxPool's Indices): a thread a window cost more in the CPU backend's per-thread call (~7 ns,
-benchmarks/NOTES.md) than a 2 x 2 window's work."""
+benchmarks/NOTES.md) than a 2 x 2 window's work. A MaxPool whose windows tile the row (kernel =
+stride along it, no pads or dilation there: the 2 x 2 pools of VGG-style CNNs) takes the max of
+the window's rows first, over the strip's contiguous input span (consecutive loads, one max per
+element: what clang vectorises), then of each output's columns (MaxPool.rows_first)."""
 from __future__ import annotations
 
 from luisaml import dtypes
@@ -27,6 +30,8 @@ from .conv import (
 # the row's end stores only its outputs inside): the CIFAR CNN's 2 x 2 pools, the stage alone,
 # measured in benchmarks/NOTES.md ("ConvTranspose tiles, long reductions and pools on the CPU")
 ROW_TILE = 8
+# MaxPool.rows_first on (the switch benchmarks/zoo_elem.py turns off for its A/B)
+ROWS_FIRST = True
 
 
 class Pool(Operator):
@@ -95,8 +100,13 @@ class Pool(Operator):
     def row_tile(self) -> tuple[int, int]:
         """Return (outputs a work item computes along the last dimension, work items a row)."""
         row = self.output().shape[-1]
-        P = max(1, min(ROW_TILE, row))
+        P = self.rows_first() or max(1, min(ROW_TILE, row))
         return P, -(-row // P)
+
+    def rows_first(self) -> int | None:
+        """Return the outputs a work item computes when it reduces its windows' rows first
+        (MaxPool.rows_first), None when it does not."""
+        return None
 
     def work_items(self) -> int:
         P, strips = self.row_tile()
@@ -109,6 +119,9 @@ class Pool(Operator):
         dims = tuple(y.shape[:-1]) + (strips,)
         *lead, strip = [ctx.let(c, "o") if n > 1 else "0" for c, n in zip(ix.unravel(item, dims), dims)]
         o0 = ctx.let(ix.mul(strip, P), "o")
+        if self.rows_first() is not None:
+            self.emit_rows_first(ctx, lead, o0, P)
+            return
         row = y.shape[-1]
         outs = [y] + [t for t in self.outputs[1:] if t is not None]
         done = []  # the finished values of every strip position inside the row, then their stores
@@ -173,6 +186,59 @@ class MaxPool(Pool):
         body += [f"if {v} > {best} or {self.arg} < 0 or (isnan({v}) and not isnan({best})):",
                  f"    {best} = {v}", f"    {self.arg} = {flat}"]
         return head, levels, body, best
+
+    def rows_first(self) -> int | None:
+        """Where the windows tile the row (kernel = stride along it, no pads or dilation there,
+        whole in the input: a strip's span holds exactly its windows' columns) and 8 or 4 outputs
+        divide it, return that tile; None otherwise. (LeNet's rows of 14 in tiles of 2: 1.80 ->
+        1.90 ms against the windows one after the other in tiles of 8.)"""
+        g, row = self.geo, self.geo.out[-1]
+        if not (ROWS_FIRST and not self.indices and not self.global_pool and g.kernel[-1] == g.strides[-1]
+                and g.dilations[-1] == 1 and g.pads_begin[-1] == 0 and row * g.strides[-1] <= self.input(0).shape[-1]):
+            return None
+        return next((p for p in (8, 4) if p <= ROW_TILE and row % p == 0), None)
+
+    def emit_rows_first(self, ctx, lead: list[str], o0: str, P: int) -> None:
+        """Emit the P outputs of a row from o0: the max over the window's rows of each element of
+        the strip's input span (P x s consecutive elements), then the max of each output's s
+        columns. A row outside the input (the outer dimensions' pads) is skipped, as in reduce()."""
+        g, x, y = self.geo, self.input(0), self.output()
+        s, k = g.strides[-1], len(g.kernel)
+        mx = max_fn(ctx, dtypes.FLOAT)
+        cols = [ctx.fresh("col") for _ in range(P * s)]
+        for c in cols:
+            ctx.line(f"{c} = -INF")
+        i0 = ctx.let(ix.mul(o0, s), "i")
+
+        def rows(d: int, base: str) -> None:
+            if d == k - 1:
+                for j, c in enumerate(cols):
+                    xv = ctx.let(load_f(x, ix.add(base, i0, str(j))), "xv")
+                    ctx.line(f"{c} = {mx}({c}, {xv})")
+                return
+            with ctx.loop(g.kernel[d], "k") as kv:
+                iv = ctx.let(lin([(lead[2 + d], g.strides[d]), (kv, g.dilations[d])], -g.pads_begin[d]), "ix")
+                size = x.shape[2 + d]
+                last = (g.out[d] - 1) * g.strides[d] + (g.kernel[d] - 1) * g.dilations[d] - g.pads_begin[d]
+                cond = bounds(iv, g.pads_begin[d] > 0, size if last >= size else None)
+                inner = ix.add(base, ix.mul(iv, x.strides[2 + d]))
+                if cond:
+                    ctx.line(f"if {' and '.join(cond)}:")
+                    with ctx.indent():
+                        rows(d + 1, inner)
+                else:
+                    rows(d + 1, inner)
+
+        rows(0, ix.add(ix.mul(lead[0], x.strides[0]), ix.mul(lead[1], x.strides[1])))
+        done = []  # the finished values first, then the stores (benchmarks/NOTES.md)
+        for pp in range(P):
+            v = cols[pp * s]
+            for j in range(1, s):
+                v = f"{mx}({v}, {cols[pp * s + j]})"
+            done.append(ctx.let(f"half({v})" if y.dtype.dsl == "half" else v, "f"))
+        base = ix.ravel(lead + [o0], y.strides)
+        for pp in range(P):
+            ctx.line(y.store(ix.add(base, str(pp)), done[pp]))
 
     def extra_stores(self, ov) -> list[str]:
         if not self.indices:

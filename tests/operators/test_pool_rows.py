@@ -1,7 +1,9 @@
 """Pools in row tiles (operators/pool.py: a work item computes ROW_TILE outputs of a row, a last
 strip past the row's end stores only its own) against onnxruntime at two batch sizes: output rows
 shorter than, equal to and past a tile (ragged), pads, strides, dilations, ceil_mode, 1-D and 3-D,
-MaxPool's Indices, and torch's max_pool2d export (the CIFAR CNN's) against torch."""
+MaxPool's Indices; MaxPool's rows-first tiles (windows that tile the row) with pads and dilations
+in the outer dimensions, half, NaN against numpy; and torch's max_pool2d export (the CIFAR CNN's)
+against torch."""
 import numpy as np
 import pytest
 from onnx import helper
@@ -52,6 +54,53 @@ def test_max_pool_indices_in_row_tiles():
                           kernel_shape=[3, 2], pads=[1, 0, 1, 0], strides=[1, 2])
     net = assert_compiles_per_batch(m, "MaxPool_0", lambda n: {"x": rand((n, 3, 9, 24), seed=n)}, rtol=1e-5, atol=1e-6)
     assert stage_of(net, "MaxPool_0").domain == "items"
+
+
+ROWS_FIRST = [  # (name, attributes, input [C, H, W]): windows that tile the row, rows of 16, 8 and 4 outputs
+    ("rf_2x2", dict(kernel_shape=[2, 2], strides=[2, 2]), (3, 10, 32)),
+    ("rf_3x2_pads", dict(kernel_shape=[3, 2], strides=[2, 2], pads=[1, 0, 1, 0]), (3, 10, 32)),
+    ("rf_dil_rows", dict(kernel_shape=[2, 4], strides=[1, 4], dilations=[3, 1]), (3, 10, 32)),
+    ("rf_3x3_s3", dict(kernel_shape=[3, 3], strides=[3, 3], pads=[2, 0, 0, 0]), (3, 10, 13)),
+]
+
+
+def _rows_first_tile(net, name):
+    st = stage_of(net, name)
+    return [op for nd, op in st.nodes if nd.name == name][0].rows_first()
+
+
+def test_max_pool_rows_first():
+    x = {f"x{k}": rand((2, *shape), seed=k) for k, (_, _, shape) in enumerate(ROWS_FIRST)}
+    nodes = [helper.make_node("MaxPool", [f"x{k}"], [name], name=name, **a) for k, (name, a, _) in enumerate(ROWS_FIRST)]
+    m = graph_model(nodes, x, batch="N")
+    net = assert_stage_forms(m, lambda n: {k: rand((n, *v.shape[1:]), seed=n + j) for j, (k, v) in enumerate(x.items())},
+                             [name for name, _, _ in ROWS_FIRST], rtol=0, atol=0)
+    assert [_rows_first_tile(net, name) for name, _, _ in ROWS_FIRST] == [8, 8, 8, 4]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_max_pool_rows_first_nan_and_half(dtype):
+    """NaN in a window gives NaN (numpy's maximum), wherever it lies in the strip; 1-D and 3-D."""
+    x2 = rand((2, 3, 6, 16), dtype, seed=3)
+    x2[0, 0, 1, :] = np.nan  # a whole input row: every output of the first output row
+    x2[1, 2, 4, 7] = np.nan
+    x2[1, 1, 5, 15] = np.nan  # the last column of the last window
+    x1, x3 = rand((2, 4, 32), dtype, seed=4), rand((2, 2, 3, 4, 16), dtype, seed=5)
+    x1[1, 3, 9] = np.nan
+    nodes = [helper.make_node("MaxPool", ["x2"], ["y2"], name="y2", kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("MaxPool", ["x1"], ["y1"], name="y1", kernel_shape=[2], strides=[2]),
+             helper.make_node("MaxPool", ["x3"], ["y3"], name="y3", kernel_shape=[2, 1, 2], strides=[1, 1, 2])]
+    feeds = {"x2": x2, "x1": x1, "x3": x3}
+    net = luisaml.compile(graph_model(nodes, feeds, batch="N"))
+    assert [_rows_first_tile(net, n) for n in ("y2", "y1", "y3")] == [8, 8, 8]
+    got = net.run(feeds)
+    # numpy's max propagates NaN; y3's windows: depth d and d + 1, one row, two columns
+    pairs = x3.reshape(2, 2, 3, 4, 8, 2).max(axis=5)
+    want = {"y2": x2.reshape(2, 3, 3, 2, 8, 2).max(axis=(3, 5)), "y1": x1.reshape(2, 4, 16, 2).max(axis=3),
+            "y3": np.maximum(pairs[:, :, :2], pairs[:, :, 1:])}
+    for k, w in want.items():
+        assert got[k].dtype == dtype
+        np.testing.assert_array_equal(got[k], w.astype(dtype), err_msg=k)
 
 
 def test_torch_max_pool2d_export():
