@@ -2,10 +2,9 @@
 element reduces its window (shaders/conv.py.j2, the loop nest the convolutions use) in float. In a
 stage a work item is ROW_TILE consecutive outputs of a row (every output of the node: Y and
 MaxPool's Indices): a thread a window cost more in the CPU backend's per-thread call (~7 ns,
-benchmarks/NOTES.md) than a 2 x 2 window's work. A MaxPool whose windows tile the row (kernel =
-stride along it, no pads or dilation there: the 2 x 2 pools of VGG-style CNNs) takes the max of
-the window's rows first, over the strip's contiguous input span (consecutive loads, one max per
-element: what clang vectorises), then of each output's columns (MaxPool.rows_first)."""
+benchmarks/NOTES.md) than a 2 x 2 window's work. A MaxPool without Indices takes the max over the
+window's rows first, for each column of the strip's contiguous input span (consecutive loads, one
+max per element: what clang vectorises), then over each output's columns (MaxPool.rows_first)."""
 from __future__ import annotations
 
 from luisaml import dtypes
@@ -188,57 +187,76 @@ class MaxPool(Pool):
         return head, levels, body, best
 
     def rows_first(self) -> int | None:
-        """Where the windows tile the row (kernel = stride along it, no pads or dilation there,
-        whole in the input: a strip's span holds exactly its windows' columns) and 8 or 4 outputs
-        divide it, return that tile; None otherwise. (LeNet's rows of 14 in tiles of 2: 1.80 ->
-        1.90 ms against the windows one after the other in tiles of 8.)"""
-        g, row = self.geo, self.geo.out[-1]
-        if not (ROWS_FIRST and not self.indices and not self.global_pool and g.kernel[-1] == g.strides[-1]
-                and g.dilations[-1] == 1 and g.pads_begin[-1] == 0 and row * g.strides[-1] <= self.input(0).shape[-1]):
+        """Without Indices, over windows undilated along the row: return the tile (ROW_TILE, or
+        the row when shorter); None otherwise (MaxPool with Indices, the global pool)."""
+        g = self.geo
+        if not (ROWS_FIRST and not self.indices and not self.global_pool and g.dilations[-1] == 1):
             return None
-        return next((p for p in (8, 4) if p <= ROW_TILE and row % p == 0), None)
+        return max(1, min(ROW_TILE, g.out[-1]))
 
     def emit_rows_first(self, ctx, lead: list[str], o0: str, P: int) -> None:
-        """Emit the P outputs of a row from o0: the max over the window's rows of each element of
-        the strip's input span (P x s consecutive elements), then the max of each output's s
-        columns. A row outside the input (the outer dimensions' pads) is skipped, as in reduce()."""
+        """Emit the P outputs of a row from o0: the max over the window's rows of each column of
+        the strip's input span ((P - 1) x stride + kernel consecutive columns), then the max of
+        each output's kernel columns. A row outside the input (pads of the outer dimensions) is
+        skipped, as in reduce(); so is a column outside it, in the masked copy of the loops that a
+        strip whose span leaves the row runs (pads along the row, ceil_mode, a ragged last strip)."""
         g, x, y = self.geo, self.input(0), self.output()
-        s, k = g.strides[-1], len(g.kernel)
+        s, kl, pad, size, row = g.strides[-1], g.kernel[-1], g.pads_begin[-1], x.shape[-1], g.out[-1]
+        k = len(g.kernel)
+        strips = -(-row // P)
         mx = max_fn(ctx, dtypes.FLOAT)
-        cols = [ctx.fresh("col") for _ in range(P * s)]
+        cols = [ctx.fresh("col") for _ in range((P - 1) * s + kl)]
         for c in cols:
             ctx.line(f"{c} = -INF")
-        i0 = ctx.let(ix.mul(o0, s), "i")
+        i0 = ctx.let(lin([(o0, s)], -pad), "i")  # the span's first column
+        lo_fails = pad > 0
+        hi_fails = (strips - 1) * P * s - pad + len(cols) > size
 
-        def rows(d: int, base: str) -> None:
+        def rows(d: int, base: str, masked: bool) -> None:
             if d == k - 1:
                 for j, c in enumerate(cols):
-                    xv = ctx.let(load_f(x, ix.add(base, i0, str(j))), "xv")
+                    at = ix.add(i0, str(j))
+                    if masked:
+                        cond = bounds(f"({at})", lo_fails, size if hi_fails else None)
+                        clamped = f"min(max({at}, 0), {size - 1})"
+                        xv = ctx.let(f"({load_f(x, ix.add(base, clamped))} if {' and '.join(cond)} else -INF)", "xv")
+                    else:
+                        xv = ctx.let(load_f(x, ix.add(base, at)), "xv")
                     ctx.line(f"{c} = {mx}({c}, {xv})")
                 return
             with ctx.loop(g.kernel[d], "k") as kv:
                 iv = ctx.let(lin([(lead[2 + d], g.strides[d]), (kv, g.dilations[d])], -g.pads_begin[d]), "ix")
-                size = x.shape[2 + d]
                 last = (g.out[d] - 1) * g.strides[d] + (g.kernel[d] - 1) * g.dilations[d] - g.pads_begin[d]
-                cond = bounds(iv, g.pads_begin[d] > 0, size if last >= size else None)
+                cond = bounds(iv, g.pads_begin[d] > 0, x.shape[2 + d] if last >= x.shape[2 + d] else None)
                 inner = ix.add(base, ix.mul(iv, x.strides[2 + d]))
                 if cond:
                     ctx.line(f"if {' and '.join(cond)}:")
                     with ctx.indent():
-                        rows(d + 1, inner)
+                        rows(d + 1, inner, masked)
                 else:
-                    rows(d + 1, inner)
+                    rows(d + 1, inner, masked)
 
-        rows(0, ix.add(ix.mul(lead[0], x.strides[0]), ix.mul(lead[1], x.strides[1])))
+        base = ix.add(ix.mul(lead[0], x.strides[0]), ix.mul(lead[1], x.strides[1]))
+        if lo_fails or hi_fails:
+            inside = ([f"{i0} >= 0"] if lo_fails else []) + ([f"{ix.add(i0, str(len(cols)))} <= {size}"] if hi_fails else [])
+            ctx.line(f"if {' and '.join(inside)}:")
+            with ctx.indent():
+                rows(0, base, False)
+            ctx.line("else:")
+            with ctx.indent():
+                rows(0, base, True)
+        else:
+            rows(0, base, False)
         done = []  # the finished values first, then the stores (benchmarks/NOTES.md)
         for pp in range(P):
             v = cols[pp * s]
-            for j in range(1, s):
+            for j in range(1, kl):
                 v = f"{mx}({v}, {cols[pp * s + j]})"
             done.append(ctx.let(f"half({v})" if y.dtype.dsl == "half" else v, "f"))
-        base = ix.ravel(lead + [o0], y.strides)
+        out = ix.ravel(lead + [o0], y.strides)
+        in_row = row % P or P  # a ragged last strip: its positions past the row store nothing
         for pp in range(P):
-            ctx.line(y.store(ix.add(base, str(pp)), done[pp]))
+            ctx.line_if(None if pp < in_row else f"{ix.add(o0, str(pp))} < {row}", y.store(ix.add(out, str(pp)), done[pp]))
 
     def extra_stores(self, ov) -> list[str]:
         if not self.indices:

@@ -56,11 +56,14 @@ def test_max_pool_indices_in_row_tiles():
     assert stage_of(net, "MaxPool_0").domain == "items"
 
 
-ROWS_FIRST = [  # (name, attributes, input [C, H, W]): windows that tile the row, rows of 16, 8 and 4 outputs
+ROWS_FIRST = [  # (name, attributes, input [C, H, W]): rows of 16, 8, 4, 28, 27 and 3 outputs
     ("rf_2x2", dict(kernel_shape=[2, 2], strides=[2, 2]), (3, 10, 32)),
     ("rf_3x2_pads", dict(kernel_shape=[3, 2], strides=[2, 2], pads=[1, 0, 1, 0]), (3, 10, 32)),
     ("rf_dil_rows", dict(kernel_shape=[2, 4], strides=[1, 4], dilations=[3, 1]), (3, 10, 32)),
     ("rf_3x3_s3", dict(kernel_shape=[3, 3], strides=[3, 3], pads=[2, 0, 0, 0]), (3, 10, 13)),
+    ("rf_resnet_stem", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), (3, 9, 56)),  # overlapping, pads
+    ("rf_squeezenet", dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1), (3, 9, 55)),  # ragged, past the row
+    ("rf_wide_pad", dict(kernel_shape=[1, 5], strides=[1, 3], pads=[0, 2, 0, 4]), (3, 4, 5)),  # a span past both ends
 ]
 
 
@@ -75,7 +78,7 @@ def test_max_pool_rows_first():
     m = graph_model(nodes, x, batch="N")
     net = assert_stage_forms(m, lambda n: {k: rand((n, *v.shape[1:]), seed=n + j) for j, (k, v) in enumerate(x.items())},
                              [name for name, _, _ in ROWS_FIRST], rtol=0, atol=0)
-    assert [_rows_first_tile(net, name) for name, _, _ in ROWS_FIRST] == [8, 8, 8, 4]
+    assert [_rows_first_tile(net, name) for name, _, _ in ROWS_FIRST] == [8, 8, 8, 4, 8, 8, 3]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
