@@ -2,10 +2,11 @@
 one process: the reproducer of NOTES.md's "ConvTranspose tiles, long reductions and pools on the
 CPU" (issue 27, items 5 and 6 of "The zoo on the CPU").
 
-    python benchmarks/zoo_elem.py [--reps 15] [--only convt,reduce,pool]
+    python benchmarks/zoo_elem.py [--reps 15] [--only convt,reduce,pool,gpool]
 
 For each layer at the zoo's --quick batch (U-Net's three up-convolutions, PointNet's max over 1,024
-points, the CIFAR CNN's, LeNet's and U-Net's max pools) the old form (old_form: the switch each
+points, the max pools of the CIFAR CNN, LeNet, U-Net, ResNet's stem and SqueezeNet, EfficientNet's
+squeeze-excitation global pools) the old form (old_form: the switch each
 family keeps; for the pools a work item per output, which is what the element form's thread per
 output did) and the shipped one are compiled, then run interleaved; prints the best `net.run` ms
 of each (host copies included), the best stage time of each (`net.profile`: the kernel alone) and
@@ -31,6 +32,14 @@ LAYERS = [
     ("pool", "cifar maxpool 2 32x16x16", "MaxPool", (64, 32, 16, 16), {"kernel_shape": [2, 2], "strides": [2, 2]}, None),
     ("pool", "lenet maxpool 2 6x28x28", "MaxPool", (256, 6, 28, 28), {"kernel_shape": [2, 2], "strides": [2, 2]}, None),
     ("pool", "unet maxpool 2 16x128x128", "MaxPool", (1, 16, 128, 128), {"kernel_shape": [2, 2], "strides": [2, 2]}, None),
+    ("pool", "resnet stem maxpool 3 s2 p1 64x56x56", "MaxPool", (1, 64, 56, 56),
+     {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, None),
+    ("pool", "squeezenet maxpool 3 s2 ceil 64x55x55", "MaxPool", (1, 64, 55, 55),
+     {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}, None),
+    # EfficientNet-B0's squeeze-excitation pools at 112 x 112 images (--quick)
+    ("gpool", "efficientnet SE pool 32x56x56", "GlobalAveragePool", (1, 32, 56, 56), {}, None),
+    ("gpool", "efficientnet SE pool 144x28x28", "GlobalAveragePool", (1, 144, 28, 28), {}, None),
+    ("gpool", "efficientnet SE pool 480x7x7", "GlobalAveragePool", (1, 480, 7, 7), {}, None),
 ]
 
 
@@ -57,7 +66,7 @@ def old_form(family: str):
     saved = conv_transpose.MAX_STRIDE, reduce.LANES, pool.ROW_TILE, pool.ROWS_FIRST
     if family == "convt":
         conv_transpose.MAX_STRIDE = 0
-    elif family == "reduce":
+    elif family in ("reduce", "gpool"):  # (the global pools fold in the reductions' lanes)
         reduce.LANES = 1
     else:
         pool.ROW_TILE, pool.ROWS_FIRST = 1, False
@@ -70,7 +79,7 @@ def old_form(family: str):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--only", default="convt,reduce,pool")
+    ap.add_argument("--only", default="convt,reduce,pool,gpool")
     a = ap.parse_args(argv)
     import onnxruntime as ort
 

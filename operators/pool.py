@@ -4,7 +4,9 @@ stage a work item is ROW_TILE consecutive outputs of a row (every output of the 
 MaxPool's Indices): a thread a window cost more in the CPU backend's per-thread call (~7 ns,
 benchmarks/NOTES.md) than a 2 x 2 window's work. A MaxPool without Indices takes the max over the
 window's rows first, for each column of the strip's contiguous input span (consecutive loads, one
-max per element: what clang vectorises), then over each output's columns (MaxPool.rows_first)."""
+max per element: what clang vectorises), then over each output's columns (MaxPool.rows_first). A
+global pool over a contiguous block of 32 or more folds it in the reductions' lanes
+(operators/reduce.py, fold_lanes)."""
 from __future__ import annotations
 
 from luisaml import dtypes
@@ -13,7 +15,8 @@ from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import row_major_strides
 
-from .common import load_f, loop_vars, max_fn
+from . import reduce
+from .common import coalesce, load_f, loop_vars, max_fn
 from .conv import (
     Geometry,
     bounds,
@@ -118,6 +121,9 @@ class Pool(Operator):
         dims = tuple(y.shape[:-1]) + (strips,)
         *lead, strip = [ctx.let(c, "o") if n > 1 else "0" for c, n in zip(ix.unravel(item, dims), dims)]
         o0 = ctx.let(ix.mul(strip, P), "o")
+        if self.global_lanes():
+            self.emit_global(ctx, lead)
+            return
         if self.rows_first() is not None:
             self.emit_rows_first(ctx, lead, o0, P)
             return
@@ -135,6 +141,30 @@ class Pool(Operator):
         for ov, values in done:
             for t, v in zip(outs, values):
                 ctx.line(t.store(ix.ravel(ov, t.strides), v))
+
+    def global_lanes(self) -> bool:
+        """Return whether this is a global pool over a contiguous window long enough for the
+        reductions' lanes (operators/reduce.py, fold_lanes)."""
+        x = self.input(0)
+        sizes, (strides,) = coalesce(x.shape[2:], x.strides[2:])
+        return (self.global_pool and reduce.LANES > 1 and strides == [1]
+                and sizes[0] >= reduce.LANES_MIN)
+
+    def global_fold(self, ctx, count: int):
+        """Return (init, step(acc, x), merge(acc, lane), finish(acc)) of the global pool's fold."""
+        raise NotImplementedError
+
+    def emit_global(self, ctx, lead: list[str]) -> None:
+        """Emit the global pool of channel (lead[0], lead[1]): its spatial block folded in lanes,
+        as the reductions fold a contiguous run (shaders/reduce.py.j2)."""
+        x, y = self.input(0), self.output()
+        count = int(_prod(x.shape[2:]))
+        init, step, merge, finish = self.global_fold(ctx, count)
+        acc = ctx.fresh("acc")
+        start = ix.add(ix.mul(lead[0], x.strides[0]), ix.mul(lead[1], x.strides[1]))
+        lanes = reduce.fold_lanes(ctx, lambda i: load_f(x, i), start, count, acc, init, step, merge)
+        ctx.render("reduce.py.j2", kept=[], red=[], passes=[{"init": [f"{acc} = {init}"], "lanes": lanes}],
+                   result=finish(acc), store=lambda v: store_f(y, ix.ravel(lead + ["0"], y.strides), v))
 
     def x_index(self, ov, coords) -> str:
         return ix.ravel(ov[:2] + coords, self.input(0).strides)
@@ -185,6 +215,10 @@ class MaxPool(Pool):
         body += [f"if {v} > {best} or {self.arg} < 0 or (isnan({v}) and not isnan({best})):",
                  f"    {best} = {v}", f"    {self.arg} = {flat}"]
         return head, levels, body, best
+
+    def global_fold(self, ctx, count):
+        mx = max_fn(ctx, dtypes.FLOAT)
+        return "-INF", (lambda a, v: f"{mx}({a}, {v})"), (lambda a, b: f"{mx}({a}, {b})"), (lambda a: a)
 
     def rows_first(self) -> int | None:
         """Without Indices, over windows undilated along the row: return the tile (ROW_TILE, or
@@ -286,6 +320,9 @@ class AveragePool(Pool):
     def check_more(self) -> None:
         self.include_pad = bool(self.attr("count_include_pad", 0))
 
+    def global_fold(self, ctx, count):
+        return "0.0", (lambda a, v: f"{a} + {v}"), (lambda a, b: f"{a} + {b}"), (lambda a: f"{a} / {float(count)!r}")
+
     def reduce(self, ctx, ov):
         x, g = self.input(0), self.geo
         acc, cnt = ctx.fresh("acc"), ctx.fresh("cnt")
@@ -316,6 +353,10 @@ class LpPool(Pool):
         levels, coords, _ = self.window(ctx, ov[2:], inside_only=True)
         body = [f"{v} = {load_f(self.input(0), self.x_index(ov, coords))}"]
         return [f"{acc} = 0.0"], levels, body + [f"{acc} += {_pow_abs(v, self.p)}"], _root(ctx, acc, self.p)
+
+    def global_fold(self, ctx, count):
+        return ("0.0", (lambda a, v: f"{a} + {_pow_abs(v, self.p)}"), (lambda a, b: f"{a} + {b}"),
+                (lambda a: _root(ctx, a, self.p)))
 
 
 def _pow_abs(v: str, p: int) -> str:

@@ -109,6 +109,25 @@ LANES = 16
 LANES_MIN = 32
 
 
+def fold_lanes(ctx, load, start: str, n: int, acc: str, init: str, step, merge, outer=()) -> dict:
+    """Return the "lanes" of a pass of shaders/reduce.py.j2 folding the n consecutive elements from
+    `start` (load(index) reads one in the accumulator's dtype; under the loops `outer`, whose
+    variables start may use): LANES accumulators (the first is `acc`, the others set to `init`),
+    lane l folding elements l, l + LANES, ... (step(acc, x)), the last n % LANES elements into the
+    first lanes, then merged into `acc` (merge(acc, lane)). The global pools take it too."""
+    accs = [acc] + [ctx.fresh("lane") for _ in range(LANES - 1)]
+    q, xs = ctx.fresh("q"), [ctx.fresh("x") for _ in range(LANES)]
+    body = []
+    for lane in range(LANES):
+        body += [f"{xs[lane]} = {load(ix.add(start, ix.mul(q, LANES), str(lane)))}",
+                 f"{accs[lane]} = {step(accs[lane], xs[lane])}"]
+    tail = []
+    for t in range(n - n % LANES, n):
+        tail += [f"{xs[t % LANES]} = {load(ix.add(start, str(t)))}", f"{accs[t % LANES]} = {step(accs[t % LANES], xs[t % LANES])}"]
+    return {"init": [f"{a} = {init}" for a in accs[1:]], "outer": list(outer), "q": q, "chunks": n // LANES,
+            "body": body, "tail": tail, "merge": [f"{acc} = {merge(acc, a)}" for a in accs[1:]]}
+
+
 class Fold(Reduce):
     """One pass: acc = init; acc = step(acc, x) for each element; result = finish(acc)."""
 
@@ -144,24 +163,12 @@ class Fold(Reduce):
         return [p], self.finish_expr(acc)
 
     def lanes(self, ctx, acc: str, init: str, step, merge) -> dict:
-        """Return the lanes of a fold over a contiguous innermost run (shaders/reduce.py.j2): LANES
-        accumulators (the first is `acc`), lane l folding elements l, l + LANES, ... of each run,
-        the run's last elements (fewer than LANES) into the first lanes, then merged into `acc`."""
+        """Return the lanes of this fold over its contiguous innermost run (fold_lanes), under the
+        loops over the other reduced dimensions."""
         x = self.input(0)
-        (r, n), outer = self.red[-1], self.red[:-1]
-        start = affine(self.base, outer, self.rx[:-1])
-        accs = [acc] + [ctx.fresh("lane") for _ in range(LANES - 1)]
-        q, xs = ctx.fresh("q"), [ctx.fresh("x") for _ in range(LANES)]
-        body = []
-        for lane in range(LANES):
-            body += [f"{xs[lane]} = {upcast(x.load(ix.add(start, ix.mul(q, LANES), str(lane))), x.dtype)}",
-                     f"{accs[lane]} = {step(accs[lane], xs[lane])}"]
-        tail = []
-        for t in range(n - n % LANES, n):
-            tail += [f"{xs[t % LANES]} = {upcast(x.load(ix.add(start, str(t))), x.dtype)}",
-                     f"{accs[t % LANES]} = {step(accs[t % LANES], xs[t % LANES])}"]
-        return {"init": [f"{a} = {init}" for a in accs[1:]], "outer": outer, "q": q, "chunks": n // LANES,
-                "body": body, "tail": tail, "merge": [f"{acc} = {merge(acc, a)}" for a in accs[1:]]}
+        outer = self.red[:-1]
+        return fold_lanes(ctx, lambda i: upcast(x.load(i), x.dtype), affine(self.base, outer, self.rx[:-1]),
+                          self.red[-1][1], acc, init, step, merge, outer)
 
     def blocks(self, ctx, acc: str, part: str) -> dict:
         """Return the blocked loop of a long float sum (shaders/reduce.py.j2): a partial sum per

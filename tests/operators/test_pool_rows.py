@@ -121,3 +121,23 @@ def test_torch_max_pool2d_export():
     for n in (1, 3):
         x = torch.randn(n, 16, 32, 32)
         np.testing.assert_array_equal(net.run({"x": x.numpy()})["y"], mod(x).numpy())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_global_pools_in_lanes(dtype):
+    """Global pools over a spatial block of 32 or more take the reductions' lanes (a 7 x 7 block:
+    a tail of 1; 40 x 40), a block of 25 the window loops; against onnxruntime in stages at two
+    batch sizes, and GlobalMaxPool's NaN (in a lane, in the tail) against numpy."""
+    tol = {"rtol": 2e-3, "atol": 2e-3} if dtype == np.float16 else {"rtol": 1e-5, "atol": 1e-6}
+    shapes = {"a": (4, 7, 7), "b": (3, 40, 40), "c": (2, 5, 5)}
+    nodes = [helper.make_node(op, [k], [f"{op}_{k}"], name=f"{op}_{k}", **({"p": 2} if op == "GlobalLpPool" else {}))
+             for k in shapes for op in ("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool")]
+    feeds_at = lambda n: {k: rand((n, *v), dtype, seed=n + j) for j, (k, v) in enumerate(shapes.items())}  # noqa: E731
+    m = graph_model(nodes, feeds_at(2), batch="N")
+    net = assert_stage_forms(m, feeds_at, [nd.name for nd in nodes], **tol)
+    lanes = {nd.name: [op for n_, op in stage_of(net, nd.name).nodes if n_.name == nd.name][0].global_lanes() for nd in nodes}
+    assert lanes == {nd.name: not nd.name.endswith("_c") for nd in nodes}
+    x = rand((2, 4, 7, 7), dtype, seed=9)
+    x[0, 1, 3, 3], x[1, 2, 6, 6] = np.nan, np.nan  # element 24 (a lane) and 48 (the tail)
+    got = net.run({"a": x, "b": rand((2, 3, 40, 40), dtype), "c": rand((2, 2, 5, 5), dtype)})["GlobalMaxPool_a"]
+    np.testing.assert_array_equal(got, x.max(axis=(2, 3), keepdims=True))
