@@ -1,5 +1,12 @@
 """Pools: MaxPool (with its Indices output), AveragePool, LpPool and the global pools. Each output
-element reduces its window (shaders/conv.py.j2, the loop nest the convolutions use) in float."""
+element reduces its window (shaders/conv.py.j2, the loop nest the convolutions use) in float. In a
+stage a work item is ROW_TILE consecutive outputs of a row (every output of the node: Y and
+MaxPool's Indices): a thread a window cost more in the CPU backend's per-thread call (~7 ns,
+benchmarks/NOTES.md) than a 2 x 2 window's work. A MaxPool without Indices takes the max over the
+window's rows first, for each column of the strip's contiguous input span (consecutive loads, one
+max per element: what clang vectorises), then over each output's columns (MaxPool.rows_first). A
+global pool over a contiguous block of 32 or more folds it in the reductions' lanes
+(operators/reduce.py, fold_lanes)."""
 from __future__ import annotations
 
 from luisaml import dtypes
@@ -8,7 +15,8 @@ from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import row_major_strides
 
-from .common import load_f, loop_vars, max_fn
+from . import reduce
+from .common import coalesce, load_f, loop_vars, max_fn
 from .conv import (
     Geometry,
     bounds,
@@ -20,10 +28,18 @@ from .conv import (
 )
 
 
+# outputs of a row a stage's work item computes, one window after the other (a last strip past
+# the row's end stores only its outputs inside): the CIFAR CNN's 2 x 2 pools, the stage alone,
+# measured in benchmarks/NOTES.md ("ConvTranspose tiles, long reductions and pools on the CPU")
+ROW_TILE = 8
+# MaxPool.rows_first on (the switch benchmarks/zoo_elem.py turns off for its A/B)
+ROWS_FIRST = True
+
+
 class Pool(Operator):
     """A sliding-window pool over X [N, C, D...]; subclasses say how a window reduces. Each output
-    element is one window: a stage runs one thread per element (element()), or per element of
-    both outputs for MaxPool with Indices (emit_item())."""
+    element is one window: a stage runs one thread per ROW_TILE outputs along the row (every
+    output: MaxPool's Indices with Y)."""
 
     global_pool = False
     stores_once = True
@@ -83,20 +99,72 @@ class Pool(Operator):
         outer = loop_vars(ctx, self.output().shape, "o", unit_zero=True)
         self.emit(ctx, outer, [v for v, _ in outer], store=True)
 
-    def coords(self, ctx, i: str) -> list[str]:
-        """Return the output coordinates of flat index i, bound to variables."""
-        shape = tuple(self.output().shape)
-        return [ctx.let(c, "o") if n > 1 else "0" for c, n in zip(ix.unravel(i, shape), shape)]
+    def row_tile(self) -> tuple[int, int]:
+        """Return (outputs a work item computes along the last dimension, work items a row)."""
+        row = self.output().shape[-1]
+        P = self.rows_first() or max(1, min(ROW_TILE, row))
+        return P, -(-row // P)
 
-    def element(self, ctx, i: str, k: int = 0) -> str:
-        return self.emit(ctx, [], self.coords(ctx, i), store=False)[k]
+    def rows_first(self) -> int | None:
+        """Return the outputs a work item computes when it reduces its windows' rows first
+        (MaxPool.rows_first), None when it does not."""
+        return None
 
-    def work_items(self) -> int | None:
-        """MaxPool with Indices has two outputs: one item per output element stores both."""
-        return self.output().numel if len([t for t in self.outputs if t is not None]) > 1 else None
+    def work_items(self) -> int:
+        P, strips = self.row_tile()
+        y = self.output()
+        return y.numel // y.shape[-1] * strips
 
     def emit_item(self, ctx, item: str) -> None:
-        self.emit(ctx, [], self.coords(ctx, item), store=True)
+        y = self.output()
+        P, strips = self.row_tile()
+        dims = tuple(y.shape[:-1]) + (strips,)
+        *lead, strip = [ctx.let(c, "o") if n > 1 else "0" for c, n in zip(ix.unravel(item, dims), dims)]
+        o0 = ctx.let(ix.mul(strip, P), "o")
+        if self.global_lanes():
+            self.emit_global(ctx, lead)
+            return
+        if self.rows_first() is not None:
+            self.emit_rows_first(ctx, lead, o0, P)
+            return
+        row = y.shape[-1]
+        outs = [y] + [t for t in self.outputs[1:] if t is not None]
+        done = []  # the finished values of every strip position inside the row, then their stores
+        for pp in range(P):
+            o = ctx.let(ix.add(o0, str(pp)), "o") if pp else o0
+            if (strips - 1) * P + pp >= row:  # the last strip's outputs past the row: guarded
+                ctx.line(f"if {o} < {row}:")
+                with ctx.indent():
+                    self.emit(ctx, [], lead + [o], store=True)
+            else:
+                done.append((lead + [o], [ctx.let(v, "f") for v in self.emit(ctx, [], lead + [o], store=False)]))
+        for ov, values in done:
+            for t, v in zip(outs, values):
+                ctx.line(t.store(ix.ravel(ov, t.strides), v))
+
+    def global_lanes(self) -> bool:
+        """Return whether this is a global pool over a contiguous window long enough for the
+        reductions' lanes (operators/reduce.py, fold_lanes)."""
+        x = self.input(0)
+        sizes, (strides,) = coalesce(x.shape[2:], x.strides[2:])
+        return (self.global_pool and reduce.LANES > 1 and strides == [1]
+                and sizes[0] >= reduce.LANES_MIN)
+
+    def global_fold(self, ctx, count: int):
+        """Return (init, step(acc, x), merge(acc, lane), finish(acc)) of the global pool's fold."""
+        raise NotImplementedError
+
+    def emit_global(self, ctx, lead: list[str]) -> None:
+        """Emit the global pool of channel (lead[0], lead[1]): its spatial block folded in lanes,
+        as the reductions fold a contiguous run (shaders/reduce.py.j2)."""
+        x, y = self.input(0), self.output()
+        count = int(_prod(x.shape[2:]))
+        init, step, merge, finish = self.global_fold(ctx, count)
+        acc = ctx.fresh("acc")
+        start = ix.add(ix.mul(lead[0], x.strides[0]), ix.mul(lead[1], x.strides[1]))
+        lanes = reduce.fold_lanes(ctx, lambda i: load_f(x, i), start, count, acc, init, step, merge)
+        ctx.render("reduce.py.j2", kept=[], red=[], passes=[{"init": [f"{acc} = {init}"], "lanes": lanes}],
+                   result=finish(acc), store=lambda v: store_f(y, ix.ravel(lead + ["0"], y.strides), v))
 
     def x_index(self, ov, coords) -> str:
         return ix.ravel(ov[:2] + coords, self.input(0).strides)
@@ -148,6 +216,82 @@ class MaxPool(Pool):
                  f"    {best} = {v}", f"    {self.arg} = {flat}"]
         return head, levels, body, best
 
+    def global_fold(self, ctx, count):
+        mx = max_fn(ctx, dtypes.FLOAT)
+        return "-INF", (lambda a, v: f"{mx}({a}, {v})"), (lambda a, b: f"{mx}({a}, {b})"), (lambda a: a)
+
+    def rows_first(self) -> int | None:
+        """Without Indices, over windows undilated along the row: return the tile (ROW_TILE, or
+        the row when shorter); None otherwise (MaxPool with Indices, the global pool)."""
+        g = self.geo
+        if not (ROWS_FIRST and not self.indices and not self.global_pool and g.dilations[-1] == 1):
+            return None
+        return max(1, min(ROW_TILE, g.out[-1]))
+
+    def emit_rows_first(self, ctx, lead: list[str], o0: str, P: int) -> None:
+        """Emit the P outputs of a row from o0: the max over the window's rows of each column of
+        the strip's input span ((P - 1) x stride + kernel consecutive columns), then the max of
+        each output's kernel columns. A row outside the input (pads of the outer dimensions) is
+        skipped, as in reduce(); so is a column outside it, in the masked copy of the loops that a
+        strip whose span leaves the row runs (pads along the row, ceil_mode, a ragged last strip)."""
+        g, x, y = self.geo, self.input(0), self.output()
+        s, kl, pad, size, row = g.strides[-1], g.kernel[-1], g.pads_begin[-1], x.shape[-1], g.out[-1]
+        k = len(g.kernel)
+        strips = -(-row // P)
+        mx = max_fn(ctx, dtypes.FLOAT)
+        cols = [ctx.fresh("col") for _ in range((P - 1) * s + kl)]
+        for c in cols:
+            ctx.line(f"{c} = -INF")
+        i0 = ctx.let(lin([(o0, s)], -pad), "i")  # the span's first column
+        lo_fails = pad > 0
+        hi_fails = (strips - 1) * P * s - pad + len(cols) > size
+
+        def rows(d: int, base: str, masked: bool) -> None:
+            if d == k - 1:
+                for j, c in enumerate(cols):
+                    at = ix.add(i0, str(j))
+                    if masked:
+                        cond = bounds(f"({at})", lo_fails, size if hi_fails else None)
+                        clamped = f"min(max({at}, 0), {size - 1})"
+                        xv = ctx.let(f"({load_f(x, ix.add(base, clamped))} if {' and '.join(cond)} else -INF)", "xv")
+                    else:
+                        xv = ctx.let(load_f(x, ix.add(base, at)), "xv")
+                    ctx.line(f"{c} = {mx}({c}, {xv})")
+                return
+            with ctx.loop(g.kernel[d], "k") as kv:
+                iv = ctx.let(lin([(lead[2 + d], g.strides[d]), (kv, g.dilations[d])], -g.pads_begin[d]), "ix")
+                last = (g.out[d] - 1) * g.strides[d] + (g.kernel[d] - 1) * g.dilations[d] - g.pads_begin[d]
+                cond = bounds(iv, g.pads_begin[d] > 0, x.shape[2 + d] if last >= x.shape[2 + d] else None)
+                inner = ix.add(base, ix.mul(iv, x.strides[2 + d]))
+                if cond:
+                    ctx.line(f"if {' and '.join(cond)}:")
+                    with ctx.indent():
+                        rows(d + 1, inner, masked)
+                else:
+                    rows(d + 1, inner, masked)
+
+        base = ix.add(ix.mul(lead[0], x.strides[0]), ix.mul(lead[1], x.strides[1]))
+        if lo_fails or hi_fails:
+            inside = ([f"{i0} >= 0"] if lo_fails else []) + ([f"{ix.add(i0, str(len(cols)))} <= {size}"] if hi_fails else [])
+            ctx.line(f"if {' and '.join(inside)}:")
+            with ctx.indent():
+                rows(0, base, False)
+            ctx.line("else:")
+            with ctx.indent():
+                rows(0, base, True)
+        else:
+            rows(0, base, False)
+        done = []  # the finished values first, then the stores (benchmarks/NOTES.md)
+        for pp in range(P):
+            v = cols[pp * s]
+            for j in range(1, kl):
+                v = f"{mx}({v}, {cols[pp * s + j]})"
+            done.append(ctx.let(f"half({v})" if y.dtype.dsl == "half" else v, "f"))
+        out = ix.ravel(lead + [o0], y.strides)
+        in_row = row % P or P  # a ragged last strip: its positions past the row store nothing
+        for pp in range(P):
+            ctx.line_if(None if pp < in_row else f"{ix.add(o0, str(pp))} < {row}", y.store(ix.add(out, str(pp)), done[pp]))
+
     def extra_stores(self, ov) -> list[str]:
         if not self.indices:
             return []
@@ -175,6 +319,9 @@ class AveragePool(Pool):
 
     def check_more(self) -> None:
         self.include_pad = bool(self.attr("count_include_pad", 0))
+
+    def global_fold(self, ctx, count):
+        return "0.0", (lambda a, v: f"{a} + {v}"), (lambda a, b: f"{a} + {b}"), (lambda a: f"{a} / {float(count)!r}")
 
     def reduce(self, ctx, ov):
         x, g = self.input(0), self.geo
@@ -206,6 +353,10 @@ class LpPool(Pool):
         levels, coords, _ = self.window(ctx, ov[2:], inside_only=True)
         body = [f"{v} = {load_f(self.input(0), self.x_index(ov, coords))}"]
         return [f"{acc} = 0.0"], levels, body + [f"{acc} += {_pow_abs(v, self.p)}"], _root(ctx, acc, self.p)
+
+    def global_fold(self, ctx, count):
+        return ("0.0", (lambda a, v: f"{a} + {_pow_abs(v, self.p)}"), (lambda a, b: f"{a} + {b}"),
+                (lambda a: _root(ctx, a, self.p)))
 
 
 def _pow_abs(v: str, p: int) -> str:

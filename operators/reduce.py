@@ -4,7 +4,10 @@ operators CumSum, CumProd and Hardmax (`Lines`, which TopK shares). Float and ha
 float (half is rounded once at the end); integers accumulate in int.
 
 In a stage a reduction runs one thread per output element (element()), a line operator one work
-item per line (emit_item()); forward() runs the same code inside loops over all of them."""
+item per line (emit_item()); forward() runs the same code inside loops over all of them. A fold
+over a long contiguous run (PointNet's max over 1,024 points) keeps LANES accumulators over
+consecutive elements and merges them at the end (Fold.lanes): one accumulator is a chain of
+dependent steps, LANES of them are what clang's SLP vectoriser turns into vector steps."""
 from __future__ import annotations
 
 import numpy as np
@@ -72,7 +75,7 @@ class Reduce(Operator):
         loops (none: one output element); store(result) stores it. Return the result."""
         x, y = self.input(0), self.output()
         self.acc = compute_dtype(x.dtype)
-        self.red = red
+        self.red, self.rx, self.base = red, rx, base
         first = upcast(x.load(base), x.dtype)
         passes, result = self.passes(ctx, first, upcast(x.load(affine(base, red, rx)), x.dtype))
         result = convert(result, self.result_dtype(), y.dtype)
@@ -98,6 +101,31 @@ class Reduce(Operator):
 
 
 BLOCKED_SUM = 1 << 14  # a float sum of this many elements or more is added up in blocks (Fold.blocks)
+# accumulators of a fold over a contiguous run (Fold.lanes): two AVX vectors of floats, two
+# independent chains (PointNet's max over 1,024 points, the stage alone: 1 lane 8.5 ms, 4 lanes 0.75,
+# 8 lanes 0.51, 16 lanes 0.35; benchmarks/NOTES.md)
+LANES = 16
+# the shortest contiguous run that takes them (a shorter one leaves most of its elements to the tail)
+LANES_MIN = 32
+
+
+def fold_lanes(ctx, load, start: str, n: int, acc: str, init: str, step, merge, outer=()) -> dict:
+    """Return the "lanes" of a pass of shaders/reduce.py.j2 folding the n consecutive elements from
+    `start` (load(index) reads one in the accumulator's dtype; under the loops `outer`, whose
+    variables start may use): LANES accumulators (the first is `acc`, the others set to `init`),
+    lane l folding elements l, l + LANES, ... (step(acc, x)), the last n % LANES elements into the
+    first lanes, then merged into `acc` (merge(acc, lane)). The global pools take it too."""
+    accs = [acc] + [ctx.fresh("lane") for _ in range(LANES - 1)]
+    q, xs = ctx.fresh("q"), [ctx.fresh("x") for _ in range(LANES)]
+    body = []
+    for lane in range(LANES):
+        body += [f"{xs[lane]} = {load(ix.add(start, ix.mul(q, LANES), str(lane)))}",
+                 f"{accs[lane]} = {step(accs[lane], xs[lane])}"]
+    tail = []
+    for t in range(n - n % LANES, n):
+        tail += [f"{xs[t % LANES]} = {load(ix.add(start, str(t)))}", f"{accs[t % LANES]} = {step(accs[t % LANES], xs[t % LANES])}"]
+    return {"init": [f"{a} = {init}" for a in accs[1:]], "outer": list(outer), "q": q, "chunks": n // LANES,
+            "body": body, "tail": tail, "merge": [f"{acc} = {merge(acc, a)}" for a in accs[1:]]}
 
 
 class Fold(Reduce):
@@ -106,6 +134,9 @@ class Fold(Reduce):
     init = "0"
     step = "{acc} + {x}"
     bool_step = ""  # the step for bool data (ReduceMax/Min from opset 20), where kinds allows it
+    # how two accumulators merge (Fold.lanes): the step where it folds an accumulator as an element
+    # (max, min, product, or, and), a plain sum where the step adds a function of the element
+    merge = "{acc} + {x}"
     finish = "{acc}"
     helpers: tuple[tuple[str, str], ...] = ()  # (DSL function, shaders module) pairs finish calls
 
@@ -124,8 +155,20 @@ class Fold(Reduce):
         if self.acc.is_float and step.startswith("{acc} + ") and self.count >= BLOCKED_SUM:
             into = ctx.fresh("part")
             p["block"] = self.blocks(ctx, acc, into)
+        elif LANES > 1 and self.red and self.rx[-1] == 1 and self.red[-1][1] >= LANES_MIN:
+            merge = self.bool_step if self.acc.is_bool else self.merge
+            p["lanes"] = self.lanes(ctx, acc, self.init_expr(first), lambda a, v: step.format(
+                acc=a, x=v, abs_x=abs_expr(v, self.acc), **fns), lambda a, v: merge.format(acc=a, x=v, **fns))
         p["update"] = [f"{into} = {step.format(acc=into, x=x, abs_x=abs_expr(x, self.acc), **fns)}"]
         return [p], self.finish_expr(acc)
+
+    def lanes(self, ctx, acc: str, init: str, step, merge) -> dict:
+        """Return the lanes of this fold over its contiguous innermost run (fold_lanes), under the
+        loops over the other reduced dimensions."""
+        x = self.input(0)
+        outer = self.red[:-1]
+        return fold_lanes(ctx, lambda i: upcast(x.load(i), x.dtype), affine(self.base, outer, self.rx[:-1]),
+                          self.red[-1][1], acc, init, step, merge, outer)
 
     def blocks(self, ctx, acc: str, part: str) -> dict:
         """Return the blocked loop of a long float sum (shaders/reduce.py.j2): a partial sum per
@@ -169,18 +212,18 @@ class LogSumExp(Reduce):
 
 
 def _fold(name: str, init: str, step: str, finish: str = "{acc}", kinds=("float", "int"), base=Fold, bool_step="",
-          helpers=()) -> type:
+          helpers=(), merge="{acc} + {x}") -> type:
     kinds = kinds + ("bool",) if bool_step else kinds
     return type(name, (base,), {"init": init, "step": step, "finish": finish, "kinds": kinds, "bool_step": bool_step,
-                                "helpers": helpers})
+                                "helpers": helpers, "merge": merge})
 
 
 _FOLDS = {
     "ReduceSum": _fold("ReduceSum", "0", "{acc} + {x}"),
     "ReduceMean": _fold("ReduceMean", "0", "{acc} + {x}", base=Mean),
-    "ReduceMax": _fold("ReduceMax", "first", "{max}({acc}, {x})", bool_step="({acc} or {x})"),
-    "ReduceMin": _fold("ReduceMin", "first", "{min}({acc}, {x})", bool_step="({acc} and {x})"),
-    "ReduceProd": _fold("ReduceProd", "1", "{acc} * {x}"),
+    "ReduceMax": _fold("ReduceMax", "first", "{max}({acc}, {x})", bool_step="({acc} or {x})", merge="{max}({acc}, {x})"),
+    "ReduceMin": _fold("ReduceMin", "first", "{min}({acc}, {x})", bool_step="({acc} and {x})", merge="{min}({acc}, {x})"),
+    "ReduceProd": _fold("ReduceProd", "1", "{acc} * {x}", merge="{acc} * {x}"),
     "ReduceL1": _fold("ReduceL1", "0", "{acc} + {abs_x}"),
     # (sqrt_f32: a Div reading it inline must not make a reciprocal square root of it)
     "ReduceL2": _fold("ReduceL2", "0", "{acc} + {x} * {x}", "sqrt_f32({acc})", ("float",),

@@ -9,7 +9,7 @@ from onnx import helper
 
 from test_conv import model
 from test_reduce import assert_compiles_per_batch, assert_runs_in_parallel
-from util import assert_matches_ort, rand, single_node_model, stage_of
+from util import assert_matches_ort, ort_run, rand, single_node_model, stage_of
 
 import luisaml
 
@@ -118,12 +118,17 @@ POOLS = [  # (op, attributes)
 
 @pytest.mark.parametrize("op,attrs", POOLS, ids=[f"{p[0]}-{k}" for k, p in enumerate(POOLS)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
-def test_pools_run_one_thread_per_element(op, attrs, dtype):
-    """Batched: a stage runs one thread per output element (its window), over the whole batch."""
+def test_pools_run_in_row_tiles(op, attrs, dtype):
+    """Batched: a stage runs one work item per ROW_TILE outputs of a row (their windows), over the
+    whole batch."""
+    from luisaml.operators.pool import ROW_TILE
+
     m = single_node_model(op, {"x": rand((2, 3, 7, 6), dtype)}, batch="N", **attrs)
     tol = {"rtol": 1e-3, "atol": 1e-3} if dtype == np.float16 else F32
     net = assert_runs_in_parallel(m, f"{op}_0", lambda n: {"x": rand((n, 3, 7, 6), dtype, seed=n)}, **tol)
-    assert stage_of(net, f"{op}_0").domain == "element"
+    st = stage_of(net, f"{op}_0")
+    y = ort_run(m, {"x": rand((1, 3, 7, 6), dtype)})["y"]
+    assert st.domain == "items" and st.items == y.size // y.shape[-1] * -(-y.shape[-1] // ROW_TILE)
 
 
 def test_max_pool_indices_runs_one_item_per_element():
