@@ -113,7 +113,7 @@ def _dynamic_shapes(args: tuple, ins: list[str], dynamic_axes: Mapping[str, Any]
     Outputs need none: the exporter derives their dimensions."""
     dims: dict[str, Any] = {}
     shapes = []
-    for k, name in enumerate(ins[:len(args)]):
+    for name in ins[:len(args)]:
         axes = dynamic_axes.get(name)
         if not axes:
             shapes.append(None)
