@@ -29,6 +29,7 @@ from PIL import Image
 
 import luisaml
 from luisaml.opsets import fvdb as schema
+from luisaml.opsets import fvdb_rays
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import neural_sdf  # noqa: E402  (the grid, the field and its training)
@@ -77,7 +78,7 @@ def segments_model(grid, rays: int) -> onnx.ModelProto:
                   numpy_helper.from_array(np.zeros(0, np.int32), f"{name}_jidx"),
                   numpy_helper.from_array(np.zeros((0, 1), np.int32), f"{name}_jlidx")]
     outs = ["segments", "joffsets", "jidx", "jlidx"]
-    node = helper.make_node("SegmentsAlongRays", schema.OPS["SegmentsAlongRays"].input_names(), outs,
+    node = helper.make_node("SegmentsAlongRays", fvdb_rays.OPS["SegmentsAlongRays"].input_names(), outs,
                             name="segments", domain=schema.DOMAIN, eps=SPAN_EPS)
     g = helper.make_graph([node], "segments_along_rays", ins, [], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])

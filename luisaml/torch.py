@@ -1,18 +1,22 @@
-"""luisaml.torch.compile: a torch.nn.Module exported through torch.onnx.export, compiled by
-luisaml, and handed back as a torch.nn.Module whose forward runs the compiled network.
+"""luisaml.torch.compile: a torch.nn.Module exported through torch.onnx.export (the dynamo exporter,
+TorchScript's where that fails), compiled by luisaml, and handed back as a torch.nn.Module whose
+forward runs the compiled network; torch.compile's backend "luisaml" (dynamo_backend).
 
 `import torch` below is the real torch: imports are absolute, so this module's own name does
 not shadow it."""
 from __future__ import annotations
 
+import contextlib
 import inspect
 import io
+import logging
 import warnings
 from typing import Any, Mapping, Sequence
 
 import torch
 
 from .errors import UsageError
+from .log import logger
 from .network import CompiledNetwork
 
 BATCH = "batch"  # the symbol of the batch dimension given to every input's dim 0
@@ -32,6 +36,7 @@ class CompiledModule(torch.nn.Module):
         self.input_names = list(input_names)
         self.output_names = list(output_names)
         self._single = single
+        self.exporter = "torchscript"  # which of torch.onnx.export's exporters made the graph (compile sets it)
 
     def forward(self, *inputs: Any, **named_inputs: Any):
         """Return the compiled network's outputs for these inputs (positional in the order of the
@@ -76,10 +81,74 @@ def _input_names(module: torch.nn.Module, n: int) -> list[str]:
     return names + [f"input_{k}" for k in range(len(names), n)]
 
 
+EXPORTERS = ("auto", "dynamo", "torchscript")
+# torch's own loggers that the dynamo exporter talks through (which optional packages it skips, what it
+# decomposes): notes for torch's developers, not for the caller of compile
+_EXPORT_LOGGERS = ("torch.onnx", "torch.export", "torch._dynamo", "torch._export", "onnxscript")
+
+
+@contextlib.contextmanager
+def _quiet_export():
+    """Silence, while a module is exported, torch's deprecation and future notices and its loggers'
+    chatter below ERROR: they speak of torch's internals, which the caller did not call."""
+    loggers = [logging.getLogger(n) for n in _EXPORT_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        # the dynamo exporter's note that two inputs sharing the batch Dim share its name too
+        warnings.filterwarnings("ignore", message=r"# The axis name: .* will not be used", category=UserWarning)
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels):
+                lg.setLevel(level)
+
+
+def _dynamic_shapes(args: tuple, ins: list[str], dynamic_axes: Mapping[str, Any]) -> tuple:
+    """Return torch.export's dynamic_shapes for the inputs from dynamic_axes ({input: {axis: symbol}}
+    or {input: [axis, ...]}); one torch.export.Dim per symbol, so that equal symbols stay equal.
+    Outputs need none: the exporter derives their dimensions."""
+    dims: dict[str, Any] = {}
+    shapes = []
+    for name in ins[:len(args)]:
+        axes = dynamic_axes.get(name)
+        if not axes:
+            shapes.append(None)
+            continue
+        named = dict(axes) if isinstance(axes, Mapping) else {int(a): f"{name}_dim{a}" for a in axes}
+        shapes.append({int(a): dims.setdefault(str(sym), torch.export.Dim(_dim_name(str(sym))))
+                       for a, sym in named.items()})
+    return tuple(shapes)
+
+
+def _dim_name(symbol: str) -> str:
+    """Return a symbol as torch.export.Dim accepts it (a Python identifier)."""
+    name = "".join(c if c.isalnum() or c == "_" else "_" for c in symbol)
+    return name if name.isidentifier() else f"d_{name}"
+
+
+def _export_dynamo(module, args, ins, names_out, dynamic_axes, extra) -> bytes:
+    """Return the ONNX bytes of torch.onnx.export(dynamo=True) (torch.export's graph)."""
+    program = torch.onnx.export(module, args, None, dynamo=True, input_names=ins, output_names=names_out,
+                                dynamic_shapes=_dynamic_shapes(args, ins, dynamic_axes), verbose=False, **extra)
+    return program.model_proto.SerializeToString()
+
+
+def _export_torchscript(module, args, ins, names_out, dynamic_axes, extra) -> bytes:
+    """Return the ONNX bytes of torch.onnx.export(dynamo=False) (TorchScript's trace)."""
+    buf = io.BytesIO()
+    torch.onnx.export(module, args, buf, dynamo=False, input_names=ins, output_names=names_out,
+                      dynamic_axes=dict(dynamic_axes), **extra)
+    return buf.getvalue()
+
+
 def compile(module: torch.nn.Module, example_inputs: torch.Tensor | Sequence[torch.Tensor], *,
             dynamic_axes: Mapping[str, Any] | None = None, input_names: Sequence[str] | None = None,
             output_names: Sequence[str] | None = None, opset_version: int | None = None,
-            **options: Any) -> CompiledModule:
+            exporter: str = "auto", **options: Any) -> CompiledModule:
     """Return `module` compiled by luisaml, as a torch.nn.Module that runs the compiled network.
 
     example_inputs: a tensor or a tuple of tensors the module's forward takes (traced once).
@@ -87,13 +156,19 @@ def compile(module: torch.nn.Module, example_inputs: torch.Tensor | Sequence[tor
     whose dim 0 is the inputs' batch size, is the symbolic batch dimension "batch" (pass {} for
     fixed shapes). input_names: default, the names of forward's parameters; output_names:
     default "output" (one output) or "output_0", "output_1", ...; opset_version: the exporter's
-    (None: its default). The other options are luisaml.compile's (backend, precision, ...).
+    (None: its default). exporter: "auto" (torch.onnx.export's dynamo exporter, and where it
+    fails to export the module or luisaml refuses its graph, the TorchScript exporter), "dynamo"
+    or "torchscript" (that one only); the compiled module's `exporter` says which made it. The
+    other options are luisaml.compile's (backend, precision, ...).
 
-    The module is exported with torch.onnx.export(dynamo=False) in eval mode."""
+    The module is exported in eval mode; torch's deprecation notices and exporter logs are kept
+    from the caller."""
     from . import runtime
 
     if not isinstance(module, torch.nn.Module):
         raise UsageError(f"luisaml.torch.compile takes a torch.nn.Module, got {type(module).__name__}")
+    if exporter not in EXPORTERS:
+        raise UsageError(f"exporter must be one of {', '.join(EXPORTERS)}, not {exporter!r}")
     args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
     if not all(isinstance(a, torch.Tensor) for a in args):
         raise UsageError("example_inputs must be a tensor or a tuple of tensors, got "
@@ -116,22 +191,42 @@ def compile(module: torch.nn.Module, example_inputs: torch.Tensor | Sequence[tor
             batch = args[0].shape[0] if args and args[0].dim() else None
             dynamic_axes = {n: {0: BATCH} for n, a in zip(ins, args) if a.dim()}
             dynamic_axes.update({n: {0: BATCH} for n, o in zip(names_out, outs) if o.dim() and o.shape[0] == batch})
-        buf = io.BytesIO()
         extra = {} if opset_version is None else {"opset_version": opset_version}
-        with warnings.catch_warnings():
-            # dynamo=False is a choice made here (the TorchScript exporter keeps dynamic axes
-            # simple); its deprecation notice is not the caller's to act on
-            warnings.simplefilter("ignore", DeprecationWarning)
-            torch.onnx.export(module, args, buf, dynamo=False, input_names=ins, output_names=names_out,
-                              dynamic_axes=dict(dynamic_axes), **extra)
+        export = (module, args, ins, names_out, dynamic_axes, extra)
+        net, used = None, exporter
+        if exporter in ("auto", "dynamo"):
+            try:
+                with _quiet_export():
+                    raw = _export_dynamo(*export)
+                net = _compiled(raw, module, runtime, options)
+                used = "dynamo"
+            except Exception as e:  # (any: torch.export's failures have no common base class)
+                # torch.export refuses what it cannot trace soundly (data-dependent branches, some
+                # Python), and luisaml may refuse an op the dynamo exporter's decompositions made;
+                # the TorchScript trace may still give a graph luisaml compiles
+                if exporter == "dynamo":
+                    raise
+                logger.info("luisaml.torch.compile: the dynamo exporter failed (%s: %s); exporting with TorchScript",
+                            type(e).__name__, " ".join(str(e).split())[:300])
+        if net is None:
+            with _quiet_export():
+                raw = _export_torchscript(*export)
+            net = _compiled(raw, module, runtime, options)
+            used = "torchscript"
     finally:
         module.train(was_training)
+    compiled = CompiledModule(net, ins, names_out, single)
+    compiled.exporter = used
+    return compiled
+
+
+def _compiled(raw: bytes, module: torch.nn.Module, runtime, options: Mapping[str, Any]) -> CompiledNetwork:
+    """Return the network luisaml compiles from an exported module's ONNX bytes."""
     import onnx
 
-    proto = onnx.load_from_string(buf.getvalue())
+    proto = onnx.load_from_string(raw)
     proto.graph.name = type(module).__name__  # names the generated module's file and header
-    net = runtime.compile(proto, **options)
-    return CompiledModule(net, ins, names_out, single)
+    return runtime.compile(proto, **options)
 
 
 def dynamo_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **options: Any):

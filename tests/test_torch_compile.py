@@ -1,5 +1,6 @@
-"""luisaml.torch.compile: a torch module exported (torch.onnx.export, dynamo=False, a symbolic batch
-on dim 0), compiled, and handed back as a torch.nn.Module whose outputs equal the module's own."""
+"""luisaml.torch.compile: a torch module exported (torch.onnx.export's dynamo exporter, TorchScript's
+where that fails; a symbolic batch on dim 0), compiled, and handed back as a torch.nn.Module whose
+outputs equal the module's own."""
 from __future__ import annotations
 
 import numpy as np
@@ -68,6 +69,62 @@ def test_fixed_shapes_when_told_and_errors():
         lt.compile(lambda x: x, torch.ones(1))
     with pytest.raises(luisaml.UsageError, match="takes 1 input "):
         compiled(torch.ones(4, 3), torch.ones(4, 3))
+
+
+def _compile_quietly(capfd, *args, **kwargs):
+    """Return lt.compile(*args, **kwargs) with every warning it lets out recorded; assert none is a
+    deprecation or future notice and that torch's exporter logged nothing to the terminal."""
+    import warnings
+
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = lt.compile(*args, **kwargs)
+    noise = [f"{w.category.__name__}: {w.message}" for w in caught
+             if issubclass(w.category, (DeprecationWarning, FutureWarning, UserWarning))]
+    assert not noise, noise
+    out, err = capfd.readouterr()
+    assert "deprecat" not in (out + err).lower() and "torch.onnx" not in err and "torchvision" not in err, out + err
+    return compiled
+
+
+def _assert_equals_module(compiled, module, batches=(1, 7)):
+    for n in batches:
+        image, features = torch.randn(n, 3, 8, 8), torch.randn(n, 5)
+        with torch.no_grad():
+            want = module(image, features)
+        for g, w in zip(compiled(image, features), want):
+            assert g.shape == w.shape and g.dtype == w.dtype
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_the_dynamo_exporter_where_it_works_without_deprecation_noise(capfd):
+    torch.manual_seed(3)
+    m = TwoHeads().eval()
+    compiled = _compile_quietly(capfd, m, (torch.randn(2, 3, 8, 8), torch.randn(2, 5)))
+    assert compiled.exporter == "dynamo"
+    assert [s.shape for s in compiled.net.inputs] == [("batch", 3, 8, 8), ("batch", 5)]
+    _assert_equals_module(compiled, m)
+
+
+def test_torchscript_when_the_dynamo_exporter_fails_quietly(capfd, monkeypatch):
+    """A module torch.export cannot take (forced: the dynamo export raises) is exported by TorchScript,
+    with no deprecation notice; exporter="dynamo" raises that failure instead."""
+    def fail(*args, **kwargs):
+        raise RuntimeError("torch.export cannot trace this module")
+
+    monkeypatch.setattr(lt, "_export_dynamo", fail)
+    torch.manual_seed(4)
+    m = TwoHeads().eval()
+    example = (torch.randn(2, 3, 8, 8), torch.randn(2, 5))
+    compiled = _compile_quietly(capfd, m, example)
+    assert compiled.exporter == "torchscript"
+    assert [s.shape for s in compiled.net.inputs] == [("batch", 3, 8, 8), ("batch", 5)]
+    _assert_equals_module(compiled, m)
+    with pytest.raises(RuntimeError, match="cannot trace"):
+        lt.compile(m, example, exporter="dynamo")
+    with pytest.raises(luisaml.UsageError, match="exporter must be one of"):
+        lt.compile(m, example, exporter="onnx")
 
 
 def _on_cuda(fn):

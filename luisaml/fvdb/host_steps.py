@@ -54,6 +54,7 @@ from ..errors import InputError, InputNameError, InputTypeError, LimitError, Lui
 from ..interop import is_torch, same_tensor, to_numpy
 from ..model import ModelError, Node, _attr_value, shape_str
 from ..opsets import fvdb as schema
+from ..opsets import fvdb_grids as grid_schema
 
 DOMAIN = "fvdb"
 BUNDLE = len(schema.BUNDLE)
@@ -103,7 +104,7 @@ class HostStep:
         return result, key
 
 
-CAPACITY = schema.CAPACITY  # the voxels or points a device build's network takes
+CAPACITY = grid_schema.CAPACITY  # the voxels or points a device build's network takes
 MIN_CAPACITY = 1024  # the smallest bucket: small grids share one network
 
 
@@ -407,7 +408,7 @@ def split(proto: onnx.ModelProto, operators) -> HostSteps | None:
     computed: dict[str, onnx.NodeProto] = {}  # tensors the kernels compute from run-time data -> their node
     for k, n in enumerate(g.node):
         ins = [i for i in n.input if i]
-        if n.domain != DOMAIN or n.op_type not in schema.GRID_OPS or any(a.name == CAPACITY for a in n.attribute):
+        if n.domain != DOMAIN or n.op_type not in grid_schema.GRID_OPS or any(a.name == CAPACITY for a in n.attribute):
             if any(i in inputs or i in made or i in computed for i in ins):
                 computed.update({o: n for o in n.output if o})
             continue
@@ -463,7 +464,7 @@ def split(proto: onnx.ModelProto, operators) -> HostSteps | None:
 
 def _from_grid(op_type: str) -> bool:
     """Whether the grid op builds from a grid (the topology ops), not from ijk or points."""
-    return schema.GRID_OPS[op_type].inputs[0][0] == "grid_blob"
+    return grid_schema.GRID_OPS[op_type].inputs[0][0] == "grid_blob"
 
 
 def _dtype(elem: int, name: str) -> dtypes.DType:

@@ -1,5 +1,5 @@
 """fVDB's sparse-to-dense step as a torch function that exports to an ``fvdb.InjectToDense`` node:
-inject_to_dense(bundle, data, min_coord, grid_size, layout) (opsets/fvdb.py; the kernel is
+inject_to_dense(bundle, data, min_coord, grid_size, layout) (opsets/fvdb_dense.py; the kernel is
 operators/fvdb/dense.py). Semantics are fVDB's inject_to_dense_cmajor: grid b's voxel features go
 to the cell ijk - min_coord[b] of a [B, C, X, Y, Z] box, zeros elsewhere, voxels outside the box
 dropped; layout "CZYX" is [B, C, Z, Y, X] (fVDB's write_to_dense_czyx, spconv's dense() order) and
@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..opsets import fvdb as schema
+from ..opsets import fvdb_dense as dense_schema
 from .nanovdb_query import active_voxels
 from .torch_common import export_node, flat_args, grids_of, host_forward, rows_of, trailing_sizes
 
@@ -35,8 +36,8 @@ def dense_positions(bundle, min_coord, grid_size, layout: str = "CXYZ") -> tuple
     """Return (rows, cells) int64: the batch-global voxel rows inside each grid's box and the flat
     index (b*C + 0) * cells + cell of their channel-0 output (channel c adds c * cells, C the
     channels); voxels outside the box are left out."""
-    if layout not in schema.DENSE_LAYOUTS:
-        raise ValueError(f"layout must be one of {schema.DENSE_LAYOUTS}, got {layout!r}")
+    if layout not in dense_schema.DENSE_LAYOUTS:
+        raise ValueError(f"layout must be one of {dense_schema.DENSE_LAYOUTS}, got {layout!r}")
     g = grids_of(tuple(bundle))
     B = len(g.index)
     lo, (X, Y, Z) = _box(min_coord, grid_size, B)
@@ -84,7 +85,7 @@ class _InjectToDense(torch.autograd.Function):
     @staticmethod
     def symbolic(g, min_coord, grid_size, layout, *tensors):
         sizes = _shape(rows_of(tensors[1]), (trailing_sizes(tensors[7]) or [None])[0], grid_size, layout)
-        return export_node(g, schema.INJECT_TO_DENSE, tensors, tensors[7], sizes, min_coord_i=list(min_coord),
+        return export_node(g, dense_schema.INJECT_TO_DENSE, tensors, tensors[7], sizes, min_coord_i=list(min_coord),
                            grid_size_i=list(grid_size), layout_s=layout)
 
 
@@ -99,8 +100,8 @@ def inject_to_dense(bundle, data, min_coord, grid_size, layout: str = "CXYZ") ->
     tensors) of each grid b in the dense box min_coord[b] + [0, grid_size), zeros elsewhere, voxels
     outside dropped: [B, C, X, Y, Z] (layout "CXYZ"), [B, C, Z, Y, X] ("CZYX") or [B, C*Z, Y, X] with
     channel c*Z + z ("BEV"); min_coord: 3 ints or [B, 3]. Differentiable in data."""
-    if layout not in schema.DENSE_LAYOUTS:
-        raise ValueError(f"layout must be one of {schema.DENSE_LAYOUTS}, got {layout!r}")
+    if layout not in dense_schema.DENSE_LAYOUTS:
+        raise ValueError(f"layout must be one of {dense_schema.DENSE_LAYOUTS}, got {layout!r}")
     bundle = tuple(bundle)
     if isinstance(data, torch.Tensor):
         # the grid gives each voxel's row, so jidx is not read: the data's offsets are the grids'

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ..opsets import fvdb as schema
+from ..opsets import fvdb_rays as ray_schema
 from .jagged import JaggedTensor
 from .torch_common import flat_args, host_forward, jagged_tensors
 
@@ -31,11 +32,11 @@ class _RayFn(torch.autograd.Function):
         from torch.onnx import symbolic_helper
 
         kwargs = {f"{k}_f" if isinstance(v, float) else f"{k}_i": v for k, v in attrs}
-        outs = g.op(f"{schema.DOMAIN}::{op_type}", *tensors, outputs=len(schema.RAY_OUTPUTS[op_type]), **kwargs)
-        outs = outs if len(schema.RAY_OUTPUTS[op_type]) > 1 else (outs,)  # (g.op gives one output bare)
+        outs = g.op(f"{schema.DOMAIN}::{op_type}", *tensors, outputs=len(ray_schema.RAY_OUTPUTS[op_type]), **kwargs)
+        outs = outs if len(ray_schema.RAY_OUTPUTS[op_type]) > 1 else (outs,)  # (g.op gives one output bare)
         origins = tensors[len(schema.BUNDLE)]
         ins = [None] * len(schema.BUNDLE) + [(1, symbolic_helper._get_tensor_sizes(origins))]
-        for out, (elem, dims) in zip(outs, schema.ray_rule(op_type, ins + [None] * (len(tensors) - len(ins)),
+        for out, (elem, dims) in zip(outs, ray_schema.ray_rule(op_type, ins + [None] * (len(tensors) - len(ins)),
                                                            dict(attrs))):
             sizes = [d if isinstance(d, int) else None for d in dims]  # the run-time rows stay unknown
             out.setType(origins.type().with_dtype(_TORCH_OF[elem]).with_sizes(sizes))
@@ -55,7 +56,7 @@ def _walk_rays(op_type: str, attrs: tuple, tensors) -> list[torch.Tensor]:
     from ..dtypes import from_numpy
     from ..runtime import compile as compile_model
 
-    names = schema.OPS[op_type].input_names()
+    names = ray_schema.OPS[op_type].input_names()
     rays = tensors[len(schema.BUNDLE)]
     np_types = [torch.empty((), dtype=t.dtype).numpy().dtype for t in tensors]
     key = (op_type, attrs, tuple((d.str, tuple(t.shape)) for d, t in zip(np_types, tensors)))
@@ -63,7 +64,7 @@ def _walk_rays(op_type: str, attrs: tuple, tensors) -> list[torch.Tensor]:
     if net is None:
         ins = [helper.make_tensor_value_info(n, from_numpy(d).onnx, list(t.shape))
                for n, d, t in zip(names, np_types, tensors)]
-        outs = list(schema.RAY_OUTPUTS[op_type])
+        outs = list(ray_schema.RAY_OUTPUTS[op_type])
         node = helper.make_node(op_type, names, outs, name=op_type, domain=schema.DOMAIN, **dict(attrs))
         m = helper.make_model(helper.make_graph([node], op_type, ins, []),
                               opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
@@ -74,10 +75,10 @@ def _walk_rays(op_type: str, attrs: tuple, tensors) -> list[torch.Tensor]:
             _RAY_NETS.popitem(last=False)
     if rays.is_cuda and net.backend == "cuda":
         out = net.run({n: t.detach().to(rays.device) for n, t in zip(names, tensors)})
-        return [out[o] for o in schema.RAY_OUTPUTS[op_type]]
+        return [out[o] for o in ray_schema.RAY_OUTPUTS[op_type]]
     arrays = [np.ascontiguousarray(t.detach().cpu().numpy()) for t in tensors]
     out = net.run(dict(zip(names, arrays)))
-    return [torch.from_numpy(np.array(out[o])).to(rays.device) for o in schema.RAY_OUTPUTS[op_type]]
+    return [torch.from_numpy(np.array(out[o])).to(rays.device) for o in ray_schema.RAY_OUTPUTS[op_type]]
 
 
 def voxels_along_rays(bundle, ray_origins, ray_directions, max_voxels: int = -1, eps: float = 0.0,

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ..opsets import fvdb as schema
+from ..opsets import fvdb_grids as grid_schema
 from .nanovdb_query import active_voxels
 from .sparse_conv import kernel_map as _host_kernel_map
 from .torch_common import bundle_voxels, flat_args, grids_of, host_forward, rows_of
@@ -33,7 +34,7 @@ class _PoolMap(torch.autograd.Function):
         ijk_out = [active_voxels(index.grid) if index.grid.voxel_count else np.zeros((0, 3), np.int32)
                    for index in g_out.index]
         a = dict(attrs)
-        if op_type == schema.POOL_MAP:
+        if op_type == grid_schema.POOL_MAP:
             return torch.from_numpy(_host_kernel_map(ijk_out, lookup, pool_geometry(a["pool_size"], a["stride"])))
         rows = [lookup(b, refine_parents(v, a["subdiv_factor"])) for b, v in enumerate(ijk_out)]
         return torch.from_numpy(np.concatenate(rows).astype(np.int32).reshape(-1, 1))
@@ -42,7 +43,7 @@ class _PoolMap(torch.autograd.Function):
     def symbolic(g, op_type, attrs, output_voxels, *tensors):
         kwargs = {f"{k}_i": list(v) for k, v in attrs}
         out = g.op(f"{schema.DOMAIN}::{op_type}", *tensors, output_voxels_i=int(output_voxels), **kwargs)
-        taps = int(np.prod(dict(attrs)["pool_size"])) if op_type == schema.POOL_MAP else 1
+        taps = int(np.prod(dict(attrs)["pool_size"])) if op_type == grid_schema.POOL_MAP else 1
         out.setType(tensors[0].type().with_dtype(torch.int32).with_sizes([None, taps]))  # (as the kernel map's)
         return out
 
@@ -59,7 +60,7 @@ def pooling_map(fine, coarse, pool_size, stride=0) -> torch.Tensor:
     stride 0 means stride = pool_size. Exports to fvdb.PoolingMap."""
     attrs = (("pool_size", _three(pool_size, "pool_size")), ("stride", _three(stride, "stride", True)))
     args = flat_args(fine) + flat_args(coarse)
-    return _PoolMap.apply(schema.POOL_MAP, attrs, bundle_voxels(args[7:]), *args)
+    return _PoolMap.apply(grid_schema.POOL_MAP, attrs, bundle_voxels(args[7:]), *args)
 
 
 def refine_map(coarse, fine, subdiv_factor) -> torch.Tensor:
@@ -67,7 +68,7 @@ def refine_map(coarse, fine, subdiv_factor) -> torch.Tensor:
     fine voxel f, -1 where inactive. Exports to fvdb.RefineMap."""
     attrs = (("subdiv_factor", _three(subdiv_factor, "subdiv_factor")),)
     args = flat_args(coarse) + flat_args(fine)
-    return _PoolMap.apply(schema.REFINE_MAP, attrs, bundle_voxels(args[7:]), *args)
+    return _PoolMap.apply(grid_schema.REFINE_MAP, attrs, bundle_voxels(args[7:]), *args)
 
 
 def _pool_formula(op_type: str, x: torch.Tensor, pmap: torch.Tensor) -> torch.Tensor:
@@ -135,8 +136,8 @@ def refine(coarse, fine, coarse_data: torch.Tensor, subdiv_factor) -> torch.Tens
 def pool_over_map(op_type: str, features: torch.Tensor, pmap: torch.Tensor) -> torch.Tensor:
     """MaxPool, AvgPool (over a pooling_map) or Refine (over a refine_map) with a map built once for
     the grid pair; differentiable in the features."""
-    if op_type not in schema.POOL_OPS:
-        raise ValueError(f"op_type must be one of {sorted(schema.POOL_OPS)}, got {op_type!r}")
+    if op_type not in grid_schema.POOL_OPS:
+        raise ValueError(f"op_type must be one of {sorted(grid_schema.POOL_OPS)}, got {op_type!r}")
     return _PoolFn.apply(op_type, features, pmap)
 
 

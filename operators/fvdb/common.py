@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import ClassVar, Iterator
+from typing import ClassVar, Iterator, Mapping
 
 import numpy as np
 
@@ -209,7 +209,10 @@ class GridRef:
 
 
 class GridOp(BoundRows, Operator):
-    """Base of the operators that read a GridBatch bundle and JaggedTensors (schema.OPS)."""
+    """Base of the operators that read a GridBatch bundle and JaggedTensors (their OpSpec in `specs`)."""
+
+    # the table of the family's OpSpecs (its inputs: the bundle, then each jagged input's four tensors)
+    specs: ClassVar[Mapping[str, schema.OpSpec]] = schema.OPS
 
     # jagged inputs whose jdata is shared by every sample (voxel data), by position
     shared_jagged: ClassVar[tuple[int, ...]] = ()
@@ -230,7 +233,7 @@ class GridOp(BoundRows, Operator):
         return cls.any_voxel_data and j in cls.shared_jagged and schema.JAGGED[part] in ("jdata", "jidx")
 
     def check(self) -> None:
-        spec = schema.OPS[self.node.op_type]
+        spec = self.specs[self.node.op_type]
         names = spec.input_names()
         self.expect(
             len(self.inputs) == len(names),

@@ -21,15 +21,17 @@ from luisaml import indexing as ix
 from luisaml.model import shape_str
 from luisaml.operator import CompileError, Derived
 from luisaml.opsets import fvdb as schema
+from luisaml.opsets import fvdb_dense as dense_schema
 from luisaml.registry import register
 
 from .common import META_FIELDS, GridOp, GridRef, Meta, grid_metadata_for_data
 
 
-@register(schema.INJECT_TO_DENSE, domain="fvdb", since=1)
+@register(dense_schema.INJECT_TO_DENSE, domain="fvdb", since=1)
 class InjectToDense(GridOp):
     """dense[b, c, cell] = data[voxel at min_coord[b] + cell, c], 0 where that voxel is inactive."""
 
+    specs = dense_schema.OPS
     shared_jagged = (0,)  # the voxel data: read at the row the grid gives, not per sample
     any_grid = any_voxel_data = True
     stores_once = True
@@ -38,7 +40,7 @@ class InjectToDense(GridOp):
     def infer(cls, node, inputs):
         ins = [None if v is None or v.shape is None else (v.elem_type, list(v.shape)) for v in inputs]
         try:
-            elem, dims = schema.inject_to_dense_rule(ins, node.attrs)
+            elem, dims = dense_schema.inject_to_dense_rule(ins, node.attrs)
         except ValueError as e:
             raise CompileError(f"{node.describe()}: {e}") from None
         return [(elem, None if dims is None else tuple(dims))]
@@ -65,9 +67,9 @@ class InjectToDense(GridOp):
         top = self.min_coord + np.array(self.size) - 1
         self.expect(self.min_coord.min() >= -2**31 and top.max() < 2**31, f"the box {lo} + {self.size} leaves int32")
         self.layout = self.attr("layout", "CXYZ")
-        self.expect(self.layout in schema.DENSE_LAYOUTS, f"layout must be one of {schema.DENSE_LAYOUTS}, got "
+        self.expect(self.layout in dense_schema.DENSE_LAYOUTS, f"layout must be one of {dense_schema.DENSE_LAYOUTS}, got "
                     f"{self.layout!r}")
-        _, want = schema.inject_to_dense_rule([None, (0, [self.B])] + [None] * 5 + [(1, [0, self.channels])]
+        _, want = dense_schema.inject_to_dense_rule([None, (0, [self.B])] + [None] * 5 + [(1, [0, self.channels])]
                                               + [None] * 3, {"grid_size": self.size, "layout": self.layout})
         self.expect_shape(self.output(), tuple(want), "output")
 

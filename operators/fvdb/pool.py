@@ -29,7 +29,7 @@ from luisaml.fvdb.sparse_conv import ConvGeometry
 from luisaml.fvdb.topology import factor3, pool_geometry, refine_parents
 from luisaml.model import shape_str
 from luisaml.operator import CompileError, Operator
-from luisaml.opsets import fvdb as schema
+from luisaml.opsets import fvdb_grids as grid_schema
 from luisaml.registry import register
 
 from .common import GridRef, bundle_grids
@@ -43,10 +43,10 @@ class _MapBase(SparseConvKernelMap):
 
     @classmethod
     def shape_rule(cls, node, inputs: list, attrs: dict):
-        return schema.pool_map_rule(node.op_type, inputs, attrs)
+        return grid_schema.pool_map_rule(node.op_type, inputs, attrs)
 
 
-@register(schema.POOL_MAP, domain="fvdb", since=1)
+@register(grid_schema.POOL_MAP, domain="fvdb", since=1)
 class PoolingMap(_MapBase):
     """int32 [N_coarse, p0*p1*p2]: the batch-global fine voxel at c*S + t of each coarse voxel c, or -1."""
 
@@ -63,7 +63,7 @@ class PoolingMap(_MapBase):
         return f"pooling map, window {list(self.geo.kernel)}, stride {list(self.geo.stride)}: {where}"
 
 
-@register(schema.REFINE_MAP, domain="fvdb", since=1)
+@register(grid_schema.REFINE_MAP, domain="fvdb", since=1)
 class RefineMap(_MapBase):
     """int32 [N_fine, 1]: the batch-global coarse voxel floor(f / S) of each fine voxel f, or -1."""
 
@@ -118,7 +118,7 @@ class _Pool(VoxelBatch, Operator):
     def infer(cls, node, inputs):
         ins = [None if v is None or v.shape is None else (v.elem_type, list(v.shape)) for v in inputs]
         try:
-            elem, dims = schema.pool_rule(ins)
+            elem, dims = grid_schema.pool_rule(ins)
         except ValueError as e:
             raise CompileError(f"{node.describe()}: {e}") from None
         return [(elem, None if dims is None else tuple(dims))]

@@ -12,7 +12,7 @@ RaysIntersectVoxels has one bool per ray: a plain items op, one thread per ray.
 Where this differs from fVDB on purpose: the segment walk re-aligns the DDA to the tree's level up
 to three times before testing a cell, as fVDB's voxel walk does (fVDB's segment walk re-aligns once
 and then tests the corner of a coarse cell, which can start a span early or end a walk); a ray whose
-direction is zero has no hits; UniformRaySamples' differences are in its schema doc (opsets/fvdb.py).
+direction is zero has no hits; UniformRaySamples' differences are in its schema doc (opsets/fvdb_rays.py).
 The rays' JaggedTensor layout (joffsets spanning the rays, jidx naming the grid joffsets give, every
 jagged input laid out as the origins) is checked on the host when the rays are bound
 (check_ray_layout, a derived input beside the grids' metadata); the kernels still guard `0 <= b < B`.
@@ -38,6 +38,7 @@ from luisaml.dynamic import Phase, scan_phases
 from luisaml.model import shape_str
 from luisaml.operator import CompileError, Derived
 from luisaml.opsets import fvdb as schema
+from luisaml.opsets import fvdb_rays as ray_schema
 from luisaml.registry import register
 
 from .common import META_FIELDS, GridOp, Meta, bundle_grids
@@ -99,7 +100,7 @@ def _few(a: np.ndarray) -> str:
 def _infer(node, inputs):
     ins = [None if v is None or v.shape is None else (v.elem_type, list(v.shape)) for v in inputs]
     try:
-        rules = schema.ray_rule(node.op_type, ins, dict(node.attrs))
+        rules = ray_schema.ray_rule(node.op_type, ins, dict(node.attrs))
     except ValueError as e:
         raise CompileError(f"{node.describe()}: {e}") from None
     return [(elem, None if dims is None else tuple(dims)) for elem, dims in rules]
@@ -109,6 +110,7 @@ class RayOp(GridOp):
     """Base of the ray ops: the checks, the metadata, the walk's set-up and the phases; subclasses
     emit what they do along one walk (emit_hits), or, without outputs sized at run time, one item."""
 
+    specs = ray_schema.OPS
     any_grid = True  # (GridOp: a grid of any size, bound at run time)
 
     infer = staticmethod(_infer)
@@ -128,7 +130,7 @@ class RayOp(GridOp):
                     f"as many rows as ray_origins_jdata '{origins.jdata.name}' {shape_str(origins.jdata.shape)}")
         self.eps = self.float32_attr("eps", 0.0, ">= 0")
         self.expect(self.eps >= 0.0, f"eps must be >= 0, got {self.eps}")
-        names = schema.RAY_OUTPUTS[self.node.op_type]
+        names = ray_schema.RAY_OUTPUTS[self.node.op_type]
         self.expect(len(self.outputs) == len(names) and all(t is not None for t in self.outputs),
                     f"has {len(names)} outputs ({', '.join(names)}), got {len(self.outputs)}")
         if self.runtime_sized:
@@ -259,7 +261,7 @@ class RayOp(GridOp):
         raise NotImplementedError
 
 
-@register(schema.VOXELS_ALONG_RAYS, domain="fvdb", since=1)
+@register(ray_schema.VOXELS_ALONG_RAYS, domain="fvdb", since=1)
 class VoxelsAlongRays(RayOp):
     """Every active voxel along each ray with its [t0, t1]: a JaggedTensor (grid -> ray) of ijk or indices."""
 
@@ -338,7 +340,7 @@ class VoxelsAlongRays(RayOp):
                 f"(max_voxels {self.max_voxels}, eps {self.eps})")
 
 
-@register(schema.SEGMENTS_ALONG_RAYS, domain="fvdb", since=1)
+@register(ray_schema.SEGMENTS_ALONG_RAYS, domain="fvdb", since=1)
 class SegmentsAlongRays(RayOp):
     """Runs of active voxels along each ray as [t0, t1] spans: a JaggedTensor (grid -> ray)."""
 
@@ -373,12 +375,12 @@ class SegmentsAlongRays(RayOp):
                 f"(max_segments {self.max_segments}, eps {self.eps})")
 
 
-@register(schema.UNIFORM_RAY_SAMPLES, domain="fvdb", since=1)
+@register(ray_schema.UNIFORM_RAY_SAMPLES, domain="fvdb", since=1)
 class UniformRaySamples(RayOp):
     """Samples at a uniform (or cone-growing) step along each ray's runs of active voxels within its
     [t_min, t_max], as [t0, t1] or midpoints: a JaggedTensor (grid -> ray). fVDB's SampleRaysUniform.cu
     fill walk; where it differs on purpose (count = rows written, non-finite spans, stalled steps):
-    opsets/fvdb.py's doc of the op."""
+    opsets/fvdb_rays.py's doc of the op."""
 
     runtime_sized = (0, 2)  # samples, jidx
     JOFFSETS = 1
@@ -485,7 +487,7 @@ class UniformRaySamples(RayOp):
                 f"{', midpoints' if self.midpoints else ''}): count, prefix sum, host read-back, fill (eps {self.eps})")
 
 
-@register(schema.RAYS_INTERSECT_VOXELS, domain="fvdb", since=1)
+@register(ray_schema.RAYS_INTERSECT_VOXELS, domain="fvdb", since=1)
 class RaysIntersectVoxels(RayOp):
     """Whether each ray crosses an active voxel for at least eps (fVDB: voxels_along_rays with
     max_voxels=1, hit = a count > 0): bool [R], laid out as the rays. One item per ray, no phases."""

@@ -61,6 +61,7 @@ from luisaml.dtypes import from_numpy
 from luisaml.model import shape_str
 from luisaml.operator import CompileError, Derived, Operator
 from luisaml.opsets import fvdb as schema
+from luisaml.opsets import fvdb_grids as grid_schema
 from luisaml.registry import register
 from luisaml.shaders import grid_layout as G
 
@@ -68,7 +69,7 @@ from .common import bundle_grids
 
 BUNDLE = len(schema.BUNDLE)
 GRID_BYTES, GRID_LEAVES = "grid_bytes", "grid_leaves"  # the symbolic rows of the outputs sized at run time
-CAPACITY = schema.CAPACITY  # (a node built on the device as a network of its own: its capacity)
+CAPACITY = grid_schema.CAPACITY  # (a node built on the device as a network of its own: its capacity)
 MAX_KEYS = 1 << 24  # voxel keys a device build holds (~76 int32 words each: 5 GB of scratch, below 2^31 words)
 
 
@@ -708,4 +709,4 @@ class DeviceGridBuild(BoundRows, GridOp):
 
 
 for _name in DeviceGridBuild.OPS:  # (the topology ops register in topology_device.py)
-    register(_name, domain="fvdb", since=1)(type(_name, (DeviceGridBuild,), {"__doc__": schema.GRID_OPS[_name].doc}))
+    register(_name, domain="fvdb", since=1)(type(_name, (DeviceGridBuild,), {"__doc__": grid_schema.GRID_OPS[_name].doc}))

@@ -29,6 +29,7 @@ from luisaml.fvdb import topology as T
 from luisaml.fvdb.sparse_conv import conv_geometry
 from luisaml.operator import Derived
 from luisaml.opsets import fvdb as schema
+from luisaml.opsets import fvdb_grids as grid_schema
 from luisaml.registry import register
 from luisaml.shaders import grid_layout as G
 
@@ -142,7 +143,7 @@ class DeviceTopology(DeviceGridBuild):
     def check(self):
         if CAPACITY not in self.node.attrs:
             return GridOp.check(self)
-        spec = schema.GRID_OPS[self.node.op_type]
+        spec = grid_schema.GRID_OPS[self.node.op_type]
         self.expect(BUNDLE <= len(self.inputs) <= len(spec.inputs),
                     f"takes {', '.join(spec.input_names())}, got {len(self.inputs)} inputs")
         self.B = self.check_bundle()
@@ -243,4 +244,4 @@ class DeviceTopology(DeviceGridBuild):
 
 
 for _name in OPS:
-    register(_name, domain="fvdb", since=1)(type(_name, (DeviceTopology,), {"__doc__": schema.GRID_OPS[_name].doc}))
+    register(_name, domain="fvdb", since=1)(type(_name, (DeviceTopology,), {"__doc__": grid_schema.GRID_OPS[_name].doc}))

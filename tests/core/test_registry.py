@@ -88,7 +88,7 @@ def test_folding_works_after_the_fvdb_schemas_are_registered(tmp_path):
     script = textwrap.dedent("""
         import numpy as np
         from onnx import TensorProto, helper
-        from luisaml.opsets import fvdb  # noqa: F401  (registers fvdb.MaxPool, fvdb.AvgPool, ...)
+        from luisaml.opsets import fvdb_grids  # noqa: F401  (registers fvdb.MaxPool, fvdb.AvgPool, ...)
         import luisaml
         x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
         y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])

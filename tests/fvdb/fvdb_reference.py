@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from luisaml.fvdb import GridBatch, JaggedTensor, ijk_to_index
 from luisaml.opsets import fvdb as schema
+from luisaml.opsets import fvdb_dense, fvdb_rays
 
 F32 = np.float32
 
@@ -203,9 +204,13 @@ def bundle_feeds(gb: GridBatch, **jagged: JaggedTensor | np.ndarray) -> dict[str
     return feeds
 
 
+# the OpSpec of every fvdb op that reads a bundle and jagged inputs, whichever family's schema holds it
+SPECS = {**schema.OPS, **fvdb_rays.OPS, **fvdb_dense.OPS}
+
+
 def fvdb_node(op_type: str, output: str, name: str | None = None, **attrs) -> onnx.NodeProto:
     """Return an fvdb.<op_type> node reading the standard input names (bundle, then jagged parts)."""
-    return helper.make_node(op_type, schema.OPS[op_type].input_names(), [output], name=name or output,
+    return helper.make_node(op_type, SPECS[op_type].input_names(), [output], name=name or output,
                             domain=schema.DOMAIN, **attrs)
 
 
@@ -596,5 +601,5 @@ def uniform_ray_samples(gb: GridBatch, origins: JaggedTensor, directions: Jagged
 
 def ray_node(op_type: str, outputs: list[str], name: str | None = None, **attrs) -> onnx.NodeProto:
     """Return an fvdb ray node (outputs: the op's JaggedTensor parts) reading the standard input names."""
-    return helper.make_node(op_type, schema.OPS[op_type].input_names(), outputs, name=name or outputs[0],
+    return helper.make_node(op_type, SPECS[op_type].input_names(), outputs, name=name or outputs[0],
                             domain=schema.DOMAIN, **attrs)

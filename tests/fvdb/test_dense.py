@@ -151,9 +151,9 @@ def test_bad_attributes_name_the_node(attrs, message):
     import onnx
     from onnx import helper
 
-    from luisaml.opsets import fvdb as schema
+    from luisaml.opsets import fvdb_dense
 
-    node = helper.make_node("InjectToDense", schema.OPS["InjectToDense"].input_names(), ["dense"], name="to_dense",
+    node = helper.make_node("InjectToDense", fvdb_dense.OPS["InjectToDense"].input_names(), ["dense"], name="to_dense",
                             domain="fvdb", **attrs)
     ins = [helper.make_tensor_value_info(k, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
            for k, v in feeds.items()]

@@ -16,6 +16,7 @@ from luisaml.fvdb import GridBatch
 from luisaml.fvdb import torch_ops as F
 from luisaml.fvdb.topology import coarsened
 from luisaml.opsets import fvdb as schema
+from luisaml.opsets import fvdb_grids as grid_schema
 
 from fvdb_reference import fvdb_model, pool, refine
 
@@ -55,7 +56,7 @@ def _pair_feeds(g_in: GridBatch, g_out: GridBatch) -> dict:
 
 def run_pool(op_type, g_in, g_out, x, grids_constant=False, **attrs):
     """Compile {Pooling,Refine}Map -> op_type over (g_in, g_out) and return (output, map or None)."""
-    map_op = schema.REFINE_MAP if op_type == "Refine" else schema.POOL_MAP
+    map_op = grid_schema.REFINE_MAP if op_type == "Refine" else grid_schema.POOL_MAP
     feeds = {**_pair_feeds(g_in, g_out), "x": x}
     nodes = [helper.make_node(map_op, schema.kernel_map_input_names(), ["pmap"], name="pmap", domain=schema.DOMAIN,
                               output_voxels=g_out.total_voxels, **attrs),
@@ -200,10 +201,10 @@ def test_exported_torch_module_compiles_and_runs(grids):
     buf = io.BytesIO()
     F.export_onnx(model, (x,), buf, input_names=["x"], output_names=["y"])
     proto = onnx.load_from_string(buf.getvalue())
-    assert {n.op_type for n in proto.graph.node} >= {schema.POOL_MAP, schema.REFINE_MAP, "MaxPool", "AvgPool", "Refine"}
+    assert {n.op_type for n in proto.graph.node} >= {grid_schema.POOL_MAP, grid_schema.REFINE_MAP, "MaxPool", "AvgPool", "Refine"}
     net = luisaml.compile(proto, batch_axis=None)
     ops = [n.op_type for n, _ in net.plan.ops]
-    assert schema.POOL_MAP not in ops and schema.REFINE_MAP not in ops  # constant grids: the maps fold
+    assert grid_schema.POOL_MAP not in ops and grid_schema.REFINE_MAP not in ops  # constant grids: the maps fold
     with torch.no_grad():
         want = model(x).numpy()
     assert_close(net.run({"x": x.numpy()})["y"], want)

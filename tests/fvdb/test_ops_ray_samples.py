@@ -263,11 +263,11 @@ def test_eps_inf_or_nan_is_a_compile_error_naming_the_node_and_attribute(two_gri
     """issue 25: eps=inf reached the kernel's code as a literal it could not compile ("Failed to compile
     luisa.func 'stages'"); eps must be a finite float32, checked when the node is compiled."""
     from luisaml.errors import CompileError
-    from luisaml.opsets import fvdb as schema
+    from luisaml.opsets import fvdb_rays as ray_schema
 
     rays = _random_rays(two_grids, 3, np.random.default_rng(3))
     feeds = bundle_feeds(two_grids, ray_origins=rays[0], ray_directions=rays[1], t_min=rays[2], t_max=rays[3])
-    outs = [f"o_{k}" for k in schema.RAY_OUTPUTS[op]]
+    outs = [f"o_{k}" for k in ray_schema.RAY_OUTPUTS[op]]
     extra = dict(step_size=0.5) if op == "UniformRaySamples" else {}
     for eps in (float("inf"), float("nan"), -float("inf")):  # (an ONNX float attribute is a float32: 1e39 is inf)
         with pytest.raises(CompileError, match=rf"node 'o_\w+' \(fvdb::{op}\): attribute eps must be a finite "
