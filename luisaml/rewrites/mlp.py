@@ -113,6 +113,10 @@ def _dense(node: Node, op: Operator, cur: str, only_user, y: str) -> tuple[Layer
     return layer, out
 
 
+# how often the layer's row may appear in its activation's one expression (SiLU's x * sigmoid(x): 2)
+MAX_ACTIVATION_COPIES = 16
+
+
 def _activation(h: Tensor, users, tensors, y: str) -> tuple[Activation, str]:
     """Return (the elementwise nodes after a layer's output h, the tensor they end at): every
     reader of h and of what they compute must be an inline elementwise node over those tensors
@@ -161,6 +165,14 @@ def _activation(h: Tensor, users, tensors, y: str) -> tuple[Activation, str]:
             raise NotFusable(f"tensor '{t}' is read by {outside[0].describe()} outside the activation")
     if len(users.get(end, [])) > 1:
         raise NotFusable(f"tensor '{end}' has {len(users[end])} consumers (a chain needs one)")
+    # Activation.expr writes the nodes as one nested expression, so a tensor appears in it once per
+    # path to the end: a node reading its input twice (x * x) doubles everything before it
+    copies = {h.name: 1}
+    for _, op in nodes:
+        copies[op.outputs[0].name] = sum(copies.get(t.name, 0) for t in op.inputs if t is not None)
+    if copies[end] > MAX_ACTIVATION_COPIES:
+        raise NotFusable(f"the activation after '{h.name}' would repeat it {copies[end]} times in one expression "
+                         f"(more than {MAX_ACTIVATION_COPIES}): it runs as stages")
     return Activation(h, tensors[end], nodes), end
 
 

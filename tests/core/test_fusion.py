@@ -230,3 +230,25 @@ def test_fused_forward_is_the_chain_per_sample(models, tmp_path):
     assert "def forward(" in fused.source and plain.plan.schedule is None
     x = np.random.default_rng(1).standard_normal((33, 16)).astype(np.float32)
     assert _rel(plain.run({"x": x})["y"], fused.run({"x": x})["y"]) < 1e-6
+
+
+def test_an_activation_that_repeats_its_row_runs_as_stages(tmp_path):
+    """The fused kernel writes an activation as one nested expression, so x * x doubles it per
+    node; a chain of 12 (2**12 copies of the row) is not fused (it compiled for 54 s before) and
+    the stages it runs as match onnxruntime. SiLU's two copies stay fused (test above)."""
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h0"])]
+    for i in range(12):
+        nodes += [helper.make_node("Mul", [f"h{i}", f"h{i}"], [f"m{i}"]), helper.make_node("Tanh", [f"m{i}"], [f"h{i + 1}"])]
+    nodes.append(helper.make_node("MatMul", ["h12", "w2"], ["y"]))
+    graph = helper.make_graph(
+        nodes, "square_chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
+        [numpy_helper.from_array((0.3 * rng.standard_normal((16, 32))).astype(np.float32), "w1"),
+         numpy_helper.from_array(rng.standard_normal((32, 8)).astype(np.float32), "w2")])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    net = luisaml.compile(str(path), fuse=True)
+    assert net.plan.fused is None and "repeat it 4096 times" in net.plan.fusion_note, net.plan.fusion_note
+    x = rng.standard_normal((40, 16)).astype(np.float32)
+    np.testing.assert_allclose(net.run({"x": x})["y"], ort_run(onnx.load(path), {"x": x})["y"], rtol=1e-5, atol=1e-5)
