@@ -163,6 +163,21 @@ def test_emitted_mma_tile_matches_numpy(op, M, K, N, ta, tb, const_b, bias):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-9 * max(1.0, np.abs(want).max()))
 
 
+def test_emitted_mma_tile_batched_matmul():
+    """Products of a batch (bi from the block index), both operands at run time."""
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((2, 64, 24)).astype(np.float32)
+    b = rng.standard_normal((2, 24, 64)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["A", "B"], ["Y"])], "g",
+                          [helper.make_tensor_value_info("A", TensorProto.FLOAT, [2, 64, 24]),
+                           helper.make_tensor_value_info("B", TensorProto.FLOAT, [2, 24, 64])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 64, 64])])
+    plan = _plan(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    got = _run_blocks(plan, {"A": a, "B": b}, 2 * 64 * 64).reshape(2, 64, 64)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-9 * np.abs(want).max())
+
+
 def test_choose_keeps_small_products_on_the_fp32_tile():
     assert tiled_mma.choose(32, 128, 64, 1) is None and tiled_mma.choose(128, 16, 64, 1) is None
     t = tiled_mma.choose(4096, 4096, 4096, 1)
