@@ -5,7 +5,7 @@ fp32 with TF32 off and on, in the same process.
 
     LUISAML_BACKEND=cuda python benchmarks/bench_tensor_cores.py          # benchmarks/tc_device.sh runs it
 
-Correctness first, against float64 on the GPU (torch): the FP32 paths within 1e-5 of the reference's
+Correctness first, against float64 on the GPU (torch): the FP32 paths within 5e-5 of the reference's
 norm, the TF32 paths within 1e-2 (torch's own TF32 tolerance); a failure stops the command. Then the
 four timed interleaved on the same inputs (each call synchronises), P50/P95/P99 in milliseconds and
 TFLOP/s at the median. Writes benchmarks/results/tensor-cores-<gpu>.json (h200 or h100), or --out."""
@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 if importlib.util.find_spec("luisaml") is None:
     sys.path.insert(0, str(HERE.parent))
 
-FP32_TOL, TF32_TOL = 1e-5, 1e-2
+FP32_TOL, TF32_TOL = 5e-5, 1e-2
 # (name, M, K, N): the prototype's 4096^3, a CNN's 1x1 conv as a GEMM (196 positions x batch 64, 512 -> 2048
 # channels), a transformer's MLP up-projection (32 tokens... x batch 64, 768 -> 3072)
 SHAPES = [("4096^3", 4096, 4096, 4096), ("cnn 1x1 conv 12544x512 x 512x2048", 196 * 64, 512, 2048),
