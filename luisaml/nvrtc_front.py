@@ -2,9 +2,12 @@
 when the device was started in luisaml's tensor-core runtime directory (luisaml/tensor_cores.py).
 
 It speaks the real compiler's protocol (LuisaCompute src/backends/cuda/cuda_compiler.cpp and
-cuda_nvrtc_compiler.cpp at the 0.3.7 snapshot: the options as arguments; on stdin the file name
-and then the CUDA source, each as 16 hex digits of its size, NUL included, and its bytes; PTX on
-stdout; `--version` prints the NVRTC version). It replaces the body of each marked callable
+cuda_nvrtc_compiler.cpp): the options as arguments; on stdin the file name and then the CUDA source,
+each as its size (NUL included) and its bytes; PTX on stdout; `--version` prints the NVRTC version.
+The size is 8 raw bytes (a little-endian size_t) in the luisa_nvrtc of the luisa-python 0.3.7 wheel
+(its binary has no "Invalid %s size format." message: LuisaCompute before its 2024-04-20 "fix cuda
+compiler timeout" commits) and 16 hex digits in later LuisaCompute; the front reads either (8 hex
+characters cannot start a raw size under 2^56) and answers in the form it was given. It replaces the body of each marked callable
 (shaders/tensor_cores.py) with luisaml's fixed inline-PTX text, checks nothing else, and hands the
 source to the real `luisa_nvrtc`:
 
@@ -32,7 +35,7 @@ _OPEN = ") noexcept {"
 # a callable's parameter as CUDACodegenAST::_emit_variable_decl writes it: `lc_float4 v3`,
 # `const lc_array<lc_float, 16> &r7`
 _PARAM = re.compile(r"(?:const )?(lc_\w+(?:<[\w ,]+>)?) ?&?([a-z]+[0-9]+)")
-_HEADER = re.compile(r"(lc_\w+) (custom_[0-9a-f]+)\((.*)", re.S)
+_HEADER = re.compile(r"(lc_\w+) (custom_[0-9A-Fa-f]+)\((.*)", re.S)
 
 
 def rewrite(text: str, rules: list[dict]) -> tuple[str, list[str]]:
@@ -74,20 +77,32 @@ def rewrite(text: str, rules: list[dict]) -> tuple[str, list[str]]:
     return text, notes
 
 
-def frame(data: bytes) -> bytes:
-    """Return one field of the protocol: `data` (its NUL included) after its size in 16 hex digits."""
-    return b"%016x" % len(data) + data
+_HEX = frozenset(b"0123456789abcdefABCDEF")
 
 
-def read_frame(stream) -> bytes:
-    """Read one field of the protocol; return its bytes, NUL included."""
-    size = stream.read(16)
-    if len(size) != 16:
+def frame(data: bytes, hex_size: bool = True) -> bytes:
+    """Return one field of the protocol: `data` (its NUL included) after its size, in 16 hex digits
+    or (hex_size False) as 8 little-endian bytes."""
+    return (b"%016x" % len(data) if hex_size else len(data).to_bytes(8, "little")) + data
+
+
+def read_frame(stream) -> tuple[bytes, bool]:
+    """Read one field of the protocol; return its bytes (NUL included) and whether its size was hex."""
+    head = stream.read(8)
+    if len(head) != 8:
         raise EOFError("the compiler's input ended before a field's size")
-    data = stream.read(int(size, 16))
-    if len(data) != int(size, 16) or not data.endswith(b"\0"):
+    hex_size = all(c in _HEX for c in head)
+    if hex_size:
+        rest = stream.read(8)
+        if len(rest) != 8 or not all(c in _HEX for c in rest):
+            raise EOFError("a field's size is neither 16 hex digits nor 8 bytes")
+        size = int(head + rest, 16)
+    else:
+        size = int.from_bytes(head, "little")
+    data = stream.read(size)
+    if len(data) != size or not data.endswith(b"\0"):
         raise EOFError("the compiler's input ended inside a field, or a field lacks its NUL")
-    return data
+    return data, hex_size
 
 
 def _exec_on(real: str, argv: list[str], data: bytes) -> None:
@@ -113,8 +128,8 @@ def main(argv: list[str], real: str, rules: list[dict]) -> int:
     if len(argv) == 1 or (len(argv) == 2 and argv[1] in ("--version", "-v")):
         os.execv(real, [real] + argv[1:])
     stdin = sys.stdin.buffer
-    name = read_frame(stdin)
-    source = read_frame(stdin)
+    name, hex_size = read_frame(stdin)
+    source, _ = read_frame(stdin)
     try:
         text = source[:-1].decode("latin-1")
         new, notes = rewrite(text, rules)
@@ -123,8 +138,8 @@ def main(argv: list[str], real: str, rules: list[dict]) -> int:
     for note in notes:
         sys.stderr.write(f"luisaml nvrtc front: {note}\n")
     if new is not None and new != text:
-        r = subprocess.run([real] + argv[1:], input=frame(name) + frame(new.encode("latin-1") + b"\0"),
-                           stdout=subprocess.PIPE)
+        data = frame(name, hex_size) + frame(new.encode("latin-1") + b"\0", hex_size)
+        r = subprocess.run([real] + argv[1:], input=data, stdout=subprocess.PIPE)
         if r.returncode == 0 and r.stdout:
             sys.stdout.buffer.write(r.stdout)
             sys.stdout.buffer.flush()
@@ -132,5 +147,5 @@ def main(argv: list[str], real: str, rules: list[dict]) -> int:
         sys.stderr.write(f"luisaml nvrtc front: the kernel with tensor-core bodies did not compile (exit code "
                          f"{r.returncode}); compiling it as written (FP32 bodies)\n")
     sys.stderr.flush()
-    _exec_on(real, argv, frame(name) + frame(source))
+    _exec_on(real, argv, frame(name, hex_size) + frame(source, hex_size))
     return 1  # (not reached)

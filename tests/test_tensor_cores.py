@@ -82,6 +82,7 @@ def test_status_without_cuda_is_not_live(cpu_only):
 
 # ---- the front's rewrite ----------------------------------------------------------------------------
 
+# (custom_<hash>: 16 upper-case hex digits, hash_to_string's {:016X}.)
 # What CUDACodegenAST (LuisaCompute src/backends/cuda/cuda_codegen_ast.cpp at the 0.3.7 snapshot) writes
 # for warp_tile_tf32 and its callable: `__forceinline__ __device__ T custom_<hash>(` with one
 # parameter a line (`_emit_variable_decl`: references `const T &r<uid>`, values `T v<uid>`),
@@ -115,7 +116,7 @@ __device__ inline lc_float lc_fma(lc_float a, lc_float b, lc_float c) noexcept {
 """
 
 
-def _emission(kind: str, marker: str | None = None, hash_: str = "9f3a5c1e77d20b46") -> str:
+def _emission(kind: str, marker: str | None = None, hash_: str = "9F3A5C1E77D20B46") -> str:
     k = tc.SHAPES[kind][2]
     na, nb = tc.array_sizes(kind)
     marker = str(tc.MARK_TF32 if kind == "tf32" else tc.MARK_F16) if marker is None else marker
@@ -250,9 +251,12 @@ if sys.argv[1:] == ["--version"]:
     print(120800)
     sys.exit(0)
 data = sys.stdin.buffer.read()
-n = int(data[:16], 16)
-rest = data[16 + n:]
-src = rest[16:16 + int(rest[:16], 16) - 1]
+hexed = all(c in b"0123456789abcdef" for c in data[:16])
+w = 16 if hexed else 8
+size = lambda b: int(b, 16) if hexed else int.from_bytes(b, "little")
+rest = data[w + size(data[:w]):]
+src = rest[w:w + size(rest[:w]) - 1]
+sys.stdout.buffer.write(b"hex " if hexed else b"raw ")
 sys.stdout.buffer.write(" ".join(sys.argv[1:]).encode() + b"\\n" + src)
 """
 
@@ -269,14 +273,15 @@ def _stand_in_dylibs(tmp_path: Path) -> Path:
     return d
 
 
-def _run_front(front: Path, source: bytes, options=("-arch=compute_90", "-std=c++17")) -> bytes:
-    data = nvrtc_front.frame(b"my_kernel.cu\0") + nvrtc_front.frame(source + b"\0")
+def _run_front(front: Path, source: bytes, options=("-arch=compute_90", "-std=c++17"), hex_size=True) -> bytes:
+    data = nvrtc_front.frame(b"my_kernel.cu\0", hex_size) + nvrtc_front.frame(source + b"\0", hex_size)
     r = subprocess.run([str(front), *options], input=data, capture_output=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return r.stdout
 
 
-def test_runtime_dir_front_passes_unmarked_bytes_through(tmp_path):
+@pytest.mark.parametrize("hex_size", [False, True], ids=["raw size (the 0.3.7 wheel)", "hex size (later)"])
+def test_runtime_dir_front_passes_unmarked_bytes_through(tmp_path, hex_size):
     dylibs = _stand_in_dylibs(tmp_path)
     d = tensor_cores.make_runtime_dir(tmp_path / "tc", dylibs)
     assert tensor_cores.make_runtime_dir(tmp_path / "tc", dylibs) == d  # made once
@@ -286,11 +291,12 @@ def test_runtime_dir_front_passes_unmarked_bytes_through(tmp_path):
     assert not (d / "luisa_nvrtc").is_symlink() and os.access(d / "luisa_nvrtc", os.X_OK)
     assert tensor_cores.check_front(d / "luisa_nvrtc") is None
     # every byte, odd ones included, reaches the real compiler as it was sent
+    tag = b"hex " if hex_size else b"raw "
     src = _emission("tf32", marker="1511506920").encode() + bytes(range(1, 256))
-    assert _run_front(d / "luisa_nvrtc", src) == b"-arch=compute_90 -std=c++17\n" + src
-    # a marked callable reaches it rewritten
-    out = _run_front(d / "luisa_nvrtc", _emission("f16").encode())
-    assert b"mma.sync.aligned.m16n8k16" in out and str(tc.MARK_F16).encode() not in out
+    assert _run_front(d / "luisa_nvrtc", src, hex_size=hex_size) == tag + b"-arch=compute_90 -std=c++17\n" + src
+    # a marked callable reaches it rewritten, in the protocol it came in
+    out = _run_front(d / "luisa_nvrtc", _emission("f16").encode(), hex_size=hex_size)
+    assert out.startswith(tag) and b"mma.sync.aligned.m16n8k16" in out and str(tc.MARK_F16).encode() not in out
 
 
 def test_front_compiles_as_written_when_the_rewrite_fails(tmp_path):
@@ -303,7 +309,7 @@ def test_front_compiles_as_written_when_the_rewrite_fails(tmp_path):
     src = _emission("tf32").encode()
     data = nvrtc_front.frame(b"k.cu\0") + nvrtc_front.frame(src + b"\0")
     r = subprocess.run([str(d / "luisa_nvrtc"), "-arch=compute_90"], input=data, capture_output=True, timeout=120)
-    assert r.returncode == 0 and r.stdout == b"-arch=compute_90\n" + src
+    assert r.returncode == 0 and r.stdout == b"hex -arch=compute_90\n" + src
     assert b"compiling it as written" in r.stderr
 
 
