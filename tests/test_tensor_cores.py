@@ -319,3 +319,18 @@ def test_a_new_front_text_is_a_new_directory(tmp_path, monkeypatch):
     monkeypatch.setattr(tensor_cores, "BODY_TF32", tensor_cores.BODY_TF32 + "\n  // changed")
     d2 = tensor_cores.make_runtime_dir(tmp_path / "tc", dylibs)
     assert d1 != d2 and (d2 / "luisa_nvrtc").read_text() != (d1 / "luisa_nvrtc").read_text()
+
+
+def test_context_at_the_runtime_directory_loads_luisas_backends(tmp_path):
+    """lcapi.Context takes the directory of links as its runtime directory: it finds the backends
+    there and starts one through the links (the CPU backend, in a process of its own: one device a
+    process; the CUDA backend is the device run's)."""
+    code = (
+        "import sys\nfrom pathlib import Path\nfrom luisaml import tensor_cores\nfrom luisa import lcapi\n"
+        "d = tensor_cores.make_runtime_dir(Path(sys.argv[1]), tensor_cores.luisa_dylibs())\n"
+        "ctx = lcapi.Context(str(d))\nprint('BACKENDS', sorted(ctx.installed_backends()))\n"
+        "device = ctx.create_device('cpu')\nprint('DEVICE', str(d))\n")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "'cuda'" in r.stdout and "'cpu'" in r.stdout and "DEVICE " + str(tmp_path) in r.stdout, r.stdout
+    assert "Runtime directory: " + str(tmp_path) in r.stdout + r.stderr
