@@ -177,7 +177,7 @@ def runtime_dir() -> Path | None:
             try:
                 d = make_runtime_dir(cache.root() / "tensor-cores", luisa_dylibs())
                 why = check_front(d / "luisa_nvrtc")
-            except OSError as e:
+            except Exception as e:  # (an unwritable cache, a missing file: CUDA starts as luisa.init does)
                 d, why = None, f"{type(e).__name__}: {e}"
             if why is not None:
                 logger.warning("tensor cores: the compiler front cannot run (%s); the CUDA device starts in "
@@ -194,10 +194,10 @@ def start_cuda_device(support_gui: bool = False) -> Path | None:
     import luisa
     from luisa import globalvars, lcapi
 
-    d = runtime_dir()
+    d = runtime_dir() if globalvars.vars is None else None  # (a device already started stays as it is)
     if d is None:
         luisa.init("cuda", support_gui=support_gui)
-    elif globalvars.vars is None:
+    else:
         globalvars.vars = globalvars.Vars()
         globalvars.vars.context = lcapi.Context(str(d))
         if "cuda" not in globalvars.vars.context.installed_backends():

@@ -334,3 +334,17 @@ def test_context_at_the_runtime_directory_loads_luisas_backends(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "'cuda'" in r.stdout and "'cpu'" in r.stdout and "DEVICE " + str(tmp_path) in r.stdout, r.stdout
     assert "Runtime directory: " + str(tmp_path) in r.stdout + r.stderr
+
+
+def test_runtime_dir_is_none_where_the_front_cannot_answer(tmp_path, monkeypatch, caplog):
+    """A front that does not answer --version (no driver, a noexec folder) leaves CUDA to luisa's own
+    directory, said once; the route then reads as not live."""
+    from luisaml import cache
+
+    monkeypatch.setattr(tensor_cores, "_dir", [])
+    monkeypatch.setattr(cache, "root", lambda path=None: tmp_path)
+    monkeypatch.setattr(tensor_cores, "check_front", lambda front, timeout_s=120: "exit code 127: no libcuda.so.1")
+    with caplog.at_level("WARNING", logger="luisaml"):
+        assert tensor_cores.runtime_dir() is None and tensor_cores.runtime_dir() is None
+    assert sum("compiler front cannot run" in r.getMessage() for r in caplog.records) == 1
+    assert (tmp_path / "tensor-cores").is_dir()
