@@ -462,6 +462,10 @@ def _kernel_dirs() -> list[tuple[str, Path]]:
     rt = _runtime_cache_dir()
     if rt is not None and rt.is_dir() and rt != dirs[0][1]:
         dirs.append(("LuisaCompute runtime cache", rt))
+    # the CUDA kernel caches of the tensor-core runtime directories (luisaml/tensor_cores.py)
+    with contextlib.suppress(CacheError):
+        for d in sorted((root() / "tensor-cores").glob("cuda-*/.cache")):
+            dirs.append(("LuisaCompute kernels, tensor-core front", d))
     return dirs
 
 

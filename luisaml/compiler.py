@@ -19,6 +19,7 @@ from .log import phase
 from .operators.mlp import MLPConfig
 from .rewrites import mlp as mlp_rewrite
 from .rewrites import rnn as rnn_rewrite
+from .rewrites import tensor_cores as tensor_cores_rewrite
 from .rewrites import winograd as winograd_rewrite
 from .lowering import bind_derived, build_graph_code, check_sizes, io_spec, mark_accumulated, unsupported_nodes
 from .passes import Prepared
@@ -74,7 +75,9 @@ class BuildOptions:
     one kernel for every stage (a stage index picks the body) rather than a kernel each; blocks:
     large GEMMs and convolutions run as cooperative blocks through shared memory (CUDA only:
     operators/tiled.py); winograd: the tile m of 3x3 stride-1 convolutions as Winograd F(m x m, 3 x 3)
-    (operators/winograd.py), 0 for the direct form."""
+    (operators/winograd.py), 0 for the direct form; tensor_cores: Gemm and MatMul blocks stages as TF32
+    mma tiles (operators/tiled_mma.py, luisaml/rewrites/tensor_cores.py; not stored in a .lml: a loaded
+    network runs the FP32 tiles)."""
 
     fuse: str = "off"
     precision: str = "fp32"
@@ -85,6 +88,7 @@ class BuildOptions:
     merge_stages: bool = True
     blocks: bool = False
     winograd: int = 0
+    tensor_cores: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """The options by name, values as they are (what luisaml/artifact_model.py encodes)."""
@@ -120,6 +124,8 @@ def build_plan(prep: Prepared, model_name: str = "model", options: BuildOptions 
     plan.voxel_rows = voxel_rows.find(plan)
     if options.winograd and options.schedule == "stages":
         plan.winograd = winograd_rewrite.rewrite(plan, options.winograd)
+    if options.tensor_cores and options.blocks and options.schedule == "stages":
+        tensor_cores_rewrite.mark(plan)
     if options.schedule == "stages":  # RNN, GRU, LSTM: a GEMM and a phase per step (operators/rnn_stages.py)
         rnn_rewrite.rewrite(plan, gpu=options.blocks)
     plan.fused, plan.fusion_note = mlp_rewrite.fuse(plan, options.fuse, options.precision, options.mlp)

@@ -173,7 +173,12 @@ def init(backend: str = "auto") -> str:
     if not os.environ.get("LUISAML_VERBOSE"):
         lcapi.log_level_warning()
     with _filtered_stderr("failed to load swapchain"):
-        luisa.init(want, support_gui=False)
+        if want == "cuda":  # in the runtime directory of luisaml's compiler front, where it runs
+            from . import tensor_cores
+
+            tensor_cores.start_cuda_device(support_gui=False)
+        else:
+            luisa.init(want, support_gui=False)
     luisa_compat.apply()
     if want == "cpu":
         luisa_compat.settle_cpu_backend()

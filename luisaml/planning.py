@@ -30,6 +30,7 @@ FuseMode = Literal["off", "gpu", "emulated"]
 Schedule = Literal["auto", "stages", "per-sample"]
 Winograd = Literal["auto", False, 2, 4]
 GridBuild = Literal["auto", "device", "host"]
+TensorCores = Literal["auto", False]
 
 # the Winograd tile "auto" takes on CUDA (benchmarks/NOTES.md, "Winograd convolutions"); the CPU
 # backend keeps the direct form unless asked
@@ -62,6 +63,10 @@ class CompileOptions:
     # where topology ops over grids bound at run time build their grids (luisaml/host_steps.py):
     # "device", "host", or "auto" (decided by backend)
     grid_build: GridBuild = "auto"
+    # Gemm and MatMul blocks stages as TF32 mma tiles (operators/tiled_mma.py): "auto" where the CUDA
+    # device runs luisaml's compiler front and its self-test passes (luisaml/tensor_cores.py), False
+    # never; once resolved, True or False
+    tensor_cores: TensorCores | bool = False
 
     def check(self) -> None:
         """Raise UsageError for an option value luisaml does not know."""
@@ -82,11 +87,14 @@ class CompileOptions:
         merged kernel (the CPU backend), cooperative blocks (CUDA), the Winograd tile (winograd_tile),
         where grids are built (the device on CUDA) and the fused-kernel mode (fusion_mode); raise
         UsageError for a value luisaml does not know."""
+        if self.tensor_cores not in ("auto", False, True):
+            raise UsageError(f"tensor_cores must be 'auto' or False, not {self.tensor_cores!r}")
         decided = replace(self, merge_stages=backend == "cpu" if self.merge_stages is None else self.merge_stages,
                           blocks=backend == "cuda" if self.blocks is None else self.blocks,
                           winograd=winograd_tile(self.winograd, backend),
                           grid_build=("device" if backend == "cuda" else "host") if self.grid_build == "auto"
-                          else self.grid_build)
+                          else self.grid_build,
+                          tensor_cores=self.tensor_cores is True or (self.tensor_cores == "auto" and tensor_cores_live(backend)))
         decided.check()
         return replace(decided, fuse=fusion_mode(self.fuse, backend, self.precision))
 
@@ -98,7 +106,17 @@ class CompileOptions:
                             check_indices=self.check_indices,
                             schedule="per-sample" if self.schedule == "per-sample" else "stages", mlp=self.mlp,
                             merge_stages=self.merge_stages is not False, blocks=self.blocks is True,
-                            winograd=self.winograd)
+                            winograd=self.winograd, tensor_cores=self.tensor_cores is True)
+
+
+def tensor_cores_live(backend: str) -> bool:
+    """Whether TF32 mma tiles run on tensor cores on `backend` (CUDA: the start-up self-test, run
+    once a process; the CPU backend: never)."""
+    if backend != "cuda":
+        return False
+    from . import tensor_cores
+
+    return tensor_cores.live("tf32")
 
 
 def check_input_shapes(shapes) -> None:

@@ -27,7 +27,7 @@ from .per_batch import PerBatchNetwork
 from .per_shape import PerShapeNetwork
 from .plan import Plan
 from .planning import (Backend, BatchAxis, CompileOptions, Float64, Fuse, FuseMode, GridBuild, Precision, Schedule,
-                       Winograd, build, fixed_batch, fixed_shapes, plan_for)
+                       TensorCores, Winograd, build, fixed_batch, fixed_shapes, plan_for)
 
 ModelSource = Union[str, "os.PathLike[str]", onnx.ModelProto]
 WeightsSource = Union[str, "os.PathLike[str]", bytes, Mapping[str, Any], None]
@@ -95,6 +95,7 @@ def compile(
     mlp: MLPConfig | None = None,
     winograd: Winograd = "auto",
     grid_build: GridBuild = "auto",
+    tensor_cores: TensorCores = False,
 ) -> CompiledNetwork:
     """Return the model compiled for the chosen backend (a PerBatchNetwork or PerShapeNetwork
     where it compiles per batch size or per shape: both are CompiledNetworks to isinstance).
@@ -134,6 +135,10 @@ def compile(
     (luisaml/host_steps.py): "auto" (the device on CUDA, the host's numpy builder on the CPU),
     "device" (a network of the op alone, compiled once per power of two of the source's voxels)
     or "host".
+    tensor_cores: Gemm and MatMul on CUDA as TF32 mma.sync tiles through luisaml's compiler front
+    (operators/tiled_mma.py, luisaml/tensor_cores.py): "auto" (where the front runs and its start-up
+    self-test passes; else the FP32 tiles, said once), or False (the FP32 tiles). TF32 rounds A and
+    B to 10 bits of mantissa: about 1e-3 of a product's norm, as torch with TF32 on.
     verbose: log the compile's phases at INFO (same as logging.getLogger("luisaml").setLevel)."""
     t0 = time.perf_counter()
     if verbose and not logger.isEnabledFor(20):
@@ -143,7 +148,8 @@ def compile(
         logger.setLevel(logging.INFO)
     name = device.init(backend)
     opts = CompileOptions(batch_axis, input_shapes, precision, fuse, float64, limits or DEFAULT_LIMITS, check_indices,
-                          schedule, mlp, winograd=winograd, grid_build=grid_build).resolve(name)
+                          schedule, mlp, winograd=winograd, grid_build=grid_build,
+                          tensor_cores=tensor_cores).resolve(name)
     with phase("load", model=_model_name(model)):
         proto = loaders.load_proto(model, weights, limits=opts.limits)
     net = _compile_loaded(proto, _model_name(model), opts, name)

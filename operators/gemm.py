@@ -188,6 +188,8 @@ class Dense(Operator):
     # tile rows are this many consecutive samples (ResNet-18's 512 -> 1000 Gemm at batch 32: 0.18 ms
     # as items, each sample's thread re-reading the 2 MB of weights)
     GROUP = 64
+    # the tensor-core tile (operators/tiled_mma.py) where the plan asks for it: "tf32", or False
+    tensor_cores = False
 
     def sample_rows(self) -> bool:
         """Whether the tile's rows are samples: one row a sample, B a constant, the batch batched."""
@@ -201,6 +203,12 @@ class Dense(Operator):
             return None
         if self.sample_rows():
             return tiled.choose(self.GROUP, self.N, self.K, 1, m_fast=False)
+        if self.tensor_cores:  # (luisaml/rewrites/tensor_cores.py: compile(tensor_cores="auto") found them live)
+            from . import tiled_mma
+
+            mma = tiled_mma.choose(self.M, self.N, self.K, self.nbatch)
+            if mma is not None:
+                return mma
         return tiled.choose(self.M, self.N, self.K, self.nbatch, m_fast=False)
 
     def block_samples(self) -> int:
@@ -240,6 +248,12 @@ class Dense(Operator):
         def store(bi, m, n, value):
             return y.store(ix.add(ix.mul(bi, M * N), ix.mul(m, N), n), value)
 
+        if getattr(tl, "mma", False):
+            from . import tiled_mma
+
+            tiled_mma.emit(ctx, tl, item, thread, lambda bi, m: (lambda k: load_a(bi, m, k)),
+                           self._b_column(ctx, load_b, packed), finish, store, a_m_contiguous=bool(getattr(self, "ta", 0)))
+            return
         tiled.emit(ctx, tl, item, thread, lambda bi, m: (lambda k: load_a(bi, m, k)), self._b_column(ctx, load_b, packed),
                    finish, store, a_m_contiguous=bool(getattr(self, "ta", 0)))
 

@@ -1,0 +1,131 @@
+"""The marked tile callables of the tensor-core route: a warp's m16n8k8 TF32 and m16n8k16 FP16 matrix
+product, D = A B + C for A 16 x K, B K x 8, written as their FP32 equivalent in the DSL.
+
+On CUDA, luisaml's compiler front (luisaml/tensor_cores.py) finds these callables in the generated
+source by their marker (a constant in the body, below) and replaces the body with one `mma.sync`;
+everywhere else (the CPU backend, a device without the front, a kernel whose rewrite did not
+compile) the DSL body below runs. Both give the same answer within TF32 (FP16) rounding.
+
+The contract, lane l of a warp of 32 (all 32 call together, convergent: mma.sync is a warp
+instruction), g = l // 4 and t = l % 4, r = t * K / 8 (the lane's rotation of k):
+
+  a[i]          = A[g][(i + r) % K]        a[K + i]  = A[g + 8][(i + r) % K]      (i < K)
+  b[i]          = B[(i + r) % K][2t]       b[K + i]  = B[(i + r) % K][2t + 1]
+  b[2K + i]     = B[(i + r) % K][g]
+  c, result     = (C[g][2t], C[g][2t + 1], C[g + 8][2t], C[g + 8][2t + 1])
+
+so every lane holds what its own four outputs need (the DSL body is a dot product per output, no
+lane reads another's values) and the mma fragments sit at fixed indices (the rotation puts k = r
+at index 0): TF32 a[0], a[8], a[4], a[12] and b[16], b[20]; FP16 a[0, 1, 16, 17, 8, 9, 24, 25] and
+b[32, 33, 40, 41]. The rest of a and b is dead in the rewritten kernel and the CUDA compiler drops
+its loads.
+"""
+# ruff: noqa: F821  (fma, dispatch_id, set_block_size are DSL builtins the luisa compiler resolves)
+import luisa
+from luisa.mathtypes import float4  # noqa: F401
+
+# The markers: constants below 2^31 (a DSL int) whose bit 30 is set, so (MARK >> 30) == 1. The body
+# multiplies its result by float(MARK >> 30): exact, and the literal survives into the CUDA source
+# (LuisaCompute prints an int literal in decimal). The front looks for these decimal strings.
+MARK_TF32 = 1511506921  # 0x5A17C3E9
+MARK_F16 = 1526097219  # 0x5AF66943
+
+# (rows of A, columns of B, k) of each shape, and the array lengths of a and b
+SHAPES = {"tf32": (16, 8, 8), "f16": (16, 8, 16)}
+
+
+def array_sizes(kind: str) -> tuple[int, int]:
+    """Return the lengths of the a and b arrays the callable of `kind` ("tf32", "f16") takes."""
+    k = SHAPES[kind][2]
+    return 2 * k, 3 * k
+
+
+A_TF32 = luisa.ArrayType(16, float)
+B_TF32 = luisa.ArrayType(24, float)
+A_F16 = luisa.ArrayType(32, float)
+B_F16 = luisa.ArrayType(48, float)
+
+
+@luisa.func
+def mma_tf32_m16n8k8(a, b, c):
+    """A lane's four outputs of D = A B + C, a warp's 16 x 8 x 8 product (contract: module docstring);
+    the tensor-core route rounds A and B to TF32, this body keeps them in FP32."""
+    x = c.x
+    y = c.y
+    z = c.z
+    w = c.w
+    for i in range(8):
+        x = fma(a[i], b[i], x)
+        y = fma(a[i], b[8 + i], y)
+        z = fma(a[8 + i], b[i], z)
+        w = fma(a[8 + i], b[8 + i], w)
+    return float4(x, y, z, w) * float(MARK_TF32 >> 30)
+
+
+@luisa.func
+def mma_f16_m16n8k16(a, b, c):
+    """A lane's four outputs of D = A B + C, a warp's 16 x 8 x 16 product (contract: module
+    docstring); the tensor-core route rounds A and B to half, this body keeps them in FP32 (so the
+    start-up self-test can tell which of the two ran)."""
+    x = c.x
+    y = c.y
+    z = c.z
+    w = c.w
+    for i in range(16):
+        x = fma(a[i], b[i], x)
+        y = fma(a[i], b[16 + i], y)
+        z = fma(a[16 + i], b[i], z)
+        w = fma(a[16 + i], b[16 + i], w)
+    return float4(x, y, z, w) * float(MARK_F16 >> 30)
+
+
+# ---- one warp's tile, the contract's loads from buffers: the start-up self-test and the tests ----
+# A is 16 x K, B K x 8, C and D 16 x 8, row-major; dispatch 32 threads (one warp).
+
+
+@luisa.func
+def warp_tile_tf32(A, B, C, D):
+    set_block_size(32, 1, 1)
+    lane = int(dispatch_id().x) % 32
+    g = lane // 4
+    t = lane % 4
+    a = A_TF32()
+    b = B_TF32()
+    for i in range(8):
+        k = (i + t) % 8
+        a[i] = A.read(g * 8 + k)
+        a[8 + i] = A.read((g + 8) * 8 + k)
+        b[i] = B.read(k * 8 + 2 * t)
+        b[8 + i] = B.read(k * 8 + 2 * t + 1)
+        b[16 + i] = B.read(k * 8 + g)
+    c = float4(C.read(g * 8 + 2 * t), C.read(g * 8 + 2 * t + 1), C.read((g + 8) * 8 + 2 * t),
+               C.read((g + 8) * 8 + 2 * t + 1))
+    d = mma_tf32_m16n8k8(a, b, c)
+    D.write(g * 8 + 2 * t, d.x)
+    D.write(g * 8 + 2 * t + 1, d.y)
+    D.write((g + 8) * 8 + 2 * t, d.z)
+    D.write((g + 8) * 8 + 2 * t + 1, d.w)
+
+
+@luisa.func
+def warp_tile_f16(A, B, C, D):
+    set_block_size(32, 1, 1)
+    lane = int(dispatch_id().x) % 32
+    g = lane // 4
+    t = lane % 4
+    a = A_F16()
+    b = B_F16()
+    for i in range(16):
+        k = (i + 2 * t) % 16
+        a[i] = A.read(g * 16 + k)
+        a[16 + i] = A.read((g + 8) * 16 + k)
+        b[i] = B.read(k * 8 + 2 * t)
+        b[16 + i] = B.read(k * 8 + 2 * t + 1)
+        b[32 + i] = B.read(k * 8 + g)
+    c = float4(C.read(g * 8 + 2 * t), C.read(g * 8 + 2 * t + 1), C.read((g + 8) * 8 + 2 * t),
+               C.read((g + 8) * 8 + 2 * t + 1))
+    d = mma_f16_m16n8k16(a, b, c)
+    D.write(g * 8 + 2 * t, d.x)
+    D.write(g * 8 + 2 * t + 1, d.y)
+    D.write((g + 8) * 8 + 2 * t, d.z)
+    D.write((g + 8) * 8 + 2 * t + 1, d.w)

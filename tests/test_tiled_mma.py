@@ -1,0 +1,235 @@
+"""The tensor-core GEMM tile (operators/tiled_mma.py) without a GPU: the plan of a Gemm or MatMul
+planned for CUDA with tensor_cores takes the mma tile (a blocks stage of whole warps within 48 KiB of
+shared memory); and the emitted stage kernel, run in Python (a thread per GPU thread, sync_block a
+barrier, shared arrays a block's numpy arrays, the marked callable its DSL body) gives numpy's product
+for whole and ragged tiles, transposed operands, constant (prepacked) and run-time B. The CPU backend
+cannot compile shared memory or barriers, so this is the one check of the tile's indexing before a
+device runs it (tests/gpu/test_tensor_cores_cuda.py)."""
+from __future__ import annotations
+
+import threading
+import types
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from luisaml import cache
+from luisaml.operators import tiled_mma
+from luisaml.planning import CompileOptions, plan_for
+from luisaml.shaders import tensor_cores as tc
+
+
+def _model(op: str, M: int, K: int, N: int, ta=0, tb=0, const_b=True, bias=False, seed=0):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+    b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
+    inits, ins = {}, [helper.make_tensor_value_info("A", TensorProto.FLOAT, list(a.shape))]
+    if const_b:
+        inits["B"] = b
+    else:
+        ins.append(helper.make_tensor_value_info("B", TensorProto.FLOAT, list(b.shape)))
+    names = ["A", "B"]
+    attrs = {}
+    if op == "Gemm":
+        attrs = {"transA": ta, "transB": tb, "alpha": 0.5}
+        if bias:
+            inits["C"] = rng.standard_normal(N).astype(np.float32)
+            names.append("C")
+    node = helper.make_node(op, names, ["Y"], **attrs)
+    g = helper.make_graph([node], "g", ins, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [M, N])],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    want = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+    if op == "Gemm":
+        want = 0.5 * want + (inits["C"] if bias else 0)
+    return m, {"A": a, "B": b}, want
+
+
+def _plan(model):
+    opts = CompileOptions(batch_axis=None, tensor_cores=True).resolve("cuda")
+    plan, _, _ = plan_for(model, "m", opts)
+    return plan
+
+
+class _Vec:
+    def __init__(self, *v):
+        self.x, self.y, self.z, self.w = (v * 4)[:4] if len(v) == 1 else v
+
+    def __mul__(self, s):
+        return _Vec(self.x * s, self.y * s, self.z * s, self.w * s)
+
+
+class _Id:
+    def __init__(self, x):
+        self.x = x
+
+
+class _Buf:
+    def __init__(self, a: np.ndarray):
+        self.a = a
+
+    def read(self, i):
+        return float(self.a[i])
+
+    def write(self, i, v):
+        self.a[i] = v
+
+    __getitem__ = read
+    __setitem__ = write
+
+
+class _Blob:
+    def __init__(self, data: bytes):
+        self.f = np.frombuffer(data + b"\0" * (-len(data) % 4), dtype=np.float32)
+
+    def read(self, _dtype, offset):
+        return float(self.f[offset // 4])
+
+
+def _run_blocks(plan, feeds: dict[str, np.ndarray], out_size: int) -> np.ndarray:
+    """Run the plan's one blocks stage in Python, every block's threads concurrently."""
+    (st,) = [s for s in plan.schedule.stages if s.domain == "blocks"]
+    module = cache.import_module(cache.write_module(plan.source))
+    kernel = getattr(module, f"stage_{st.index}").pyfunc
+    local = threading.local()
+    block_shared: dict[int, list] = {}
+    out = np.zeros(out_size, np.float64)
+
+    def shared_type(n):
+        def make():
+            arrays = block_shared.setdefault(local.block, [])
+            if local.made >= len(arrays):
+                arrays.append(np.zeros(n, np.float64))
+            local.made += 1
+            return arrays[local.made - 1]
+        return make
+
+    emu = dict(vars(module))
+    for name, value in vars(module).items():
+        if name.startswith("Shared_"):
+            emu[name] = shared_type(value.size)
+        elif name.startswith("Arr_"):
+            emu[name] = (lambda n: (lambda: [0.0] * n))(value.size)
+    mma_globals = dict(vars(tc), fma=lambda a, b, c: a * b + c, float4=_Vec)
+    emu.update(
+        set_block_size=lambda *a: None, thread_id=lambda: _Id(local.thread), block_id=lambda: _Id(local.block),
+        sync_block=lambda: local.barrier.wait(), float4=_Vec, fma=lambda a, b, c: a * b + c,
+        mma_tf32_m16n8k8=types.FunctionType(tc.mma_tf32_m16n8k8.pyfunc.__code__, mma_globals))
+    fn = types.FunctionType(kernel.__code__, emu)
+    args = {"weights": _Blob(plan.blob.bytes()), "y_Y": _Buf(out)}
+    for k, v in feeds.items():
+        args[f"x_{k}"] = _Buf(v.astype(np.float64).ravel())
+    params = kernel.__code__.co_varnames[:kernel.__code__.co_argcount]
+    errors = []
+    for block in range(st.items):
+        barrier = threading.Barrier(st.threads)
+
+        def body(thread, block=block, barrier=barrier):
+            local.thread, local.block, local.made, local.barrier = thread, block, 0, barrier
+            try:
+                fn(*[args[p] for p in params])
+            except Exception as e:  # (reported below; the barrier is broken so the others stop)
+                errors.append(e)
+                barrier.abort()
+
+        threads = [threading.Thread(target=body, args=(i,)) for i in range(st.threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+    return out
+
+
+@pytest.mark.parametrize("op,M,K,N,ta,tb,const_b,bias", [
+    ("MatMul", 128, 40, 64, 0, 0, True, False),  # whole tiles, a ragged last k step, prepacked B
+    ("MatMul", 100, 24, 90, 0, 0, False, False),  # ragged M and N, run-time B
+    ("Gemm", 64, 16, 96, 1, 1, True, True),  # A and B transposed, alpha and a bias row, one k step
+])
+def test_emitted_mma_tile_matches_numpy(op, M, K, N, ta, tb, const_b, bias):
+    model, feeds, want = _model(op, M, K, N, ta, tb, const_b, bias)
+    plan = _plan(model)
+    (st,) = [s for s in plan.schedule.stages if s.domain == "blocks"]
+    (_, operator), = st.nodes
+    tl = operator.block_tiling()
+    assert isinstance(tl, tiled_mma.MmaTiling) and tl.threads == st.threads and tl.shared_bytes <= 48 * 1024
+    assert "mma_tf32_m16n8k8" in plan.source
+    if const_b:
+        feeds = {"A": feeds["A"]}
+    got = _run_blocks(plan, feeds, M * N).reshape(M, N)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-9 * max(1.0, np.abs(want).max()))
+
+
+def test_emitted_mma_tile_batched_matmul():
+    """Products of a batch (bi from the block index), both operands at run time."""
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((2, 64, 24)).astype(np.float32)
+    b = rng.standard_normal((2, 24, 64)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["A", "B"], ["Y"])], "g",
+                          [helper.make_tensor_value_info("A", TensorProto.FLOAT, [2, 64, 24]),
+                           helper.make_tensor_value_info("B", TensorProto.FLOAT, [2, 24, 64])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 64, 64])])
+    plan = _plan(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    got = _run_blocks(plan, {"A": a, "B": b}, 2 * 64 * 64).reshape(2, 64, 64)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-9 * np.abs(want).max())
+
+
+def test_choose_keeps_small_products_on_the_fp32_tile():
+    assert tiled_mma.choose(32, 128, 64, 1) is None and tiled_mma.choose(128, 16, 64, 1) is None
+    t = tiled_mma.choose(4096, 4096, 4096, 1)
+    assert (t.BM, t.BN, t.threads, t.blocks) == (128, 128, 256, 1024) and t.shared_bytes == 37888
+
+
+def test_without_tensor_cores_the_plan_is_the_fp32_tile():
+    model, _, _ = _model("MatMul", 128, 40, 64)
+    plan, _, _ = plan_for(model, "m", CompileOptions(batch_axis=None).resolve("cuda"))
+    assert "mma_tf32" not in plan.source and "blocks" in [s.domain for s in plan.schedule.stages]
+
+
+def test_tensor_cores_option_is_checked():
+    from luisaml.errors import UsageError
+
+    with pytest.raises(UsageError, match="tensor_cores"):
+        CompileOptions(tensor_cores="yes").resolve("cuda")
+    # "auto" on the CPU backend: the FP32 tiles, no self-test
+    assert CompileOptions(tensor_cores="auto").resolve("cpu").tensor_cores is False
+
+
+def test_emitted_mma_kernel_builds_as_dsl(monkeypatch):
+    """luisa-python builds the stage kernel's AST (shared arrays, the contract's local arrays passed to
+    the marked callable): only the backend's compile, which the CPU backend cannot do for shared
+    memory, is left out."""
+    import sys
+
+    import luisa
+    from luisa.types import dtype_of
+
+    from luisaml import luisa_compat
+
+    model, _, _ = _model("MatMul", 128, 40, 64, const_b=False)
+    plan = _plan(model)
+    kernel = cache.import_module(cache.write_module(plan.source)).stage_0
+    built = []
+
+    class Impl:
+        def create_shader(self, function):
+            built.append(function)
+            return 0
+
+        def destroy_shader(self, handle):
+            pass
+
+    monkeypatch.setattr(sys.modules["luisa.func"], "get_global_device",
+                        lambda: type("Device", (), {"impl": lambda self: Impl()})())
+    args = (luisa.Buffer(128 * 40, float), luisa.Buffer(40 * 64, float), luisa.Buffer(128 * 64, float),
+            luisa_compat.byte_buffer(b"\0" * 4))
+    key = tuple(dtype_of(x) for x in args)
+    try:
+        kernel.get_compiled(0, False, key)
+        assert len(built) == 1
+    finally:
+        kernel.compiled_results.clear()
