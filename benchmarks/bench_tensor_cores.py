@@ -160,7 +160,7 @@ def main() -> None:
 
     from luisaml import device
 
-    device.init("cuda")
+    device.init("cuda", tensor_cores=True)
     tests = self_tests()
     rows = run(SHAPES[:1] if args.quick else SHAPES, args.reps)
     gpu = torch.cuda.get_device_name()

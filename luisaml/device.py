@@ -151,8 +151,11 @@ def request_cpu_threads(n: int) -> bool:
     return True
 
 
-def init(backend: str = "auto") -> str:
-    """Start the process's LuisaCompute device (once) and return its backend name."""
+def init(backend: str = "auto", tensor_cores: bool = False) -> str:
+    """Start the process's LuisaCompute device (once) and return its backend name. tensor_cores:
+    start CUDA in the runtime directory of luisaml's compiler front (luisaml/tensor_cores.py), so
+    that compile(tensor_cores="auto") can use mma tiles; off by default until the front has been
+    measured on a device (a process started without it runs the FP32 tiles)."""
     global _current
     want = choose_backend(backend)
     if _current is not None:
@@ -173,7 +176,7 @@ def init(backend: str = "auto") -> str:
     if not os.environ.get("LUISAML_VERBOSE"):
         lcapi.log_level_warning()
     with _filtered_stderr("failed to load swapchain"):
-        if want == "cuda":  # in the runtime directory of luisaml's compiler front, where it runs
+        if want == "cuda" and tensor_cores:  # in the runtime directory of luisaml's compiler front, where it runs
             from . import tensor_cores
 
             tensor_cores.start_cuda_device(support_gui=False)

@@ -146,7 +146,7 @@ def compile(
 
         logging.basicConfig()
         logger.setLevel(logging.INFO)
-    name = device.init(backend)
+    name = device.init(backend, tensor_cores=tensor_cores is not False)
     opts = CompileOptions(batch_axis, input_shapes, precision, fuse, float64, limits or DEFAULT_LIMITS, check_indices,
                           schedule, mlp, winograd=winograd, grid_build=grid_build,
                           tensor_cores=tensor_cores).resolve(name)

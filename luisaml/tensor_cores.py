@@ -16,7 +16,8 @@ It is never a compiled binary, and nothing in it comes from a model.
 - LuisaCompute's kernel cache lives in the runtime directory (`.cache`, DefaultBinaryIO) and keys on
   the source *before* the rewrite: this directory has its own, and a new front text is a new
   directory, so a cached kernel never holds another front's bodies.
-- device.init starts the CUDA device here when the directory can be made and the front answers
+- device.init(tensor_cores=True) (compile with tensor_cores not False) starts the CUDA device here when
+  the directory can be made and the front answers
   `--version`; else in luisa's own directory (logged once). The CPU backend never uses it: it runs
   the DSL bodies, the FP32 equivalent.
 - `live(kind)` runs the self-test once per process: one warp's tile on values whose TF32 (FP16)

@@ -20,6 +20,15 @@ pytestmark = cuda_only()
 TF32_TOL, FP32_TOL = 1e-2, 2e-5
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _front_device():
+    """The device starts in the front's directory only when asked first (a process whose device
+    another test started plainly runs the FP32 tiles): run this file in a process of its own."""
+    if luisaml.device.current() is not None and not tensor_cores._started_in:
+        pytest.skip("the CUDA device was started without tensor_cores=True in this process")
+    luisaml.device.init("cuda", tensor_cores=True)
+
+
 def test_device_runs_in_the_front_directory():
     assert tensor_cores._started_in and tensor_cores._started_in[0] is not None, \
         "the CUDA device did not start in the tensor-core runtime directory (the log says why)"
