@@ -37,8 +37,9 @@ NARROW = 16
 # The tile (rows, columns) of a product whose B is not a constant (Dense.square_tiles): its loads
 # pay the index arithmetic of the inline nodes they read through, so the tile that loads least per
 # multiply-add wins although its 128 accumulators spill. ViT-Ti's attention block (CPU backend,
-# A/B in one process, Q K^T [197, 64] x [64, 197] a head): 1 x 20 tiles 5.8-11 ms, 4 x 8 3.4, 8 x 8
-# 1.2-2.0, 16 x 8 0.9-1.6, 8 x 16 2.0, 16 x 16 1.7, 32 x 8 3.8 (benchmarks/NOTES.md).
+# A/B in one process, Q K^T: 3 heads of [197, 64] x [64, 197]): 1 x 20 tiles 5.7-11 ms, 4 x 8 3.4,
+# 8 x 8 1.2-2.0, 16 x 8 0.9-1.7, 8 x 16 2.0, 16 x 16 1.7, 32 x 8 3.8 (benchmarks/NOTES.md, "Column-block
+# panels and square tiles").
 SQUARE = (16, 8)
 WIDE = 32  # the widest column block: 64 measured no faster (63-256x4-4), and spilled before the stores were split
 
@@ -136,8 +137,8 @@ class Dense(Operator):
         inside a row of all columns), or with `panels` [B batch][column block][K][O]: a column
         block's K x O panel contiguous. The CPU backend's tiles read panels: rows of all columns
         1,024 or 2,048 words long put a tile's K rows a multiple of 4 KB apart, into one L1 set
-        (Mixer-S's [196, 512] x [512, 2048] at 10-22 GFLOP/s, 40-53 at 2,064 columns;
-        benchmarks/NOTES.md, "The zoo on the CPU")."""
+        ([1568, 128] x [128, 1024] 7.5 GFLOP/s, 76 as panels; [196, 512] x [512, 2048] 21 -> 53;
+        benchmarks/NOTES.md, "Column-block panels and square tiles")."""
         if not self.packable_b():
             return None
         b = self.input(1)
