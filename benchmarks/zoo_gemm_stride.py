@@ -1,6 +1,7 @@
 """One MatMul with a constant B on the CPU backend at the zoo's power-of-two widths and at widths just
 off them: the reproducer of NOTES.md's "The zoo on the CPU", finding 1 (a prepacked B whose rows are
-a multiple of 4 KB apart runs 2-5x slower).
+a multiple of 4 KB apart ran 2-5x slower; since the CPU's tiles read B as column-block panels, the
+widths measure alike: NOTES.md, "Column-block panels and square tiles").
 
     python benchmarks/zoo_gemm_stride.py [--reps 7]
 
@@ -44,7 +45,7 @@ def main(argv=None) -> int:
             t = time.perf_counter()
             net.run({"x": x})
             ms.append((time.perf_counter() - t) * 1e3)
-        print(f"[{M}, {K}] x [{K}, {N}] (B rows {4 * N} bytes apart): best {min(ms):.1f} ms "
+        print(f"[{M}, {K}] x [{K}, {N}] (B's [K][N] rows {4 * N} bytes apart, before packing): best {min(ms):.1f} ms "
               f"({2 * M * K * N / min(ms) / 1e6:.1f} GFLOP/s), median {np.median(ms):.1f} ms", flush=True)
     return 0
 

@@ -1,4 +1,4 @@
-"""Gemm and MatMul: a stage thread computes a tile of outputs with vector accumulators, constant
+"""Gemm and MatMul: a stage thread computes a tile of outputs with scalar accumulators, constant
 weights prepacked at compile time (shaders/matmul.py.j2); accumulated in float for float and half
 (rounded to half once), in int for integers."""
 from __future__ import annotations
@@ -34,20 +34,30 @@ MAX_ACC = 32
 # each B load then feeds two rows. On the CPU backend 63-128x4-4 went 8.1-9.8 -> 6.0-7.5 ms and
 # 63-256x4-4 13.9-17.4 -> 9.8-10.5 ms (2 x 8 tiles: 12.1-14.1); not measured on CUDA yet.
 NARROW = 16
+# The tile (rows, columns) of a product whose B is not a constant (Dense.square_tiles): its loads
+# pay the index arithmetic of the inline nodes they read through, so the tile that loads least per
+# multiply-add wins although its 128 accumulators spill. ViT-Ti's attention block (CPU backend,
+# A/B in one process, Q K^T: 3 heads of [197, 64] x [64, 197]): 1 x 20 tiles 5.7-11 ms, 4 x 8 3.4,
+# 8 x 8 1.2-2.0, 16 x 8 0.9-1.7, 8 x 16 2.0, 16 x 16 1.7, 32 x 8 3.8 (benchmarks/NOTES.md, "Column-block
+# panels and square tiles").
+SQUARE = (16, 8)
 WIDE = 32  # the widest column block: 64 measured no faster (63-256x4-4), and spilled before the stores were split
 
 
-def tile_shape(M: int, N: int, narrow: bool = False) -> tuple[int, int]:
-    """Return (rows R, columns O) of a work item's tile: O a multiple of 4 (vector lanes), all of N
-    up to WIDE (NARROW when `narrow`), else the block of 8..WIDE columns that pads N least (then
-    the widest); then as many rows as divide M within MAX_ACC accumulators (rows that divide M
-    need no bounds checks)."""
-    wide = NARROW if narrow else WIDE
+def block_columns(N: int, wide: int) -> int:
+    """Return the columns O of a tile: a multiple of 4 (vector lanes), all of N up to `wide`, else
+    the block of 8..wide columns that pads N least (then the widest)."""
     n4 = max(-(-N // 4), 1) * 4
     if n4 <= wide:
-        O = n4
-    else:
-        O = min(range(8, wide + 1, 4), key=lambda o: (-(-N // o) * o - N, -o))
+        return n4
+    return min(range(8, wide + 1, 4), key=lambda o: (-(-N // o) * o - N, -o))
+
+
+def tile_shape(M: int, N: int, narrow: bool = False) -> tuple[int, int]:
+    """Return (rows R, columns O) of a work item's tile: O of block_columns up to WIDE (NARROW when
+    `narrow`), then as many rows as divide M within MAX_ACC accumulators (rows that divide M need
+    no bounds checks)."""
+    O = block_columns(N, NARROW if narrow else WIDE)
     R = max(r for r in range(1, min(MAX_ACC // O, 8) + 1) if M % r == 0) if M else 1
     return R, O
 
@@ -64,8 +74,10 @@ class Dense(Operator):
     """The stage form Gemm and MatMul share: a work item computes an R x O tile of one batch
     entry's output (shaders/matmul.py.j2, tile), consecutive items along the columns (consecutive
     GPU threads read consecutive weights and share the A row). A constant B of the weight blob is
-    prepacked once at compile time as float32 [B batch][K][columns padded to whole tiles], so a
-    tile's row of B is O consecutive words; any other B is read where it is. Subclasses set M, N,
+    prepacked once at compile time (packed_b: float32 [B batch][K][columns padded to whole tiles],
+    or each column block's K x O panel contiguous for the CPU backend's tiles), so a tile's row of
+    B is O consecutive words; any other B is read where it is, on the CPU by tiles of SQUARE
+    (square_tiles). Subclasses set M, N,
     K and nbatch (the batch entries per sample) and implement loaders() and b_matrix()."""
 
     stores_once = True
@@ -85,21 +97,51 @@ class Dense(Operator):
 
     def tiles(self) -> tuple[int, int, int, int]:
         """Return (R, O, row blocks, column blocks) of this node's work items."""
+        if self.square_tiles():
+            R, O = min(SQUARE[0], self.M), block_columns(self.N, SQUARE[1])
+            return R, O, -(-self.M // R), -(-self.N // O)
         R, O = tile_shape(self.M, self.N, narrow=self.K >= 128 and self.N >= 128 and self.input(1).value is not None)
         return R, O, self.M // R, -(-self.N // O)
+
+    def square_tiles(self) -> bool:
+        """Whether the items form takes R x O tiles of SQUARE, its last row block ragged, instead of
+        tile_shape's: for a B that is not a constant (attention's Q K^T and attn V, read through the
+        exporter's inline Split, Transpose and Mul), every load of A and B pays that index
+        arithmetic, and rows that divide M leave a prime M (ViT's 197 tokens) one row a tile, where each
+        B load feeds one multiply-add. Only where cpu_items (a product with a block tiling)."""
+        return not self.packable_b() and self.M > 1 and self.cpu_items()
 
     def work_items(self) -> int:
         _, _, rows, cols = self.tiles()
         return self.nbatch * rows * cols
 
-    def packed_b(self):
-        """Return (byte offset in the blob, words per k row, words per batch entry of B) of B
-        prepacked, or None when B is not a float constant of the weight blob."""
+    def packable_b(self) -> bool:
+        """Whether B is a float constant of the weight blob (what packed_b packs)."""
         from luisaml.plan import BlobWeight
 
         b = self.input(1)
-        if b.value is None or not isinstance(b.home, BlobWeight) or compute_dtype(b.dtype).dsl != "float":
+        return b.value is not None and isinstance(b.home, BlobWeight) and compute_dtype(b.dtype).dsl == "float"
+
+    def cpu_items(self) -> bool:
+        """Whether this node's items form is the CPU backend's: it has a block tiling, so on CUDA it
+        runs as blocks (emit_block) and its items form is emitted on the CPU backend only (and on
+        CUDA with blocks turned off). The CPU's tile choices below (panels, square tiles) take this
+        gate, so that CUDA's items form of a product too small for a block stays as it was; such
+        products keep the older choices on the CPU too."""
+        return self.block_tiling() is not None
+
+    def packed_b(self, panels: bool = False):
+        """Return (byte offset in the blob, words per k row, words per batch entry of B, words per
+        column block) of B prepacked, or None when B is not a float constant of the weight blob.
+        As float32 [B batch][K][columns padded to whole tiles] (a column block's k row O words
+        inside a row of all columns), or with `panels` [B batch][column block][K][O]: a column
+        block's K x O panel contiguous. The CPU backend's tiles read panels: rows of all columns
+        1,024 or 2,048 words long put a tile's K rows a multiple of 4 KB apart, into one L1 set
+        ([1568, 128] x [128, 1024] 7.5 GFLOP/s, 76 as panels; [196, 512] x [512, 2048] 21 -> 53;
+        benchmarks/NOTES.md, "Column-block panels and square tiles")."""
+        if not self.packable_b():
             return None
+        b = self.input(1)
         _, O, _, cols = self.tiles()
         Np = cols * O
 
@@ -107,16 +149,20 @@ class Dense(Operator):
             w = self.b_matrix(np.asarray(b.value, dtype=np.float32))
             packed = np.zeros((w.shape[0], self.K, Np), np.float32)
             packed[:, :, : self.N] = w
+            if panels:
+                packed = np.ascontiguousarray(packed.reshape(w.shape[0], self.K, cols, O).transpose(0, 2, 1, 3))
             return packed
 
-        return b.home.blob.add_packed(f"{b.name}/packed[{self.K}x{Np}]", pack), Np, self.K * Np
+        if panels:
+            return b.home.blob.add_packed(f"{b.name}/panels[{cols}x{self.K}x{O}]", pack), O, self.K * Np, self.K * O
+        return b.home.blob.add_packed(f"{b.name}/packed[{self.K}x{Np}]", pack), Np, self.K * Np, O
 
     def samples_per_item(self) -> int:
         # one row a sample (an MLP layer run per sample): two samples a work item read each row of
         # the prepacked B once for both (CPU backend, 63-256x4-4 at batch 512: 5.9-6.9 -> 3.0-3.5 ms
         # the whole model, 63-128x4-4 3.4-3.8 -> 2.0-2.1 ms; benchmarks/NOTES.md, "Two samples a work item")
         wide = self.K >= 128 and self.N >= 128
-        return 2 if self.M == 1 and self.nbatch == 1 and wide and self.packed_b() is not None else 1
+        return 2 if self.M == 1 and self.nbatch == 1 and wide and self.packable_b() else 1
 
     def emit_item(self, ctx, item: str, rows: list | None = None) -> None:
         """rows (samples_per_item > 1): per sample of the tile, (its store condition or None, its
@@ -133,7 +179,11 @@ class Dense(Operator):
             R = len(rows)
             ms = ["0"] * R
         else:
-            ms = [ctx.let(ix.add(ix.mul(rb, R), str(r)), "m") for r in range(R)]
+            # a ragged last row block (square_tiles): its rows past M are row M - 1 again, computed
+            # and stored twice by the same thread (the same values), so no store needs a condition
+            ragged = M % R != 0
+            ms = [ctx.let(f"min({ix.add(ix.mul(rb, R), str(r))}, {M - 1})" if ragged and r else ix.add(ix.mul(rb, R), str(r)), "m")
+                  for r in range(R)]
             rows = [(None, None)] * R
 
         def at_row(r, emit):
@@ -146,10 +196,10 @@ class Dense(Operator):
         # the columns that may fall past N (in the last column block only)
         safe = N % O or O
         pre = lambda k: []
-        packed = self.packed_b()
+        packed = self.packed_b(panels=self.cpu_items())
         if packed is not None:
-            off, row, entry = packed
-            base = ctx.let(ix.add(str(off), ix.mul(self.b_entry(bi), entry * 4), ix.mul(cb, O * 4)), "wb")
+            off, row, entry, block = packed
+            base = ctx.let(ix.add(str(off), ix.mul(self.b_entry(bi), entry * 4), ix.mul(cb, block * 4)), "wb")
             wk = ctx.fresh("wk")
             pre = lambda k: [f"{wk} = {ix.add(base, ix.mul(k, row * 4))}"]
 
@@ -263,7 +313,7 @@ class Dense(Operator):
         def b_column(bi, n):
             if packed is None:
                 return lambda k: load_b(bi, k, n)
-            off, row, entry = packed
+            off, row, entry, _ = packed
             base = ctx.let(ix.add(str(off), ix.mul(self.b_entry(bi), entry * 4), ix.mul(n, 4)), "wb")
             return lambda k: f"weights.read(float, {ix.add(base, ix.mul(k, row * 4))})"
 
