@@ -155,7 +155,9 @@ def test_emitted_mma_tile_matches_numpy(op, M, K, N, ta, tb, const_b, bias):
     (st,) = [s for s in plan.schedule.stages if s.domain == "blocks"]
     (_, operator), = st.nodes
     tl = operator.block_tiling()
-    assert isinstance(tl, tiled_mma.MmaTiling) and tl.threads == st.threads and tl.shared_bytes <= 48 * 1024
+    # by name: a test before this one in the worker may have imported luisaml afresh (test_artifact's
+    # sys.modules purges), and this module's tiled_mma is then the older copy
+    assert type(tl).__name__ == "MmaTiling" and tl.threads == st.threads and tl.shared_bytes <= 48 * 1024
     assert "mma_tf32_m16n8k8" in plan.source
     if const_b:
         feeds = {"A": feeds["A"]}
