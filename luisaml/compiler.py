@@ -126,6 +126,10 @@ def build_plan(prep: Prepared, model_name: str = "model", options: BuildOptions 
         plan.winograd = winograd_rewrite.rewrite(plan, options.winograd)
     if options.tensor_cores and options.blocks and options.schedule == "stages":
         tensor_cores_rewrite.mark(plan)
+    if not options.blocks:  # (the CPU backend: Gemm and MatMul items forms take the CPU's tiles at any size)
+        for _, op in plan.main.ops:
+            if hasattr(op, "no_blocks"):
+                op.no_blocks = True
     if options.schedule == "stages":  # RNN, GRU, LSTM: a GEMM and a phase per step (operators/rnn_stages.py)
         rnn_rewrite.rewrite(plan, gpu=options.blocks)
     plan.fused, plan.fusion_note = mlp_rewrite.fuse(plan, options.fuse, options.precision, options.mlp)
