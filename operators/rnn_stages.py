@@ -68,8 +68,9 @@ class RecurrentProjection(Dense):
 
     nbatch = 1
 
-    def __init__(self, node: Node, inputs, outputs, cell):
+    def __init__(self, node: Node, inputs, outputs, cell, swapped: bool = False):
         self.cell = cell
+        self.swapped = swapped  # input 0 is X's source, its first two axes swapped (rows (b, t) for (t, b))
         x = cell.input(0)
         self.M, self.K = x.numel // cell.I, cell.I
         self.N = cell.D * cell.gates * cell.H
@@ -129,8 +130,13 @@ class RecurrentSteps(Operator):
     phased = True
     shared_kernel = "recurrent"
 
-    def __init__(self, node: Node, inputs, outputs, cell, gpu: bool, blob):
+    def __init__(self, node: Node, inputs, outputs, cell, gpu: bool, blob, swapped: bool = False,
+                 y_strides: tuple[int, int, int, int] | None = None):
+        """swapped: P's rows are X's source's (RecurrentProjection.swapped); y_strides: where output 0
+        takes Y's (step, direction, batch row, unit), None: Y's own layout."""
         self.cell, self.blob = cell, blob
+        self.swapped = swapped
+        self.y_strides = y_strides
         self.SB, self.UB = tile(gpu, cell.B, cell.H)
         self.gpu = gpu
         # the CPU backend: all steps in one phase, a thread a row group (GRU 64 rows, 128 units, 32
@@ -145,7 +151,9 @@ class RecurrentSteps(Operator):
         pass
 
     def forward(self, ctx) -> None:
-        self.cell.forward(ctx)  # one thread a sample: the whole form, from X
+        # one thread a sample: the whole form, from X (the last input), Y where output 0 takes it
+        y = self._out(0)
+        self.cell.forward(ctx, y_to=(y, self.y_strides) if y is not None and self.y_strides is not None else None)
 
     # ---- geometry -----------------------------------------------------------------------------
     @property
@@ -196,13 +204,11 @@ class RecurrentSteps(Operator):
 
     def _row(self, t: str, b: str) -> str:
         c = self.cell
-        return ix.add(ix.mul(t, c.B), b) if c.layout == 0 else ix.add(ix.mul(b, c.S), t)
+        return ix.add(ix.mul(t, c.B), b) if (c.layout == 0) != self.swapped else ix.add(ix.mul(b, c.S), t)
 
     def _y_index(self, t: str, d: str, b: str, u: str) -> str:
-        c = self.cell
-        if c.layout == 0:
-            return ix.add(ix.mul(ix.add(ix.mul(ix.add(ix.mul(t, c.D), d), c.B), b), c.H), u)
-        return ix.add(ix.mul(ix.add(ix.mul(ix.add(ix.mul(b, c.S), t), c.D), d), c.H), u)
+        st, sd, sb, su = self.y_strides or self.cell.y_strides()
+        return ix.add(ix.mul(t, st), ix.mul(d, sd), ix.mul(b, sb), ix.mul(u, su))
 
     def _out(self, k: int) -> Tensor | None:
         return self.outputs[k] if k < len(self.outputs) and self.outputs[k] is not None and k < 3 else None
