@@ -6,8 +6,8 @@ torch exports a batch_first nn.GRU / nn.LSTM as Transpose(x, [1, 0, 2]) -> GRU -
 Transpose([1, 0, 2]) (bidirectional: Transpose, Reshape, Transpose): on the CPU the output's
 Transpose was an element stage of its own (1.2-1.4 ms of a 64-row GRU of 128 units), the input's
 index arithmetic in every load of the projection. The projection reads X's source in the source's
-row order instead (`x_rows`), and the steps store Y's elements where the chain of layout nodes puts
-them (`y_to`), the chain's nodes removed; `forward` (the whole form) stores the same way."""
+row order instead (`RecurrentProjection.swapped`), and the steps store Y's elements where the chain of layout nodes puts
+them (`RecurrentSteps.y_strides`), the chain's nodes removed; `forward` (the whole form) stores the same way."""
 from __future__ import annotations
 
 import numpy as np
@@ -44,7 +44,7 @@ def _layout(node, op) -> tuple[int, ...] | None:
     return () if getattr(op, "view", False) or node.op_type == "Identity" else None
 
 
-def x_source(main, x, producers) -> Tensor | None:
+def x_source(x, producers) -> Tensor | None:
     """Return X's source when X is Transpose(source, [1, 0, 2]) (the first two axes swapped), else None."""
     made = producers.get(x.name)
     if made is None or x.batched:
@@ -56,7 +56,7 @@ def x_source(main, x, producers) -> Tensor | None:
     return src if not src.batched and src.dtype == x.dtype else None
 
 
-def y_chain(main, y, readers, outputs: set[str]):
+def y_chain(y, readers, outputs: set[str]):
     """Return (Z, strides of Y's axes in Z, the chain's nodes) when Y's only reader starts a chain of
     layout nodes, each tensor read once and no graph output but the last, whose end Z is a
     permutation of Y's axes; else None."""
@@ -130,13 +130,13 @@ def rewrite(plan, gpu: bool) -> list[str]:
         elif op.cell == "gru" and not op.linear_before_reset:
             extra.append(tensor(f"{base}/z_rh", (2, D, B, H), batched))
         bias = op.inputs[3] if op.has_input(3) else None
-        src = x_source(main, x, producers)
+        src = x_source(x, producers)
         n_proj = Node(f"{node.name}/projection", "RecurrentProjection", "luisaml",
                       [(src or x).name, op.input(1).name] + ([bias.name] if bias is not None else []), [proj.name])
         opt = [op.inputs[k] if op.has_input(k) and k < op.n_inputs() else None for k in range(3, 8)]
         step_ins = [proj, op.input(2)] + opt + [x]
         outs = [op.outputs[k] if k < len(op.outputs) else None for k in range(3)]
-        chain = y_chain(main, outs[0], readers, outputs)
+        chain = y_chain(outs[0], readers, outputs)
         y_strides = None
         if chain is not None:
             z, strides, nodes = chain
