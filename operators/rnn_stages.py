@@ -149,7 +149,7 @@ class RecurrentSteps(Operator):
         self.gpu = gpu
         # the CPU backend: all steps in one phase, a thread a row group (GRU 64 rows, 128 units, 32
         # steps on the busy 2-core host, CPU time of the recurrence: 35 phases of 1 x 8 tiles ~25 ms,
-        # one phase of 4 x 4 tiles 19.5 ms, 16 ms with float4 activations; benchmarks/NOTES.md). A lone
+        # one phase of 4 x 4 tiles 19.5 ms, 8.3 ms with the float4 activations; benchmarks/NOTES.md). A lone
         # row of a wide cell runs on one thread: batch 1, 512 units 19.8 ms against 19.3 a phase a step
         self.loop = not gpu
         self.split = cell.cell == "gru" and not cell.linear_before_reset
