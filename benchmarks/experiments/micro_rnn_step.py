@@ -11,7 +11,6 @@ from pathlib import Path
 
 import luisa
 import numpy as np
-from luisa.mathtypes import *  # noqa: F401,F403
 
 luisa.init("cpu")
 from luisaml.luisa_compat import byte_buffer  # noqa: E402
