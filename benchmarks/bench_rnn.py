@@ -17,12 +17,17 @@ import datetime
 import importlib.util
 import io
 import json
+import os
 import platform
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
+# torch's OpenMP threads (the export) would spin after each parallel region, as onnxruntime's pool
+# does without allow_spinning=0 below, taking the cores from the side timed next (bench_zoo.py)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 if importlib.util.find_spec("luisaml") is None:
@@ -133,6 +138,8 @@ def run_cpu(cells: list[str], batch: int, reps: int) -> list[dict]:
         for name, threads in (("ort", 0), ("ort_1thread", 1)):
             so = ort.SessionOptions()
             so.intra_op_num_threads = threads
+            # pool threads that spin after a run take the cores from the side timed next (as bench_zoo.py)
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
             sessions[name] = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         want = sessions["ort"].run(None, {"x": x})[0]
         t0 = time.perf_counter()
@@ -145,6 +152,7 @@ def run_cpu(cells: list[str], batch: int, reps: int) -> list[dict]:
             fns[name] = (lambda s=s: s.run(None, {"x": x}))
         t = interleaved(fns, reps)
         row = {"model": f"{cell} {INPUT}->{HIDDEN} seq {SEQ}", "batch": batch, "rel_err": err, "compile_s": compile_s,
+               "ort_spinning": False,
                "ms": t, "x_ort": t["luisaml"]["p50"] / t["ort"]["p50"],
                "x_ort_1thread": t["luisaml"]["p50"] / t["ort_1thread"]["p50"]}
         rows.append(row)

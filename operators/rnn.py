@@ -171,7 +171,14 @@ class Recurrent(Operator):
         return [out[d * per_dir:(d + 1) * per_dir] for d in range(self.D)]
 
     # ---- code ------------------------------------------------------------------------------
-    def forward(self, ctx) -> None:
+    def y_strides(self) -> tuple[int, int, int, int]:
+        """Return the strides of Y's (step, direction, batch row, unit) in Y's own layout."""
+        S, B, H, D = self.S, self.B, self.H, self.D
+        return (D * B * H, B * H, H, 1) if self.layout == 0 else (D * H, H, S * D * H, 1)
+
+    def forward(self, ctx, y_to: tuple[Tensor, tuple[int, int, int, int]] | None = None) -> None:
+        """y_to: (tensor, strides of step, direction, batch row, unit) where Y's elements go instead
+        of Y (luisaml/rewrites/rnn.py: the layout nodes after it folded into its stores)."""
         x = self.input(0)
         S, B, I, H, D, G = self.S, self.B, self.I, self.H, self.D, self.gates
         if any(fn.args[0] is ACTIVATIONS["softplus"][2] for acts in self.acts for fn in acts):
@@ -206,9 +213,8 @@ class Recurrent(Operator):
         def y_store(y: Tensor | None, d: int):
             if y is None:
                 return None
-            if self.layout == 0:
-                return lambda t, u, v: y.store(ix.add(ix.mul(t, D * B * H), str(d * B * H), ix.mul(b, H), u), convert(v, F32, y.dtype))
-            return lambda t, u, v: y.store(ix.add(ix.mul(b, S * D * H), ix.mul(t, D * H), str(d * H), u), convert(v, F32, y.dtype))
+            y, (st, sd, sb, su) = y_to or (y, self.y_strides())
+            return lambda t, u, v: y.store(ix.add(ix.mul(t, st), str(d * sd), ix.mul(b, sb), ix.mul(u, su)), convert(v, F32, y.dtype))
 
         w, r, bias, p = self.input(1), self.input(2), opt(3), opt(7) if self.cell == "lstm" else None
         dirs = []

@@ -16,6 +16,9 @@ thread walking the whole sequence (operators/rnn.py's form, which `forward` keep
    unit's c); a first phase copies the initial states in. GRU without linear_before_reset takes two
    phases a step: z and r . h_{t-1} (every unit's, which the hidden gate sums over), then the rest.
    Steps past a row's sequence length keep its state and write zeros to Y, as onnxruntime does.
+   On the CPU backend the steps are one phase instead: a thread per (direction, row group) runs
+   every step of its rows, whose states no other thread reads (no phase boundary needed), so the
+   recurrence costs one dispatch instead of S (`RecurrentSteps.loop`).
 
 Every attribute of operators/rnn.py is kept (directions, layouts, activations with alpha/beta, clip,
 linear_before_reset, input_forget, peepholes, sequence_lens, initial states, all outputs). A node is
@@ -37,14 +40,28 @@ F32 = dtypes.FLOAT
 
 
 def tile(gpu: bool, B: int, H: int) -> tuple[int, int]:
-    """Return (SB batch rows, UB hidden units) of a step's work item. The CPU backend: one row, 8
-    units (two float4 accumulators a gate: 1 x 8 measured 0.57-1.0 ms a 64-row LSTM step, 1 x 4 0.9-1.1,
-    2 x 8 0.85, 1 x 16 0.92 on a busy 2-core host; scalar accumulators 1.0);
-    CUDA: 2 rows x 4 units (one float4 of R per gate and k serves both rows; a GRU of 1,024 rows and 128
-    units then has 16k threads a step)."""
-    units = next(u for u in ((4, 2, 1) if gpu else (8, 4, 2, 1)) if H % u == 0)
-    rows = 2 if gpu and B >= 2 else 1
+    """Return (SB batch rows, UB hidden units) of a work item's register tile. The CPU backend: up to
+    4 rows x 4 units (a float4 accumulator a row and gate; each R load feeds 4 rows), which a
+    micro-kernel of a GRU step (64 rows, 128 units) measured at 25 GFLOP/s of one core against 15-20
+    for 1 x 8, 20 for 2 x 8, 17 for 4 x 8 and 8 x 4 (spilled); CUDA: 2 rows x 4 units (one float4 of R
+    per gate and k serves both rows; a GRU of 1,024 rows and 128 units then has 16k threads a step)."""
+    units = next(u for u in (4, 2, 1) if H % u == 0)
+    rows = min(2 if gpu else 4, B)
     return rows, units
+
+
+# tanh(x) ~ x P(x^2) / Q(x^2) on [-9, 9], the rational form vectorised math libraries use (Eigen's fast
+# float tanh): within 3.5e-7 of tanh, sigmoid(x) = (1 + tanh(x / 2)) / 2 within 2.3e-7 (checked in
+# float32 against numpy's float64 over [-12, 12], 2M points)
+TANH_RANGE = 9.0
+TANH_P = (4.89352455891786e-03, 6.37261928875436e-04, 1.48572235717979e-05, 5.12229709037114e-08,
+          -8.60467152213735e-11, 2.00018790482477e-13, -2.76076847742355e-16)
+TANH_Q = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04, 1.19825839466702e-06)
+
+# the threads of a block of the CPU backend's kernels (luisa.func's default block size, which the
+# merged kernel keeps): one block runs on one worker thread, so a work item of the whole sequence gets
+# a block of its own (the other threads of its block return at once) to spread the items over cores
+CPU_BLOCK = 256
 
 
 def qualifies(op) -> str | None:
@@ -59,8 +76,9 @@ class RecurrentProjection(Dense):
 
     nbatch = 1
 
-    def __init__(self, node: Node, inputs, outputs, cell):
+    def __init__(self, node: Node, inputs, outputs, cell, swapped: bool = False):
         self.cell = cell
+        self.swapped = swapped  # input 0 is X's source, its first two axes swapped (rows (b, t) for (t, b))
         x = cell.input(0)
         self.M, self.K = x.numel // cell.I, cell.I
         self.N = cell.D * cell.gates * cell.H
@@ -113,17 +131,27 @@ class RecurrentProjection(Dense):
 
 class RecurrentSteps(Operator):
     """The recurrence over a projection P: a phase per step (two for GRU without
-    linear_before_reset), a first phase for the initial states. Inputs: P, R, B, sequence_lens,
+    linear_before_reset), a first phase for the initial states; on the CPU one phase of them all. Inputs: P, R, B, sequence_lens,
     initial_h, initial_c, peepholes, X (kept live for `forward`'s whole form); outputs: Y, Y_h, Y_c,
     the h ping-pong buffer, c, GRU's [z, r . h] buffer."""
 
     phased = True
     shared_kernel = "recurrent"
 
-    def __init__(self, node: Node, inputs, outputs, cell, gpu: bool, blob):
+    def __init__(self, node: Node, inputs, outputs, cell, gpu: bool, blob, swapped: bool = False,
+                 y_strides: tuple[int, int, int, int] | None = None):
+        """swapped: P's rows are X's source's (RecurrentProjection.swapped); y_strides: where output 0
+        takes Y's (step, direction, batch row, unit), None: Y's own layout."""
         self.cell, self.blob = cell, blob
+        self.swapped = swapped
+        self.y_strides = y_strides
         self.SB, self.UB = tile(gpu, cell.B, cell.H)
         self.gpu = gpu
+        # the CPU backend: all steps in one phase, a thread a row group (GRU 64 rows, 128 units, 32
+        # steps on the busy 2-core host, CPU time of the recurrence: 35 phases of 1 x 8 tiles ~25 ms,
+        # one phase of 4 x 4 tiles 19.5 ms, 8.3 ms with the float4 activations; benchmarks/NOTES.md). A lone
+        # row of a wide cell runs on one thread: batch 1, 512 units 19.8 ms against 19.3 a phase a step
+        self.loop = not gpu
         self.split = cell.cell == "gru" and not cell.linear_before_reset
         super().__init__(node, inputs, outputs, cell.opset)
 
@@ -131,7 +159,9 @@ class RecurrentSteps(Operator):
         pass
 
     def forward(self, ctx) -> None:
-        self.cell.forward(ctx)  # one thread a sample: the whole form, from X
+        # one thread a sample: the whole form, from X (the last input), Y where output 0 takes it
+        y = self._out(0)
+        self.cell.forward(ctx, y_to=(y, self.y_strides) if y is not None and self.y_strides is not None else None)
 
     # ---- geometry -----------------------------------------------------------------------------
     @property
@@ -144,6 +174,8 @@ class RecurrentSteps(Operator):
 
     def phases(self):
         c = self.cell
+        if self.loop:
+            return [Phase(f"all {c.S} steps", c.D * self.row_groups * CPU_BLOCK, self._emit_loop)]
         steps = c.S * (2 if self.split else 1)
         init = Phase("initial states", c.D * c.B * c.H, self._emit_init)
         names = ([f"step {k // 2 + 1} of {c.S}, {'z and r . h' if k % 2 == 0 else 'the hidden gate'}" for k in range(steps)]
@@ -180,13 +212,11 @@ class RecurrentSteps(Operator):
 
     def _row(self, t: str, b: str) -> str:
         c = self.cell
-        return ix.add(ix.mul(t, c.B), b) if c.layout == 0 else ix.add(ix.mul(b, c.S), t)
+        return ix.add(ix.mul(t, c.B), b) if (c.layout == 0) != self.swapped else ix.add(ix.mul(b, c.S), t)
 
     def _y_index(self, t: str, d: str, b: str, u: str) -> str:
-        c = self.cell
-        if c.layout == 0:
-            return ix.add(ix.mul(ix.add(ix.mul(ix.add(ix.mul(t, c.D), d), c.B), b), c.H), u)
-        return ix.add(ix.mul(ix.add(ix.mul(ix.add(ix.mul(b, c.S), t), c.D), d), c.H), u)
+        st, sd, sb, su = self.y_strides or self.cell.y_strides()
+        return ix.add(ix.mul(t, st), ix.mul(d, sd), ix.mul(b, sb), ix.mul(u, su))
 
     def _out(self, k: int) -> Tensor | None:
         return self.outputs[k] if k < len(self.outputs) and self.outputs[k] is not None and k < 3 else None
@@ -205,8 +235,65 @@ class RecurrentSteps(Operator):
         if cs is not None:
             ctx.line(cs.store(self._dbh(d, b, u), upcast(c0.load(at), c0.dtype) if c0 is not None else "0.0"))
 
+    # ---- the CPU's form: a row group's whole sequence ---------------------------------------------
+    def _emit_loop(self, ctx, item: str) -> None:
+        """One phase: a thread per (direction, row group) runs every step of its rows (their states are
+        its own: no other thread reads them), its initial states first."""
+        c = self.cell
+        ctx.line(f"if {ix.mod(item, CPU_BLOCK)} == 0:")
+        with ctx.indent():
+            self._loop(ctx, ctx.let(ix.div(item, CPU_BLOCK), "it"))
+
+    def _loop(self, ctx, item: str) -> None:
+        c = self.cell
+        bg = ctx.let(ix.mod(item, self.row_groups), "bg") if self.row_groups > 1 else "0"
+        d = ctx.let(ix.div(item, self.row_groups), "d") if c.D > 1 else "0"
+        rows, ok = self._rows(ctx, bg)
+        hs, cs = self.outputs[3], self.outputs[4] if c.cell == "lstm" else None
+        h0, c0 = self._opt(4), self._opt(5)
+        with ctx.loop(c.H, "u") as u:
+            for b, cond in zip(rows, ok):
+                at = self._state_index(d, b, u)
+                ctx.line_if(cond, hs.store(self._hbuf("0", d, b, u), upcast(h0.load(at), h0.dtype) if h0 is not None else "0.0"))
+                if cs is not None:
+                    ctx.line_if(cond, cs.store(self._dbh(d, b, u), upcast(c0.load(at), c0.dtype) if c0 is not None else "0.0"))
+        with ctx.loop(c.S, "s") as s:
+            for part in ((0, 1) if self.split else (None,)):
+                with ctx.loop(c.H // self.UB, "ug") as ug:
+                    self._step(ctx, d, rows, ok, s, part, ug)
+
     # ---- a step ---------------------------------------------------------------------------------
     def _emit_step(self, ctx, item: str) -> None:
+        """A phase: one step (split: one part of one step) of every (direction, row group, unit group)."""
+        c = self.cell
+        # the step (and, split, the part) from the stage index: one body for every step
+        first = getattr(ctx, "first_phase_stage", None)
+        phase = ctx.let(f"stage - {first + 1}", "ph") if first is not None else "0"
+        s, part = (ctx.let(ix.div(phase, 2), "st"), ctx.let(ix.mod(phase, 2), "pt")) if self.split else (phase, None)
+        ug = ctx.let(ix.mod(item, c.H // self.UB), "ug") if c.H // self.UB > 1 else "0"
+        rest = ix.div(item, c.H // self.UB)
+        bg = ctx.let(ix.mod(rest, self.row_groups), "bg") if self.row_groups > 1 else "0"
+        d = ctx.let(ix.div(rest, self.row_groups), "d") if c.D > 1 else "0"
+        rows, ok = self._rows(ctx, bg)
+        self._step(ctx, d, rows, ok, s, part, ug)
+
+    def _rows(self, ctx, bg: str) -> tuple[list[str], list[str | None]]:
+        """Return the SB rows of row group bg (clamped to the last) and, per row, None or whether it exists."""
+        B, SB = self.cell.B, self.SB
+        rows, ok = [], []
+        for j in range(SB):
+            bj = ix.add(ix.mul(bg, SB), str(j)) if SB > 1 else bg
+            if SB > 1 and B % SB:
+                ok.append(ctx.let(f"{bj} < {B}", "ok"))
+                bj = f"min({bj}, {B - 1})"
+            else:
+                ok.append(None)
+            rows.append(ctx.let(bj, "b"))
+        return rows, ok
+
+    def _step(self, ctx, d: str, rows: list[str], ok: list[str | None], s: str, part, ug: str) -> None:
+        """Step s of rows `rows` of direction d, units ug * UB.. + UB; part (GRU without
+        linear_before_reset): None (unsplit), 0 or 1 (that part), or an expression (a branch on it)."""
         c = self.cell
         G, H, D, B, S = c.gates, c.H, c.D, c.B, c.S
         SB, UB = self.SB, self.UB
@@ -222,25 +309,8 @@ class RecurrentSteps(Operator):
         zr = self.outputs[4] if self.split else None
         y, yh, yc = self._out(0), self._out(1), self._out(2) if c.cell == "lstm" else None
 
-        # the step (and, split, the part) from the stage index: one body for every step
-        first = getattr(ctx, "first_phase_stage", None)
-        phase = ctx.let(f"stage - {first + 1}", "ph") if first is not None else "0"
-        s, part = (ctx.let(ix.div(phase, 2), "st"), ctx.let(ix.mod(phase, 2), "pt")) if self.split else (phase, None)
-        ug = ctx.let(ix.mod(item, H // UB), "ug") if H // UB > 1 else "0"
-        rest = ix.div(item, H // UB)
-        bg = ctx.let(ix.mod(rest, self.row_groups), "bg") if self.row_groups > 1 else "0"
-        d = ctx.let(ix.div(rest, self.row_groups), "d") if D > 1 else "0"
         u0 = ctx.let(ix.mul(ug, UB), "u0")
         units = [ctx.let(ix.add(u0, str(i)), "u") if i else u0 for i in range(UB)]
-        rows, ok = [], []
-        for j in range(SB):
-            bj = ix.add(ix.mul(bg, SB), str(j)) if SB > 1 else bg
-            if SB > 1 and B % SB:
-                ok.append(ctx.let(f"{bj} < {B}", "ok"))
-                bj = f"min({bj}, {B - 1})"
-            else:
-                ok.append(None)
-            rows.append(ctx.let(bj, "b"))
         # per row: its length, whether this step is inside it, the time it reads, the h slots
         reverse = {"forward": "False", "reverse": "True"}.get(c.direction, f"{d} == 1")
         lens = [ctx.let(f"min({seq.load(b)}, {S})", "n") if seq is not None else str(S) for b in rows]
@@ -317,7 +387,8 @@ class RecurrentSteps(Operator):
                         rq = ctx.let(f"weights.read(float4, {ix.add(kb, ix.mul(ix.add(str(g * H + 4 * q), u0), 4))})", "rq")
                         for j in range(SB):
                             ctx.line(f"{acc[g, j, q]} = fma({hv[j]}, {rq}, {acc[g, j, q]})")
-            return {(g, j, i): f"{acc[g, j, i // 4]}.{'xyzw'[i % 4]}" for g in gates for j in range(SB) for i in range(UB)}
+            lanes = {(g, j, i): f"{acc[g, j, i // 4]}.{'xyzw'[i % 4]}" for g in gates for j in range(SB) for i in range(UB)}
+            return {**lanes, **{("float4", g, j, q): v for (g, j, q), v in acc.items()}}
 
         def h_prev(j: int, u: str) -> str:
             return hs.load(self._hbuf(cur, d, rows[j], u))
@@ -332,15 +403,16 @@ class RecurrentSteps(Operator):
 
         def by_direction(emit) -> None:
             """emit(acts) under the direction's activations (a branch on d when they differ)."""
+            acts = [[act4(fn) for fn in a] for a in c.acts] if quads else c.acts
             if D == 1 or all(a.args == b.args for a, b in zip(c.acts[0], c.acts[1])):
-                emit(c.acts[0])
+                emit(acts[0])
                 return
             ctx.line(f"if {d} == 0:")
             with ctx.indent():
-                emit(c.acts[0])
+                emit(acts[0])
             ctx.line("else:")
             with ctx.indent():
-                emit(c.acts[1])
+                emit(acts[1])
 
         def finish(j: int, i: int, h_new: str, c_new: str | None) -> None:
             """Store unit i of row j: the state (held past the row's length), Y, and at the last step Y_h / Y_c."""
@@ -366,36 +438,78 @@ class RecurrentSteps(Operator):
                     conds = " and ".join(x for x in (cond, f"{s} == {S - 1}") if x)
                     ctx.line_if(conds, out.store(self._state_index(d, b, u), convert(v, F32, out.dtype)))
 
+        # the gates' activations on float4s of units where every activation is one the DSL applies to
+        # a float4 as written (sigmoid, tanh) and nothing clips: a third of a CPU GRU step's time
+        # went to its scalar activations and loads (64 rows x 128 units: 0.61 ms against 0.25 for
+        # its multiply-adds)
+        plain = {ACTIVATIONS["sigmoid"][2]: "sigmoid", ACTIVATIONS["tanh"][2]: "tanh"}
+        quads = vector and c.clip is None and all(fn.args[0] in plain for acts in c.acts for fn in acts)
+
+        def tanh4(x: str) -> str:
+            """tanh of a float4 as a rational function (TANH_P / TANH_Q, within 3.5e-7 of tanh; NaN kept):
+            the backend's exp and tanh are a libm call a lane, 8 of the GRU step's 16 ms of CPU time."""
+            xc = ctx.let(f"clamp({x}, float4({-TANH_RANGE}), float4({TANH_RANGE}))", "tc")
+            x2 = ctx.let(f"{xc} * {xc}", "t2")
+            p = f"float4({TANH_P[-1]!r})"
+            for coef in TANH_P[-2::-1]:
+                p = f"({p} * {x2} + float4({coef!r}))"
+            q = f"float4({TANH_Q[-1]!r})"
+            for coef in TANH_Q[-2::-1]:
+                q = f"({q} * {x2} + float4({coef!r}))"
+            return f"select({ctx.let(f'{xc} * {p} / {q}', 'th')}, {x}, isnan({x}))"
+
+        def act4(fn):
+            """The float4 form of a sigmoid or tanh activation."""
+            if plain[fn.args[0]] == "tanh":
+                return tanh4
+            return lambda x: f"(float4(0.5) * {tanh4(ctx.let(f'float4(0.5) * {x}', 'sx'))} + float4(0.5))"
+
+        def lanes(acc):
+            """Yield (j, A, L, each) per row j and unit, or per row and float4 of units: A(g) gate g's
+            pre-activation, L(f) the units' f(u), each(v) [(unit index i, v's value at unit i)]."""
+            for j in range(SB):
+                if not quads:
+                    for i in range(UB):
+                        yield (j, (lambda g, j=j, i=i: acc[g, j, i]), (lambda f, i=i: f(units[i])),
+                               (lambda v, i=i: [(i, v)]))
+                    continue
+                for q in range(UB // 4):
+                    us = units[4 * q: 4 * q + 4]
+                    yield (j, (lambda g, j=j, q=q: acc["float4", g, j, q]),
+                           (lambda f, us=us: f"float4({', '.join(f(u) for u in us)})"),
+                           (lambda v, q=q: [(4 * q + e, f"{v}.{'xyzw'[e]}") for e in range(4)]))
+
+        def store(j: int, each, h_new: str, c_new: str | None) -> None:
+            for (i, h), (_, cn) in zip(each(h_new), each(c_new) if c_new is not None else [(None, None)] * UB):
+                finish(j, i, h, cn)
+
         if c.cell == "rnn":
             acc = gemv([0], lambda g, j, i: pload(j, 0, units[i]), lambda j, k: h_prev(j, k))
 
             def emit(acts):
-                for j in range(SB):
-                    for i in range(UB):
-                        finish(j, i, ctx.let(acts[0](ctx.let(clipped(acc[0, j, i]), "g")), "h"), None)
+                for j, A, L, each in lanes(acc):
+                    store(j, each, ctx.let(acts[0](ctx.let(clipped(A(0)), "g")), "h"), None)
             by_direction(emit)
         elif c.cell == "lstm":
             acc = gemv([0, 1, 2, 3], lambda g, j, i: pload(j, g, units[i]), lambda j, k: h_prev(j, k))
 
             def emit(acts):
-                for j in range(SB):
-                    for i in range(UB):
-                        u = units[i]
-                        c_prev = ctx.let(cs.load(self._dbh(d, rows[j], u)), "cp")
+                for j, A, L, each in lanes(acc):
+                    c_prev = ctx.let(L(lambda u: cs.load(self._dbh(d, rows[j], u))), "cp")
 
-                        def peep_of(g, cv):
-                            if peep is None:
-                                return ""
-                            return f" + {upcast(peep.load(ix.add(ix.mul(d, 3 * H), str(g * H), u)), peep.dtype)} * {cv}"
-                        gi = ctx.let(acts[0](ctx.let(clipped(acc[0, j, i] + peep_of(0, c_prev)), "g")), "gi")
-                        if c.input_forget:
-                            gf = ctx.let(f"1.0 - {gi}", "gf")
-                        else:
-                            gf = ctx.let(acts[0](ctx.let(clipped(acc[2, j, i] + peep_of(2, c_prev)), "g")), "gf")
-                        gc = ctx.let(acts[1](ctx.let(clipped(acc[3, j, i]), "g")), "gc")
-                        c_new = ctx.let(f"{gf} * {c_prev} + {gi} * {gc}", "cn")
-                        go = ctx.let(acts[0](ctx.let(clipped(acc[1, j, i] + peep_of(1, c_new)), "g")), "go")
-                        finish(j, i, ctx.let(f"{go} * {acts[2](c_new)}", "h"), c_new)
+                    def peep_of(g, cv):
+                        if peep is None:
+                            return ""
+                        return f" + {L(lambda u: upcast(peep.load(ix.add(ix.mul(d, 3 * H), str(g * H), u)), peep.dtype))} * {cv}"
+                    gi = ctx.let(acts[0](ctx.let(clipped(A(0) + peep_of(0, c_prev)), "g")), "gi")
+                    if c.input_forget:
+                        gf = ctx.let(f"1.0 - {gi}", "gf")
+                    else:
+                        gf = ctx.let(acts[0](ctx.let(clipped(A(2) + peep_of(2, c_prev)), "g")), "gf")
+                    gc = ctx.let(acts[1](ctx.let(clipped(A(3)), "g")), "gc")
+                    c_new = ctx.let(f"{gf} * {c_prev} + {gi} * {gc}", "cn")
+                    go = ctx.let(acts[0](ctx.let(clipped(A(1) + peep_of(1, c_new)), "g")), "go")
+                    store(j, each, ctx.let(f"{go} * {acts[2](c_new)}", "h"), c_new)
             by_direction(emit)
         elif not self.split:  # GRU, linear_before_reset: h~ = g(P_h + r * (h R_h^T + Rb_h))
             acc = gemv([0, 1, 2], lambda g, j, i: (pload(j, g, units[i]) if g < 2 else
@@ -403,43 +517,50 @@ class RecurrentSteps(Operator):
                        lambda j, k: h_prev(j, k))
 
             def emit(acts):
-                for j in range(SB):
-                    for i in range(UB):
-                        u = units[i]
-                        z = ctx.let(acts[0](ctx.let(clipped(acc[0, j, i]), "g")), "z")
-                        rr = ctx.let(acts[0](ctx.let(clipped(acc[1, j, i]), "g")), "r")
-                        hh = ctx.let(acts[1](ctx.let(clipped(f"{pload(j, 2, u)} + {rr} * {acc[2, j, i]}"), "g")), "hh")
-                        finish(j, i, ctx.let(f"(1.0 - {z}) * {hh} + {z} * {h_prev(j, u)}", "h"), None)
+                for j, A, L, each in lanes(acc):
+                    z = ctx.let(acts[0](ctx.let(clipped(A(0)), "g")), "z")
+                    rr = ctx.let(acts[0](ctx.let(clipped(A(1)), "g")), "r")
+                    hh = ctx.let(acts[1](ctx.let(clipped(f"{L(lambda u: pload(j, 2, u))} + {rr} * {A(2)}"), "g")), "hh")
+                    store(j, each, ctx.let(f"(1.0 - {z}) * {hh} + {z} * {L(lambda u: h_prev(j, u))}", "h"), None)
             by_direction(emit)
         else:  # GRU: part 0 z and r . h_{t-1} into zr [2, D, B, H]; part 1 h~ = g(P_h + (r . h) R_h^T)
-            ctx.line(f"if {part} == 0:")
-            with ctx.indent():
+            def part0():
                 acc = gemv([0, 1], lambda g, j, i: pload(j, g, units[i]), lambda j, k: h_prev(j, k))
 
                 def emit0(acts):
-                    for j in range(SB):
-                        for i in range(UB):
-                            u = units[i]
-                            z = ctx.let(acts[0](ctx.let(clipped(acc[0, j, i]), "g")), "z")
-                            rr = ctx.let(acts[0](ctx.let(clipped(acc[1, j, i]), "g")), "r")
-                            ctx.line_if(ok[j], zr.store(self._hbuf("0", d, rows[j], u), z))
-                            ctx.line_if(ok[j], zr.store(self._hbuf("1", d, rows[j], u), f"{rr} * {h_prev(j, u)}"))
+                    for j, A, L, each in lanes(acc):
+                        z = ctx.let(acts[0](ctx.let(clipped(A(0)), "g")), "z")
+                        rr = ctx.let(acts[0](ctx.let(clipped(A(1)), "g")), "r")
+                        rh = ctx.let(f"{rr} * {L(lambda u: h_prev(j, u))}", "rh")
+                        for (i, zi), (_, ri) in zip(each(z), each(rh)):
+                            ctx.line_if(ok[j], zr.store(self._hbuf("0", d, rows[j], units[i]), zi))
+                            ctx.line_if(ok[j], zr.store(self._hbuf("1", d, rows[j], units[i]), ri))
                 by_direction(emit0)
-            ctx.line("else:")
-            with ctx.indent():
+
+            def part1():
                 acc = gemv([2], lambda g, j, i: pload(j, 2, units[i]), lambda j, k: zr.load(self._hbuf("1", d, rows[j], k)))
 
                 def emit1(acts):
-                    for j in range(SB):
-                        for i in range(UB):
-                            u = units[i]
-                            z = ctx.let(zr.load(self._hbuf("0", d, rows[j], u)), "z")
-                            hh = ctx.let(acts[1](ctx.let(clipped(acc[2, j, i]), "g")), "hh")
-                            finish(j, i, ctx.let(f"(1.0 - {z}) * {hh} + {z} * {h_prev(j, u)}", "h"), None)
+                    for j, A, L, each in lanes(acc):
+                        z = ctx.let(L(lambda u: zr.load(self._hbuf("0", d, rows[j], u))), "z")
+                        hh = ctx.let(acts[1](ctx.let(clipped(A(2)), "g")), "hh")
+                        store(j, each, ctx.let(f"(1.0 - {z}) * {hh} + {z} * {L(lambda u: h_prev(j, u))}", "h"), None)
                 by_direction(emit1)
+            if part in (0, 1):
+                (part0, part1)[part]()
+            else:
+                ctx.line(f"if {part} == 0:")
+                with ctx.indent():
+                    part0()
+                ctx.line("else:")
+                with ctx.indent():
+                    part1()
 
     def describe(self) -> str:
         c = self.cell
+        if self.loop:
+            return (f"{c.cell.upper()} steps, {c.describe()}: one phase, a thread per {self.SB} row(s) of a direction "
+                    f"running every step, {self.UB} unit(s) at a time, h_(t-1) . R^T from R prepacked")
         per = " (two phases a step: z and r . h, then the hidden gate)" if self.split else ""
         return (f"{c.cell.upper()} steps, {c.describe()}: a phase per step{per}, a thread per {self.SB} row(s) x "
                 f"{self.UB} unit(s) of a direction, h_(t-1) . R^T from R prepacked")

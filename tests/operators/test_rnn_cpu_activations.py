@@ -1,0 +1,54 @@
+"""The recurrent steps' float4 activations (operators/rnn_stages.py: tanh as a rational function,
+sigmoid through it, NaN kept) against onnxruntime: RNN, GRU (both linear_before_reset) and LSTM with
+constant weights and 8 units (the float4 path), on X with NaN, +inf, -inf and pre-activations far
+past the rational's range, and on plain random data over both directions."""
+
+import numpy as np
+from onnx import helper
+
+from test_nan import TOL, assert_all_match_ort
+from test_rnn import case, merge
+from util import graph_model
+
+import luisaml
+
+NAN, INF = float("nan"), float("inf")
+GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+
+
+def _model(x, cells, seed=0, scale=1.0):
+    rng = np.random.default_rng(seed)
+    I, H = x.shape[2], 8
+    nodes, inits = [], {}
+    for k, (op, attrs) in enumerate(cells):
+        g = GATES[op]
+        inits[f"w{k}"] = (scale * rng.uniform(-1, 1, (1, g * H, I))).astype(np.float32)
+        inits[f"r{k}"] = rng.uniform(-0.7, 0.7, (1, g * H, H)).astype(np.float32)
+        outs = [f"y{k}", f"h{k}"] + ([f"c{k}"] if op == "LSTM" else [])
+        nodes.append(helper.make_node(op, ["x", f"w{k}", f"r{k}"], outs, name=outs[0], hidden_size=H, **attrs))
+    return graph_model(nodes, {"x": x}, inits, opset=22)
+
+
+CELLS = [("RNN", {}), ("GRU", {}), ("GRU", {"linear_before_reset": 1}), ("LSTM", {})]
+
+
+def test_nan_inf_and_saturation():
+    x = np.random.default_rng(3).uniform(-1, 1, (5, 4, 3)).astype(np.float32)
+    x[1, 0, 0], x[0, 1, 1], x[2, 2, 2] = NAN, INF, -INF
+    model = _model(x, CELLS)
+    net = luisaml.compile(model, batch_axis=None)
+    assert "isnan(" in net.plan.source  # the float4 path ran
+    assert_all_match_ort(model, {"x": x}, TOL[np.float32])
+    # weights 40x: pre-activations of +-100 and more, where tanh and sigmoid saturate
+    x = np.random.default_rng(4).uniform(-1, 1, (5, 4, 3)).astype(np.float32)
+    assert_all_match_ort(_model(x, CELLS, seed=1, scale=40.0), {"x": x}, TOL[np.float32])
+
+
+def test_bidirectional_random():
+    nodes, feeds = merge(*(case(op, k, S=6, B=5, I=7, H=8, direction="bidirectional", use=("B", "initial_h"), seed=k)
+                           for k, op in enumerate(("GRU", "LSTM", "RNN"))))
+    inits = {k: v for k, v in feeds.items() if k[0] in "WRB"}
+    feeds = {k: v for k, v in feeds.items() if k not in inits}
+    model = graph_model(nodes, feeds, inits, opset=22)
+    assert "isnan(" in luisaml.compile(model, batch_axis=None).plan.source
+    assert_all_match_ort(model, feeds, TOL[np.float32])
