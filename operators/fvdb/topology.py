@@ -65,6 +65,7 @@ from luisaml.opsets import fvdb_grids as grid_schema
 from luisaml.registry import register
 from luisaml.shaders import grid_layout as G
 
+from .build_scratch import Scratch, scan_levels
 from .common import bundle_grids
 
 BUNDLE = len(schema.BUNDLE)
@@ -206,95 +207,6 @@ def grid_transforms(*arrays, grids: int = 1, has: tuple = (False, False)) -> np.
     return out
 
 
-def _levels(size: int) -> list[int]:
-    """Return the word counts of a prefix sum's levels: size, then one word per SCAN-word chunk, up
-    to a level that fits one chunk."""
-    out = [max(int(size), 0)]
-    while out[-1] > G.SCAN:
-        out.append(-(-out[-1] // G.SCAN))
-    return out
-
-
-class _Word:
-    """A region's base (or a size) that the stages read from the layout table at the scratch's start
-    (word `at`) instead of holding it as a literal: the kernels are then the same text for every
-    network of the op (the CUDA backend compiles each distinct kernel once, about a second cold)."""
-
-    def __init__(self, at: int, value: int):
-        self.at, self.value = at, int(value)
-
-    def __str__(self) -> str:
-        return f"scratch_int.read({self.at})"
-
-    def __format__(self, spec: str) -> str:
-        return str(self)
-
-    def __add__(self, other) -> str:
-        return f"({self} + {other})"
-
-    def __radd__(self, other) -> str:
-        return f"({other} + {self})"
-
-
-class _Scratch:
-    """Word offsets of a device grid build's int scratch, for N voxel keys of B grids (upper bounds:
-    N leaves, N lower and N upper nodes). Words 0..TABLE hold the layout table (the clear stage writes
-    it); ctr and the summaries sit at fixed words after it; every other base is a _Word."""
-
-    TABLE = 96  # regions from word 0, each prefix sum's levels from word 32 + 8 * its number
-    LEVELS = 32
-    CTR = TABLE  # fixed: the same in every network
-    SUMMARY = CTR + G.C_WORDS  # right after ctr: one read-back takes both
-
-    def __init__(self, n: int, grids: int):
-        self.words = self.SUMMARY + G.S_WORDS * grids
-        self.n, self.grids = n, grids
-        self.ctr, self.summary = self.CTR, self.SUMMARY
-        self.table: list[int] = []  # word k of the layout table
-        cap = 2
-        while cap < 2 * n:
-            cap *= 2
-        self.raw = {"keys": n, "grids": grids, "cap": cap}
-        self.chunks = max(-(-n // G.CHUNK), 1)
-        sizes = {"vox": 4 * n, "owner": cap, "slot": n, "ids": n + 1, "lkey": 4 * n, "mask": 16 * n, "key2": n,
-                 "order_a": n, "order_b": n, "hist": 256 * self.chunks + 1, "skey": 4 * n, "counts": n + 1,
-                 "new_lower": n + 1, "new_upper": n + 1, "leaf_box": 6 * n, "lower_first": n + 1,
-                 "upper_first": n + 1, "upper_lower": n + 1, "lower_box": 6 * n, "upper_box": 6 * n,
-                 "grid_first": 2 * grids, "grid_box": 6 * grids,
-                 "layout": 16 + G.G_WORDS * grids,  # word 0: the blob's words, 1: all voxels; rows from 16
-                 "headers": (HEADER_SIZE // 4) * grids}
-        for name, size in sizes.items():
-            self.raw[name] = self.take(size)
-        for name, value in self.raw.items():
-            setattr(self, name, self.word(value))
-        self.order = (self.order_a, self.order_b)
-        assert len(self.table) <= self.LEVELS, len(self.table)
-        self.table += [0] * (self.TABLE - len(self.table))
-        self.aux: dict[str, list] = {}
-        for j, (name, size) in enumerate((("ids", n), ("hist", 256 * self.chunks), ("counts", n), ("new_lower", n),
-                                          ("new_upper", n))):  # the prefix sums' upper levels, at fixed words
-            levels = _levels(size)[1:]
-            assert len(levels) < 8, levels  # (32^8 words: beyond 32-bit indexing)
-            self.aux[name] = [getattr(self, name)] + [self.word(self.take(m), self.LEVELS + 8 * j + k)
-                                                      for k, m in enumerate(levels)]
-
-    def word(self, value: int, at: int | None = None) -> _Word:
-        if at is None:
-            at = len(self.table)
-            self.table.append(0)
-        self.table[at] = int(value)
-        return _Word(at, value)
-
-    def take(self, words: int) -> int:
-        base = self.words
-        self.words += max(int(words), 1)
-        return base
-
-    def levels(self, name: str) -> list:
-        """Return the bases (_Word) of the levels of the prefix sum over region `name`."""
-        return self.aux[name]
-
-
 class DeviceGridBuild(BoundRows, GridOp):
     """GridBatchFromIJK / GridBatchFromPoints / GridBatchFromNearestVoxelsToPoints: fold on the host over
     constants (GridOp), build on the device over ijk or points bound at run time (the phases below;
@@ -369,7 +281,7 @@ class DeviceGridBuild(BoundRows, GridOp):
         self.K = self.keys_for(self.node.op_type, self.node.attrs, self.N)  # 8 a point for the nearest voxels
         self.expect(self.K <= self.MAX_KEYS, f"{self.K:,} voxel keys exceed the {self.MAX_KEYS:,} a device build "
                     "holds (its scratch is indexed with 32-bit integers)")
-        self.S = _Scratch(self.K, self.B)
+        self.S = Scratch(self.K, self.B)
 
     def check_outputs(self) -> None:
         """Check the static shapes of the bundle outputs of B grids."""
@@ -424,7 +336,7 @@ class DeviceGridBuild(BoundRows, GridOp):
         """Phases of an exclusive prefix sum in place over the first n (a DSL expression, or a function of
         the emission's context returning one; at most size) words at each base (the same length), the
         total of each written at total_at(n, base)."""
-        sizes = _levels(size)
+        sizes = scan_levels(size)
         levels = [self.S.levels(b) for b in bases]
         out = []
 

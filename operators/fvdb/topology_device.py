@@ -10,7 +10,7 @@ phases with one phase changed: "voxel keys" runs a thread per source voxel, whic
 ijk in the source blob (the grid whose batch range holds it, the leaf whose index range holds it,
 the bit of its rank), forms the op's candidate voxels (`Candidates`) and appends those that exist
 to the key list with an atomic counter: the table word the later phases read as the key count
-(`_Scratch.keys`). The phases after it are the builder's, so the bytes are the host builder's; the
+(`Scratch.keys`, operators/fvdb/build_scratch.py). The phases after it are the builder's, so the bytes are the host builder's; the
 candidates' order varies from run to run, the grids do not (leaves are deduplicated, then sorted).
 
 Scratch is sized for V times the candidates per voxel (coarsening and pruning 1, ConvGrid whose
@@ -33,8 +33,9 @@ from luisaml.opsets import fvdb_grids as grid_schema
 from luisaml.registry import register
 from luisaml.shaders import grid_layout as G
 
+from .build_scratch import Scratch
 from .common import META_FIELDS, GridOp as BundleOp, Meta, grid_metadata, voxel_of_index
-from .topology import (BUNDLE, CAPACITY, TRANSFORM_WORDS, DeviceGridBuild, GridOp, _Scratch, grid_transforms,
+from .topology import (BUNDLE, CAPACITY, TRANSFORM_WORDS, DeviceGridBuild, GridOp, grid_transforms,
                        runtime_bundle)
 
 OPS = ("CoarsenedGrid", "RefinedGrid", "DilatedGrid", "PrunedGrid", "ConvGrid", "ConvTransposeGrid")
@@ -164,7 +165,7 @@ class DeviceTopology(DeviceGridBuild):
                     f"{self.MAX_KEYS:,} candidate voxels a device build holds")
         self.check_outputs()
         self.points = self.nearest = False
-        self.S = _Scratch(self.K, self.B)
+        self.S = Scratch(self.K, self.B)
 
     def derived_inputs(self):
         if CAPACITY not in self.node.attrs:

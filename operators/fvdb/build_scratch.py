@@ -1,0 +1,96 @@
+"""The int scratch of a grid built on the device (operators/fvdb/topology.py's DeviceGridBuild,
+topology_device.py): its regions' word offsets, the layout table at its start that the stages read
+them from, and the levels of its prefix sums."""
+from __future__ import annotations
+
+from luisaml.fvdb.builder import HEADER_SIZE
+from luisaml.shaders import grid_layout as G
+
+
+def scan_levels(size: int) -> list[int]:
+    """Return the word counts of a prefix sum's levels: size, then one word per SCAN-word chunk, up
+    to a level that fits one chunk."""
+    out = [max(int(size), 0)]
+    while out[-1] > G.SCAN:
+        out.append(-(-out[-1] // G.SCAN))
+    return out
+
+
+class ScratchWord:
+    """A region's base (or a size) that the stages read from the layout table at the scratch's start
+    (word `at`) instead of holding it as a literal: the kernels are then the same text for every
+    network of the op (the CUDA backend compiles each distinct kernel once, about a second cold)."""
+
+    def __init__(self, at: int, value: int):
+        self.at, self.value = at, int(value)
+
+    def __str__(self) -> str:
+        return f"scratch_int.read({self.at})"
+
+    def __format__(self, spec: str) -> str:
+        return str(self)
+
+    def __add__(self, other) -> str:
+        return f"({self} + {other})"
+
+    def __radd__(self, other) -> str:
+        return f"({other} + {self})"
+
+
+class Scratch:
+    """Word offsets of a device grid build's int scratch, for N voxel keys of B grids (upper bounds:
+    N leaves, N lower and N upper nodes). Words 0..TABLE hold the layout table (the clear stage writes
+    it); ctr and the summaries sit at fixed words after it; every other base is a ScratchWord."""
+
+    TABLE = 96  # regions from word 0, each prefix sum's levels from word 32 + 8 * its number
+    LEVELS = 32
+    CTR = TABLE  # fixed: the same in every network
+    SUMMARY = CTR + G.C_WORDS  # right after ctr: one read-back takes both
+
+    def __init__(self, n: int, grids: int):
+        self.words = self.SUMMARY + G.S_WORDS * grids
+        self.n, self.grids = n, grids
+        self.ctr, self.summary = self.CTR, self.SUMMARY
+        self.table: list[int] = []  # word k of the layout table
+        cap = 2
+        while cap < 2 * n:
+            cap *= 2
+        self.raw = {"keys": n, "grids": grids, "cap": cap}
+        self.chunks = max(-(-n // G.CHUNK), 1)
+        sizes = {"vox": 4 * n, "owner": cap, "slot": n, "ids": n + 1, "lkey": 4 * n, "mask": 16 * n, "key2": n,
+                 "order_a": n, "order_b": n, "hist": 256 * self.chunks + 1, "skey": 4 * n, "counts": n + 1,
+                 "new_lower": n + 1, "new_upper": n + 1, "leaf_box": 6 * n, "lower_first": n + 1,
+                 "upper_first": n + 1, "upper_lower": n + 1, "lower_box": 6 * n, "upper_box": 6 * n,
+                 "grid_first": 2 * grids, "grid_box": 6 * grids,
+                 "layout": 16 + G.G_WORDS * grids,  # word 0: the blob's words, 1: all voxels; rows from 16
+                 "headers": (HEADER_SIZE // 4) * grids}
+        for name, size in sizes.items():
+            self.raw[name] = self.take(size)
+        for name, value in self.raw.items():
+            setattr(self, name, self.word(value))
+        self.order = (self.order_a, self.order_b)
+        assert len(self.table) <= self.LEVELS, len(self.table)
+        self.table += [0] * (self.TABLE - len(self.table))
+        self.aux: dict[str, list] = {}
+        for j, (name, size) in enumerate((("ids", n), ("hist", 256 * self.chunks), ("counts", n), ("new_lower", n),
+                                          ("new_upper", n))):  # the prefix sums' upper levels, at fixed words
+            levels = scan_levels(size)[1:]
+            assert len(levels) < 8, levels  # (32^8 words: beyond 32-bit indexing)
+            self.aux[name] = [getattr(self, name)] + [self.word(self.take(m), self.LEVELS + 8 * j + k)
+                                                      for k, m in enumerate(levels)]
+
+    def word(self, value: int, at: int | None = None) -> ScratchWord:
+        if at is None:
+            at = len(self.table)
+            self.table.append(0)
+        self.table[at] = int(value)
+        return ScratchWord(at, value)
+
+    def take(self, words: int) -> int:
+        base = self.words
+        self.words += max(int(words), 1)
+        return base
+
+    def levels(self, name: str) -> list:
+        """Return the bases (ScratchWord) of the levels of the prefix sum over region `name`."""
+        return self.aux[name]
