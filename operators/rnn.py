@@ -167,7 +167,9 @@ class Recurrent(Operator):
                 a is not None and b is not None,
                 f"activation '{name}' needs values in activation_alpha and activation_beta (it has no default)",
             )
-            out.append(partial(_apply, fn, _f(a or 0.0), _f(b or 0.0)))
+            act = partial(_apply, fn, _f(a or 0.0), _f(b or 0.0))
+            act.name = key  # (what the stage forms ask: by name, not by the lambda's identity)
+            out.append(act)
         return [out[d * per_dir:(d + 1) * per_dir] for d in range(self.D)]
 
     # ---- code ------------------------------------------------------------------------------
@@ -181,7 +183,7 @@ class Recurrent(Operator):
         of Y (luisaml/rewrites/rnn.py: the layout nodes after it folded into its stores)."""
         x = self.input(0)
         S, B, I, H, D, G = self.S, self.B, self.I, self.H, self.D, self.gates
-        if any(fn.args[0] is ACTIVATIONS["softplus"][2] for acts in self.acts for fn in acts):
+        if any(fn.name == "softplus" for acts in self.acts for fn in acts):
             ctx.use_helper("softplus")
         b = ctx.fresh("b") if B > 1 else "0"
         outer = [(b, B)] if B > 1 else []

@@ -297,9 +297,7 @@ class RecurrentSteps(Operator):
         c = self.cell
         G, H, D, B, S = c.gates, c.H, c.D, c.B, c.S
         SB, UB = self.SB, self.UB
-        from .rnn import ACTIVATIONS
-
-        if any(fn.args[0] is ACTIVATIONS["softplus"][2] for acts in c.acts for fn in acts):
+        if any(fn.name == "softplus" for acts in c.acts for fn in acts):
             ctx.use_helper("softplus")
         p_in, r = self.input(0), self.input(1)
         bias, seq = self._opt(2), self._opt(3)
@@ -442,8 +440,7 @@ class RecurrentSteps(Operator):
         # a float4 as written (sigmoid, tanh) and nothing clips: a third of a CPU GRU step's time
         # went to its scalar activations and loads (64 rows x 128 units: 0.61 ms against 0.25 for
         # its multiply-adds)
-        plain = {ACTIVATIONS["sigmoid"][2]: "sigmoid", ACTIVATIONS["tanh"][2]: "tanh"}
-        quads = vector and c.clip is None and all(fn.args[0] in plain for acts in c.acts for fn in acts)
+        quads = vector and c.clip is None and all(fn.name in ("sigmoid", "tanh") for acts in c.acts for fn in acts)
 
         def tanh4(x: str) -> str:
             """tanh of a float4 as a rational function (TANH_P / TANH_Q, within 3.5e-7 of tanh; NaN kept):
@@ -460,7 +457,7 @@ class RecurrentSteps(Operator):
 
         def act4(fn):
             """The float4 form of a sigmoid or tanh activation."""
-            if plain[fn.args[0]] == "tanh":
+            if fn.name == "tanh":
                 return tanh4
             return lambda x: f"(float4(0.5) * {tanh4(ctx.let(f'float4(0.5) * {x}', 'sx'))} + float4(0.5))"
 
