@@ -7,14 +7,7 @@
 # Results: benchmarks/results/tensor-cores-<gpu>.json, copied to $OUT (so it comes back) with the log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if [[ -f .device/setup.sh ]]; then
-  source .device/setup.sh
-else  # benchmarks/NOTES.md, "Running the GPU command on the lent machine"
-  source .device/env.sh
-  rm -rf /tmp/lm && mkdir -p /tmp/lm && cp -rs "$PWD/luisaml" /tmp/lm/luisaml
-  for d in operators shaders opsets; do ln -s "$PWD/$d" "/tmp/lm/luisaml/$d"; done
-  export PYTHONPATH=/tmp/lm:$PYTHONPATH
-fi
+source benchmarks/device_env.sh
 export LUISAML_BACKEND=cuda
 out=${OUT:-/tmp/tc-out}
 mkdir -p "$out"
