@@ -118,6 +118,26 @@ def bounds(var: str, lo_needed: bool, hi: int | None) -> list[str]:
     return conds
 
 
+def emit_strip(ctx, cond: list[str], nest) -> None:
+    """Emit nest(False) where every condition of cond holds (the strip's reads stay inside the row:
+    no bounds checks), else nest(True); nest(False) alone where cond is empty."""
+    if cond:
+        ctx.line(f"if {' and '.join(cond)}:")
+        with ctx.indent():
+            nest(False)
+        ctx.line("else:")
+        with ctx.indent():
+            nest(True)
+    else:
+        nest(False)
+
+
+def finished(ctx, acc, y) -> list[list[str]]:
+    """The tile's accumulators converted to y's type, one statement each before the stores (clang
+    vectorises the tile only so: benchmarks/NOTES.md)."""
+    return [[ctx.let(f"half({a})" if y.dtype.dsl == "half" else a, "f") for a in row] for row in acc]
+
+
 def expect_float(op: Operator, t: Tensor, role: str) -> None:
     """Raise unless t is float or float16 (the types these operators compute in)."""
     if t.dtype.name not in ("FLOAT", "FLOAT16"):
@@ -368,22 +388,10 @@ class Conv(ConvBase):
                 c_abs = ix.add(ix.mul(grp, cg), c) if self.group > 1 else c
                 outer_taps(0, c, ix.add(ix.mul(n, x.strides[0]), ix.mul(c_abs, x.strides[1])), [])
 
-        if lo_fails or hi_fails:
-            lo = lin([(o_last, s_l)], -pad_l)
-            hi = lin([(o_last, s_l)], (P - 1) * s_l + (kl - 1) * d_l - pad_l)
-            cond = ([f"{lo} >= 0"] if lo_fails else []) + ([f"{hi} < {sizes[-1]}"] if hi_fails else [])
-            ctx.line(f"if {' and '.join(cond)}:")
-            with ctx.indent():
-                nest(False)
-            ctx.line("else:")
-            with ctx.indent():
-                nest(True)
-        else:
-            nest(False)
-        # the finished values first, one statement each, then the stores (clang vectorises the tile
-        # only so: benchmarks/NOTES.md)
-        done = [[ctx.let(f"half({acc[pp][j]})" if y.dtype.dsl == "half" else acc[pp][j], "f") for j in range(O)]
-                for pp in range(P)]
+        lo = lin([(o_last, s_l)], -pad_l)
+        hi = lin([(o_last, s_l)], (P - 1) * s_l + (kl - 1) * d_l - pad_l)
+        emit_strip(ctx, ([f"{lo} >= 0"] if lo_fails else []) + ([f"{hi} < {sizes[-1]}"] if hi_fails else []), nest)
+        done = finished(ctx, acc, y)
         for j in range(O):
             m = ix.add(ix.mul(grp, mg), m0, str(j))
             base = ix.add(ix.mul(n, y.strides[0]), ix.mul(m, y.strides[1]),

@@ -19,7 +19,7 @@ from luisaml import indexing as ix
 from luisaml.registry import register
 
 from .common import load_f
-from .conv import AUTO_PADS, ConvBase, Geometry, bounds, int_list, lin
+from .conv import AUTO_PADS, ConvBase, Geometry, bounds, emit_strip, finished, int_list, lin
 
 # a tile holds at least one whole period of the last dimension's stride: P >= s outputs
 MAX_STRIDE = 8
@@ -222,21 +222,9 @@ class ConvTranspose(ConvBase):
                 c_abs = ix.add(ix.mul(grp, cg), c) if self.group > 1 else c
                 outer_taps(0, c, ix.add(ix.mul(n, x.strides[0]), ix.mul(c_abs, x.strides[1])), [])
 
-        if lo_fails or hi_fails:
-            cond = ([f"{i_base} >= {-offsets[0]}"] if lo_fails else []) + \
-                   ([f"{ix.add(i_base, str(offsets[-1]))} < {sizes[-1]}"] if hi_fails else [])
-            ctx.line(f"if {' and '.join(cond)}:")
-            with ctx.indent():
-                nest(False)
-            ctx.line("else:")
-            with ctx.indent():
-                nest(True)
-        else:
-            nest(False)
-        # the finished values first, one statement each, then the stores (clang vectorises the tile
-        # only so: benchmarks/NOTES.md)
-        done = [[ctx.let(f"half({acc[pp][j]})" if y.dtype.dsl == "half" else acc[pp][j], "f") for j in range(O)]
-                for pp in range(P)]
+        emit_strip(ctx, ([f"{i_base} >= {-offsets[0]}"] if lo_fails else [])
+                   + ([f"{ix.add(i_base, str(offsets[-1]))} < {sizes[-1]}"] if hi_fails else []), nest)
+        done = finished(ctx, acc, y)
         o_last = ctx.let(ix.mul(strip, P), "o")
         in_row = g.out[-1] % P or P  # a ragged last strip: its positions past the row store nothing
         for j in range(O):
