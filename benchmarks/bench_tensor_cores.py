@@ -26,6 +26,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 if importlib.util.find_spec("luisaml") is None:
     sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))  # (run with -P on the device machine: the script's folder is not on the path)
+from bench_rnn import interleaved  # noqa: E402  (the sides timed round robin, P50/P95/P99)
 
 FP32_TOL, TF32_TOL = 5e-5, 1e-2
 # (name, M, K, N): the prototype's 4096^3, a CNN's 1x1 conv as a GEMM (196 positions x batch 64, 512 -> 2048
@@ -45,25 +47,6 @@ def matmul_model(M: int, K: int, N: int, b: np.ndarray):
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 10
     return m
-
-
-def pcts(ms: list[float]) -> dict:
-    a = np.asarray(ms)
-    return {"p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95)), "p99": float(np.percentile(a, 99))}
-
-
-def interleaved(fns: dict, reps: int, warmup: int = 3) -> dict:
-    """Time each fn (it synchronises) reps times, round robin; return name -> P50/P95/P99 ms."""
-    for _ in range(warmup):
-        for f in fns.values():
-            f()
-    times = {k: [] for k in fns}
-    for _ in range(reps):
-        for k, f in fns.items():
-            t = time.perf_counter()
-            f()
-            times[k].append((time.perf_counter() - t) * 1e3)
-    return {k: pcts(v) for k, v in times.items()}
 
 
 def rel_err(got, want) -> float:
