@@ -42,8 +42,25 @@ MIN_SIDE = 16
 MIN_FILL = 0.5
 
 
+class BlockGrid:
+    """The blocks of an M x N product in BM x BN tiles, over nbatch products (a tiling's fields)."""
+
+    @property
+    def row_blocks(self) -> int:
+        return -(-self.M // self.BM)
+
+    @property
+    def col_blocks(self) -> int:
+        return -(-self.N // self.BN)
+
+    @property
+    def blocks(self) -> int:
+        """Blocks per sample."""
+        return self.nbatch * self.row_blocks * self.col_blocks
+
+
 @dataclass(frozen=True)
-class Tiling:
+class Tiling(BlockGrid):
     """The block tiling of nbatch products of M x K by K x N."""
 
     M: int
@@ -61,19 +78,6 @@ class Tiling:
     @property
     def threads(self) -> int:
         return (self.BM // self.TM) * (self.BN // self.TN)
-
-    @property
-    def row_blocks(self) -> int:
-        return -(-self.M // self.BM)
-
-    @property
-    def col_blocks(self) -> int:
-        return -(-self.N // self.BN)
-
-    @property
-    def blocks(self) -> int:
-        """Blocks per sample."""
-        return self.nbatch * self.row_blocks * self.col_blocks
 
     def describe(self) -> str:
         return (f"blocks of {self.threads} threads on {self.BM} x {self.BN} tiles through shared memory"

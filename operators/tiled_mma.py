@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from luisaml import indexing as ix
 
-from .tiled import MIN_FILL, Finish, RowLoader
+from .tiled import MIN_FILL, BlockGrid, Finish, RowLoader
 
 WARP_M, WARP_N = 64, 32  # a warp's tile: (WARP_M / 16) x (WARP_N / 8) mma tiles
 PAD_A, PAD_B = 4, 8  # shared rows of A (BK + 4) and of B (BN + 8): conflict-free fragment reads
@@ -34,7 +34,7 @@ KIND_K = {"tf32": 8}
 
 
 @dataclass(frozen=True)
-class MmaTiling:
+class MmaTiling(BlockGrid):
     """The tensor-core block tiling of nbatch products of M x K by K x N."""
 
     M: int
@@ -50,19 +50,6 @@ class MmaTiling:
     @property
     def threads(self) -> int:
         return 32 * (self.BM // WARP_M) * (self.BN // WARP_N)
-
-    @property
-    def row_blocks(self) -> int:
-        return -(-self.M // self.BM)
-
-    @property
-    def col_blocks(self) -> int:
-        return -(-self.N // self.BN)
-
-    @property
-    def blocks(self) -> int:
-        """Blocks per sample."""
-        return self.nbatch * self.row_blocks * self.col_blocks
 
     @property
     def shared_bytes(self) -> int:
