@@ -495,7 +495,8 @@ def info(path: str | os.PathLike | None = None, *, kernels: bool = True) -> list
     roots = [want] + ([fallback_root()] if fallback_root().is_dir() and fallback_root() != want else [])
     for r in roots:
         tag = "" if r == want else " (fallback)"
-        for sub, what in (("generated", "generated modules"), ("templates", "compiled templates"), ("locks", "build locks")):
+        for sub, what in (("generated", "generated modules"), ("templates", "compiled templates"), ("locks", "build locks"),
+                          ("tuning", "tuned schedules")):
             out.append(Folder(what + tag, r / sub, *_count(r / sub)))
     if kernels:
         for what, d in _kernel_dirs():
@@ -504,7 +505,7 @@ def info(path: str | os.PathLike | None = None, *, kernels: bool = True) -> list
 
 
 def clear(path: str | os.PathLike | None = None, *, kernels: bool = True) -> list[Folder]:
-    """Remove what luisaml's caches made: the generated/, templates/ and locks/ folders of its
+    """Remove what luisaml's caches made: the generated/, templates/, locks/ and tuning/ folders of its
     cache folder and of the fallback (each folder then too, when nothing else is left in it) and,
     with kernels, LuisaCompute's kernel files (kernel_*: rebuilt on next use) with luisaml's own
     files beside them (the manifest of kernels found complete, the llvm_paths.json lock); return

@@ -77,7 +77,9 @@ class BuildOptions:
     operators/tiled.py); winograd: the tile m of 3x3 stride-1 convolutions as Winograd F(m x m, 3 x 3)
     (operators/winograd.py), 0 for the direct form; tensor_cores: Gemm and MatMul blocks stages as TF32
     mma tiles (operators/tiled_mma.py, luisaml/rewrites/tensor_cores.py; not stored in a .lml: a loaded
-    network runs the FP32 tiles)."""
+    network runs the FP32 tiles); schedules: tuned schedules, ((node name, ((knob, value), ...)), ...),
+    each set as the node's Operator.schedule (luisaml/tune.py; not stored in a .lml yet: a loaded
+    network runs the rules' choices)."""
 
     fuse: str = "off"
     precision: str = "fp32"
@@ -89,6 +91,7 @@ class BuildOptions:
     blocks: bool = False
     winograd: int = 0
     tensor_cores: bool = False
+    schedules: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """The options by name, values as they are (what luisaml/artifact_model.py encodes)."""
@@ -130,6 +133,11 @@ def build_plan(prep: Prepared, model_name: str = "model", options: BuildOptions 
         for _, op in plan.main.ops:
             if hasattr(op, "no_blocks"):
                 op.no_blocks = True
+    if options.schedules:  # (before the schedule: a node's tiling decides its stage's items and blocks)
+        chosen = dict(options.schedules)
+        for node, op in plan.main.ops:
+            if node.name in chosen:
+                op.schedule = dict(chosen[node.name])
     if options.schedule == "stages":  # RNN, GRU, LSTM: a GEMM and a phase per step (operators/rnn_stages.py)
         rnn_rewrite.rewrite(plan, gpu=options.blocks)
     plan.fused, plan.fusion_note = mlp_rewrite.fuse(plan, options.fuse, options.precision, options.mlp)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import platform
 import shutil
 import sys
 import tempfile
@@ -210,3 +211,27 @@ def _filtered_stderr(noise: str):
 def current() -> str | None:
     """Return the running backend, or None before init."""
     return _current
+
+
+def device_name(backend: str) -> str:
+    """Return the name of the device a backend runs on, as a tuning cache key holds it: CUDA device
+    0's name from the driver; for the CPU backend the processor's model and the backend's thread
+    count (a schedule measured on 2 threads is not one for 64)."""
+    if backend == "cuda":
+        try:
+            cuda = ctypes.CDLL("libcuda.so.1")
+            dev, buf = ctypes.c_int(0), ctypes.create_string_buffer(256)
+            if cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0 and \
+                    cuda.cuDeviceGetName(buf, 256, dev) == 0:
+                return buf.value.decode(errors="replace")
+        except OSError:
+            pass
+        return "cuda"
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    return f"cpu: {model}, {cpu_threads()} threads"

@@ -246,6 +246,16 @@ class CompiledNetwork(metaclass=abc.ABCMeta):  # (abstract of nothing: luisaml/p
     def profile(self, feeds: Mapping[str, Any], repeat: int = 5) -> list[tuple[str, float]]:
         """Return (stage, median milliseconds) of each kernel the network launches for these feeds,
         each timed on its own (launch and synchronise), after a first full run builds them."""
+        with device.stream_lock:
+            timer = self.stage_timer(feeds)
+            stages = self.plan.schedule.stages if self.plan.schedule is not None else [None]
+            return [(stage.describe() if stage is not None else "the per-sample kernel",
+                     float(np.median([timer(k) for _ in range(repeat)]))) for k, stage in enumerate(stages)]
+
+    def stage_timer(self, feeds: Mapping[str, Any]) -> Callable[[int], float]:
+        """Return a function of a stage's index that launches that stage alone over these feeds,
+        synchronises and returns the milliseconds it took (profile's, and the schedule search's:
+        luisaml/tune.py); the kernels must have been built (a first run)."""
         import luisa
 
         with device.stream_lock:
@@ -257,17 +267,15 @@ class CompiledNetwork(metaclass=abc.ABCMeta):  # (abstract of nothing: luisaml/p
             if self.plan.readbacks:  # a full run sizes the run-time sized outputs' buffers in args
                 self.launcher.run(args, n, out_bufs)
             scratch = self.pool.scratch(self.plan, n)
-            stages = self.plan.schedule.stages if self.plan.schedule is not None else [None]
-            out = []
-            for k, stage in enumerate(stages):
-                times = []
-                for _ in range(repeat):
-                    t = time.perf_counter()
-                    self.launch(args, scratch, n, only=k)
-                    luisa.synchronize()
-                    times.append((time.perf_counter() - t) * 1e3)
-                out.append((stage.describe() if stage is not None else "the per-sample kernel", float(np.median(times))))
-            return out
+
+        def time_stage(k: int) -> float:
+            with device.stream_lock:
+                t = time.perf_counter()
+                self.launch(args, scratch, n, only=k)
+                luisa.synchronize()
+                return (time.perf_counter() - t) * 1e3
+
+        return time_stage
 
     def _bind(self, arrays: dict[str, np.ndarray], n: int, seen: dict | None = None) -> tuple[list, list]:
         """Upload the inputs for n samples; return (the kernels' buffer arguments, [(output spec,

@@ -239,6 +239,21 @@ class Operator:
         tile, through shared memory), or None when this node has none or is too small for it."""
         return None
 
+    # the tuned schedule of this node's stage form (luisaml/tune.py): a dict of small ints and bools,
+    # one of schedules()'s candidates, set by build_plan (BuildOptions.schedules) before the
+    # schedule is built; None: the rules' choice
+    schedule: dict | None = None
+
+    def schedules(self, blocks: bool, wide: bool) -> list[dict]:
+        """Return the candidate schedules of this node's stage form (blocks: the cooperative GPU
+        form, else the items form), the rules' choice first, a few more or (wide) more; [] where
+        the form has no knob to search. Each is a dict of small ints and bools (JSON data)."""
+        return []
+
+    def tuned_note(self) -> str:
+        """Return ' (tuned)' when a tuned schedule replaced the rules' choice, for describe()."""
+        return " (tuned)" if self.schedule is not None else ""
+
     def block_samples(self) -> int:
         """Return how many samples one block of a batched blocks stage covers: 1 (the block works
         within its sample), or its tile's rows when they are samples (fvdb's SparseConv3d over voxels

@@ -176,6 +176,8 @@ class Plan:
     host_steps: Any = None
     # the Conv nodes that run as Winograd F(m x m, 3 x 3) stages (operators/winograd.py)
     winograd: list = field(default_factory=list)
+    # compile(tune=...)'s search: what it chose per node and whether it measured (luisaml/tune.py Tuning)
+    tuning: Any = None
     stage_kernels: list = field(default_factory=list)
 
     @property

@@ -31,6 +31,7 @@ Schedule = Literal["auto", "stages", "per-sample"]
 Winograd = Literal["auto", False, 2, 4]
 GridBuild = Literal["auto", "device", "host"]
 TensorCores = Literal["auto", False]
+Tune = Literal["fast", "full", False]
 
 # the Winograd tile "auto" takes on CUDA (benchmarks/NOTES.md, "Winograd convolutions"); the CPU
 # backend keeps the direct form unless asked
@@ -67,6 +68,11 @@ class CompileOptions:
     # device runs luisaml's compiler front and its self-test passes (luisaml/tensor_cores.py), False
     # never; once resolved, True or False
     tensor_cores: TensorCores | bool = False
+    # measure candidate schedules of GEMM and convolution stages on the device (luisaml/tune.py):
+    # "fast" (a handful a node), "full" (more), False (the rules' choices, no tuning cache read)
+    tune: Tune = False
+    # the tuned schedules build_plan sets (compiler.BuildOptions.schedules); tune.py fills them
+    schedules: tuple = ()
 
     def check(self) -> None:
         """Raise UsageError for an option value luisaml does not know."""
@@ -79,6 +85,8 @@ class CompileOptions:
         check_input_shapes(self.input_shapes)
         if self.winograd is True or self.winograd not in ("auto", 0, 2, 4):
             raise UsageError(f"winograd must be 'auto', False, 2 or 4, not {self.winograd!r}")
+        if self.tune not in ("fast", "full", False):
+            raise UsageError(f"tune must be 'fast', 'full' or False, not {self.tune!r}")
         if self.grid_build not in ("auto", "device", "host"):
             raise UsageError(f"grid_build must be 'auto', 'device' or 'host', not {self.grid_build!r}")
 
@@ -106,7 +114,8 @@ class CompileOptions:
                             check_indices=self.check_indices,
                             schedule="per-sample" if self.schedule == "per-sample" else "stages", mlp=self.mlp,
                             merge_stages=self.merge_stages is not False, blocks=self.blocks is True,
-                            winograd=self.winograd, tensor_cores=self.tensor_cores is True)
+                            winograd=self.winograd, tensor_cores=self.tensor_cores is True,
+                            schedules=tuple(self.schedules))
 
 
 def tensor_cores_live(backend: str) -> bool:

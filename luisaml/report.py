@@ -60,6 +60,10 @@ these keep their names and meanings while "schema" is 1:
 - `host_steps`: grid ops over grids bound at run time that run before the kernels when a run binds
   new grids, on the device (target "cuda") or the host (luisaml/host_steps.py), a line each; []
   when there are none.
+- `tuning`: null, or for a network compiled with `tune=` (luisaml/tune.py) its search: {`mode`,
+  `device`, `measured` (kernel shapes measured in that compile; 0: all from the tuning cache),
+  `seconds`, `nodes` ({`node`, `op_type`, `form`, `choice`, `rule` (the schedules as knobs),
+  `source` ("measured" or "cache"), `rule_ms`, `best_ms`, `candidates`, `rejected`})}.
 
 FLOP formulas (one multiply-add is 2): Conv 2·out·(C/group)·k + out with a bias; ConvTranspose
 2·in·(M/group)·k + out with a bias; Gemm 2·M·N·K + M·N with C; MatMul 2·out·K; Max/Average/LpPool
@@ -145,7 +149,7 @@ def build(model, weights=None, *, batch_axis="auto", input_shapes: Mapping[str, 
     }
     if head["unsupported"]:
         return {**head, "nodes": [], "totals": None, "stages": None, "registers": None, "buffers": None,
-                "batch_kernel": "", "host_steps": [], "profile": None}
+                "batch_kernel": "", "host_steps": [], "profile": None, "tuning": None}
     with phase("plan"):
         plan, why, _ = plan_for(proto, name, options)
     rep = from_plan(plan, model_name=name, why=why)
@@ -233,6 +237,7 @@ def from_plan(plan, *, model_name: str = "model", why: str | None = None) -> dic
         "batch_kernel": plan.fusion_note or "",
         "host_steps": plan.host_steps.describe() if getattr(plan, "host_steps", None) is not None else [],
         "profile": None,
+        "tuning": plan.tuning.as_dict() if getattr(plan, "tuning", None) is not None else None,
     }
 
 
@@ -550,11 +555,24 @@ def text(rep: Mapping) -> str:
         p = rep["profile"]
         lines.append(f"the per-sample kernel: {p['total_ms']:.3f} ms (median of {p['repeat']}; {p['backend']}, "
                      f"batch {p['batch']})")
+    tuning = rep.get("tuning")
+    if tuning:
+        lines.append(f"tuned schedules (tune={tuning['mode']!r} on {tuning['device']}; {tuning['measured']} kernel "
+                     f"shape(s) measured in this compile, {tuning['seconds']:.1f} s):")
+        lines += [f"  node '{t['node']}' ({t['op_type']}, {t['form']}): "
+                  + ("the rules' choice" if t["choice"] == t["rule"] else
+                     f"{_knobs(t['choice'])} (rules: {_knobs(t['rule'])})")
+                  + f", {t['best_ms']:.4f} vs {t['rule_ms']:.4f} ms ({t['source']}, {t['candidates']} candidates"
+                  + (f", {t['rejected']} rejected)" if t["rejected"] else ")") for t in tuning["nodes"]]
     lines.append(f"forward's register allocation: {_alloc_text(rep['registers'])}")
     if rep["batch_kernel"]:
         lines.append("batch kernel: " + rep["batch_kernel"])
     lines.append(f"weight blob: {t['weight_blob_bytes']} bytes in {t['weight_tensors']} tensors")
     return "\n".join(lines)
+
+
+def _knobs(choice: Mapping) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(choice.items()) if k != "form")
 
 
 def _alloc_text(a: Mapping) -> str:

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Union
 
 import onnx
 
-from . import artifact, cache, compiler, device, loaders
+from . import artifact, cache, compiler, device, loaders, tune as tuner
 from .errors import UsageError
 from .limits import DEFAULT as DEFAULT_LIMITS
 from .limits import Limits
@@ -27,7 +27,7 @@ from .per_batch import PerBatchNetwork
 from .per_shape import PerShapeNetwork
 from .plan import Plan
 from .planning import (Backend, BatchAxis, CompileOptions, Float64, Fuse, FuseMode, GridBuild, Precision, Schedule,
-                       TensorCores, Winograd, build, fixed_batch, fixed_shapes, plan_for)
+                       TensorCores, Tune, Winograd, build, fixed_batch, fixed_shapes, plan_for)
 
 ModelSource = Union[str, "os.PathLike[str]", onnx.ModelProto]
 WeightsSource = Union[str, "os.PathLike[str]", bytes, Mapping[str, Any], None]
@@ -96,6 +96,7 @@ def compile(
     winograd: Winograd = "auto",
     grid_build: GridBuild = "auto",
     tensor_cores: TensorCores = False,
+    tune: Tune = False,
 ) -> CompiledNetwork:
     """Return the model compiled for the chosen backend (a PerBatchNetwork or PerShapeNetwork
     where it compiles per batch size or per shape: both are CompiledNetworks to isinstance).
@@ -139,6 +140,11 @@ def compile(
     (operators/tiled_mma.py, luisaml/tensor_cores.py): "auto" (where the front runs and its start-up
     self-test passes; else the FP32 tiles, said once), or False (the FP32 tiles). TF32 rounds A and
     B to 10 bits of mantissa: about 1e-3 of a product's norm, as torch with TF32 on.
+    tune: search the schedules of GEMM and convolution stages on this device (luisaml/tune.py):
+    "fast" (4 candidates a kernel shape), "full" (up to 16), or False (the rules' choices, and the
+    tuning cache is not read). Each candidate is built, checked against the rules' schedule and
+    timed; the choices are kept in the tuning cache, so a second compile measures nothing. The
+    plan's `tuning` says what was chosen (inspect shows it).
     verbose: log the compile's phases at INFO (same as logging.getLogger("luisaml").setLevel)."""
     t0 = time.perf_counter()
     if verbose and not logger.isEnabledFor(20):
@@ -149,7 +155,7 @@ def compile(
     name = device.init(backend, tensor_cores=tensor_cores is not False)
     opts = CompileOptions(batch_axis, input_shapes, precision, fuse, float64, limits or DEFAULT_LIMITS, check_indices,
                           schedule, mlp, winograd=winograd, grid_build=grid_build,
-                          tensor_cores=tensor_cores).resolve(name)
+                          tensor_cores=tensor_cores, tune=tune).resolve(name)
     with phase("load", model=_model_name(model)):
         proto = loaders.load_proto(model, weights, limits=opts.limits)
     net = _compile_loaded(proto, _model_name(model), opts, name)
@@ -174,6 +180,8 @@ def _compile_loaded(proto: onnx.ModelProto, model_name: str, opts: CompileOption
         return PerShapeNetwork(str(e), e.symbol, e.inputs, list(declared_shapes(proto)), backend,
                                lambda shapes: _compile_loaded(proto, model_name,
                                                               replace(opts, input_shapes={**given, **shapes}), backend))
+    if why is None:
+        plan = _tuned(plan, opts, backend)
     net = _network(plan, backend, workers if why is None else None)
     if why is not None:  # (the probe plan runs only if asked to; its per-batch builds start their own)
         if workers.workers is not None:
@@ -226,4 +234,19 @@ def _compile_fixed(proto, name: str, opts: CompileOptions, backend: str, symbol:
         prep = compiler.prepare(copy.deepcopy(proto), batch_axis=None, input_shapes=shapes, limits=opts.limits)
     prep.float64_as_float = opts.float64 == "float32"
     ahead = _WorkersAhead(backend)
-    return _network(build(prep, name, fixed, ahead, _compile_grid_step), backend, ahead)
+    plan = _tuned(build(prep, name, fixed, ahead, _compile_grid_step), fixed, backend)
+    return _network(plan, backend, ahead)
+
+
+def _tuned(plan: Plan, opts: CompileOptions, backend: str) -> Plan:
+    """Return the plan with the schedules a search chose (luisaml/tune.py) where opts.tune asks for
+    one: built again when a choice is not the rules', with its `tuning` record either way."""
+    if not opts.tune:
+        return plan
+    with phase("tune", mode=opts.tune):
+        schedules, record = tuner.search(plan, opts, backend, lambda p: _network(p, backend))
+    if schedules:
+        prep, name, _ = plan.built_from
+        plan = build(prep, name, replace(opts, schedules=schedules), None, _compile_grid_step)
+    plan.tuning = record
+    return plan

@@ -138,6 +138,37 @@ def finished(ctx, acc, y) -> list[list[str]]:
     return [[ctx.let(f"half({a})" if y.dtype.dsl == "half" else a, "f") for a in row] for row in acc]
 
 
+# a tuned strip (luisaml/tune.py) stays within these: 64 accumulators, 16 channels (the rules' bounds)
+MAX_STRIP_ACC, MAX_STRIP_CHANNELS = 64, 16
+
+
+def strip_choice(choice: dict | None) -> tuple[int, int] | None:
+    """Return (P, O) of a tuned items schedule of a Conv, or None where there is none or it is out
+    of bounds (a hand-edited cache entry cannot make a bad kernel)."""
+    if not choice or choice.get("form") != "items":
+        return None
+    P, O = choice.get("P"), choice.get("O")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (P, O)):
+        return None
+    return (P, O) if P in (1, 2, 4, 8) and 1 <= O <= MAX_STRIP_CHANNELS and P * O <= MAX_STRIP_ACC else None
+
+
+def strip_candidates(mg: int, rule: tuple[int, int], wide: bool) -> list[dict]:
+    """Return the items schedules of a Conv a search measures: the rules' strip (P positions x O
+    channels) first, then strips near it, 4 in all or (wide) up to 12; none with more channels than
+    the group has (rounded up to 4)."""
+    P0, O0 = rule
+    top = max(-(-mg // 4) * 4, 1)
+    out = [rule]
+    near = [(P0, O0 * 2), (P0 // 2, O0 * 2), (P0 * 2, O0 // 2), (P0, O0 // 2), (P0 // 2, O0), (P0 * 2, O0),
+            (4, 8), (8, 8), (2, 16), (4, 16), (1, 16), (8, 4), (4, 4)]
+    for P, O in near:
+        c = strip_choice({"form": "items", "P": P, "O": O})
+        if c is not None and c not in out and O <= top:
+            out.append(c)
+    return [{"form": "items", "P": P, "O": O} for P, O in out[:12 if wide else 4]]
+
+
 def expect_float(op: Operator, t: Tensor, role: str) -> None:
     """Raise unless t is float or float16 (the types these operators compute in)."""
     if t.dtype.name not in ("FLOAT", "FLOAT16"):
@@ -279,12 +310,31 @@ class Conv(ConvBase):
         the group's channels least."""
         mg = self.M // self.group
         row = self.geo.out[-1]
+        tuned = strip_choice(self.schedule)
+        if tuned is not None:  # (a ragged last strip runs the masked copy of the loop nest)
+            P, O = tuned
+            return P, O, -(-row // P), -(-mg // O)
         # a strip that divides the row: a ragged last strip runs the masked copy of the loop nest,
         # slower than narrower strips (LeNet: 8.6 ms with P = 8 on 28-wide rows, 3.0 ms with 4)
         P = next(p for p in (8, 4, 2, 1) if row % p == 0)
         top = min(64 // P, 16)
         O = mg if mg <= top else min(range(4, top + 1), key=lambda o: (-(-mg // o) * o - mg, -o))
         return P, O, -(-row // P), -(-mg // O)
+
+    def schedules(self, blocks: bool, wide: bool) -> list[dict]:
+        from . import tiled
+
+        if any(t.dtype.dsl != "float" for t in (self.input(0), self.input(1), self.output())):
+            return []
+        saved, self.schedule = self.schedule, None  # (the rules' choice first)
+        try:
+            if blocks:
+                tl = self.block_tiling()
+                return [] if tl is None else tiled.candidates(tl, wide)
+            P, O, _, _ = self.tiles()
+            return strip_candidates(self.M // self.group, (P, O), wide)
+        finally:
+            self.schedule = saved
 
     def work_items(self) -> int:
         _, _, strips, blocks = self.tiles()
@@ -408,10 +458,11 @@ class Conv(ConvBase):
 
     def describe(self) -> str:
         P, O, _, _ = self.tiles()
-        return super().describe() + f"; a thread per {P} outputs along the row x {O} channels"
+        return super().describe() + f"; a thread per {P} outputs along the row x {O} channels{self.tuned_note()}"
 
     def describe_block(self) -> str:
-        return super().describe().replace("direct ", "implicit-GEMM ", 1) + "; " + self.block_tiling().describe()
+        return (super().describe().replace("direct ", "implicit-GEMM ", 1) + "; " + self.block_tiling().describe()
+                + self.tuned_note())
 
     # ---- the GPU form: an implicit GEMM in blocks through shared memory (operators/tiled.py) ------
     # per group: rows m = (n, output position), columns = the group's output channels,
@@ -425,8 +476,8 @@ class Conv(ConvBase):
             return None
         taps = int(np.prod(self.kernel, dtype=np.int64))
         rows = y.shape[0] * int(np.prod(self.geo.out, dtype=np.int64))
-        return tiled.choose(rows, self.M // self.group, x.shape[1] // self.group * taps, self.group, m_fast=True,
-                            pipelined=True)
+        return tiled.tuned(tiled.choose(rows, self.M // self.group, x.shape[1] // self.group * taps, self.group,
+                                        m_fast=True, pipelined=True), self.schedule)
 
     def emit_block(self, ctx, item: str, thread: str) -> None:
         from . import tiled

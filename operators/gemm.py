@@ -70,6 +70,38 @@ def chains(R: int, O: int, K: int) -> int:
     return max(1, min(4, K)) if R * -(-O // 8) == 1 else 1
 
 
+# a tuned tile (luisaml/tune.py) stays within these: SQUARE's 128 accumulators, WIDE's columns
+MAX_TUNED_ACC, MAX_TUNED_ROWS = 128, 16
+
+
+def item_choice(choice: dict | None, M: int) -> tuple[int, int] | None:
+    """Return (R, O) of a tuned items schedule, or None where there is none or it is out of bounds
+    (a hand-edited cache entry cannot make a bad kernel)."""
+    if not choice or choice.get("form") != "items":
+        return None
+    R, O = choice.get("R"), choice.get("O")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (R, O)):
+        return None
+    ok = 1 <= R <= min(max(M, 1), MAX_TUNED_ROWS) and 4 <= O <= WIDE and O % 4 == 0 and R * O <= MAX_TUNED_ACC
+    return (R, O) if ok else None
+
+
+def item_candidates(M: int, N: int, rule: tuple[int, int], wide: bool) -> list[dict]:
+    """Return the items schedules a search measures: the rules' tile (R, O) first, then tiles near
+    it and the shapes measured on other products (SQUARE, 1 x 32, 2 x 16, 8 x 8), 4 in all or
+    (wide) up to 12; none wider than N needs."""
+    R0, O0 = rule
+    n4 = max(-(-N // 4), 1) * 4
+    out = [rule]
+    near = [(R0 * 2, O0), (R0, O0 // 2), (R0 // 2, O0 * 2), (R0 * 2, O0 // 2), (R0, O0 * 2), (R0 // 2, O0),
+            SQUARE, (8, 8), (1, 32), (2, 16), (4, 8), (8, 16), (4, 16), (1, 16)]
+    for R, O in near:
+        c = item_choice({"form": "items", "R": R, "O": O}, M)
+        if c is not None and c not in out and O <= n4:
+            out.append(c)
+    return [{"form": "items", "R": R, "O": O} for R, O in out[:12 if wide else 4]]
+
+
 class Dense(Operator):
     """The stage form Gemm and MatMul share: a work item computes an R x O tile of one batch
     entry's output (shaders/matmul.py.j2, tile), consecutive items along the columns (consecutive
@@ -97,6 +129,10 @@ class Dense(Operator):
 
     def tiles(self) -> tuple[int, int, int, int]:
         """Return (R, O, row blocks, column blocks) of this node's work items."""
+        tuned = item_choice(self.schedule, self.M)
+        if tuned is not None:  # (a ragged last row block, as square tiles have)
+            R, O = tuned
+            return R, O, -(-self.M // R), -(-self.N // O)
         if self.square_tiles():
             R, O = min(SQUARE[0], self.M), block_columns(self.N, SQUARE[1])
             return R, O, -(-self.M // R), -(-self.N // O)
@@ -248,6 +284,25 @@ class Dense(Operator):
     # tiles too: [9, 768] x [768, 3072] 3.9 -> 20.7 GFLOP/s)
     no_blocks = False
 
+    def schedules(self, blocks: bool, wide: bool) -> list[dict]:
+        from . import tiled
+
+        if any(t.dtype.dsl != "float" for t in (self.input(0), self.input(1), self.output())):
+            return []
+        saved, self.schedule = self.schedule, None  # (the rules' choice first)
+        try:
+            if blocks:
+                tl = self.block_tiling()
+                if tl is None or getattr(tl, "mma", False) or self.sample_rows():
+                    return []
+                return tiled.candidates(tl, wide)
+            if self.samples_per_item() > 1:
+                return []
+            R, O, _, _ = self.tiles()
+            return item_candidates(self.M, self.N, (R, O), wide)
+        finally:
+            self.schedule = saved
+
     def sample_rows(self) -> bool:
         """Whether the tile's rows are samples: one row a sample, B a constant, the batch batched."""
         return (self.M == 1 and self.nbatch == 1 and self.input(0).batched and self.output().batched
@@ -266,7 +321,7 @@ class Dense(Operator):
             mma = tiled_mma.choose(self.M, self.N, self.K, self.nbatch)
             if mma is not None:
                 return mma
-        return tiled.choose(self.M, self.N, self.K, self.nbatch, m_fast=False)
+        return tiled.tuned(tiled.choose(self.M, self.N, self.K, self.nbatch, m_fast=False), self.schedule)
 
     def block_samples(self) -> int:
         return self.GROUP if self.sample_rows() and self.block_tiling() is not None else 1
@@ -393,10 +448,10 @@ class Gemm(Dense):
 
     def describe(self):
         R, O, _, _ = self.tiles()
-        return f"M={self.M} N={self.N} K={self.K}: a thread per tile of {R}x{O} outputs"
+        return f"M={self.M} N={self.N} K={self.K}: a thread per tile of {R}x{O} outputs{self.tuned_note()}"
 
     def describe_block(self):
-        return f"M={self.M} N={self.N} K={self.K}: {self.block_tiling().describe()}"
+        return f"M={self.M} N={self.N} K={self.K}: {self.block_tiling().describe()}{self.tuned_note()}"
 
 
 @register("MatMul", since=1)
@@ -460,7 +515,9 @@ class MatMul(Dense):
 
     def describe(self):
         R, O, _, _ = self.tiles()
-        return f"batch={list(self.batch_shape)} M={self.M} N={self.N} K={self.K}: a thread per tile of {R}x{O} outputs"
+        return (f"batch={list(self.batch_shape)} M={self.M} N={self.N} K={self.K}: a thread per tile of {R}x{O} outputs"
+                f"{self.tuned_note()}")
 
     def describe_block(self):
-        return f"batch={list(self.batch_shape)} M={self.M} N={self.N} K={self.K}: {self.block_tiling().describe()}"
+        return (f"batch={list(self.batch_shape)} M={self.M} N={self.N} K={self.K}: {self.block_tiling().describe()}"
+                f"{self.tuned_note()}")

@@ -126,6 +126,75 @@ def choose(M: int, N: int, K: int, nbatch: int, m_fast: bool, pipelined: bool = 
     return Tiling(M, N, K, nbatch, BM, BN, TM, TN, BK, m_fast, double=deep or (pipelined and (BM, BN) == (64, 64)))
 
 
+# ---- the search space of a tiling (luisaml/tune.py measures it) -------------------------------------
+
+# a tuned tiling's bounds: shared memory well under the 48 KiB a kernel gets without opting in, and a
+# thread's accumulators (TM x TN) at most the rules' 64
+MAX_SHARED_BYTES = 32 * 1024
+_SIDES, _THREAD_SIDES, _STEPS = (32, 64, 128), (4, 8), (8, 16, 32)
+
+
+def as_choice(tl: Tiling) -> dict:
+    """Return a tiling's schedule as data (Operator.schedule of a blocks stage)."""
+    return {"form": "blocks", "BM": tl.BM, "BN": tl.BN, "TM": tl.TM, "TN": tl.TN, "BK": tl.BK, "double": tl.double}
+
+
+def _valid(BM: int, BN: int, TM: int, TN: int, BK: int, double: bool) -> bool:
+    if BM not in _SIDES or BN not in _SIDES or TM not in _THREAD_SIDES or TN not in _THREAD_SIDES or BK not in _STEPS:
+        return False
+    if BM % TM or BN % TN or TM * TN > 64:
+        return False
+    NT = (BM // TM) * (BN // TN)
+    if not 32 <= NT <= 512 or (BM * BK // 4) % NT or (BN * BK // 4) % NT:
+        return False
+    return (2 if double else 1) * BK * (BM + BN) * 4 <= MAX_SHARED_BYTES
+
+
+def tuned(tl: Tiling | None, choice: dict | None) -> Tiling | None:
+    """Return the tiling with a tuned schedule's tile sizes (the rules' tiling where there is none,
+    or where it is not a valid blocks schedule: a hand-edited cache entry cannot make a bad kernel)."""
+    if tl is None or not choice or choice.get("form") != "blocks":
+        return tl
+    try:
+        v = (int(choice["BM"]), int(choice["BN"]), int(choice["TM"]), int(choice["TN"]), int(choice["BK"]),
+             bool(choice["double"]))
+    except (KeyError, TypeError, ValueError):
+        return tl
+    if not _valid(*v):
+        return tl
+    BM, BN, TM, TN, BK, double = v
+    return Tiling(tl.M, tl.N, tl.K, tl.nbatch, BM, BN, TM, TN, BK, tl.m_fast, double=double)
+
+
+def candidates(tl: Tiling, wide: bool) -> list[dict]:
+    """Return the schedules a search measures for a product the rules tile as `tl`: the rules'
+    first, then tilings near it (k steps, double buffering, the tile's sides and a thread's share),
+    4 in all or (wide) up to 16; every one a valid tiling (`_valid`), none with a side past twice
+    the product's."""
+    rule = (tl.BM, tl.BN, tl.TM, tl.TN, tl.BK, tl.double)
+    out = [rule]
+
+    def add(*v) -> None:
+        BM, BN = v[0], v[1]
+        if v not in out and _valid(*v) and BM <= max(32, 2 * tl.M) and BN <= max(32, 2 * tl.N):
+            out.append(v)
+
+    BM, BN, TM, TN, BK, double = rule
+    for bm, bn in ((BM, BN // 2), (BM // 2, BN)):  # smaller tiles: more blocks (a product that fills few waves)
+        add(bm, bn, 4 if bm <= 32 else 8, 4 if bn <= 32 else 8, BK, double)
+    for bk in _STEPS:
+        add(BM, BN, TM, TN, bk, double)
+    add(BM, BN, TM, TN, BK, not double)
+    for bm, bn in ((BM, BN // 2), (BM // 2, BN), (BM, BN * 2), (BM * 2, BN), (BM // 2, BN // 2), (BM * 2, BN * 2)):
+        for tm, tn in ((TM, TN), (4 if bm <= 32 else 8, 4 if bn <= 32 else 8), (4, 8), (8, 4), (4, 4)):
+            for bk in (BK,) + _STEPS:
+                for d in (double, not double):
+                    add(bm, bn, tm, tn, bk, d)
+    out = out[:16 if wide else 4]
+    keys = ("BM", "BN", "TM", "TN", "BK", "double")
+    return [{"form": "blocks", **dict(zip(keys, v))} for v in out]
+
+
 # ---- tiles whose rows are samples (a grouped blocks stage: Operator.block_samples) -----------------
 
 
