@@ -221,7 +221,7 @@ def _compile(a):
         try:
             net = luisaml.compile(a.model, a.weights, backend=a.backend, batch_axis=_batch_axis(a.batch_axis),
                                   input_shapes=checked_input_shapes(a.model, a.weights, a.input_shapes),
-                                  precision="fp16" if fp16 else "fp32")
+                                  precision="fp16" if fp16 else "fp32", tune=getattr(a, "tune", None) or False)
         except CompileError as e:
             if fp16 and "needs the fused MLP kernel" in str(e):
                 why = str(e).split("this graph is not one: ", 1)[-1]
@@ -303,13 +303,16 @@ def cmd_inspect(a) -> int:
     shapes = checked_input_shapes(a.model, a.weights, a.input_shapes)
     rep = report.build(a.model, a.weights, batch_axis=_batch_axis(a.batch_axis), input_shapes=shapes,
                        name=_name(a.model), target=a.target)
-    if a.profile and not rep["unsupported"]:
+    if (a.profile or a.tune) and not rep["unsupported"]:
         import luisaml
 
         with phase("compile", model=_name(a.model), backend=a.target):  # as report.build plans: direct convolutions
             net = luisaml.compile(a.model, a.weights, backend=a.target, batch_axis=_batch_axis(a.batch_axis),
-                                  input_shapes=shapes, winograd=False)
-        rep = _profiled(rep, net)
+                                  input_shapes=shapes, winograd=False, tune=a.tune or False)
+        if a.tune:  # (the compiled plan's: its tuned schedules)
+            rep = {**report.from_plan(net.plan, model_name=rep["model"]), **{k: rep[k] for k in (
+                "opsets", "inputs", "outputs", "op_counts", "unsupported", "batch_symbol")}}
+        rep = _profiled(rep, net) if a.profile else rep
     if a.html:
         page = report.html(rep)  # drawn before the file is opened: an error leaves no empty page
         with open(a.html, "w", encoding="utf-8") as f:
@@ -522,6 +525,7 @@ def _parser() -> argparse.ArgumentParser:
                         "|luisaml - onnxruntime| <= atol + rtol x |onnxruntime|")
     p.add_argument("--atol", type=_tolerance, default=1e-5, help="absolute tolerance of --compare (default 1e-5)")
     p.add_argument("--rtol", type=_tolerance, default=1e-5, help="relative tolerance of --compare (default 1e-5)")
+    _tune(p)
     _fp16(p)
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("inspect", parents=[verbosity],
@@ -534,6 +538,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="also compile and run the model once on random inputs (on the --target backend, or an "
                         "artifact's own) and time each stage launched alone: in the text, the JSON and the page")
+    _tune(p)
     _target(p)
     p.set_defaults(fn=cmd_inspect)
     p = sub.add_parser("emit", parents=[verbosity], help="print the generated module")
@@ -554,6 +559,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="keep timing runs for at least this long")
     p.add_argument("--profile", action="store_true", help="also time each stage alone and print a table")
     p.add_argument("--profile-json", metavar="PATH", help="write the stages' times as a Chrome trace (implies --profile)")
+    _tune(p)
     _fp16(p)
     p.set_defaults(fn=cmd_bench)
     p = sub.add_parser("cache", parents=[verbosity], help="show or clear luisaml's and LuisaCompute's caches")
@@ -616,6 +622,11 @@ def _detach_stdout() -> None:
         os.close(devnull)
     except (OSError, ValueError):
         pass
+
+
+def _tune(p) -> None:
+    p.add_argument("--tune", choices=["fast", "full"], help="search GEMM and Conv schedules on the device "
+                   "(compile(tune=...): the tuning cache keeps the choices); inspect then compiles on --target")
 
 
 def _fp16(p) -> None:

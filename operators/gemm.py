@@ -88,13 +88,14 @@ def item_choice(choice: dict | None, M: int) -> tuple[int, int] | None:
 
 def item_candidates(M: int, N: int, rule: tuple[int, int], wide: bool) -> list[dict]:
     """Return the items schedules a search measures: the rules' tile (R, O) first, then tiles near
-    it and the shapes measured on other products (SQUARE, 1 x 32, 2 x 16, 8 x 8), 4 in all or
-    (wide) up to 12; none wider than N needs."""
+    it and the shapes measured on other products (SQUARE, 1 x 32, 2 x 16, 8 x 8), then the rules'
+    rows at every width (what a one-row product can vary), 4 in all or (wide) up to 12; none wider
+    than N needs."""
     R0, O0 = rule
     n4 = max(-(-N // 4), 1) * 4
     out = [rule]
     near = [(R0 * 2, O0), (R0, O0 // 2), (R0 // 2, O0 * 2), (R0 * 2, O0 // 2), (R0, O0 * 2), (R0 // 2, O0),
-            SQUARE, (8, 8), (1, 32), (2, 16), (4, 8), (8, 16), (4, 16), (1, 16)]
+            SQUARE, (8, 8), (1, 32), (2, 16), (4, 8), (8, 16), (4, 16), (1, 16)] + [(R0, o) for o in range(8, WIDE + 1, 4)]
     for R, O in near:
         c = item_choice({"form": "items", "R": R, "O": O}, M)
         if c is not None and c not in out and O <= n4:

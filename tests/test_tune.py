@@ -197,6 +197,42 @@ def test_tune_false_never_touches_the_tuning_cache(tuning_root, monkeypatch):
     _check(net, _model())
 
 
+def test_a_graph_without_a_batch_is_tuned_at_its_shapes(tuning_root):
+    rng = np.random.default_rng(3)
+    g = rng.standard_normal((48, 40)).astype(np.float32)
+    node = helper.make_node("Gemm", ["a", "g"], ["z"], name="gemm", transB=0)
+    graph = helper.make_graph([node], "fixed", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [20, 48])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [20, 40])],
+                              [numpy_helper.from_array(g, "g")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    net = luisaml.compile(model, backend="cpu", batch_axis=None, tune="fast")
+    assert net.plan.tuning.measured == 1 and net.plan.tuning.nodes[0].rejected == 0
+    feeds = {"a": rng.standard_normal((20, 48)).astype(np.float32)}
+    np.testing.assert_allclose(net.run(feeds)["z"], ort_run(model, feeds)["z"], rtol=RTOL, atol=1e-5)
+
+
+def test_every_full_candidate_computes_what_the_rules_compute(tuning_root):
+    """tune="full" on the CPU: every items candidate of a Conv (a strip that does not divide the row,
+    a channel block that does not divide the channels), a MatMul over a constant B and a MatMul of two
+    run-time operands (ragged row blocks) matches the rules' output: none rejected."""
+    rng = np.random.default_rng(4)
+    nodes = [helper.make_node("MatMul", ["q", "k"], ["s"], name="qk")]
+    graph = helper.make_graph(nodes, "attn", [helper.make_tensor_value_info("q", TensorProto.FLOAT, ["N", 37, 24]),
+                                              helper.make_tensor_value_info("k", TensorProto.FLOAT, ["N", 24, 37])],
+                              [helper.make_tensor_value_info("s", TensorProto.FLOAT, ["N", 37, 37])])
+    attn = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    attn.ir_version = 10
+    for model in (_model(), attn):
+        net = luisaml.compile(model, backend="cpu", tune="full")
+        rec = net.plan.tuning
+        assert rec.nodes and all(t.rejected == 0 and t.candidates > 4 for t in rec.nodes), \
+            [t.describe() for t in rec.nodes]
+    feeds = {"q": rng.standard_normal((2, 37, 24)).astype(np.float32),
+             "k": rng.standard_normal((2, 24, 37)).astype(np.float32)}
+    np.testing.assert_allclose(net.run(feeds)["s"], ort_run(attn, feeds)["s"], rtol=RTOL, atol=1e-5)
+
+
 def test_tune_values_are_checked():
     with pytest.raises(luisaml.UsageError, match="tune must be"):
         luisaml.compile(_model(), backend="cpu", tune="fastest")
@@ -221,3 +257,15 @@ def test_candidate_spaces_start_with_the_rules_and_stay_in_bounds():
     strips = conv.strip_candidates(24, (8, 8), False)
     assert strips[0] == {"form": "items", "P": 8, "O": 8} and len(strips) == 4
     assert conv.strip_choice({"form": "items", "P": 3, "O": 8}) is None
+
+
+def test_inspect_tune_shows_the_chosen_schedules(tuning_root, tmp_path, capsys):
+    import onnx
+
+    from luisaml.cli import main
+
+    path = tmp_path / "tuned.onnx"
+    onnx.save(_model(), str(path))
+    assert main(["inspect", str(path), "--tune", "fast", "--target", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "tuned schedules (tune='fast'" in out and "node 'conv' (Conv, items)" in out
