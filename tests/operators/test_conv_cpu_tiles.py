@@ -64,3 +64,18 @@ def test_cuda_items_form_keeps_dividing_strips():
         plan = analyze(model, target=target)
         ops = [op for _, op in plan.main.ops if type(op).__name__ == "Conv"]
         assert ops[0].tiles()[0] == p, target
+
+
+def test_concat_read_by_conv_is_materialised_on_the_cpu():
+    """A Concat a Conv reads (a skip connection, a fire module) gets a buffer on the CPU, where its
+    select chain would load every input at each of the Conv's reads; CUDA keeps it inline."""
+    a, b = rand((2, 3, 6, 7), seed=1), rand((2, 5, 6, 7), seed=2)
+    nodes = [helper.make_node("Concat", ["a", "b"], ["cat"], name="cat", axis=1),
+             _conv("c", ["cat", "w"], pads=[1, 1, 1, 1])]
+    feeds = {"a": a, "b": b}
+    model = graph_model(nodes, feeds, {"w": rand((4, 8, 3, 3), seed=3)}, batch="N")
+    net, _ = assert_matches_ort(model, feeds, **F32)
+    assert not any("Concat 'cat'" in s for s in stage_of(net, "c").inlined)
+    plan = analyze(graph_model(nodes, {"a": a[:1], "b": b[:1]}, {"w": rand((4, 8, 3, 3), seed=3)}), target="cuda")
+    conv_stage = [st for st in plan.schedule.stages if st.root[0].name == "c"][0]
+    assert any("Concat 'cat'" in s for s in conv_stage.inlined)
