@@ -301,6 +301,13 @@ class Conv(ConvBase):
 
     # ---- the stage form: a work item is a tile of P output positions x O output channels --------
 
+    # set on a plan without blocks stages (the CPU backend; luisaml/compiler.py): emit_item takes
+    # the CPU's tiles, unless cpu_tiles is off (an A/B switch: benchmarks/NOTES.md, "Conv's CPU
+    # tiles"): odd rows in strips of 2 that overlap at the row's end, W packed as a channel
+    # block's panels, a tile's stores after all its epilogue's loads. CUDA's items form is kept.
+    no_blocks = False
+    cpu_tiles = True
+
     def tiles(self) -> tuple[int, int, int, int]:
         """Return (P positions along the last spatial dimension, O channels of one group, strips
         per row, channel blocks per group). P is 8, 4, 2 or 1: clang forms one vector of a channel's
@@ -317,6 +324,10 @@ class Conv(ConvBase):
         # a strip that divides the row: a ragged last strip runs the masked copy of the loop nest,
         # slower than narrower strips (LeNet: 8.6 ms with P = 8 on 28-wide rows, 3.0 ms with 4)
         P = next(p for p in (8, 4, 2, 1) if row % p == 0)
+        if P == 1 and row > 1 and self.kernel[-1] > 1 and self.cpu():
+            # an odd row on the CPU: strips of 2, the last overlapping the one before (emit_item);
+            # not for one tap along the row, where the 16 channels' weights a load are the vector
+            P = 2
         top = min(64 // P, 16)
         O = mg if mg <= top else min(range(4, top + 1), key=lambda o: (-(-mg // o) * o - mg, -o))
         return P, O, -(-row // P), -(-mg // O)
@@ -358,9 +369,21 @@ class Conv(ConvBase):
             v = np.asarray(w.value, np.float32).reshape(self.group, mg, cg, taps).transpose(0, 2, 3, 1)
             packed = np.zeros((self.group, cg, taps, blocks * O), np.float32)
             packed[..., :mg] = v
+            if self.panels():  # [group][channel block][C/group][taps][O]
+                return packed.reshape(self.group, cg, taps, blocks, O).transpose(0, 3, 1, 2, 4).copy()
             return packed
 
-        return w.home.blob.add_packed(f"{w.name}/packed[{cg}x{taps}x{blocks * O}]", pack)
+        kind = "panels" if self.panels() else "packed"
+        return w.home.blob.add_packed(f"{w.name}/{kind}[{cg}x{taps}x{blocks * O}]", pack)
+
+    def cpu(self) -> bool:
+        """Whether this node takes the CPU's tiles (see no_blocks)."""
+        return self.no_blocks and self.cpu_tiles
+
+    def panels(self) -> bool:
+        """Whether W is packed as a channel block's panel after another (the CPU's tiles: a tile's
+        weights one contiguous run, not rows blocks x O words apart, 2 KB for 512 channels)."""
+        return self.cpu()
 
     def emit_item(self, ctx, item: str) -> None:
         x, w, y = self.input(0), self.input(1), self.output()
@@ -371,7 +394,9 @@ class Conv(ConvBase):
         dims = [y.shape[0], self.group, blocks] + list(g.out[:-1]) + [strips]
         n, grp, cb, *outer, strip = [ctx.let(c, "t") if d > 1 else "0" for c, d in zip(ix.unravel(item, tuple(dims)), dims)]
         m0 = ctx.let(ix.mul(cb, O), "m")
-        o_last = ctx.let(ix.mul(strip, P), "o")
+        overlap = self.cpu() and g.out[-1] % P != 0
+        # (overlapping: the last strip ends at the row's end, storing some of the one before's outputs again)
+        o_last = ctx.let(f"min({ix.mul(strip, P)}, {g.out[-1] - P})" if overlap else ix.mul(strip, P), "o")
         safe = mg % O or O  # channels j >= safe may fall past the group in the last block
         acc = [[ctx.fresh("acc") for _ in range(O)] for _ in range(P)]
         b = self.input(2) if self.has_input(2) else None
@@ -382,7 +407,11 @@ class Conv(ConvBase):
                 ctx.line(f"{acc[pp][j]} = {init if pp == 0 else acc[0][j]}")
         packed = self.packed_w()
         taps = int(np.prod(self.kernel, dtype=np.int64))
-        if packed is not None:
+        # bytes between a tap's O weights and the next tap's (the panels: O words; else a row of all blocks)
+        w_row = O * 4 if self.panels() else blocks * O * 4
+        if packed is not None and self.panels():
+            wbase = ctx.let(ix.add(str(packed), ix.mul(ix.add(ix.mul(grp, blocks), cb), cg * taps * O * 4)), "wb")
+        elif packed is not None:
             wbase = ctx.let(ix.add(str(packed), ix.mul(grp, cg * taps * blocks * O * 4), ix.mul(cb, O * 4)), "wb")
         else:
             wm = [ctx.let(ix.add(ix.mul(grp, mg), m0, str(j)) if j < safe
@@ -392,7 +421,8 @@ class Conv(ConvBase):
         # loads need no masks (a second copy of the loop nest)
         s_l, d_l, pad_l, kl = g.strides[-1], g.dilations[-1], g.pads_begin[-1], g.kernel[-1]
         lo_fails = pad_l > 0
-        hi_fails = (strips * P - 1) * s_l + (kl - 1) * d_l - pad_l >= sizes[-1]
+        covered = g.out[-1] if overlap else strips * P  # outputs along the row the strips reach
+        hi_fails = (covered - 1) * s_l + (kl - 1) * d_l - pad_l >= sizes[-1]
 
         def nest(masked: bool) -> None:
             """Emit the loops over the group's channels and the kernel taps, outer spatial dims
@@ -418,7 +448,7 @@ class Conv(ConvBase):
                 with ctx.loop(kl, "k") as kv:
                     tap = ix.ravel(kvs + [kv], tuple(int(np.prod(self.kernel[d + 1:], dtype=np.int64)) for d in range(k)))
                     if packed is not None:
-                        wk = ctx.let(ix.add(wbase, ix.mul(ix.add(ix.mul(c, taps), tap), blocks * O * 4)), "wk")
+                        wk = ctx.let(ix.add(wbase, ix.mul(ix.add(ix.mul(c, taps), tap), w_row)), "wk")
                         ws = [ctx.let(f"weights.read(float, {ix.add(wk, str(4 * j))})", "w") for j in range(O)]
                     else:
                         ws = [ctx.let(load_f(w, ix.ravel([wm[j], c] + kvs + [kv], w.strides)), "w") for j in range(O)]
@@ -442,19 +472,29 @@ class Conv(ConvBase):
         hi = lin([(o_last, s_l)], (P - 1) * s_l + (kl - 1) * d_l - pad_l)
         emit_strip(ctx, ([f"{lo} >= 0"] if lo_fails else []) + ([f"{hi} < {sizes[-1]}"] if hi_fails else []), nest)
         done = finished(ctx, acc, y)
+        in_row = P if overlap else g.out[-1] % P or P  # a last strip past the row's end (P need not divide the row)
+        writes = []  # (the CPU) the unconditional stores' writes, after every store's reads
         for j in range(O):
             m = ix.add(ix.mul(grp, mg), m0, str(j))
             base = ix.add(ix.mul(n, y.strides[0]), ix.mul(m, y.strides[1]),
                           *(ix.mul(o, st) for o, st in zip(outer, y.strides[2:-1])), o_last)
-            in_row = g.out[-1] % P or P  # a last strip past the row's end (P need not divide the row)
             if j >= safe:
                 ctx.line(f"if {ix.add(m0, str(j))} < {mg}:")
                 ctx.level += 1
             for pp in range(P):
+                if self.cpu() and j < safe and pp < in_row:
+                    # an epilogue's loads (a residual) between the stores stop clang vectorising the tile
+                    lets, write = y.store_parts(ix.add(base, str(pp)), done[pp][j])
+                    for line in lets:
+                        ctx.line(line)
+                    writes.append(write)
+                    continue
                 ctx.line_if(None if pp < in_row else f"{ix.add(o_last, str(pp))} < {g.out[-1]}",
                             y.store(ix.add(base, str(pp)), done[pp][j]))
             if j >= safe:
                 ctx.level -= 1
+        for write in writes:
+            ctx.line(write)
 
     def describe(self) -> str:
         P, O, _, _ = self.tiles()

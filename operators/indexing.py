@@ -172,6 +172,15 @@ class Concat(Operator):
         self.expect(total == y.shape[self.ax], f"inputs add up to {total} along axis {self.ax}, output has {y.shape[self.ax]}")
 
     inline = True
+    # set on a plan without blocks stages (the CPU backend; luisaml/compiler.py)
+    no_blocks = False
+
+    @property
+    def inline_cost(self) -> int:  # type: ignore[override]
+        """1; on the CPU one more per input: the select chain loads every input at each read, so a
+        reader that reads each element many times (a Conv's taps, a GEMM's column blocks) reads a
+        materialised copy instead (schedule.CHEAP_FOR_MULTI_READ)."""
+        return 2 + len(self.inputs) if self.no_blocks else 1
 
     def forward(self, ctx):
         y = self.output()
