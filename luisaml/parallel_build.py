@@ -321,6 +321,12 @@ class _NoShaders:
     def create_shader(self, function):
         return None
 
+    def destroy_shader(self, handle) -> None:
+        """A shader freed meanwhile (a compiled result collected during build_ir) goes as it would."""
+        from luisa.globalvars import get_global_device
+
+        get_global_device().impl().destroy_shader(handle)
+
 
 def build_ir(kernels: Sequence, args: Sequence) -> list:
     """Build each kernel's IR for the types of `args` as its first launch would (luisa's
