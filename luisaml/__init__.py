@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from . import luisa_compat
 from .artifact import load
 from .errors import (ArtifactError, BackendUnavailable, BatchMixingError, CompileError, IncompatibleArtifact,
                      InputError, LimitError, LuisamlError, ModelError, RunError, UsageError, WeightsError)
@@ -17,6 +18,8 @@ from .network import CompiledNetwork
 from .per_batch import PerBatchNetwork
 from .per_shape import PerShapeNetwork
 from .version import __version__
+
+luisa_compat.hook_luisa_import()  # (luisa's own import, when it comes, without a stack walk a decorator)
 
 if TYPE_CHECKING:
     from .instance import NetworkInstance

@@ -462,10 +462,8 @@ def _kernel_dirs() -> list[tuple[str, Path]]:
     rt = _runtime_cache_dir()
     if rt is not None and rt.is_dir() and rt != dirs[0][1]:
         dirs.append(("LuisaCompute runtime cache", rt))
-    # the CUDA kernel caches of the tensor-core runtime directories (luisaml/tensor_cores.py)
-    with contextlib.suppress(CacheError):
-        for d in sorted((root() / "tensor-cores").glob("cuda-*/.cache")):
-            dirs.append(("LuisaCompute kernels, tensor-core front", d))
+    # (the tensor-core fronts' CUDA kernel caches are inside their runtime folders: `info` counts
+    # those whole, without root(), which would make the folders `clear` has just removed)
     return dirs
 
 
@@ -483,8 +481,9 @@ def _count(folder: Path, match=lambda name: True) -> tuple[int, int]:
 
 
 def _is_kernel_file(name: str) -> bool:
-    """True for LuisaCompute's kernel files and luisaml's own files in its folder."""
-    return name.startswith("kernel_") or name in (_MANIFEST, _LLVM_LOCK)
+    """True for LuisaCompute's kernel files and luisaml's own files in its folder (the CPU backend's
+    kernel_<hash>.bc/.hash; the CUDA backend's PTX cache, an LMDB database of 0.3.7's runtime folder)."""
+    return name.startswith("kernel_") or name in (_MANIFEST, _LLVM_LOCK, "data.mdb", "lock.mdb")
 
 
 def info(path: str | os.PathLike | None = None, *, kernels: bool = True) -> list[Folder]:
@@ -495,8 +494,11 @@ def info(path: str | os.PathLike | None = None, *, kernels: bool = True) -> list
     roots = [want] + ([fallback_root()] if fallback_root().is_dir() and fallback_root() != want else [])
     for r in roots:
         tag = "" if r == want else " (fallback)"
-        for sub, what in (("generated", "generated modules"), ("templates", "compiled templates"), ("locks", "build locks"),
-                          ("tuning", "tuned schedules")):
+        subs = [("generated", "generated modules"), ("templates", "compiled templates"), ("locks", "build locks"),
+                ("tuning", "tuned schedules")]
+        if kernels and (r / "tensor-cores").is_dir():  # (the tensor-core fronts' runtime folders, kernels included)
+            subs.append(("tensor-cores", "tensor-core runtime folders"))
+        for sub, what in subs:
             out.append(Folder(what + tag, r / sub, *_count(r / sub)))
     if kernels:
         for what, d in _kernel_dirs():
@@ -508,7 +510,8 @@ def clear(path: str | os.PathLike | None = None, *, kernels: bool = True) -> lis
     """Remove what luisaml's caches made: the generated/, templates/, locks/ and tuning/ folders of its
     cache folder and of the fallback (each folder then too, when nothing else is left in it) and,
     with kernels, LuisaCompute's kernel files (kernel_*: rebuilt on next use) with luisaml's own
-    files beside them (the manifest of kernels found complete, the llvm_paths.json lock); return
+    files beside them (the manifest of kernels found complete, the llvm_paths.json lock) and the
+    tensor-core fronts' runtime folders (luisaml/tensor_cores.py, their kernels with them); return
     what was removed, per folder. A process that goes on using the cache makes its folders again.
     Run it while no luisaml process is compiling."""
     want = Path(path) if path is not None else ROOT

@@ -21,6 +21,9 @@ from .compare import compare_outputs, onnxruntime_outputs
 from .log import logger, note, phase
 from .memory import bench_batch, mib
 
+# what a runtime-only install may lack (the .lml runs without them), by import name -> pip's name
+OPTIONAL_PACKAGES = {"onnx": "onnx", "onnxruntime": "onnxruntime", "torch": "torch", "safetensors": "safetensors"}
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, like every other error (argparse prints usage too)
@@ -685,6 +688,12 @@ def main(argv: list[str] | None = None) -> int:
             print("luisaml: interrupted", file=sys.stderr)
             return 130
         except Exception as e:
+            missing = (e.name or "").split(".")[0] if isinstance(e, ModuleNotFoundError) else None
+            if missing in OPTIONAL_PACKAGES:  # a runtime-only install (README: the .lml artifact)
+                print(f"luisaml: error: this needs the Python package '{missing}', which is not installed (pip "
+                      f"install {OPTIONAL_PACKAGES[missing]}); luisaml's runtime alone runs built .lml artifacts",
+                      file=sys.stderr)
+                return 2
             bad_input = isinstance(e, LuisamlError) or (isinstance(e, OSError) and e.filename is not None)
             hint = "" if bad_input or verbosity > 0 else " (run with -v for the traceback)"
             what = "" if bad_input else f"internal error: {type(e).__name__}: "

@@ -160,6 +160,10 @@ class KernelLauncher:
                     common += [n]
                 if first and self.backend == "cuda" and not self.plan.merged_stages:
                     self._build_in_parallel(common + extra + ([0] if self.plan.stage_kernels else []))
+                elif first and self.plan.merged_stages:  # (here, under a progress bar on a terminal)
+                    from . import parallel_build
+
+                    parallel_build.build_here([self.kernel], common + extra + [0], self.backend)
                 launch = Launcher(common + extra)  # (the arguments typed once, not per stage)
                 for k, stage in enumerate(stages):
                     count = stage.dispatch(n)

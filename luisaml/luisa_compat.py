@@ -10,6 +10,56 @@ def apply() -> None:
     _cheap_func_caller()
 
 
+def hook_luisa_import() -> None:
+    """Make luisa's own first import cheap too, where luisaml is imported before it (`import luisaml`
+    calls this): luisa/__init__ imports modules that decorate 30 functions with `@luisa.func`, each
+    walking the whole stack (_cheap_func_caller), before any shim can be installed. A one-shot
+    import hook runs that import with inspect.stack answering luisa.func's call from two frames
+    (what it reads: [1][0], the caller's frame; every other caller gets the real stack), then
+    installs the shim. ResNet-18's `luisaml.load` (kernels cached): 0.74-0.78 -> 0.60-0.62 s CPU time,
+    four processes each, alternated (2026-12-05, this project's 2-core host; the first run unchanged)."""
+    import sys
+
+    if "luisa" in sys.modules or any(isinstance(f, _FirstLuisaImport) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _FirstLuisaImport())
+
+
+class _FirstLuisaImport:
+    """The meta path finder of hook_luisa_import: finds luisa once, through the other finders."""
+
+    def find_spec(self, name, path=None, target=None):
+        import importlib.util
+        import inspect
+        import sys
+
+        if name != "luisa":
+            return None
+        sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
+        spec = importlib.util.find_spec("luisa")
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        real_exec, real_stack = loader.exec_module, inspect.stack
+
+        def stack(context=1):
+            caller = sys._getframe(1)
+            if caller.f_globals.get("__name__") == "luisa.func":  # (func.__init__: inspect.stack()[1][0])
+                return [(caller,), (caller.f_back,)]
+            return real_stack(context)
+
+        def exec_module(module):
+            inspect.stack = stack
+            try:
+                real_exec(module)
+            finally:
+                inspect.stack = real_stack
+            _cheap_func_caller()
+
+        loader.exec_module = exec_module
+        return spec
+
+
 def _cheap_func_caller() -> None:
     """Make `@luisa.func` learn its caller's file and line from one frame.
 

@@ -16,8 +16,10 @@ kernel, so there it has nothing to split (and its cache writes are not safe acro
 compiling the same kernel: launch.KernelLauncher._compile_lock).
 
 A build that runs past a second shows a progress bar of the kernels the workers have built (tqdm,
-on stderr when it is a terminal; `progress`). Only builds in other processes can move a bar:
-LuisaCompute's native build of a kernel holds the GIL of the process that runs it.
+on stderr when it is a terminal; `progress`). LuisaCompute's native build of a kernel holds the GIL
+of the process that runs it, so a build in the main process (the CPU backend's merged kernel, CUDA
+networks of few kernels: `build_here`) gets its bar from a child process (`outside_bar`) that
+draws it, its time moving, while the main process sends it the phase and the kernels done.
 
     python -m luisaml.parallel_build --serve BACKEND IDLE_S   (a worker: its job comes on stdin; see main())
 """
@@ -171,14 +173,89 @@ class Workers:
         self._finalizer()
 
 
+def _quiet() -> bool:
+    """No progress bar where stderr is not a terminal or luisaml logs only errors (`-q`)."""
+    return not getattr(sys.stderr, "isatty", lambda: False)() or not logger.isEnabledFor(logging.WARNING)
+
+
 def progress(total: int, what: str = "building kernels"):
     """Return a tqdm bar over `total` kernels on stderr that shows once it has run PROGRESS_AFTER_S
     seconds, and never where stderr is not a terminal or luisaml logs only errors (`-q`)."""
     from tqdm import tqdm
 
-    quiet = not getattr(sys.stderr, "isatty", lambda: False)() or not logger.isEnabledFor(logging.WARNING)
     return tqdm(total=total, desc=f"luisaml: {what}", unit="kernel", delay=PROGRESS_AFTER_S, file=sys.stderr,
-                disable=quiet, leave=False)
+                disable=_quiet(), leave=False)
+
+
+# the child process of outside_bar: a tqdm bar on the stderr it shares with luisaml, drawn from
+# PROGRESS_AFTER_S on and redrawn every 0.2 s; stdin lines "n K" (K more kernels built) and
+# "phase TEXT"; at the end of stdin it clears its line and exits
+_BAR = r"""
+import select, sys, time
+from tqdm import tqdm
+total, desc, delay = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+t0, n, phase, bar = time.monotonic(), 0, "", None
+while True:
+    if select.select([sys.stdin], [], [], 0.2)[0]:
+        line = sys.stdin.readline()
+        if not line:
+            break
+        cmd, _, arg = line.strip().partition(" ")
+        if cmd == "n":
+            n += int(arg)
+        elif cmd == "phase":
+            phase = arg
+    if bar is None and time.monotonic() - t0 >= delay:
+        bar = tqdm(total=total, desc=desc, unit="kernel", file=sys.stderr, leave=False, initial=0)
+    if bar is not None:
+        bar.n = n
+        bar.set_postfix_str(phase, refresh=False)
+        bar.refresh()
+if bar is not None:
+    bar.close()
+"""
+
+
+@contextlib.contextmanager
+def outside_bar(total: int, what: str = "building kernels"):
+    """Yield say(line) that moves a progress bar over `total` kernels ("n 1", "phase TEXT"), drawn
+    on stderr by a child process: the main process's native kernel build holds its GIL, so no thread
+    of it could draw meanwhile. Nothing (no child) where progress() would show nothing."""
+    if _quiet() or total <= 0:
+        yield lambda line: None
+        return
+    sys.stderr.flush()
+    proc = subprocess.Popen([sys.executable, "-c", _BAR, str(total), f"luisaml: {what}", str(PROGRESS_AFTER_S)],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+
+    def say(line: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+
+    try:
+        yield say
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def build_here(kernels: Sequence, args: Sequence, backend: str) -> None:
+    """Build `kernels` for the types of `args` in this process before their first launch, as the
+    launch would (build_ir, then create_shaders: the same compiled results and cache keys), under
+    outside_bar; what build_ir leaves undone (an error) the launch builds and reports."""
+    with outside_bar(len(kernels)) as say:
+        say("phase front end")
+        built = build_ir(kernels, args)
+        say("phase " + ("LLVM" if backend == "cpu" else "NVRTC"))
+        for item in built:
+            create_shaders([item])
+            say("n 1")
 
 
 @contextlib.contextmanager
@@ -243,6 +320,12 @@ class _NoShaders:
 
     def create_shader(self, function):
         return None
+
+    def destroy_shader(self, handle) -> None:
+        """A shader freed meanwhile (a compiled result collected during build_ir) goes as it would."""
+        from luisa.globalvars import get_global_device
+
+        get_global_device().impl().destroy_shader(handle)
 
 
 def build_ir(kernels: Sequence, args: Sequence) -> list:

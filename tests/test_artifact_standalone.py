@@ -23,7 +23,7 @@ import atexit, json, sys
 class Block:
     def find_spec(self, name, path=None, target=None):
         if name.split('.')[0] in ('onnx', 'onnxruntime', 'torch'):
-            raise ImportError('blocked ' + name)
+            raise ModuleNotFoundError(f'No module named {name!r} (blocked)', name=name)  # (as when not installed)
 sys.meta_path.insert(0, Block())
 atexit.register(lambda: print('IMPORTED ' + json.dumps(
     sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names))), file=sys.stderr))
@@ -151,3 +151,20 @@ def test_cli_emit_on_a_lml_without_onnx_or_torch(cnn, tmp_path):
     _none_of_them(imported)
     # the module the artifact's manifest names by its hash, which load regenerates and checks
     assert hashlib.sha256(r.stdout.encode()).hexdigest() == artifact.read(lml).manifest["source_sha256"]
+
+
+def test_cli_on_a_model_without_onnx_names_the_package_to_install(cnn, tmp_path):
+    """What needs onnx (compiling a model: run, build, inspect of an .onnx) says so in one line, exit 2,
+    instead of an internal error."""
+    from onnx import save
+
+    model, *_ = cnn
+    save(model, str(tmp_path / "m.onnx"))
+    for args in (["run", tmp_path / "m.onnx"], ["build", tmp_path / "m.onnx", "-o", tmp_path / "m.lml"],
+                 ["inspect", tmp_path / "m.onnx"]):
+        r, imported = _blocked(CLI, *args, cwd=tmp_path)
+        lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("IMPORTED ")]
+        assert r.returncode == 2 and len(lines) == 1, (args, r.stderr)
+        assert "needs the Python package 'onnx', which is not installed (pip install onnx)" in lines[0], lines
+        assert "internal error" not in lines[0] and "runs built .lml artifacts" in lines[0]
+        _none_of_them(imported)

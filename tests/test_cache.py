@@ -256,6 +256,33 @@ def test_clear_removes_everything_luisaml_made(tmp_path):
         assert (sorted(p.name for p in root.rglob("*")) == [own]) if own else not root.exists()
 
 
+
+def test_clear_with_kernels_leaves_no_folder_and_removes_the_tensor_core_fronts(tmp_path):
+    """`luisaml cache clear` as a user types it (kernels too) in a fresh process: the cache root is
+    gone (its folders were made again by the clear itself before), the tensor-core fronts' runtime
+    folders with it, and of LuisaCompute's folder only its kernel files and luisaml's. The kernel
+    folder is a temporary one standing in for the shared one beside the Python executable."""
+    root, kdir = tmp_path / "c", tmp_path / "kernels"
+    kdir.mkdir()
+    for name in ("kernel_abc.bc", "kernel_abc.hash", ".luisaml-llvm-paths.lock", "data.mdb", "lock.mdb",
+                 "someone_elses.txt"):
+        (kdir / name).write_text("x")
+    env = dict(os.environ, LUISAML_CACHE=str(root), LUISAML_BACKEND="cpu")
+    make = ("from luisaml import cache\ncache.write_module('v = 1\\n')\n"
+            "with cache.build_lock('k'):\n    pass\n"
+            "d = cache.root() / 'tensor-cores' / 'cuda-0123' / '.cache'\nd.mkdir(parents=True)\n"
+            "(d / 'data.mdb').write_bytes(b'x')\n(d.parent / 'luisa_nvrtc').write_text('#!')")
+    r = subprocess.run([sys.executable, "-c", make], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    clear = ("import sys; from pathlib import Path; from luisaml import cache, cli\n"
+             f"cache.kernel_cache_dir = lambda: Path({str(kdir)!r}); cache._runtime_cache_dir = lambda: None\n"
+             "sys.exit(cli.main(['cache', 'clear']))")
+    r = subprocess.run([sys.executable, "-c", clear], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "tensor-core runtime folders: removed 2 files" in r.stdout
+    assert not root.exists(), sorted(map(str, root.rglob("*")))
+    assert sorted(p.name for p in kdir.iterdir()) == ["someone_elses.txt"]
+
 # ---- LuisaCompute's kernel cache ---------------------------------------------------------------------
 def _real_bitcode() -> list:
     """Kernel files LuisaCompute built in this Python (one tiny network is run to be sure)."""

@@ -121,3 +121,36 @@ def test_func_decorator_walks_the_whole_stack_upstream():
     ours, _ = func_class(f), upstream(theirs, f)  # (one line: both callers' line is this one)
     assert (ours.filename, ours.lineno, ours.__name__) == (theirs.filename, theirs.lineno, theirs.__name__)
     assert ours.filename == __file__
+
+
+_FUNCS = """
+import inspect, json, sys
+real_stack = inspect.stack
+if sys.argv[1] == "luisaml":
+    import luisaml
+import luisa
+funcs = {f"{m.__name__}.{k}": [v.filename, v.lineno] for m in list(sys.modules.values())
+         if getattr(m, "__name__", "").startswith("luisa.") for k, v in vars(m).items() if isinstance(v, luisa.func)}
+print(json.dumps({"funcs": funcs, "stack_restored": inspect.stack is real_stack,
+                  "hooks_left": [type(f).__name__ for f in sys.meta_path if "Luisa" in type(f).__name__],
+                  "shim": getattr(sys.modules["luisa.func"].func.__init__, "_luisaml_shim", False)}))
+"""
+
+
+def test_luisas_own_import_after_luisaml_gives_the_same_funcs_without_the_stack_walk():
+    """`import luisaml` then `import luisa` (luisa_compat.hook_luisa_import): every @luisa.func of
+    luisa's own modules has the file and line a plain `import luisa` gives it, inspect.stack is
+    inspect's own again, the hook is gone and the func shim is installed."""
+    import json
+    import subprocess
+    import sys
+
+    def run(first):
+        r = subprocess.run([sys.executable, "-c", _FUNCS, first], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    plain, ours = run("luisa"), run("luisaml")
+    assert len(plain["funcs"]) >= 20 and ours["funcs"] == plain["funcs"]
+    assert ours["stack_restored"] and not ours["hooks_left"] and ours["shim"]
+    assert not plain["shim"]  # (a plain import is upstream's: the shim comes from luisaml)

@@ -5,6 +5,7 @@ build, and the kernels then launch and compute what numpy does; a worker that fa
 import io
 import logging
 import os
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -189,3 +190,61 @@ def test_a_build_shows_the_kernels_built_on_a_terminal_only(tmp_path, monkeypatc
         assert f"{KERNELS}/{KERNELS}" in err.getvalue()  # every kernel the worker built, counted
     else:
         assert err.getvalue() == ""
+
+
+_FIRST_RUN = """
+import sys
+import numpy as np
+import luisaml
+from luisaml import parallel_build
+parallel_build.PROGRESS_AFTER_S = 0.0
+net = luisaml.compile(sys.argv[1], backend="cpu")
+y = net.run({"x": np.full((2, 5), -1.5, np.float32)})["y"]
+print("ran", y.tolist(), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_a_build_in_the_main_process_gets_a_bar_drawn_by_a_child_on_a_terminal_only(tmp_path, terminal):
+    """The CPU backend's merged kernel builds in the main process, whose native build holds the GIL:
+    its bar is drawn by a child process (parallel_build.outside_bar) on the terminal the run's stderr
+    is (a pseudo-terminal here), and counts the kernel; on a pipe nothing is drawn and no child starts."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 5])])
+    path = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    env = dict(os.environ, LUISAML_BACKEND="cpu")
+    if not terminal:
+        r = subprocess.run([sys.executable, "-c", _FIRST_RUN, str(path)], capture_output=True, text=True, env=env,
+                           timeout=300)
+        assert r.returncode == 0 and "ran [[0.0" in r.stderr, r.stderr
+        assert "building kernels" not in r.stderr
+        return
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # (tqdm draws nothing in 0 columns)
+    p = subprocess.Popen([sys.executable, "-c", _FIRST_RUN, str(path)], stderr=slave, stdout=subprocess.DEVNULL,
+                         env=env)
+    os.close(slave)
+    said = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # (EIO: every writer of the terminal has closed it)
+            break
+        if not chunk:
+            break
+        said += chunk
+    os.close(master)
+    assert p.wait(timeout=300) == 0, said
+    text = said.decode(errors="replace")
+    assert "ran [[0.0" in text
+    assert "luisaml: building kernels" in text and "1/1" in text, text
