@@ -59,3 +59,15 @@ def test_measure_nests_and_buffers_release_their_bytes():
             del buf
         assert inner.peak_bytes == base + 4000 and inner.held_bytes == base
     assert outer.peak_bytes == base + 4000 and outer.held_bytes == base
+
+
+def test_inspect_profile_prints_a_whole_run(tmp_path, capsys):
+    from luisaml.cli import main
+
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])])
+    path = tmp_path / "relu.onnx"
+    path.write_bytes(m.SerializeToString())
+    assert main(["inspect", str(path), "--profile"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "a whole run:" in ln)
+    assert "1 launches, 2 host synchronisations" in line and "device peak" in line
