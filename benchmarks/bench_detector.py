@@ -367,7 +367,9 @@ def device_name(device: str) -> str:
 
 
 def tag_of(name: str) -> str:
-    return "h200" if "H200" in name else ("cpu" if name.startswith("cpu") else "".join(c for c in name.lower() if c.isalnum()))
+    if "H200" in name:
+        return "h200"
+    return "cpu" if name.startswith("cpu") else "".join(c for c in name.lower() if c.isalnum())
 
 
 def summary(rec: dict) -> list[str]:
@@ -433,7 +435,8 @@ def main(argv=None) -> int:
     lines = [f"## Detector, points to boxes (bench_detector.py), {rec['device_name']}, {rec['date']}", "",
              f"Command `{rec['command']}`; frames {rec['points']} points (sha256 {data['sha256'][:12]}), "
              f"{a.reps} runs a frame.", ""] + summary(rec)
-    other = out_dir / f"detector-{'torch-spconv' if a.side == 'luisaml' else 'luisaml'}-{tag}{'-quick' if a.quick else ''}.json"
+    quick = "-quick" if a.quick else ""
+    other = out_dir / f"detector-{'torch-spconv' if a.side == 'luisaml' else 'luisaml'}-{tag}{quick}.json"
     if other.exists():
         o = json.loads(other.read_text())
         mine, theirs = (rec, o) if a.side == "luisaml" else (o, rec)

@@ -56,7 +56,8 @@ class SparseConv3d(_Conv):  # every site some input reaches, in the output's sha
                          stride=self.stride, padding=self.padding)[0, 0]
         o = torch.nonzero(reach > 0)
         idx = torch.cat([torch.zeros((len(o), 1), dtype=torch.int32), o.to(torch.int32)], 1)
-        return SparseConvTensor(self.dense(x)[0, :, o[:, 0], o[:, 1], o[:, 2]].T.contiguous(), idx, list(reach.shape), 1)
+        values = self.dense(x)[0, :, o[:, 0], o[:, 1], o[:, 2]].T.contiguous()
+        return SparseConvTensor(values, idx, list(reach.shape), 1)
 '''
 
 

@@ -64,7 +64,8 @@ def test_measure_nests_and_buffers_release_their_bytes():
 def test_inspect_profile_prints_a_whole_run(tmp_path, capsys):
     from luisaml.cli import main
 
-    m = _model([helper.make_node("Relu", ["x"], ["y"])], [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+    m = _model([helper.make_node("Relu", ["x"], ["y"])],
+               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
                [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])])
     path = tmp_path / "relu.onnx"
     path.write_bytes(m.SerializeToString())
