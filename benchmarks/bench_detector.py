@@ -436,8 +436,9 @@ def main(argv=None) -> int:
              f"Command `{rec['command']}`; frames {rec['points']} points (sha256 {data['sha256'][:12]}), "
              f"{a.reps} runs a frame.", ""] + summary(rec)
     quick = "-quick" if a.quick else ""
-    other = out_dir / f"detector-{'torch-spconv' if a.side == 'luisaml' else 'luisaml'}-{tag}{quick}.json"
-    if other.exists():
+    name = f"detector-{'torch-spconv' if a.side == 'luisaml' else 'luisaml'}-{tag}{quick}.json"
+    other = next((d / name for d in (out_dir, HERE / "results") if (d / name).exists()), out_dir / name)
+    if other.exists():  # (in the output folder, or committed under benchmarks/results by an earlier call)
         o = json.loads(other.read_text())
         mine, theirs = (rec, o) if a.side == "luisaml" else (o, rec)
         if o.get("frames_sha256") == data["sha256"] and mine.get("frame_ms") and theirs.get("frame_ms"):
