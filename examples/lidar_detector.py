@@ -151,9 +151,12 @@ class Head(torch.nn.Module):
             self.out.bias[:cfg.classes] = -2.0
 
     def forward(self, feats: torch.Tensor, *fine) -> tuple[torch.Tensor, ...]:
-        cfg, (X, Y, _) = self.cfg, self.size
         coarse = F.conv_grid(fine, 3, 2)
-        bev = inject_to_dense(coarse, feats, self.lo, self.size, "BEV")  # [1, C*Z, Y, X]
+        return self.from_bev(inject_to_dense(coarse, feats, self.lo, self.size, "BEV"))  # [1, C*Z, Y, X]
+
+    def from_bev(self, bev: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The 2-D head, TopK, decoding and CircleNMS over a BEV [1, C*Z, Y, X] (channel c*Z + z)."""
+        cfg, (X, Y, _) = self.cfg, self.size
         maps = self.out(torch.relu(self.conv(bev)))[0]  # [classes + REG, Y, X]
         heat = torch.sigmoid(maps[:cfg.classes]).reshape(-1)
         scores, index = torch.topk(heat, cfg.candidates)
@@ -192,15 +195,15 @@ class _CircleNMS(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, centers: torch.Tensor, scores: torch.Tensor, min_radius: float) -> torch.Tensor:
-        c = centers.detach().numpy().astype(np.float32)
+        c = centers.detach().cpu().numpy().astype(np.float32)  # (on the host, as CenterPoint's numba circle_nms)
         thresh = np.float32(min_radius ** 2)
-        order = np.argsort(-scores.detach().numpy().astype(np.float64), kind="stable")
+        order = np.argsort(-scores.detach().cpu().numpy().astype(np.float64), kind="stable")
         keep: list[int] = []
         for i in order:
             d = (c[keep, 0] - c[i, 0]) ** 2 + (c[keep, 1] - c[i, 1]) ** 2
             if not (d <= thresh).any():
                 keep.append(int(i))
-        return torch.tensor(keep, dtype=torch.int64)
+        return torch.tensor(keep, dtype=torch.int64, device=centers.device)
 
     @staticmethod
     def symbolic(g, centers, scores, min_radius):

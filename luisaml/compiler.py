@@ -38,7 +38,8 @@ def prepare(proto, batch_axis="auto", input_shapes=None, *, limits: Limits = DEF
     from .fvdb import host_steps
     from .model import model_from_proto
     from .passes.batch import annotate
-    from .passes.cleanup import fold_batchnorm, remove_dead, remove_passthrough
+    from .opsets.fvdb import DOMAIN as FVDB
+    from .passes.cleanup import fold_batchnorm, merge_equal_nodes, remove_dead, remove_passthrough
     from .passes.functions import expand_functions
     from .passes.infer import Specialised, find_batch_symbol, set_input_shapes, specialise
     from .passes.upgrade import upgrade_opset
@@ -50,6 +51,7 @@ def prepare(proto, batch_axis="auto", input_shapes=None, *, limits: Limits = DEF
     expand_functions(proto, lambda op_type, domain, opset: operators(op_type, domain) is not None)
     if input_shapes:
         set_input_shapes(proto, input_shapes)
+    merge_equal_nodes(proto, lambda n: n.domain == FVDB)  # (fVDB's ops are pure: one neighbour map a geometry)
     steps = host_steps.split(proto, operators)
     symbol = find_batch_symbol(proto, batch_axis, operators)
     spec: Specialised = specialise(proto, symbol, limits=limits, operators=operators)

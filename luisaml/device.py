@@ -172,7 +172,7 @@ def init(backend: str = "auto", tensor_cores: bool = False) -> str:
     import luisa
     from luisa import lcapi
 
-    from . import luisa_compat
+    from . import counts, luisa_compat
 
     if not os.environ.get("LUISAML_VERBOSE"):
         lcapi.log_level_warning()
@@ -184,6 +184,7 @@ def init(backend: str = "auto", tensor_cores: bool = False) -> str:
         else:
             luisa.init(want, support_gui=False)
     luisa_compat.apply()
+    counts.install()  # (net.profile's launches and synchronisations: luisaml/counts.py)
     if want == "cpu":
         luisa_compat.settle_cpu_backend()
     _current = want

@@ -125,8 +125,10 @@ def byte_buffer(data: bytes | np.ndarray):
     ByteBufferType instance; ByteBuffer.from_array cannot take numpy scalar types."""
     import luisa
 
+    from . import counts
+
     raw = _byte_words(data)
-    buf = luisa.ByteBuffer(raw.size)
+    buf = counts.allocated(luisa.ByteBuffer(raw.size))
     fix_byte_buffer(buf)
     buf.copy_from_array(raw.view(np.uint32), sync=True)
     return buf
@@ -185,8 +187,10 @@ def upload(array: np.ndarray, dsl: str):
     import luisa
     from luisa.types import half, uint
 
+    from . import counts
+
     kind = {"float": float, "int": int, "uint": uint, "half": half, "bool": bool}[dsl]
-    buf = luisa.Buffer(max(array.size, 1), kind)
+    buf = counts.allocated(luisa.Buffer(max(array.size, 1), kind))
     if array.size:
         buf.copy_from_array(np.ascontiguousarray(array).reshape(-1), sync=False)
     return buf

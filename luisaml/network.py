@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
-from . import device, dtypes, zero_copy
+from . import counts, device, dtypes, zero_copy
 from .errors import InputNameError, UsageError
 from .feeds import (BoundInputs, check_feeds, expected, feeds_and_outputs, host_feeds, io_dtype, memory_key,
                     voxel_rows_kept)
@@ -21,6 +21,17 @@ from .pool import BufferPool
 
 if TYPE_CHECKING:  # (not imported at run time: a network loaded from a .lml runs without onnx)
     from .plan import IOSpec, Plan
+
+
+class Profile(list):
+    """net.profile's answer: a list of (stage, median milliseconds), each kernel timed alone, with
+    what a whole run costs: `run_ms`, the median wall time of net.run, and `counts`
+    (luisaml/counts.Counts: launches, host synchronisations, uploads, downloads, device bytes)."""
+
+    def __init__(self, items=(), *, run_ms: float = 0.0, per_run: counts.Counts | None = None) -> None:
+        super().__init__(items)
+        self.run_ms = run_ms
+        self.counts = per_run if per_run is not None else counts.Counts()
 
 
 class CompiledNetwork(metaclass=abc.ABCMeta):  # (abstract of nothing: luisaml/per_batch.py registers its wrapper)
@@ -243,14 +254,27 @@ class CompiledNetwork(metaclass=abc.ABCMeta):  # (abstract of nothing: luisaml/p
             results = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in results.items()}
         return results
 
-    def profile(self, feeds: Mapping[str, Any], repeat: int = 5) -> list[tuple[str, float]]:
+    def profile(self, feeds: Mapping[str, Any], repeat: int = 5) -> Profile:
         """Return (stage, median milliseconds) of each kernel the network launches for these feeds,
-        each timed on its own (launch and synchronise), after a first full run builds them."""
+        each timed on its own (launch and synchronise), after a first full run builds them; the
+        list's `run_ms` is the median wall time of `repeat` whole runs (host steps, uploads and
+        read-backs included) and its `counts` what one whole run asked of the device (launches,
+        host synchronisations, uploads, downloads, device bytes held and their peak: luisaml/counts.py)."""
         with device.stream_lock:
+            self.run(feeds)
+            walls = []
+            for _ in range(max(repeat, 1)):
+                with counts.measure() as one_run:
+                    t = time.perf_counter()
+                    self.run(feeds)
+                    walls.append((time.perf_counter() - t) * 1e3)
             timer = self.stage_timer(feeds)
             stages = self.plan.schedule.stages if self.plan.schedule is not None else [None]
-            return [(stage.describe() if stage is not None else "the per-sample kernel",
-                     float(np.median([timer(k) for _ in range(repeat)]))) for k, stage in enumerate(stages)]
+            out = Profile(run_ms=float(np.median(walls)), per_run=one_run)
+            for k, stage in enumerate(stages):
+                out.append((stage.describe() if stage is not None else "the per-sample kernel",
+                            float(np.median([timer(k) for _ in range(repeat)]))))
+            return out
 
     def stage_timer(self, feeds: Mapping[str, Any]) -> Callable[[int], float]:
         """Return a function of a stage's index that launches that stage alone over these feeds,

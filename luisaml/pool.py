@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from . import counts
+
 
 class BufferPool:
     """Buffers by (identifier, element count): one per identifier, replaced when its count changes
@@ -53,12 +55,12 @@ class BufferPool:
             if dsl == "ubyte":  # bytes sized at run time (a new grid's blob): a ByteBuffer of whole words
                 from .luisa_compat import fix_byte_buffer
 
-                buf = luisa.ByteBuffer(max(-(-count // 4) * 4, 4))
+                buf = counts.allocated(luisa.ByteBuffer(max(-(-count // 4) * 4, 4)))
                 fix_byte_buffer(buf)
                 self.held[key] = buf
                 return buf
             kind = {"float": float, "int": int, "uint": uint, "half": half, "bool": bool}[dsl]
-            self.held[key] = luisa.Buffer(max(count, 1), kind)
+            self.held[key] = counts.allocated(luisa.Buffer(max(count, 1), kind))
         return self.held[key]
 
     def pooled(self, ident: str, dsl: str, count: int):
@@ -88,7 +90,7 @@ class BufferPool:
         if self._tiles is None:
             import luisa
 
-            self._tiles = luisa.Buffer.from_array(np.zeros(2, np.int32))
+            self._tiles = counts.allocated(luisa.Buffer.from_array(np.zeros(2, np.int32)))
         return self._tiles
 
     def error_flag(self):
@@ -96,6 +98,6 @@ class BufferPool:
         import luisa
 
         if self._errors is None:
-            self._errors = luisa.Buffer(1, int)
+            self._errors = counts.allocated(luisa.Buffer(1, int))
         self._errors.copy_from_array(np.zeros(1, np.int32))
         return self._errors

@@ -148,8 +148,8 @@ def build(model, weights=None, *, batch_axis="auto", input_shapes: Mapping[str, 
         "unsupported": unsupported_nodes(g, prep),
     }
     if head["unsupported"]:
-        return {**head, "nodes": [], "totals": None, "stages": None, "registers": None, "buffers": None,
-                "batch_kernel": "", "host_steps": [], "profile": None, "tuning": None}
+        return {**head, "neighbour_maps": [], "nodes": [], "totals": None, "stages": None, "registers": None,
+                "buffers": None, "batch_kernel": "", "host_steps": [], "profile": None, "tuning": None}
     with phase("plan"):
         plan, why, _ = plan_for(proto, name, options)
     rep = from_plan(plan, model_name=name, why=why)
@@ -227,6 +227,7 @@ def from_plan(plan, *, model_name: str = "model", why: str | None = None) -> dic
                                          else plan.host_steps.inputs(plan.inputs))],
         "outputs": [_io_info(s) for s in plan.outputs],
         "op_counts": _op_counts(g.nodes),
+        "neighbour_maps": neighbour_maps(plan.ops),
         "unsupported": [],
         "nodes": nodes,
         "totals": totals,
@@ -259,6 +260,8 @@ def with_profile(rep: Mapping, times: list[tuple[str, float]], *, backend: str, 
         out["stages"] = [{**st, "time_ms": float(ms)} for st, (_, ms) in zip(stages, times)]
     out["profile"] = {"backend": backend, "batch": int(batch), "repeat": int(repeat),
                       "total_ms": float(sum(ms for _, ms in times))}
+    if getattr(times, "counts", None) is not None:  # (network.Profile: a whole run's wall time and counts)
+        out["profile"].update(run_ms=float(times.run_ms), run=times.counts.as_dict())
     return out
 
 
@@ -376,6 +379,23 @@ def allocation(alloc, steps: list[str], tensors: Mapping) -> dict[str, Any]:
         "inplace": [list(p) for p in alloc.inplace],
         "views": [list(p) for p in alloc.views],
     }
+
+
+def neighbour_maps(ops) -> list[dict[str, Any]]:
+    """Each distinct kernel map (neighbour map) fVDB's sparse convolutions read: the tensor, the node
+    that builds it (None where it folded to a constant), its geometry and the convolutions reading it."""
+    built = {n.outputs[0]: n for n, _ in ops if n.domain == "fvdb" and n.op_type == "SparseConvKernelMap"}
+    maps: dict[str, dict[str, Any]] = {}
+    for n, _ in ops:
+        if n.domain == "fvdb" and n.op_type == "SparseConv3d" and len(n.inputs) > 1:
+            node = built.get(n.inputs[1])
+            entry = maps.setdefault(n.inputs[1], {
+                "tensor": n.inputs[1], "node": node.name if node is not None else None,
+                "kernel_size": attribute_value(node.attrs.get("kernel_size")) if node is not None else None,
+                "stride": attribute_value(node.attrs.get("stride", 1)) if node is not None else None,
+                "convolutions": []})
+            entry["convolutions"].append(n.name)
+    return list(maps.values())
 
 
 def _op_counts(nodes) -> dict[str, int]:
@@ -509,6 +529,12 @@ def text(rep: Mapping) -> str:
     if rep["per_sample_impossible"]:
         lines.append(f"per-sample execution: impossible ({rep['per_sample_impossible']}); the network compiles for "
                      "each batch size it runs with, shapes fixed (the plan below is at batch 2)")
+    if rep.get("neighbour_maps"):
+        maps = rep["neighbour_maps"]
+        lines.append(f"neighbour maps: {len(maps)}, read by {sum(len(m['convolutions']) for m in maps)} sparse "
+                     "convolutions (equal maps merged)")
+        lines += [f"  {m['node'] or m['tensor'] + ' (folded)'}: kernel {m['kernel_size']}, stride {m['stride']}; "
+                  f"read by {', '.join(m['convolutions'])}" for m in maps]
     if rep.get("host_steps"):
         lines.append("run before the kernels when a run binds new grids (the grids they build are inputs of the "
                      "kernels):")
@@ -548,6 +574,11 @@ def text(rep: Mapping) -> str:
             total = prof["total_ms"] or 1.0
             lines += [f"  {st['time_ms']:9.3f} ms {100 * st['time_ms'] / total:5.1f}%  {st['describe']}"
                       for st in rep["stages"]]
+            if prof.get("run"):
+                r = prof["run"]
+                lines.append(f"  a whole run: {prof['run_ms']:.3f} ms, {r['launches']} launches, {r['syncs']} host "
+                             f"synchronisations, {r['uploads']} uploads, {r['downloads']} downloads, "
+                             f"{byte_text(r['peak_bytes'])} device peak")
         else:
             lines += [f"  {st['describe']}" for st in rep["stages"]]
         lines.append("buffers across stages: " + _alloc_text(rep["buffers"]))

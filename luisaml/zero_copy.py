@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from . import dtypes
+from . import counts, dtypes
 from .feeds import ZERO_COPY_TOKENS, check_feeds, input_digest, io_dtype, memory_key, voxel_rows_kept
 from .interop import check_torch_dtype, dlpack_buffer, is_torch, same_tensor, to_numpy, torch_dtype
 
@@ -113,6 +113,7 @@ def run(net: CompiledNetwork, feeds: Mapping[str, Any], wanted: list[str]) -> di
 
     def drain_torch():
         if where.type == "cuda":
+            counts.synchronised()
             torch.cuda.current_stream(where).synchronize()
 
     def kernel_dtype(s: IOSpec):

@@ -373,8 +373,10 @@ class Conv(ConvBase):
                 return packed.reshape(self.group, cg, taps, blocks, O).transpose(0, 3, 1, 2, 4).copy()
             return packed
 
-        kind = "panels" if self.panels() else "packed"
-        return w.home.blob.add_packed(f"{w.name}/{kind}[{cg}x{taps}x{blocks * O}]", pack)
+        # the key names the layout: panels of O channels differ for each O with one blocks * O (the
+        # schedule search's candidate copies share W; one key for two layouts fed them the wrong panels)
+        key = f"{w.name}/panels[{cg}x{taps}x{blocks}x{O}]" if self.panels() else f"{w.name}/packed[{cg}x{taps}x{blocks * O}]"
+        return w.home.blob.add_packed(key, pack)
 
     def cpu(self) -> bool:
         """Whether this node takes the CPU's tiles (see no_blocks)."""

@@ -138,9 +138,10 @@ def test_inspect_json_is_one_document_with_the_documented_keys(cnn_path, capsys)
     assert main(["inspect", cnn_path, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {"schema", "model", "opsets", "batch_symbol", "per_sample", "per_sample_impossible", "inputs",
-                        "outputs", "op_counts", "unsupported", "nodes", "totals", "stages", "registers", "buffers",
-                        "batch_kernel", "host_steps", "profile", "tuning"}
+                        "outputs", "op_counts", "neighbour_maps", "unsupported", "nodes", "totals", "stages", "registers",
+                        "buffers", "batch_kernel", "host_steps", "profile", "tuning"}
     assert doc["host_steps"] == [] and doc["profile"] is None  # no --profile: nothing ran, no times
+    assert doc["neighbour_maps"] == []  # (no sparse convolution)
     assert all(st["time_ms"] is None for st in doc["stages"])
     assert doc["schema"] == 1 and doc["model"] == "cnn.onnx" and doc["op_counts"]["Conv"] == 2
     assert set(doc["nodes"][0]) == {"name", "op_type", "domain", "inputs", "outputs", "stage", "role", "inlined_in",

@@ -1,8 +1,12 @@
 """Graph clean-up on the Model: Identity and inference-mode Dropout removal, dead-node removal,
-BatchNormalization folded into the convolution before it."""
+BatchNormalization folded into the convolution before it; on the ModelProto, before the grid steps
+are cut out, equal nodes of a pure domain merged (merge_equal_nodes: one neighbour map for every
+layer over the same grids with the same kernel geometry, issue 28 item 6)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -68,6 +72,47 @@ def remove_dead(model: Model) -> int:
             needed |= {i for i in n.inputs if i} | outer_reads(n)
     removed = len(g.nodes) - len(keep)
     g.nodes = list(reversed(keep))
+    return removed
+
+
+def merge_equal_nodes(proto, pure: Callable[[Any], bool]) -> int:
+    """Merge nodes for which pure(node) holds (their outputs depend on their inputs and attributes
+    only) that read the same tensors with the same attributes: later ones dropped, their outputs'
+    readers reading the first's. In graph order, so chains merge too (two ConvGrids of one grid, then
+    the kernel maps over their results). A node whose outputs are graph outputs stays; graphs with
+    subgraphs are left as they are (their bodies may read the names). Return the nodes removed."""
+    import onnx
+
+    g = proto.graph
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in g.node for a in n.attribute):
+        return 0
+    graph_outputs = {o.name for o in g.output}
+    rename: dict[str, str] = {}
+    first: dict[tuple, Any] = {}
+    keep = []
+    for n in g.node:
+        if any(i in rename for i in n.input):
+            ins = [rename.get(i, i) for i in n.input]
+            del n.input[:]
+            n.input.extend(ins)
+        if pure(n):
+            key = (n.domain, n.op_type, tuple(n.input),
+                   tuple(a.SerializeToString() for a in sorted(n.attribute, key=lambda a: a.name)))
+            earlier = first.get(key)
+            if (earlier is not None and len(earlier.output) == len(n.output) and not graph_outputs & set(n.output)
+                    and all(e or not o for o, e in zip(n.output, earlier.output))):
+                rename.update({o: e for o, e in zip(n.output, earlier.output) if o})
+                continue
+            first.setdefault(key, n)
+        keep.append(n)
+    if not rename:
+        return 0
+    removed = len(g.node) - len(keep)
+    kept_infos = [vi for vi in g.value_info if vi.name not in rename]
+    del g.value_info[:]
+    g.value_info.extend(kept_infos)
+    del g.node[:]
+    g.node.extend(keep)
     return removed
 
 
