@@ -61,8 +61,11 @@ class Module:
         self._counter = 0
 
     def fresh(self, prefix: str) -> str:
+        """Return a name no other fresh call of this module returns: prefix and a counter, with an
+        underscore after a prefix that ends in a digit ("t2" and 547 would be "t2547", which "t" and
+        2547 also make: a GRU's float4 and int locals of one kernel collided that way on CUDA)."""
         self._counter += 1
-        return f"{prefix}{self._counter}"
+        return f"{prefix}{'_' if prefix[-1:].isdigit() else ''}{self._counter}"
 
     def imports(self) -> list[tuple[str, list[str]]]:
         """Return (shaders module, sorted names) of every helper import, sorted by module."""
