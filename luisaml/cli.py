@@ -16,6 +16,7 @@ import traceback
 
 import numpy as np
 
+from . import cli_args
 from .errors import LuisamlError, UsageError
 from .compare import compare_outputs, onnxruntime_outputs
 from .log import logger, note, phase
@@ -521,13 +522,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--input", "-i", action="append", metavar="NAME=FILE.npy",
                    help="an input (default: random); cast to the model's dtype where that loses no kind")
     p.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--batch", type=_count(0), default=4, help="batch size of random inputs")
+    p.add_argument("--batch", type=cli_args.count(0), default=4, help="batch size of random inputs")
     p.add_argument("--out", help="folder to write each output as NAME.npy (a '/' in NAME written '_')")
     p.add_argument("--compare", action="store_true",
                    help="also run onnxruntime; exit 3 naming the worst output and index when an output is past "
                         "|luisaml - onnxruntime| <= atol + rtol x |onnxruntime|")
-    p.add_argument("--atol", type=_tolerance, default=1e-5, help="absolute tolerance of --compare (default 1e-5)")
-    p.add_argument("--rtol", type=_tolerance, default=1e-5, help="relative tolerance of --compare (default 1e-5)")
+    p.add_argument("--atol", type=cli_args.tolerance, default=1e-5, help="absolute tolerance of --compare (default 1e-5)")
+    p.add_argument("--rtol", type=cli_args.tolerance, default=1e-5, help="relative tolerance of --compare (default 1e-5)")
     _tune(p)
     _fp16(p)
     p.set_defaults(fn=cmd_run)
@@ -552,13 +553,13 @@ def _parser() -> argparse.ArgumentParser:
                        help="time net.run on random inputs: latency P50/P95/P99, throughput, per-stage times")
     _common(p)
     p.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--batch", type=_count(1), default=None,
+    p.add_argument("--batch", type=cli_args.count(1), default=None,
                    help="samples per run for a model with a dynamic batch (default 1; refused with the largest "
                         "that fits when it would not fit in free memory); a static model runs its own batch")
-    p.add_argument("--warmup", type=_count(0), default=3, help="untimed runs after the first (default 3)")
-    p.add_argument("--iterations", "--repeat", type=_count(1), default=20, dest="iterations",
+    p.add_argument("--warmup", type=cli_args.count(0), default=3, help="untimed runs after the first (default 3)")
+    p.add_argument("--iterations", "--repeat", type=cli_args.count(1), default=20, dest="iterations",
                    help="timed runs (default 20; the least with --duration)")
-    p.add_argument("--duration", type=_seconds, default=None, metavar="SECONDS",
+    p.add_argument("--duration", type=cli_args.seconds, default=None, metavar="SECONDS",
                    help="keep timing runs for at least this long")
     p.add_argument("--profile", action="store_true", help="also time each stage alone and print a table")
     p.add_argument("--profile-json", metavar="PATH", help="write the stages' times as a Chrome trace (implies --profile)")
@@ -636,37 +637,6 @@ def _fp16(p) -> None:
     p.add_argument("--fp16", action="store_true",
                    help="half-precision inputs, outputs and tensor-core math (precision='fp16'): models that compile "
                         "into the fused MLP kernel only; emulated on the CPU backend")
-
-
-def _tolerance(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not v >= 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return v
-
-
-def _seconds(text: str) -> float:
-    v = _tolerance(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return v
-
-
-def _count(least: int):
-    """Return an argparse type: an int of at least `least` (a one-line error otherwise)."""
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if v < least:
-            raise argparse.ArgumentTypeError(f"expected a number >= {least}, got {v}")
-        return v
-
-    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
