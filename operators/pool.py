@@ -32,7 +32,7 @@ from .conv import (
 # the row's end stores only its outputs inside): the CIFAR CNN's 2 x 2 pools, the stage alone,
 # measured in benchmarks/NOTES.md ("ConvTranspose tiles, long reductions and pools on the CPU")
 ROW_TILE = 8
-# MaxPool.rows_first on (the switch benchmarks/zoo_elem.py turns off for its A/B)
+# MaxPool.rows_first on (the switch benchmarks/experiments/zoo_elem.py turns off for its A/B)
 ROWS_FIRST = True
 
 

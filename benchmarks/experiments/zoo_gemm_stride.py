@@ -3,7 +3,7 @@ off them: the reproducer of NOTES.md's "The zoo on the CPU", finding 1 (a prepac
 a multiple of 4 KB apart ran 2-5x slower; since the CPU's tiles read B as column-block panels, the
 widths measure alike: NOTES.md, "Column-block panels and square tiles").
 
-    python benchmarks/zoo_gemm_stride.py [--reps 7]
+    python benchmarks/experiments/zoo_gemm_stride.py [--reps 7]
 
 Prints the best and the median of `net.run` over reps for each [M, K] x [K, N] (one sample; host
 copies included), with GFLOP/s (2 per multiply-add) of the best."""

@@ -2,7 +2,7 @@
 one process: the reproducer of NOTES.md's "ConvTranspose tiles, long reductions and pools on the
 CPU" (issue 27, items 5 and 6 of "The zoo on the CPU").
 
-    python benchmarks/zoo_elem.py [--reps 15] [--only convt,reduce,pool,gpool]
+    python benchmarks/experiments/zoo_elem.py [--reps 15] [--only convt,reduce,pool,gpool]
 
 For each layer at the zoo's --quick batch (U-Net's three up-convolutions, PointNet's max over 1,024
 points, the max pools of the CIFAR CNN, LeNet, U-Net, ResNet's stem and SqueezeNet, EfficientNet's
