@@ -2,7 +2,11 @@
 once per kernel row and unrolls the taps over it (Conv.row_window): a 7-wide window over 8 outputs
 is 14 loads, not 56, and each load also does the inline producers' work (ConvNeXt's residual Adds
 over Transposes of channels-last tensors). The CUDA plan has only items stages here, so the CPU
-device runs it whole: its outputs against onnxruntime."""
+device runs it whole: its outputs against onnxruntime (under LUISAML_BACKEND=cuda, the GPU runs it).
+
+    LUISAML_BACKEND=cuda python -m pytest tests/operators/test_conv_row_window.py -q"""
+import os
+
 import numpy as np
 import pytest
 from onnx import helper
@@ -46,8 +50,12 @@ def test_cuda_items_conv_equals_onnxruntime(case):
     # each offset of the window loaded once in each copy of the nest (masked and not), no loop over
     # the taps (the loop form: P loads in a loop of k taps); a loop over a group's channels stays
     assert plan.source.count("x_a.read(") == 2 * len(window), plan.source
-    luisaml.device.current() or luisaml.device.init("cpu")
-    net = _network(plan, "cpu")
+    if os.environ.get("LUISAML_BACKEND") == "cuda":
+        net = luisaml.compile(model)
+        assert plan.source.count("x_a.read(") == net.source.count("x_a.read(")  # the same form
+    else:
+        luisaml.device.current() or luisaml.device.init("cpu")
+        net = _network(plan, "cpu")
     for n in (1, 3):
         feeds = {"a": rand((n, 9, w, c), seed=n), "b": rand((n, c, 9, w), seed=n + 10)}
         np.testing.assert_allclose(net.run(feeds)["y"], ort_run(model, feeds)["y"], rtol=1e-5, atol=1e-5)
