@@ -387,6 +387,21 @@ class Conv(ConvBase):
         weights one contiguous run, not rows blocks x O words apart, 2 KB for 512 channels)."""
         return self.cpu()
 
+    # the most multiply-adds a row window unrolls (row_window): a depthwise 7 x 7 strip of 8 is 56
+    ROW_WINDOW_FMAS = 256
+
+    def row_window(self, P: int, O: int) -> list[int]:
+        """Return the offsets along the row that a strip of P outputs reads over the last kernel
+        dimension, where its taps are unrolled over them loaded once (else []): CUDA's items form
+        (depthwise and grouped convolutions, which have no block tiling), where taps overlap. The
+        CPU's tiles keep the loop over taps (their vectorisation was measured so)."""
+        g = self.geo
+        s, d, kl = g.strides[-1], g.dilations[-1], g.kernel[-1]
+        offs = sorted({kv * d + pp * s for kv in range(kl) for pp in range(P)})
+        if self.cpu() or len(offs) == kl * P or kl * P * O > self.ROW_WINDOW_FMAS:
+            return []
+        return offs
+
     def emit_item(self, ctx, item: str) -> None:
         x, w, y = self.input(0), self.input(1), self.output()
         g, k = self.geo, self.k
@@ -425,6 +440,7 @@ class Conv(ConvBase):
         lo_fails = pad_l > 0
         covered = g.out[-1] if overlap else strips * P  # outputs along the row the strips reach
         hi_fails = (covered - 1) * s_l + (kl - 1) * d_l - pad_l >= sizes[-1]
+        row_window = self.row_window(P, O)
 
         def nest(masked: bool) -> None:
             """Emit the loops over the group's channels and the kernel taps, outer spatial dims
@@ -446,23 +462,38 @@ class Conv(ConvBase):
                     else:
                         outer_taps(d + 1, c, base, kvs + [kv])
 
+            def tap_weights(c, kvs, kv):
+                tap = ix.ravel(kvs + [kv], tuple(int(np.prod(self.kernel[d + 1:], dtype=np.int64)) for d in range(k)))
+                if packed is not None:
+                    wk = ctx.let(ix.add(wbase, ix.mul(ix.add(ix.mul(c, taps), tap), w_row)), "wk")
+                    return [ctx.let(f"weights.read(float, {ix.add(wk, str(4 * j))})", "w") for j in range(O)]
+                return [ctx.let(load_f(w, ix.ravel([wm[j], c] + kvs + [kv], w.strides)), "w") for j in range(O)]
+
+            def x_at(x_base, iw):
+                if not masked:
+                    return ctx.let(load_f(x, ix.add(x_base, iw)), "xv")
+                cond = bounds(f"({iw})", lo_fails, sizes[-1] if hi_fails else None)
+                clamped = f"min(max({iw}, 0), {sizes[-1] - 1})"
+                return ctx.let(f"({load_f(x, ix.add(x_base, clamped))} if {' and '.join(cond)} else 0.0)", "xv")
+
             def last_taps(c, x_base, kvs):
+                if row_window:
+                    # the strip's row window loaded once, every tap unrolled over it: output pp's tap kv
+                    # reads offset kv * d + pp * s, so a 7-wide window over 8 outputs is 14 loads, not 56
+                    # (each load is also the inline producers' work: ConvNeXt's residual Adds, Transposes)
+                    i0 = ctx.let(lin([(o_last, s_l)], -pad_l), "ix")
+                    xs = {off: x_at(x_base, ix.add(i0, str(off))) for off in row_window}
+                    for kv in range(kl):
+                        ws = tap_weights(c, kvs, str(kv))
+                        for pp in range(P):
+                            for j in range(O):
+                                ctx.line(f"{acc[pp][j]} = fma({xs[kv * d_l + pp * s_l]}, {ws[j]}, {acc[pp][j]})")
+                    return
                 with ctx.loop(kl, "k") as kv:
-                    tap = ix.ravel(kvs + [kv], tuple(int(np.prod(self.kernel[d + 1:], dtype=np.int64)) for d in range(k)))
-                    if packed is not None:
-                        wk = ctx.let(ix.add(wbase, ix.mul(ix.add(ix.mul(c, taps), tap), w_row)), "wk")
-                        ws = [ctx.let(f"weights.read(float, {ix.add(wk, str(4 * j))})", "w") for j in range(O)]
-                    else:
-                        ws = [ctx.let(load_f(w, ix.ravel([wm[j], c] + kvs + [kv], w.strides)), "w") for j in range(O)]
+                    ws = tap_weights(c, kvs, kv)
                     i0 = ctx.let(lin([(o_last, s_l), (kv, d_l)], -pad_l), "ix")
                     for pp in range(P):
-                        iw = ix.add(i0, str(pp * s_l))
-                        if masked:
-                            cond = bounds(f"({iw})", lo_fails, sizes[-1] if hi_fails else None)
-                            clamped = f"min(max({iw}, 0), {sizes[-1] - 1})"
-                            xv = ctx.let(f"({load_f(x, ix.add(x_base, clamped))} if {' and '.join(cond)} else 0.0)", "xv")
-                        else:
-                            xv = ctx.let(load_f(x, ix.add(x_base, iw)), "xv")
+                        xv = x_at(x_base, ix.add(i0, str(pp * s_l)))
                         for j in range(O):
                             ctx.line(f"{acc[pp][j]} = fma({xv}, {ws[j]}, {acc[pp][j]})")
 

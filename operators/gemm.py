@@ -476,6 +476,12 @@ class MatMul(Dense):
         except ValueError:
             raise self.error(f"batch dimensions do not broadcast: A {list(a.shape)} x B {list(b.shape)}") from None
         self.nbatch = int(np.prod(self.batch_shape, dtype=np.int64))
+        if self.nbatch > 1 and int(np.prod(self.b_batch, dtype=np.int64)) == 1:
+            # one B for every batch entry (a Linear over [..., M, K]: ConvNeXt's channels-last MLP over
+            # [H, W, C], a sequence-first projection over [T, B, D]): A's entries are consecutive rows
+            # of one [nbatch * M, K] product. As nbatch products of M rows, M = 14 or 7 (ConvNeXt's
+            # last stages) or 8 (BERT's qkv at batch 8) fell under tiled.MIN_SIDE into the items form
+            self.M, self.nbatch, self.batch_shape, self.a_batch, self.b_batch = self.nbatch * self.M, 1, (), (), ()
         y = self.output()
         want = self.nbatch * self.M * self.N
         self.expect(y.numel == want, f"output '{y.name}' has shape {list(y.shape)}, expected {want} elements")
