@@ -117,8 +117,16 @@ def python_copy(folder: Path) -> tuple[str, dict]:
     bindir.mkdir(parents=True, exist_ok=True)
     copy = bindir / os.path.basename(real)
     shutil.copy2(real, copy)
-    # the copy finds the standard library and site-packages through PYTHONHOME
-    env = {"PYTHONHOME": sys.base_prefix, "PYTHONPATH": str(REPO)}
+    # the copy finds the standard library through PYTHONHOME; this environment's packages (a virtual
+    # environment's site-packages, not under the base prefix, with the .pth of luisaml's editable
+    # install) through a sitecustomize that adds them as site folders
+    import site
+
+    hook = folder / "pyhook"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text("import site\n" + "".join(
+        f"site.addsitedir({d!r})\n" for d in site.getsitepackages()))
+    env = {"PYTHONHOME": sys.base_prefix, "PYTHONPATH": os.pathsep.join([str(hook), str(REPO)])}
     return str(copy), env
 
 
