@@ -1,13 +1,14 @@
 """Grid batches of any count: the grid count of a bundle bound at run time (several sweeps or frames
 a batch), checked against the blob's grids when it is bound.
 
-The per-point ops (GridOp.any_count) take a bundle whose grid_byte_offsets [G], voxel_sizes [G, 3],
+The per-point and ray ops (GridOp.any_count) take a bundle whose grid_byte_offsets [G], voxel_sizes [G, 3],
 origins [G, 3], batch_offsets [G+1] and every JaggedTensor's joffsets [G+1] have a dynamic first
 dimension: rows bound at run time (luisaml/fvdb/op_mixins.py, BoundRows; the offsets' extra row is
 BoundRows.extra_rows), probed at one grid count and compiled once. Nothing the kernels compute
 depends on G: each point finds its grid through its jidx and the metadata table (G rows, derived
 when the grid is bound: `grid_metadata_counted`), and the guard `0 <= b < G` reads G from a derived
-int32 [1] (`grid_count`), never a literal.
+int32 [1] (`grid_count`), never a literal. A ray op's own table (ray.ray_metadata) has G rows too,
+and its layout check takes G from the rays' joffsets (checked against the blob here first).
 
 When bound, the count is the blob's: G is the number of grids in grid_blob (as a GridBatch holds
 them, back to back), and every count input must say the same (an InputError naming the input, its

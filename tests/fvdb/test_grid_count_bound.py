@@ -215,3 +215,59 @@ def test_an_op_that_needs_the_count_when_compiled_still_refuses_it():
             vi.type.tensor_type.shape.dim[0].dim_param = "G"
     with pytest.raises(LuisamlError, match=r"'grid_byte_offsets' (is )?\[G\].*SplatTrilinear"):
         luisaml.compile(m)
+
+
+def test_rays_over_grid_batches_of_one_two_and_three_grids():
+    """SegmentsAlongRays with the grid count bound at run time: 24 rays spread over 1, 2 and 3 grids,
+    against the numpy reference of fVDB's walk; a ray's jidx naming a grid past the blob's is named."""
+    from luisaml.fvdb import JaggedTensor
+
+    from fvdb_reference import ray_node, segments_along_rays
+
+    outs = ["segments", "seg_joffsets", "seg_jidx", "seg_jlidx"]
+
+    def feeds_for(gb: GridBatch, seed: int):
+        rng = np.random.default_rng(seed)
+        counts = np.diff(np.linspace(0, 24, gb.grid_count + 1).astype(int))
+        o, d = [], []
+        for b, v in enumerate(gb.ijk.unbind()):
+            world = gb.voxel_to_world(v, b)
+            eye = np.repeat((world.mean(0) + [0.0, 0.0, -3.0])[None], counts[b], 0)
+            o.append(eye.astype(np.float32))
+            d.append((world[rng.integers(0, len(v), counts[b])] - eye).astype(np.float32))
+        o, d = JaggedTensor.from_list(o), JaggedTensor.from_list(d)
+        x = (gb.ijk.jdata[:16] * gb.voxel_sizes[0] + gb.origins[0]).astype(np.float32)
+        feeds = bundle_feeds(gb, points=x, ray_origins=o, ray_directions=d)
+        feeds["points_jidx"] = np.zeros(len(x), np.int32)
+        feeds["points_joffsets"] = np.array([0] + [len(x)] * gb.grid_count, np.int64)
+        for name, jt in (("ray_origins", o), ("ray_directions", d)):
+            feeds[f"{name}_jidx"] = np.repeat(np.arange(gb.grid_count, dtype=np.int32), np.diff(jt.joffsets))
+        return o, d, feeds
+
+    *_, feeds = feeds_for(_grids(2, 0), 0)
+    m = fvdb_model([fvdb_node("PointsInGrid", "inside"), ray_node("SegmentsAlongRays", outs, eps=1e-3)], feeds,
+                   batched=("points_jdata", "points_jidx"), outputs=["inside"] + outs)
+    sym = {n: "G" for n in ("grid_byte_offsets", "voxel_sizes", "origins")}
+    sym.update({n: "G1" for n in ("batch_offsets", "points_joffsets", "ray_origins_joffsets",
+                                  "ray_directions_joffsets")}, grid_blob="nbytes", leaf_batch_indices="L")
+    for vi in m.graph.input:
+        if vi.name in sym:
+            vi.type.tensor_type.shape.dim[0].Clear()
+            vi.type.tensor_type.shape.dim[0].dim_param = sym[vi.name]
+    net = luisaml.compile(m)
+    for count in (1, 2, 3):
+        gb = _grids(count, 30 + count)
+        o, d, feeds = feeds_for(gb, count)
+        out = net.run(feeds)
+        ref = segments_along_rays(gb, o, d, eps=1e-3)
+        assert sum(map(len, ref)) > 10
+        np.testing.assert_array_equal(np.diff(out["seg_joffsets"]), [len(r) for r in ref])
+        np.testing.assert_allclose(out["segments"], np.array([s for r in ref for s in r]).reshape(-1, 2),
+                                   rtol=2e-5, atol=2e-5)
+        np.testing.assert_array_equal(out["seg_jlidx"][:, 0], feeds["ray_origins_jidx"])
+    bad = {**feeds, "ray_origins_jidx": np.full_like(feeds["ray_origins_jidx"], 3)}
+    with pytest.raises(InputError, match=r"input 'ray_origins_jidx' names grid 3 at ray 0"):
+        net.run(bad)
+    with pytest.raises(InputError, match=r"input 'ray_directions_joffsets' has 3 rows, but grid_blob 'grid_blob' "
+                                         r"holds 3 grid\(s\): expected 4"):
+        net.run({**feeds, "ray_directions_joffsets": feeds["ray_directions_joffsets"][:-1]})
