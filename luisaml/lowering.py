@@ -395,7 +395,7 @@ def _derived_tensor(node: Node, op: Operator, d: Derived, srcs: list[Tensor], pl
         )
     spec = DerivedInput(plan.names.get(name, "d"), dtype, tuple(d.shape), d.compute, tuple(t.name for t in srcs),
                         dict(d.params), {t.name: t.value for t in srcs if t.value is not None},
-                        tuple(t.name for k, t in zip(d.sources, srcs) if k in d.shape_only))
+                        tuple(t.name for k, t in zip(d.sources, srcs) if k in d.shape_only), d.any_rows)
     plan.derived.append(spec)
     return Tensor(name, dtype, tuple(d.shape), False, None, Buffer(spec.ident))
 

@@ -32,6 +32,7 @@ class Derived:
     shape: tuple[int, ...]
     params: tuple[tuple[str, Any], ...] = ()  # keyword arguments, part of the identity
     shape_only: tuple[int, ...] = ()  # sources whose shape alone compute() uses (their contents are not hashed)
+    any_rows: bool = False  # shape[0] follows inputs with rows bound at run time (a grid count): any, when bound
 
 
 class Operator:

@@ -73,12 +73,13 @@ class DerivedInput:
     params: dict
     constants: dict[str, np.ndarray]  # the sources that are constants
     shape_only: tuple[str, ...] = ()  # sources whose shape alone matters (a change of contents is no change)
+    any_rows: bool = False  # shape[0] is the probe's: any number of rows when bound (operator.Derived.any_rows)
 
     def value(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         """Return the derived array for the graph inputs' host arrays."""
         args = (self.constants[s] if s in self.constants else arrays[s] for s in self.sources)
         out = np.asarray(self.compute(*args, **self.params))
-        if out.shape != self.shape:
+        if (out.shape[1:] != self.shape[1:] or out.ndim != len(self.shape)) if self.any_rows else out.shape != self.shape:
             raise ValueError(f"derived input {self.ident}: computed shape {out.shape}, expected {self.shape}")
         return out
 

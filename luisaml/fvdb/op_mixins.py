@@ -14,7 +14,10 @@ batch, is bound at run time when every node reading it says it can take any numb
 indices, the sampling ops for their voxel data, all read by index through the metadata derived when
 a grid is bound). The passes probe those rows at two values and refuse a model where any other shape
 or folded constant follows them (passes/infer.py, `bound_inputs`); the runtime accepts any rows for
-them, and the derived metadata checks the voxel data against the grid when it is bound. An attribute
+them, and the derived metadata checks the voxel data against the grid when it is bound. The grid
+count is such rows too (the per-point and ray ops' grid_byte_offsets, voxel_sizes, origins, batch_offsets and
+joffsets, `extra_rows` 1 for the offsets): its inputs are checked against the blob's grids when bound
+(operators/fvdb/grid_count.py). An attribute
 where an exporter pinned the traced example's size (`BoundRows.pinned_by_example`: the kernel map's
 `output_voxels`) is dropped from a node reading such inputs. A kernel map whose grids are bound
 gives the probe's batch as its rows (`BoundRows.probe_rows`, given the probe by passes/infer.py).
@@ -35,6 +38,13 @@ class BoundRows:
         """Whether input k may have rows bound at run time: only when the node reads it by index and
         nothing it computes depends on its size."""
         return False
+
+    @classmethod
+    def extra_rows(cls, op_type: str, k: int) -> int:
+        """Rows input k has beyond its fellows' count when its rows are bound at run time: 1 for
+        offsets ([G+1] beside a grid batch's [G]: batch_offsets, joffsets), else 0. The passes probe
+        it at that many rows more (passes/infer.py), so that the node sees a consistent batch."""
+        return 0
 
     @classmethod
     def pinned_by_example(cls, op_type: str) -> tuple[str, ...]:

@@ -323,6 +323,7 @@ def bound_inputs(proto: onnx.ModelProto, unresolved: dict[str, list], symbol: st
             d.Clear()
             d.dim_param = f"rows of {name}"
         out[name] = d.dim_param
+    _separate_extra_rows(proto, out, operators)
     for n in proto.graph.node:  # an exporter's example size pinned in an attribute no longer holds
         if any(i in out for i in n.input):
             cls = operators(n.op_type, n.domain) if operators is not None else None
@@ -330,6 +331,41 @@ def bound_inputs(proto: onnx.ModelProto, unresolved: dict[str, list], symbol: st
             for a in [a for a in n.attribute if a.name in drop]:
                 n.attribute.remove(a)
     return out
+
+
+def _extra_rows(proto: onnx.ModelProto, name: str, operators) -> int:
+    """Rows a bound input has beyond its fellows' count (BoundRows.extra_rows: 1 for a grid batch's
+    offsets, [G+1] beside [G]), the most any node reading it says."""
+    extra = 0
+    for n in proto.graph.node:
+        for k, i in enumerate(n.input):
+            cls = operators(n.op_type, n.domain) if i == name and operators is not None else None
+            if cls is not None and cls.bound_rows and cls.reads_bound_rows(n.op_type, k):
+                extra = max(extra, int(cls.extra_rows(n.op_type, k)))
+    return extra
+
+
+def _separate_extra_rows(proto: onnx.ModelProto, bound: dict[str, str], operators) -> None:
+    """Give a bound input with extra rows a symbol of its own where its symbol is shared with inputs of
+    another extra (an exporter naming batch_offsets' [G+1] 'G' like grid_byte_offsets' [G]): the
+    probes set each symbol to one number (bound_probe)."""
+    extras = {name: _extra_rows(proto, name, operators) for name in bound}
+    by_symbol: dict[str, set[int]] = {}
+    for name, sym in bound.items():
+        by_symbol.setdefault(sym, set()).add(extras[name])
+    by_name = {vi.name: vi for vi in proto.graph.input}
+    for name, sym in list(bound.items()):
+        if extras[name] and len(by_symbol[sym]) > 1:
+            d = _dims(by_name[name])[0]
+            d.Clear()
+            d.dim_param = f"{sym} + {extras[name]}"
+            bound[name] = d.dim_param
+
+
+def bound_probe(proto: onnx.ModelProto, bound: dict[str, str], rows: int, operators) -> dict[str, int]:
+    """Return {symbol: rows} of the bound inputs' symbols for a probe at `rows` (plus each input's
+    extra rows: BoundRows.extra_rows)."""
+    return {sym: rows + _extra_rows(proto, name, operators) for name, sym in bound.items()}
 
 
 def _readers(proto: onnx.ModelProto, name: str, operators) -> tuple[list, list]:
@@ -427,7 +463,7 @@ def specialise(proto: onnx.ModelProto, symbol: str | None, limits: Limits = DEFA
     """Fold and infer the model with every dim numeric; with a batch symbol, at two batch sizes."""
     unresolved = unresolved_inputs(proto)
     bound = bound_inputs(proto, unresolved, symbol, operators)
-    rows = {v: ROWS_PROBE for v in bound.values()}
+    rows = bound_probe(proto, bound, ROWS_PROBE, operators)
     unresolved = {k: v for k, v in unresolved.items() if k not in bound}
     if symbol is None:
         if unresolved:
@@ -494,6 +530,6 @@ def _dims_str(dims: list) -> str:
 def _check_rows_probe(proto, a, bound: dict[str, str], batch: dict[str, int], limits: Limits, operators) -> None:
     """With bound inputs, specialise once more with other rows and check nothing else changed."""
     if bound:
-        other = {v: ROWS_CHECK for v in bound.values()}
+        other = bound_probe(proto, bound, ROWS_CHECK, operators)
         probe_c = _probe(proto, {**batch, **other}, next(iter(batch.values()), None), bound, limits, operators)
         _check_bound_rows(a, probe_c, bound)

@@ -32,6 +32,8 @@ from luisaml.operator import CompileError, Derived, Operator
 from luisaml.opsets import fvdb as schema
 from luisaml.storage import Tensor
 
+from .grid_count import COUNT_INPUTS, PLUS_ONE, grid_count, grid_metadata_counted
+
 MAX_BLOB_BYTES = 2**31 - 1  # byte offsets are 32-bit ints inside kernels
 
 
@@ -63,13 +65,16 @@ def fvdb_transform(voxel_sizes: np.ndarray, origins: np.ndarray) -> tuple[np.nda
 
 
 def bundle_grids(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch_indices, batch_offsets,
-                 expect_voxels: int | None = None) -> list[NanoGrid]:
+                 expect_voxels: int | None = None, check_count=None) -> list[NanoGrid]:
     """Return grid b of a GridBatch bundle for each b, after checking the bundle against its blob:
-    every grid valid, offsets, voxel and leaf numbering consistent (and expect_voxels voxels in all)."""
+    every grid valid, offsets, voxel and leaf numbering consistent (and expect_voxels voxels in all);
+    check_count(the blob's grid count) first, for a count bound at run time (grid_count.py)."""
     blob = as_byte_buffer(np.asarray(grid_blob))
     if blob.size > MAX_BLOB_BYTES:
         raise NanoVDBError(f"grid_blob has {blob.size} bytes; kernels address at most {MAX_BLOB_BYTES}")
     grids = {g.offset: g for g in read_grids(blob)}
+    if check_count is not None:
+        check_count(len(grids))
     offsets = np.asarray(grid_byte_offsets).reshape(-1)
     chosen = []
     for b, off in enumerate(offsets.tolist()):
@@ -119,10 +124,10 @@ def grid_metadata_for_data(grid_blob, grid_byte_offsets, voxel_sizes, origins, l
 
 
 def grid_metadata(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch_indices, batch_offsets,
-                  expect_voxels: int | None = None) -> np.ndarray:
+                  expect_voxels: int | None = None, check_count=None) -> np.ndarray:
     """Return the metadata table (int32 [B, META_FIELDS]) of a checked GridBatch bundle (bundle_grids)."""
     chosen = bundle_grids(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch_indices, batch_offsets,
-                          expect_voxels)
+                          expect_voxels, check_count)
     n = len(chosen)
     counts = np.array([g.voxel_count for g in chosen], np.int64)
     want = offsets_from_counts(counts)
@@ -223,14 +228,30 @@ class GridOp(BoundRows, Operator):
     # ... and so may the shared voxel data (read by the row the grid gives, checked against the grid's
     # voxel count when it is bound)
     any_voxel_data: ClassVar[bool] = False
+    # ... and so may the grid count (grid_byte_offsets, voxel_sizes, origins, batch_offsets and every
+    # joffsets, checked against the blob's grids when bound: grid_count.py); the per-point and ray ops
+    any_count: ClassVar[bool] = False
+    count_bound = False  # this node's grid count is bound at run time (set by check_bundle)
 
     @classmethod
     def reads_bound_rows(cls, op_type: str, k: int) -> bool:
         nb = len(schema.BUNDLE)
         if k < nb:
-            return cls.any_grid and schema.BUNDLE[k] in ("grid_blob", "leaf_batch_indices", "list_indices")
+            return ((cls.any_grid and schema.BUNDLE[k] in ("grid_blob", "leaf_batch_indices", "list_indices"))
+                    or (cls.any_count and schema.BUNDLE[k] in COUNT_INPUTS))
         j, part = divmod(k - nb, len(schema.JAGGED))
+        if cls.any_count and schema.JAGGED[part] == "joffsets":
+            return True
         return cls.any_voxel_data and j in cls.shared_jagged and schema.JAGGED[part] in ("jdata", "jidx")
+
+    @classmethod
+    def extra_rows(cls, op_type: str, k: int) -> int:
+        if not cls.any_count:
+            return 0
+        nb = len(schema.BUNDLE)
+        if k < nb:
+            return int(schema.BUNDLE[k] in PLUS_ONE)
+        return int(schema.JAGGED[(k - nb) % len(schema.JAGGED)] == "joffsets")
 
     def check(self) -> None:
         spec = self.specs[self.node.op_type]
@@ -271,6 +292,15 @@ class GridOp(BoundRows, Operator):
             self.expect(not x.batched, f"{name} '{x.name}' {shape_str(x.shape)} follows the batch axis (its first "
                         "dimension is symbolic and was taken as the batch); the GridBatch bundle is shared by every "
                         f"sample: {how}")
+        counted = [n for n in COUNT_INPUTS if getattr(t[prefix + n], "bound_rows", None) is not None]
+        self.count_bound = bool(counted)
+        fixed = [n for n in COUNT_INPUTS if n not in counted]
+        if counted and fixed:
+            a, b = t[prefix + counted[0]], t[prefix + fixed[0]]
+            self.expect(False, f"{prefix}{counted[0]} '{a.name}' (first dimension '{a.bound_rows}') has a grid "
+                        f"count bound at run time, but {prefix}{fixed[0]} '{b.name}' {shape_str(b.shape)} has a fixed "
+                        f"one: give {', '.join(COUNT_INPUTS)} and every joffsets a dynamic first dimension (the grid "
+                        "count), or none of them")
         blob = t[prefix + "grid_blob"]
         self.expect(blob.rank == 1, f"{prefix}grid_blob '{blob.name}' must be 1-D, got {shape_str(blob.shape)}")
         off = t[prefix + "grid_byte_offsets"]
@@ -291,6 +321,12 @@ class GridOp(BoundRows, Operator):
         d = jt.jdata
         self.expect(d.rank >= 1, f"{jt.name}_jdata '{d.name}' needs a leading element axis, got {shape_str(d.shape)}")
         self.expect_dtype(jt.joffsets, ("INT64",), f"{jt.name}_joffsets")
+        bound = getattr(jt.joffsets, "bound_rows", None) is not None
+        o = jt.joffsets
+        self.expect(bound == self.count_bound, f"{jt.name}_joffsets '{o.name}' {shape_str(o.shape)} has a "
+                    f"{'grid count bound at run time' if bound else 'fixed grid count'}, but the bundle's grid count is "
+                    f"{'fixed' if bound else 'bound at run time'}: give grid_byte_offsets, voxel_sizes, origins, "
+                    "batch_offsets and every joffsets a dynamic first dimension (the grid count), or none of them")
         self.expect_shape(jt.joffsets, (self.B + 1,), f"{jt.name}_joffsets (one tensor per grid)")
         self.expect_dtype(jt.jidx, ("INT32",), f"{jt.name}_jidx")
         self.expect_dtype(jt.jlidx, ("INT32",), f"{jt.name}_jlidx")
@@ -305,6 +341,8 @@ class GridOp(BoundRows, Operator):
         ok = (i.rank == 1 and i.shape[0] == rows and i.batched == d.batched) or (i.numel == 0 and not i.batched)
         self.expect(ok, f"{jt.name}_jidx '{i.name}' has shape {shape_str(i.shape)}, expected one grid id per "
                     f"element of {jt.name}_jdata {shape_str(d.shape)} (or [0] for a single grid)")
+        self.expect(i.numel > 0 or not self.count_bound, f"{jt.name}_jidx '{i.name}' is empty, which means one "
+                    "tensor, but the grid count is bound at run time: give a grid id per element")
         self.expect(i.numel > 0 or self.B == 1, f"{jt.name}_jidx '{i.name}' is empty, which means one tensor, but "
                     f"the batch has {self.B} grids")
 
@@ -321,7 +359,23 @@ class GridOp(BoundRows, Operator):
         return ()
 
     def derived_inputs(self) -> list[Derived]:
+        if self.count_bound:
+            return self.counted_derived()
         return [Derived(grid_metadata, tuple(range(6)), dtypes.INT32, (self.B, META_FIELDS), self.metadata_params())]
+
+    def counted_derived(self, data: int | None = None) -> list[Derived]:
+        """Return [the metadata, the grid count] of a bundle whose grid count is bound at run time
+        (grid_count.py): the count inputs and every joffsets checked against the blob's grids when
+        bound; data: the input index of voxel data whose rows are bound at run time too."""
+        nb = len(schema.BUNDLE)
+        joffsets = tuple(nb + len(schema.JAGGED) * j + 1 for j in range(len(self.jagged)))
+        named = (0,) + tuple(schema.BUNDLE.index(n) for n in COUNT_INPUTS) + joffsets
+        params = (("inputs", tuple(self.input(k).name for k in named)),)
+        params += (("voxel_data", True),) if data is not None else self.metadata_params()
+        extra = (data,) if data is not None else ()
+        return [Derived(grid_metadata_counted, tuple(range(6)) + joffsets + extra, dtypes.INT32, (self.B, META_FIELDS),
+                        params, shape_only=extra, any_rows=True),
+                Derived(grid_count, (1,), dtypes.INT32, (1,), shape_only=(1,))]
 
     # ---- code ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -337,7 +391,9 @@ class GridOp(BoundRows, Operator):
                 b, guard = "0", None
             else:
                 b = ctx.let(jt.jidx.load(n), "b")
-                guard = f"{b} >= 0 and {b} < {self.B}"
+                # a grid count bound at run time is read, never a literal (grid_count.py)
+                count = self.derived[1].load("0") if self.count_bound else str(self.B)
+                guard = f"{b} >= 0 and {b} < {count}"
             with _maybe_if(ctx, guard):
                 m = ctx.let(ix.mul(b, META_FIELDS), "m")
 

@@ -12,7 +12,7 @@ from .common import GridOp, infer_rule
 class IJKToIndex(GridOp):
     """int64 index of each ijk in its grid: getValue - 1 (+ batch_offsets[b] when cumulative), -1 if inactive."""
 
-    any_grid = True  # (GridOp: a grid of any size, bound at run time)
+    any_grid = any_count = True  # (GridOp: a grid of any size and grid count, bound at run time)
 
     infer = staticmethod(infer_rule)
 
@@ -39,7 +39,7 @@ class IJKToIndex(GridOp):
 class CoordsInGrid(GridOp):
     """Whether each integer ijk is an active voxel of its grid."""
 
-    any_grid = True  # (GridOp: a grid of any size, bound at run time)
+    any_grid = any_count = True  # (GridOp: a grid of any size and grid count, bound at run time)
 
     infer = staticmethod(infer_rule)
 
@@ -57,7 +57,7 @@ class CoordsInGrid(GridOp):
 class PointsInGrid(GridOp):
     """Whether the voxel round(world_to_voxel(p)) of each point is active (NanoVDB's round: floor(x + 0.5))."""
 
-    any_grid = True  # (GridOp: a grid of any size, bound at run time)
+    any_grid = any_count = True  # (GridOp: a grid of any size and grid count, bound at run time)
 
     infer = staticmethod(infer_rule)
 

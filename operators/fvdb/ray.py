@@ -63,13 +63,16 @@ def ray_metadata(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch_
     return out
 
 
-def check_ray_layout(*parts, node: str, names: tuple, grids: int, rays: int) -> np.ndarray:
+def check_ray_layout(*parts, node: str, names: tuple, grids: int | None, rays: int) -> np.ndarray:
     """Check the JaggedTensor layout of a ray op's inputs when they are bound and return int32 [1] (zero):
     parts are (joffsets, jidx) of each jagged input, names their input names (ray_origins first). The
     first's joffsets must rise from 0 to the rays and its jidx (or none: one grid) name, ray by ray, the
     grid joffsets give; every other jagged input must be laid out as it (fVDB's jagged_like). Without
     this, a ray whose jidx names a grid outside the batch had no hits and joffsets that do not span the
-    rays sized the jlidx of rays outside them: answers, not errors."""
+    rays sized the jlidx of rays outside them: answers, not errors. grids None: the grid count is bound
+    at run time (grid_count.py), the first joffsets' (checked against the blob with the metadata)."""
+    if grids is None:
+        grids = int(np.shape(parts[0])[0]) - 1
     expected = None
     for k in range(0, len(parts), 2):
         off, idx = np.asarray(parts[k]).reshape(-1), np.asarray(parts[k + 1]).reshape(-1)
@@ -111,7 +114,7 @@ class RayOp(GridOp):
     emit what they do along one walk (emit_hits), or, without outputs sized at run time, one item."""
 
     specs = ray_schema.OPS
-    any_grid = True  # (GridOp: a grid of any size, bound at run time)
+    any_grid = any_count = True  # (GridOp: a grid of any size and grid count, bound at run time)
 
     infer = staticmethod(_infer)
     JOFFSETS = 0  # output index of joffsets (subclasses with runtime_sized outputs)
@@ -162,9 +165,11 @@ class RayOp(GridOp):
         sources = tuple(first + 4 * j + part for j in range(len(self.jagged)) for part in (1, 2))
         names = tuple(self.inputs[k].name for k in sources)
         layout = Derived(check_ray_layout, sources, dtypes.INT32, (1,),
-                         (("node", self.node.describe()), ("names", names), ("grids", self.B), ("rays", self.rays)))
-        return super().derived_inputs() + [Derived(ray_metadata, tuple(range(6)), dtypes.INT32, (self.B, RAY_FIELDS)),
-                                           layout]
+                         (("node", self.node.describe()), ("names", names),
+                          ("grids", None if self.count_bound else self.B), ("rays", self.rays)))
+        # (GridOp's list first: the metadata, then under a grid count bound at run time the count)
+        return super().derived_inputs() + [Derived(ray_metadata, tuple(range(6)), dtypes.INT32, (self.B, RAY_FIELDS),
+                                                   any_rows=self.count_bound), layout]
 
     # ---- phases -----------------------------------------------------------------------------
     def phases(self):
@@ -187,7 +192,7 @@ class RayOp(GridOp):
         """Emit the set-up of one ray's walk and yield (walk state, metadata row m) where it has begun:
         inside `0 <= b < B` (on_grid() emitted there first), the dual-space ray clipped to the grid's
         box (and to time_span), the DDA initialised; after it, flag a walk that overflowed."""
-        meta, ray_meta = self.derived[:2]
+        meta, ray_meta = self.derived[0], self.derived[2 if self.count_bound else 1]
         origins, directions = self.jagged[:2]
         blob, base = self.input(0).storage.byte_address()
         for helper in ("hdda_clip", "hdda_clip_span", "hdda_init", "hdda_next_voxel", "hdda_next_segment",
@@ -195,7 +200,8 @@ class RayOp(GridOp):
             ctx.use_helper(helper, "hdda")
         f_state = ctx.local_array("float", 19, "ray_f")  # shaders/hdda.py: HDDA_FLOATS, HDDA_INTS
         i_state = ctx.local_array("int", 15, "ray_i")
-        ctx.line(f"if {b} >= 0 and {b} < {self.B}:")
+        count = self.derived[1].load("0") if self.count_bound else str(self.B)  # (grid_count.py)
+        ctx.line(f"if {b} >= 0 and {b} < {count}:")
         with ctx.indent():
             if on_grid is not None:
                 on_grid()

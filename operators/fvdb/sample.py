@@ -93,7 +93,7 @@ class _Sample(_Interpolation):
     """features[n] = sum over taps of w * data[row] (shared data), zero for points without a grid."""
 
     shared_jagged = (1,)
-    any_grid = any_voxel_data = True
+    any_grid = any_voxel_data = any_count = True
 
     def check_inputs(self):
         super().check_inputs()
@@ -109,6 +109,8 @@ class _Sample(_Interpolation):
             return super().derived_inputs()
         # the voxel data's rows are known when it is bound: checked then against the grids' voxels
         k = len(schema.BUNDLE) + len(schema.JAGGED)  # input index of voxel_data_jdata
+        if self.count_bound:
+            return self.counted_derived(data=k)
         return [Derived(grid_metadata_for_data, tuple(range(6)) + (k,), dtypes.INT32, (self.B, META_FIELDS),
                         shape_only=(k,))]
 

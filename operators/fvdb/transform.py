@@ -12,7 +12,7 @@ from .common import GridOp, infer_rule
 class _Transform(GridOp):
     """The primal transforms: per point, with the grid's voxel size and origin."""
 
-    any_grid = True  # (GridOp: a grid of any size, bound at run time)
+    any_grid = any_count = True  # (GridOp: a grid of any size and grid count, bound at run time)
     infer = staticmethod(infer_rule)
 
     def check_inputs(self):
