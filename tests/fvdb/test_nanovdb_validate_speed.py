@@ -312,7 +312,7 @@ def test_leaf_ranges_out_of_leaf_order_still_tile():
 
 
 def test_bundle_grids_match_reference():
-    from operators.fvdb.common import Meta, bundle_grids, grid_metadata
+    from luisaml.operators.fvdb.common import Meta, bundle_grids, grid_metadata
 
     sets = [_shell(9.0, 40), np.zeros((1, 3), np.int32), _scattered(2), dense_ijk((4, 5, 6), (-2, -2, -2))]
     gb = GridBatch.from_ijk(sets, voxel_sizes=0.5, origins=0.0)
@@ -511,7 +511,7 @@ def test_damaged_grid_refused(case):
         read_grids(data)
     with pytest.raises(NanoVDBError, match=message):  # and as a bound bundle, whose blob holds it
         gb = GridBatch.from_ijk([np.zeros((1, 3), np.int32)])
-        from operators.fvdb.common import bundle_grids
+        from luisaml.operators.fvdb.common import bundle_grids
 
         b = gb.bundle()
         bundle_grids(np.frombuffer(data, np.uint8), b[1], b[2], b[3], b[4], b[5])
@@ -583,7 +583,7 @@ def main() -> None:
     import statistics
     import time
 
-    from operators.fvdb.common import bundle_grids
+    from luisaml.operators.fvdb.common import bundle_grids
 
     def median_ms(fn, runs: int = 50) -> float:
         fn()
