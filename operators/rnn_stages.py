@@ -20,13 +20,17 @@ thread walking the whole sequence (operators/rnn.py's form, which `forward` keep
    says where the state lives (its `State`).
    On the CPU backend the steps are one phase instead: a thread per (direction, row group) runs
    every step of its rows, whose states no other thread reads (no phase boundary needed), so the
-   recurrence costs one dispatch instead of S (`RecurrentSteps.loop`).
+   recurrence costs one dispatch instead of S (`RecurrentSteps.loop`). On CUDA, where it fits, the
+   steps are one blocks phase: a block per (direction, row group) runs every step with h in shared
+   memory and a barrier a step, the state on chip (operators/rnn_block.py, `RecurrentSteps.block`).
 
 Every attribute of operators/rnn.py is kept (directions, layouts, activations with alpha/beta, clip,
 linear_before_reset, input_forget, peepholes, sequence_lens, initial states, all outputs). A node is
 left in its whole form only when its sequence or hidden size is 0 (`qualifies`), which inspect says.
 luisaml/rewrites/rnn.py puts them in the graph for the stages schedule."""
 from __future__ import annotations
+
+from functools import partial
 
 from luisaml import dtypes
 from luisaml import indexing as ix
@@ -35,8 +39,10 @@ from luisaml.model import Node
 from luisaml.operator import Operator
 from luisaml.storage import Tensor
 
+from . import rnn_block
 from .common import upcast
 from .gemm import Dense
+from .rnn_block import BlockLoop
 from .rnn_step import BufferState, Step
 
 F32 = dtypes.FLOAT
@@ -126,18 +132,21 @@ class RecurrentProjection(Dense):
 
 class RecurrentSteps(Operator):
     """The recurrence over a projection P: a phase per step (two for GRU without
-    linear_before_reset), a first phase for the initial states; on the CPU one phase of them all. Inputs: P, R, B, sequence_lens,
-    initial_h, initial_c, peepholes, X (kept live for `forward`'s whole form); outputs: Y, Y_h, Y_c,
-    the h ping-pong buffer, c, GRU's [z, r . h] buffer."""
+    linear_before_reset), a first phase for the initial states; on the CPU one phase of them all, on
+    CUDA one blocks phase of them all where `block` is given (operators/rnn_block.py). Inputs: P, R,
+    B, sequence_lens, initial_h, initial_c, peepholes, X (kept live for `forward`'s whole form);
+    outputs: Y, Y_h, Y_c, then (not the block loop) the h ping-pong buffer, c, GRU's [z, r . h] buffer."""
 
     phased = True
     shared_kernel = "recurrent"
 
     def __init__(self, node: Node, inputs, outputs, cell, gpu: bool, blob, swapped: bool = False,
-                 y_strides: tuple[int, int, int, int] | None = None):
+                 y_strides: tuple[int, int, int, int] | None = None, block: BlockLoop | None = None):
         """swapped: P's rows are X's source's (RecurrentProjection.swapped); y_strides: where output 0
-        takes Y's (step, direction, batch row, unit), None: Y's own layout."""
+        takes Y's (step, direction, batch row, unit), None: Y's own layout; block: CUDA's block loop
+        (rnn_block.choose), which keeps its state on chip (no state outputs)."""
         self.cell, self.blob = cell, blob
+        self.block = block
         self.swapped = swapped
         self.y_strides = y_strides
         self.SB, self.UB = tile(gpu, cell.B, cell.H)
@@ -169,6 +178,9 @@ class RecurrentSteps(Operator):
 
     def phases(self):
         c = self.cell
+        if self.block is not None:
+            return [Phase(f"all {c.S} steps, a block per row group", self.block.blocks, partial(rnn_block.emit, self),
+                          threads=self.block.TU)]
         if self.loop:
             return [Phase(f"all {c.S} steps", c.D * self.row_groups * CPU_BLOCK, self._emit_loop)]
         steps = c.S * (2 if self.split else 1)
@@ -308,9 +320,14 @@ class RecurrentSteps(Operator):
 
     def describe(self) -> str:
         c = self.cell
+        if self.block is not None:
+            return f"{c.cell.upper()} steps, {c.describe()}: {self.block.describe()}, h_(t-1) . R^T from R prepacked"
         if self.loop:
             return (f"{c.cell.upper()} steps, {c.describe()}: one phase, a thread per {self.SB} row(s) of a direction "
                     f"running every step, {self.UB} unit(s) at a time, h_(t-1) . R^T from R prepacked")
         per = " (two phases a step: z and r . h, then the hidden gate)" if self.split else ""
         return (f"{c.cell.upper()} steps, {c.describe()}: a phase per step{per}, a thread per {self.SB} row(s) x "
                 f"{self.UB} unit(s) of a direction, h_(t-1) . R^T from R prepacked")
+
+    def describe_block(self) -> str:
+        return self.describe()
