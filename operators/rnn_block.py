@@ -37,17 +37,38 @@ MAX_THREADS = 256
 # 4 gates = 32, GRU's 24, and c with them, well inside the registers of 256 threads
 MAX_ROWS = 8
 MAX_ACCUMULATORS = 64
-# blocks that fill the GPU: an H100 or H200 has 132 SMs, one block of 128-256 threads each
-FILL_BLOCKS = 128
 # static shared memory of a kernel (luisa launches with no dynamic shared memory)
 SHARED_BYTES = 48 * 1024
-# The rule for few rows (fewer blocks than FILL_BLOCKS): a block reads all of its direction's R every
-# step, at about 64 bytes a clock an SM from L2 at best (an estimate, not measured), so R of 1 MiB
-# (H = 256 for LSTM, 295 for GRU) is ~10 us a step on one SM; the phase-a-step form spreads a step
-# over every SM but costs ~35 us a phase on an H100 (benchmarks/NOTES.md). A wider R with too few rows
-# to fill the GPU keeps that form; with blocks to fill the GPU the block loop reads R fewer times
-# than the per-step tiles (SB rows a load against 2) and wins whatever R's size.
-R_BYTES_ALONE = 1 << 20
+
+# How many rows a block: the fewest clocks a step by an estimate (none of it measured yet) of an H100
+# or H200: the multiply-adds spread over the SMs in use (SMS, FMA_CLOCK each), and R, which every block
+# reads whole every step (as many times as there are blocks): through L2 in all (L2_CLOCK: A100's
+# whitepaper gives 5,120 bytes a clock, ~5.5 TB/s is what H100 microbenchmarks report) and into each
+# SM (SM_CLOCK). More rows a block read R fewer times but use fewer SMs; the zoo's GRU (1,024 rows,
+# 128 units, 192 KiB of R) takes 8 rows, 128 blocks: ~6,100 clocks a step, L2-bound (4 rows: 12,300).
+# A tie takes the fewer rows (more blocks, fewer registers).
+SMS = 132
+FMA_CLOCK = 128
+L2_CLOCK = 4096
+SM_CLOCK = 64
+# The phase-a-step form instead where it is cheaper by the same estimate, with a phase costing at least
+# PHASE_CLOCKS (~35 us a phase of the zoo's GRU on an H100, benchmarks/NOTES.md): its tiles of 2 rows
+# read R half as many times as there are rows, spread over every SM. Only a wide cell over few rows
+# gets there (an LSTM of 4,096 units over 1 row: 2.3 ms a step on one SM against ~0.1 ms).
+PHASE_CLOCKS = 63_000
+
+
+def step_clocks(G: int, H: int, D: int, B: int, SB: int) -> float:
+    """Return the estimated clocks of a step of the block loop of SB rows a block (the rule above)."""
+    blocks = D * -(-B // SB)
+    r_bytes = 4 * G * H * H
+    fma = blocks * SB * G * H * H / (min(blocks, SMS) * FMA_CLOCK)
+    return max(fma, blocks * r_bytes / L2_CLOCK, -(-blocks // SMS) * r_bytes / SM_CLOCK)
+
+
+def phase_clocks(G: int, H: int, D: int, B: int) -> float:
+    """Return the estimated clocks of a phase of the phase-a-step form (tiles of 2 rows)."""
+    return PHASE_CLOCKS + max(D * B * G * H * H / (SMS * FMA_CLOCK), D * -(-B // 2) * 4 * G * H * H / L2_CLOCK)
 
 
 @dataclass(frozen=True)
@@ -76,31 +97,28 @@ def choose(cell, split: bool, batched: bool) -> BlockLoop | None:
     """Return the block loop of a recurrent node on CUDA (cell: its operators/rnn.py operator;
     split: GRU without linear_before_reset; batched: its steps run per sample), or None where it keeps
     the phase-a-step form: shared memory over SHARED_BYTES or accumulators over MAX_ACCUMULATORS at
-    one row a block, or R over R_BYTES_ALONE with too few rows to fill the GPU (the rule above)."""
+    one row a block, or (a fixed batch) a step estimated slower than a phase of that form."""
     G, H, D, B = cell.gates, cell.H, cell.D, cell.B
     UB = -(-H // MAX_THREADS)
     TU = -(-H // UB)
     if G * UB > MAX_ACCUMULATORS:  # (LSTM past 4,096 units, GRU past 5,376: registers would spill)
         return None
-    cap = min(MAX_ROWS, MAX_ACCUMULATORS // (G * UB))
-    sides = [sb for sb in (8, 4, 2, 1) if sb <= cap]
-    if batched:  # a sample's rows: the batch fills the GPU
-        SB = next(sb for sb in sides if sb <= B or sb == 1)
-    else:  # the most rows a block that still leaves FILL_BLOCKS blocks
-        SB = next((sb for sb in sides if D * -(-B // sb) >= FILL_BLOCKS), 1)
     slots = 3 if split else 2
 
     def shared(sb: int) -> int:
         return 4 * slots * sb * H
 
-    while SB > 1 and shared(SB) > SHARED_BYTES:
-        SB //= 2
-    if shared(SB) > SHARED_BYTES:
+    cap = min(MAX_ROWS, MAX_ACCUMULATORS // (G * UB))
+    sides = [sb for sb in (1, 2, 4, 8) if sb <= cap and (sb == 1 or shared(sb) <= SHARED_BYTES)]
+    if shared(1) > SHARED_BYTES:
         return None
-    blocks = D * -(-B // SB)
-    if not batched and blocks < FILL_BLOCKS and 4 * G * H * H > R_BYTES_ALONE:
-        return None
-    return BlockLoop(SB, TU, UB, blocks, shared(SB))
+    if batched:  # a sample's rows (the batch fills the GPU): as many as it has
+        SB = max(sb for sb in sides if sb <= B or sb == 1)
+    else:
+        SB = min(sides, key=lambda sb: (step_clocks(G, H, D, B, sb), sb))
+        if step_clocks(G, H, D, B, SB) > phase_clocks(G, H, D, B):
+            return None
+    return BlockLoop(SB, TU, UB, D * -(-B // SB), shared(SB))
 
 
 class SharedState(State):

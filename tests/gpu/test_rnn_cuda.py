@@ -2,9 +2,9 @@
 the steps in one launch of the block loop, operators/rnn_block.py, or where it does not fit a phase a
 step, 2 rows x 4 units a thread with float4 R, one shared kernel) against onnxruntime: GRU (both
 linear_before_reset) and LSTM, every direction, ragged sequence_lens, initial states, peepholes,
-layout 0 over a fixed batch and layout 1 per sample; the block loop a row a block, 4 or 8 rows a
-block (float4s in shared memory, the batch ragged against them) and 3 units a thread (some threads
-with 2), and at the zoo's shapes (1,024 rows, 64 -> 128 units, 32 steps: 8 rows a block).
+layout 0 over a fixed batch and layout 1 per sample; the block loop 1 or 2 rows a block (floats in
+shared memory), 4 or 8 (float4s, the batch ragged against them), 3 units a thread (some threads with
+2), and at the zoo's shapes (1,024 rows, 64 -> 128 units, 32 steps: 8 rows a block).
 
     LUISAML_BACKEND=cuda python -m pytest tests/gpu/test_rnn_cuda.py -q"""
 from __future__ import annotations
@@ -24,15 +24,16 @@ from luisaml.operators import rnn_block  # noqa: E402
 
 pytestmark = cuda_only()
 
-# the block loop's geometry (rnn_block's FILL_BLOCKS, MAX_THREADS), or None: the phase-a-step form
-FORMS = {"block": (128, 256), "block rows": (2, 256), "block units": (2, 12), "per step": None}
+# the block loop's geometry (rnn_block's SMS, MAX_THREADS: on "one SM" the fewest blocks win, 8 rows a
+# block, or 4 with 3 units a thread), or None: the phase-a-step form
+FORMS = {"block": (132, 256), "block rows": (1, 256), "block units": (1, 12), "per step": None}
 
 
 def _form(monkeypatch, name):
     if FORMS[name] is None:
         monkeypatch.setattr(rnn_block, "choose", lambda *a: None)
         return
-    monkeypatch.setattr(rnn_block, "FILL_BLOCKS", FORMS[name][0])
+    monkeypatch.setattr(rnn_block, "SMS", FORMS[name][0])
     monkeypatch.setattr(rnn_block, "MAX_THREADS", FORMS[name][1])
 
 EVERY = ("B", "sequence_lens", "initial_h", "initial_c", "P")

@@ -19,10 +19,12 @@ from luisaml.runtime import analyze
 
 EVERY = ("B", "sequence_lens", "initial_h", "initial_c", "P")
 
-# (blocks that fill the GPU, threads a block at most): a row a block (floats in shared memory); 4 or 8
-# rows a block (float4s, the batch of 5 ragged against them); 3 threads a block (8 units: 3 a thread,
-# the last thread's third past H; 12 units: 4 a thread, 3 threads)
-GEOMETRIES = {"row": (128, 256), "rows": (2, 256), "units": (2, 3)}
+# rnn_block's (SMS, MAX_ROWS, MAX_THREADS): the shipped estimate gives these small cells a row a block
+# (floats in shared memory); on "one SM" the fewest blocks win: 2 rows a block (floats), 8 (float4s,
+# the batch of 5 ragged against them), 3 threads a block (8 units: 3 a thread, the last thread's third
+# past H; 12 units: 4 a thread) and 4 rows a block (the accumulators' cap)
+GEOMETRIES = {"row": (132, 8, 256), "pairs": (1, 2, 256), "rows": (1, 8, 256), "units": (1, 8, 3)}
+ROWS = {"row": {1}, "pairs": {2}, "rows": {8}, "units": {4}}
 
 
 def _cases(op, extra):
@@ -37,9 +39,8 @@ def _split(feeds):
 
 
 def _geometry(monkeypatch, name):
-    fill, threads = GEOMETRIES[name]
-    monkeypatch.setattr(rnn_block, "FILL_BLOCKS", fill)
-    monkeypatch.setattr(rnn_block, "MAX_THREADS", threads)
+    for key, value in zip(("SMS", "MAX_ROWS", "MAX_THREADS"), GEOMETRIES[name]):
+        monkeypatch.setattr(rnn_block, key, value)
 
 
 def _block_stages(plan):
@@ -75,8 +76,7 @@ def test_block_loop_matches_onnxruntime(monkeypatch, op, extra, geometry):
         plan, steps = _check(model, feeds, want, reverse)
     sb = {st.root[1].block.SB for st in steps}
     ub = {st.root[1].block.UB for st in steps}
-    # a row a block; or 4 and 8 (4 where 3 or 4 units a thread leave room for no more accumulators)
-    assert sb == ({1} if geometry == "row" else {4, 8} if geometry == "rows" or op == "RNN" else {4})
+    assert sb == ({8} if geometry == "units" and op == "RNN" else ROWS[geometry])  # (RNN: 1 gate, room for 8 rows)
     assert ub == ({1} if geometry != "units" else {3, 4})
     if op == "GRU" and not extra:  # two barriers a step: r . h_(t-1) of every unit before the hidden gate
         assert plan.source.count("sync_block()") == 3 * len(steps)
@@ -153,35 +153,39 @@ def test_kernels_build_as_dsl(monkeypatch, geometry):
 
 
 def test_choose():
-    """The geometry and the fallback rule: shared memory past 48 KiB at one row a block, or R past
-    1 MiB with too few rows to fill the GPU, keeps the phase-a-step form."""
+    """The geometry, the estimate choosing the rows a block, and the fallback rule: shared memory past
+    48 KiB or accumulators past 64 at one row a block, or a step estimated slower than a phase of the
+    phase-a-step form (a wide cell over few rows), keeps that form."""
     class Cell:
         def __init__(self, gates, H, B, D=1):
             self.gates, self.H, self.B, self.D = gates, H, B, D
 
-    gru = rnn_block.choose(Cell(3, 128, 1024), False, False)
+    gru = rnn_block.choose(Cell(3, 128, 1024), False, False)  # the zoo's: L2-bound, 4 rows twice as slow
     assert (gru.SB, gru.TU, gru.UB, gru.blocks, gru.shared_bytes) == (8, 128, 1, 128, 8192)
+    assert rnn_block.step_clocks(3, 128, 1, 1024, 4) == 2 * rnn_block.step_clocks(3, 128, 1, 1024, 8)
     assert rnn_block.choose(Cell(3, 128, 1024), True, False).shared_bytes == 12288  # r . h as well
     lstm = rnn_block.choose(Cell(4, 128, 1024, D=2), False, False)
     assert (lstm.SB, lstm.blocks) == (8, 256)
-    assert rnn_block.choose(Cell(4, 128, 256), False, False).SB == 2  # 128 blocks of 2 rows
-    assert rnn_block.choose(Cell(3, 32, 67), False, False).SB == 1
+    assert rnn_block.choose(Cell(3, 8, 5), False, False).SB == 1  # a tie: the most blocks
+    assert rnn_block.choose(Cell(4, 256, 64, D=2), False, False).SB == 2  # the zoo's BiLSTM tagger: 64 blocks
     wide = rnn_block.choose(Cell(4, 512, 1024), False, False)
     assert (wide.TU, wide.UB, wide.SB, wide.shared_bytes) == (256, 2, 8, 32768)
     assert rnn_block.choose(Cell(4, 1024, 1024), False, False).SB == 4  # 4 units a thread: 4 rows, 32 KiB
     odd = rnn_block.choose(Cell(4, 700, 1024), False, False)  # 3 units a thread, the last threads' third past H
     assert (odd.TU, odd.UB, odd.SB) == (234, 3, 4)
-    assert rnn_block.choose(Cell(3, 5376, 4096), False, False).SB == 1  # 42 KiB at one row, 63 accumulators
-    assert rnn_block.choose(Cell(3, 5376, 4096), True, False) is None  # 63 KiB with r . h
-    assert rnn_block.choose(Cell(4, 4352, 4096), False, False) is None  # 68 accumulators at one row
-    assert rnn_block.choose(Cell(4, 512, 16), False, False) is None  # 4 MiB of R, 16 blocks
-    assert rnn_block.choose(Cell(4, 256, 16), False, False) is not None  # 1 MiB
-    assert rnn_block.choose(Cell(4, 512, 2), False, True).SB == 2  # per sample: the batch fills the GPU
+    assert rnn_block.choose(Cell(3, 4352, 1), False, True).SB == 1  # 34 KiB at one row
+    assert rnn_block.choose(Cell(3, 4352, 1), True, True) is None  # 51 KiB with r . h
+    assert rnn_block.choose(Cell(4, 4352, 1), False, True) is None  # 68 accumulators at one row
+    assert rnn_block.choose(Cell(4, 256, 16), False, False) is not None
+    assert rnn_block.choose(Cell(4, 512, 1), False, False) is None  # 4 MiB of R read by one SM a step
+    assert rnn_block.choose(Cell(4, 2048, 64), False, False) is None  # 64 MiB of R, 2 rows a block at most
+    assert rnn_block.choose(Cell(4, 2048, 1), False, True).SB == 1  # per sample: the batch fills the GPU
+    assert rnn_block.choose(Cell(4, 512, 2), False, True).SB == 2
 
 
 def test_phase_a_step_where_it_does_not_fit():
     """A wide cell with few rows keeps the phase-a-step form (its state buffers, S + 1 phases)."""
-    nodes, feeds = merge(case("LSTM", 0, S=3, B=2, I=3, H=512, use=("B",), seed=1))
+    nodes, feeds = merge(case("LSTM", 0, S=3, B=2, I=3, H=1024, use=("B",), seed=1))
     feeds, inits = _split(feeds)
     plan = analyze(graph_model(nodes, feeds, inits, opset=22), batch_axis=None, target="cuda")
     steps = [st for st in plan.schedule.stages if st.root[0].op_type == "LSTMSteps"]
