@@ -76,14 +76,17 @@ class TotalRead:
 
 @dataclass(frozen=True)
 class Phase:
-    """One stage of a node with run-time sized outputs: `items` threads run emit(ctx, item);
-    readback: what the host reads back after this phase, before the next is launched: a TotalRead
-    (the one total of a prefix sum), or a HostRead for the node's own host step; None: nothing."""
+    """One stage of a phased node: `items` threads run emit(ctx, item); readback: what the host reads
+    back after this phase, before the next is launched: a TotalRead (the one total of a prefix sum),
+    or a HostRead for the node's own host step; None: nothing. threads: 0, or a blocks stage (CUDA
+    only: shared memory and barriers) of `items` blocks of that many threads, emit(ctx, item, thread)
+    (a recurrence's whole sequence in one launch: operators/rnn_block.py)."""
 
     name: str
     items: int
     emit: Callable[..., None]
     readback: TotalRead | HostRead | None = None
+    threads: int = 0
 
 
 @dataclass

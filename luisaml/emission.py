@@ -528,6 +528,10 @@ def emit_stage(plan: Plan, st: Stage, module: Module) -> str:
             node, op = st.root
             with node_context(node):
                 op.emit_item(ctx, item)
+        elif st.domain == "blocks" and st.phase is not None:
+            node, op = st.root
+            with node_context(node):
+                op.phases()[st.phase].emit(ctx, item, "thread")
         elif st.domain == "blocks":
             node, op = st.root
             with node_context(node):

@@ -22,8 +22,8 @@ warp per row of a normalization or Softmax (operators/rows.py: lanes stride the 
 combine their sums); the CPU backend cannot compile shared memory, and a product that would leave
 most of a tile empty, or a row shorter than 16, keeps its items form; **fused** -- a kernel of its
 own (`Operator.own_kernel`, `kernel_counters`, `dispatch_size`, `emit_kernel`: the FusedMLP's
-cooperative kernel); **phased** -- a node with outputs sized at run time, one items stage per phase
-(luisaml/dynamic.py). An items stage may also run a register tile of a Gemm or Conv; on the CPU
+cooperative kernel); **phased** -- a node with outputs sized at run time or a recurrence, one items
+stage per phase, or a blocks stage where the phase asks for blocks (luisaml/dynamic.py). An items stage may also run a register tile of a Gemm or Conv; on the CPU
 backend a per-sample layer of one row computes two samples an item (`Operator.samples_per_item`), so
 each weight it loads serves both. `whole` is the fallback every operator has (control flow,
 recurrences, user plugins).
@@ -110,7 +110,7 @@ class Stage:
         per = (f"{self.items:,} per {self.samples} samples" if self.grouped else
                f"{self.items:,} per sample" if self.batched else f"{self.items:,} in all")
         where = {"element": "one thread per element of", "items": "one thread per work item of",
-                 "blocks": f"a block of {self.threads} threads per tile of",
+                 "blocks": f"a block of {self.threads} threads per {'work item' if self.phase is not None else 'tile'} of",
                  "sample": "one thread per sample", "single": "one thread",
                  "fused": "blocks of threads on tiles of samples of"}[self.domain]
         target = f" '{self.out}'" if self.out else ""
@@ -260,8 +260,8 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
             # (a recurrence's steps run per sample; a node sized at run time over the whole batch)
             batched = per_sample and not op.runtime_sized and any(x is not None and x.batched for x in op.outputs)
             for j, ph in enumerate(op.phases()):
-                stages.append(Stage(len(stages), "items", [(n, op)], int(ph.items), batched, phase=j,
-                                    phase_name=ph.name, readback=ph.readback))
+                stages.append(Stage(len(stages), "blocks" if ph.threads else "items", [(n, op)], int(ph.items), batched,
+                                    phase=j, phase_name=ph.name, readback=ph.readback, threads=ph.threads or 1))
             continue
         if k == "fused":
             stages.append(Stage(len(stages), "fused", [(n, op)], 1, True, out=n.outputs[0]))

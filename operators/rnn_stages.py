@@ -16,15 +16,21 @@ thread walking the whole sequence (operators/rnn.py's form, which `forward` keep
    unit's c); a first phase copies the initial states in. GRU without linear_before_reset takes two
    phases a step: z and r . h_{t-1} (every unit's, which the hidden gate sums over), then the rest.
    Steps past a row's sequence length keep its state and write zeros to Y, as onnxruntime does.
+   The step itself (gates, cell, stores) is operators/rnn_step.py's, shared by every form; a form
+   says where the state lives (its `State`).
    On the CPU backend the steps are one phase instead: a thread per (direction, row group) runs
    every step of its rows, whose states no other thread reads (no phase boundary needed), so the
-   recurrence costs one dispatch instead of S (`RecurrentSteps.loop`).
+   recurrence costs one dispatch instead of S (`RecurrentSteps.loop`). On CUDA, where it fits, the
+   steps are one blocks phase: a block per (direction, row group) runs every step with h in shared
+   memory and a barrier a step, the state on chip (operators/rnn_block.py, `RecurrentSteps.block`).
 
 Every attribute of operators/rnn.py is kept (directions, layouts, activations with alpha/beta, clip,
 linear_before_reset, input_forget, peepholes, sequence_lens, initial states, all outputs). A node is
 left in its whole form only when its sequence or hidden size is 0 (`qualifies`), which inspect says.
 luisaml/rewrites/rnn.py puts them in the graph for the stages schedule."""
 from __future__ import annotations
+
+from functools import partial
 
 from luisaml import dtypes
 from luisaml import indexing as ix
@@ -33,8 +39,11 @@ from luisaml.model import Node
 from luisaml.operator import Operator
 from luisaml.storage import Tensor
 
-from .common import convert, upcast
+from . import rnn_block
+from .common import upcast
 from .gemm import Dense
+from .rnn_block import BlockLoop
+from .rnn_step import BufferState, Step
 
 F32 = dtypes.FLOAT
 
@@ -49,14 +58,6 @@ def tile(gpu: bool, B: int, H: int) -> tuple[int, int]:
     rows = min(2 if gpu else 4, B)
     return rows, units
 
-
-# tanh(x) ~ x P(x^2) / Q(x^2) on [-9, 9], the rational form vectorised math libraries use (Eigen's fast
-# float tanh): within 3.5e-7 of tanh, sigmoid(x) = (1 + tanh(x / 2)) / 2 within 2.3e-7 (checked in
-# float32 against numpy's float64 over [-12, 12], 2M points)
-TANH_RANGE = 9.0
-TANH_P = (4.89352455891786e-03, 6.37261928875436e-04, 1.48572235717979e-05, 5.12229709037114e-08,
-          -8.60467152213735e-11, 2.00018790482477e-13, -2.76076847742355e-16)
-TANH_Q = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04, 1.19825839466702e-06)
 
 # the threads of a block of the CPU backend's kernels (luisa.func's default block size, which the
 # merged kernel keeps): one block runs on one worker thread, so a work item of the whole sequence gets
@@ -131,18 +132,21 @@ class RecurrentProjection(Dense):
 
 class RecurrentSteps(Operator):
     """The recurrence over a projection P: a phase per step (two for GRU without
-    linear_before_reset), a first phase for the initial states; on the CPU one phase of them all. Inputs: P, R, B, sequence_lens,
-    initial_h, initial_c, peepholes, X (kept live for `forward`'s whole form); outputs: Y, Y_h, Y_c,
-    the h ping-pong buffer, c, GRU's [z, r . h] buffer."""
+    linear_before_reset), a first phase for the initial states; on the CPU one phase of them all, on
+    CUDA one blocks phase of them all where `block` is given (operators/rnn_block.py). Inputs: P, R,
+    B, sequence_lens, initial_h, initial_c, peepholes, X (kept live for `forward`'s whole form);
+    outputs: Y, Y_h, Y_c, then (not the block loop) the h ping-pong buffer, c, GRU's [z, r . h] buffer."""
 
     phased = True
     shared_kernel = "recurrent"
 
     def __init__(self, node: Node, inputs, outputs, cell, gpu: bool, blob, swapped: bool = False,
-                 y_strides: tuple[int, int, int, int] | None = None):
+                 y_strides: tuple[int, int, int, int] | None = None, block: BlockLoop | None = None):
         """swapped: P's rows are X's source's (RecurrentProjection.swapped); y_strides: where output 0
-        takes Y's (step, direction, batch row, unit), None: Y's own layout."""
+        takes Y's (step, direction, batch row, unit), None: Y's own layout; block: CUDA's block loop
+        (rnn_block.choose), which keeps its state on chip (no state outputs)."""
         self.cell, self.blob = cell, blob
+        self.block = block
         self.swapped = swapped
         self.y_strides = y_strides
         self.SB, self.UB = tile(gpu, cell.B, cell.H)
@@ -174,6 +178,9 @@ class RecurrentSteps(Operator):
 
     def phases(self):
         c = self.cell
+        if self.block is not None:
+            return [Phase(f"all {c.S} steps, a block per row group", self.block.blocks, partial(rnn_block.emit, self),
+                          threads=self.block.TU)]
         if self.loop:
             return [Phase(f"all {c.S} steps", c.D * self.row_groups * CPU_BLOCK, self._emit_loop)]
         steps = c.S * (2 if self.split else 1)
@@ -277,9 +284,10 @@ class RecurrentSteps(Operator):
         rows, ok = self._rows(ctx, bg)
         self._step(ctx, d, rows, ok, s, part, ug)
 
-    def _rows(self, ctx, bg: str) -> tuple[list[str], list[str | None]]:
-        """Return the SB rows of row group bg (clamped to the last) and, per row, None or whether it exists."""
-        B, SB = self.cell.B, self.SB
+    def _rows(self, ctx, bg: str, SB: int | None = None) -> tuple[list[str], list[str | None]]:
+        """Return the SB (default: the tile's) rows of row group bg (clamped to the last) and, per row,
+        None or whether it exists."""
+        B, SB = self.cell.B, SB or self.SB
         rows, ok = [], []
         for j in range(SB):
             bj = ix.add(ix.mul(bg, SB), str(j)) if SB > 1 else bg
@@ -292,272 +300,34 @@ class RecurrentSteps(Operator):
         return rows, ok
 
     def _step(self, ctx, d: str, rows: list[str], ok: list[str | None], s: str, part, ug: str) -> None:
-        """Step s of rows `rows` of direction d, units ug * UB.. + UB; part (GRU without
-        linear_before_reset): None (unsplit), 0 or 1 (that part), or an expression (a branch on it)."""
-        c = self.cell
-        G, H, D, B, S = c.gates, c.H, c.D, c.B, c.S
-        SB, UB = self.SB, self.UB
-        if any(fn.name == "softplus" for acts in c.acts for fn in acts):
-            ctx.use_helper("softplus")
-        p_in, r = self.input(0), self.input(1)
-        bias, seq = self._opt(2), self._opt(3)
-        peep = self._opt(6) if c.cell == "lstm" else None
-        hs = self.outputs[3]
-        cs = self.outputs[4] if c.cell == "lstm" else None
-        zr = self.outputs[4] if self.split else None
-        y, yh, yc = self._out(0), self._out(1), self._out(2) if c.cell == "lstm" else None
-
-        u0 = ctx.let(ix.mul(ug, UB), "u0")
-        units = [ctx.let(ix.add(u0, str(i)), "u") if i else u0 for i in range(UB)]
-        # per row: its length, whether this step is inside it, the time it reads, the h slots
-        reverse = {"forward": "False", "reverse": "True"}.get(c.direction, f"{d} == 1")
-        lens = [ctx.let(f"min({seq.load(b)}, {S})", "n") if seq is not None else str(S) for b in rows]
-        valid = [ctx.let(f"{s} < {n}", "v") if seq is not None else None for n in lens]
-        times = []
-        for n in lens:
-            back = f"{n} - 1 - {s}"
-            times.append(s if reverse == "False" else ctx.let(back if reverse == "True" else f"({back}) if {reverse} else {s}", "t"))
-        cur = ctx.let(ix.mod(s, 2), "cur")
-        nxt = ctx.let(f"1 - {cur}", "nx")
-        packed = self.packed_r()
-        pbase = None
-        if packed is not None:
-            pbase = ctx.let(ix.add(str(packed), ix.mul(ix.mul(d, H * G * H), 4)), "rp")
-
-        def r_loader(k: str):
-            """Return (g, i) -> R[d, g * H + u_i, k] for the current k (emitting the loads once)."""
-            vals = {}
-            if packed is not None:
-                kb = ctx.let(ix.add(pbase, ix.mul(k, G * H * 4)), "rk")
-                for g in range(G):
-                    at = ctx.let(ix.add(kb, ix.mul(ix.add(str(g * H), u0), 4)), "ra")
-                    for i in range(UB):
-                        vals[g, i] = ctx.let(f"weights.read(float, {ix.add(at, str(4 * i))})" if i else
-                                             f"weights.read(float, {at})", "rw")
-            else:
-                for g in range(G):
-                    for i in range(UB):
-                        at = ix.add(ix.mul(ix.add(ix.mul(d, G * H), str(g * H), units[i]), H), k)
-                        vals[g, i] = ctx.let(upcast(r.load(at), r.dtype), "rw")
-            return vals
-
-        def rb(g: int, u: str) -> str:
-            return upcast(bias.load(ix.add(ix.mul(d, 2 * G * H), str(G * H + g * H), u)), bias.dtype)
-
-        def pload(j: int, g: int, u: str) -> str:
-            return p_in.load(ix.add(ix.mul(self._row(times[j], rows[j]), D * G * H), ix.mul(d, G * H), str(g * H), u))
-
-        # R prepacked, 4 units a float4: the accumulators are float4s too (explicit vectors: the CPU
-        # backend's clang did not vectorise the scalar tile)
-        vector = packed is not None and UB % 4 == 0 and packed % 16 == 0
-
-        def gemv(gates: list[int], init, src) -> dict:
-            """acc[g, j, i] = init(g, j, i) + sum over k of src(j, k) R[d, g * H + u_i, k]."""
-            if vector:
-                return gemv4(gates, init, src)
-            acc = {}
-            for g in gates:
-                for j in range(SB):
-                    for i in range(UB):
-                        acc[g, j, i] = ctx.fresh("acc")
-                        ctx.line(f"{acc[g, j, i]} = {init(g, j, i)}")
-            with ctx.loop(H, "k") as k:
-                hv = [ctx.let(src(j, k), "hv") for j in range(SB)]
-                vals = r_loader(k)
-                for g in gates:
-                    for j in range(SB):
-                        for i in range(UB):
-                            ctx.line(f"{acc[g, j, i]} = fma({hv[j]}, {vals[g, i]}, {acc[g, j, i]})")
-            return acc
-
-        def gemv4(gates: list[int], init, src) -> dict:
-            acc = {}
-            for g in gates:
-                for j in range(SB):
-                    for q in range(UB // 4):
-                        acc[g, j, q] = ctx.fresh("acc")
-                        ctx.line(f"{acc[g, j, q]} = float4({', '.join(init(g, j, 4 * q + e) for e in range(4))})")
-            with ctx.loop(H, "k") as k:
-                hv = [ctx.let(f"float4({src(j, k)})", "hv") for j in range(SB)]
-                kb = ctx.let(ix.add(pbase, ix.mul(k, G * H * 4)), "rk")
-                for g in gates:
-                    for q in range(UB // 4):
-                        rq = ctx.let(f"weights.read(float4, {ix.add(kb, ix.mul(ix.add(str(g * H + 4 * q), u0), 4))})", "rq")
-                        for j in range(SB):
-                            ctx.line(f"{acc[g, j, q]} = fma({hv[j]}, {rq}, {acc[g, j, q]})")
-            lanes = {(g, j, i): f"{acc[g, j, i // 4]}.{'xyzw'[i % 4]}" for g in gates for j in range(SB) for i in range(UB)}
-            return {**lanes, **{("float4", g, j, q): v for (g, j, q), v in acc.items()}}
-
-        def h_prev(j: int, u: str) -> str:
-            return hs.load(self._hbuf(cur, d, rows[j], u))
-
-        def clipped(v: str) -> str:
-            if c.clip is None:
-                return v
-            from .rnn import _f
-
-            clamp = ctx.use_helper("clamp_nan")
-            return f"{clamp}({v}, {_f(-float(c.clip))}, {_f(float(c.clip))})"
-
-        def by_direction(emit) -> None:
-            """emit(acts) under the direction's activations (a branch on d when they differ)."""
-            acts = [[act4(fn) for fn in a] for a in c.acts] if quads else c.acts
-            if D == 1 or all(a.args == b.args for a, b in zip(c.acts[0], c.acts[1])):
-                emit(acts[0])
-                return
-            ctx.line(f"if {d} == 0:")
-            with ctx.indent():
-                emit(acts[0])
-            ctx.line("else:")
-            with ctx.indent():
-                emit(acts[1])
-
-        def finish(j: int, i: int, h_new: str, c_new: str | None) -> None:
-            """Store unit i of row j: the state (held past the row's length), Y, and at the last step Y_h / Y_c."""
-            b, u = rows[j], units[i]
-            if valid[j] is not None:
-                h_new = ctx.let(f"{h_new} if {valid[j]} else {h_prev(j, u)}", "hn")
-                if c_new is not None:
-                    c_new = ctx.let(f"{c_new} if {valid[j]} else {cs.load(self._dbh(d, b, u))}", "cn")
-            cond = ok[j]
-            ctx.line_if(cond, hs.store(self._hbuf(nxt, d, b, u), h_new))
-            if c_new is not None:
-                ctx.line_if(cond, cs.store(self._dbh(d, b, u), c_new))
-            if y is not None:
-                if valid[j] is not None:
-                    ty = ctx.let(f"{times[j]} if {valid[j]} else {s}", "ty")
-                    yv = ctx.let(f"{h_new} if {valid[j]} else 0.0", "yv")
-                else:
-                    ty, yv = times[j], h_new
-                ctx.line_if(cond, y.store(self._y_index(ty, d, b, u), convert(yv, F32, y.dtype)))
-            last = [(yh, h_new)] + ([(yc, c_new)] if yc is not None else [])
-            for out, v in last:
-                if out is not None:
-                    conds = " and ".join(x for x in (cond, f"{s} == {S - 1}") if x)
-                    ctx.line_if(conds, out.store(self._state_index(d, b, u), convert(v, F32, out.dtype)))
-
-        # the gates' activations on float4s of units where every activation is one the DSL applies to
-        # a float4 as written (sigmoid, tanh) and nothing clips: a third of a CPU GRU step's time
-        # went to its scalar activations and loads (64 rows x 128 units: 0.61 ms against 0.25 for
-        # its multiply-adds)
-        quads = vector and c.clip is None and all(fn.name in ("sigmoid", "tanh") for acts in c.acts for fn in acts)
-
-        def tanh4(x: str) -> str:
-            """tanh of a float4 as a rational function (TANH_P / TANH_Q, within 3.5e-7 of tanh; NaN kept):
-            the backend's exp and tanh are a libm call a lane, 8 of the GRU step's 16 ms of CPU time."""
-            xc = ctx.let(f"clamp({x}, float4({-TANH_RANGE}), float4({TANH_RANGE}))", "tc")
-            x2 = ctx.let(f"{xc} * {xc}", "t2")
-            p = f"float4({TANH_P[-1]!r})"
-            for coef in TANH_P[-2::-1]:
-                p = f"({p} * {x2} + float4({coef!r}))"
-            q = f"float4({TANH_Q[-1]!r})"
-            for coef in TANH_Q[-2::-1]:
-                q = f"({q} * {x2} + float4({coef!r}))"
-            return f"select({ctx.let(f'{xc} * {p} / {q}', 'th')}, {x}, isnan({x}))"
-
-        def act4(fn):
-            """The float4 form of a sigmoid or tanh activation."""
-            if fn.name == "tanh":
-                return tanh4
-            return lambda x: f"(float4(0.5) * {tanh4(ctx.let(f'float4(0.5) * {x}', 'sx'))} + float4(0.5))"
-
-        def lanes(acc):
-            """Yield (j, A, L, each) per row j and unit, or per row and float4 of units: A(g) gate g's
-            pre-activation, L(f) the units' f(u), each(v) [(unit index i, v's value at unit i)]."""
-            for j in range(SB):
-                if not quads:
-                    for i in range(UB):
-                        yield (j, (lambda g, j=j, i=i: acc[g, j, i]), (lambda f, i=i: f(units[i])),
-                               (lambda v, i=i: [(i, v)]))
-                    continue
-                for q in range(UB // 4):
-                    us = units[4 * q: 4 * q + 4]
-                    yield (j, (lambda g, j=j, q=q: acc["float4", g, j, q]),
-                           (lambda f, us=us: f"float4({', '.join(f(u) for u in us)})"),
-                           (lambda v, q=q: [(4 * q + e, f"{v}.{'xyzw'[e]}") for e in range(4)]))
-
-        def store(j: int, each, h_new: str, c_new: str | None) -> None:
-            for (i, h), (_, cn) in zip(each(h_new), each(c_new) if c_new is not None else [(None, None)] * UB):
-                finish(j, i, h, cn)
-
-        if c.cell == "rnn":
-            acc = gemv([0], lambda g, j, i: pload(j, 0, units[i]), lambda j, k: h_prev(j, k))
-
-            def emit(acts):
-                for j, A, L, each in lanes(acc):
-                    store(j, each, ctx.let(acts[0](ctx.let(clipped(A(0)), "g")), "h"), None)
-            by_direction(emit)
-        elif c.cell == "lstm":
-            acc = gemv([0, 1, 2, 3], lambda g, j, i: pload(j, g, units[i]), lambda j, k: h_prev(j, k))
-
-            def emit(acts):
-                for j, A, L, each in lanes(acc):
-                    c_prev = ctx.let(L(lambda u: cs.load(self._dbh(d, rows[j], u))), "cp")
-
-                    def peep_of(g, cv):
-                        if peep is None:
-                            return ""
-                        return f" + {L(lambda u: upcast(peep.load(ix.add(ix.mul(d, 3 * H), str(g * H), u)), peep.dtype))} * {cv}"
-                    gi = ctx.let(acts[0](ctx.let(clipped(A(0) + peep_of(0, c_prev)), "g")), "gi")
-                    if c.input_forget:
-                        gf = ctx.let(f"1.0 - {gi}", "gf")
-                    else:
-                        gf = ctx.let(acts[0](ctx.let(clipped(A(2) + peep_of(2, c_prev)), "g")), "gf")
-                    gc = ctx.let(acts[1](ctx.let(clipped(A(3)), "g")), "gc")
-                    c_new = ctx.let(f"{gf} * {c_prev} + {gi} * {gc}", "cn")
-                    go = ctx.let(acts[0](ctx.let(clipped(A(1) + peep_of(1, c_new)), "g")), "go")
-                    store(j, each, ctx.let(f"{go} * {acts[2](c_new)}", "h"), c_new)
-            by_direction(emit)
-        elif not self.split:  # GRU, linear_before_reset: h~ = g(P_h + r * (h R_h^T + Rb_h))
-            acc = gemv([0, 1, 2], lambda g, j, i: (pload(j, g, units[i]) if g < 2 else
-                                                  (rb(2, units[i]) if bias is not None else "0.0")),
-                       lambda j, k: h_prev(j, k))
-
-            def emit(acts):
-                for j, A, L, each in lanes(acc):
-                    z = ctx.let(acts[0](ctx.let(clipped(A(0)), "g")), "z")
-                    rr = ctx.let(acts[0](ctx.let(clipped(A(1)), "g")), "r")
-                    hh = ctx.let(acts[1](ctx.let(clipped(f"{L(lambda u: pload(j, 2, u))} + {rr} * {A(2)}"), "g")), "hh")
-                    store(j, each, ctx.let(f"(1.0 - {z}) * {hh} + {z} * {L(lambda u: h_prev(j, u))}", "h"), None)
-            by_direction(emit)
-        else:  # GRU: part 0 z and r . h_{t-1} into zr [2, D, B, H]; part 1 h~ = g(P_h + (r . h) R_h^T)
-            def part0():
-                acc = gemv([0, 1], lambda g, j, i: pload(j, g, units[i]), lambda j, k: h_prev(j, k))
-
-                def emit0(acts):
-                    for j, A, L, each in lanes(acc):
-                        z = ctx.let(acts[0](ctx.let(clipped(A(0)), "g")), "z")
-                        rr = ctx.let(acts[0](ctx.let(clipped(A(1)), "g")), "r")
-                        rh = ctx.let(f"{rr} * {L(lambda u: h_prev(j, u))}", "rh")
-                        for (i, zi), (_, ri) in zip(each(z), each(rh)):
-                            ctx.line_if(ok[j], zr.store(self._hbuf("0", d, rows[j], units[i]), zi))
-                            ctx.line_if(ok[j], zr.store(self._hbuf("1", d, rows[j], units[i]), ri))
-                by_direction(emit0)
-
-            def part1():
-                acc = gemv([2], lambda g, j, i: pload(j, 2, units[i]), lambda j, k: zr.load(self._hbuf("1", d, rows[j], k)))
-
-                def emit1(acts):
-                    for j, A, L, each in lanes(acc):
-                        z = ctx.let(L(lambda u: zr.load(self._hbuf("0", d, rows[j], u))), "z")
-                        hh = ctx.let(acts[1](ctx.let(clipped(A(2)), "g")), "hh")
-                        store(j, each, ctx.let(f"(1.0 - {z}) * {hh} + {z} * {L(lambda u: h_prev(j, u))}", "h"), None)
-                by_direction(emit1)
-            if part in (0, 1):
-                (part0, part1)[part]()
-            else:
-                ctx.line(f"if {part} == 0:")
-                with ctx.indent():
-                    part0()
-                ctx.line("else:")
-                with ctx.indent():
-                    part1()
+        """Step s of rows `rows` of direction d, units ug * UB.. + UB, the state in this form's buffers
+        (operators/rnn_step.py); part (GRU without linear_before_reset): None (unsplit), 0 or 1
+        (that part), or an expression (a branch on it)."""
+        u0 = ctx.let(ix.mul(ug, self.UB), "u0")
+        units = [ctx.let(ix.add(u0, str(i)), "u") if i else u0 for i in range(self.UB)]
+        step = Step(self, ctx, d, rows, ok, s, units)
+        state = BufferState(self, ctx, d, rows, units, s)
+        step.weights()
+        if part is None or part in (0, 1):
+            step.cell(state, part if self.split else None)
+            return
+        ctx.line(f"if {part} == 0:")
+        with ctx.indent():
+            step.cell(state, 0)
+        ctx.line("else:")
+        with ctx.indent():
+            step.cell(state, 1)
 
     def describe(self) -> str:
         c = self.cell
+        if self.block is not None:
+            return f"{c.cell.upper()} steps, {c.describe()}: {self.block.describe()}, h_(t-1) . R^T from R prepacked"
         if self.loop:
             return (f"{c.cell.upper()} steps, {c.describe()}: one phase, a thread per {self.SB} row(s) of a direction "
                     f"running every step, {self.UB} unit(s) at a time, h_(t-1) . R^T from R prepacked")
         per = " (two phases a step: z and r . h, then the hidden gate)" if self.split else ""
         return (f"{c.cell.upper()} steps, {c.describe()}: a phase per step{per}, a thread per {self.SB} row(s) x "
                 f"{self.UB} unit(s) of a direction, h_(t-1) . R^T from R prepacked")
+
+    def describe_block(self) -> str:
+        return self.describe()

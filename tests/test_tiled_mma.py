@@ -1,24 +1,21 @@
 """The tensor-core GEMM tile (operators/tiled_mma.py) without a GPU: the plan of a Gemm or MatMul
 planned for CUDA with tensor_cores takes the mma tile (a blocks stage of whole warps within 48 KiB of
 shared memory); and the emitted stage kernel, run in Python (a thread per GPU thread, sync_block a
-barrier, shared arrays a block's numpy arrays, the marked callable its DSL body) gives numpy's product
+barrier, shared arrays a block's lists, the marked callable its DSL body: tests/gpu_emulator.py) gives numpy's product
 for whole and ragged tiles, transposed operands, constant (prepacked) and run-time B. The CPU backend
 cannot compile shared memory or barriers, so this is the one check of the tile's indexing before a
 device runs it (tests/gpu/test_tensor_cores_cuda.py)."""
 from __future__ import annotations
 
-import threading
-import types
-
 import numpy as np
 import onnx
 import pytest
+from gpu_emulator import run_plan
 from onnx import TensorProto, helper, numpy_helper
 
 from luisaml import cache
 from luisaml.operators import tiled_mma
 from luisaml.planning import CompileOptions, plan_for
-from luisaml.shaders import tensor_cores as tc
 
 
 def _model(op: str, M: int, K: int, N: int, ta=0, tb=0, const_b=True, bias=False, seed=0):
@@ -53,95 +50,11 @@ def _plan(model):
     return plan
 
 
-class _Vec:
-    def __init__(self, *v):
-        self.x, self.y, self.z, self.w = (v * 4)[:4] if len(v) == 1 else v
-
-    def __mul__(self, s):
-        return _Vec(self.x * s, self.y * s, self.z * s, self.w * s)
-
-
-class _Id:
-    def __init__(self, x):
-        self.x = x
-
-
-class _Buf:
-    def __init__(self, a: np.ndarray):
-        self.a = a
-
-    def read(self, i):
-        return float(self.a[i])
-
-    def write(self, i, v):
-        self.a[i] = v
-
-    __getitem__ = read
-    __setitem__ = write
-
-
-class _Blob:
-    def __init__(self, data: bytes):
-        self.f = np.frombuffer(data + b"\0" * (-len(data) % 4), dtype=np.float32)
-
-    def read(self, _dtype, offset):
-        return float(self.f[offset // 4])
-
-
 def _run_blocks(plan, feeds: dict[str, np.ndarray], out_size: int) -> np.ndarray:
-    """Run the plan's one blocks stage in Python, every block's threads concurrently."""
-    (st,) = [s for s in plan.schedule.stages if s.domain == "blocks"]
-    module = cache.import_module(cache.write_module(plan.source))
-    kernel = getattr(module, f"stage_{st.index}").pyfunc
-    local = threading.local()
-    block_shared: dict[int, list] = {}
-    out = np.zeros(out_size, np.float64)
-
-    def shared_type(n):
-        def make():
-            arrays = block_shared.setdefault(local.block, [])
-            if local.made >= len(arrays):
-                arrays.append(np.zeros(n, np.float64))
-            local.made += 1
-            return arrays[local.made - 1]
-        return make
-
-    emu = dict(vars(module))
-    for name, value in vars(module).items():
-        if name.startswith("Shared_"):
-            emu[name] = shared_type(value.size)
-        elif name.startswith("Arr_"):
-            emu[name] = (lambda n: (lambda: [0.0] * n))(value.size)
-    mma_globals = dict(vars(tc), fma=lambda a, b, c: a * b + c, float4=_Vec)
-    emu.update(
-        set_block_size=lambda *a: None, thread_id=lambda: _Id(local.thread), block_id=lambda: _Id(local.block),
-        sync_block=lambda: local.barrier.wait(), float4=_Vec, fma=lambda a, b, c: a * b + c,
-        mma_tf32_m16n8k8=types.FunctionType(tc.mma_tf32_m16n8k8.pyfunc.__code__, mma_globals))
-    fn = types.FunctionType(kernel.__code__, emu)
-    args = {"weights": _Blob(plan.blob.bytes()), "y_Y": _Buf(out)}
-    for k, v in feeds.items():
-        args[f"x_{k}"] = _Buf(v.astype(np.float64).ravel())
-    params = kernel.__code__.co_varnames[:kernel.__code__.co_argcount]
-    errors = []
-    for block in range(st.items):
-        barrier = threading.Barrier(st.threads)
-
-        def body(thread, block=block, barrier=barrier):
-            local.thread, local.block, local.made, local.barrier = thread, block, 0, barrier
-            try:
-                fn(*[args[p] for p in params])
-            except Exception as e:  # (reported below; the barrier is broken so the others stop)
-                errors.append(e)
-                barrier.abort()
-
-        threads = [threading.Thread(target=body, args=(i,)) for i in range(st.threads)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
-    return out
+    """Run the plan's one blocks stage in Python (tests/gpu_emulator.py: a thread per GPU thread, the
+    marked callable its DSL body)."""
+    assert [s.domain for s in plan.schedule.stages].count("blocks") == 1
+    return run_plan(plan, feeds)["Y"].reshape(out_size)
 
 
 @pytest.mark.parametrize("op,M,K,N,ta,tb,const_b,bias", [

@@ -15,6 +15,7 @@ import numpy as np
 from luisaml import dtypes
 from luisaml.lowering import plan_storage
 from luisaml.model import Node, Variable
+from luisaml.operators import rnn_block
 from luisaml.operators.rnn_stages import RecurrentProjection, RecurrentSteps, qualifies
 from luisaml.storage import Tensor
 
@@ -123,12 +124,16 @@ def rewrite(plan, gpu: bool) -> list[str]:
         D, G, H, B = op.D, op.gates, op.H, op.B
         base = node.outputs[0] or node.name
         proj = tensor(f"{base}/projection", (x.numel // op.I, D * G * H), batched)
-        hs = tensor(f"{base}/h_state", (2, D, B, H), batched)
-        extra = [hs]
-        if op.cell == "lstm":
-            extra.append(tensor(f"{base}/c_state", (D, B, H), batched))
-        elif op.cell == "gru" and not op.linear_before_reset:
-            extra.append(tensor(f"{base}/z_rh", (2, D, B, H), batched))
+        split = op.cell == "gru" and not op.linear_before_reset
+        # CUDA: the whole sequence in one launch, the state on chip, where it fits (operators/rnn_block.py)
+        block = rnn_block.choose(op, split, batched) if gpu else None
+        extra = []
+        if block is None:
+            extra.append(tensor(f"{base}/h_state", (2, D, B, H), batched))
+            if op.cell == "lstm":
+                extra.append(tensor(f"{base}/c_state", (D, B, H), batched))
+            elif split:
+                extra.append(tensor(f"{base}/z_rh", (2, D, B, H), batched))
         bias = op.inputs[3] if op.has_input(3) else None
         src = x_source(x, producers)
         n_proj = Node(f"{node.name}/projection", "RecurrentProjection", "luisaml",
@@ -149,7 +154,7 @@ def rewrite(plan, gpu: bool) -> list[str]:
         ops += [(n_proj, RecurrentProjection(n_proj, [src or x, op.input(1)] + ([bias] if bias is not None else []), [proj], op,
                                              swapped=src is not None)),
                 (n_steps, RecurrentSteps(n_steps, step_ins, outs + extra, op, gpu, plan.blob, swapped=src is not None,
-                                         y_strides=y_strides))]
+                                         y_strides=y_strides, block=block))]
         done.append(node.name)
     if done:
         main.ops = ops

@@ -1,7 +1,10 @@
 """Recurrent stages on the CUDA backend (operators/rnn_stages.py: the projection on the GEMM tile,
-the steps 2 rows x 4 units a thread with float4 R, one shared kernel) against onnxruntime: GRU (both
+the steps in one launch of the block loop, operators/rnn_block.py, or where it does not fit a phase a
+step, 2 rows x 4 units a thread with float4 R, one shared kernel) against onnxruntime: GRU (both
 linear_before_reset) and LSTM, every direction, ragged sequence_lens, initial states, peepholes,
-layout 0 over a fixed batch and layout 1 per sample.
+layout 0 over a fixed batch and layout 1 per sample; the block loop 1 or 2 rows a block (floats in
+shared memory), 4 or 8 (float4s, the batch ragged against them), 3 units a thread (some threads with
+2), and at the zoo's shapes (1,024 rows, 64 -> 128 units, 32 steps: 8 rows a block).
 
     LUISAML_BACKEND=cuda python -m pytest tests/gpu/test_rnn_cuda.py -q"""
 from __future__ import annotations
@@ -17,8 +20,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operators"))
 from test_rnn import as_layout0, case, from_layout0, merge  # noqa: E402
 
 import luisaml  # noqa: E402
+from luisaml.operators import rnn_block  # noqa: E402
 
 pytestmark = cuda_only()
+
+# the block loop's geometry (rnn_block's SMS, MAX_THREADS: on "one SM" the fewest blocks win, 8 rows a
+# block, or 4 with 3 units a thread), or None: the phase-a-step form
+FORMS = {"block": (132, 256), "block rows": (1, 256), "block units": (1, 12), "per step": None}
+
+
+def _form(monkeypatch, name):
+    if FORMS[name] is None:
+        monkeypatch.setattr(rnn_block, "choose", lambda *a: None)
+        return
+    monkeypatch.setattr(rnn_block, "SMS", FORMS[name][0])
+    monkeypatch.setattr(rnn_block, "MAX_THREADS", FORMS[name][1])
 
 EVERY = ("B", "sequence_lens", "initial_h", "initial_c", "P")
 
@@ -34,14 +50,33 @@ def _model(nodes, feeds, inits):
     return m
 
 
+@pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("op,extra", [("GRU", {}), ("GRU", {"linear_before_reset": 1}), ("LSTM", {}),
                                       ("LSTM", {"input_forget": 1})])
-def test_layout0_fixed_batch(op, extra):
+def test_layout0_fixed_batch(op, extra, form, monkeypatch):
+    _form(monkeypatch, form)
     nodes, feeds = merge(case(op, 0, S=9, B=67, I=24, H=32, use=EVERY, seed=1, **extra),
                          case(op, 1, S=9, B=67, I=24, H=32, direction="reverse", use=("B", "sequence_lens"), seed=2, **extra),
                          case(op, 2, S=5, B=33, I=16, H=16, direction="bidirectional", use=EVERY, seed=3, clip=3.0, **extra))
     feeds, inits = _split(feeds)
     net = luisaml.compile(_model(nodes, feeds, inits), batch_axis=None, backend="cuda")
+    blocks = [st for st in net.plan.schedule.stages if st.domain == "blocks" and st.root[0].op_type.endswith("Steps")]
+    assert len(blocks) == (0 if form == "per step" else 3)
+    got = net.run(feeds)
+    for name, w in ort_run(_model(nodes, feeds, inits), feeds).items():
+        np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("op,extra", [("GRU", {}), ("GRU", {"linear_before_reset": 1}), ("LSTM", {})])
+def test_zoo_shapes(op, extra):
+    """1,024 rows of 64 -> 128 units over 32 steps (the zoo's GRU and LSTM): 8 rows a block, 128 blocks
+    of 128 threads, one launch for the steps; ragged lengths, initial states, both directions for LSTM."""
+    nodes, feeds = merge(case(op, 0, S=32, B=1024, I=64, H=128, use=EVERY, seed=7,
+                              direction="bidirectional" if op == "LSTM" else "forward", **extra))
+    feeds, inits = _split(feeds)
+    net = luisaml.compile(_model(nodes, feeds, inits), batch_axis=None, backend="cuda")
+    (st,) = [st for st in net.plan.schedule.stages if st.root[0].op_type.endswith("Steps")]
+    assert st.domain == "blocks" and st.root[1].block.SB == 8
     got = net.run(feeds)
     for name, w in ort_run(_model(nodes, feeds, inits), feeds).items():
         np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-4, err_msg=name)

@@ -1,0 +1,386 @@
+"""One step of a recurrent cell for one thread's rows and units, shared by every stage form of
+operators/rnn_stages.py (a phase a step, the CPU's loop) and operators/rnn_block.py (CUDA's block
+loop): the gates' pre-activations from P and h_{t-1} . R^T, the cell's activations, clip, GRU's
+reset (both linear_before_reset values: the second part's h~ from (r . h) R_h^T), LSTM's peepholes
+and input_forget, the hold past a row's sequence length, and the stores of Y, Y_h and Y_c.
+
+Where the state lives is the form's: a `State` says where h_{t-1}, c_{t-1} and GRU's z and r . h
+are read and where h_t, c_t, z and r . h go (`BufferState`: the per-step form's buffers; the block
+loop's shared memory and registers in operators/rnn_block.py)."""
+from __future__ import annotations
+
+from luisaml import dtypes
+from luisaml import indexing as ix
+
+from .common import convert, upcast
+
+F32 = dtypes.FLOAT
+
+# tanh(x) ~ x P(x^2) / Q(x^2) on [-9, 9], the rational form vectorised math libraries use (Eigen's fast
+# float tanh): within 3.5e-7 of tanh, sigmoid(x) = (1 + tanh(x / 2)) / 2 within 2.3e-7 (checked in
+# float32 against numpy's float64 over [-12, 12], 2M points)
+TANH_RANGE = 9.0
+TANH_P = (4.89352455891786e-03, 6.37261928875436e-04, 1.48572235717979e-05, 5.12229709037114e-08,
+          -8.60467152213735e-11, 2.00018790482477e-13, -2.76076847742355e-16)
+TANH_Q = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04, 1.19825839466702e-06)
+
+
+class State:
+    """Where a step reads h_{t-1} and c_{t-1} and puts h_t and c_t (j: the thread's row index, i: its
+    unit index, k: a unit expression, the gemv's); GRU without linear_before_reset also keeps z and
+    r . h_{t-1} between its two parts. cond: None, or whether the row and unit exist."""
+
+    def h(self, j: int, i: int) -> str:
+        raise NotImplementedError
+
+    def h_k(self, j: int, k: str) -> str:
+        raise NotImplementedError
+
+    def c(self, j: int, i: int) -> str:
+        raise NotImplementedError
+
+    def put_h(self, j: int, i: int, value: str, cond: str | None) -> None:
+        raise NotImplementedError
+
+    def put_c(self, j: int, i: int, value: str, cond: str | None) -> None:
+        raise NotImplementedError
+
+    def z(self, j: int, i: int) -> str:
+        raise NotImplementedError
+
+    def put_z(self, j: int, i: int, value: str, cond: str | None) -> None:
+        raise NotImplementedError
+
+    def rh_k(self, j: int, k: str) -> str:
+        raise NotImplementedError
+
+    def put_rh(self, j: int, i: int, value: str, cond: str | None) -> None:
+        raise NotImplementedError
+
+
+class BufferState(State):
+    """The per-step form's state: h in the ping-pong buffer [2, D, B, H] (slot s % 2 read, the other
+    written), c in [D, B, H], GRU's z and r . h in [2, D, B, H]."""
+
+    def __init__(self, op, ctx, d: str, rows: list[str], units: list[str], s: str):
+        self.op, self.ctx, self.d, self.rows, self.units = op, ctx, d, rows, units
+        c = op.cell
+        self.hs = op.outputs[3]
+        self.cs = op.outputs[4] if c.cell == "lstm" else None
+        self.zr = op.outputs[4] if op.split else None
+        self.cur = ctx.let(ix.mod(s, 2), "cur")
+        self.nxt = ctx.let(f"1 - {self.cur}", "nx")
+
+    def h(self, j, i):
+        return self.h_k(j, self.units[i])
+
+    def h_k(self, j, k):
+        return self.hs.load(self.op._hbuf(self.cur, self.d, self.rows[j], k))
+
+    def c(self, j, i):
+        return self.cs.load(self.op._dbh(self.d, self.rows[j], self.units[i]))
+
+    def put_h(self, j, i, value, cond):
+        self.ctx.line_if(cond, self.hs.store(self.op._hbuf(self.nxt, self.d, self.rows[j], self.units[i]), value))
+
+    def put_c(self, j, i, value, cond):
+        self.ctx.line_if(cond, self.cs.store(self.op._dbh(self.d, self.rows[j], self.units[i]), value))
+
+    def z(self, j, i):
+        return self.zr.load(self.op._hbuf("0", self.d, self.rows[j], self.units[i]))
+
+    def put_z(self, j, i, value, cond):
+        self.ctx.line_if(cond, self.zr.store(self.op._hbuf("0", self.d, self.rows[j], self.units[i]), value))
+
+    def rh_k(self, j, k):
+        return self.zr.load(self.op._hbuf("1", self.d, self.rows[j], k))
+
+    def put_rh(self, j, i, value, cond):
+        self.ctx.line_if(cond, self.zr.store(self.op._hbuf("1", self.d, self.rows[j], self.units[i]), value))
+
+
+class Step:
+    """Step s of a thread's rows (`rows`, `ok`: per row None or whether it exists) and units of
+    direction d (op: a RecurrentSteps). units: DSL expressions, consecutive from the first
+    (`consecutive`, the per-step tile: R read as float4s where prepacked) or any (the block loop's,
+    a block's threads apart); unit_ok: per unit None or whether it exists. lens: per row its
+    sequence length (None: loaded here)."""
+
+    def __init__(self, op, ctx, d: str, rows: list[str], ok: list[str | None], s: str, units: list[str],
+                 consecutive: bool = True, unit_ok: list[str | None] | None = None, lens: list[str] | None = None):
+        self.op, self.ctx, self.d, self.rows, self.ok, self.s, self.units = op, ctx, d, rows, ok, s, units
+        self.consecutive = consecutive
+        self.unit_ok = unit_ok or [None] * len(units)
+        c = op.cell
+        S = c.S
+        if any(fn.name == "softplus" for acts in c.acts for fn in acts):
+            ctx.use_helper("softplus")
+        seq = op._opt(3)
+        # per row: its length, whether this step is inside it, the time it reads
+        self.reverse = {"forward": "False", "reverse": "True"}.get(c.direction, f"{d} == 1")
+        self.lens = lens if lens is not None else [ctx.let(f"min({seq.load(b)}, {S})", "n") if seq is not None else str(S)
+                                                   for b in rows]
+        self.valid = [ctx.let(f"{s} < {n}", "v") if seq is not None else None for n in self.lens]
+        self.times = []
+        for n in self.lens:
+            back = f"{n} - 1 - {s}"
+            self.times.append(s if self.reverse == "False" else
+                              ctx.let(back if self.reverse == "True" else f"({back}) if {self.reverse} else {s}", "t"))
+
+    # ---- loads ------------------------------------------------------------------------------------
+    def pload(self, j: int, g: int, u: str) -> str:
+        op, c = self.op, self.op.cell
+        D, G, H = c.D, c.gates, c.H
+        return op.input(0).load(ix.add(ix.mul(op._row(self.times[j], self.rows[j]), D * G * H), ix.mul(self.d, G * H),
+                                       str(g * H), u))
+
+    def rb(self, g: int, u: str) -> str:
+        c, bias = self.op.cell, self.op._opt(2)
+        return upcast(bias.load(ix.add(ix.mul(self.d, 2 * c.gates * c.H), str(c.gates * c.H + g * c.H), u)), bias.dtype)
+
+    def clipped(self, v: str) -> str:
+        c = self.op.cell
+        if c.clip is None:
+            return v
+        from .rnn import _f
+
+        clamp = self.ctx.use_helper("clamp_nan")
+        return f"{clamp}({v}, {_f(-float(c.clip))}, {_f(float(c.clip))})"
+
+    # ---- h_{t-1} . R^T --------------------------------------------------------------------------
+    def gemv(self, gates: list[int], init, src) -> dict:
+        """Return acc[g, j, i] = init(g, j, i) + sum over k of src(j, k) R[d, g * H + u_i, k] (scalar
+        accumulators; with R prepacked and the units consecutive float4s of 4: `gemv4`)."""
+        ctx, c = self.ctx, self.op.cell
+        G, H = c.gates, c.H
+        SB, UB = len(self.rows), len(self.units)
+        packed = self.packed
+        if self.vector:
+            return self.gemv4(gates, init, src)
+        acc = {}
+        for g in gates:
+            for j in range(SB):
+                for i in range(UB):
+                    acc[g, j, i] = ctx.fresh("acc")
+                    ctx.line(f"{acc[g, j, i]} = {init(g, j, i)}")
+        with ctx.loop(H, "k") as k:
+            hv = [ctx.let(src(j, k), "hv") for j in range(SB)]
+            vals = {}  # R[d, g * H + u_i, k], each loaded once
+            if packed is not None:
+                kb = ctx.let(ix.add(self.pbase, ix.mul(k, G * H * 4)), "rk")
+                # (the per-step tile loads every gate's R: unused loads are dead code to the backends)
+                for g in (range(G) if self.consecutive else gates):
+                    if self.consecutive:
+                        at = ctx.let(ix.add(kb, ix.mul(ix.add(str(g * H), self.units[0]), 4)), "ra")
+                    for i in range(UB):
+                        if not self.consecutive:
+                            at = ctx.let(ix.add(kb, ix.mul(ix.add(str(g * H), self.units[i]), 4)), "ra")
+                        vals[g, i] = ctx.let(f"weights.read(float, {ix.add(at, str(4 * i))})" if i and self.consecutive
+                                             else f"weights.read(float, {at})", "rw")
+            else:
+                r = self.op.input(1)
+                for g in range(G):
+                    for i in range(UB):
+                        at = ix.add(ix.mul(ix.add(ix.mul(self.d, G * H), str(g * H), self.units[i]), H), k)
+                        vals[g, i] = ctx.let(upcast(r.load(at), r.dtype), "rw")
+            for g in gates:
+                for j in range(SB):
+                    for i in range(UB):
+                        ctx.line(f"{acc[g, j, i]} = fma({hv[j]}, {vals[g, i]}, {acc[g, j, i]})")
+        return acc
+
+    def gemv4(self, gates: list[int], init, src) -> dict:
+        ctx, c = self.ctx, self.op.cell
+        G, H = c.gates, c.H
+        SB, UB = len(self.rows), len(self.units)
+        acc = {}
+        for g in gates:
+            for j in range(SB):
+                for q in range(UB // 4):
+                    acc[g, j, q] = ctx.fresh("acc")
+                    ctx.line(f"{acc[g, j, q]} = float4({', '.join(init(g, j, 4 * q + e) for e in range(4))})")
+        with ctx.loop(H, "k") as k:
+            hv = [ctx.let(f"float4({src(j, k)})", "hv") for j in range(SB)]
+            kb = ctx.let(ix.add(self.pbase, ix.mul(k, G * H * 4)), "rk")
+            for g in gates:
+                for q in range(UB // 4):
+                    rq = ctx.let(f"weights.read(float4, {ix.add(kb, ix.mul(ix.add(str(g * H + 4 * q), self.units[0]), 4))})", "rq")
+                    for j in range(SB):
+                        ctx.line(f"{acc[g, j, q]} = fma({hv[j]}, {rq}, {acc[g, j, q]})")
+        lanes = {(g, j, i): f"{acc[g, j, i // 4]}.{'xyzw'[i % 4]}" for g in gates for j in range(SB) for i in range(UB)}
+        return {**lanes, **{("float4", g, j, q): v for (g, j, q), v in acc.items()}}
+
+    # ---- activations ------------------------------------------------------------------------------
+    def tanh4(self, x: str) -> str:
+        """tanh of a float4 as a rational function (TANH_P / TANH_Q, within 3.5e-7 of tanh; NaN kept):
+        the backend's exp and tanh are a libm call a lane, 8 of the GRU step's 16 ms of CPU time."""
+        ctx = self.ctx
+        xc = ctx.let(f"clamp({x}, float4({-TANH_RANGE}), float4({TANH_RANGE}))", "tc")
+        x2 = ctx.let(f"{xc} * {xc}", "t2")
+        p = f"float4({TANH_P[-1]!r})"
+        for coef in TANH_P[-2::-1]:
+            p = f"({p} * {x2} + float4({coef!r}))"
+        q = f"float4({TANH_Q[-1]!r})"
+        for coef in TANH_Q[-2::-1]:
+            q = f"({q} * {x2} + float4({coef!r}))"
+        return f"select({ctx.let(f'{xc} * {p} / {q}', 'th')}, {x}, isnan({x}))"
+
+    def act4(self, fn):
+        """The float4 form of a sigmoid or tanh activation."""
+        if fn.name == "tanh":
+            return self.tanh4
+        return lambda x: f"(float4(0.5) * {self.tanh4(self.ctx.let(f'float4(0.5) * {x}', 'sx'))} + float4(0.5))"
+
+    def by_direction(self, emit) -> None:
+        """emit(acts) under the direction's activations (a branch on d when they differ)."""
+        c, ctx = self.op.cell, self.ctx
+        acts = [[self.act4(fn) for fn in a] for a in c.acts] if self.quads else c.acts
+        if c.D == 1 or all(a.args == b.args for a, b in zip(c.acts[0], c.acts[1])):
+            emit(acts[0])
+            return
+        ctx.line(f"if {self.d} == 0:")
+        with ctx.indent():
+            emit(acts[0])
+        ctx.line("else:")
+        with ctx.indent():
+            emit(acts[1])
+
+    def lanes(self, acc):
+        """Yield (j, A, L, each) per row j and unit, or per row and float4 of units: A(g) gate g's
+        pre-activation, L(f) the units' f(i) (i a unit index), each(v) [(unit index i, v's value at unit i)]."""
+        SB, UB = len(self.rows), len(self.units)
+        for j in range(SB):
+            if not self.quads:
+                for i in range(UB):
+                    yield (j, (lambda g, j=j, i=i: acc[g, j, i]), (lambda f, i=i: f(i)), (lambda v, i=i: [(i, v)]))
+                continue
+            for q in range(UB // 4):
+                yield (j, (lambda g, j=j, q=q: acc["float4", g, j, q]),
+                       (lambda f, q=q: f"float4({', '.join(f(i) for i in range(4 * q, 4 * q + 4))})"),
+                       (lambda v, q=q: [(4 * q + e, f"{v}.{'xyzw'[e]}") for e in range(4)]))
+
+    # ---- stores -----------------------------------------------------------------------------------
+    def finish(self, st: State, j: int, i: int, h_new: str, c_new: str | None) -> None:
+        """Store unit i of row j: the state (held past the row's length), Y, and at the last step Y_h / Y_c."""
+        ctx, op, c = self.ctx, self.op, self.op.cell
+        b, u, s = self.rows[j], self.units[i], self.s
+        valid = self.valid[j]
+        y, yh, yc = op._out(0), op._out(1), op._out(2) if c.cell == "lstm" else None
+        if valid is not None:
+            h_new = ctx.let(f"{h_new} if {valid} else {st.h(j, i)}", "hn")
+            if c_new is not None:
+                c_new = ctx.let(f"{c_new} if {valid} else {st.c(j, i)}", "cn")
+        cond = " and ".join(x for x in (self.ok[j], self.unit_ok[i]) if x) or None
+        st.put_h(j, i, h_new, cond)
+        if c_new is not None:
+            st.put_c(j, i, c_new, cond)
+        if y is not None:
+            if valid is not None:
+                ty = ctx.let(f"{self.times[j]} if {valid} else {s}", "ty")
+                yv = ctx.let(f"{h_new} if {valid} else 0.0", "yv")
+            else:
+                ty, yv = self.times[j], h_new
+            ctx.line_if(cond, y.store(op._y_index(ty, self.d, b, u), convert(yv, F32, y.dtype)))
+        last = [(yh, h_new)] + ([(yc, c_new)] if yc is not None else [])
+        for out, v in last:
+            if out is not None:
+                conds = " and ".join(x for x in (cond, f"{s} == {c.S - 1}") if x)
+                ctx.line_if(conds, out.store(op._state_index(self.d, b, u), convert(v, F32, out.dtype)))
+
+    def store(self, st: State, j: int, each, h_new: str, c_new: str | None) -> None:
+        for (i, h), (_, cn) in zip(each(h_new), each(c_new) if c_new is not None else [(None, None)] * len(self.units)):
+            self.finish(st, j, i, h, cn)
+
+    # ---- the cell ---------------------------------------------------------------------------------
+    def weights(self) -> None:
+        """Emit where direction d's prepacked R starts (once, before the first gemv) and decide the
+        vector forms."""
+        if hasattr(self, "packed"):
+            return
+        ctx, c = self.ctx, self.op.cell
+        packed = self.packed = self.op.packed_r()
+        self.pbase = None
+        if packed is not None:
+            self.pbase = ctx.let(ix.add(str(packed), ix.mul(ix.mul(self.d, c.H * c.gates * c.H), 4)), "rp")
+        # R prepacked, 4 consecutive units a float4: the accumulators are float4s too (explicit vectors:
+        # the CPU backend's clang did not vectorise the scalar tile)
+        self.vector = packed is not None and self.consecutive and len(self.units) % 4 == 0 and packed % 16 == 0
+        # the gates' activations on float4s of units where every activation is one the DSL applies to
+        # a float4 as written (sigmoid, tanh) and nothing clips: a third of a CPU GRU step's time
+        # went to its scalar activations and loads (64 rows x 128 units: 0.61 ms against 0.25 for
+        # its multiply-adds)
+        self.quads = self.vector and c.clip is None and all(fn.name in ("sigmoid", "tanh") for acts in c.acts for fn in acts)
+
+    def cell(self, st: State, part: int | None = None) -> None:
+        """Emit the step (part, GRU without linear_before_reset: 0 z and r . h_{t-1} into the state,
+        1 the hidden gate and the stores; None for every other cell)."""
+        ctx, op, c = self.ctx, self.op, self.op.cell
+        H = c.H
+        bias = op._opt(2)
+        peep = op._opt(6) if c.cell == "lstm" else None
+        self.weights()
+        units, clipped, pload = self.units, self.clipped, self.pload
+        h_k = st.h_k
+
+        if c.cell == "rnn":
+            acc = self.gemv([0], lambda g, j, i: pload(j, 0, units[i]), h_k)
+
+            def emit(acts):
+                for j, A, L, each in self.lanes(acc):
+                    self.store(st, j, each, ctx.let(acts[0](ctx.let(clipped(A(0)), "g")), "h"), None)
+            self.by_direction(emit)
+        elif c.cell == "lstm":
+            acc = self.gemv([0, 1, 2, 3], lambda g, j, i: pload(j, g, units[i]), h_k)
+
+            def emit(acts):
+                for j, A, L, each in self.lanes(acc):
+                    c_prev = ctx.let(L(lambda i: st.c(j, i)), "cp")
+
+                    def peep_of(g, cv):
+                        if peep is None:
+                            return ""
+                        return (f" + {L(lambda i: upcast(peep.load(ix.add(ix.mul(self.d, 3 * H), str(g * H), units[i])), peep.dtype))}"
+                                f" * {cv}")
+                    gi = ctx.let(acts[0](ctx.let(clipped(A(0) + peep_of(0, c_prev)), "g")), "gi")
+                    if c.input_forget:
+                        gf = ctx.let(f"1.0 - {gi}", "gf")
+                    else:
+                        gf = ctx.let(acts[0](ctx.let(clipped(A(2) + peep_of(2, c_prev)), "g")), "gf")
+                    gc = ctx.let(acts[1](ctx.let(clipped(A(3)), "g")), "gc")
+                    c_new = ctx.let(f"{gf} * {c_prev} + {gi} * {gc}", "cn")
+                    go = ctx.let(acts[0](ctx.let(clipped(A(1) + peep_of(1, c_new)), "g")), "go")
+                    self.store(st, j, each, ctx.let(f"{go} * {acts[2](c_new)}", "h"), c_new)
+            self.by_direction(emit)
+        elif not op.split:  # GRU, linear_before_reset: h~ = g(P_h + r * (h R_h^T + Rb_h))
+            acc = self.gemv([0, 1, 2], lambda g, j, i: (pload(j, g, units[i]) if g < 2 else
+                                                       (self.rb(2, units[i]) if bias is not None else "0.0")), h_k)
+
+            def emit(acts):
+                for j, A, L, each in self.lanes(acc):
+                    z = ctx.let(acts[0](ctx.let(clipped(A(0)), "g")), "z")
+                    rr = ctx.let(acts[0](ctx.let(clipped(A(1)), "g")), "r")
+                    hh = ctx.let(acts[1](ctx.let(clipped(f"{L(lambda i: pload(j, 2, units[i]))} + {rr} * {A(2)}"), "g")), "hh")
+                    self.store(st, j, each, ctx.let(f"(1.0 - {z}) * {hh} + {z} * {L(lambda i: st.h(j, i))}", "h"), None)
+            self.by_direction(emit)
+        elif part == 0:  # GRU: z and r . h_{t-1} into the state
+            acc = self.gemv([0, 1], lambda g, j, i: pload(j, g, units[i]), h_k)
+
+            def emit0(acts):
+                for j, A, L, each in self.lanes(acc):
+                    z = ctx.let(acts[0](ctx.let(clipped(A(0)), "g")), "z")
+                    rr = ctx.let(acts[0](ctx.let(clipped(A(1)), "g")), "r")
+                    rh = ctx.let(f"{rr} * {L(lambda i: st.h(j, i))}", "rh")
+                    for (i, zi), (_, ri) in zip(each(z), each(rh)):
+                        cond = " and ".join(x for x in (self.ok[j], self.unit_ok[i]) if x) or None
+                        st.put_z(j, i, zi, cond)
+                        st.put_rh(j, i, ri, cond)
+            self.by_direction(emit0)
+        else:  # GRU, part 1: h~ = g(P_h + (r . h) R_h^T)
+            acc = self.gemv([2], lambda g, j, i: pload(j, 2, units[i]), st.rh_k)
+
+            def emit1(acts):
+                for j, A, L, each in self.lanes(acc):
+                    z = ctx.let(L(lambda i: st.z(j, i)), "z")
+                    hh = ctx.let(acts[1](ctx.let(clipped(A(2)), "g")), "hh")
+                    self.store(st, j, each, ctx.let(f"(1.0 - {z}) * {hh} + {z} * {L(lambda i: st.h(j, i))}", "h"), None)
+            self.by_direction(emit1)
