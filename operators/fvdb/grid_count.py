@@ -37,6 +37,18 @@ def grid_count(grid_byte_offsets) -> np.ndarray:
     return np.array([np.shape(grid_byte_offsets)[0]], np.int32)
 
 
+def paired_grid_count(grid_byte_offsets, other_offsets, *, inputs: tuple[str, str]) -> np.ndarray:
+    """Return the grid count G (int32 [1]) of a node over two bundles whose counts are bound at run
+    time (a kernel map's input and output grids: grid b of one pairs with grid b of the other): the
+    rows of both grid_byte_offsets, which must agree (each checked against its own blob by
+    grid_metadata_counted). inputs: the graph names of the two grid_byte_offsets."""
+    a, b = (int(np.shape(x)[0]) for x in (grid_byte_offsets, other_offsets))
+    if a != b:
+        raise InputError(f"input '{inputs[1]}' has {b} rows, but '{inputs[0]}' has {a}: the node pairs grid b of "
+                         "one bundle with grid b of the other, so both bundles must hold as many grids")
+    return np.array([a], np.int32)
+
+
 def count_checker(inputs: tuple[str, ...], arrays: tuple) -> Callable[[int], None]:
     """Return the check common.bundle_grids runs with the blob's grid count: every count input has G
     rows (the offsets G+1). inputs: the graph names of grid_blob, then of each array in `arrays`
