@@ -49,6 +49,18 @@ def paired_grid_count(grid_byte_offsets, other_offsets, *, inputs: tuple[str, st
     return np.array([a], np.int32)
 
 
+def check_blob_count(inputs: tuple[str, ...], grid_blob, grid_byte_offsets, voxel_sizes, origins,
+                     batch_offsets) -> None:
+    """Check a bundle whose grid count is bound at run time against its blob's grids, where no
+    metadata is derived (a topology op's host step: luisaml/fvdb/host_steps.py); inputs: the graph
+    names of grid_blob, then of the count inputs (COUNT_INPUTS' order)."""
+    from luisaml.fvdb.nanovdb import as_byte_buffer
+    from luisaml.fvdb.nanovdb_read import read_grids
+
+    count = len(read_grids(as_byte_buffer(np.asarray(grid_blob))))
+    count_checker(inputs, (grid_byte_offsets, voxel_sizes, origins, batch_offsets))(count)
+
+
 def count_checker(inputs: tuple[str, ...], arrays: tuple) -> Callable[[int], None]:
     """Return the check common.bundle_grids runs with the blob's grid count: every count input has G
     rows (the offsets G+1). inputs: the graph names of grid_blob, then of each array in `arrays`
