@@ -25,8 +25,8 @@ output (Operator.runtime_sized).
   code that folds them at compile time). Both give the same bytes. A step whose count is bound at
   run time first checks the source bundle's count inputs against its blob's grids (an InputError
   naming the input); a device build's network is then per grid count too (its scratch and read-back
-  are sized by it). A step whose inputs have the same bytes as at its last run gives its last result back, so a grid bound again costs one hash (torch tensors: one
-  comparison where they live, no copy).
+  are sized by it). A step whose inputs have the same bytes as at its last run gives its last result
+  back, so a grid bound again costs one hash (torch tensors: one comparison where they live, no copy).
 
 Why a step and not a stage of the main network: a grid built on the device is sized at run time,
 and no node may read a tensor sized at run time (its buffer cannot be pooled before its size is

@@ -15,9 +15,9 @@ indices, the sampling ops for their voxel data, all read by index through the me
 a grid is bound). The passes probe those rows at two values and refuse a model where any other shape
 or folded constant follows them (passes/infer.py, `bound_inputs`); the runtime accepts any rows for
 them, and the derived metadata checks the voxel data against the grid when it is bound. The grid
-count is such rows too (the per-point and ray ops' grid_byte_offsets, voxel_sizes, origins, batch_offsets and
-joffsets, `extra_rows` 1 for the offsets): its inputs are checked against the blob's grids when bound
-(operators/fvdb/grid_count.py). An attribute
+count is such rows too (grid_byte_offsets, voxel_sizes, origins, batch_offsets and joffsets of the
+per-point and ray ops, the kernel maps and InjectToDense, `extra_rows` 1 for the offsets): its inputs
+are checked against the blob's grids when bound (operators/fvdb/grid_count.py). An attribute
 where an exporter pinned the traced example's size (`BoundRows.pinned_by_example`: the kernel map's
 `output_voxels`) is dropped from a node reading such inputs. A kernel map whose grids are bound
 gives the probe's batch as its rows (`BoundRows.probe_rows`, given the probe by passes/infer.py). A

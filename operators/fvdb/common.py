@@ -229,7 +229,8 @@ class GridOp(BoundRows, Operator):
     # voxel count when it is bound)
     any_voxel_data: ClassVar[bool] = False
     # ... and so may the grid count (grid_byte_offsets, voxel_sizes, origins, batch_offsets and every
-    # joffsets, checked against the blob's grids when bound: grid_count.py); the per-point and ray ops
+    # joffsets, checked against the blob's grids when bound: grid_count.py); the per-point and ray ops,
+    # InjectToDense (the kernel maps have their own rule: kernel_map.py)
     any_count: ClassVar[bool] = False
     count_bound = False  # this node's grid count is bound at run time (set by check_bundle)
 

@@ -10,6 +10,13 @@ when the grid is bound: `grid_metadata_counted`), and the guard `0 <= b < G` rea
 int32 [1] (`grid_count`), never a literal. A ray op's own table (ray.ray_metadata) has G rows too,
 and its layout check takes G from the rays' joffsets (checked against the blob here first).
 
+The same holds beyond the per-point ops. A kernel map (and the pooling maps: kernel_map.py) finds a
+voxel's grid by a loop up to G read from a derived int32 of both bundles' counts (`paired_grid_count`:
+grid b pairs with grid b). InjectToDense's [G, C, ...] box is an output sized at run time (dense.py:
+its G read back). A topology op over such a bundle is a host step (luisaml/fvdb/host_steps.py) that
+checks the count inputs against the blob first (`check_blob_count`) and gives the new bundle the
+source's count symbols. The splats keep a fixed count (their rows are the batch's voxels).
+
 When bound, the count is the blob's: G is the number of grids in grid_blob (as a GridBatch holds
 them, back to back), and every count input must say the same (an InputError naming the input, its
 rows and the blob's count), before the bundle's own checks (common.bundle_grids) run.
