@@ -110,7 +110,7 @@ def build_tensors(g: Graph, prep: Prepared, outer: dict[str, Tensor] | None = No
             tensors[name] = outer[name]
             continue
         v = g.var(name)
-        rows = runtime_rows(name, producers, prep.operators)
+        rows = runtime_rows(name, producers, prep.operators, prep.bound)
         if rows is not None:
             tensors[name] = _runtime_tensor(v, rows, producers, runtime_axis(name, producers, prep.operators))
             continue
@@ -120,11 +120,12 @@ def build_tensors(g: Graph, prep: Prepared, outer: dict[str, Tensor] | None = No
         untyped = v.elem_type == 0 or v.shape is None or not all(isinstance(d, int) for d in v.shape)
         if untyped and name in producers:
             node = producers[name]
-            sized = next((i for i in node.inputs if i and runtime_rows(i, producers, prep.operators)), None)
+            sized = next((i for i in node.inputs if i and runtime_rows(i, producers, prep.operators, prep.bound)),
+                         None)
             if sized is not None:  # its shape is unknown because it reads such a tensor: say that
                 raise ModelError(f"{node.describe()}: input '{sized}' has a first dimension known only at run "
-                                 f"time ({runtime_rows(sized, producers, prep.operators)}); no node can read it yet: "
-                                 "make it a graph output")
+                                 f"time ({runtime_rows(sized, producers, prep.operators, prep.bound)}); no node can "
+                                 "read it yet: make it a graph output")
             raise _untyped(name, g, producers, prep)
         if v.dtype is None:
             raise ModelError(
@@ -159,15 +160,17 @@ def io_spec(t: Tensor, v: Variable, prep: Prepared, ident: str, producers) -> IO
     return IOSpec(t.name, ident, t.dtype, sample_dim(v, prep, producers).onnx_shape, t.shape, t.batched)
 
 
-def runtime_rows(name: str, producers: dict[str, Node], operators) -> str | None:
+def runtime_rows(name: str, producers: dict[str, Node], operators, bound=()) -> str | None:
     """Return the symbol of a tensor's run-time row count (the output of a node whose operator
-    declares it runtime_sized: luisaml/dynamic.py), or None for a tensor of static shape;
-    operators: the model's binding (Prepared.operators)."""
+    declares it runtime_sized: luisaml/dynamic.py, or sized_at_run for inputs whose rows are bound at
+    run time, the names in `bound`), or None for a tensor of static shape; operators: the model's
+    binding (Prepared.operators)."""
     node = producers.get(name)
     if node is None:
         return None
     cls = operators(node.op_type, node.domain)
-    if cls is None or node.outputs.index(name) not in cls.runtime_sized:
+    k = node.outputs.index(name)
+    if cls is None or (k not in cls.runtime_sized and not (cls.bound_rows and k in cls.sized_at_run(node, bound))):
         return None
     return f"rows of {node.name or node.op_type}"
 

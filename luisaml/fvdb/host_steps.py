@@ -12,16 +12,21 @@ output (Operator.runtime_sized).
 - **Compile.** `split` takes such nodes out of the ONNX graph before inference. Their outputs
   become graph inputs of the compiled network, with their rows bound at run time, so every node
   after them reads them exactly as it reads a grid the user binds. The graph inputs that only the
-  steps read leave the graph.
+  steps read leave the graph. The grid count may be bound at run time too (the source's
+  grid_byte_offsets, voxel_sizes, origins and batch_offsets, or a GridBatchFrom*'s joffsets, with a
+  dynamic first dimension: operators/fvdb/grid_count.py): the new bundle's count inputs then take the
+  source's symbols, and its readers must take any count (else the passes name the one that does not).
 - **Run.** `HostSteps.complete` runs the steps on the host arrays of their inputs and adds the new
   bundles to the feeds, after checking those inputs against their declared types. A topology step
   builds on the device when the network was compiled with grid_build="device" (`DeviceBuilds`: a
   network of the node alone, with the attribute voxel_capacity, per power of two of the source's
   voxels: operators/fvdb/topology_device.py; for a GridBatchFrom*, of its points, counted on the
   device by joffsets), else with the project's builder on the host (luisaml/fvdb/topology.py, the
-  code that folds them at compile time). Both give the same bytes. A step whose inputs have the same bytes as at its
-  last run gives its last result back, so a grid bound again costs one hash (torch tensors: one
-  comparison where they live, no copy).
+  code that folds them at compile time). Both give the same bytes. A step whose count is bound at
+  run time first checks the source bundle's count inputs against its blob's grids (an InputError
+  naming the input); a device build's network is then per grid count too (its scratch and read-back
+  are sized by it). A step whose inputs have the same bytes as at its last run gives its last result
+  back, so a grid bound again costs one hash (torch tensors: one comparison where they live, no copy).
 
 Why a step and not a stage of the main network: a grid built on the device is sized at run time,
 and no node may read a tensor sized at run time (its buffer cannot be pooled before its size is
@@ -83,6 +88,9 @@ class HostStep:
     node: Node
     operator: type
     constants: dict[str, np.ndarray]
+    # a grid count bound at run time: the names of grid_blob and the count inputs, checked against
+    # the blob's grids before the step runs (operators/fvdb/grid_count.py); None: a fixed count
+    counted: tuple[str, ...] | None = None
     _last: tuple | None = field(default=None, repr=False)  # (key of the inputs' bytes, {output: array})
 
     def run(self, values: Mapping[str, np.ndarray], digests: Mapping[str, bytes],
@@ -95,6 +103,8 @@ class HostStep:
                     for name, a in zip(self.node.inputs, arrays))
         if self._last is not None and self._last[0] == key:
             return self._last[1], key
+        if self.counted is not None:
+            self._check_count(arrays)
         if device is not None:
             out = device.run(self.node, self.operator, arrays, [None if k is None else k[2] for k in key])
         else:
@@ -102,6 +112,19 @@ class HostStep:
         result = {name: np.ascontiguousarray(a) for name, a in zip(self.node.outputs, out) if name}
         self._last = (key, result)
         return result, key
+
+
+    def _check_count(self, arrays: list) -> None:
+        """Raise InputError naming the count input that disagrees with the number of grids in the blob."""
+        from ..operators.fvdb.grid_count import check_blob_count
+
+        by_name = dict(zip(self.node.inputs, arrays))
+        try:
+            check_blob_count(self.counted, *(by_name[n] for n in self.counted))
+        except InputError as e:
+            raise InputError(f"{self.node.describe()}: {e}") from None
+        except LuisamlError as e:  # (a damaged blob: NanoVDBError)
+            raise InputError(f"{self.node.describe()}: {e} (its grid is bound at run time)") from None
 
 
 CAPACITY = grid_schema.CAPACITY  # the voxels or points a device build's network takes
@@ -429,14 +452,15 @@ def split(proto: onnx.ModelProto, operators) -> HostSteps | None:
         node = Node(n.name or f"{n.op_type}_{k}", n.op_type, DOMAIN, list(n.input), list(n.output))
         node.attrs = {a.name: _attr_value(a, None, node.describe()) for a in n.attribute}  # (as model_from_proto reads them)
         values = {i: numpy_helper.to_array(init[i] if i in init else constant_nodes[i]) for i in ins if i in constants}
-        grids = _grid_count(node, shapes)
-        chosen.append((n, HostStep(node, operators(n.op_type, DOMAIN), values)))
+        grids, plus_one = _grid_count(node, shapes)
+        counted = _counted(node) if not isinstance(grids, int) else None
+        chosen.append((n, HostStep(node, operators(n.op_type, DOMAIN), values, counted)))
         for j, name in enumerate(n.output):
             if not name:
                 continue
             part = schema.BUNDLE[j]
             dims = {"grid_blob": (f"rows of {name}",), "grid_byte_offsets": (grids,), "voxel_sizes": (grids, 3),
-                    "origins": (grids, 3), "leaf_batch_indices": (f"rows of {name}",), "batch_offsets": (grids + 1,),
+                    "origins": (grids, 3), "leaf_batch_indices": (f"rows of {name}",), "batch_offsets": (plus_one,),
                     "list_indices": (f"rows of {name}",)}[part]
             shapes[name] = dims
             elems[name] = schema.BUNDLE_ELEM[j]
@@ -481,21 +505,51 @@ def _needs_host(n: onnx.NodeProto, shapes: dict, readers: dict) -> bool:
     return dynamic or any(readers.get(o) for o in n.output if o)
 
 
-def _grid_count(node: Node, shapes: dict) -> int:
-    """Return the number of grids the node builds: its bundle's (grid_byte_offsets [B]) or its
-    jagged input's (joffsets [B + 1]); raise ModelError when that is not fixed."""
+def _grid_count(node: Node, shapes: dict) -> tuple[int | str, int | str]:
+    """Return the number of grids the node builds and that number + 1 (the rows of its outputs): its
+    bundle's (grid_byte_offsets [B]) or its jagged input's (joffsets [B + 1]), numbers when that is
+    fixed, else the symbols of a grid count bound at run time (operators/fvdb/grid_count.py: the nodes
+    reading the new grid take any count, or the passes name the one that does not)."""
     topology = _from_grid(node.op_type)
     name = node.inputs[1] if len(node.inputs) > 1 else ""
     dims = shapes.get(name)
     what = "grid_byte_offsets" if topology else "joffsets"
-    if not dims or len(dims) != 1 or not isinstance(dims[0], int):
-        raise ModelError(f"{node.describe()}: its input '{name}' ({what}) must have a fixed shape (the number of "
-                         f"grids), got {shape_str(dims) if dims else 'no shape'}; the grids' sizes may change, "
-                         f"their number may not")
+    if not dims or len(dims) != 1:
+        raise ModelError(f"{node.describe()}: its input '{name}' ({what}) must be 1-D (the number of grids"
+                         f"{'' if topology else ' + 1'}), got {shape_str(dims) if dims else 'no shape'}")
+    if topology:  # a count bound at run time is the whole bundle's (grid_count.py), or none of it
+        from ..operators.fvdb.grid_count import COUNT_INPUTS
+
+        parts = [(part, node.inputs[schema.BUNDLE.index(part)]) for part in COUNT_INPUTS]
+        fixed = {isinstance((shapes.get(i) or (0,))[0], int) for _, i in parts}
+        if len(fixed) > 1:
+            (pa, a), (pb, b) = (next(p for p in parts if isinstance((shapes.get(p[1]) or (0,))[0], int) == f)
+                                for f in (False, True))
+            raise ModelError(f"{node.describe()}: its input '{a}' ({pa}) has a grid count bound at run time "
+                             f"{shape_str(shapes.get(a))}, but '{b}' ({pb}) a fixed one {shape_str(shapes.get(b))}: give "
+                             f"{', '.join(COUNT_INPUTS)} a dynamic first dimension (the grid count), or none of them")
+    if not isinstance(dims[0], int):  # the grid count bound at run time: the outputs' rows its symbols
+        sym = dims[0] or f"grids of {name}"
+        if topology:
+            offsets = shapes.get(node.inputs[5]) if len(node.inputs) > 5 else None
+            other = offsets[0] if offsets and len(offsets) == 1 and isinstance(offsets[0], str) else None
+            return sym, other if other and other != sym else f"{sym} + 1"
+        return f"{sym} - 1", sym
     count = dims[0] if topology else dims[0] - 1
     if count < 1 or count > _max_grids():
         raise ModelError(f"{node.describe()}: {count} grids; a bundle holds 1 to {_max_grids()}")
-    return count
+    return count, count + 1
+
+
+def _counted(node: Node) -> tuple[str, ...] | None:
+    """The graph names of grid_blob and the count inputs (grid_count.COUNT_INPUTS' order) of a topology
+    node whose grid count is bound at run time, which its step checks against the blob; None for a
+    GridBatchFrom* (its joffsets give the count)."""
+    from ..operators.fvdb.grid_count import COUNT_INPUTS
+
+    if not _from_grid(node.op_type):
+        return None
+    return tuple(node.inputs[k] for k in (0,) + tuple(schema.BUNDLE.index(n) for n in COUNT_INPUTS))
 
 
 def _max_grids() -> int:

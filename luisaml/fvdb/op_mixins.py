@@ -15,12 +15,14 @@ indices, the sampling ops for their voxel data, all read by index through the me
 a grid is bound). The passes probe those rows at two values and refuse a model where any other shape
 or folded constant follows them (passes/infer.py, `bound_inputs`); the runtime accepts any rows for
 them, and the derived metadata checks the voxel data against the grid when it is bound. The grid
-count is such rows too (the per-point and ray ops' grid_byte_offsets, voxel_sizes, origins, batch_offsets and
-joffsets, `extra_rows` 1 for the offsets): its inputs are checked against the blob's grids when bound
-(operators/fvdb/grid_count.py). An attribute
+count is such rows too (grid_byte_offsets, voxel_sizes, origins, batch_offsets and joffsets of the
+per-point and ray ops, the kernel maps and InjectToDense, `extra_rows` 1 for the offsets): its inputs
+are checked against the blob's grids when bound (operators/fvdb/grid_count.py). An attribute
 where an exporter pinned the traced example's size (`BoundRows.pinned_by_example`: the kernel map's
 `output_voxels`) is dropped from a node reading such inputs. A kernel map whose grids are bound
-gives the probe's batch as its rows (`BoundRows.probe_rows`, given the probe by passes/infer.py).
+gives the probe's batch as its rows (`BoundRows.probe_rows`, given the probe by passes/infer.py). A
+node whose output follows the grid count (InjectToDense's [G, C, ...] box) sizes it at run time when
+the count is bound (`BoundRows.sized_at_run`, asked by lowering.py).
 """
 from __future__ import annotations
 
@@ -59,6 +61,15 @@ class BoundRows:
         (luisaml.passes.infer.Probe: the batch, the inputs bound at run time) for a node whose
         output has the batch's rows without reading a batched input; None: `infer` decides."""
         return None
+
+    @classmethod
+    def sized_at_run(cls, node, bound) -> tuple[int, ...]:
+        """Return the outputs (by index) sized at run time because inputs of the node have rows bound
+        then (`bound`: their names): InjectToDense's box of a grid count bound at run time, [G, ...].
+        Such an output is run-time sized as Operator.runtime_sized's (luisaml/dynamic.py: the node
+        runs as phases, the host reads its rows back): the passes let its first dimension follow the
+        probes' rows (passes/infer.py), lowering sizes it at run time."""
+        return ()
 
 
 class VoxelBatch:

@@ -416,17 +416,40 @@ def _node_subgraph_inputs(n: onnx.NodeProto) -> set[str]:
     return out
 
 
-def _check_bound_rows(a: onnx.ModelProto, c: onnx.ModelProto, bound: dict[str, str]) -> None:
+def _sized_at_run(proto: onnx.ModelProto, bound: dict[str, str], operators) -> set[str]:
+    """Return the outputs of nodes that size them at run time from inputs whose rows are bound then
+    (BoundRows.sized_at_run: InjectToDense's box over a grid count bound at run time): their first
+    dimension follows those rows, which lowering makes a size read back at run time."""
+    out: set[str] = set()
+    for n in proto.graph.node:
+        cls = operators(n.op_type, n.domain) if operators is not None else None
+        if cls is not None and cls.bound_rows:
+            node = Node(n.name, n.op_type, n.domain, list(n.input), list(n.output))
+            out |= {n.output[k] for k in cls.sized_at_run(node, bound) if k < len(n.output) and n.output[k]}
+    return out
+
+
+def _check_bound_rows(a: onnx.ModelProto, c: onnx.ModelProto, bound: dict[str, str], sized=frozenset()) -> None:
     """Raise for a tensor whose shape or folded value differs between two probes that differ only in
-    the rows of the bound inputs: it depends on their size, which one compiled network cannot."""
+    the rows of the bound inputs: it depends on their size, which one compiled network cannot (but
+    the first dimension of a tensor in `sized`, which is sized at run time: _sized_at_run)."""
     shapes_a, shapes_c = _all_shapes(a), _all_shapes(c)
     producers = {o: n for n in a.graph.node for o in n.output}
     values_c = {t.name: numpy_helper.to_array(t) for t in c.graph.initializer}
     inputs = ", ".join(f"'{k}' ({v})" for k, v in bound.items())
+    for n in a.graph.node:  # a node reading a tensor sized at run time: lowering's refusal, said here first
+        read = [i for i in n.input if i in sized]
+        if read and any(shapes_a.get(o) != shapes_c.get(o) for o in n.output if o):
+            raise ModelError(f"node '{n.name or n.op_type}' ({n.op_type}): input '{read[0]}' has a first dimension "
+                             f"known only at run time (it follows the rows of {inputs}, which are bound then); no "
+                             "node can read it yet: make it a graph output, and the nodes after it a network of "
+                             "their own")
     for name, shape in shapes_a.items():
         if name in bound:
             continue
         other = shapes_c.get(name)
+        if name in sized and other is not None and shape:
+            other, shape = other[1:], shape[1:]
         if other is not None and other != shape:
             n = producers.get(name)
             where = f" (output of node '{n.name or n.op_type}' ({n.op_type}))" if n is not None else ""
@@ -532,4 +555,4 @@ def _check_rows_probe(proto, a, bound: dict[str, str], batch: dict[str, int], li
     if bound:
         other = bound_probe(proto, bound, ROWS_CHECK, operators)
         probe_c = _probe(proto, {**batch, **other}, next(iter(batch.values()), None), bound, limits, operators)
-        _check_bound_rows(a, probe_c, bound)
+        _check_bound_rows(a, probe_c, bound, _sized_at_run(proto, bound, operators))

@@ -229,7 +229,8 @@ class GridOp(BoundRows, Operator):
     # voxel count when it is bound)
     any_voxel_data: ClassVar[bool] = False
     # ... and so may the grid count (grid_byte_offsets, voxel_sizes, origins, batch_offsets and every
-    # joffsets, checked against the blob's grids when bound: grid_count.py); the per-point and ray ops
+    # joffsets, checked against the blob's grids when bound: grid_count.py); the per-point and ray ops,
+    # InjectToDense (the kernel maps have their own rule: kernel_map.py)
     any_count: ClassVar[bool] = False
     count_bound = False  # this node's grid count is bound at run time (set by check_bundle)
 
@@ -410,16 +411,17 @@ class GridOp(BoundRows, Operator):
                 for a in range(3)]
 
 
-def voxel_of_index(ctx, meta, grids: int, blob: str, base: str, v: str) -> tuple[str, str, list[str]]:
+def voxel_of_index(ctx, meta, grids: int | str, blob: str, base: str, v: str) -> tuple[str, str, list[str]]:
     """Emit the lookup of batch-global voxel index v (v below the batch's voxels) in a bundle read
     through its metadata table meta: the grid holding it (the last whose first index is <= v), the
     leaf whose index range holds it (a binary search of the leaves' first indices: nvdb_find_leaf),
     the bit of its rank in that leaf's mask (nvdb_leaf_slot). Return (grid b, its metadata row's
-    first word m, [i, j, k]); blob, base: the grid blob's ByteBuffer and its byte offset."""
+    first word m, [i, j, k]); blob, base: the grid blob's ByteBuffer and its byte offset; grids: the
+    grid count, a number or the name holding it (a count bound at run time: grid_count.py)."""
     F = META_FIELDS
     b = ctx.fresh("b")
     ctx.line(f"{b} = 0")
-    if grids > 1:
+    if not isinstance(grids, int) or grids > 1:  # (a name: the grid count, bound at run time)
         k = ctx.fresh("k")
         ctx.line(f"for {k} in range(1, {grids}):")
         with ctx.indent():

@@ -11,6 +11,14 @@ into x, y, z.
 
 The grid may be bound at run time, and so may the features' rows (read by the row the grid gives,
 checked against the grid's voxels when bound), as for the samplers: the output's size is the box's.
+
+So may the grid count (grid_count.py: grid_byte_offsets, voxel_sizes, origins, batch_offsets and the
+data's joffsets with a dynamic first dimension, checked against the blob when bound). The box then has
+G rows known only when the grids are bound, so the output is sized at run time (luisaml/dynamic.py,
+`BoundRows.sized_at_run`): a first phase copies the derived count into the node's scratch, the host
+reads it back (the output's rows), and a thread per cell walks the G grids. As every run-time sized
+output, it is a graph output (the 2-D layers after it are a network of their own, batched over the G
+boxes). min_coord is then one corner for every grid (3 per grid would fix the count).
 """
 from __future__ import annotations
 
@@ -18,13 +26,19 @@ import numpy as np
 
 from luisaml import dtypes
 from luisaml import indexing as ix
+from luisaml.dynamic import HostRead, HostResult, Phase
 from luisaml.model import shape_str
 from luisaml.operator import CompileError, Derived
 from luisaml.opsets import fvdb as schema
 from luisaml.opsets import fvdb_dense as dense_schema
 from luisaml.registry import register
+from luisaml.storage import Buffer
 
 from .common import META_FIELDS, GridOp, GridRef, Meta, grid_metadata_for_data
+
+def _count_rows(words: np.ndarray) -> HostResult:
+    """The box's rows: the grid count the first phase copied into the scratch (read back)."""
+    return HostResult({0: int(words[0])})
 
 
 @register(dense_schema.INJECT_TO_DENSE, domain="fvdb", since=1)
@@ -33,7 +47,7 @@ class InjectToDense(GridOp):
 
     specs = dense_schema.OPS
     shared_jagged = (0,)  # the voxel data: read at the row the grid gives, not per sample
-    any_grid = any_voxel_data = True
+    any_grid = any_voxel_data = any_count = True
     stores_once = True
 
     @classmethod
@@ -44,6 +58,11 @@ class InjectToDense(GridOp):
         except ValueError as e:
             raise CompileError(f"{node.describe()}: {e}") from None
         return [(elem, None if dims is None else tuple(dims))]
+
+    @classmethod
+    def sized_at_run(cls, node, bound) -> tuple[int, ...]:
+        # a box per grid: with the grid count bound at run time, G rows known only then
+        return (0,) if len(node.inputs) > 1 and node.inputs[1] in bound else ()
 
     def check_jagged(self, jt, shared: bool) -> None:
         d = jt.jdata
@@ -62,6 +81,8 @@ class InjectToDense(GridOp):
         self.size = [int(v) for v in self.attr("grid_size")]
         self.expect(len(self.size) == 3 and min(self.size) >= 1, f"grid_size must be 3 positive ints, got {self.size}")
         lo = [int(v) for v in self.attr("min_coord")]
+        self.expect(len(lo) == 3 or not self.count_bound, f"min_coord has {len(lo)} ints (3 per grid), but the grid "
+                    "count is bound at run time: give one corner (3 ints) for every grid, or a fixed grid count")
         self.expect(len(lo) in (3, 3 * self.B), f"min_coord must be 3 ints or 3 per grid ({3 * self.B}), got {lo}")
         self.min_coord = np.array(lo * (self.B if len(lo) == 3 else 1), np.int64).reshape(self.B, 3)
         top = self.min_coord + np.array(self.size) - 1
@@ -71,22 +92,44 @@ class InjectToDense(GridOp):
                     f"{self.layout!r}")
         _, want = dense_schema.inject_to_dense_rule([None, (0, [self.B])] + [None] * 5 + [(1, [0, self.channels])]
                                               + [None] * 3, {"grid_size": self.size, "layout": self.layout})
-        self.expect_shape(self.output(), tuple(want), "output")
+        # a grid count bound at run time: G rows, sized at run time (0 here: lowering's run-time tensor)
+        self.runtime_sized = (0,) if self.count_bound else ()
+        self.expect_shape(self.output(), (0,) * self.count_bound + tuple(want[self.count_bound:]), "output")
 
     def metadata_params(self):
         return (("expect_voxels", self.voxels),)
 
     def derived_inputs(self):
         data = self.jagged[0].jdata
-        if getattr(data, "bound_rows", None) is None:
+        k = len(schema.BUNDLE)  # input index of data_jdata
+        bound = getattr(data, "bound_rows", None) is not None
+        if self.count_bound:  # [the metadata, the grid count] (grid_count.py)
+            return self.counted_derived(data=k if bound else None)
+        if not bound:
             return super().derived_inputs()
         # the voxel data's rows are known when it is bound: checked then against the grids' voxels
-        k = len(schema.BUNDLE)  # input index of data_jdata
         return [Derived(grid_metadata_for_data, tuple(range(6)) + (k,), dtypes.INT32, (self.B, META_FIELDS),
                         shape_only=(k,))]
 
     def work_items(self):
         return self.B * int(np.prod(self.size))
+
+    def scratch(self):
+        return {"int": 1} if self.count_bound else {}
+
+    def phases(self):
+        """A grid count bound at run time: the count read back (the box's rows), then a thread per cell
+        over every grid."""
+        def count(ctx, item):
+            ctx.line(Buffer("scratch_int").store("0", self.derived[1].load("0")))
+
+        def cells(ctx, cell):
+            grids = ctx.let(self.derived[1].load("0"), "ngrids")
+            with ctx.loop(grids, "b") as b:
+                self._emit_cell(ctx, b, cell)
+
+        return [Phase("grid count", 1, count, readback=HostRead(0, 1, _count_rows)),
+                Phase("cells of every grid", int(np.prod(self.size)), cells)]
 
     def _box_corner(self, ctx, b: str) -> list[str]:
         """Return min_coord of grid b per axis (literals when every grid shares one box)."""
@@ -101,11 +144,16 @@ class InjectToDense(GridOp):
         return out
 
     def emit_item(self, ctx, item):
+        cells = int(np.prod(self.size))
+        b = ctx.let(ix.div(item, cells), "b") if self.B > 1 else "0"
+        cell = ctx.let(ix.mod(item, cells), "cell") if self.B > 1 else item
+        self._emit_cell(ctx, b, cell)
+
+    def _emit_cell(self, ctx, b: str, cell: str) -> None:
+        """Emit the C outputs of one cell of grid b's box: its voxel's features, or zeros."""
         X, Y, Z = self.size
         C, cells = self.channels, X * Y * Z
         data, y, meta = self.jagged[0].jdata, self.output(), self.derived[0]
-        b = ctx.let(ix.div(item, cells), "b") if self.B > 1 else "0"
-        cell = ctx.let(ix.mod(item, cells), "cell") if self.B > 1 else item
         if self.layout == "CXYZ":  # z fastest
             xyz = [ix.div(cell, Y * Z), ix.mod(ix.div(cell, Z), Y), ix.mod(cell, Z)]
         else:  # x fastest
@@ -138,5 +186,9 @@ class InjectToDense(GridOp):
             self.emit_item(ctx, item)
 
     def describe(self):
+        if self.count_bound:
+            return (f"a thread per cell of the {'x'.join(map(str, self.size))} box, over every grid of a count bound "
+                    f"at run time (read back: the output's rows): a NanoVDB lookup a grid, {self.channels} channels, "
+                    f"layout {self.layout}")
         return (f"a thread per cell of the {'x'.join(map(str, self.size))} box of each of {self.B} grid(s): one "
                 f"NanoVDB lookup, {self.channels} channels, layout {self.layout}")

@@ -10,6 +10,13 @@ when the grid is bound: `grid_metadata_counted`), and the guard `0 <= b < G` rea
 int32 [1] (`grid_count`), never a literal. A ray op's own table (ray.ray_metadata) has G rows too,
 and its layout check takes G from the rays' joffsets (checked against the blob here first).
 
+The same holds beyond the per-point ops. A kernel map (and the pooling maps: kernel_map.py) finds a
+voxel's grid by a loop up to G read from a derived int32 of both bundles' counts (`paired_grid_count`:
+grid b pairs with grid b). InjectToDense's [G, C, ...] box is an output sized at run time (dense.py:
+its G read back). A topology op over such a bundle is a host step (luisaml/fvdb/host_steps.py) that
+checks the count inputs against the blob first (`check_blob_count`) and gives the new bundle the
+source's count symbols. The splats keep a fixed count (their rows are the batch's voxels).
+
 When bound, the count is the blob's: G is the number of grids in grid_blob (as a GridBatch holds
 them, back to back), and every count input must say the same (an InputError naming the input, its
 rows and the blob's count), before the bundle's own checks (common.bundle_grids) run.
@@ -35,6 +42,30 @@ def grid_count(grid_byte_offsets) -> np.ndarray:
     """Return the grid count G (int32 [1]) of a bundle whose count is bound at run time: the rows of
     grid_byte_offsets (checked against the blob by grid_metadata_counted)."""
     return np.array([np.shape(grid_byte_offsets)[0]], np.int32)
+
+
+def paired_grid_count(grid_byte_offsets, other_offsets, *, inputs: tuple[str, str]) -> np.ndarray:
+    """Return the grid count G (int32 [1]) of a node over two bundles whose counts are bound at run
+    time (a kernel map's input and output grids: grid b of one pairs with grid b of the other): the
+    rows of both grid_byte_offsets, which must agree (each checked against its own blob by
+    grid_metadata_counted). inputs: the graph names of the two grid_byte_offsets."""
+    a, b = (int(np.shape(x)[0]) for x in (grid_byte_offsets, other_offsets))
+    if a != b:
+        raise InputError(f"input '{inputs[1]}' has {b} rows, but '{inputs[0]}' has {a}: the node pairs grid b of "
+                         "one bundle with grid b of the other, so both bundles must hold as many grids")
+    return np.array([a], np.int32)
+
+
+def check_blob_count(inputs: tuple[str, ...], grid_blob, grid_byte_offsets, voxel_sizes, origins,
+                     batch_offsets) -> None:
+    """Check a bundle whose grid count is bound at run time against its blob's grids, where no
+    metadata is derived (a topology op's host step: luisaml/fvdb/host_steps.py); inputs: the graph
+    names of grid_blob, then of the count inputs (COUNT_INPUTS' order)."""
+    from luisaml.fvdb.nanovdb import as_byte_buffer
+    from luisaml.fvdb.nanovdb_read import read_grids
+
+    count = len(read_grids(as_byte_buffer(np.asarray(grid_blob))))
+    count_checker(inputs, (grid_byte_offsets, voxel_sizes, origins, batch_offsets))(count)
 
 
 def count_checker(inputs: tuple[str, ...], arrays: tuple) -> Callable[[int], None]:

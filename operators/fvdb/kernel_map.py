@@ -11,7 +11,11 @@ Over grids bound at run time (any size, one compiled network) the voxels are the
 has a row per voxel of the output grid, and a work item per sample finds its voxel from its index
 (nanovdb's nvdb_find_leaf, nvdb_leaf_slot); it sees the whole batch (VoxelBatch). A
 coarser grid has fewer voxels than the batch: its map's rows past them stay missing
-(luisaml/fvdb/voxel_rows.py says which inputs and outputs hold which grid's voxels).
+(luisaml/fvdb/voxel_rows.py says which inputs and outputs hold which grid's voxels). So may the grid
+count be (grid_count.py: both bundles' grid_byte_offsets, voxel_sizes, origins and batch_offsets with
+a dynamic first dimension): the search for a voxel's grid and the batch's last voxel read G from a
+derived int32 [1] (`paired_grid_count`: both bundles hold as many grids, each checked against its blob
+when bound), never a literal; the pooling and refine maps (pool.py) are this kernel.
 
 A kernel-map work item is one voxel slot of one output leaf (most slots of a surface's leaves are
 empty and return at once).
@@ -35,6 +39,7 @@ from luisaml.opsets import fvdb as schema
 from luisaml.registry import register
 
 from .common import META_FIELDS, GridOp, GridRef, Meta, bundle_grids, grid_metadata, voxel_of_index
+from .grid_count import COUNT_INPUTS, PLUS_ONE, grid_metadata_counted, paired_grid_count
 
 BUNDLE = len(schema.BUNDLE)
 OUT = BUNDLE  # the output grid's bundle starts at input 7
@@ -88,7 +93,12 @@ class SparseConvKernelMap(VoxelBatch, GridOp):
 
     @classmethod
     def reads_bound_rows(cls, op_type: str, k: int) -> bool:
-        return k < 2 * BUNDLE and schema.BUNDLE[k % BUNDLE] in cls._BOUND_PARTS
+        # ... and so may both grid counts (grid_count.py): the kernel reads G where it finds a voxel's grid
+        return k < 2 * BUNDLE and schema.BUNDLE[k % BUNDLE] in cls._BOUND_PARTS + COUNT_INPUTS
+
+    @classmethod
+    def extra_rows(cls, op_type: str, k: int) -> int:
+        return int(k < 2 * BUNDLE and schema.BUNDLE[k % BUNDLE] in PLUS_ONE)  # (batch_offsets: G + 1)
 
     @classmethod
     def pinned_by_example(cls, op_type: str) -> tuple[str, ...]:
@@ -154,7 +164,12 @@ class SparseConvKernelMap(VoxelBatch, GridOp):
         self.expect(len(self.inputs) == len(names), f"takes {len(names)} inputs (the input grid's bundle, then the "
                     f"output grid's), got {len(self.inputs)}")
         self.B = self.check_bundle(0, "in_")
+        counted = self.count_bound
         b_out = self.check_bundle(OUT, "out_")
+        self.expect(counted == self.count_bound, f"the {'input' if counted else 'output'} bundle's grid count is bound "
+                    f"at run time, the {'output' if counted else 'input'} bundle's is fixed; a kernel map pairs grid b "
+                    "with grid b: give both bundles' grid_byte_offsets, voxel_sizes, origins and batch_offsets a "
+                    "dynamic first dimension (the grid count), or neither")
         self.expect(b_out == self.B, f"the input bundle has {self.B} grids, the output bundle {b_out}; a kernel map "
                     "pairs grid b with grid b")
         self.geo = self.geometry(self.node)
@@ -162,6 +177,9 @@ class SparseConvKernelMap(VoxelBatch, GridOp):
         y = self.output()
         self.expect_dtype(y, ("INT32",), "output")
         self.voxel_batch = y.batched
+        self.expect(y.batched or not self.count_bound, "the grid count is bound at run time, so the map has a row per "
+                    "voxel of grids known only then: make the voxels the batch (give the features a dynamic first "
+                    "dimension and compile with batch_axis='auto')")
         if y.batched:  # grids bound at run time: a row per sample, each sample a voxel of the output grid
             self.expect(y.shape == (1, self.geo.taps), f"output '{y.name}' has {shape_str(y.shape)} per sample, "
                         f"expected [1, {self.geo.taps}] for kernel {list(self.geo.kernel)}")
@@ -171,6 +189,13 @@ class SparseConvKernelMap(VoxelBatch, GridOp):
         self.leaves = self.input(OUT + 4).shape[0]
 
     def derived_inputs(self):
+        if self.voxel_batch and self.count_bound:  # the grid counts too: checked against each blob when bound
+            names = [tuple(self.input(first + k).name for k in (0,) + tuple(schema.BUNDLE.index(n) for n in COUNT_INPUTS))
+                     for first in (0, OUT)]
+            return [Derived(grid_metadata_counted, tuple(range(first, first + 6)), dtypes.INT32, (self.B, META_FIELDS),
+                            (("inputs", inputs),), any_rows=True) for first, inputs in zip((0, OUT), names)] + \
+                   [Derived(paired_grid_count, (1, OUT + 1), dtypes.INT32, (1,), (("inputs", (names[0][1], names[1][1])),),
+                            shape_only=(1, OUT + 1))]
         if self.voxel_batch:  # (the voxel counts are checked against the batch in the kernel)
             return [Derived(grid_metadata, tuple(range(6)), dtypes.INT32, (self.B, META_FIELDS)),
                     Derived(grid_metadata, tuple(range(OUT, OUT + 6)), dtypes.INT32, (self.B, META_FIELDS))]
@@ -235,14 +260,17 @@ class SparseConvKernelMap(VoxelBatch, GridOp):
         if ctx.sample is None:
             raise self.error("over grids bound at run time it runs over the batch in stages; compile with "
                              "schedule='auto' or 'stages'")
-        meta_in, meta_out = self.derived
-        y, B, F = self.output(), self.B, META_FIELDS
+        meta_in, meta_out = self.derived[:2]
+        y, F = self.output(), META_FIELDS
+        # the grid count: a literal, or read when it is bound at run time (grid_count.py)
+        B = ctx.let(self.derived[2].load("0"), "ngrids") if self.count_bound else self.B
         blob_out, base_out = self.input(OUT).storage.byte_address()
         v, n = ctx.sample, ctx.n_samples
-        last = (B - 1) * F
+        last = ctx.let(f"({B} - 1) * {F}", "last") if self.count_bound else str((B - 1) * F)
 
         def total(meta) -> str:
-            return f"({meta.load(str(last + int(Meta.VOXEL_OFFSET)))} + {meta.load(str(last + int(Meta.VOXEL_COUNT)))})"
+            return (f"({meta.load(ix.add(last, str(int(Meta.VOXEL_OFFSET))))} + "
+                    f"{meta.load(ix.add(last, str(int(Meta.VOXEL_COUNT))))})")
 
         flag = ctx.flag_error(str(self.error(
             "a grid bound at run time has more voxels than the batch (the rows of the features over the finest "

@@ -181,7 +181,9 @@ def test_a_grid_op_over_a_tensor_the_kernels_compute_stays_a_compile_error():
         luisaml.compile(m, batch_axis=None)
 
 
-def test_the_number_of_grids_must_be_fixed():
+def test_a_grid_count_only_partly_dynamic_is_named():
+    """The grid count may be bound at run time (tests/fvdb/test_grid_count_bound.py), but then for the
+    whole bundle: grid_byte_offsets dynamic beside a fixed voxel_sizes is a compile error naming both."""
     gb = BATCHES["two"]
     ins = grid_inputs("", gb)
     ins[1] = helper.make_tensor_value_info("grid_byte_offsets", TensorProto.INT64, ["B"])
@@ -190,7 +192,8 @@ def test_the_number_of_grids_must_be_fixed():
     g = helper.make_graph([node], "g", ins, [helper.make_tensor_value_info("new_batch_offsets", TensorProto.INT64, [None])])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
     with pytest.raises(ModelError, match=r"node 'grow' \(fvdb::DilatedGrid\): its input 'grid_byte_offsets' "
-                                         r"\(grid_byte_offsets\) must have a fixed shape \(the number of grids\)"):
+                                         r"\(grid_byte_offsets\) has a grid count bound at run time \[B\], but "
+                                         r"'voxel_sizes' \(voxel_sizes\) a fixed one \[2, 3\]"):
         luisaml.compile(m, batch_axis=None)
 
 
