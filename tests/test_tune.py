@@ -122,6 +122,9 @@ def test_a_candidate_computing_something_else_is_never_chosen(tuning_root, monke
     monkeypatch.setattr(tune, "measure_job", measure)
     model = _model()
     net = luisaml.compile(model, backend="cpu", tune="fast")
+    # the patches reached the Conv class the compile used (a second copy of the operators' modules
+    # registered its own classes once: tests/core/test_registry.py)
+    assert "choice" in wrong, "the patched Conv.schedules never ran: the registry holds another Conv class"
     assert seen["conv"][1] == {1}, seen
     conv = next(t for t in net.plan.tuning.nodes if t.node == "conv")
     assert conv.choice != wrong["choice"] and conv.rejected == 1
