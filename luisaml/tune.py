@@ -235,6 +235,15 @@ def node_model(node, op, prep, copies: int):
     import onnx
     from onnx import helper, numpy_helper
 
+    def sample_shape(t) -> list | None:
+        # the shape with its batch dimension named (what finds the batch axis); None: several rows a sample
+        shape = list(t.shape)
+        if t.batched:
+            if not shape or shape[0] != 1:
+                return None
+            shape = ["N"] + shape[1:]
+        return shape
+
     inits, inputs, names, feeds = [], [], [], {}
     for k, name in enumerate(node.inputs):
         if not name or not op.has_input(k):
@@ -246,11 +255,9 @@ def node_model(node, op, prep, copies: int):
         if t.value is not None:
             inits.append(numpy_helper.from_array(np.asarray(t.value).astype(t.dtype.numpy), arg))
             continue
-        shape = list(t.shape)
-        if t.batched:
-            if not shape or shape[0] != 1:
-                return None
-            shape = ["N"] + shape[1:]
+        shape = sample_shape(t)
+        if shape is None:
+            return None
         inputs.append(helper.make_tensor_value_info(arg, t.dtype.onnx, shape))
         feeds[arg] = (list(t.shape), t.batched, t.dtype.numpy)
     nodes, outputs = [], []
@@ -261,14 +268,11 @@ def node_model(node, op, prep, copies: int):
         for j, o in enumerate(outs):
             if not o:
                 continue
-            if j == 0:  # (typed, its batch dimension named: what finds the batch axis)
-                t = op.output()
-                shape = list(t.shape)
-                if t.batched:
-                    if not shape or shape[0] != 1:
-                        return None
-                    shape = ["N"] + shape[1:]
-                outputs.append(helper.make_tensor_value_info(o, t.dtype.onnx, shape))
+            if j == 0:  # (typed)
+                shape = sample_shape(op.output())
+                if shape is None:
+                    return None
+                outputs.append(helper.make_tensor_value_info(o, op.output().dtype.onnx, shape))
             else:
                 outputs.append(onnx.ValueInfoProto(name=o))
     g = helper.make_graph(nodes, f"tune {node.op_type}", inputs, outputs, inits)

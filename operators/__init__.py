@@ -1,7 +1,13 @@
 """The shipped operators, one module per op family; importing this registers them all into
 luisaml.registry (the compiler imports it), except the fvdb domain's (operators/fvdb), which
 register on the domain's first lookup."""
-from luisaml import registry
+if __name__ != "luisaml.operators":
+    # the checkout's operators/ imported as a top-level package (its root on sys.path, as under
+    # `python -m pytest`): a second copy of every class, registered over luisaml's
+    raise ImportError(f"operators/ is the package luisaml.operators: import that, not {__name__!r} (a second "
+                      "copy would register its own operator classes in place of luisaml's)")
+
+from luisaml import registry  # noqa: E402
 
 from . import activations, elementwise, gemm, shape  # noqa: F401
 from . import control  # noqa: E402,F401

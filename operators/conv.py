@@ -335,17 +335,11 @@ class Conv(ConvBase):
     def schedules(self, blocks: bool, wide: bool) -> list[dict]:
         from . import tiled
 
-        if any(t.dtype.dsl != "float" for t in (self.input(0), self.input(1), self.output())):
-            return []
-        saved, self.schedule = self.schedule, None  # (the rules' choice first)
-        try:
-            if blocks:
-                tl = self.block_tiling()
-                return [] if tl is None else tiled.candidates(tl, wide)
+        def items() -> list[dict]:
             P, O, _, _ = self.tiles()
             return strip_candidates(self.M // self.group, (P, O), wide)
-        finally:
-            self.schedule = saved
+
+        return tiled.product_schedules(self, blocks, wide, items)
 
     def work_items(self) -> int:
         _, _, strips, blocks = self.tiles()

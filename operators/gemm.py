@@ -288,21 +288,15 @@ class Dense(Operator):
     def schedules(self, blocks: bool, wide: bool) -> list[dict]:
         from . import tiled
 
-        if any(t.dtype.dsl != "float" for t in (self.input(0), self.input(1), self.output())):
-            return []
-        saved, self.schedule = self.schedule, None  # (the rules' choice first)
-        try:
-            if blocks:
-                tl = self.block_tiling()
-                if tl is None or getattr(tl, "mma", False) or self.sample_rows():
-                    return []
-                return tiled.candidates(tl, wide)
+        def items() -> list[dict]:
             if self.samples_per_item() > 1:
                 return []
             R, O, _, _ = self.tiles()
             return item_candidates(self.M, self.N, (R, O), wide)
-        finally:
-            self.schedule = saved
+
+        # neither the tensor cores' tile nor a tile of samples has knobs searched
+        return tiled.product_schedules(self, blocks, wide, items,
+                                       fixed=lambda tl: getattr(tl, "mma", False) or self.sample_rows())
 
     def sample_rows(self) -> bool:
         """Whether the tile's rows are samples: one row a sample, B a constant, the batch batched."""

@@ -195,6 +195,25 @@ def candidates(tl: Tiling, wide: bool) -> list[dict]:
     return [{"form": "blocks", **dict(zip(keys, v))} for v in out]
 
 
+def product_schedules(op, blocks: bool, wide: bool, items: Callable[[], list[dict]],
+                      fixed: Callable[[Tiling], bool] | None = None) -> list[dict]:
+    """Return the candidate schedules (Operator.schedules) of a product whose operands are inputs 0
+    and 1 (Gemm, MatMul, Conv): none unless they and the output are float; else, with the node's
+    tuned schedule set aside so that the rules' choice comes first, the blocks form's `candidates`
+    of its block_tiling() (none without one, or where `fixed(tiling)`: a tiling with no knob
+    searched), or the items form's `items()`."""
+    if any(t.dtype.dsl != "float" for t in (op.input(0), op.input(1), op.output())):
+        return []
+    saved, op.schedule = op.schedule, None
+    try:
+        if blocks:
+            tl = op.block_tiling()
+            return [] if tl is None or (fixed is not None and fixed(tl)) else candidates(tl, wide)
+        return items()
+    finally:
+        op.schedule = saved
+
+
 # ---- tiles whose rows are samples (a grouped blocks stage: Operator.block_samples) -----------------
 
 

@@ -222,3 +222,34 @@ def stage_of(net, node_name: str):
         if node_name in names or any(f"'{node_name}'" in s for s in st.inlined):
             return st
     raise AssertionError(f"node '{node_name}' is in no stage:\n{sched.describe()}")
+
+
+# ---- compile(tune=...)'s tests (tests/test_tune.py, tests/gpu/test_tune_cuda.py) ------------------
+
+
+@pytest.fixture
+def tuning_root(tmp_path, monkeypatch):
+    """A cache root of the test's own (its tuning/ folder empty): import it into a test module."""
+    from luisaml import cache
+
+    monkeypatch.setattr(cache, "ROOT", tmp_path)
+    return tmp_path
+
+
+def conv_relu(out: str) -> list:
+    """Return the nodes Conv 3x3 pad 1 of input x by constants w and b ('conv'), then Relu ('relu')
+    into `out`."""
+    return [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+            helper.make_node("Relu", ["c"], [out], name="relu")]
+
+
+def float_model(nodes, inputs: dict[str, list], outputs: dict[str, list],
+                initializers: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """Return the model (opset 17, IR version 10) of these nodes over float inputs and outputs of
+    the shapes given (a str a symbolic dimension) and constant initializers."""
+    graph = helper.make_graph(nodes, "tuned", [helper.make_tensor_value_info(k, TensorProto.FLOAT, s) for k, s in inputs.items()],
+                              [helper.make_tensor_value_info(k, TensorProto.FLOAT, s) for k, s in outputs.items()],
+                              [numpy_helper.from_array(v, k) for k, v in initializers.items()])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    return m

@@ -102,3 +102,30 @@ def test_folding_works_after_the_fvdb_schemas_are_registered(tmp_path):
     """)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+
+
+def test_the_checkout_operators_folder_cannot_be_imported_as_a_second_copy():
+    """operators/ is luisaml.operators. From the checkout's root (on sys.path under `python -m pytest`)
+    it could also be imported as a top-level `operators`, whose import registered a second set of
+    operator classes over luisaml's: a test then patching luisaml.operators.conv.Conv patched a class
+    no compile used (tests/test_tune.py's wrong candidate went unrejected in a worker that had run
+    such an import; benchmarks/NOTES.md, "test_tune's order-dependent failure"). That import is
+    refused, and the registry keeps luisaml's classes. In a child process: the import would replace
+    this process's registry entries."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    probe = ("import luisaml.operators\n"
+             "from luisaml import registry\n"
+             "try:\n"
+             "    import operators.conv\n"
+             "    print('imported')\n"
+             "except ImportError as e:\n"
+             "    print('refused:', e)\n"
+             "print('Conv:', registry.resolve('Conv', '', 17).__module__)\n")
+    r = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "refused:" in r.stdout and "luisaml.operators" in r.stdout, r.stdout
+    assert "Conv: luisaml.operators.conv" in r.stdout, r.stdout

@@ -10,21 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-from util import cuda_only, ort_run
+from onnx import helper
+from util import conv_relu, cuda_only, float_model, ort_run, tuning_root  # noqa: F401 (tuning_root: a fixture)
 
 import luisaml
-from luisaml import cache, tune
+from luisaml import tune
 
 pytestmark = cuda_only()
 
 RTOL = 2e-5
-
-
-@pytest.fixture
-def tuning_root(tmp_path, monkeypatch):
-    monkeypatch.setattr(cache, "ROOT", tmp_path)
-    return tmp_path
 
 
 def _model():
@@ -33,18 +27,9 @@ def _model():
     w = (rng.standard_normal((64, 32, 3, 3)) * 0.1).astype(np.float32)
     b = rng.standard_normal(64).astype(np.float32)
     g = (rng.standard_normal((96, 200)) * 0.1).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-             helper.make_node("Relu", ["c"], ["y"], name="relu"),
-             helper.make_node("Gemm", ["a", "g"], ["z"], name="gemm")]
-    graph = helper.make_graph(
-        nodes, "tuned", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32, 32, 32]),
-                         helper.make_tensor_value_info("a", TensorProto.FLOAT, [300, 96])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64, 32, 32]),
-         helper.make_tensor_value_info("z", TensorProto.FLOAT, [300, 200])],
-        [numpy_helper.from_array(v, k) for k, v in (("w", w), ("b", b), ("g", g))])
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 10
-    return m
+    nodes = conv_relu("y") + [helper.make_node("Gemm", ["a", "g"], ["z"], name="gemm")]
+    return float_model(nodes, {"x": [4, 32, 32, 32], "a": [300, 96]}, {"y": [4, 64, 32, 32], "z": [300, 200]},
+                       {"w": w, "b": b, "g": g})
 
 
 def _check(net, model):
