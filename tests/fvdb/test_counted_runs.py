@@ -131,3 +131,33 @@ def test_rays_past_their_capacity_run_again_on_both_paths(rays, monkeypatch):
                 g = got[name].numpy() if shared else got[name]
                 assert g.dtype == value.dtype and g.shape == value.shape and g.tobytes() == value.tobytes(), name
 
+
+def test_two_networks_building_the_same_grid_build_it_once():
+    """The same ConvGrid of the same bytes in two networks (a detector's backbone and head): the second
+    network's step takes the first's result, on the device neither a build nor a wait."""
+    gb = GridBatch.from_ijk([_grid(5, 500, 7.0).ijk.jdata], 0.1, 0.0)
+    feeds = dict(zip(schema.BUNDLE, gb.bundle()))
+    from fvdb_reference import ELEM
+
+    growing = ("grid_blob", "leaf_batch_indices", "list_indices")
+    ins = [helper.make_tensor_value_info(n, ELEM[a.dtype], [f"{n} rows"] + list(a.shape[1:]) if n in growing
+                                         else list(a.shape)) for n, a in feeds.items()]
+
+    def model(prefix: str):
+        new = [f"{prefix}_{n}" for n in schema.BUNDLE]
+        node = helper.make_node("ConvGrid", list(schema.BUNDLE), new, name=f"{prefix}_topo", domain=schema.DOMAIN,
+                                kernel_size=[3, 3, 3], stride=[2, 2, 2])
+        outs = [helper.make_tensor_value_info(n, ELEM[a.dtype], [None] * a.ndim) for n, a in zip(new, feeds.values())]
+        return helper.make_model(helper.make_graph([node], "g", ins, outs),
+                                 opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+
+    first, second = (luisaml.compile(model(p), batch_axis=None, grid_build="device") for p in ("a", "b"))
+    with counts.measure() as c1:
+        one = first.run(feeds)
+    with counts.measure() as c2:
+        two = second.run(feeds)
+    assert c1.syncs == 2 and c1.launches > 0  # the build: its layout's read-back, its end
+    assert c2.syncs == 0 and c2.launches == 0
+    want = luisaml.compile(model("a"), batch_axis=None, grid_build="host").run(feeds)
+    for n in schema.BUNDLE:
+        assert np.array_equal(one[f"a_{n}"], want[f"a_{n}"]) and np.array_equal(two[f"b_{n}"], want[f"a_{n}"]), n
