@@ -59,6 +59,7 @@ import onnx
 import torch
 
 import luisaml
+from luisaml import counts
 from luisaml.fvdb import torch_ops as F
 from luisaml.fvdb.torch_dense import inject_to_dense
 from luisaml.opsets import fvdb as schema
@@ -268,6 +269,7 @@ def main(cfg: Settings = Settings(), verbose: bool = True) -> dict:
     net_a = luisaml.compile(export(backbone, x, fine, "voxel_features", ["coarse_features"]))
     net_b = luisaml.compile(export(head, coarse_feats, fine, "coarse_features", OUTPUTS), batch_axis=None)
     result["compile_s"] = time.perf_counter() - t0
+    result["backend"] = net_a.backend
     result["save_messages"] = {}
     for name, net in (("backbone", net_a), ("head", net_b)):
         try:
@@ -280,8 +282,9 @@ def main(cfg: Settings = Settings(), verbose: bool = True) -> dict:
     for k, points in enumerate(frames):
         fine, x = voxelize(points, cfg.voxel_size)
         t1 = time.perf_counter()
-        feats = net_a.run(feeds("voxel_features", x, fine))["coarse_features"]
-        out = net_b.run(feeds("coarse_features", torch.from_numpy(feats), fine))
+        with counts.measure() as asked:  # what the frame asks of the device (host waits, launches)
+            feats = net_a.run(feeds("voxel_features", x, fine))["coarse_features"]
+            out = net_b.run(feeds("coarse_features", torch.from_numpy(feats), fine))
         run_s = time.perf_counter() - t1
         with torch.no_grad():
             want_feats = backbone(x, *fine)
@@ -299,13 +302,14 @@ def main(cfg: Settings = Settings(), verbose: bool = True) -> dict:
                else float("inf"),
                "max_abs_diff_scores": float(np.abs(got_scores - want_scores).max()) if same_count and len(got_boxes)
                else float("inf"),
-               "luisaml_run_s": run_s}
+               "luisaml_run_s": run_s, "syncs": asked.syncs, "launches": asked.launches}
         result["frames"].append(row)
         if verbose:
             print(f"frame {k}: {row['points']} points, {row['voxels']} voxels ({row['coarse_voxels']} coarse): "
                   f"{row['detections_luisaml']} boxes (torch {row['detections']}), same order and labels: "
                   f"{row['same_kept'] and row['same_labels']}, max |diff| boxes {row['max_abs_diff_boxes']:.1e} "
-                  f"scores {row['max_abs_diff_scores']:.1e}; luisaml {run_s * 1e3:.0f} ms on {net_a.backend}")
+                  f"scores {row['max_abs_diff_scores']:.1e}; luisaml {run_s * 1e3:.0f} ms on {net_a.backend} "
+                  f"({row['syncs']} host waits, {row['launches']} launches)")
     if verbose:
         print(f"one ONNX of the whole detector ({', '.join(result['one_network_ops'])}): {result['one_network']}")
         print(f"two networks compiled once in {result['compile_s']:.1f} s; .lml: {result['save_messages']}")

@@ -1,22 +1,32 @@
 """Outputs whose row count is known only at run time: the phases such a node runs as, the in-place
-prefix sum they share, and what the runtime reads back between them.
+prefix sum they share, and where the host learns each count: at the run's end (counted, on the
+device) or between two phases (a read-back).
 
 A node whose output size depends on the data (fVDB's rays: how many voxels each ray crosses)
 declares those outputs in `Operator.runtime_sized` and runs as a sequence of phases, one stage
 each (schedule.py): a count phase writes each work item's row count into an offsets tensor of
-static size, the scan phases below turn it into exclusive offsets in place, the host reads back
-the one total it needs to allocate (the scan's last phase names it, a `TotalRead`; the runtime's
-`Readback`, launch.py), and the fill phase writes every
-item's rows at its offset. The count and the fill run the same code, so they agree; a fill that
-would pass its item's range flags a run-time error naming the node instead of writing.
+static size, the scan phases below turn it into exclusive offsets in place, and the fill phase
+writes every item's rows at its offset. The count and the fill run the same code, so they agree; a
+fill that would pass its item's range flags a run-time error naming the node instead of writing.
 
-A node that needs more than one total (a grid builder: how many bytes each new grid takes, how
-many leaves it has) marks its read-back phase with a `HostRead` instead: the runtime reads
-`count` int32 words of the node's own int scratch (`Operator.scratch`, device memory that persists
-from its first phase to its last) and gives them to the node's host step, which returns the rows of
-each run-time sized output and small arrays to write into that scratch before the next phase (a
-HostResult; a step may raise RunError for what the device flagged). A node may have any number of
-read-back phases; each one splits the launch there (launch.py). The host step is O(what it reads):
+**Counted on the device** (issue 28's counted execution). Where the scan's last phase names one
+total — a `TotalRead` (element `index` of the offsets tensor) or a `ScratchTotal` (a word of the
+node's own int scratch) — nothing waits for it mid-run. The outputs' buffers are allocated at a
+capacity in rows (`Capacity`: a power-of-two bucket, learned from the runs before), the fill's
+stores at or past the capacity are skipped (storage.Capped: the capacity in elements is a word of
+the run's state buffer, the kernels' `errors` argument: `StateLayout`), a copy command after the
+scan puts the total into that state buffer, and the host reads it at the run's end with the flag
+and the outputs, in one synchronisation (launch.py). A total above the capacity re-runs the whole
+invocation with the next bucket (the inputs are still on the device): a result is never cut.
+
+**Read back mid-run.** A node that needs more than one total (a grid builder: how many bytes each
+new grid takes, how many leaves it has) marks its read-back phase with a `HostRead`: the runtime
+reads `count` int32 words of the node's own int scratch (`Operator.scratch`, device memory that
+persists from its first phase to its last) and gives them to the node's host step, which returns
+the rows of each run-time sized output and small arrays to write into that scratch before the
+next phase (a HostResult; a step may raise RunError for what the device flagged). A node may have
+any number of read-back phases; each one splits the launch there (launch.py) and costs one host
+synchronisation (the error flag and the words in one download). The host step is O(what it reads):
 per-grid headers, never per-voxel work.
 
 Why no shared memory: the CPU backend cannot compile it. The scan is three plain stages over
@@ -24,16 +34,18 @@ SCAN_CHUNK-sized chunks: each chunk scanned by one thread, the chunk totals chai
 thread (items / SCAN_CHUNK additions), then every element adds its chunk's base. For 1M rays that
 is 4,096 sequential steps in the middle stage; everything else is parallel.
 
-Run-time sized uint8 outputs are ByteBuffers the node writes word-wise (a new grid's blob). No node
-may read such an output (lowering says which and why), there is no per-sample `forward`, and an
-artifact cannot hold one yet. On torch CUDA tensors such an output is a torch tensor allocated once
-its rows are read back and written in place (DLPack, zero_copy.py `run`): a fresh one each run, so
+Run-time sized uint8 outputs are ByteBuffers the node writes word-wise (a new grid's blob), sized
+by a HostRead. No node may read such an output (lowering says which and why), there is no
+per-sample `forward`, and an artifact cannot hold one yet. On torch CUDA tensors a run-time sized
+output is a torch tensor allocated for the run (at its capacity, returned as a view of its rows;
+a HostRead's exactly) and written in place (DLPack, zero_copy.py `run`): a fresh one each run, so
 no run's result aliases another's. The count may size a dimension other than the first
-(`Operator.runtime_axis`, `IOSpec.rows_axis` / `sized_shape`: NonZero's [rank, N]). Ops with one
-output (NonZero, NonMaxSuppression, the luisaml domain's RotatedNMS / CircleNMS:
-operators/detection.py) keep their counts and offsets in their own int scratch and read the total
-back with a HostRead of one word; their output spans the batch, so a batched input compiles per
-batch size (BatchMixingError).
+(`Operator.runtime_axis`, `IOSpec.rows_axis` / `sized_shape`: NonZero's [rank, N]); the fill writes
+the exact layout's elements from the buffer's start, so the rows are the buffer's first elements
+whatever the capacity. Ops with one output (NonZero, NonMaxSuppression, the luisaml domain's
+RotatedNMS / CircleNMS: operators/detection.py) keep their counts and offsets in their own int
+scratch and name the total with a ScratchTotal; their output spans the batch, so a batched input
+compiles per batch size (BatchMixingError).
 """
 from __future__ import annotations
 
@@ -75,24 +87,35 @@ class TotalRead:
 
 
 @dataclass(frozen=True)
+class ScratchTotal:
+    """The one total of a node whose counts and offsets live in its own int scratch: word `index`
+    (counted on the device: copied into the run's state after the phase, read at the run's end)."""
+
+    index: int
+
+
+@dataclass(frozen=True)
 class Phase:
-    """One stage of a phased node: `items` threads run emit(ctx, item); readback: what the host reads
-    back after this phase, before the next is launched: a TotalRead (the one total of a prefix sum),
-    or a HostRead for the node's own host step; None: nothing. threads: 0, or a blocks stage (CUDA
-    only: shared memory and barriers) of `items` blocks of that many threads, emit(ctx, item, thread)
-    (a recurrence's whole sequence in one launch: operators/rnn_block.py)."""
+    """One stage of a node with run-time sized outputs or phases: `items` threads run emit(ctx, item);
+    readback: where the total this phase completes is (a TotalRead or ScratchTotal: counted on the
+    device, read at the run's end), or a HostRead for the node's own host step (between this phase
+    and the next); None: nothing. threads: 0, or a blocks stage (CUDA only: shared memory and
+    barriers) of `items` blocks of that many threads, emit(ctx, item, thread) (a recurrence's whole
+    sequence in one launch: operators/rnn_block.py)."""
 
     name: str
     items: int
     emit: Callable[..., None]
-    readback: TotalRead | HostRead | None = None
+    readback: TotalRead | ScratchTotal | HostRead | None = None
     threads: int = 0
 
 
 @dataclass
 class Readback:
-    """What the runtime reads between two stages: element `index` of tensor `tensor` (a graph
-    output or a pooled buffer), the row count of the node's run-time sized `outputs`."""
+    """Where the runtime finds a node's row count: element `index` of tensor `tensor` (a graph output
+    or a pooled buffer; "": word `index` of the int scratch), the rows of the node's run-time sized
+    `outputs`. counted: read at the run's end from the state buffer, where a copy after stage
+    `after_stage` puts it; else read between that stage and the next (a HostRead's step)."""
 
     after_stage: int  # the last stage launched before the read
     tensor: str
@@ -103,6 +126,7 @@ class Readback:
     # of each output (by name) and the scratch writes
     count: int = 1
     step: Callable[[np.ndarray], HostResult] | None = None
+    counted: bool = False
 
 
 def readback_of(stage: int, node, op, phase: Phase) -> Readback:
@@ -117,31 +141,122 @@ def readback_of(stage: int, node, op, phase: Phase) -> Readback:
             return HostResult(rows, res.writes)
 
         return Readback(stage, "", hr.index, node.describe(), sized, hr.count, step)
+    counted = counted_on_device(op, phase)
+    if isinstance(phase.readback, ScratchTotal):
+        return Readback(stage, "", int(phase.readback.index), node.describe(), sized, counted=counted)
     total = phase.readback
-    return Readback(stage, total.offsets.name, int(total.index), node.describe(), sized)
+    return Readback(stage, total.offsets.name, int(total.index), node.describe(), sized, counted=counted)
 
 
-def download_words(buf, index: int, count: int) -> np.ndarray:
-    """Return int32 words index..index+count of a device buffer, downloading only those bytes."""
+def counted_on_device(op, phase: Phase) -> bool:
+    """Whether the total `phase` completes stays on the device until the run's end: one total (a
+    TotalRead or ScratchTotal) of outputs that are not bytes (a ByteBuffer has no capacity guard)."""
+    if not isinstance(phase.readback, (TotalRead, ScratchTotal)):
+        return False
+    return all(op.outputs[j] is None or not op.outputs[j].dtype.is_byte for j in op.runtime_sized
+               if j < len(op.outputs))
+
+
+def counted_outputs(stages) -> list[str]:
+    """The run-time sized tensors whose counts stay on the device, in stage order (a schedule's
+    stages: their phases' read-backs)."""
+    out: list[str] = []
+    for st in stages:
+        if st.readback is None or st.phase is None:
+            continue
+        node, op = st.root
+        if counted_on_device(op, op.phases()[st.phase]):
+            out += [node.outputs[j] for j in op.runtime_sized if j < len(node.outputs) and node.outputs[j]]
+    return out
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    """The int32 words of a run's state buffer (the kernels' `errors` argument): word 0 the run-time
+    error flag, then each counted output's capacity in elements (the fill's store guard), then each
+    counted read-back's total (copied there after its phase, read at the run's end)."""
+
+    outputs: tuple[str, ...]  # the counted outputs (Plan.counted)
+    totals: int  # the counted read-backs
+
+    @property
+    def size(self) -> int:
+        return 1 + len(self.outputs) + self.totals
+
+    def capacity_word(self, name: str) -> int:
+        return 1 + self.outputs.index(name)
+
+    def total_word(self, k: int) -> int:
+        return 1 + len(self.outputs) + k
+
+
+FIRST_CAPACITY_ROWS = 256  # a counted output's first capacity (tests lower it to force a re-run)
+
+
+def bucket(rows: int) -> int:
+    """The capacity bucket that holds `rows`: the next power of two, at least FIRST_CAPACITY_ROWS."""
+    cap = max(int(FIRST_CAPACITY_ROWS), 1)
+    while cap < rows:
+        cap *= 2
+    return cap
+
+
+class Capacity:
+    """The rows a network's counted outputs are allocated with, per output: a bucket, grown past a
+    run's total when that run overflowed (the run is repeated), shrunk when runs use under a quarter of
+    it (the buffers are downloaded whole at the run's end)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, int] = {}
+
+    def __getitem__(self, name: str) -> int:
+        if name not in self.rows:
+            self.rows[name] = bucket(0)
+        return self.rows[name]
+
+    def __setitem__(self, name: str, rows: int) -> None:
+        self.rows[name] = int(rows)
+
+    def settle(self, name: str, total: int, fits: Callable[[int], bool]) -> bool:
+        """Record a run's total for output `name`; return True when it overflowed the capacity (which
+        then grows to total's bucket, or to total itself where the bucket would pass the limits: fits)."""
+        cap = self[name]
+        if total > cap:
+            grown = bucket(total)
+            self.rows[name] = grown if fits(grown) else total
+            return True
+        if total * 4 < cap and cap > bucket(0):
+            self.rows[name] = bucket(2 * total)
+        return False
+
+
+def download(buf, byte_offset: int, out: np.ndarray) -> None:
+    """Enqueue the copy of out.nbytes bytes of a device buffer from byte_offset into out (no wait:
+    the caller synchronises once for all its downloads, and keeps out alive until then)."""
     from luisa import globalvars, lcapi
 
-    out = np.zeros(max(count, 1), np.int32)
-    if count:
-        stream = globalvars.vars.stream
-        stream.add(lcapi.BufferDownloadCommand.create(buf.handle, int(index) * 4, count * 4, out))
-        stream.synchronize()
-    return out[:count]
+    if out.nbytes:
+        globalvars.vars.stream.add(lcapi.BufferDownloadCommand.create(buf.handle, int(byte_offset), out.nbytes, out))
+
+
+def copy_word(src, src_index: int, dst, dst_index: int) -> None:
+    """Enqueue the copy of int32 word src_index of buffer src into word dst_index of dst, on the device."""
+    from luisa import globalvars, lcapi
+
+    globalvars.vars.stream.add(lcapi.BufferCopyCommand.create(src.handle, dst.handle, int(src_index) * 4,
+                                                              int(dst_index) * 4, 4))
 
 
 def upload_words(buf, index: int, words: np.ndarray) -> None:
-    """Write int32 words into a device buffer from word `index` (ordered before later launches)."""
+    """Write int32 words into a device buffer from word `index`: enqueued, ordered before later
+    launches (the stream keeps the array until it has run)."""
     from luisa import globalvars, lcapi
 
     words = np.ascontiguousarray(words, np.int32).reshape(-1)
     if words.size:
         stream = globalvars.vars.stream
         stream.add(lcapi.BufferUploadCommand.create(buf.handle, int(index) * 4, words.size * 4, words))
-        stream.synchronize()  # (the array must outlive the copy)
+        stream.add_upload_buffer(words)
 
 
 def scan_phases(offsets, count: int) -> list[Phase]:

@@ -23,13 +23,14 @@ from typing import Iterator
 
 from . import indexing as ix
 from .codegen import Inline, KernelContext, Module, render_module
+from .dynamic import StateLayout, counted_outputs
 from .errors import CompileError
 from .model import Node
 from .operator import Operator
 from .plan import GraphCode, IOSpec, Plan, scratch_layout
 from .safe_source import comment_text, docstring_text, quoted
 from .schedule import Stage
-from .storage import Buffer, Bytes, Local, Storage, Tensor, Value, bind
+from .storage import Buffer, Bytes, Capped, Local, Storage, Tensor, Value, bind
 
 
 def graph_bindings(ctx: KernelContext, code: GraphCode, io_storage: dict[str, Storage]) -> dict[Tensor, Storage]:
@@ -109,6 +110,8 @@ def generate(plan: Plan, model_name: str) -> str:
                     "buffers, writes its outputs.", emit_batch_kernel(plan, module))]
     else:
         kernels = []
+        written = {s.name for s in plan.outputs}
+        plan.counted = [name for name in counted_outputs(plan.schedule.stages) if name in written]
         counters = plan.schedule.counters
         batch_param = ["n: int"] if plan.schedule.takes_batch else []
         for st in plan.schedule.stages:
@@ -127,7 +130,7 @@ def generate(plan: Plan, model_name: str) -> str:
             kernels = _shared(plan, kernels)
     type_decls += [(name, f"luisa.SharedArrayType({n}, {dsl})") for (dsl, n), name in sorted(module.shared_types.items())]
     plan.checks = list(module.checks)
-    if plan.checks:
+    if plan.checks or plan.counted:  # (the run's state buffer: the error flag, the counted outputs' words)
         kernels = [(name, _with_errors(params), doc, body) for name, params, doc, body in kernels]
     return _render(plan, model_name, module, fwd, fwd_params, kernels, type_decls)
 
@@ -437,6 +440,10 @@ def stage_bindings(plan: Plan, st: Stage, ctx: KernelContext, sample: str = "sam
     for t in tensors.values():
         if getattr(t, "runtime_rows", None) is not None and t not in table:
             table[t] = Dropped()
+    state = StateLayout(tuple(plan.counted), 0)
+    for name in plan.counted:  # (at a capacity: stores past it skipped, luisaml/dynamic.py)
+        at = table[tensors[name]]
+        table[tensors[name]] = Capped(at.buffer, at.base, f"{KernelContext.ERRORS}.read({state.capacity_word(name)})")
     if st.epilogue:  # (its tensors are variables of the stage's store: epilogue_lets)
         root_out = st.root[1].outputs[0]
         if st.domain in ("items", "blocks"):

@@ -1,30 +1,48 @@
 """Launching a network's kernels: its stages enqueued on LuisaCompute's stream as one command list,
-split where the host reads a row count back (luisaml/dynamic.py), the run-time error flag raised as
-RunError naming the node, and the first launch's kernel build (under a lock, or by workers)."""
+split only where a host step must read words back mid-run (luisaml/dynamic.py HostRead), the
+counts that size run-time sized outputs kept on the device and read with the outputs at the end
+(one host synchronisation a run, a re-run where a count passed its capacity), the run-time error
+flag raised as RunError naming the node, and the first launch's kernel build (under a lock, or by
+workers)."""
 from __future__ import annotations
 
 import contextlib
 import itertools
 import os
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import cache, device
 from .dispatch import Launcher
-from .dynamic import download_words, upload_words
-from .errors import RunError
+from .dynamic import Capacity, StateLayout, copy_word, download, upload_words
+from .errors import LimitError, RunError
 from .feeds import io_dtype
-from .log import SLOW_BUILD_S, phase
+from .log import SLOW_BUILD_S, note, phase
 from .pool import BufferPool
 
 if TYPE_CHECKING:
     from .plan import IOSpec, Plan
 
+# launches after which the command list is committed without waiting (the device starts on the first
+# ones while the host enqueues the rest); 0: one commit a segment, at its wait. An experiment's knob
+# (benchmarks/bench_counted.py --flush): whether it shortens net.run on the GPU is not measured yet.
+FLUSH_LAUNCHES = 0
+
+
+@dataclass
+class Ran:
+    """What a run gives back: the rows of its run-time sized outputs, and the outputs it was asked to
+    read (numpy, the kernels' dtype, flat: exactly their elements)."""
+
+    rows: dict[str, int] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
 
 class KernelLauncher:
     """The kernels of one generated module and how a run launches them: `launch` enqueues stages,
-    `run` launches them all for n samples and waits, reading back between segments."""
+    `run` launches them all for n samples and waits once (and once more per mid-run read-back)."""
 
     def __init__(self, plan: Plan, module, path: str, backend: str, pool: BufferPool):
         self.plan = plan
@@ -38,45 +56,141 @@ class KernelLauncher:
         # at the first launch; None: that launch starts them if there are enough kernels; False: none
         self.build_workers: Any = None
         self.built = False  # whether the kernels were launched once (and so built)
+        self.capacity = Capacity()  # the rows each counted output's buffer is allocated with
+        self.layout = StateLayout(tuple(plan.counted), sum(1 for rb in plan.readbacks if rb.counted))
+        self.reruns = 0  # runs repeated because a count passed its capacity (nothing is ever cut)
 
-    def run(self, args: list, n: int, out_bufs: list | None = None, make_output=None) -> dict[str, int]:
-        """Launch the kernels for n samples with the plan's scratch buffers; wait for them; raise
-        RunError for what a run-time check flagged (an index out of range, naming the node). With
-        read-backs (luisaml/dynamic.py) the stages run in segments: up to a node's prefix sum, then
-        its row count read back, its outputs' buffers sized in args and out_bufs (make_output(spec,
-        rows) gives the buffer when set, else the pool's own), then on; return {run-time sized
-        output: rows}."""
-        import luisa
+    @property
+    def takes_state(self) -> bool:
+        """Whether the kernels take the run's state buffer (the `errors` argument)."""
+        return bool(self.plan.checks or self.plan.counted)
 
+    def _spec(self, name: str):
+        return next(s for s in self.plan.outputs if s.name == name)
+
+    def state(self):
+        """The run's state buffer, its upload enqueued: the error flag zeroed, each counted output's
+        capacity in elements (the fills' store guard), the totals zeroed (luisaml/dynamic.py)."""
+        words = np.zeros(self.layout.size, np.int32)
+        for name in self.layout.outputs:
+            words[self.layout.capacity_word(name)] = self.capacity[name] * self._spec(name).numel_per_row
+        return self.pool.run_state(words)
+
+    def run(self, args: list, n: int, out_bufs: list | None = None, make_output=None,
+            read: tuple | list | set = ()) -> Ran:
+        """Launch the kernels for n samples with the plan's scratch buffers, download the outputs named
+        in `read` and wait, once; raise RunError for what a run-time check flagged (an index out of
+        range, naming the node). Run-time sized outputs (luisaml/dynamic.py): a counted one's buffer
+        (in args and out_bufs; make_output(spec, rows) gives it when set, else the pool) holds its
+        capacity, its total comes back with the outputs, and a total past the capacity runs the whole
+        invocation again with a larger one; a HostRead splits the launch there (its words read back,
+        its host step run, its outputs sized). Return the rows of the run-time sized outputs and the
+        arrays read (cut to their rows)."""
+        out_bufs = [] if out_bufs is None else out_bufs
+        while True:
+            ran, overflowed = self._run_once(args, n, out_bufs, make_output, read)
+            if not overflowed:
+                return ran
+            self.reruns += 1
+            note("%s; the run was repeated with room for them, nothing is cut", "; ".join(overflowed))
+            for s, buf, count in out_bufs:  # (the re-run adds into them from zero again)
+                if s.accumulated and count:
+                    buf.copy_from_array(np.zeros(count, s.dtype.kernel_numpy), sync=False)
+
+    def _run_once(self, args: list, n: int, out_bufs: list, make_output, read) -> tuple[Ran, list[str]]:
+        """One launch of every stage (run's body); return (what it gave, the counted outputs whose total
+        passed their capacity: the caller runs again)."""
+        from luisa import globalvars
+
+        for name in self.layout.outputs:
+            self._size_output(name, self.capacity[name], args, out_bufs, make_output)
+        state = self.state() if self.takes_state or self.layout.totals else None
         scratch = self.pool.scratch(self.plan, n)
-        errors = self.pool.error_flag() if self.plan.checks else None
-        rows: dict[str, int] = {}
-        start = 0
+        counted = [rb for rb in self.plan.readbacks if rb.counted]
+        after = {rb.after_stage: self._total_copy(rb, k, state, out_bufs, n, scratch) for k, rb in enumerate(counted)}
+        ran = Ran()
+        start, launched = 0, n > 0 and self.kernel is not None
         for rb in self.plan.readbacks:
-            if n > 0:
-                self.launch(args, scratch, n, errors, span=(start, rb.after_stage + 1))
-            luisa.synchronize()
-            self._raise_flagged(errors)
-            for name, total in self._read_rows(rb, out_bufs, n, scratch).items():
-                rows[name] = total
+            if rb.counted:
+                continue
+            if launched:
+                self.launch(args, scratch, n, state, span=(start, rb.after_stage + 1), after=after)
+            for name, total in self._read_rows(rb, state, out_bufs, n, scratch).items():
+                ran.rows[name] = total
                 self._size_output(name, total, args, out_bufs, make_output)
             start = rb.after_stage + 1
-        if n > 0:
-            self.launch(args, scratch, n, errors, span=(start, None) if self.plan.readbacks else None)
-        luisa.synchronize()
-        self._raise_flagged(errors)
-        return rows
+        if launched:
+            self.launch(args, scratch, n, state, span=(start, None) if start else None, after=after)
+        words = np.zeros(self.layout.size, np.int32)
+        reads = [(state, 0, words)] if state is not None and launched else []
+        for s, buf, count in out_bufs:
+            if s.name in read and count:
+                ran.arrays[s.name] = np.empty(count, io_dtype(self.plan, s).kernel_numpy)
+                reads.append((buf, 0, ran.arrays[s.name]))
+        for buf, offset, out in reads:
+            download(buf, offset, out)
+        if launched or reads:
+            globalvars.vars.stream.synchronize()  # the run's one wait: the flag, the totals, the outputs
+        else:
+            globalvars.vars.stream.execute()  # (nothing to wait for: the bound inputs' uploads committed)
+        self._raise_flagged(int(words[0]))
+        overflowed = []
+        for k, rb in enumerate(counted):
+            total = int(words[self.layout.total_word(k)]) if launched else 0
+            if total < 0:
+                raise RunError(f"{rb.node}: its outputs' row count came back as {total} (the sum of its counts "
+                               "overflowed 32 bits)")
+            for name in rb.outputs:
+                self._check_rows(rb, name, total)
+                ran.rows[name] = total
+                if name not in self.layout.outputs:
+                    continue
+                room = self.capacity[name]
+                if self.capacity.settle(name, total, lambda rows: self._fits(name, rows)):
+                    overflowed.append(f"output '{name}' of {rb.node} has {total:,} rows, more than the {room:,} "
+                                      f"its buffer held (now {self.capacity[name]:,})")
+        for name in self.layout.outputs:
+            if name in ran.arrays:
+                ran.arrays[name] = ran.arrays[name][:ran.rows[name] * self._spec(name).numel_per_row]
+        return ran, overflowed
 
-    def _raise_flagged(self, errors) -> None:
-        """Raise RunError for the check a launch flagged (its message names the node)."""
-        if errors is not None:
-            code = np.zeros(1, np.int32)
-            errors.copy_to(code)
-            if code[0]:
-                k = int(code[0]) - 1
-                what = self.plan.checks[k] if 0 <= k < len(self.plan.checks) else f"check {k + 1}"
-                advice = " (compile with check_indices=False to clamp such indices instead)" if "index" in what else ""
-                raise RunError(what + advice)
+    def _total_copy(self, rb, k: int, state, out_bufs: list, n: int, scratch: list):
+        """Return what enqueues the copy of counted read-back rb's total (k-th) into the state buffer,
+        after its stage: from its offsets tensor's buffer (an output's, or a pooled one) or the int scratch."""
+        if rb.tensor:
+            buf = self._tensor_buffer(rb.tensor, out_bufs, n)
+        else:
+            buf = scratch[sorted(self.plan.kernel_scratch).index("int")]
+        word = self.layout.total_word(k)
+        return lambda: copy_word(buf, rb.index, state, word)
+
+    def _tensor_buffer(self, name: str, out_bufs: list, n: int):
+        """The buffer holding tensor `name`: an output's, or its pooled slot's."""
+        buf = next((b for s, b, _ in out_bufs if s.name == name), None)
+        if buf is not None:
+            return buf
+        root = name
+        while root in self.plan.main.views:
+            root = self.plan.main.views[root]
+        slot = next(sl for sl in self.plan.schedule.buffers.slots if root in sl.members)
+        return self.pool.pooled(f"buf_{slot.dtype}_{slot.id}", slot.dtype, slot.size * max(n, 1))
+
+    def _fits(self, name: str, rows: int) -> bool:
+        """Whether output `name` at `rows` rows is within the limits."""
+        s = self._spec(name)
+        try:
+            self.plan.limits.check_elements(name, rows * s.numel_per_row, io_dtype(self.plan, s).itemsize)
+        except LimitError:
+            return False
+        return True
+
+    def _raise_flagged(self, code: int) -> None:
+        """Raise RunError for the check a launch flagged (code k + 1: plan.checks[k], naming the node)."""
+        if code:
+            k = code - 1
+            what = self.plan.checks[k] if 0 <= k < len(self.plan.checks) else f"check {k + 1}"
+            advice = " (compile with check_indices=False to clamp such indices instead)" if "index" in what else ""
+            raise RunError(what + advice)
 
     def _check_rows(self, rb, name: str, total: int) -> None:
         """Raise LimitError when output `name` of rb's node would not fit the limits at `total` rows."""
@@ -85,40 +199,39 @@ class KernelLauncher:
             self.plan.limits.check_elements(f"output '{name}' of {rb.node} with {total} rows",
                                             total * s.numel_per_row, io_dtype(self.plan, s).itemsize)
 
-    def _read_rows(self, rb, out_bufs: list | None, n: int, scratch: list) -> dict[str, int]:
-        """Return {run-time sized output: rows} of a read-back: its one total (_read_total), or what
-        the node's host step makes of the words it reads from the int scratch, whose writes into that
-        scratch it then uploads (luisaml/dynamic.py HostRead)."""
-        if rb.step is None or n <= 0:
-            total = self._read_total(rb, out_bufs, n) if n > 0 else 0
+    def _read_rows(self, rb, state, out_bufs: list, n: int, scratch: list) -> dict[str, int]:
+        """Return {run-time sized output: rows} of a mid-run read-back, waiting once for the error flag
+        and its words together: its one total (a total not counted on the device), or what the node's
+        host step makes of the words of the int scratch, whose writes into that scratch are then
+        enqueued (luisaml/dynamic.py HostRead)."""
+        from luisa import globalvars
+
+        if n <= 0:
+            return {name: 0 for name in rb.outputs}
+        flag = np.zeros(1, np.int32)
+        if state is not None:
+            download(state, 0, flag)
+        if rb.tensor:  # (a total in a tensor: its element; else words of the int scratch)
+            buf, words = self._tensor_buffer(rb.tensor, out_bufs, n), np.zeros(1, np.int32)
+        else:
+            buf, words = scratch[sorted(self.plan.kernel_scratch).index("int")], np.zeros(rb.count, np.int32)
+        download(buf, rb.index * 4, words)
+        globalvars.vars.stream.synchronize()
+        self._raise_flagged(int(flag[0]))
+        if rb.step is None:
+            total = int(words[0])
+            if total < 0:
+                raise RunError(f"{rb.node}: its outputs' row count read back as {total} (the sum of its counts "
+                               "overflowed 32 bits)")
+            for name in rb.outputs:
+                self._check_rows(rb, name, total)
             return {name: total for name in rb.outputs}
-        buf = scratch[sorted(self.plan.kernel_scratch).index("int")]
-        result = rb.step(download_words(buf, rb.index, rb.count))
+        result = rb.step(words)
         for name, total in result.rows.items():
             self._check_rows(rb, name, total)
-        for index, words in result.writes:
-            upload_words(buf, index, words)
+        for index, values in result.writes:
+            upload_words(buf, index, values)
         return result.rows
-
-    def _read_total(self, rb, out_bufs: list | None, n: int) -> int:
-        """Return the row count a read-back reads (element rb.index of rb.tensor, in an output's
-        buffer or a pooled one), checked: RunError naming the node for a count no buffer can hold."""
-        from .luisa_compat import read_element
-
-        buf = next((b for s, b, _ in out_bufs or [] if s.name == rb.tensor), None)
-        if buf is None:
-            root = rb.tensor
-            while root in self.plan.main.views:
-                root = self.plan.main.views[root]
-            slot = next(sl for sl in self.plan.schedule.buffers.slots if root in sl.members)
-            buf = self.pool.pooled(f"buf_{slot.dtype}_{slot.id}", slot.dtype, slot.size * max(n, 1))
-        total = int(read_element(buf, np.int32, rb.index))
-        if total < 0:
-            raise RunError(f"{rb.node}: its outputs' row count read back as {total} (the sum of its counts "
-                           "overflowed 32 bits)")
-        for name in rb.outputs:
-            self._check_rows(rb, name, total)
-        return total
 
     def _size_output(self, name: str, rows: int, args: list, out_bufs: list | None, make=None) -> None:
         """Give run-time sized output `name` a buffer of `rows` rows, in args and out_bufs: make(spec,
@@ -132,20 +245,22 @@ class KernelLauncher:
             args[len(self.plan.inputs) + k] = buf
 
     def launch(self, args: list, scratch: list, n: int, errors=None, only: int | None = None,
-               span: tuple[int, int | None] | None = None) -> None:
+               span: tuple[int, int | None] | None = None, after: dict | None = None) -> None:
         """Enqueue the kernels for n samples on LuisaCompute's stream, one after another in one
         command list, without synchronising: args are the input and output buffers (then the
-        derived ones) in parameter order, scratch the scratch buffers, errors the int buffer the
-        run-time checks flag (needed when plan.checks is not empty); only: launch just that stage;
-        span: launch stages [first, last) (last None: to the end), the segments between read-backs."""
+        derived ones) in parameter order, scratch the scratch buffers, errors the run's state buffer
+        (the flag run-time checks set, the counted outputs' words; made here when needed and not
+        given); only: launch just that stage; span: launch stages [first, last) (last None: to the
+        end), the segments between mid-run read-backs; after: {stage: enqueue()} what to enqueue
+        right after a stage (a counted total's copy), whether or not it had threads to launch."""
         first = not self.built
         if first:
             cache.check_kernel_cache()  # a truncated cached kernel or an unwritable folder would abort
         build = (phase("kernel build", model=os.path.basename(self.path), backend=self.backend, kernels=len(self.kernels),
                        note_after=SLOW_BUILD_S) if first else contextlib.nullcontext())
-        extra = [errors] if self.plan.checks else []
-        if self.plan.checks and errors is None:
-            errors = extra[0] = self.pool.error_flag()
+        if self.takes_state and errors is None:
+            errors = self.state()
+        extra = [errors] if self.takes_state else []
         with device.stream_lock, self._compile_lock(), build:
             if self.kernel is None:
                 pass
@@ -165,18 +280,27 @@ class KernelLauncher:
 
                     parallel_build.build_here([self.kernel], common + extra + [0], self.backend)
                 launch = Launcher(common + extra)  # (the arguments typed once, not per stage)
+                pending = 0  # launches since the last commit (FLUSH_LAUNCHES)
                 for k, stage in enumerate(stages):
-                    count = stage.dispatch(n)
-                    if not count or (only is not None and k != only):
-                        continue
                     if span is not None and (k < span[0] or (span[1] is not None and k >= span[1])):
                         continue
-                    if self.plan.merged_stages:
+                    count = stage.dispatch(n)
+                    if not count or (only is not None and k != only):
+                        pass
+                    elif self.plan.merged_stages:
                         launch(self.kernel, (k,), count)
                     elif self.plan.stage_kernels:  # (some stages share a kernel: every kernel takes k)
                         launch(self._by_name[self.plan.stage_kernels[k]], (k,), count)
                     else:
                         launch(self.kernels[k], (), count)
+                    if after and k in after and only is None:
+                        after[k]()
+                    pending += 1 if count and (only is None or k == only) else 0
+                    if FLUSH_LAUNCHES and pending >= FLUSH_LAUNCHES:
+                        from luisa import globalvars
+
+                        globalvars.vars.stream.execute()
+                        pending = 0
         self.built = True
 
     def _build_in_parallel(self, args: list) -> None:

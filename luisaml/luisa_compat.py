@@ -122,7 +122,9 @@ def byte_buffer(data: bytes | np.ndarray):
     """Return a luisa.ByteBuffer holding `data` (padded to 4 bytes), usable as a kernel argument.
 
     Two bugs: passing a ByteBuffer to a kernel fails because to_lctype looks for `__name__` on the
-    ByteBufferType instance; ByteBuffer.from_array cannot take numpy scalar types."""
+    ByteBufferType instance; ByteBuffer.from_array cannot take numpy scalar types. The upload is
+    enqueued, not waited for: it runs before any later launch on the stream, which keeps the words
+    (our own copy of data) until then."""
     import luisa
 
     from . import counts
@@ -130,7 +132,7 @@ def byte_buffer(data: bytes | np.ndarray):
     raw = _byte_words(data)
     buf = counts.allocated(luisa.ByteBuffer(raw.size))
     fix_byte_buffer(buf)
-    buf.copy_from_array(raw.view(np.uint32), sync=True)
+    buf.copy_from_array(raw.view(np.uint32), sync=False)
     return buf
 
 
@@ -148,37 +150,18 @@ def byte_size(data: np.ndarray) -> int:
 
 
 def refill_byte_buffer(buf, data: np.ndarray) -> None:
-    """Write data (padded as byte_buffer pads it) to the start of a ByteBuffer of at least that size."""
+    """Write data (padded as byte_buffer pads it) to the start of a ByteBuffer of at least that size
+    (enqueued, as byte_buffer's upload)."""
     raw = _byte_words(data)
     assert raw.size <= buf.bytesize, (raw.size, buf.bytesize)
     if raw.size < buf.bytesize:  # (copy_from_array writes the whole buffer)
         raw = np.concatenate([raw, np.zeros(buf.bytesize - raw.size, np.uint8)])
-    buf.copy_from_array(raw.view(np.uint32), sync=True)
+    buf.copy_from_array(raw.view(np.uint32), sync=False)
 
 
 def fix_byte_buffer(buf) -> None:
     """Make a ByteBuffer passable to a kernel (its type instance lacks __name__)."""
     buf.bufferType.__name__ = "ByteBufferType"
-
-
-def read_buffer(buf, dtype: np.dtype, count: int) -> np.ndarray:
-    """Return a device buffer's contents; Buffer.numpy() fails for uint/half/bool and ByteBuffer."""
-    out = np.empty(count, dtype=dtype)
-    if count:
-        buf.copy_to(out, sync=True)
-    return out
-
-
-def read_element(buf, dtype: np.dtype, index: int):
-    """Return element `index` of a device buffer, downloading only its bytes: luisa.Buffer has no
-    view, and copy_to copies the whole buffer (an offsets array of a million rays for one total)."""
-    from luisa import globalvars, lcapi
-
-    out = np.zeros(1, dtype=dtype)
-    stream = globalvars.vars.stream
-    stream.add(lcapi.BufferDownloadCommand.create(buf.handle, int(index) * out.itemsize, out.itemsize, out))
-    stream.synchronize()
-    return out[0]
 
 
 def upload(array: np.ndarray, dsl: str):

@@ -166,10 +166,11 @@ class Plan:
     schedule: Any = None  # luisaml.schedule.Schedule when the network runs as stages, else one kernel
     plan_note: str = ""  # why this plan (stages or the per-sample kernel), for inspect
     merged_stages: bool = False  # the stages are one kernel dispatched once per stage (kernels: ["stages"])
-    # the kernel each stage launches when some stages share one (Operator.shared_kernel; every kernel
-    # then takes the stage index as its last argument); empty: stage k launches stage_k
-    # totals the host reads back between stages to size run-time sized outputs (luisaml/dynamic.py)
+    # where the totals that size run-time sized outputs are read (luisaml/dynamic.py)
     readbacks: list = field(default_factory=list)
+    # run-time sized outputs whose counts stay on the device (luisaml/dynamic.py: allocated at a
+    # capacity, their fills' stores guarded by its word of the run's state buffer), in that order
+    counted: list = field(default_factory=list)
     # graph inputs and outputs whose rows are a grid's voxels, fewer than the batch at a coarse level
     # (luisaml/fvdb/voxel_rows.py): checked and cut when the grids are bound
     voxel_rows: list = field(default_factory=list)
@@ -179,6 +180,8 @@ class Plan:
     winograd: list = field(default_factory=list)
     # compile(tune=...)'s search: what it chose per node and whether it measured (luisaml/tune.py Tuning)
     tuning: Any = None
+    # the kernel each stage launches when some stages share one (Operator.shared_kernel; every kernel
+    # then takes the stage index as its last argument); empty: stage k launches stage_k
     stage_kernels: list = field(default_factory=list)
 
     @property

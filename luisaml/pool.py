@@ -1,6 +1,7 @@
 """The device buffers a network keeps between runs: its weight blob, inputs' and outputs' buffers of
 the run's size, the buffers only kernels use (the stages' pooled slots, scratch) kept while the batch
-moves by less than half, the fused MLP's tile counter and the run-time error flag."""
+moves by less than half, the fused MLP's tile counter and the run's state (the run-time error flag,
+the counted outputs' capacities and totals)."""
 from __future__ import annotations
 
 import contextlib
@@ -93,11 +94,14 @@ class BufferPool:
             self._tiles = counts.allocated(luisa.Buffer.from_array(np.zeros(2, np.int32)))
         return self._tiles
 
-    def error_flag(self):
-        """The int buffer run-time checks flag (KernelContext.flag_error), zeroed for this launch."""
+    def run_state(self, words: np.ndarray):
+        """The run's state buffer (the kernels' `errors` argument: the flag run-time checks set,
+        KernelContext.flag_error, then the counted outputs' words: luisaml/dynamic.py StateLayout),
+        holding `words` once the upload enqueued here has run (no wait)."""
         import luisa
 
-        if self._errors is None:
-            self._errors = counts.allocated(luisa.Buffer(1, int))
-        self._errors.copy_from_array(np.zeros(1, np.int32))
+        words = np.ascontiguousarray(words, np.int32).reshape(-1)
+        if self._errors is None or self._errors.size != words.size:
+            self._errors = counts.allocated(luisa.Buffer(max(words.size, 1), int))
+        self._errors.copy_from_array(words, sync=False)  # (the stream keeps words until it has run)
         return self._errors

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .dynamic import HostRead
 from .model import Node, shape_str
 from .operator import Operator
 from .plan import GraphCode
@@ -74,7 +75,7 @@ class Stage:
     threads: int = 1  # threads per work item: a "blocks" stage's block size, else 1
     phase: int | None = None  # a phase of a node with run-time sized outputs (luisaml/dynamic.py)
     phase_name: str = ""
-    readback: object = None  # what the host reads back after this stage (a dynamic.TotalRead or HostRead)
+    readback: object = None  # where the total this stage completes is (dynamic.TotalRead, ScratchTotal or HostRead)
     # samples a work item covers (Operator.samples_per_item): items of the others idle; of a blocks
     # stage, the samples a block's tile covers (Operator.block_samples): the stage dispatches
     # ceil(n / samples) groups of `items` blocks and its kernel takes the batch as an argument
@@ -115,7 +116,7 @@ class Stage:
                  "fused": "blocks of threads on tiles of samples of"}[self.domain]
         target = f" '{self.out}'" if self.out else ""
         if self.phase is not None:
-            target = f" ({self.phase_name}{', then the host reads the row count back' if self.readback else ''})"
+            target = f" ({self.phase_name}{_after(self.readback) if self.readback else ''})"
         return f"stage {self.index} [{self.domain}, {per}] {where}{target}: {names}" + (
             f" ({'; '.join(extra)})" if extra else "")
 
@@ -145,6 +146,13 @@ class Schedule:
         lines = [s.describe() for s in self.stages]
         lines.append("buffers: " + self.buffers.report())
         return "\n".join(lines)
+
+
+def _after(readback) -> str:
+    """How a phase's description ends where it completes a total (luisaml/dynamic.py)."""
+    if isinstance(readback, HostRead):
+        return ", then the host reads its words back"
+    return ", its total kept on the device"
 
 
 def kind(op: Operator, per_sample: bool) -> str:

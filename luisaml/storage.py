@@ -118,6 +118,19 @@ class Buffer(Storage):
 
 
 @dataclass
+class Capped(Buffer):
+    """A run-time sized output's buffer allocated at a capacity (luisaml/dynamic.py, counted on the
+    device): a store at or past `limit` elements (a DSL expression: a word of the run's state) is
+    skipped; the runtime sees the total pass the capacity and repeats the run with a larger one."""
+
+    limit: str = "0"
+
+    def store(self, i: str, value: str) -> str:
+        at = add_index(self.base, i)
+        return f"if ({at}) < {self.limit}: {self.buffer}.write({at}, {value})"
+
+
+@dataclass
 class Weight(Storage):
     """A tensor in the weight blob, read from the ByteBuffer `weights` by byte offset."""
 

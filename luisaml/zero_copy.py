@@ -93,11 +93,12 @@ def run(net: CompiledNetwork, feeds: Mapping[str, Any], wanted: list[str]) -> di
     through DLPack; torch's stream is drained before the kernel reads, and LuisaCompute's before
     torch sees the outputs (neither library exposes its stream to the other).
 
-    Every output is a tensor allocated for this run, a run-time sized one (luisaml/dynamic.py)
-    once its row count is read back: exactly that many rows, so two runs never share an output's
-    memory (a view of a capacity buffer kept by the network would be overwritten by the next run
-    while the caller still holds the first one). The read-back of the total is the run's only
-    host round trip; the data stays on the device."""
+    Every output is a tensor allocated for this run, so two runs never share an output's memory (a
+    view of a capacity buffer kept by the network would be overwritten by the next run while the
+    caller still holds the first one): a run-time sized one (luisaml/dynamic.py) counted on the device
+    is allocated at its capacity and returned as the view of its rows (its fill writes them from the
+    tensor's start); a HostRead's once its rows are read back, exactly that many. The run's one
+    host round trip is its end (the flag and the totals); the data stays on the device."""
     import torch
 
     plan = net.plan
@@ -154,7 +155,10 @@ def run(net: CompiledNetwork, feeds: Mapping[str, Any], wanted: list[str]) -> di
         drain_torch()
         return dlpack_buffer(t)
 
-    net.launcher.run(args, n, out_bufs, make_output=sized)
+    rows = net.launcher.run(args, n, out_bufs, make_output=sized).rows
+    for name in plan.counted:  # (a tensor of the capacity: its rows are its first elements)
+        spec = next(s for s in plan.outputs if s.name == name)
+        outs[name] = outs[name].reshape(-1)[:rows[name] * spec.numel_per_row].view(spec.sized_shape(rows[name]))
     results = {}
     for s in plan.outputs:
         if s.name in wanted:

@@ -2,9 +2,9 @@
 the `luisaml` domain's RotatedNMS (bird's-eye-view boxes) and CircleNMS (opsets/luisaml.py).
 
 Each runs as the phases of luisaml/dynamic.py: a count phase, the in-place prefix sum over the
-counts, the host's read-back of the total, a fill phase. The counts and offsets live in the node's
-own int scratch (words 0..items), not in an output: these ops have one output, whose size is the
-total (a `HostRead` of word `items` returns it).
+counts, a fill phase. The counts and offsets live in the node's own int scratch (words 0..items),
+not in an output: these ops have one output, whose size is the total (a `ScratchTotal`: word
+`items`, counted on the device and read with the outputs at the run's end).
 
 NonZero: a work item per PER_ITEM consecutive elements; the fill writes each nonzero's coordinates
 in flat (row-major) order, as the spec and onnxruntime give them. Its output is [rank, N], N the
@@ -28,7 +28,7 @@ import dataclasses
 
 import numpy as np
 
-from luisaml.dynamic import HostRead, HostResult, Phase, scan_phases
+from luisaml.dynamic import Phase, ScratchTotal, scan_phases
 from luisaml.model import shape_str
 from luisaml.operator import Operator
 from luisaml.opsets import luisaml as schema
@@ -46,8 +46,8 @@ def _offsets() -> Buffer:
 
 
 class CountedOp(Operator):
-    """Base of the ops here: count, prefix sum, read-back of the total (a HostRead of scratch word
-    `items`), fill. Subclasses set self.items and emit count_item/fill_item."""
+    """Base of the ops here: count, prefix sum, fill; the total is scratch word `items` (a
+    ScratchTotal). Subclasses set self.items and emit count_item/fill_item."""
 
     runtime_sized = (0,)
     items = 0
@@ -58,8 +58,8 @@ class CountedOp(Operator):
 
     def phases(self):
         scan = scan_phases(_offsets(), self.items)
-        # the total is the last offset: read back from the scratch (no static output holds it)
-        scan[-1] = dataclasses.replace(scan[-1], readback=HostRead(self.items, 1, _total))
+        # the total is the last offset, in the scratch (no static output holds it)
+        scan[-1] = dataclasses.replace(scan[-1], readback=ScratchTotal(self.items))
         return ([Phase("count", self.items, self.count_item)] + scan
                 + [Phase("fill", self.items, self.fill_item)])
 
@@ -75,10 +75,6 @@ class CountedOp(Operator):
 
     def fill_item(self, ctx, item: str) -> None:
         raise NotImplementedError
-
-
-def _total(words: np.ndarray) -> HostResult:
-    return HostResult({0: int(words[0])})
 
 
 @register("NonZero", since=9)
@@ -137,7 +133,7 @@ class NonZero(CountedOp):
         self._walk(ctx, item, store)
 
     def describe(self):
-        return (f"{self.items} items of {PER_ITEM} elements: count, prefix sum, host read-back of N, fill "
+        return (f"{self.items} items of {PER_ITEM} elements: count, prefix sum, fill "
                 f"[{self.input(0).rank}, N]")
 
 
@@ -337,7 +333,7 @@ class NonMaxSuppression(GreedyNMS):
 
     def describe(self):
         return (f"greedy NMS of {self.n} boxes, a thread per (batch, class) of {self.B}x{self.C}: count, prefix "
-                f"sum, host read-back, fill")
+                f"sum, fill (the count kept on the device)")
 
 
 # ---- the luisaml domain: BEV boxes ----------------------------------------------------------------
@@ -467,8 +463,8 @@ class RotatedNMS(KeptIndices):
         return ctx.let(f"{iou} > {self.threshold!r}", "sup")
 
     def describe(self):
-        return (f"greedy rotated-BEV NMS of {self.n} boxes (IoU > {self.threshold}), one thread: count, host "
-                "read-back, fill")
+        return (f"greedy rotated-BEV NMS of {self.n} boxes (IoU > {self.threshold}), one thread: count, fill "
+                "(the count kept on the device)")
 
 
 @register(schema.CIRCLE_NMS, domain=schema.DOMAIN, since=1)
@@ -490,4 +486,5 @@ class CircleNMS(KeptIndices):
         return ctx.let(f"{xx} + {yy} <= {self.radius2!r}", "sup")
 
     def describe(self):
-        return f"greedy circle NMS of {self.n} centres (d^2 <= {self.radius2}), one thread: count, host read-back, fill"
+        return (f"greedy circle NMS of {self.n} centres (d^2 <= {self.radius2}), one thread: count, fill (the count "
+                "kept on the device)")

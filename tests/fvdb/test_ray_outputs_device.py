@@ -1,19 +1,20 @@
 """Run-time sized outputs (fVDB's rays) returned as torch tensors: with torch CUDA tensors in, `net.run`
 returns torch CUDA tensors written in place through DLPack (luisaml/zero_copy.py), a fresh
-tensor of the read-back rows for each run-time sized output, and no host copy of the data (the read-back
-of the total is the one round trip).
+tensor for each run-time sized output (allocated at its capacity, returned as the view of its rows),
+and no host copy of the data (the run's end, which reads the totals back, is its one round trip).
 
 On the CPU backend: torch CPU tensors in give torch tensors equal to the numpy path; the shared path
 itself runs here too with the CPU backend mapped to torch's CPU tensors (`zero_copy.SHARED_DEVICES`, what the
-CUDA backend does with CUDA tensors), checking its values, that no output is downloaded, and that two runs
-of different row counts never share an output's memory. The CUDA tests skip without a GPU."""
+CUDA backend does with CUDA tensors), checking its values, that no output is downloaded (one download a run:
+the state words, the totals among them; one host synchronisation), and that two runs of different row counts
+never share an output's memory. The CUDA tests skip without a GPU."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 import luisaml
-from luisaml import luisa_compat, zero_copy
+from luisaml import counts, zero_copy
 from luisaml.fvdb import GridBatch, JaggedTensor
 
 from fvdb_reference import bundle_feeds, fvdb_model, ray_node
@@ -80,23 +81,19 @@ def test_torch_cpu_tensors_give_torch_tensors_equal_to_numpy(case):
 @pytest.fixture
 def shared_on_cpu(monkeypatch, case):
     """The DLPack path on the CPU backend: its kernels read and write torch's CPU tensors in place. Counts
-    what the host downloads of whole buffers (none may be) and the single-element read-backs."""
+    the runs that take it."""
     net, _ = case
     if net.backend != "cpu":
         pytest.skip("maps the CPU backend's buffers onto torch CPU tensors")
     monkeypatch.setattr(zero_copy, "SHARED_DEVICES", {"cuda": "cuda", "cpu": "cpu"})
-    calls = {"dlpack": 0, "read_buffer": 0, "read_element": 0}
-    run_dlpack, read_buffer, read_element = zero_copy.run, luisa_compat.read_buffer, luisa_compat.read_element
+    calls = {"dlpack": 0}
+    run_dlpack = zero_copy.run
 
-    def counted(name, fn):
-        def wrapped(*a, **k):
-            calls[name] += 1
-            return fn(*a, **k)
-        return wrapped
+    def counted(*a, **k):
+        calls["dlpack"] += 1
+        return run_dlpack(*a, **k)
 
-    monkeypatch.setattr(zero_copy, "run", counted("dlpack", run_dlpack))
-    monkeypatch.setattr(luisa_compat, "read_buffer", counted("read_buffer", read_buffer))
-    monkeypatch.setattr(luisa_compat, "read_element", counted("read_element", read_element))
+    monkeypatch.setattr(zero_copy, "run", counted)
     return calls
 
 
@@ -104,12 +101,15 @@ def test_shared_path_equals_numpy_and_downloads_nothing_but_the_totals(case, sha
     net, feeds = case
     want = [net.run(f) for f in feeds]  # numpy in: the host path
     calls = shared_on_cpu
-    calls.update(dlpack=0, read_buffer=0, read_element=0)
+    calls.update(dlpack=0)
+    assert all(rb.counted for rb in net.plan.readbacks) and len(net.plan.readbacks) == 2
     for f, w in zip(feeds, want):
-        _assert_same(net.run(_torch(f)), w)
-    assert calls["dlpack"] == 3
-    assert calls["read_buffer"] == 0, "an output was downloaded through the host"
-    assert calls["read_element"] == 3 * len(net.plan.readbacks)  # one total per ray node and run
+        with counts.measure() as c:
+            got = net.run(_torch(f))
+        _assert_same(got, w)
+        # the two ray nodes' totals stay on the device: read with the flag in one download at the end
+        assert c.downloads == 1, "an output was downloaded through the host"
+        assert c.syncs == 1
 
 
 def test_shared_path_outputs_are_fresh_tensors_never_aliased_across_runs(case, shared_on_cpu):
@@ -206,26 +206,18 @@ def _on_torch_device_memory(t) -> bool:
 def test_cuda_tensors_in_give_cuda_tensors_out(case, monkeypatch):
     _cuda()
     net, feeds = case
-    reads = {"read_buffer": 0}
-    read_buffer = luisa_compat.read_buffer
-
-    def counted(*a, **k):
-        reads["read_buffer"] += 1
-        return read_buffer(*a, **k)
-
     results = []
     for f in feeds:
         want = net.run(f)
-        monkeypatch.setattr(luisa_compat, "read_buffer", counted)
-        got = net.run(_torch(f, "cuda"))
-        monkeypatch.setattr(luisa_compat, "read_buffer", read_buffer)
+        with counts.measure() as c:
+            got = net.run(_torch(f, "cuda"))
+        assert c.downloads == 1, "an output was downloaded through the host"  # (the state words: the totals)
         for k, g in got.items():
             assert g.is_cuda, k
             if g.numel():
                 assert _on_torch_device_memory(g), f"{k}: not in torch's device memory"
         _assert_same(got, want)
         results.append((got, {k: v.clone() for k, v in got.items()}))
-    assert reads["read_buffer"] == 0, "an output was downloaded through the host"
     for got, kept in results:  # later runs overwrote nothing of an earlier one's outputs
         for k in got:
             assert torch.equal(got[k], kept[k]), k
