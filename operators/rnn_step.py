@@ -123,7 +123,10 @@ class Step:
         self.valid = [ctx.let(f"{s} < {n}", "v") if seq is not None else None for n in self.lens]
         self.times = []
         for n in self.lens:
-            back = f"{n} - 1 - {s}"
+            # reverse: step s reads time n - 1 - s; past a row's length (s >= n) the step is discarded,
+            # but its loads of P still run, so the time is held at 0: n - 1 - s would read up to S - 1
+            # rows before P (a fault on the device once P is large: the zoo's bidirectional LSTM)
+            back = f"max({n} - 1 - {s}, 0)" if seq is not None else f"{n} - 1 - {s}"
             self.times.append(s if self.reverse == "False" else
                               ctx.let(back if self.reverse == "True" else f"({back}) if {self.reverse} else {s}", "t"))
 

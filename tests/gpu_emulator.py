@@ -67,16 +67,24 @@ class Id:
 
 
 class Buf:
-    """A buffer parameter over a numpy array."""
+    """A buffer parameter over a numpy array. An index outside it is an error, as a GPU's fault would be
+    (numpy would wrap a negative one: a read before the buffer that a small test's pooled memory hides
+    on the device, and a large one's does not)."""
 
     def __init__(self, a: np.ndarray):
         self.a = a
 
+    def _at(self, i):
+        i = int(i)
+        if not 0 <= i < len(self.a):
+            raise IndexError(f"buffer index {i} outside [0, {len(self.a)})")
+        return i
+
     def read(self, i):
-        return self.a[i].item()
+        return self.a[self._at(i)].item()
 
     def write(self, i, v):
-        self.a[i] = v
+        self.a[self._at(i)] = v
 
     __getitem__ = read
     __setitem__ = write
