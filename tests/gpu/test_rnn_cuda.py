@@ -78,8 +78,11 @@ def test_zoo_shapes(op, extra):
     (st,) = [st for st in net.plan.schedule.stages if st.root[0].op_type.endswith("Steps")]
     assert st.domain == "blocks" and st.root[1].block.SB == 8
     got = net.run(feeds)
+    # 32 steps of 128-term sums in float32 drift apart in the order of operations: at these shapes the
+    # CPU backend (another form and order) is 1.5e-4 from onnxruntime at most, this form measured
+    # 1.1e-4 / 1.2e-4 (H100, 2026-12-06: 1 and 4 of 4M elements past 1e-4)
     for name, w in ort_run(_model(nodes, feeds, inits), feeds).items():
-        np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-4, err_msg=name)
+        np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=3e-4, err_msg=name)
 
 
 @pytest.mark.parametrize("op", ["GRU", "LSTM"])
