@@ -289,7 +289,7 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
     close_group()
     for st in stages:
         _fill_io(st, code, virtual, views, readers, pinned)
-    buffers = _pool(stages, code, set(graph_outputs) | set(code.graph.inputs), views)
+    buffers = _pool(stages, code, set(graph_outputs) | set(code.graph.inputs), views, align=not blocks)
     return Schedule(stages, virtual, chained, buffers)
 
 
@@ -466,9 +466,18 @@ def _group_registers(st: Stage, code: GraphCode, views: dict[str, str]) -> Alloc
     return allocate(steps, requests)
 
 
-def _pool(stages: list[Stage], code: GraphCode, io: set[str], views: dict[str, str]) -> Allocation:
+# On the CPU backend a batched tensor's region in a pooled buffer is a whole number of 64-byte
+# lines (its per-sample size rounded up), so that no two samples share a line: NeRF's 256-wide
+# layers writing a buffer of 283-float rows (a tensor of 283 sharing it) ran at 16 GFLOP/s, each
+# row's stores split over lines that the neighbouring samples' threads write too, against 57 for
+# the same layers into 256-float rows (benchmarks/NOTES.md, "Sample regions on whole lines")
+REGION_ALIGN_BYTES = 64
+
+
+def _pool(stages: list[Stage], code: GraphCode, io: set[str], views: dict[str, str], align: bool = False) -> Allocation:
     """Pool the tensors that cross stages into device buffers: one Step per stage, the colouring of
-    regalloc.allocate (two tensors share a buffer only when no stage range overlaps)."""
+    regalloc.allocate (two tensors share a buffer only when no stage range overlaps); with `align`
+    (the CPU backend), a batched tensor of a line or more takes whole lines a sample."""
     steps = [Step(f"stage {s.index}", [_root(r, views) for r in s.reads], [_root(w, views) for w in s.writes])
              for s in stages]
     requests, seen = [], set()
@@ -479,7 +488,11 @@ def _pool(stages: list[Stage], code: GraphCode, io: set[str], views: dict[str, s
             if w in io or w in seen or t.value is not None:
                 continue
             seen.add(w)
-            requests.append(Request(w, "buffer", t.dtype.dsl, max(t.numel, 1), t.dtype.itemsize))
+            size = max(t.numel, 1)
+            line = REGION_ALIGN_BYTES // t.dtype.itemsize
+            if align and line and t.batched and size >= line:  # (REGION_ALIGN_BYTES = 0: packed regions)
+                size = -(-size // line) * line
+            requests.append(Request(w, "buffer", t.dtype.dsl, size, t.dtype.itemsize))
     return allocate(steps, requests)
 
 
