@@ -432,6 +432,10 @@ def stage_bindings(plan: Plan, st: Stage, ctx: KernelContext, sample: str = "sam
         for m in slot.members:
             t = tensors[m]
             table[t] = Buffer(buffer_ident(slot), f"{sample} * {slot.size}" if t.batched else "0")
+    for name, (root, offset) in sched.aliases.items():  # (inside another's region: schedule._in_place)
+        slot = sched.buffers.slots[sched.buffers.slot_of[root]]
+        base = f"{sample} * {slot.size}" if tensors[name].batched else "0"
+        table[tensors[name]] = Buffer(buffer_ident(slot), f"{base} + {offset}" if offset else base)
     for name, (_, op, k) in sched.virtual.items():
         table[tensors[name]] = Inline(op, k, ctx.module)
     for t in tensors.values():
