@@ -1,8 +1,8 @@
-"""On the CPU a batched tensor's region in a pooled stage buffer is a whole number of 64-byte lines
-(luisaml/schedule.py REGION_ALIGN_BYTES): a NeRF-like MLP whose layers are 283 and 37 wide (a skip
-Concat of the input and a hidden layer, an int tensor among them) over an odd batch, against
-onnxruntime; tensors under a line keep their size."""
-import numpy as np
+"""Whole 64-byte lines on the CPU: a batched tensor's region in a pooled stage buffer is a whole
+number of lines (luisaml/schedule.py REGION_ALIGN_BYTES): a NeRF-like MLP whose layers are 283 and
+37 wide (a skip Concat of the input and a hidden layer, an int tensor among them) over an odd
+batch, against onnxruntime; tensors under a line keep their size. Every constant of the weight blob
+starts on a line (luisaml/plan.py BLOB_ALIGN_CPU)."""
 from onnx import helper
 
 from util import assert_matches_ort, graph_model, rand
@@ -31,3 +31,20 @@ def test_batched_regions_take_whole_lines():
             assert slot.size % line == 0, (slot.members, slot.size)
         else:
             assert slot.size == max(numels), (slot.members, slot.size)
+
+
+def test_cpu_weights_start_on_lines():
+    """The CPU plan's weight blob starts every constant (the prepacked panels among them) on a
+    64-byte line (plan.BLOB_ALIGN_CPU), a CUDA plan's on 16 bytes; the results equal onnxruntime."""
+    from luisaml.runtime import analyze
+
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="l1"),
+             helper.make_node("Gemm", ["h", "w2", "b2"], ["y"], name="l2")]
+    inits = {"w1": rand((6, 37), seed=1), "b1": rand((37,), seed=2), "w2": rand((37, 33), seed=3),
+             "b2": rand((33,), seed=4)}
+    model = graph_model(nodes, {"x": rand((3, 6))}, inits, batch="N")
+    net, _ = assert_matches_ort(model, {"x": rand((3, 6), seed=5)}, rtol=1e-4, atol=1e-4)
+    offsets = [off for off, *_ in net.plan.blob.layout.values()]
+    assert len(offsets) >= 4 and all(off % 64 == 0 for off in offsets), net.plan.blob.layout
+    cuda = analyze(model, target="cuda")
+    assert cuda.blob.align == 16
