@@ -50,6 +50,12 @@ from .operator import Operator
 from .plan import GraphCode
 from .regalloc import Allocation, Request, Step, allocate
 
+# On the CPU backend a thread of an element stage computes this many consecutive elements, in a
+# loop: a thread costs ~7 ns before its work (benchmarks/NOTES.md, "How the CPU backend runs a
+# kernel"), more than a Relu or a copy; DenseNet's BatchNorm + Relu stages, ShuffleNet's slices
+# (benchmarks/NOTES.md, "Element stages in runs")
+ELEMENTS = 16
+
 # Inline expressions are rebuilt wherever they are read: a budget keeps one from growing without
 # bound (a chain of 100 Adds becomes a buffer somewhere), and a node that reads its inputs many
 # times per output (a Conv: k*k*C times) only inlines producers at most this cheap.
@@ -81,6 +87,9 @@ class Stage:
     # stage, the samples a block's tile covers (Operator.block_samples): the stage dispatches
     # ceil(n / samples) groups of `items` blocks and its kernel takes the batch as an argument
     samples: int = 1
+    # an element stage's consecutive elements a thread computes (the CPU backend: ELEMENTS): items
+    # is then the output's elements over this, rounded up
+    elements: int = 1
 
     @property
     def root(self) -> tuple[Node, Operator]:
@@ -111,7 +120,8 @@ class Stage:
             extra.append(f"{self.samples} samples a {'block' if self.domain == 'blocks' else 'work item'}")
         per = (f"{self.items:,} per {self.samples} samples" if self.grouped else
                f"{self.items:,} per sample" if self.batched else f"{self.items:,} in all")
-        where = {"element": "one thread per element of", "items": "one thread per work item of",
+        where = {"element": f"one thread per {self.elements} elements of" if self.elements > 1 else "one thread per element of",
+                 "items": "one thread per work item of",
                  "blocks": f"a block of {self.threads} threads per {'work item' if self.phase is not None else 'tile'} of",
                  "sample": "one thread per sample", "single": "one thread",
                  "fused": "blocks of threads on tiles of samples of"}[self.domain]
@@ -288,14 +298,16 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
             for j, o in enumerate(n.outputs):
                 if o and o not in virtual:
                     t = code.tensors[o]
-                    stages.append(Stage(len(stages), "element", [(n, op)], max(t.numel, 0), per_sample and t.batched,
-                                        out=o))
+                    e = 1 if blocks else ELEMENTS
+                    stages.append(Stage(len(stages), "element", [(n, op)], -(-max(t.numel, 0) // e), per_sample and t.batched,
+                                        out=o, elements=e))
             continue
         out = end_of.get(n.name, n.outputs[0])
         t = code.tensors[out]
         if k == "element":
-            stages.append(Stage(len(stages), "element", [(n, op)], t.numel, per_sample and t.batched, out=out,
-                                epilogue=epilogue_of.get(n.name, [])))
+            e = 1 if blocks else ELEMENTS
+            stages.append(Stage(len(stages), "element", [(n, op)], -(-t.numel // e), per_sample and t.batched, out=out,
+                                epilogue=epilogue_of.get(n.name, []), elements=e))
         else:
             tiling = op.block_tiling() if blocks else None
             batched = per_sample and any(x is not None and x.batched for x in op.outputs)
