@@ -226,6 +226,15 @@ class KernelContext:
 # ---- inline expressions ------------------------------------------------------------------------
 
 
+# The threads of a block of the CPU backend's stage kernels (the merged kernel and those apart,
+# emission.py; the recurrent steps' spread, operators/rnn_stages.py): one block runs on one worker
+# thread, so with luisa.func's default of 256 a stage of 256 work items or fewer ran on one core
+# (EfficientNet-B0's last 1x1 conv, 80 items: 0.73 ms, 0.48 in blocks of 16; SqueezeNet 6.7 -> 5.6
+# ms in blocks of 64); blocks of 16 cost the element stages up to 8% (DenseNet's 200k-element
+# BatchNorm + Relu 1.55 -> 1.67 ms): benchmarks/NOTES.md, "Blocks of 32 threads on the CPU"
+CPU_BLOCK = 32
+
+
 # An inline expression longer than this is materialised instead. The schedule's budget counts
 # nodes, but index arithmetic repeats the reader's index once per coordinate it unravels, so a
 # chain of remaps (Concat of Concats, Transpose after Slice ...) grows geometrically in text: 20 MB

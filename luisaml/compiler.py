@@ -23,7 +23,7 @@ from .rewrites import tensor_cores as tensor_cores_rewrite
 from .rewrites import winograd as winograd_rewrite
 from .lowering import bind_derived, build_graph_code, check_sizes, io_spec, mark_accumulated, unsupported_nodes
 from .passes import Prepared
-from .plan import Blob, Plan
+from .plan import BLOB_ALIGN, BLOB_ALIGN_CPU, Blob, Plan
 from . import schedule as schedule_pass
 from .schedule import Schedule
 from .fvdb import voxel_rows
@@ -109,7 +109,7 @@ def build_plan(prep: Prepared, model_name: str = "model", options: BuildOptions 
     missing = unsupported_nodes(g, prep)
     if missing:
         raise CompileError(f"{len(missing)} unsupported node(s):\n  " + "\n  ".join(missing))
-    blob = Blob()
+    blob = Blob(BLOB_ALIGN if options.blocks else BLOB_ALIGN_CPU)  # (no blocks stages: the CPU backend)
     main = build_graph_code(g, prep, blob)
     check_sizes(main, options.limits)
     tensors = main.tensors

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from . import indexing as ix
-from .codegen import Inline, KernelContext, Module, render_module
+from .codegen import CPU_BLOCK, Inline, KernelContext, Module, render_module
 from .dynamic import StateLayout, counted_outputs
 from .errors import CompileError
 from .model import Node
@@ -172,8 +172,13 @@ def _merged_apart(plan: Plan, kernels: list[tuple[str, list[str], str, str]]) ->
     out = [_merged(rest)] if rest else []
     plan.stage_kernels = ["stages" if k not in big else kernels[k][0] for k in range(len(kernels))]
     plan.merged_stages = False
-    return out + [(name, params + [STAGE_PARAM], doc, body) for k, (name, params, doc, body) in enumerate(kernels)
+    return out + [(name, params + [STAGE_PARAM], doc, _cpu_block(body)) for k, (name, params, doc, body) in enumerate(kernels)
                   if k in big]
+
+
+def _cpu_block(body: str) -> str:
+    """The body of a CPU stage kernel with its block size set (codegen.CPU_BLOCK)."""
+    return f"    set_block_size({CPU_BLOCK}, 1, 1)\n" + body
 
 
 def _runs(entries: list[tuple[int, tuple[str, list[str], str, str]]]) -> list[tuple[int, int, str, str]]:
@@ -211,7 +216,7 @@ def _merged(entries: list[tuple[int, tuple[str, list[str], str, str]]]) -> tuple
             lines += ["        " + ln for ln in body.splitlines()]
     some = "" if len(entries) == entries[-1][0] + 1 else " (the others are kernels of their own)"
     doc = f"{len(entries)} of the network's stages{some}: launch k runs stage k (each one parallel loop)."
-    return ("stages", entries[0][1][1] + [STAGE_PARAM], doc, "\n".join(lines))
+    return ("stages", entries[0][1][1] + [STAGE_PARAM], doc, _cpu_block("\n".join(lines)))
 
 
 def _shared(plan: Plan, kernels: list[tuple[str, list[str], str, str]]) -> list[tuple[str, list[str], str, str]]:
@@ -435,6 +440,10 @@ def stage_bindings(plan: Plan, st: Stage, ctx: KernelContext, sample: str = "sam
         for m in slot.members:
             t = tensors[m]
             table[t] = Buffer(buffer_ident(slot), f"{sample} * {slot.size}" if t.batched else "0")
+    for name, (root, offset) in sched.aliases.items():  # (inside another's region: schedule._in_place)
+        slot = sched.buffers.slots[sched.buffers.slot_of[root]]
+        base = f"{sample} * {slot.size}" if tensors[name].batched else "0"
+        table[tensors[name]] = Buffer(buffer_ident(slot), f"{base} + {offset}" if offset else base)
     for name, (_, op, k) in sched.virtual.items():
         table[tensors[name]] = Inline(op, k, ctx.module)
     for t in tensors.values():
@@ -507,13 +516,14 @@ def emit_stage(plan: Plan, st: Stage, module: Module) -> str:
         if st.domain == "element":
             node, op = st.root
             k = node.outputs.index(st.out) if not st.epilogue and st.out in node.outputs else 0
-            with node_context(node):
-                v = ctx.let(op.element(ctx, item, k), "v")
-            if st.epilogue:
-                lets, v = epilogue_lets(st.epilogue, op.outputs[0], v, item, ctx.module)
-                for name, expr in lets:
-                    ctx.line(f"{name} = {expr}")
-            ctx.line(plan.tensors[st.out].store(item, v))
+            with _element_run(ctx, st, plan.tensors[st.out].numel, item) as i:
+                with node_context(node):
+                    v = ctx.let(op.element(ctx, i, k), "v")
+                if st.epilogue:
+                    lets, v = epilogue_lets(st.epilogue, op.outputs[0], v, i, ctx.module)
+                    for name, expr in lets:
+                        ctx.line(f"{name} = {expr}")
+                ctx.line(plan.tensors[st.out].store(i, v))
         elif st.domain == "items" and st.phase is not None:
             node, op = st.root
             ctx.first_phase_stage = st.index - st.phase  # (a phase of identical code reads its number: stage - this)
@@ -549,6 +559,25 @@ def emit_stage(plan: Plan, st: Stage, module: Module) -> str:
                 with node_context(node):
                     op.forward(ctx)
     return "\n".join(ctx.out)
+
+
+@contextlib.contextmanager
+def _element_run(ctx: KernelContext, st: Stage, numel: int, item: str):
+    """Yield the element index an element stage's body computes: the thread's item, or with
+    st.elements > 1 each of its run of consecutive elements, in a loop (the last run guarded)."""
+    if st.elements <= 1:
+        yield item
+        return
+    e = ctx.fresh("e")
+    ctx.line(f"for {e} in range({st.elements}):")
+    with ctx.indent():
+        i = ctx.let(f"{item} * {st.elements} + {e}", "i")
+        if numel % st.elements:
+            ctx.line(f"if {i} < {numel}:")
+            with ctx.indent():
+                yield i
+        else:
+            yield i
 
 
 def _render(plan: Plan, model_name: str, module: Module, fwd: KernelContext, fwd_params: list[str],

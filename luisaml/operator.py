@@ -212,6 +212,12 @@ class Operator:
         one thread per output element in a stage; the default says it cannot."""
         raise NotImplementedError
 
+    def pieces(self) -> list[tuple[int, int]] | None:
+        """Return [(input index, element offset)] when output 0 is those inputs laid end to end in
+        each sample's elements (a Concat along its first per-sample dimension), else None: on the
+        CPU the schedule may then store the inputs in place in the output's buffer (schedule.py)."""
+        return None
+
     def work_items(self) -> int | None:
         """Return into how many independent pieces of work per sample emit_item() splits this node
         (the rows of a Softmax), or None when it does not."""

@@ -24,6 +24,12 @@ if TYPE_CHECKING:  # annotations only: IOSpec and Blob are also what a .lml arti
     from .operator import Operator
 
 BLOB_ALIGN = 16
+# the CPU backend's blob (compiler.build_plan): every constant starts on a 64-byte line, so a
+# prepacked panel's rows of 16 or 32 floats are whole lines; at 16 bytes most panels started mid-line
+# and every 64-byte vector load of B straddled two (ConvNeXt-T's MLP MatMuls 4.1 ms each in the
+# network against 1.3 ms alone, where the panel happened to be aligned: benchmarks/NOTES.md,
+# "Weights on whole lines")
+BLOB_ALIGN_CPU = 64
 
 
 @dataclass
@@ -87,16 +93,17 @@ class DerivedInput:
 class Blob:
     """The weight blob: constants appended on first use, aligned, recorded by name."""
 
-    def __init__(self) -> None:
+    def __init__(self, align: int = BLOB_ALIGN) -> None:
         self.parts: list[bytes] = []
         self.size = 0
+        self.align = align  # each constant's first byte: a multiple of this (BLOB_ALIGN or BLOB_ALIGN_CPU)
         self.layout: dict[str, tuple[int, int, DType, tuple[int, ...]]] = {}
 
     def add(self, t: Tensor) -> int:
         """Return the byte offset of t's data, appending it on first use."""
         if t.name in self.layout:
             return self.layout[t.name][0]
-        pad = -self.size % BLOB_ALIGN
+        pad = -self.size % self.align
         if pad:
             self.parts.append(b"\0" * pad)
             self.size += pad

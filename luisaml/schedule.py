@@ -13,7 +13,9 @@ A node runs in one of seven ways, by what its operator offers (luisaml/operator.
   all; consecutive such nodes share a stage and keep what passes between them in registers.
 
 Tensors that cross stages live in device buffers pooled by the register allocator's colouring
-(a stage is a step, a buffer a slot), so peak device memory is the largest live set. A stage is
+(a stage is a step, a buffer a slot), so peak device memory is the largest live set. On the CPU
+backend a Concat whose inputs stages store takes no stage: they store into its buffer, each at its
+offset (`_in_place`, `Schedule.aliases`), and a sample's region is whole 64-byte lines. A stage is
 dispatched over `items` per sample times the batch (per-sample mode) or `items` (shapes fixed).
 
 Three more forms make seven: **blocks** -- on CUDA only, a block of threads per tile of a Gemm,
@@ -49,6 +51,12 @@ from .operator import Operator
 from .plan import GraphCode
 from .regalloc import Allocation, Request, Step, allocate
 
+# On the CPU backend a thread of an element stage computes this many consecutive elements, in a
+# loop: a thread costs ~7 ns before its work (benchmarks/NOTES.md, "How the CPU backend runs a
+# kernel"), more than a Relu or a copy; DenseNet's BatchNorm + Relu stages, ShuffleNet's slices
+# (benchmarks/NOTES.md, "Element stages in runs")
+ELEMENTS = 16
+
 # Inline expressions are rebuilt wherever they are read: a budget keeps one from growing without
 # bound (a chain of 100 Adds becomes a buffer somewhere), and a node that reads its inputs many
 # times per output (a Conv: k*k*C times) only inlines producers at most this cheap.
@@ -80,6 +88,9 @@ class Stage:
     # stage, the samples a block's tile covers (Operator.block_samples): the stage dispatches
     # ceil(n / samples) groups of `items` blocks and its kernel takes the batch as an argument
     samples: int = 1
+    # an element stage's consecutive elements a thread computes (the CPU backend: ELEMENTS): items
+    # is then the output's elements over this, rounded up
+    elements: int = 1
 
     @property
     def root(self) -> tuple[Node, Operator]:
@@ -110,7 +121,8 @@ class Stage:
             extra.append(f"{self.samples} samples a {'block' if self.domain == 'blocks' else 'work item'}")
         per = (f"{self.items:,} per {self.samples} samples" if self.grouped else
                f"{self.items:,} per sample" if self.batched else f"{self.items:,} in all")
-        where = {"element": "one thread per element of", "items": "one thread per work item of",
+        where = {"element": f"one thread per {self.elements} elements of" if self.elements > 1 else "one thread per element of",
+                 "items": "one thread per work item of",
                  "blocks": f"a block of {self.threads} threads per {'work item' if self.phase is not None else 'tile'} of",
                  "sample": "one thread per sample", "single": "one thread",
                  "fused": "blocks of threads on tiles of samples of"}[self.domain]
@@ -129,6 +141,9 @@ class Schedule:
     virtual: dict[str, tuple[Node, Operator, int]]  # tensor -> (producer, its operator, output index)
     chained: dict[str, str]  # epilogue tensor (virtual inside its stage only) -> the stage's root node
     buffers: Allocation  # cross-stage tensors in pooled device buffers (space "buffer")
+    # tensors stored in place inside another's buffer (the CPU backend: _in_place): tensor ->
+    # (the pooled tensor whose buffer holds it, its first element's offset in a sample's region)
+    aliases: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     @property
     def takes_batch(self) -> bool:
@@ -145,6 +160,9 @@ class Schedule:
     def describe(self) -> str:
         lines = [s.describe() for s in self.stages]
         lines.append("buffers: " + self.buffers.report())
+        if self.aliases:
+            lines.append(f"in place: {len(self.aliases)} tensors inside another's buffer: " + ", ".join(
+                f"'{a}' at '{r}' + {off}" for a, (r, off) in self.aliases.items()))
         return "\n".join(lines)
 
 
@@ -236,6 +254,16 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
                 virtual[o] = (n, op, k)
                 size[o], cost[o] = s, c
 
+    # 2b. in place (the CPU backend): a Concat whose inputs are all stored by stages takes no stage;
+    # each input is stored at its offset in the Concat's buffer
+    aliases: dict[str, tuple[str, int]] = {}
+    placed: set[str] = set()
+    if fuse and not blocks:
+        aliases, placed = _in_place(ops, code, kinds, virtual, chained, pinned | set(code.graph.inputs), views)
+        for name in aliases.keys() | {n.outputs[0] for n, _ in ops if n.name in placed}:
+            virtual.pop(name, None)
+    roots = dict(views) | {a: r for a, (r, _) in aliases.items()}  # (_root through both)
+
     # 3. stages, in the order of the graph
     stages: list[Stage] = []
     group: list[tuple[Node, Operator]] = []
@@ -256,7 +284,7 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
             continue  # waits for the end of its epilogue
         if n0.name in in_chain and n0.name not in deferred:
             continue
-        if k == "inline" and all(o in virtual for o in n.outputs if o):
+        if k == "inline" and all(o in virtual for o in n.outputs if o) or n.name in placed:
             continue
         if k == "whole":
             if group and _batched(group[-1][1], per_sample) != _batched(op, per_sample):
@@ -278,14 +306,16 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
             for j, o in enumerate(n.outputs):
                 if o and o not in virtual:
                     t = code.tensors[o]
-                    stages.append(Stage(len(stages), "element", [(n, op)], max(t.numel, 0), per_sample and t.batched,
-                                        out=o))
+                    e = 1 if blocks else ELEMENTS
+                    stages.append(Stage(len(stages), "element", [(n, op)], -(-max(t.numel, 0) // e), per_sample and t.batched,
+                                        out=o, elements=e))
             continue
         out = end_of.get(n.name, n.outputs[0])
         t = code.tensors[out]
         if k == "element":
-            stages.append(Stage(len(stages), "element", [(n, op)], t.numel, per_sample and t.batched, out=out,
-                                epilogue=epilogue_of.get(n.name, [])))
+            e = 1 if blocks else ELEMENTS
+            stages.append(Stage(len(stages), "element", [(n, op)], -(-t.numel // e), per_sample and t.batched, out=out,
+                                epilogue=epilogue_of.get(n.name, []), elements=e))
         else:
             tiling = op.block_tiling() if blocks else None
             batched = per_sample and any(x is not None and x.batched for x in op.outputs)
@@ -296,9 +326,54 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
                                 if batched else 1))
     close_group()
     for st in stages:
-        _fill_io(st, code, virtual, views, readers, pinned)
-    buffers = _pool(stages, code, set(graph_outputs) | set(code.graph.inputs), views)
-    return Schedule(stages, virtual, chained, buffers)
+        _fill_io(st, code, virtual, roots, readers, pinned)
+    buffers = _pool(stages, code, set(graph_outputs) | set(code.graph.inputs), roots, align=not blocks)
+    return Schedule(stages, virtual, chained, buffers, aliases)
+
+
+# SqueezeNet's fire modules and ShuffleNet's blocks concatenate two convolutions' outputs, which an
+# element stage then copied at ~8 ns an element (3.1 ms of SqueezeNet's 10.7 in such stages); DenseNet's
+# dense layers each concatenate all the layers before them, which every BatchNorm + Relu stage read
+# inline, a select over up to 32 inputs an element (benchmarks/NOTES.md, "Concats in place")
+def _in_place(ops, code: GraphCode, kinds: dict[str, str], virtual: dict, chained: dict[str, str], fixed: set[str],
+              views: dict[str, str]) -> tuple[dict[str, tuple[str, int]], set[str]]:
+    """Return (aliases: tensor -> (the tensor whose buffer holds it, element offset); the Concat
+    nodes that take no stage): for a node whose output is its inputs end to end (Operator.pieces),
+    largest first, whose inputs a stage each stores whole (element or items stages, or an inline
+    node's own; not virtual, not an epilogue's inside, not a view, not a graph input or output, not a
+    constant, each once, batched as the output is): the inputs are stored at their offsets in the
+    output's buffer. A Concat whose inputs are already placed in one buffer at the same distances
+    apart (DenseNet's, whose inputs are the start of the next layer's) is itself a region of that
+    buffer; an output placed inside a larger one places its inputs there too."""
+    kind_of = {o: kinds[n.name] for n, _ in ops for o in n.outputs if o}
+    aliases: dict[str, tuple[str, int]] = {}
+    placed: set[str] = set()
+
+    def storable(i: str, batched: bool) -> bool:
+        t = code.tensors.get(i)
+        return (t is not None and t.value is None and t.batched == batched and i not in fixed and i not in virtual
+                and i not in chained and i not in views and kind_of.get(i) in ("element", "items", "inline"))
+
+    cands = [(n, op) for n, op in ops if kinds[n.name] == "inline" and op.pieces() is not None]
+    for n, op in sorted(cands, key=lambda c: -c[1].outputs[0].numel):
+        c = n.outputs[0]
+        if c in fixed or c in views:
+            continue
+        out = op.outputs[0]
+        pcs = [(n.inputs[k], off) for k, off in op.pieces() if op.inputs[k].numel]
+        names = [i for i, _ in pcs]
+        if not pcs or len(set(names)) < len(names) or not all(storable(i, out.batched) for i in names):
+            continue
+        if not any(i in aliases for i in names):
+            root, base = aliases.get(c, (c, 0))
+            aliases.update({i: (root, base + off) for i, off in pcs})
+            placed.add(n.name)
+        elif all(i in aliases for i in names):
+            root, base = aliases[names[0]][0], aliases[names[0]][1] - pcs[0][1]
+            if all(aliases[i] == (root, base + off) for i, off in pcs) and aliases.get(c, (root, base)) == (root, base):
+                aliases[c] = (root, base)
+                placed.add(n.name)
+    return aliases, placed
 
 
 def _epilogue(start: str, code: GraphCode, kinds: dict[str, str], readers: dict, pinned: set[str],
@@ -474,9 +549,18 @@ def _group_registers(st: Stage, code: GraphCode, views: dict[str, str]) -> Alloc
     return allocate(steps, requests)
 
 
-def _pool(stages: list[Stage], code: GraphCode, io: set[str], views: dict[str, str]) -> Allocation:
+# On the CPU backend a batched tensor's region in a pooled buffer is a whole number of 64-byte
+# lines (its per-sample size rounded up), so that no two samples share a line: NeRF's 256-wide
+# layers writing a buffer of 283-float rows (a tensor of 283 sharing it) ran at 16 GFLOP/s, each
+# row's stores split over lines that the neighbouring samples' threads write too, against 57 for
+# the same layers into 256-float rows (benchmarks/NOTES.md, "Sample regions on whole lines")
+REGION_ALIGN_BYTES = 64
+
+
+def _pool(stages: list[Stage], code: GraphCode, io: set[str], views: dict[str, str], align: bool = False) -> Allocation:
     """Pool the tensors that cross stages into device buffers: one Step per stage, the colouring of
-    regalloc.allocate (two tensors share a buffer only when no stage range overlaps)."""
+    regalloc.allocate (two tensors share a buffer only when no stage range overlaps); with `align`
+    (the CPU backend), a batched tensor of a line or more takes whole lines a sample."""
     steps = [Step(f"stage {s.index}", [_root(r, views) for r in s.reads], [_root(w, views) for w in s.writes])
              for s in stages]
     requests, seen = [], set()
@@ -487,7 +571,11 @@ def _pool(stages: list[Stage], code: GraphCode, io: set[str], views: dict[str, s
             if w in io or w in seen or t.value is not None:
                 continue
             seen.add(w)
-            requests.append(Request(w, "buffer", t.dtype.dsl, max(t.numel, 1), t.dtype.itemsize))
+            size = max(t.numel, 1)
+            line = REGION_ALIGN_BYTES // t.dtype.itemsize
+            if align and line and t.batched and size >= line:  # (REGION_ALIGN_BYTES = 0: packed regions)
+                size = -(-size // line) * line
+            requests.append(Request(w, "buffer", t.dtype.dsl, size, t.dtype.itemsize))
     return allocate(steps, requests)
 
 

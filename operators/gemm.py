@@ -53,12 +53,15 @@ def block_columns(N: int, wide: int) -> int:
     return min(range(8, wide + 1, 4), key=lambda o: (-(-N // o) * o - N, -o))
 
 
-def tile_shape(M: int, N: int, narrow: bool = False) -> tuple[int, int]:
+def tile_shape(M: int, N: int, narrow: bool = False, ragged: bool = False) -> tuple[int, int]:
     """Return (rows R, columns O) of a work item's tile: O of block_columns up to WIDE (NARROW when
     `narrow`), then as many rows as divide M within MAX_ACC accumulators (rows that divide M need
-    no bounds checks)."""
+    no bounds checks), or with `ragged` as many as fit (the last row block ragged: Dense.tiles)."""
     O = block_columns(N, NARROW if narrow else WIDE)
-    R = max(r for r in range(1, min(MAX_ACC // O, 8) + 1) if M % r == 0) if M else 1
+    most = min(MAX_ACC // O, 8)
+    if ragged:
+        return max(1, min(most, M)), O
+    R = max(r for r in range(1, most + 1) if M % r == 0) if M else 1
     return R, O
 
 
@@ -137,8 +140,14 @@ class Dense(Operator):
         if self.square_tiles():
             R, O = min(SQUARE[0], self.M), block_columns(self.N, SQUARE[1])
             return R, O, -(-self.M // R), -(-self.N // O)
-        R, O = tile_shape(self.M, self.N, narrow=self.K >= 128 and self.N >= 128 and self.input(1).value is not None)
-        return R, O, self.M // R, -(-self.N // O)
+        R, O = tile_shape(self.M, self.N, narrow=self.K >= 128 and self.N >= 128 and self.input(1).value is not None,
+                          ragged=self.no_blocks and self.cpu_items())
+        return R, O, -(-self.M // R), -(-self.N // O)
+
+    # On the CPU backend (no_blocks) the rules' tile takes all the rows tile_shape allows, its last
+    # row block ragged as square tiles' is, instead of rows that divide M: ViT's 197 tokens (a prime)
+    # gave 1 x 16 tiles, each B load feeding one row ([197, 192] x [192, 768]: 43.6 GFLOP/s, 67.0
+    # as 2 x 16; ViT-Ti 150 -> 115 ms; benchmarks/NOTES.md, "Ragged row blocks")
 
     def square_tiles(self) -> bool:
         """Whether the items form takes R x O tiles of SQUARE, its last row block ragged, instead of

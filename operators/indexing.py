@@ -182,6 +182,18 @@ class Concat(Operator):
         materialised copy instead (schedule.CHEAP_FOR_MULTI_READ)."""
         return 2 + len(self.inputs) if self.no_blocks else 1
 
+    def pieces(self):
+        """The inputs end to end where the dimensions before the axis are 1 (per sample)."""
+        y = self.output()
+        if _prod(y.shape[:self.ax]) != 1:
+            return None
+        out, offset = [], 0
+        for k, t in enumerate(self.inputs):
+            if t is not None:
+                out.append((k, offset * y.strides[self.ax]))
+                offset += t.shape[self.ax]
+        return out
+
     def forward(self, ctx):
         y = self.output()
         offset = 0

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from luisaml import dtypes
+from luisaml import codegen, dtypes
 from luisaml import indexing as ix
 from luisaml.dynamic import Phase
 from luisaml.model import Node
@@ -59,10 +59,10 @@ def tile(gpu: bool, B: int, H: int) -> tuple[int, int]:
     return rows, units
 
 
-# the threads of a block of the CPU backend's kernels (luisa.func's default block size, which the
-# merged kernel keeps): one block runs on one worker thread, so a work item of the whole sequence gets
-# a block of its own (the other threads of its block return at once) to spread the items over cores
-CPU_BLOCK = 256
+# the threads of a block of the CPU backend's kernels (codegen.CPU_BLOCK, which the merged kernel
+# sets): one block runs on one worker thread, so a work item of the whole sequence gets a block of
+# its own (the other threads of its block return at once) to spread the items over cores
+CPU_BLOCK = codegen.CPU_BLOCK
 
 
 def qualifies(op) -> str | None:

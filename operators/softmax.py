@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from luisaml import indexing as ix
 from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import literal
 
 from .common import affine, compute_dtype, convert, reduction_loops, upcast
-from .reduce import kept_base
+from .reduce import LANES_MIN, fold_lanes, kept_base
 
 
 class Softmax(Operator):
@@ -62,9 +63,63 @@ class Softmax(Operator):
         rows = x.numel // int(np.prod([x.shape[a] for a in self.red_axes], dtype=np.int64)) if x.numel else 0
         return rows or None
 
+    # set on a plan without blocks stages (the CPU backend; luisaml/compiler.py): a float row of
+    # LANES_MIN or more contiguous elements takes the lanes form (emit_lanes)
+    no_blocks = False
+    # the exp of the lanes form: exp_f32 (shaders/math_lib.py), which the loops vectorise around,
+    # or the backend's exp (a libm call an element)
+    fast_exp = True
+
     def emit_item(self, ctx, item):
         kept, kx, _, red, rx = reduction_loops(ctx, self.input(0), self.red_axes)
-        self.emit(ctx, [], kept_base(ctx, item, kept, kx), red, rx)
+        base = kept_base(ctx, item, kept, kx)
+        x, y = self.input(0), self.output()
+        if (self.no_blocks and len(red) == 1 and rx == [1] and red[0][1] >= LANES_MIN
+                and x.dtype.dsl == "float" and y.dtype.dsl == "float"):
+            self.emit_lanes(ctx, base, red[0][1])
+            return
+        self.emit(ctx, [], base, red, rx)
+
+    def emit_lanes(self, ctx, base: str, n: int) -> None:
+        """One contiguous row of n floats at base, its max and its sum of exponentials folded in
+        LANES accumulators over consecutive elements (reduce.fold_lanes: each pass a loop of
+        independent steps, which the CPU backend's compiler turns into vector steps, where one
+        accumulator made a chain of dependent ones), then y = e^(x - m) / s (or x - m - log s);
+        the exponentials through exp_f32, which vectorises (ViT-Ti's 591 rows of 197: 2.2 ms a
+        stage as a chain with the backend's exp; benchmarks/NOTES.md, "Softmax rows in lanes")."""
+        x, y = self.input(0), self.output()
+        exp = "exp"
+        if self.fast_exp:
+            exp = ctx.use_helper("exp_f32", "math_lib")
+        load = lambda i: x.load(i)  # noqa: E731
+        m, s = ctx.fresh("m"), ctx.fresh("s")
+        lanes = fold_lanes(ctx, load, base, n, m, load(base), lambda a, v: f"max({a}, {v})",
+                           lambda a, v: f"max({a}, {v})")
+        ctx.line(f"{m} = {load(base)}")
+        self._lanes(ctx, lanes)
+        lanes = fold_lanes(ctx, load, base, n, s, "0.0", lambda a, v: f"{a} + {exp}({v} - {m})",
+                           lambda a, v: f"{a} + {v}")
+        ctx.line(f"{s} = 0.0")
+        self._lanes(ctx, lanes)
+        if self.log:
+            ctx.line(f"{s} = log({s})")
+        r = ctx.fresh("r")
+        i = ix.add(base, r)
+        ctx.line(f"for {r} in range({n}):")
+        with ctx.indent():
+            ctx.line(y.store(i, f"{load(i)} - {m} - {s}" if self.log else f"{exp}({load(i)} - {m}) / {s}"))
+
+    @staticmethod
+    def _lanes(ctx, lanes: dict) -> None:
+        for line in lanes["init"]:
+            ctx.line(line)
+        if lanes["chunks"]:
+            ctx.line(f"for {lanes['q']} in range({lanes['chunks']}):")
+            with ctx.indent():
+                for line in lanes["body"]:
+                    ctx.line(line)
+        for line in lanes["tail"] + lanes["merge"]:
+            ctx.line(line)
 
     def block_tiling(self):
         """A warp per row on GPUs (operators/rows.py), for float rows whose reduced axes are one

@@ -171,3 +171,32 @@ def bits_to_uint(x):
 def bits_to_float(x):
     """The bits of a 32-bit value as a float."""
     return bitwise_cast(float, x)
+
+
+@luisa.func
+def exp_f32(x):
+    """e^x without a call, so that the CPU backend's compiler vectorises the loops it sits in (its
+    exp is a scalar libm call; a Softmax row's two exp passes: benchmarks/NOTES.md, "Softmax rows in
+    lanes"): x = n ln 2 + r, |r| <= ln 2 / 2 (ln 2 in two parts, Cody and Waite), e^r by Cephes'
+    expf polynomial (2 ulp), 2^n from its exponent bits (n = 128 as 2^127 * 2). Branch-free: the
+    selects give 0 below -87.34 (no subnormal results; -inf included), inf above 88.72 and NaN for
+    NaN."""
+    xc = min(max(x, -87.33654022216797), 88.72283172607422)
+    n = floor(xc * 1.4426950216293335 + 0.5)
+    r = xc - n * 0.693359375
+    r = r + n * 0.00021219444170128554
+    p = 0.00019875691500
+    p = p * r + 0.0013981999507
+    p = p * r + 0.0083334519073
+    p = p * r + 0.041665795894
+    p = p * r + 0.16666665459
+    p = p * r + 0.50000001201
+    e = p * r * r + r + 1.0
+    hi = n > 127.0
+    k = n - 1.0 if hi else n
+    v = e * bitwise_cast(float, (int(k) + 127) * 8388608)
+    v = v * 2.0 if hi else v
+    v = 0.0 if x < -87.33654022216797 else v
+    v = INF if x > 88.72283172607422 else v
+    v = x if isnan(x) else v
+    return v

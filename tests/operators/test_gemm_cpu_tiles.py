@@ -115,3 +115,23 @@ def test_exported_attention_equals_onnxruntime_and_torch(kind, tokens):
     squares = [st for st in net.plan.schedule.stages
                if st.domain == "items" and st.root[0].op_type == "MatMul" and st.root[1].square_tiles()]
     assert len(squares) == 2, net.plan.schedule.describe()
+
+
+@pytest.mark.parametrize("m,k,n,tile", [(197, 130, 256, (2, 16)), (197, 130, 200, (4, 8)), (13, 24, 4, (8, 4)),
+                                        (5, 40, 8, (4, 8)), (3, 16, 36, (2, 12)), (1, 128, 256, (1, 16))])
+def test_constant_b_ragged_row_blocks_equal_onnxruntime(m, k, n, tile):
+    """On the CPU the rules' tile takes all the rows it may (2 x 16 for a wide constant B, 4 x 8,
+    up to 8 rows of 4 columns) whatever M is, the last row block ragged (its rows past M clamped to
+    M - 1): ViT's 197 tokens, 13 rows in 8-row tiles, 5 in 4-row ones, 3 in 2-row ones; a Gemm with
+    transB, bias and alpha over the same rows; M = 1 keeps one row."""
+    w = rand((k, n), seed=1, low=-0.5, high=0.5)
+    model = graph_model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], {"x": rand((2, m, k))},
+                        {"w": w}, batch="N")
+    net, _ = assert_matches_ort(model, {"x": rand((3, m, k), seed=2)}, rtol=1e-4, atol=1e-4)
+    assert stage_of(net, "mm").root[1].tiles()[:2] == tile
+    c = rand((n,), seed=3)
+    node = helper.make_node("Gemm", ["x", "wt", "c"], ["y"], name="g", transB=1, alpha=0.5)
+    model = graph_model([node], {"x": rand((m, k))}, {"wt": np.ascontiguousarray(w.T), "c": c})
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = m
+    net, _ = assert_matches_ort(model, {"x": rand((m, k), seed=4)}, rtol=1e-4, atol=1e-4, batch_axis=None)
+    assert stage_of(net, "g").root[1].tiles()[:2] == tile

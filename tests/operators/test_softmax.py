@@ -93,3 +93,34 @@ def test_softmax_over_batch_axis_compiles_per_batch(opset, axis, monkeypatch):
     monkeypatch.setattr(upgrade, "MIN_OPSET", 0)  # keep opset 11's 2-D coercion
     m = single_node_model("Softmax", {"x": rand((2, 4, 6))}, opset=opset, batch="N", axis=axis)
     assert_compiles_per_batch(m, "Softmax_0", lambda n: {"x": rand((n, 4, 6), seed=n)})
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("n", [32, 33, 197, 1000])
+def test_softmax_rows_in_lanes(op, n):
+    """A contiguous row of 32 or more floats on the CPU: max and sum of exponentials in lanes, the
+    exponentials through math_lib.exp_f32 (Softmax.emit_lanes): rows whose length 16 divides or
+    leaves a tail, large values, -inf entries (a masked row's), a row whose entries are equal, read
+    through an inline Mul and stored through an epilogue Add."""
+    x = rand((2, 3, n), seed=5, low=-20, high=20)
+    x[0, 0, :] += 80.0
+    x[0, 1, ::3] = -np.inf
+    x[1, 2, :] = 1.5
+    nodes = [helper.make_node("Mul", ["x", "s"], ["xs"], name="scale"),
+             helper.make_node(op, ["xs"], ["sm"], name="sm", axis=-1),
+             helper.make_node("Add", ["sm", "b"], ["y"], name="add")]
+    model = graph_model(nodes, {"x": x}, {"s": np.array(0.75, np.float32), "b": rand((n,), seed=6)}, opset=13,
+                        batch="N")
+    net, _ = assert_matches_ort(model, {"x": x}, rtol=1e-5, atol=1e-5)
+    st = stage_of(net, "sm")
+    assert st.domain == "items" and st.root[1].no_blocks
+    assert "exp_f32" in net.plan.source
+
+
+def test_softmax_lanes_nan_and_inf_rows():
+    """NaN and +inf inside a row give what onnxruntime gives (a NaN row)."""
+    x = rand((2, 40), seed=7)
+    x[0, 5] = np.nan
+    x[1, 7] = np.inf
+    model = graph_model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": x}, opset=13)
+    assert_matches_ort(model, {"x": x}, batch_axis=None)

@@ -128,8 +128,8 @@ def test_conv_batched_relu_epilogue_and_half():
 
 def test_gemm_wide_constant_layers_take_two_row_tiles():
     """A constant B with K and N of 128 or more takes 2 x 16 tiles (each B load feeds two rows)
-    instead of 1 x 32: N of 256 and of 130 (12-column tiles, a tail of 2), an odd M of 5 (1-row
-    tiles), M of 6, transB, and a K of 127 that keeps the wide tiles."""
+    instead of 1 x 32: N of 256 and of 130 (12-column tiles, a tail of 2), an odd M of 5 (2-row
+    tiles on the CPU, the last ragged), M of 6, transB, and a K of 127 that keeps the wide tiles."""
     from luisaml.operators.gemm import tile_shape
 
     assert tile_shape(6, 256, narrow=True) == (2, 16) and tile_shape(6, 256) == (1, 32)
