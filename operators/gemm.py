@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from luisaml import indexing as ix
+from luisaml.device import sm_count
 from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import bind, literal
@@ -322,7 +323,9 @@ class Dense(Operator):
         if self.tensor_cores:  # (luisaml/rewrites/tensor_cores.py: compile(tensor_cores="auto") found them live)
             from . import tiled_mma
 
-            mma = tiled_mma.choose(self.M, self.N, self.K, self.nbatch)
+            # a product launched whole (no batch the plan does not know) may take smaller tiles to fill the GPU
+            sms = 0 if self.output().batched else sm_count()
+            mma = tiled_mma.choose(self.M, self.N, self.K, self.nbatch, sms=sms)
             if mma is not None:
                 return mma
         return tiled.tuned(tiled.choose(self.M, self.N, self.K, self.nbatch, m_fast=False), self.schedule)

@@ -117,11 +117,18 @@ def choose(M: int, N: int, K: int, nbatch: int, m_fast: bool, pipelined: bool = 
     # layer1 Winograd products 0.164 -> 0.143, fvdb's SparseConv3d layer 0.988 -> 0.929
     TM = 4 if pipelined and (BM, BN) == (64, 64) else 8 if BM >= 64 else 4
     TN = 8 if BN >= 64 else 4
+    # Gemm and MatMul (not pipelined): 64 x 128 tiles with k steps of 16 where the sides would be 128 x 128
+    # (128 threads, 8 x 8 a thread): over ten transformer products of 48-600 such tiles (BERT, ViT, DeiT
+    # shapes; benchmarks/experiments/sweep_gemm.py, H100) 1.04x the best of 36 tilings on geomean, worst
+    # 1.13x, where 128 x 128 with k steps of 8 took 1.24x, worst 1.52x (a wave's blocks, and shared loads)
+    wide_k = not pipelined and (BM, BN) == (128, 128)
+    if wide_k:
+        BM = 64
     NT = (BM // TM) * (BN // TN)
     # (not a narrow product: Winograd's 36 fill the GPU however few tiles each has; k steps of 8 measured)
     deep = pipelined and not narrow and -(-M // BM) * -(-N // BN) <= DEEP_TILES
     # every thread copies whole float4s of both tiles each step: BK grows until they divide evenly
-    BK = next(bk for bk in ((16, 32, 8) if deep else (8, 16, 32))
+    BK = next(bk for bk in ((16, 32, 8) if deep or wide_k else (8, 16, 32))
               if (BM * bk // 4) % NT == 0 and (BN * bk // 4) % NT == 0)
     return Tiling(M, N, K, nbatch, BM, BN, TM, TN, BK, m_fast, double=deep or (pipelined and (BM, BN) == (64, 64)))
 

@@ -61,16 +61,29 @@ class MmaTiling(BlockGrid):
                 f"{KIND_K[self.kind]} tiles (tensor cores), k steps of {self.BK}")
 
 
-def choose(M: int, N: int, K: int, nbatch: int, kind: str = "tf32") -> MmaTiling | None:
+# a whole launch whose 128 x 128 tiles leave multiprocessors idle tries these sides, largest first, as
+# tiled.py's FP32 tile does (tiled.filling): the first whose blocks cover every SM, else the last
+FILL_SIDES = ((128, 64), (64, 128), (64, 64))
+
+
+def choose(M: int, N: int, K: int, nbatch: int, kind: str = "tf32", sms: int = 0) -> MmaTiling | None:
     """Return the tensor-core tiling of a product, or None where it is too small for one (a side
-    under a warp's tile, or padding past MIN_FILL): the caller keeps tiled.py's FP32 tile then."""
+    under a warp's tile, or padding past MIN_FILL): the caller keeps tiled.py's FP32 tile then.
+    sms: as tiled.choose's (the launch is this product alone on a GPU of `sms` multiprocessors)."""
     if M < WARP_M or N < WARP_N or K < KIND_K[kind]:
         return None
     BM = 128 if M >= 128 else 64
     BN = 128 if N >= 128 else 64 if N >= 64 else 32
     if M * N < MIN_FILL * (-(-M // BM) * BM) * (-(-N // BN) * BN):
         return None
-    return MmaTiling(M, N, K, nbatch, BM, BN, kind=kind)
+    tl = MmaTiling(M, N, K, nbatch, BM, BN, kind=kind)
+    if sms and tl.blocks < sms:
+        for bm, bn in FILL_SIDES:
+            if bm <= BM and bn <= BN and (bm, bn) != (BM, BN):
+                tl = MmaTiling(M, N, K, nbatch, bm, bn, kind=kind)
+                if tl.blocks >= sms:
+                    break
+    return tl
 
 
 def emit(ctx, tl: MmaTiling, item: str, thread: str, a: RowLoader, b: RowLoader, finish: Finish, store: Finish,
