@@ -25,9 +25,6 @@ the stages each timed alone (net.profile; a host step's own network not included
 from __future__ import annotations
 
 import argparse
-import datetime
-import importlib.util
-import json
 import sys
 import time
 from pathlib import Path
@@ -35,15 +32,10 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-if importlib.util.find_spec("luisaml") is None:  # run from a checkout without `pip install -e .`
-    sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT / "tests" / "fvdb"))
-sys.path.insert(0, str(ROOT / "examples"))
-
-from bench_mlp import percentiles, start_device, timed  # noqa: E402
-
+sys.path.insert(0, str(HERE.parent / "examples"))
+from bench_fvdb import record, start, write_record  # noqa: E402  (sys.path: the checkout, tests/fvdb)
+from bench_mlp import percentiles, timed  # noqa: E402
 
 def detector(quick: bool, build: dict) -> list:
     """[(name, network, [feeds, feeds])] of the detector's backbone and head over frames 0 and 1."""
@@ -157,20 +149,16 @@ def measure(name: str, net, feeds: list, reps: int, cuda: bool) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cpu", action="store_true", help="the CPU backend, small sizes")
-    ap.add_argument("--reps", type=int, help="timed calls per network (default 30 on CUDA, 5 on the CPU)")
     ap.add_argument("--only", help="run only the networks whose name contains this")
     ap.add_argument("--grid-build", choices=("device", "host"), help="where the detector's and the U-Net's "
                     "coarse grids are built (default: the backend's, device on CUDA, host on the CPU)")
     ap.add_argument("--flush", type=int, default=0, help="commit the command list every N launches without waiting "
                     "(luisaml/launch.py FLUSH_LAUNCHES; default 0: one commit a wait)")
-    ap.add_argument("--out-dir", help="where the JSON goes (default benchmarks/results)")
-    a = ap.parse_args(argv)
-    cuda = not a.cpu
-    started = start_device(a.cpu)
+    started = start(ap, argv, (30, 5), "timed calls per network")
     if started is None:
         return 2
-    backend, device, tag = started
-    reps = a.reps or (30 if cuda else 5)
+    a, backend, device, tag, reps = started
+    cuda = not a.cpu
     from luisaml import launch
 
     launch.FLUSH_LAUNCHES = a.flush
@@ -189,14 +177,9 @@ def main(argv=None) -> int:
             print(f"{name}: {r['syncs']} host synchronisations, {r['launches']} launches, {r['uploads']} uploads, "
                   f"{r['downloads']} downloads a call; run {r['run_ms']['p50']:.3f} ms, {extra} "
                   f"({time.perf_counter() - t:.1f} s)", flush=True)
-    rec = {"date": datetime.date.today().isoformat(), "device": device, "backend": backend,
-           "command": "python benchmarks/bench_counted.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "flush_launches": a.flush, "grid_build": a.grid_build or "the backend's", "networks": rows}
-    out_dir = Path(a.out_dir) if a.out_dir else HERE / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    rec = {**record(backend, device, "bench_counted.py", argv), "flush_launches": a.flush, "grid_build": a.grid_build or "the backend's", "networks": rows}
     variant = (f"-{a.grid_build}-builds" if a.grid_build else "") + (f"-flush{a.flush}" if a.flush else "")
-    path = out_dir / f"counted-{tag}{variant}.json"
-    path.write_text(json.dumps(rec, indent=1) + "\n")
+    path = write_record(rec, a.out_dir, f"counted-{tag}{variant}.json")
     print(f"wrote {path}")
     return 0
 

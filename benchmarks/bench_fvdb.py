@@ -48,8 +48,9 @@ ROOT = HERE.parent
 if importlib.util.find_spec("luisaml") is None:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT / "tests" / "fvdb"))  # fvdb_reference (bench_rays, bench_topology, ... import it)
 
-from bench_mlp import percentiles  # noqa: E402
+from bench_mlp import kernel_ms, percentiles, start_device  # noqa: E402
 
 REL_TOL = 1e-5
 CHANNELS = 64
@@ -57,6 +58,81 @@ KERNEL = 3
 GPU_RADIUS = 126.0  # a one-voxel shell of radius 126: ~200k voxels
 CPU_RADIUS = 24.0
 TARGET = 3.0  # the issue's target against a torch gather-matmul-scatter reference on the H200
+
+
+# ---- what the fVDB benchmarks share (bench_rays, bench_topology, bench_grid_build, bench_counted import
+# this module first: it puts the checkout, when luisaml is not installed, and tests/fvdb on sys.path) ----
+
+
+def start(ap, argv, reps: tuple[int, int], what: str = "timed runs"):
+    """Add --reps (default `reps`: on CUDA, on the CPU) and --out-dir to ap (a benchmark's parser, --cpu
+    among its options), parse argv and start luisaml's backend. Return (the arguments, the backend, the
+    device's name, the results file's tag, reps), or None (said) when CUDA is asked for and torch sees none."""
+    ap.add_argument("--reps", type=int, help=f"{what} (default {reps[0]} on CUDA, {reps[1]} on the CPU)")
+    ap.add_argument("--out-dir", help="where the JSON goes (default benchmarks/results)")
+    a = ap.parse_args(argv)
+    started = start_device(a.cpu)
+    if started is None:
+        return None
+    return (a, *started, a.reps or (reps[1] if a.cpu else reps[0]))
+
+
+def record(backend: str, device: str, script: str, argv=None) -> dict:
+    """Return a results record's head: today's date, the device, the backend and the command that made it
+    (`python benchmarks/<script>` and argv, default the process's arguments)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    return {"date": datetime.date.today().isoformat(), "device": device, "backend": backend,
+            "command": " ".join([f"python benchmarks/{script}", *args])}
+
+
+def write_record(rec: dict, out_dir: str | None, name: str) -> Path:
+    """Write rec as JSON to out_dir (default benchmarks/results)/name; return the file's path."""
+    folder = Path(out_dir) if out_dir else HERE / "results"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(json.dumps(rec, indent=1) + "\n")
+    return path
+
+
+def device_rows(run, reps: int) -> dict:
+    """CUDA: {device_ms, span_ms, span_method} of run over reps calls each: the sum of its kernels'
+    durations (CUPTI), and its first kernel's start to its last kernel's end (bench_mlp.device_times)."""
+    import torch
+
+    from bench_mlp import device_times
+
+    rows = {"device_ms": percentiles(kernel_ms(run, reps))}
+    spans, rows["span_method"] = device_times(run, torch.cuda.synchronize, reps)
+    rows["span_ms"] = percentiles(spans)
+    return rows
+
+
+def fmt_ms(row: dict, key: str, digits: int = 3) -> str:
+    """Return "P50 / P95 / P99" of the percentiles row[key] (milliseconds), "-" when row has none."""
+    return " / ".join(f"{row[key][p]:.{digits}f}" for p in ("p50", "p95", "p99")) if row.get(key) else "-"
+
+
+def onnx_model(nodes: list, inputs: list, outputs: list, initializers: list = ()):
+    """Return the ONNX model of nodes over the opsets the fVDB benchmarks use (ONNX 17, fvdb 1)."""
+    from onnx import helper
+
+    from luisaml.opsets import fvdb as schema
+
+    g = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+
+
+def bundle_inputs(bundle: list) -> list:
+    """Return the graph inputs of a GridBatch bundle (its arrays, under schema.BUNDLE's names), the parts
+    that grow with the grid (grid_blob, leaf_batch_indices, list_indices) of any number of rows."""
+    from onnx import helper
+
+    from fvdb_reference import ELEM
+    from luisaml.opsets import fvdb as schema
+
+    growing = ("grid_blob", "leaf_batch_indices", "list_indices")
+    return [helper.make_tensor_value_info(n, ELEM[a.dtype], [f"{n} rows"] + list(a.shape[1:]) if n in growing
+                                          else list(a.shape)) for n, a in zip(schema.BUNDLE, bundle)]
 
 
 def shell_voxels(radius: float, center: int = 256) -> np.ndarray:
@@ -111,14 +187,15 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu", action="store_true", help="the CPU backend and a smaller shell")
     ap.add_argument("--radius", type=float, help=f"shell radius in voxels (default {GPU_RADIUS:g} on CUDA, "
                     f"{CPU_RADIUS:g} on the CPU)")
-    ap.add_argument("--reps", type=int, help="timed runs per measurement (default 50 on CUDA, 10 on the CPU)")
-    ap.add_argument("--out-dir", help="where the JSON goes (default benchmarks/results)")
     ap.add_argument("--tile", help="R,O: the voxels x channels of a convolution thread instead of the operator's "
                     "choice (for measuring tile shapes)")
     ap.add_argument("--tilings", nargs="*", metavar="BM,BN,BK[,TM,TN]", help="CUDA: also time the layer with "
                     "these double-buffered block tilings (e.g. 64,64,16 128,64,8 64,64,8,4,8), each checked first "
                     "(for measuring; TM x TN a thread's tile, default 8 x 8, 4 where a side is 32)")
-    a = ap.parse_args(argv)
+    started = start(ap, argv, (50, 10), "timed runs per measurement")
+    if started is None:
+        return 2
+    a, backend, name, tag, reps = started
     import torch
 
     import luisaml
@@ -126,21 +203,13 @@ def main(argv=None) -> int:
     from luisaml.fvdb import torch_ops as F
 
     cuda = not a.cpu
-    if cuda and not torch.cuda.is_available():
-        print("no CUDA device: run with --cpu", file=sys.stderr)
-        return 2
-    backend = "cuda" if cuda else "cpu"
-    luisaml.device.init(backend)
     if a.tile:  # a measurement of another tile shape: replace the operator's choice for this process
         from luisaml.operators.fvdb import conv as conv_op
 
         tile = tuple(int(v) for v in a.tile.split(","))
         conv_op.conv_tile = lambda n_out, c_out: tile
-    reps = a.reps or (50 if cuda else 10)
     radius = a.radius or (GPU_RADIUS if cuda else CPU_RADIUS)
     dev = "cuda" if cuda else "cpu"
-    name = torch.cuda.get_device_name(0) if cuda else "cpu"
-    tag = "h200" if "H200" in name else ("cpu" if not cuda else "".join(c for c in name.lower() if c.isalnum()))
 
     t0 = time.perf_counter()
     gb = GridBatch.from_ijk([shell_voxels(radius)])
@@ -216,10 +285,7 @@ def main(argv=None) -> int:
     times.update(walls)
     if cuda and a.tilings:
         times["tilings"] = _other_tilings(a.tilings, layer_m, backend, x, want, reps)
-    rec = {"date": datetime.date.today().isoformat(), "device": name, "backend": backend,
-           "torch": torch.__version__, "command": "python benchmarks/bench_fvdb.py" + (" --cpu" if a.cpu else "")
-           + (f" --radius {a.radius:g}" if a.radius else "") + (f" --reps {a.reps}" if a.reps else "")
-           + (f" --tile {a.tile}" if a.tile else "") + (f" --tilings {' '.join(a.tilings)}" if a.tilings else ""),
+    rec = {**record(backend, name, "bench_fvdb.py", argv), "torch": torch.__version__,
            "grid": {"shape": f"sphere shell, radius {radius:g}, in a 512^3 extent", "voxels": n,
                     "leaves": int(gb.total_leaves), "pairs": pairs},
            "conv": {"kernel": KERNEL, "stride": 1, "in_channels": CHANNELS, "out_channels": CHANNELS},
@@ -230,19 +296,14 @@ def main(argv=None) -> int:
            "target_speedup": TARGET if cuda else None, **times}
     for k in ("layer", "layer_bn_relu"):
         rec[k]["speedup"] = rec[k]["torch_ms"]["p50"] / rec[k]["luisaml_ms"]["p50"]
-    out_dir = Path(a.out_dir) if a.out_dir else HERE / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"fvdb-{tag}.json"
-    path.write_text(json.dumps(rec, indent=1) + "\n")
+    path = write_record(rec, a.out_dir, f"fvdb-{tag}.json")
     print(f"\n{name}  {rec['date']}  torch {torch.__version__}  timing: {rec['timing']}")
     print("| measurement | luisaml ms P50 / P95 / P99 | torch ms P50 / P95 / P99 | speedup |")
     print("|---|---|---|---|")
     for k in ("layer", "layer_bn_relu", "kernel_map", "map_and_layer", "any_grid", "any_grid_same_grid_wall",
               "any_grid_new_grid_wall"):
         r = rec[k]
-        lm = " / ".join(f"{r['luisaml_ms'][p]:.3f}" for p in ("p50", "p95", "p99"))
-        tm = " / ".join(f"{r['torch_ms'][p]:.3f}" for p in ("p50", "p95", "p99")) if "torch_ms" in r else "-"
-        print(f"| {k} | {lm} | {tm} | {r.get('speedup', float('nan')):.2f}x |")
+        print(f"| {k} | {fmt_ms(r, 'luisaml_ms')} | {fmt_ms(r, 'torch_ms')} | {r.get('speedup', float('nan')):.2f}x |")
     print(f"wrote {path}")
     return 0
 
@@ -343,9 +404,8 @@ def _models(gb, w, b, bn):
             np.dtype(np.float64): TensorProto.DOUBLE, np.dtype(np.int32): TensorProto.INT32}
 
     def model(nodes, inits, inputs, out_type=TensorProto.FLOAT, out_shape=(n, CHANNELS), out="y"):
-        g = helper.make_graph(nodes, "bench_fvdb", inputs, [helper.make_tensor_value_info(out, out_type, out_shape)],
-                              [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
-        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+        return onnx_model(nodes, inputs, [helper.make_tensor_value_info(out, out_type, out_shape)],
+                          [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
 
     x_in = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, CHANNELS])]
     consts = {**grid, "w": w, "b": b}

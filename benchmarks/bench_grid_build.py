@@ -21,23 +21,15 @@ The issue's target: a grid from 1M points in <= 5 ms of device time (device_ms P
 from __future__ import annotations
 
 import argparse
-import datetime
-import importlib.util
-import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-if importlib.util.find_spec("luisaml") is None:  # run from a checkout without `pip install -e .`
-    sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT / "tests" / "fvdb"))
-
-from bench_mlp import kernel_ms, percentiles, start_device, timed  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_fvdb import device_rows, fmt_ms, record, start, write_record  # noqa: E402  (sys.path: the checkout, tests/fvdb)
+from bench_mlp import percentiles, timed  # noqa: E402
 
 TARGET_MS = 5.0
 H = 1.0 / 128  # world size of a voxel (float32-exact, so the voxel_sizes output equals the host's too)
@@ -71,23 +63,20 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu", action="store_true", help="the CPU backend (a smaller cloud by default)")
     ap.add_argument("--points", type=int, help="points (default 1M on CUDA, 64K on the CPU)")
     ap.add_argument("--radius", type=float, default=200.0, help="sphere radius in voxels (default 200)")
-    ap.add_argument("--reps", type=int, help="timed runs (default 30 on CUDA, 5 on the CPU)")
-    ap.add_argument("--out-dir", help="where the JSON goes (default benchmarks/results)")
-    a = ap.parse_args(argv)
+    started = start(ap, argv, (30, 5))
+    if started is None:
+        return 2
+    a, backend, name, tag, reps = started
     from onnx import helper
 
     import luisaml
     from fvdb_reference import fvdb_model
     from luisaml.fvdb import GridBatch
     from luisaml.opsets import fvdb as schema
+    from luisaml.opsets import fvdb_grids  # noqa: F401  (GridBatchFromPoints's schema, which fvdb_model's inference reads)
 
     cuda = not a.cpu
-    started = start_device(a.cpu)
-    if started is None:
-        return 2
-    backend, name, tag = started
     n = a.points or (1 << 20 if cuda else 1 << 16)
-    reps = a.reps or (30 if cuda else 5)
     rng = np.random.default_rng(0)
     pts = sphere_points(n, a.radius, 256.0, rng)
     other = sphere_points(n, a.radius * 0.6, 200.0, rng)  # a second cloud for the same network
@@ -113,9 +102,7 @@ def main(argv=None) -> int:
         return 1
 
     run_feeds = {"points": pts, "joffsets": feeds["joffsets"]}
-    rec: dict = {"date": datetime.date.today().isoformat(), "device": name, "backend": backend,
-                 "command": "python benchmarks/bench_grid_build.py" + (" --cpu" if a.cpu else "")
-                 + (f" --points {a.points}" if a.points else "") + (f" --reps {a.reps}" if a.reps else ""),
+    rec: dict = {**record(backend, name, "bench_grid_build.py", argv),
                  "cloud": f"{n} points on a sphere of radius {a.radius:g} voxels (centre 256, a 512^3 extent), "
                           f"voxel size {H}", "points": n,
                  "grid": {"voxels": int(g.voxel_count), "leaves": int(g.leaf_count), "lowers": int(g.lower_count),
@@ -125,25 +112,12 @@ def main(argv=None) -> int:
     rec["run_ms"] = percentiles(timed(lambda: net.run(run_feeds), reps))
     rec["host_builder_ms"] = percentiles(timed(lambda: GridBatch.from_points([pts], H, 0.0), max(3, reps // 5)))
     if cuda:
-        import torch
-        from bench_mlp import device_times
-
-        rec["device_ms"] = percentiles(kernel_ms(lambda: net.run(run_feeds), reps))
-        spans, how = device_times(lambda: net.run(run_feeds), torch.cuda.synchronize, reps)
-        rec["span_ms"] = percentiles(spans)
-        rec["span_method"] = how
-    out_dir = Path(a.out_dir) if a.out_dir else HERE / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"grid-build-{tag}.json"
-    path.write_text(json.dumps(rec, indent=1) + "\n")
-
-    def fmt(key: str) -> str:
-        return " / ".join(f"{rec[key][p]:.3f}" for p in ("p50", "p95", "p99")) if key in rec else "-"
-
+        rec.update(device_rows(lambda: net.run(run_feeds), reps))
+    path = write_record(rec, a.out_dir, f"grid-build-{tag}.json")
     print(f"\n{name}  {rec['date']}  {n} points -> {g.voxel_count} voxels")
     print("| device ms P50 / P95 / P99 | span ms P50 / P95 / P99 | net.run ms P50 / P95 / P99 | host builder ms P50 |")
     print("|---|---|---|---|")
-    print(f"| {fmt('device_ms')} | {fmt('span_ms')} | {fmt('run_ms')} | {rec['host_builder_ms']['p50']:.1f} |")
+    print(f"| {fmt_ms(rec, 'device_ms')} | {fmt_ms(rec, 'span_ms')} | {fmt_ms(rec, 'run_ms')} | {rec['host_builder_ms']['p50']:.1f} |")
     if cuda:
         d = rec["device_ms"]["p50"]
         print(f"target: <= {TARGET_MS:g} ms of device time for {n} points: {'met' if d <= TARGET_MS else 'missed'} "

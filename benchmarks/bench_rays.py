@@ -27,23 +27,15 @@ the run on device tensors equal, element for element, to the numpy run's (and on
 from __future__ import annotations
 
 import argparse
-import datetime
-import importlib.util
-import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-if importlib.util.find_spec("luisaml") is None:  # run from a checkout without `pip install -e .`
-    sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT / "tests" / "fvdb"))
-
-from bench_mlp import kernel_ms, percentiles, start_device, timed  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_fvdb import fmt_ms, record, shell_voxels, start, write_record  # noqa: E402  (sys.path: the checkout, tests/fvdb)
+from bench_mlp import kernel_ms, percentiles, timed  # noqa: E402
 
 TARGET_RAYS_PER_S = 50e6
 EPS = 1e-3
@@ -71,23 +63,18 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu", action="store_true", help="the CPU backend (fewer rays by default)")
     ap.add_argument("--rays", type=int, help="rays (default 1M on CUDA, 64K on the CPU)")
     ap.add_argument("--radius", type=float, default=200.0, help="shell radius in voxels (default 200)")
-    ap.add_argument("--reps", type=int, help="timed runs (default 30 on CUDA, 5 on the CPU)")
     ap.add_argument("--check", type=int, default=2000, help="rays checked against the reference (default 2000)")
-    ap.add_argument("--out-dir", help="where the JSON goes (default benchmarks/results)")
-    a = ap.parse_args(argv)
+    started = start(ap, argv, (30, 5))
+    if started is None:
+        return 2
+    a, backend, name, tag, reps = started
     import luisaml
-    from bench_fvdb import shell_voxels
     from fvdb_reference import (bundle_feeds, eps_ties, fvdb_model, ray_node, segments_along_rays,
                                 voxels_along_rays)
     from luisaml.fvdb import GridBatch, JaggedTensor
 
     cuda = not a.cpu
-    started = start_device(a.cpu)
-    if started is None:
-        return 2
-    backend, name, tag = started
     n_rays = a.rays or (1 << 20 if cuda else 1 << 16)
-    reps = a.reps or (30 if cuda else 5)
     rng = np.random.default_rng(0)
     h = 0.01
     t0 = time.perf_counter()
@@ -103,9 +90,7 @@ def main(argv=None) -> int:
           flush=True)
 
     ops = {"SegmentsAlongRays": (SEGMENT_OUTS, "seg"), "VoxelsAlongRays": (VOXEL_OUTS, "vox")}
-    rec: dict = {"date": datetime.date.today().isoformat(), "device": name, "backend": backend,
-                 "command": "python benchmarks/bench_rays.py" + (" --cpu" if a.cpu else "")
-                 + (f" --rays {a.rays}" if a.rays else "") + (f" --reps {a.reps}" if a.reps else ""),
+    rec: dict = {**record(backend, name, "bench_rays.py", argv),
                  "grid": {"shape": f"sphere shell, radius {a.radius:g} voxels, in a 512^3 extent",
                           "voxels": int(gb.total_voxels)}, "rays": n_rays, "eps": EPS, "ops": {}}
     sample = np.sort(rng.choice(n_rays, min(a.check, n_rays), replace=False))
@@ -171,16 +156,13 @@ def main(argv=None) -> int:
         for f in failed:
             print("FAILED correctness: " + f)
         return 1
-    out_dir = Path(a.out_dir) if a.out_dir else HERE / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"rays-{tag}.json"
-    path.write_text(json.dumps(rec, indent=1) + "\n")
+    path = write_record(rec, a.out_dir, f"rays-{tag}.json")
     print(f"\n{name}  {rec['date']}  {n_rays} rays, {gb.total_voxels} voxels")
     print(f"| op | rows | net.run on {tdev} tensors ms P50 / P95 / P99 | M rays/s | net.run on numpy ms P50 | "
           "M rays/s | device ms P50 | M rays/s (device) |")
     print("|---|---|---|---|---|---|---|---|")
     for op, r in rec["ops"].items():
-        tm = " / ".join(f"{r['run_torch_ms'][p]:.3f}" for p in ("p50", "p95", "p99"))
+        tm = fmt_ms(r, "run_torch_ms")
         dm = f"{r['device_ms']['p50']:.3f}" if "device_ms" in r else "-"
         dr = f"{r['rays_per_s_device'] / 1e6:.1f}" if "device_ms" in r else "-"
         print(f"| {op} | {r['rows']} | {tm} | {r['rays_per_s_run_torch'] / 1e6:.1f} | {r['run_ms']['p50']:.3f} | "

@@ -22,24 +22,16 @@ over clouds of a dynamic count, 1M and 0.9M points on a sphere, 64K on the CPU),
 from __future__ import annotations
 
 import argparse
-import datetime
-import importlib.util
-import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-if importlib.util.find_spec("luisaml") is None:  # run from a checkout without `pip install -e .`
-    sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT / "tests" / "fvdb"))
-
-from bench_fvdb import CPU_RADIUS, GPU_RADIUS, shell_voxels  # noqa: E402
-from bench_mlp import kernel_ms, percentiles, start_device, timed  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_fvdb import (CPU_RADIUS, GPU_RADIUS, bundle_inputs, device_rows, fmt_ms, onnx_model,  # noqa: E402
+                        record, shell_voxels, start, write_record)  # (sys.path: the checkout, tests/fvdb)
+from bench_mlp import percentiles, timed  # noqa: E402
 
 OPS = [("CoarsenedGrid", {"coarsening_factor": [2, 2, 2]}), ("ConvGrid", {"kernel_size": [2, 2, 2], "stride": [2, 2, 2]}),
        ("ConvGrid", {"kernel_size": [3, 3, 3], "stride": [1, 1, 1]}), ("DilatedGrid", {"dilation": 1}),
@@ -47,19 +39,16 @@ OPS = [("CoarsenedGrid", {"coarsening_factor": [2, 2, 2]}), ("ConvGrid", {"kerne
 
 
 def op_model(op_type: str, attrs: dict, bundle: list):
+    """The model of op_type alone over a bound grid (bundle: its arrays), its new bundle the outputs."""
     from onnx import helper
 
     from fvdb_reference import ELEM
     from luisaml.opsets import fvdb as schema
 
-    growing = ("grid_blob", "leaf_batch_indices", "list_indices")
-    ins = [helper.make_tensor_value_info(n, ELEM[a.dtype], [f"{n} rows"] + list(a.shape[1:]) if n in growing
-                                         else list(a.shape)) for n, a in zip(schema.BUNDLE, bundle)]
     new = [f"new_{n}" for n in schema.BUNDLE]
     node = helper.make_node(op_type, list(schema.BUNDLE), new, name="topo", domain=schema.DOMAIN, **attrs)
     outs = [helper.make_tensor_value_info(n, ELEM[a.dtype], [None] * a.ndim) for n, a in zip(new, bundle)]
-    return helper.make_model(helper.make_graph([node], "g", ins, outs),
-                             opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+    return onnx_model([node], bundle_inputs(bundle), outs)
 
 
 def _points_of_any_count(rec: dict, cuda: bool, reps: int) -> bool:
@@ -86,8 +75,7 @@ def _points_of_any_count(rec: dict, cuda: bool, reps: int) -> bool:
     node = helper.make_node("GridBatchFromPoints", list(feeds[0]), new, name="build", domain=schema.DOMAIN)
     outs = [helper.make_tensor_value_info(b, ELEM[np.dtype(t)], [None] * d) for b, t, d in
             zip(new, ["uint8", "int64", "float64", "float64", "int32", "int64", "int32"], [1, 1, 2, 2, 1, 1, 1])]
-    model = helper.make_model(helper.make_graph([node], "g", ins, outs),
-                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+    model = onnx_model([node], ins, outs)
     t0 = time.perf_counter()
     net = luisaml.compile(model, batch_axis=None, grid_build="device")
     got = [net.run(f) for f in feeds]
@@ -108,12 +96,7 @@ def _points_of_any_count(rec: dict, cuda: bool, reps: int) -> bool:
            "host_ms": percentiles(timed(lambda: GridBatch.from_points([clouds[next(turn) % 2]], H, 0.0),
                                         max(3, reps // 4), warmup=1))}
     if cuda:
-        import torch
-        from bench_mlp import device_times
-
-        row["device_ms"] = percentiles(kernel_ms(run, reps))
-        spans, row["span_method"] = device_times(run, torch.cuda.synchronize, reps)
-        row["span_ms"] = percentiles(spans)
+        row.update(device_rows(run, reps))
     rec["ops"].append(row)
     return True
 
@@ -122,29 +105,23 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cpu", action="store_true", help="the CPU backend (a smaller shell by default)")
     ap.add_argument("--radius", type=float, help=f"shell radius in voxels (default {GPU_RADIUS:g}; {CPU_RADIUS:g} on the CPU)")
-    ap.add_argument("--reps", type=int, help="timed runs (default 20 on CUDA, 3 on the CPU)")
-    ap.add_argument("--out-dir", help="where the JSON goes (default benchmarks/results)")
-    a = ap.parse_args(argv)
+    started = start(ap, argv, (20, 3))
+    if started is None:
+        return 2
+    a, backend, name, tag, reps = started
     import luisaml
     from luisaml.fvdb import GridBatch
     from luisaml.opsets import fvdb as schema
 
     cuda = not a.cpu
-    started = start_device(a.cpu)
-    if started is None:
-        return 2
-    backend, name, tag = started
     radius = a.radius or (GPU_RADIUS if cuda else CPU_RADIUS)
-    reps = a.reps or (20 if cuda else 3)
     shells = [GridBatch.from_ijk([shell_voxels(radius)], 1.0 / 256, 0.0),
               GridBatch.from_ijk([shell_voxels(radius - 3.0, 250)], 1.0 / 256, 0.0)]
     bundles = [list(g.bundle()) for g in shells]
     feeds = [dict(zip(schema.BUNDLE, b)) for b in bundles]
     voxels = [int(g.total_voxels) for g in shells]
     print(f"{name}: shells of {voxels[0]:,} and {voxels[1]:,} voxels", flush=True)
-    rec: dict = {"date": datetime.date.today().isoformat(), "device": name, "backend": backend,
-                 "command": "python benchmarks/bench_topology.py" + (" --cpu" if a.cpu else "")
-                 + (f" --radius {a.radius:g}" if a.radius else "") + (f" --reps {a.reps}" if a.reps else ""),
+    rec: dict = {**record(backend, name, "bench_topology.py", argv),
                  "grids": f"one-voxel sphere shells of radius {radius:g} and {radius - 3:g} voxels (a 512^3 extent)",
                  "voxels": voxels, "ops": []}
     failed = False
@@ -174,29 +151,17 @@ def main(argv=None) -> int:
                "run_ms": percentiles(timed(alternate(dev), reps)),
                "host_ms": percentiles(timed(alternate(host), max(3, reps // 4), warmup=1))}
         if cuda:
-            import torch
-            from bench_mlp import device_times
-
-            row["device_ms"] = percentiles(kernel_ms(alternate(dev), reps))
-            spans, row["span_method"] = device_times(alternate(dev), torch.cuda.synchronize, reps)
-            row["span_ms"] = percentiles(spans)
+            row.update(device_rows(alternate(dev), reps))
         rec["ops"].append(row)
     failed |= not _points_of_any_count(rec, cuda, reps)
-    out_dir = Path(a.out_dir) if a.out_dir else HERE / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"topology-{tag}.json"
-    path.write_text(json.dumps(rec, indent=1) + "\n")
-
-    def fmt(row, key: str) -> str:
-        return " / ".join(f"{row[key][p]:.2f}" for p in ("p50", "p95", "p99")) if key in row else "-"
-
+    path = write_record(rec, a.out_dir, f"topology-{tag}.json")
     print(f"\n{name}  {rec['date']}  shells of {voxels[0]:,} / {voxels[1]:,} voxels")
     print("| op | voxels out | device ms P50 / P95 / P99 | span ms P50 / P95 / P99 | net.run ms P50 / P95 / P99 | "
           "host builder ms P50 | host / run |")
     print("|---|---|---|---|---|---|---|")
     for row in rec["ops"]:
-        print(f"| {row['op']} {row['attrs']} | {row['voxels_out'][0]:,} | {fmt(row, 'device_ms')} | {fmt(row, 'span_ms')} | "
-              f"{fmt(row, 'run_ms')} | "
+        print(f"| {row['op']} {row['attrs']} | {row['voxels_out'][0]:,} | {fmt_ms(row, 'device_ms', 2)} | "
+              f"{fmt_ms(row, 'span_ms', 2)} | {fmt_ms(row, 'run_ms', 2)} | "
               f"{row['host_ms']['p50']:.1f} | {row['host_ms']['p50'] / row['run_ms']['p50']:.1f}x |")
     print(f"wrote {path}")
     return 1 if failed else 0

@@ -230,10 +230,14 @@ class Emulator:
             assert len(set(state["passed"])) == 1, f"block {block}: threads passed different barriers: {state['passed']}"
 
 
+def kernel_name(plan, st) -> str:
+    """The name of the kernel a stage launches in the plan's module."""
+    return plan.stage_kernels[st.index] if plan.stage_kernels else f"stage_{st.index}"
+
+
 def kernel_of(plan, module, st):
     """The luisa.func a stage launches."""
-    name = plan.stage_kernels[st.index] if plan.stage_kernels else f"stage_{st.index}"
-    return getattr(module, name)
+    return getattr(module, kernel_name(plan, st))
 
 
 def run_plan(plan, feeds: dict[str, np.ndarray], extra: dict | None = None, reverse: bool = False) -> dict[str, np.ndarray]:

@@ -10,10 +10,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from gpu_emulator import run_plan
+from gpu_emulator import build_dsl, kernel_name, run_plan
 from onnx import TensorProto, helper, numpy_helper
 
-from luisaml import cache
 from luisaml.operators import tiled_mma
 from luisaml.planning import CompileOptions, plan_for
 
@@ -117,34 +116,8 @@ def test_tensor_cores_option_is_checked():
 def test_emitted_mma_kernel_builds_as_dsl(monkeypatch):
     """luisa-python builds the stage kernel's AST (shared arrays, the contract's local arrays passed to
     the marked callable): only the backend's compile, which the CPU backend cannot do for shared
-    memory, is left out."""
-    import sys
-
-    import luisa
-    from luisa.types import dtype_of
-
-    from luisaml import luisa_compat
-
+    memory, is left out (tests/gpu_emulator.py build_dsl)."""
     model, _, _ = _model("MatMul", 128, 40, 64, const_b=False)
     plan = _plan(model)
-    kernel = cache.import_module(cache.write_module(plan.source)).stage_0
-    built = []
-
-    class Impl:
-        def create_shader(self, function):
-            built.append(function)
-            return 0
-
-        def destroy_shader(self, handle):
-            pass
-
-    monkeypatch.setattr(sys.modules["luisa.func"], "get_global_device",
-                        lambda: type("Device", (), {"impl": lambda self: Impl()})())
-    args = (luisa.Buffer(128 * 40, float), luisa.Buffer(40 * 64, float), luisa.Buffer(128 * 64, float),
-            luisa_compat.byte_buffer(b"\0" * 4))
-    key = tuple(dtype_of(x) for x in args)
-    try:
-        kernel.get_compiled(0, False, key)
-        assert len(built) == 1
-    finally:
-        kernel.compiled_results.clear()
+    (st,) = [s for s in plan.schedule.stages if s.domain == "blocks"]
+    assert len(build_dsl(plan, kernel_name(plan, st), monkeypatch)) == 1

@@ -29,7 +29,8 @@ output (Operator.runtime_sized).
   back, so a grid bound again costs one hash (torch tensors: one comparison where they live, no copy);
   so does a step of another network whose op (its attributes, constants, where it builds) last ran,
   anywhere in the process, on the same bytes: a detector's backbone and head, each making the coarse
-  grid of one fine grid, build it once.
+  grid of one fine grid, build it once (a weak registry, `_LIVE`: a network dropped takes its steps'
+  results with it).
 
 Why a step and not a stage of the main network: a grid built on the device is sized at run time,
 and no node may read a tensor sized at run time (its buffer cannot be pooled before its size is
@@ -50,7 +51,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections import OrderedDict
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -96,6 +97,9 @@ class HostStep:
     # the blob's grids before the step runs (operators/fvdb/grid_count.py); None: a fixed count
     counted: tuple[str, ...] | None = None
     _last: tuple | None = field(default=None, repr=False)  # (key of the inputs' bytes, {output: array})
+    # where it builds (None: the host; else the device builds' config) -> its op's _Latest in _LIVE: the
+    # step holds it, so the registry keeps an op's entry exactly while a step of that op lives
+    _latest: dict = field(default_factory=dict, repr=False, compare=False)
 
     def run(self, values: Mapping[str, np.ndarray], digests: Mapping[str, bytes],
             device: "DeviceBuilds | None" = None) -> tuple[dict[str, np.ndarray], tuple]:
@@ -109,21 +113,29 @@ class HostStep:
             return self._last[1], key
         if self.counted is not None:
             self._check_count(arrays)
-        op = self._op(None if device is None else (device.config,))
-        last = _LATEST.get(op)
-        if last is not None and last[0] == key:  # another network's step built it from these bytes
-            out = last[1]
-            _LATEST.move_to_end(op)
+        latest = self._latest_of(None if device is None else (device.config,))
+        if latest.value is not None and latest.value[0] == key:  # another network's step built it from these bytes
+            out = latest.value[1]
         elif device is not None:
             out = device.run(self.node, self.operator, arrays, [None if k is None else k[2] for k in key])
         else:
             out = on_host(self.node, self.operator, arrays)
         result = {name: np.ascontiguousarray(a) for name, a in zip(self.node.outputs, out) if name}
-        _LATEST[op] = (key, [result.get(name) for name in self.node.outputs])
-        while len(_LATEST) > LATEST_OPS:
-            _LATEST.popitem(last=False)
+        latest.value = (key, [result.get(name) for name in self.node.outputs])
         self._last = (key, result)
         return result, key
+
+    def _latest_of(self, where: tuple | None) -> "_Latest":
+        """Return the latest result of this step's op built `where` (None: the host), shared with every
+        live step of the same op in the process (_LIVE), registered on first use."""
+        latest = self._latest.get(where)
+        if latest is None:
+            op = self._op(where)
+            latest = _LIVE.get(op)
+            if latest is None:
+                latest = _LIVE[op] = _Latest()
+            self._latest[where] = latest
+        return latest
 
     def _op(self, where: tuple | None) -> tuple:
         """What the step is, whatever the network and its names: the op, its attributes, its constants'
@@ -150,11 +162,22 @@ class HostStep:
             raise InputError(f"{self.node.describe()}: {e} (its grid is bound at run time)") from None
 
 
-# the latest result of each step op of the process (HostStep._op: the op, attributes, constants, where)
-# with the key of its inputs' bytes: two networks building the same grid from the same bytes in turn (a
-# detector's backbone and head) build it once; a network given grid A, B, A builds A twice, as before
-LATEST_OPS = 16
-_LATEST: "OrderedDict[tuple, tuple]" = OrderedDict()
+class _Latest:
+    """The latest (key of the inputs' bytes, [output arrays]) of one step op, shared by its live steps."""
+
+    __slots__ = ("value", "__weakref__")
+
+    def __init__(self) -> None:
+        self.value: tuple | None = None
+
+
+# The latest result of each step op (HostStep._op: the op, attributes, constants, where it builds) that a
+# live step has, process-wide by design: two networks building the same grid from the same bytes in turn
+# (a detector's backbone and head) build it once, and no network knows the other. Weak: an entry lives as
+# long as a step of its op holds it (HostStep._latest), so a network dropped takes its op's results with it
+# (a cache bounded by a count kept the grids of dead networks alive). A network given grid A, B, A builds
+# A twice, as before.
+_LIVE: "weakref.WeakValueDictionary[tuple, _Latest]" = weakref.WeakValueDictionary()
 
 CAPACITY = grid_schema.CAPACITY  # the voxels or points a device build's network takes
 MIN_CAPACITY = 1024  # the smallest bucket: small grids share one network

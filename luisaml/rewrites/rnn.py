@@ -14,9 +14,10 @@ import numpy as np
 
 from luisaml import dtypes
 from luisaml.lowering import plan_storage
-from luisaml.model import Node, Variable
+from luisaml.model import Node
 from luisaml.operators import rnn_block
 from luisaml.operators.rnn_stages import RecurrentProjection, RecurrentSteps, qualifies
+from luisaml.rewrites import new_tensor
 from luisaml.storage import Tensor
 
 F32 = dtypes.FLOAT
@@ -95,17 +96,8 @@ def rewrite(plan, gpu: bool) -> list[str]:
     main = plan.main
     ops, done = [], []
 
-    def fresh(name: str) -> str:
-        k = 0
-        while (candidate := f"{name}{'' if k == 0 else f'.{k}'}") in main.tensors:
-            k += 1
-        return candidate
-
     def tensor(name: str, shape: tuple[int, ...], batched: bool) -> Tensor:
-        t = Tensor(fresh(name), F32, shape, batched)
-        main.tensors[t.name] = t
-        main.graph.vars[t.name] = Variable(t.name, t.dtype, list(t.shape))
-        return t
+        return new_tensor(main, name, F32, shape, batched)
 
     producers = {o.name: (node, op) for node, op in main.ops for o in op.outputs if o is not None}
     readers = _readers(main.ops)

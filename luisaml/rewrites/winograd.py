@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from luisaml import dtypes
 from luisaml.lowering import plan_storage
-from luisaml.model import Node, Variable
+from luisaml.model import Node
 from luisaml.operators.winograd import TILES, WinogradInput, WinogradOutput, WinogradProduct, qualifies
-from luisaml.storage import Tensor
+from luisaml.rewrites import new_tensor
 
 
 def rewrite(plan, m: int) -> list[str]:
@@ -17,12 +17,6 @@ def rewrite(plan, m: int) -> list[str]:
     main = plan.main
     ops, done = [], []
 
-    def fresh(name: str) -> str:
-        k = 0
-        while (candidate := f"{name}{'' if k == 0 else f'.{k}'}") in main.tensors:
-            k += 1
-        return candidate
-
     for node, op in main.ops:
         if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or qualifies(op) is not None:
             ops.append((node, op))
@@ -30,11 +24,8 @@ def rewrite(plan, m: int) -> list[str]:
         x, y = op.input(0), op.output()
         a2 = (m + 2) ** 2
         tiles = -(-op.geo.out[0] // m) * -(-op.geo.out[1] // m)
-        v = Tensor(fresh(f"{y.name}/winograd_in"), dtypes.FLOAT, (x.shape[0], a2, x.shape[1], tiles), x.batched)
-        prod = Tensor(fresh(f"{y.name}/winograd_product"), dtypes.FLOAT, (x.shape[0], a2, op.M, tiles), y.batched)
-        for t in (v, prod):  # (a tensor of the graph's own: plan_storage places it)
-            main.tensors[t.name] = t
-            main.graph.vars[t.name] = Variable(t.name, t.dtype, list(t.shape))
+        v = new_tensor(main, f"{y.name}/winograd_in", dtypes.FLOAT, (x.shape[0], a2, x.shape[1], tiles), x.batched)
+        prod = new_tensor(main, f"{y.name}/winograd_product", dtypes.FLOAT, (x.shape[0], a2, op.M, tiles), y.batched)
         bias = [op.input(2)] if op.has_input(2) else []
         n_in = Node(f"{node.name}/winograd_in", "WinogradInput", "luisaml", [x.name], [v.name])
         n_mm = Node(f"{node.name}/winograd_product", "WinogradProduct", "luisaml", [v.name], [prod.name])

@@ -454,16 +454,23 @@ def _maybe_if(ctx, cond: str | None) -> Iterator[None]:
         yield
 
 
+def rule_types(node, inputs, rule) -> list:
+    """Return Operator.infer's [(elem_type, shape)] of the node's outputs by a schema's shape rule:
+    rule([(elem_type, dims) or None an input]) -> [(elem_type, dims or None) an output]; its ValueError
+    a CompileError naming the node."""
+    ins = [None if v is None or v.shape is None else (v.elem_type, list(v.shape)) for v in inputs]
+    try:
+        outs = rule(ins)
+    except ValueError as e:
+        raise CompileError(f"{node.describe()}: {e}") from None
+    return [(elem, None if dims is None else tuple(dims)) for elem, dims in outs]
+
+
 def infer_rule(node, inputs) -> list:
     """Return Operator.infer's [(elem_type, shape)] from opsets.fvdb.output_rule (a splat's row count
     from a constant batch_offsets when the node has no total_voxels attribute)."""
-    ins = [None if v is None or v.shape is None else (v.elem_type, list(v.shape)) for v in inputs]
     attrs = dict(node.attrs)
     offsets = inputs[5] if len(inputs) > 5 else None
     if "total_voxels" not in attrs and offsets is not None and offsets.value is not None and offsets.value.size:
         attrs["total_voxels"] = int(np.asarray(offsets.value).reshape(-1)[-1])
-    try:
-        elem, dims = schema.output_rule(node.op_type, ins, attrs)[0]
-    except ValueError as e:
-        raise CompileError(f"{node.describe()}: {e}") from None
-    return [(elem, None if dims is None else tuple(dims))]
+    return rule_types(node, inputs, lambda ins: schema.output_rule(node.op_type, ins, attrs)[:1])

@@ -30,10 +30,11 @@ from luisaml import dtypes
 from luisaml import indexing as ix
 from luisaml.fvdb.op_mixins import VoxelBatch
 from luisaml.model import shape_str
-from luisaml.operator import CompileError, Derived, Operator
+from luisaml.operator import Derived, Operator
 from luisaml.opsets import fvdb as schema
 from luisaml.registry import register
 
+from .common import rule_types
 from .kernel_map import gather_links, map_index
 
 def rows_by_taps(kernel_map) -> np.ndarray:
@@ -74,12 +75,7 @@ class SparseConv3d(VoxelBatch, Operator):
 
     @classmethod
     def infer(cls, node, inputs):
-        ins = [None if v is None or v.shape is None else (v.elem_type, list(v.shape)) for v in inputs]
-        try:
-            elem, dims = schema.sparse_conv_rule(ins)
-        except ValueError as e:
-            raise CompileError(f"{node.describe()}: {e}") from None
-        return [(elem, None if dims is None else tuple(dims))]
+        return rule_types(node, inputs, lambda ins: [schema.sparse_conv_rule(ins)])
 
     def check(self):
         x, kmap, w = self.input(0), self.input(1), self.input(2)

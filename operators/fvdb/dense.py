@@ -28,13 +28,13 @@ from luisaml import dtypes
 from luisaml import indexing as ix
 from luisaml.dynamic import HostRead, HostResult, Phase
 from luisaml.model import shape_str
-from luisaml.operator import CompileError, Derived
+from luisaml.operator import Derived
 from luisaml.opsets import fvdb as schema
 from luisaml.opsets import fvdb_dense as dense_schema
 from luisaml.registry import register
 from luisaml.storage import Buffer
 
-from .common import META_FIELDS, GridOp, GridRef, Meta, grid_metadata_for_data
+from .common import META_FIELDS, GridOp, GridRef, Meta, grid_metadata_for_data, rule_types
 
 def _count_rows(words: np.ndarray) -> HostResult:
     """The box's rows: the grid count the first phase copied into the scratch (read back)."""
@@ -52,12 +52,7 @@ class InjectToDense(GridOp):
 
     @classmethod
     def infer(cls, node, inputs):
-        ins = [None if v is None or v.shape is None else (v.elem_type, list(v.shape)) for v in inputs]
-        try:
-            elem, dims = dense_schema.inject_to_dense_rule(ins, node.attrs)
-        except ValueError as e:
-            raise CompileError(f"{node.describe()}: {e}") from None
-        return [(elem, None if dims is None else tuple(dims))]
+        return rule_types(node, inputs, lambda ins: [dense_schema.inject_to_dense_rule(ins, node.attrs)])
 
     @classmethod
     def sized_at_run(cls, node, bound) -> tuple[int, ...]:

@@ -32,7 +32,7 @@ from luisaml.operator import CompileError, Operator
 from luisaml.opsets import fvdb_grids as grid_schema
 from luisaml.registry import register
 
-from .common import GridRef, bundle_grids
+from .common import GridRef, bundle_grids, rule_types
 from .kernel_map import OUT, SparseConvKernelMap, gather_links, map_index
 
 MAX_CHANNELS = 16  # accumulators per thread (SparseConv3d's channel block)
@@ -116,12 +116,7 @@ class _Pool(VoxelBatch, Operator):
 
     @classmethod
     def infer(cls, node, inputs):
-        ins = [None if v is None or v.shape is None else (v.elem_type, list(v.shape)) for v in inputs]
-        try:
-            elem, dims = grid_schema.pool_rule(ins)
-        except ValueError as e:
-            raise CompileError(f"{node.describe()}: {e}") from None
-        return [(elem, None if dims is None else tuple(dims))]
+        return rule_types(node, inputs, lambda ins: [grid_schema.pool_rule(ins)])
 
     def check(self):
         self.expect(len(self.inputs) == 2, f"takes 2 inputs (features, map), got {len(self.inputs)}")

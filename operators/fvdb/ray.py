@@ -36,12 +36,12 @@ from luisaml import dtypes
 from luisaml.errors import InputError
 from luisaml.dynamic import Phase, scan_phases
 from luisaml.model import shape_str
-from luisaml.operator import CompileError, Derived
+from luisaml.operator import Derived
 from luisaml.opsets import fvdb as schema
 from luisaml.opsets import fvdb_rays as ray_schema
 from luisaml.registry import register
 
-from .common import META_FIELDS, GridOp, Meta, bundle_grids
+from .common import META_FIELDS, GridOp, Meta, bundle_grids, rule_types
 
 FLT_MAX = 3.4028234663852886e38
 FLT_MIN_NORMAL = float(np.finfo(np.float32).tiny)  # 1.1754944e-38: the device flushes smaller floats to zero
@@ -101,12 +101,7 @@ def _few(a: np.ndarray) -> str:
 
 
 def _infer(node, inputs):
-    ins = [None if v is None or v.shape is None else (v.elem_type, list(v.shape)) for v in inputs]
-    try:
-        rules = ray_schema.ray_rule(node.op_type, ins, dict(node.attrs))
-    except ValueError as e:
-        raise CompileError(f"{node.describe()}: {e}") from None
-    return [(elem, None if dims is None else tuple(dims)) for elem, dims in rules]
+    return rule_types(node, inputs, lambda ins: ray_schema.ray_rule(node.op_type, ins, dict(node.attrs)))
 
 
 class RayOp(GridOp):

@@ -143,6 +143,45 @@ def test_a_chain_of_host_steps_and_the_cache(monkeypatch):
     assert runs == [True, True, False, False, True, True]
 
 
+def test_two_networks_share_a_step_while_they_live_and_leave_nothing_when_dropped(monkeypatch):
+    """The same ConvGrid in two networks (other node names) over the same bytes: the second takes the
+    first's result from the process's registry (host_steps._LIVE); once both networks are dropped and
+    collected, the registry holds nothing of their op, and no step of theirs lives on."""
+    import gc
+    import weakref
+
+    from luisaml.fvdb import host_steps
+
+    gb = BATCHES["two"]
+    feeds = dict(zip(schema.BUNDLE, gb.bundle()))
+
+    def model(prefix: str) -> onnx.ModelProto:
+        new = [f"{prefix}_{n}" for n in schema.BUNDLE]
+        node = helper.make_node("ConvGrid", list(schema.BUNDLE), new, name=f"{prefix}_topo", domain=schema.DOMAIN,
+                                kernel_size=[3, 3, 3], stride=[2, 2, 2])
+        outs = [helper.make_tensor_value_info(n, ELEM[a.dtype], [None] * a.ndim) for n, a in zip(new, gb.bundle())]
+        return helper.make_model(helper.make_graph([node], "g", grid_inputs("", gb), outs),
+                                 opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
+
+    builds = []
+    real = host_steps.on_host
+    monkeypatch.setattr(host_steps, "on_host", lambda *a: builds.append(a[0].name) or real(*a))
+    first, second = (luisaml.compile(model(p), batch_axis=None, grid_build="host") for p in ("a", "b"))
+    one, two = first.run(feeds), second.run(feeds)
+    assert builds == ["a_topo"]  # the second network built nothing
+    for n in schema.BUNDLE:
+        assert np.array_equal(one[f"a_{n}"], two[f"b_{n}"]), n
+    steps = [net.plan.host_steps.steps[0] for net in (first, second)]
+    op = steps[0]._op(None)
+    assert op == steps[1]._op(None) and host_steps._LIVE[op].value is not None
+    dead = [weakref.ref(s) for s in steps]
+    result = weakref.ref(steps[0]._last[1]["a_grid_blob"])
+    del first, second, steps, one, two
+    gc.collect()
+    assert op not in host_steps._LIVE
+    assert all(r() is None for r in dead) and result() is None
+
+
 def test_errors_name_the_input_and_the_node():
     gb = BATCHES["two"]
     attrs, extra, sets, _, _ = reference("PrunedGrid", gb, np.random.default_rng(4))

@@ -9,7 +9,7 @@ as float4s of 4 rows. The same kernels also pass luisa-python's AST builder (wha
 before NVRTC). tests/gpu/test_rnn_cuda.py runs them on a GPU."""
 import numpy as np
 import pytest
-from gpu_emulator import build_dsl, run_plan
+from gpu_emulator import build_dsl, kernel_name, run_plan
 from test_rnn import as_layout0, case, from_layout0, merge
 from util import graph_model, ort_run
 
@@ -148,8 +148,7 @@ def test_kernels_build_as_dsl(monkeypatch, geometry):
     for plan in (analyze(graph_model(nodes, feeds, inits, opset=22), batch_axis=None, target="cuda"),
                  analyze(per_sample, target="cuda")):
         for st in _block_stages(plan):
-            assert len(build_dsl(plan, plan.stage_kernels[st.index] if plan.stage_kernels else f"stage_{st.index}",
-                                 monkeypatch)) == 1
+            assert len(build_dsl(plan, kernel_name(plan, st), monkeypatch)) == 1
 
 
 def test_choose():

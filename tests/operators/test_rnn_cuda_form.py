@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gpu_emulator import build_dsl
+from gpu_emulator import build_dsl, kernel_name
 from test_rnn import case, merge
 from util import graph_model
 
@@ -79,5 +79,4 @@ def test_zoo_shapes_run_the_steps_in_one_launch(cell, torch_export, extra, share
     assert (bl.SB, bl.TU, bl.UB, bl.shared_bytes) == (8, 128, 1, shared)
     assert "one launch for every step" in st.root[1].describe()
     luisaml.device.current() or luisaml.device.init("cpu")
-    name = plan.stage_kernels[st.index] if plan.stage_kernels else f"stage_{st.index}"
-    assert len(build_dsl(plan, name, monkeypatch)) == 1
+    assert len(build_dsl(plan, kernel_name(plan, st), monkeypatch)) == 1
