@@ -114,17 +114,32 @@ def host_feeds(plan: Plan, feeds: Mapping[str, Any], seen: dict | None = None) -
     return steps.complete(feeds, {s.name: s for s in plan.inputs}, digest, remember if seen is not None else None)
 
 
-def voxel_rows_kept(plan: Plan, n: int, bound) -> dict[str, int]:
-    """Check the run's grids against its batch and inputs; return {output: rows} of the outputs at a
-    coarse level of a sparse network (luisaml/fvdb/voxel_rows.py). bound(name): a graph input's host array."""
+def voxel_batch(plan: Plan, n: int, bound) -> voxel_rows.RunRows:
+    """Check the run's grids against its inputs' batch n; return the run's batch (more than n where a
+    grid of a sparse network has more voxels than the inputs' rows) and {output: rows} of the outputs
+    to cut (luisaml/fvdb/voxel_rows.py). bound(name): a graph input's host array."""
     if not plan.voxel_rows:
-        return {}
+        return voxel_rows.RunRows(n, {})
     graph = plan.model.graph
 
     def values(name: str):
         return bound(name) if name in graph.inputs else graph.var(name).value
 
-    return voxel_rows.rows_at_run(plan.voxel_rows, values, n)
+    batched = {s.name: s.kernel_shape[0] for s in plan.outputs if s.batched}
+    return voxel_rows.rows_at_run(plan.voxel_rows, values, n, batched)
+
+
+def padded_inputs(plan: Plan, arrays: dict[str, np.ndarray], n: int, batch: int) -> dict[str, np.ndarray]:
+    """The arrays with every batched input's n samples followed by zero samples up to `batch` (a
+    sparse network's run whose largest grid has more voxels than the inputs' rows: voxel_batch)."""
+    if batch == n:
+        return arrays
+    out = dict(arrays)
+    for s in plan.inputs:
+        if s.batched:
+            a = arrays[s.name]
+            out[s.name] = np.concatenate([a, np.zeros(((batch - n) * s.kernel_shape[0],) + a.shape[1:], a.dtype)])
+    return out
 
 
 def memory_key(a: np.ndarray) -> tuple:

@@ -14,7 +14,7 @@ import numpy as np
 from . import counts, device, dtypes, zero_copy
 from .errors import InputNameError, UsageError
 from .feeds import (BoundInputs, check_feeds, expected, feeds_and_outputs, host_feeds, io_dtype, memory_key,
-                    voxel_rows_kept)
+                    padded_inputs, voxel_batch)
 from .interop import to_numpy
 from .launch import KernelLauncher
 from .pool import BufferPool
@@ -229,9 +229,9 @@ class CompiledNetwork(metaclass=abc.ABCMeta):  # (abstract of nothing: luisaml/p
 
     def _run_host(self, feeds: Mapping[str, Any], wanted: list[str], seen: dict | None = None) -> dict[str, Any]:
         arrays, batch, torch_in = self.check_feeds(feeds)
-        n = batch if self.plan.symbol is not None else 1
-        args, out_bufs = self._bind(arrays, n, seen)  # (derives the grids' metadata: a damaged bundle is named first)
-        keep = voxel_rows_kept(self.plan, n, arrays.__getitem__)
+        seen = {} if seen is None else seen
+        to_bind, n, keep = self._voxel_batch(arrays, batch if self.plan.symbol is not None else 1, seen)
+        args, out_bufs = self._bind(to_bind, n, seen)
         ran = self.launcher.run(args, n, out_bufs, read=set(wanted))  # (the outputs come back in its one wait)
         rows = ran.rows
         results: dict[str, Any] = {}
@@ -241,7 +241,7 @@ class CompiledNetwork(metaclass=abc.ABCMeta):  # (abstract of nothing: luisaml/p
             raw = ran.arrays.get(s.name, np.empty(0, self.io_dtype(s).kernel_numpy))
             shape = s.sized_shape(rows[s.name]) if s.rows is not None else s.batch_shape(n)
             results[s.name] = raw.astype(self.io_dtype(s).numpy, copy=False).reshape(shape)
-            if s.name in keep:  # an output at a coarse level of a sparse network: its grid's voxels
+            if s.name in keep:  # a sparse network's output: its grid's voxels (voxel_rows.RunRows.keep)
                 results[s.name] = results[s.name][:keep[s.name]]
         for name in self.plan.host_outputs:
             if name in wanted:
@@ -285,7 +285,7 @@ class CompiledNetwork(metaclass=abc.ABCMeta):  # (abstract of nothing: luisaml/p
             feeds = host_feeds(self.plan, feeds)
             self._run_host(feeds, self.output_names)
             arrays, batch, _ = self.check_feeds(feeds)
-            n = batch if self.plan.symbol is not None else 1
+            arrays, n, _ = self._voxel_batch(arrays, batch if self.plan.symbol is not None else 1, {})
             args, out_bufs = self._bind(arrays, n)
             if self.plan.readbacks:  # a full run sizes the run-time sized outputs' buffers in args
                 self.launcher.run(args, n, out_bufs)
@@ -299,6 +299,17 @@ class CompiledNetwork(metaclass=abc.ABCMeta):  # (abstract of nothing: luisaml/p
                 return (time.perf_counter() - t) * 1e3
 
         return time_stage
+
+    def _voxel_batch(self, arrays: dict[str, np.ndarray], n: int, seen: dict) -> tuple[dict, int, dict[str, int]]:
+        """Return (the arrays to bind, the run's batch, {output: rows kept}) for inputs of batch n: a sparse
+        network's batch is its largest grid's voxels where that is more than n, its batched inputs then
+        padded with zero rows (luisaml/fvdb/voxel_rows.py); n, the arrays and {} otherwise."""
+        if not self.plan.voxel_rows:
+            return arrays, n, {}
+        # the grids' metadata first (cached for _bind): a damaged bundle is named before the rows are compared
+        self.bound.derived_buffers(self.plan, arrays, seen)
+        rows = voxel_batch(self.plan, n, arrays.__getitem__)
+        return padded_inputs(self.plan, arrays, n, rows.batch), rows.batch, rows.keep
 
     def _bind(self, arrays: dict[str, np.ndarray], n: int, seen: dict | None = None) -> tuple[list, list]:
         """Upload the inputs for n samples; return (the kernels' buffer arguments, [(output spec,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from . import counts, dtypes
-from .feeds import ZERO_COPY_TOKENS, check_feeds, input_digest, io_dtype, memory_key, voxel_rows_kept
+from .feeds import ZERO_COPY_TOKENS, check_feeds, input_digest, io_dtype, memory_key, voxel_batch
 from .interop import check_torch_dtype, dlpack_buffer, is_torch, same_tensor, to_numpy, torch_dtype
 
 if TYPE_CHECKING:
@@ -122,6 +122,12 @@ def run(net: CompiledNetwork, feeds: Mapping[str, Any], wanted: list[str]) -> di
 
     seen: dict = {}  # this run's input digests
     host = _host_arrays(net, feeds, metas, seen)
+    derived = net.bound.derived_buffers(plan, host, seen)  # (a damaged bundle is named here, before the rows)
+    # a sparse network's batch: its largest grid's voxels where more than n, its batched inputs padded
+    # with zero rows (luisaml/fvdb/voxel_rows.py); its outputs at a grid's level cut to the grid's voxels
+    rows = voxel_batch(plan, n, lambda name: host[name] if name in host else feeds[name].detach().cpu().numpy())
+    if rows.batch > n:
+        net.check_batch(rows.batch)
     items: list = []  # torch tensors (shared through DLPack) or luisa buffers, in parameter order
     for s in plan.inputs:
         if s.dtype.is_byte:
@@ -132,16 +138,18 @@ def run(net: CompiledNetwork, feeds: Mapping[str, Any], wanted: list[str]) -> di
         if io_dtype(plan, s) is dtypes.INT64 and t.numel():
             lo, hi = (int(v) for v in torch.aminmax(t))
             dtypes.to_kernel(np.array([lo, hi]), dtypes.INT64, f"input '{s.name}'")  # range check
-        items.append(t.to(kernel_dtype(s)).contiguous())
+        t = t.to(kernel_dtype(s)).contiguous()
+        if s.batched and rows.batch > n:
+            t = torch.cat([t, torch.zeros(((rows.batch - n) * s.kernel_shape[0],) + tuple(t.shape[1:]), dtype=t.dtype,
+                                          device=t.device)])
+        items.append(t)
     outs = {}
     for s in plan.outputs:
         # a run-time sized output starts with no rows: the stages before its read-back never write it
-        shape = s.sized_shape(0) if s.rows is not None else s.batch_shape(n)
+        shape = s.sized_shape(0) if s.rows is not None else s.batch_shape(rows.batch)
         make = torch.zeros if s.accumulated else torch.empty
         outs[s.name] = make(shape, dtype=kernel_dtype(s), device=where)
         items.append(outs[s.name])
-    derived = net.bound.derived_buffers(plan, host, seen)  # (a damaged bundle is named here, before the checks below)
-    keep = voxel_rows_kept(plan, n, lambda name: host[name] if name in host else feeds[name].detach().cpu().numpy())
     drain_torch()
     args = [dlpack_buffer(x) if is_torch(x) else x for x in items] + derived
     first_out = len(plan.inputs)
@@ -155,14 +163,14 @@ def run(net: CompiledNetwork, feeds: Mapping[str, Any], wanted: list[str]) -> di
         drain_torch()
         return dlpack_buffer(t)
 
-    rows = net.launcher.run(args, n, out_bufs, make_output=sized).rows
+    counted = net.launcher.run(args, rows.batch, out_bufs, make_output=sized).rows
     for name in plan.counted:  # (a tensor of the capacity: its rows are its first elements)
         spec = next(s for s in plan.outputs if s.name == name)
-        outs[name] = outs[name].reshape(-1)[:rows[name] * spec.numel_per_row].view(spec.sized_shape(rows[name]))
+        outs[name] = outs[name].reshape(-1)[:counted[name] * spec.numel_per_row].view(spec.sized_shape(counted[name]))
     results = {}
     for s in plan.outputs:
         if s.name in wanted:
-            out = outs[s.name][:keep[s.name]] if s.name in keep else outs[s.name]
+            out = outs[s.name][:rows.keep[s.name]] if s.name in rows.keep else outs[s.name]
             want = torch_dtype(io_dtype(plan, s).numpy)
             results[s.name] = out if out.dtype == want else out.to(want)
     return {k: results[k] for k in wanted}

@@ -1,12 +1,16 @@
-"""Batched tensors whose rows are a grid's voxels, fewer than the batch: the coarse levels of a sparse
-network over grids bound at run time.
+"""Batched tensors whose rows are a grid's voxels, as many as the batch or fewer: the levels of a
+sparse network over grids bound at run time.
 
-Over such grids the voxels are the batch (operators/fvdb/kernel_map.py, conv.py): the finest grid's
-voxels are the samples, and a map to a coarser grid has a row per sample too, rows past the coarse
-grid's voxels missing (-1). A tensor at a coarse level so holds its V voxels in rows 0..V-1 and padding
-after them, which no map ever names. What the runtime must know is which graph inputs and outputs
-hold which grid's voxels: an input must have exactly that many rows (it then defines the batch), an
-output is cut to them.
+Over such grids the voxels are the batch (operators/fvdb/kernel_map.py, conv.py): a map has a row
+per sample, rows past its output grid's voxels missing (-1), and the indices it holds name rows of
+its input grid's voxels. A tensor over a grid so holds its V voxels in rows 0..V-1 and padding after
+them, which no map ever names. The run's batch is the most voxels any grid has: the features over
+the finest grid in most networks, but a conv grid (ConvGrid, kernel 3 and stride 2 over scattered
+LiDAR voxels: each isolated voxel touches up to 8 coarse cells; a dilating stride-1 one, up to 27)
+may hold more voxels than the grid it was made from. What the runtime must know is which graph
+inputs and outputs hold which grid's voxels: an input must have exactly that many rows, and is
+padded with zero rows to the batch when a grid has more voxels than it; an output is cut to its
+grid's voxels (an output no grid's rows reach, to the inputs' rows).
 
 The levels are found by linking names that share rows: each node that spans the batch says what
 its output and inputs hold (`VoxelBatch.row_links`: a map's rows are its output grid's voxels, the
@@ -17,8 +21,8 @@ linked to one tensor must have as many voxels (checked when they are bound).
 
 Rejected: a symbol of rows per grid carried through every shape (NOTES.md, "Grids of any size for
 sparse convolution"): every pass, the allocator and the runtime would carry a second kind of size;
-the batch already carries one run-time size everywhere, and padding costs only the coarse levels'
-idle rows. Splatting outputs keep static grids.
+the batch already carries one run-time size everywhere, and padding costs only the idle rows of the
+levels with fewer voxels than the largest. Splatting outputs keep static grids.
 """
 from __future__ import annotations
 
@@ -83,11 +87,22 @@ def find(plan) -> list[VoxelRows]:
     return groups
 
 
-def rows_at_run(groups: list[VoxelRows], values, n: int) -> dict[str, int]:
-    """Check a run's grids against its batch n and its inputs; return {output: rows to keep}.
+@dataclass(frozen=True)
+class RunRows:
+    """A run's batch over its grids and the rows each output keeps."""
 
-    values(name) returns the array bound to (or constant of) a batch_offsets tensor."""
+    batch: int  # the rows every batched tensor has in this run: the inputs' rows, or the most voxels of a grid
+    keep: dict[str, int]  # output -> its rows to return (its grid's voxels; an output of no grid: the inputs' rows)
+
+
+def rows_at_run(groups: list[VoxelRows], values, n: int, batched_outputs: dict[str, int]) -> RunRows:
+    """Check a run's grids against its inputs' n rows (their batch); return the run's batch (n, or
+    more where a grid has more voxels) and the rows each batched output keeps.
+
+    values(name) returns the array bound to (or constant of) a batch_offsets tensor; batched_outputs:
+    {output: its rows a sample} of the plan's batched outputs."""
     keep: dict[str, int] = {}
+    batch = n
     for g in groups:
         counts = {name: int(np.asarray(values(name)).reshape(-1)[-1]) for name in g.grids}
         voxels = next(iter(counts.values()))
@@ -98,9 +113,11 @@ def rows_at_run(groups: list[VoxelRows], values, n: int) -> dict[str, int]:
             if voxels != n:
                 raise InputError(f"input '{name}' has {n} rows, but it holds the voxels of the grid of "
                                  f"'{g.grids[0]}', which has {voxels}")
-        if voxels > n:
-            raise InputError(f"the grid of '{g.grids[0]}' has {voxels} voxels, more than the batch ({n}: the rows of "
-                             "the features over the finest grid)")
+        batch = max(batch, voxels)
         for name in g.outputs:
             keep[name] = voxels
-    return keep
+    if batch > n:  # the outputs that hold no grid's voxels share the inputs' rows
+        for name, rows in batched_outputs.items():
+            keep.setdefault(name, n * rows)
+    return RunRows(batch, keep)
+

@@ -9,9 +9,11 @@ Over constant grids the map folds on the host at compile time (evaluate).
 
 Over grids bound at run time (any size, one compiled network) the voxels are the batch: the map
 has a row per voxel of the output grid, and a work item per sample finds its voxel from its index
-(nanovdb's nvdb_find_leaf, nvdb_leaf_slot); it sees the whole batch (VoxelBatch). A
-coarser grid has fewer voxels than the batch: its map's rows past them stay missing
-(luisaml/fvdb/voxel_rows.py says which inputs and outputs hold which grid's voxels). So may the grid
+(nanovdb's nvdb_find_leaf, nvdb_leaf_slot); it sees the whole batch (VoxelBatch). The batch is
+the most voxels any of the run's grids has (a coarser level has fewer; a conv grid over scattered
+voxels may have more than the fine grid it was made from): a grid with fewer leaves its map's rows
+past them missing (luisaml/fvdb/voxel_rows.py says which inputs and outputs hold which grid's voxels,
+and pads the inputs to the batch). So may the grid
 count be (grid_count.py: both bundles' grid_byte_offsets, voxel_sizes, origins and batch_offsets with
 a dynamic first dimension): the search for a voxel's grid and the batch's last voxel read G from a
 derived int32 [1] (`paired_grid_count`: both bundles hold as many grids, each checked against its blob
@@ -255,8 +257,8 @@ class SparseConvKernelMap(VoxelBatch, GridOp):
         """Grids bound at run time, a voxel a sample: this sample's voxel v of the output bundle is
         found from its index (the grid holding it, the leaf whose index range holds it, the bit of its
         rank in that leaf's mask), then its taps are looked up as over a static grid. A grid with
-        fewer voxels than the batch (a coarse level) leaves the rows past them missing; sample 0
-        flags one with more."""
+        fewer voxels than the batch (a coarse level, or the fine grid below a larger conv grid)
+        leaves the rows past them missing; sample 0 flags one with more."""
         if ctx.sample is None:
             raise self.error("over grids bound at run time it runs over the batch in stages; compile with "
                              "schedule='auto' or 'stages'")
@@ -273,8 +275,8 @@ class SparseConvKernelMap(VoxelBatch, GridOp):
                     f"{meta.load(ix.add(last, str(int(Meta.VOXEL_COUNT))))})")
 
         flag = ctx.flag_error(str(self.error(
-            "a grid bound at run time has more voxels than the batch (the rows of the features over the finest "
-            "grid): a map over such grids has a row per voxel, a voxel a sample")))
+            "a grid bound at run time has more voxels than the batch (run() makes the batch its grids' most "
+            "voxels): a map over such grids has a row per voxel, a voxel a sample")))
         if flag is not None:
             ctx.line(f"if {v} == 0 and ({total(meta_out)} > {n} or {total(meta_in)} > {n}):")
             with ctx.indent():
