@@ -108,10 +108,15 @@ class Workers:
 
     def __init__(self, backend: str, count: int, idle_s: float = IDLE_S) -> None:
         self._dir = tempfile.TemporaryDirectory()  # (the caller's folder must not shadow the package)
+        from . import tensor_cores
+
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
         self.logs = [open(os.path.join(self._dir.name, f"worker{k}.log"), "w+b") for k in range(count)]
+        # a worker starts its device as this process did: a kernel with a marked mma callable built in
+        # luisa's own runtime directory gets the callable's FP32 body, not the tensor cores (and is
+        # cached so), which is what compile(tensor_cores="auto") ran on the zoo's transformers before
         self.procs = [subprocess.Popen([sys.executable, "-m", "luisaml.parallel_build", "--serve", backend,
-                                        repr(float(idle_s))],
+                                        repr(float(idle_s))] + (["--tensor-cores"] if tensor_cores.in_front() else []),
                                        cwd=self._dir.name, env=env, stdin=subprocess.PIPE, stdout=log, stderr=log)
                       for log in self.logs]
         self._finalizer = weakref.finalize(self, _dismiss, list(self.procs), list(self.logs), self._dir)
@@ -373,8 +378,9 @@ def main(argv: Sequence[str]) -> int:
     import select
 
     t0 = time.perf_counter()
-    if argv[:1] != ["--serve"] or len(argv) != 3:
-        print("usage: python -m luisaml.parallel_build --serve BACKEND IDLE_S (a job on stdin)", file=sys.stderr)
+    if argv[:1] != ["--serve"] or len(argv) not in (3, 4) or argv[3:] not in ([], ["--tensor-cores"]):
+        print("usage: python -m luisaml.parallel_build --serve BACKEND IDLE_S [--tensor-cores] (a job on stdin)",
+              file=sys.stderr)
         return 2
     idle_s = float(argv[2])
     backend = argv[1]
@@ -383,7 +389,7 @@ def main(argv: Sequence[str]) -> int:
     from . import cache, device
 
     t_import = time.perf_counter()
-    device.init(backend)
+    device.init(backend, tensor_cores=argv[3:] == ["--tensor-cores"])
     t_device = time.perf_counter()
     if not select.select([sys.stdin], [], [], idle_s)[0]:
         return 0

@@ -210,6 +210,12 @@ def start_cuda_device(support_gui: bool = False) -> Path | None:
     return d
 
 
+def in_front() -> bool:
+    """Whether this process's CUDA device started in the runtime directory of the compiler front (a
+    kernel-build worker must start its own there too: luisaml/parallel_build.py)."""
+    return bool(_started_in) and _started_in[0] is not None
+
+
 # ---- the self-test ----------------------------------------------------------------------------------
 
 

@@ -248,3 +248,30 @@ def test_a_build_in_the_main_process_gets_a_bar_drawn_by_a_child_on_a_terminal_o
     text = said.decode(errors="replace")
     assert "ran [[0.0" in text
     assert "luisaml: building kernels" in text and "1/1" in text, text
+
+
+@pytest.mark.parametrize("front", [None, Path("/front")])
+def test_workers_start_their_device_where_this_process_did(monkeypatch, front):
+    """A process whose CUDA device runs in the tensor-core front's runtime directory starts its
+    kernel-build workers there too (else their builds of a marked mma callable are its FP32 body, and
+    cached so: compile(tensor_cores="auto") on the zoo's transformers ran FP32 arithmetic, slower)."""
+    from luisaml import tensor_cores
+
+    monkeypatch.setattr(tensor_cores, "_started_in", [front])
+    started = []
+
+    class Proc:
+        def __init__(self, argv, **kw):
+            started.append(argv)
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(parallel_build.subprocess, "Popen", Proc)
+    parallel_build.Workers("cuda", 2)
+    assert len(started) == 2
+    for argv in started:
+        assert argv[2:5] == ["luisaml.parallel_build", "--serve", "cuda"]
+        assert ("--tensor-cores" in argv) == (front is not None)
+    # and the worker's own command line takes the flag (anything else is refused with the usage)
+    assert parallel_build.main(["--serve", "cpu", "0.1", "--bogus"]) == 2
