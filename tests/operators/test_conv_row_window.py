@@ -3,9 +3,9 @@ once per kernel row and unrolls the taps over it (Conv.row_window): a 7-wide win
 is 14 loads, not 56, and each load also does the inline producers' work (ConvNeXt's residual Adds
 over Transposes of channels-last tensors). The CUDA plan has only items stages here, so the CPU
 device runs it whole: its outputs against onnxruntime (under LUISAML_BACKEND=cuda, the GPU runs it).
-The CPU's tiles of the same convolutions take the window too (odd rows in overlapping strips of 2
-included), bit-equal to the loop over taps (the same multiply-adds in the same order); a dense Conv
-keeps the loop.
+The CPU's tiles of the depthwise ones take the window too (odd rows in overlapping strips of 2
+included), bit-equal to the loop over taps (the same multiply-adds in the same order); a dense or
+grouped Conv (several output channels a group) keeps the loop.
 
     LUISAML_BACKEND=cuda python -m pytest tests/operators/test_conv_row_window.py -q"""
 import os
@@ -64,7 +64,8 @@ def test_cuda_items_conv_equals_onnxruntime(case):
         np.testing.assert_allclose(net.run(feeds)["y"], ort_run(model, feeds)["y"], rtol=1e-5, atol=1e-5)
 
 
-CPU_CASES = CASES | {"depthwise 7x7, odd rows (strips of 2)": (15, 7, 1, 1, 8, 8)}
+CPU_CASES = {k: v for k, v in CASES.items() if k.startswith("depthwise")} | {
+    "depthwise 7x7, odd rows (strips of 2)": (15, 7, 1, 1, 8, 8)}
 
 
 @pytest.mark.parametrize("case", CPU_CASES, ids=list(CPU_CASES))
@@ -95,9 +96,14 @@ def test_cpu_tiles_take_the_window(case):
     np.testing.assert_array_equal(y, y_old)
 
 
-def test_cpu_dense_conv_keeps_the_loop():
-    """A 3 x 3 Conv of one group on the CPU: no window (its tile vectorises across channels)."""
-    model = _model(16, 3, 1, 1, 8, 1)
+@pytest.mark.parametrize("group", [1, 4])
+def test_cpu_dense_and_grouped_conv_keep_the_loop(group):
+    """A 3 x 3 Conv of one group, or of 4 groups of 4 channels, on the CPU: no window (the tile
+    vectorises across its channels), and it still equals onnxruntime."""
+    model = _model(16, 3, 1, 1, 16, group)
     plan = analyze(model, target="cpu")
     op = next(st for st in plan.schedule.stages if st.root[0].name == "conv").root[1]
-    assert op.row_window(*op.tiles()[:2]) == []
+    assert op.tiles()[1] > 1 and op.row_window(*op.tiles()[:2]) == []
+    feeds = {"a": rand((2, 9, 16, 16), seed=7), "b": rand((2, 16, 9, 16), seed=8)}
+    np.testing.assert_allclose(luisaml.compile(model, backend="cpu").run(feeds)["y"], ort_run(model, feeds)["y"],
+                               rtol=1e-5, atol=1e-5)
