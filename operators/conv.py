@@ -383,16 +383,23 @@ class Conv(ConvBase):
 
     # the most multiply-adds a row window unrolls (row_window): a depthwise 7 x 7 strip of 8 is 56
     ROW_WINDOW_FMAS = 256
+    # the CPU's tiles of a depthwise Conv take the row window too (an A/B switch: benchmarks/NOTES.md,
+    # "CPU zoo, fourth pass", its depthwise step)
+    cpu_row_window = True
 
     def row_window(self, P: int, O: int) -> list[int]:
         """Return the offsets along the row that a strip of P outputs reads over the last kernel
         dimension, where its taps are unrolled over them loaded once (else []): CUDA's items form
-        (depthwise and grouped convolutions, which have no block tiling), where taps overlap. The
-        CPU's tiles keep the loop over taps (their vectorisation was measured so)."""
+        (depthwise and grouped convolutions, which have no block tiling) and the CPU's tiles of a
+        depthwise Conv (one output channel a group, O = 1: ConvNeXt-T's 7 x 7 stages 23.7 -> 17.2 ms),
+        where taps overlap. The CPU's other tiles keep the loop over taps, vectorised across their O
+        channels (RegNet-Y's grouped 3 x 3, 8 channels a group, measured 4.1 -> 5.2 ms with the window)."""
         g = self.geo
         s, d, kl = g.strides[-1], g.dilations[-1], g.kernel[-1]
         offs = sorted({kv * d + pp * s for kv in range(kl) for pp in range(P)})
-        if self.cpu() or len(offs) == kl * P or kl * P * O > self.ROW_WINDOW_FMAS:
+        if self.cpu() and (self.group == 1 or O > 1 or not self.cpu_row_window):
+            return []
+        if len(offs) == kl * P or kl * P * O > self.ROW_WINDOW_FMAS:
             return []
         return offs
 

@@ -274,12 +274,28 @@ class Dense(Operator):
         # 20 ms a layer instead of 7, benchmarks/NOTES.md)
         done = [[ctx.let(at_row(r, lambda: finish(bi, ms[r], ix.add(n0, str(j)), acc[0][r][j])), "f")
                  for j in range(O)] for r in range(R)]
+        # (the CPU's tiles) every store's statements (an epilogue's loads: a residual, a bias of
+        # another buffer) before the first write: LLVM cannot move a load of another buffer across a
+        # write it cannot prove distinct, and loads between the writes kept the tile from vectorising
+        # (Mixer-S/16 2141 -> 1264 ms; benchmarks/NOTES.md, "GEMM tiles: stores after the epilogue's
+        # loads"). A column past N keeps its store whole under its condition (its loads would read
+        # past the row); a row's sample condition moves to the write (its loads read a clamped sample).
+        writes = []
         for r in range(R):
             for j in range(O):
                 n = ix.add(n0, str(j))
-                store = at_row(r, lambda: y.store(ix.add(ix.mul(bi, M * N), ix.mul(ms[r], N), n), done[r][j]))
+                i = ix.add(ix.mul(bi, M * N), ix.mul(ms[r], N), n)
+                if self.cpu_items() and self.stores_last and j < safe:
+                    lets, write = at_row(r, lambda: y.store_parts(i, done[r][j]))
+                    for line in lets:
+                        ctx.line(line)
+                    writes.append((rows[r][0], write))
+                    continue
+                store = at_row(r, lambda: y.store(i, done[r][j]))
                 conds = [c for c in (rows[r][0], None if j < safe else f"{n} < {N}") if c]
                 ctx.line_if(" and ".join(f"({c})" for c in conds) if conds else None, store)
+        for cond, write in writes:
+            ctx.line_if(cond, write)
 
 
     # ---- the GPU form: a block of threads per tile, through shared memory (operators/tiled.py) ----
@@ -294,6 +310,9 @@ class Dense(Operator):
     # is the CPU's at any size (a product too small for a block tile gains the panels and square
     # tiles too: [9, 768] x [768, 3072] 3.9 -> 20.7 GFLOP/s)
     no_blocks = False
+    # the CPU's tiles (cpu_items) write after all the epilogue's loads (emit_item); off: the stores
+    # one after another as CUDA's items form has them (an A/B switch, benchmarks/NOTES.md)
+    stores_last = True
 
     def schedules(self, blocks: bool, wide: bool) -> list[dict]:
         from . import tiled

@@ -70,14 +70,37 @@ def _pass(var: str, n: int, body: list[str], pre=(), post=(), sums=None) -> dict
             "sums": None if sums is None else list(sums)}
 
 
-def mean_var_passes(ctx, x: Tensor, blocks: Blocks, o: str) -> tuple[list[dict], str, str, Callable[[str], str]]:
+def lanes_fit(blocks: Blocks) -> bool:
+    """Whether a group's sums may run in reduce.LANES partial sums (lanes_pass): its elements one
+    contiguous run of reduce.LANES_MIN or more."""
+    from .reduce import LANES_MIN
+
+    return blocks.red_strides == [1] and blocks.inner >= LANES_MIN
+
+
+def lanes_pass(ctx, x: Tensor, blocks: Blocks, o: str, acc: str, step, pre=(), post=()) -> dict:
+    """A pass (_pass) adding step(x) of each element of group o into acc in reduce.LANES partial
+    sums over consecutive elements (reduce.fold_lanes), added into acc at the end: independent
+    chains that the CPU backend's compiler turns into vector steps, where one accumulator is a
+    chain of dependent adds (as Softmax's rows in lanes). The loop's variable is the chunk's."""
+    from .reduce import fold_lanes
+
+    lanes = fold_lanes(ctx, lambda i: load_f(x, i), blocks.index(o, "0"), blocks.inner, acc, "0.0",
+                       lambda a, v: f"{a} + {step(v)}", lambda a, v: f"{a} + {v}")
+    return _pass(lanes["q"], lanes["chunks"], lanes["body"], list(pre) + lanes["init"],
+                 lanes["tail"] + lanes["merge"] + list(post), sums=[acc])
+
+
+def mean_var_passes(ctx, x: Tensor, blocks: Blocks, o: str,
+                    lanes: bool = False) -> tuple[list[dict], str, str, Callable[[str], str]]:
     """Return (passes, mean, variance, centred): the two-pass population statistics of group o and
     centred(v), the expression of v - mean. The group's first element x0 is taken out first: the
     mean is x0 + shift, shift the mean of the differences from x0, and v - mean is computed as
     (v - x0) - shift, never through the rounded mean. A group of equal values then centres to 0
     exactly (sum / n of three equal floats near 245 is another float, which LayerNorm's eps-sized
     variance made an output 2e-3 off its bias: fuzz graph 5:943), and close values keep the
-    digits a float32 mean near them would round away."""
+    digits a float32 mean near them would round away. With `lanes` (the CPU backend) a contiguous
+    group's sums run in lanes (lanes_fit, lanes_pass)."""
     n = blocks.inner
     r1, r2 = _var(ctx, n, "r"), _var(ctx, n, "r")
     s, mean, q, var, d, x0, shift = (ctx.fresh(p) for p in ("sum", "mean", "sq", "var", "d", "x0", "shift"))
@@ -85,6 +108,13 @@ def mean_var_passes(ctx, x: Tensor, blocks: Blocks, o: str) -> tuple[list[dict],
     def centred(v: str) -> str:
         return f"(({v} - {x0}) - {shift})"
 
+    if lanes and lanes_fit(blocks):
+        p1 = lanes_pass(ctx, x, blocks, o, s, lambda v: f"({v} - {x0})",
+                        [f"{x0} = {load_f(x, blocks.index(o, '0'))}", f"{s} = 0.0"],
+                        [f"{shift} = {s} / {float(n)!r}", f"{mean} = {x0} + {shift}"])
+        p2 = lanes_pass(ctx, x, blocks, o, q, lambda v: f"{centred(v)} * {centred(v)}", [f"{q} = 0.0"],
+                        [f"{var} = {q} / {float(n)!r}"])
+        return [p1, p2], mean, var, centred
     p1 = _pass(r1, n, [f"{s} += {load_f(x, blocks.index(o, r1))} - {x0}"],
                [f"{x0} = {load_f(x, blocks.index(o, '0'))}", f"{s} = 0.0"],
                [f"{shift} = {s} / {float(n)!r}", f"{mean} = {x0} + {shift}"], sums=[s])
@@ -100,11 +130,12 @@ def mean_var_passes(ctx, x: Tensor, blocks: Blocks, o: str) -> tuple[list[dict],
 
 
 def standardize_passes(
-    ctx, x: Tensor, y: Tensor, blocks: Blocks, o: str, inv_of: Callable[[str], str], affine: Callable[[str, str], str]
+    ctx, x: Tensor, y: Tensor, blocks: Blocks, o: str, inv_of: Callable[[str], str], affine: Callable[[str, str], str],
+    lanes: bool = False,
 ) -> tuple[list[dict], str, str, str]:
-    """Return (passes, mean, var, inv): the statistics passes of group o, then a pass that sets
-    inv = inv_of(var) and stores y = affine((x - mean) * inv, r) at each element r."""
-    passes, mean, var, centred = mean_var_passes(ctx, x, blocks, o)
+    """Return (passes, mean, var, inv): the statistics passes of group o (`lanes`: mean_var_passes'),
+    then a pass that sets inv = inv_of(var) and stores y = affine((x - mean) * inv, r) at each element r."""
+    passes, mean, var, centred = mean_var_passes(ctx, x, blocks, o, lanes)
     inv, r = ctx.fresh("inv"), _var(ctx, blocks.inner, "r")
     i = blocks.index(o, r)
     value = affine(f"{centred(load_f(x, i))} * {inv}", r)
@@ -135,6 +166,15 @@ class Norm(Operator):
     of group o; forward loops over the groups, a stage runs one work item per group."""
 
     stores_once = True  # every output element is stored once, in the last pass, and never read
+    # set on a plan without blocks stages (the CPU backend; luisaml/compiler.py): the statistics'
+    # sums of a contiguous group in lanes (mean_var_passes), unless cpu_lanes is off (an A/B
+    # switch: benchmarks/NOTES.md, "Normalization sums in lanes on the CPU")
+    no_blocks = False
+    cpu_lanes = True
+
+    def in_lanes(self) -> bool:
+        """Whether the statistics may run in lanes (the CPU backend: see no_blocks)."""
+        return self.no_blocks and self.cpu_lanes
 
     def blocks(self) -> Blocks:
         raise NotImplementedError
@@ -277,7 +317,7 @@ class BatchNormTraining(BatchNormalization):
         passes, mean, var, _ = standardize_passes(
             ctx, x, y, blocks, c,
             lambda variance: f"{load_f(scale, c)} / sqrt({variance} + {eps})",
-            lambda v, r: f"{v} + {load_f(bias, c)}",
+            lambda v, r: f"{v} + {load_f(bias, c)}", lanes=self.in_lanes(),
         )
         momentum = float(self.attr("momentum", 0.9))
         for k, (stat, running) in enumerate(((mean, mean_in), (var, var_in)), start=1):
@@ -309,7 +349,7 @@ class InstanceNormalization(Norm):
         passes, *_ = standardize_passes(
             ctx, x, y, blocks, o,
             lambda variance: f"{load_f(scale, c)} / sqrt({variance} + {self.epsilon()})",
-            lambda v, r: f"{v} + {load_f(bias, c)}",
+            lambda v, r: f"{v} + {load_f(bias, c)}", lanes=self.in_lanes(),
         )
         return [], passes
 
@@ -362,7 +402,8 @@ class LayerNormalization(TrailingNorm):
     def group(self, ctx, blocks, o):
         x, y = self.input(0), self.output()
         passes, mean, _, inv = standardize_passes(
-            ctx, x, y, blocks, o, lambda variance: f"1.0 / sqrt({variance} + {self.epsilon()})", self.affine
+            ctx, x, y, blocks, o, lambda variance: f"1.0 / sqrt({variance} + {self.epsilon()})", self.affine,
+            lanes=self.in_lanes()
         )
         for k, value in ((1, mean), (2, inv)):
             out = self.outputs[k] if k < len(self.outputs) else None
@@ -432,7 +473,8 @@ class GroupNormalization(Norm):
             return f"{v} * {load_f(scale, p)} + {load_f(bias, p)}"
 
         passes, *_ = standardize_passes(
-            ctx, x, y, blocks, o, lambda variance: f"1.0 / sqrt({variance} + {self.epsilon()})", affine
+            ctx, x, y, blocks, o, lambda variance: f"1.0 / sqrt({variance} + {self.epsilon()})", affine,
+            lanes=self.in_lanes()
         )
         return [], passes
 
@@ -490,7 +532,7 @@ class MeanVarianceNormalization(Norm):
     def group(self, ctx, blocks, o):
         passes, *_ = standardize_passes(
             ctx, self.input(0), self.output(), blocks, o,
-            lambda variance: f"1.0 / (sqrt({variance}) + {f32(1e-9)})", lambda v, r: v
+            lambda variance: f"1.0 / (sqrt({variance}) + {f32(1e-9)})", lambda v, r: v, lanes=self.in_lanes()
         )
         return [], passes
 

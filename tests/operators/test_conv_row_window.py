@@ -3,6 +3,9 @@ once per kernel row and unrolls the taps over it (Conv.row_window): a 7-wide win
 is 14 loads, not 56, and each load also does the inline producers' work (ConvNeXt's residual Adds
 over Transposes of channels-last tensors). The CUDA plan has only items stages here, so the CPU
 device runs it whole: its outputs against onnxruntime (under LUISAML_BACKEND=cuda, the GPU runs it).
+The CPU's tiles of the depthwise ones take the window too (odd rows in overlapping strips of 2
+included), bit-equal to the loop over taps (the same multiply-adds in the same order); a dense or
+grouped Conv (several output channels a group) keeps the loop.
 
     LUISAML_BACKEND=cuda python -m pytest tests/operators/test_conv_row_window.py -q"""
 import os
@@ -59,3 +62,48 @@ def test_cuda_items_conv_equals_onnxruntime(case):
     for n in (1, 3):
         feeds = {"a": rand((n, 9, w, c), seed=n), "b": rand((n, c, 9, w), seed=n + 10)}
         np.testing.assert_allclose(net.run(feeds)["y"], ort_run(model, feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
+CPU_CASES = {k: v for k, v in CASES.items() if k.startswith("depthwise")} | {
+    "depthwise 7x7, odd rows (strips of 2)": (15, 7, 1, 1, 8, 8)}
+
+
+@pytest.mark.parametrize("case", CPU_CASES, ids=list(CPU_CASES))
+def test_cpu_tiles_take_the_window(case):
+    """On the CPU backend: the window's offsets, outputs against onnxruntime and bit-equal to the
+    loop over taps (Conv.cpu_row_window off)."""
+    from luisaml.operators.conv import Conv
+
+    w, k, s, d, c, group = CPU_CASES[case]
+    model = _model(w, k, s, d, c, group)
+    feeds = {"a": rand((3, 9, w, c), seed=5), "b": rand((3, c, 9, w), seed=6)}
+    try:
+        Conv.cpu_row_window = False
+        old = luisaml.compile(model, backend="cpu")
+        y_old = old.run(feeds)["y"]
+    finally:
+        Conv.cpu_row_window = True
+    net = luisaml.compile(model, backend="cpu")
+    op = next(st for st in net.plan.schedule.stages if st.root[0].name == "conv").root[1]
+    P, O, _, _ = op.tiles()
+    window = op.row_window(P, O)
+    assert window == list(range((P - 1) * s + (k - 1) * d + 1))
+    # the stage's two nests (masked and not): P loads in the loop over taps before, the window's now
+    # (`forward`, one sample, sums each output's window as before)
+    assert net.source.count("x_a.read(") - old.source.count("x_a.read(") == 2 * (len(window) - P)
+    y = net.run(feeds)["y"]
+    np.testing.assert_allclose(y, ort_run(model, feeds)["y"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(y, y_old)
+
+
+@pytest.mark.parametrize("group", [1, 4])
+def test_cpu_dense_and_grouped_conv_keep_the_loop(group):
+    """A 3 x 3 Conv of one group, or of 4 groups of 4 channels, on the CPU: no window (the tile
+    vectorises across its channels), and it still equals onnxruntime."""
+    model = _model(16, 3, 1, 1, 16, group)
+    plan = analyze(model, target="cpu")
+    op = next(st for st in plan.schedule.stages if st.root[0].name == "conv").root[1]
+    assert op.tiles()[1] > 1 and op.row_window(*op.tiles()[:2]) == []
+    feeds = {"a": rand((2, 9, 16, 16), seed=7), "b": rand((2, 16, 9, 16), seed=8)}
+    np.testing.assert_allclose(luisaml.compile(model, backend="cpu").run(feeds)["y"], ort_run(model, feeds)["y"],
+                               rtol=1e-5, atol=1e-5)
