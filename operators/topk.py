@@ -4,7 +4,8 @@ values in index order (the lower index first, as ONNX says).
 Each line is selected in k passes without scratch memory: pass j takes the best element that
 comes after pick j-1 in the order (value descending, index ascending) — or value ascending for
 the smallest. O(k n) per line, which suits the small k of real models. A stage runs one work
-item per line (reduce.Lines).
+item per line (reduce.Lines); on GPUs a line of at least topk_block.MIN_LENGTH runs a block of
+threads that share each pass (operators/topk_block.py).
 
 NaN sorts above every number, +inf included, and NaNs among themselves by index (numpy's sort,
 and what onnxruntime returns): the first picks of largest=1, the last of largest=0."""
@@ -18,6 +19,29 @@ from luisaml.registry import register
 
 from .common import convert
 from .reduce import Lines, line_start
+
+
+class Order:
+    """The order of a TopK's picks as DSL conditions: value descending (largest) or ascending, NaN
+    above every number, equal values by index."""
+
+    def __init__(self, nan: bool, largest: bool):
+        self.nan, self.largest = nan, largest
+
+    def above(self, a: str, b: str) -> str:
+        """a comes after b in ascending order, NaN last (comparisons with NaN are all false)."""
+        return f"((isnan({a}) and not isnan({b})) or {a} > {b})" if self.nan else f"{a} > {b}"
+
+    def better(self, a: str, b: str) -> str:
+        """Value a is picked before value b."""
+        return self.above(a, b) if self.largest else self.above(b, a)
+
+    def same(self, a: str, b: str) -> str:
+        return f"({a} == {b} or (isnan({a}) and isnan({b})))" if self.nan else f"{a} == {b}"
+
+    def after(self, v: str, t: str, pv: str, pi: str) -> str:
+        """Element (v, index t) comes after the previous pick (pv, pi; none while pi < 0)."""
+        return f"{pi} < 0 or {self.better(pv, v)} or ({self.same(v, pv)} and {t} > {pi})"
 
 
 @register("TopK", since=10)
@@ -47,25 +71,31 @@ class TopK(Lines):
     def empty(self) -> bool:
         return self.kk == 0 or self.input(0).numel == 0
 
+    def block_tiling(self):
+        """A block of threads per line of at least topk_block.MIN_LENGTH on GPUs (operators/topk_block.py)."""
+        from . import topk_block
+
+        if self.empty():
+            return None
+        shape, axis = self.lines()
+        return topk_block.choose(self.work_items(), shape[axis])
+
+    def emit_block(self, ctx, item, thread):
+        from . import topk_block
+
+        topk_block.emit(ctx, self, self.block_tiling(), item, thread)
+
     def line(self, ctx, o, r, n, stride):
         x, vals, idx = self.input(0), self.output(0), self.output(1)
         base, out_base = line_start(o, r, n, stride), line_start(o, r, self.kk, stride)
         pv, pi, bv, bi, v, j, t = (ctx.fresh(p) for p in ("pv", "pi", "bv", "bi", "x", "j", "t"))
-        nan = x.dtype.is_float
-
-        def above(a, b):
-            """a comes after b in ascending order, NaN last (comparisons with NaN are all false)."""
-            return f"((isnan({a}) and not isnan({b})) or {a} > {b})" if nan else f"{a} > {b}"
-
-        same = f"({v} == {pv} or (isnan({v}) and isnan({pv})))" if nan else f"{v} == {pv}"
-        # after the previous pick in the (value, index) order, and better than the best so far
-        after, better = (above(pv, v), above(v, bv)) if self.largest else (above(v, pv), above(bv, v))
+        order = Order(x.dtype.is_float, self.largest)
         body = [f"{pv} = {x.load(base)}", f"{pi} = -1", f"for {j} in range({self.kk}):",
                 f"    {bv} = {x.load(base)}", f"    {bi} = -1",
                 f"    for {t} in range({n}):",
                 f"        {v} = {x.load(ix.add(base, ix.mul(t, stride)))}",
-                f"        if {pi} < 0 or {after} or ({same} and {t} > {pi}):",
-                f"            if {bi} < 0 or {better}:",
+                f"        if {order.after(v, t, pv, pi)}:",
+                f"            if {bi} < 0 or {order.better(v, bv)}:",
                 f"                {bv} = {v}",
                 f"                {bi} = {t}",
                 f"    {pv} = {bv}", f"    {pi} = {bi}"]
