@@ -1,5 +1,5 @@
 """The normalizations' statistics in lanes on the CPU backend (operators/normalization.py,
-`lanes_pass`: a contiguous group of reduce.LANES_MIN or more elements summed in reduce.LANES partial
+`lanes_pass`: a contiguous group of LANES_MIN_NORM or more elements summed in reduce.LANES partial
 sums, merged at the end) against onnxruntime and numpy: LayerNormalization over rows with and
 without a tail (192 = 12 x 16, 100 = 6 x 16 + 4) and with its Mean and InvStdDev outputs,
 GroupNormalization and InstanceNormalization over channels' planes, a group too short for lanes,
@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 from util import assert_matches_ort, graph_model, rand
 
 import luisaml
-from luisaml.operators import reduce
+from luisaml.operators import normalization, reduce
 from luisaml.runtime import analyze
 
 F32 = {"rtol": 2e-5, "atol": 2e-5}
@@ -30,7 +30,7 @@ def _ln(name, ins, outs=None, **attrs):
 
 def test_the_groups_here_take_lanes():
     """192 and 100 are long enough for lanes (100 with a tail), 20 is not."""
-    assert 100 >= reduce.LANES_MIN and 100 % reduce.LANES and 20 < reduce.LANES_MIN
+    assert 100 >= normalization.LANES_MIN_NORM and 100 % reduce.LANES and 20 < normalization.LANES_MIN_NORM
 
 
 @pytest.mark.parametrize("d", [192, 100, 20])
@@ -42,7 +42,7 @@ def test_layer_normalization_rows(d):
     nodes = [_ln("ln", ["x", "s", "b"], ["ln", "mean", "inv"], axis=-1, epsilon=1e-5)]
     model = graph_model(nodes, {"x": x}, inits, opset=17, batch="N")
     net, _ = assert_matches_ort(model, {"x": x}, rtol=1e-4, atol=1e-4)
-    assert (_lanes(net.source) > 0) == (d >= reduce.LANES_MIN)
+    assert (_lanes(net.source) > 0) == (d >= normalization.LANES_MIN_NORM)
 
 
 def test_layer_normalization_over_two_axes():
@@ -108,4 +108,4 @@ def test_cuda_plan_keeps_one_sum():
         x = rand((2, 4, d), seed=15)
         model = graph_model([_ln("ln", ["x", "s", "b"])], {"x": x}, {"s": rand((d,)), "b": rand((d,))}, opset=17, batch="N")
         assert _lanes(analyze(model, target="cuda").source) == 0
-        assert (_lanes(analyze(model, target="cpu").source) > 0) == (d >= reduce.LANES_MIN)
+        assert (_lanes(analyze(model, target="cpu").source) > 0) == (d >= normalization.LANES_MIN_NORM)
