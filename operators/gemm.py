@@ -269,6 +269,9 @@ class Dense(Operator):
         acc = [[[ctx.fresh("acc") for _ in range(O)] for _ in range(R)] for _ in range(chains(R, O, K))]
         ctx.render("matmul.py.j2", tile=True, acc=acc, K=K, zero=literal(0, acc_dt), pre=pre, bv=bv,
                    a=lambda r, k: at_row(r, lambda: load_a(bi, ms[r], k)), mad=mad)
+        if self.cpu_items() and self.epilogue_loop and all(b is None for _, b in rows):
+            self._epilogue_loop(ctx, y, acc[0], finish, bi, ms, n0, rows, acc_dt, R, O, M, N, safe)
+            return
         # the finished values first, one statement each, then the stores: an expression per store
         # (bias, alpha, an epilogue's select) kept clang from vectorising the tile at all (63-256x4-4:
         # 20 ms a layer instead of 7, benchmarks/NOTES.md)
@@ -297,6 +300,32 @@ class Dense(Operator):
         for cond, write in writes:
             ctx.line_if(cond, write)
 
+    def _epilogue_loop(self, ctx, y, acc, finish, bi, ms, n0, rows, acc_dt, R, O, M, N, safe) -> None:
+        """(epilogue_loop) The tile's accumulators into a local array per row, then per row a loop
+        over its columns computing and storing each one's epilogue, for clang's loop vectoriser."""
+        t = [ctx.local_array(acc_dt.dsl, O, "t") for _ in range(R)]
+        for r in range(R):
+            for j in range(O):
+                ctx.line(f"{t[r]}[{j}] = {acc[r][j]}")
+        count = str(O) if safe == O else f"min({O}, {N} - {n0})"
+        for r in range(R):
+            jv = ctx.fresh("j")
+            ctx.line(f"for {jv} in range({count}):")
+            with ctx.indent():
+                n = ix.add(n0, jv)
+                f = ctx.let(finish(bi, ms[r], n, f"{t[r]}[{jv}]"), "f")
+                i = ix.add(ix.mul(bi, M * N), ix.mul(ms[r], N), n)
+                lets, write = y.store_parts(i, f)
+                for line in lets:
+                    ctx.line(line)
+                ctx.line_if(rows[r][0], write)
+
+    # (the CPU's tiles, an experiment, off) the epilogue as a loop over the tile's columns instead of
+    # straight-line statements: clang's SLP vectoriser, seeded by the stores, gives up on some
+    # epilogues and leaves the whole tile scalar (torch's GELU chain after [196,512]x[512,2048]: 45 ms,
+    # the MatMul + bias 11; as a loop 18.5), but the loop costs simpler ones 2-9% and an Erf alone 40%
+    # (benchmarks/NOTES.md, "A branch-free erf")
+    epilogue_loop = False
 
     # ---- the GPU form: a block of threads per tile, through shared memory (operators/tiled.py) ----
 

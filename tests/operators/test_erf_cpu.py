@@ -2,6 +2,7 @@
 which the Erf and Gelu operators take there (operators/elementwise.py, erf_helper), against the C
 library's float64 erf (math.erf) and onnxruntime, specials included; dsl_lib.erf_f32 stays CUDA's."""
 import math
+import re
 
 import numpy as np
 import pytest
@@ -64,7 +65,7 @@ def test_erf_gelu_against_ort(op, opset, atol):
 def gelu_mlp(x: np.ndarray, n: int = 48, seed: int = 1):
     """MatMul + bias, then GELU as torch exports nn.GELU: Div, Erf, Add, Mul, Mul (the zoo's MLPs)."""
     rng = np.random.default_rng(seed)
-    w = rng.standard_normal((x.shape[1], n)).astype(np.float32)
+    w = rng.standard_normal((x.shape[-1], n)).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
     nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["h"]),
              helper.make_node("Div", ["h", "r2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
@@ -94,3 +95,27 @@ def test_cuda_source_keeps_erf_f32():
     for model in (single_node_model("Erf", {"x": x}), single_node_model("Gelu", {"x": x}, opset=20), gelu_mlp(x)):
         source = plan_for(model, "erf", CompileOptions().resolve("cuda"))[0].source
         assert "erf_f32(" in source and "erf_vec_f32" not in source
+
+
+@pytest.mark.parametrize("n", [48, 45])
+def test_gelu_epilogue_loop(n):
+    """Dense.epilogue_loop (an experiment, off by default): the GELU epilogue as a loop over the tile's
+    columns, against onnxruntime and bit-equal to the straight-line form; n = 45: a ragged last column
+    block (the loop's count min(O, N - n0)), a batch of 3 ([3, 37, 64] x [64, n])."""
+    from luisaml.operators.gemm import Dense
+
+    x = (np.random.default_rng(4).standard_normal((3, 37, 64)) * 2).astype(np.float32)
+    model = gelu_mlp(x, n)
+    straight = luisaml.compile(model, batch_axis=None).run({"x": x})["y"]
+    try:
+        Dense.epilogue_loop = True
+        net = luisaml.compile(model, batch_axis=None)
+    finally:
+        Dense.epilogue_loop = False
+    assert "for j" in net.plan.source
+    # past N a write would land in the next row (rewritten after it, or not) or past the output
+    assert bool(re.search(rf"range\(min\(\d+, {n} - n", net.plan.source)) == (n == 45)
+    got = net.run({"x": x})["y"]
+    np.testing.assert_array_equal(got, straight)
+    want = ort_run(model, {"x": x})["y"]
+    assert_close(got, want, rtol=2e-6, atol=1e-6 * np.abs(want).max())
