@@ -269,7 +269,7 @@ class Dense(Operator):
         acc = [[[ctx.fresh("acc") for _ in range(O)] for _ in range(R)] for _ in range(chains(R, O, K))]
         ctx.render("matmul.py.j2", tile=True, acc=acc, K=K, zero=literal(0, acc_dt), pre=pre, bv=bv,
                    a=lambda r, k: at_row(r, lambda: load_a(bi, ms[r], k)), mad=mad)
-        if self.cpu_items() and self.epilogue_loop and all(b is None for _, b in rows):
+        if self.cpu_items() and self.loop_epilogue(y) and all(b is None for _, b in rows):
             self._epilogue_loop(ctx, y, acc[0], finish, bi, ms, n0, rows, acc_dt, R, O, M, N, safe)
             return
         # the finished values first, one statement each, then the stores: an expression per store
@@ -320,12 +320,19 @@ class Dense(Operator):
                     ctx.line(line)
                 ctx.line_if(rows[r][0], write)
 
-    # (the CPU's tiles, an experiment, off) the epilogue as a loop over the tile's columns instead of
-    # straight-line statements: clang's SLP vectoriser, seeded by the stores, gives up on some
-    # epilogues and leaves the whole tile scalar (torch's GELU chain after [196,512]x[512,2048]: 45 ms,
-    # the MatMul + bias 11; as a loop 18.5), but the loop costs simpler ones 2-9% and an Erf alone 40%
-    # (benchmarks/NOTES.md, "A branch-free erf")
-    epilogue_loop = False
+    def loop_epilogue(self, y) -> bool:
+        """Whether the CPU's tile stores through its epilogue in a loop (epilogue_loop)."""
+        chain = getattr(y.storage, "chain", None) or []
+        return self.epilogue_loop is True or (self.epilogue_loop == "gelu" and len(chain) > 1 and any(
+            node.op_type in ("Erf", "Gelu") for node, _ in chain))
+
+    # (the CPU's tiles) the epilogue as a loop over the tile's columns instead of straight-line
+    # statements, for epilogues of several nodes with an Erf or a Gelu ("gelu"; True: every
+    # epilogue, False: none, A/B switches): clang's SLP vectoriser, seeded by the stores, gives up on
+    # torch's GELU chain and leaves the whole tile scalar ([196,512]x[512,2048] + bias + GELU 26.5 ms,
+    # the MatMul + bias 6.4; as a loop 10.9), but the loop costs simpler epilogues 5-10% and an Erf
+    # alone 30% (benchmarks/NOTES.md, "A branch-free erf")
+    epilogue_loop: bool | str = "gelu"
 
     # ---- the GPU form: a block of threads per tile, through shared memory (operators/tiled.py) ----
 

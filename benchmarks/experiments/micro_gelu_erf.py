@@ -1,9 +1,10 @@
 """The GELU MatMul stage of Mixer-S/16's channel MLP on the CPU backend: MatMul [196, 512] x [512,
 2048] + bias, then GELU as torch exports nn.GELU (Div, Erf, Add, Mul, Mul: the MatMul's epilogue),
-with math_lib.erf_vec_f32 (the CPU's branch-free erf) and with dsl_lib.erf_f32 (Erf.fast_erf off:
-CUDA's), and the MatMul + bias alone; interleaved in one process, medians of rounds of whole runs
-(one stage each), each checked against onnxruntime, whose time is printed beside
-(benchmarks/NOTES.md, "A branch-free erf").
+with dsl_lib.erf_f32 (Erf.fast_erf off: CUDA's) and the epilogue straight-line (Dense.epilogue_loop
+off), with math_lib.erf_vec_f32 (the CPU's branch-free erf) straight-line, and as the CPU has it now
+(erf_vec_f32, the epilogue a loop), and the MatMul + bias alone; interleaved in one process, medians
+of rounds of whole runs (one stage each), each checked against onnxruntime, whose time is printed
+beside (benchmarks/NOTES.md, "A branch-free erf").
 
     python benchmarks/experiments/micro_gelu_erf.py [rounds] [m]"""
 import math
@@ -16,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import luisaml
 from luisaml.operators.elementwise import Erf
+from luisaml.operators.gemm import Dense
 
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 15
 m, k, n = (int(sys.argv[2]) if len(sys.argv) > 2 else 196), 512, 2048
@@ -42,13 +44,15 @@ def model(gelu: bool):
 
 x = rng.standard_normal((m, k)).astype(np.float32)
 variants = {}
-for name, gelu, fast in (("matmul + bias", False, True), ("gelu, erf_vec_f32", True, True),
-                         ("gelu, erf_f32", True, False)):
-    Erf.fast_erf = fast
+for name, gelu, fast, loop in (("matmul + bias", False, True, False), ("gelu, erf_f32", True, False, False),
+                               ("gelu, erf_vec_f32", True, True, False), ("gelu, vec + loop", True, True, "gelu")):
+    Erf.fast_erf, Dense.epilogue_loop = fast, loop
     proto = model(gelu)
     net = luisaml.compile(proto, batch_axis=None)
-    Erf.fast_erf = True
-    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    Erf.fast_erf, Dense.epilogue_loop = True, "gelu"
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # (its spinning threads took our cores)
+    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
     want = sess.run(None, {"x": x})[0]
     err = float(np.abs(net.run({"x": x})["y"] - want).max())
     variants[name] = (net, sess, err, len(net.plan.schedule.stages))

@@ -99,20 +99,25 @@ def test_cuda_source_keeps_erf_f32():
 
 @pytest.mark.parametrize("n", [48, 45])
 def test_gelu_epilogue_loop(n):
-    """Dense.epilogue_loop (an experiment, off by default): the GELU epilogue as a loop over the tile's
-    columns, against onnxruntime and bit-equal to the straight-line form; n = 45: a ragged last column
-    block (the loop's count min(O, N - n0)), a batch of 3 ([3, 37, 64] x [64, n])."""
+    """Dense.epilogue_loop: the GELU epilogue as a loop over the tile's columns, against onnxruntime
+    and bit-equal to the straight-line form; n = 45: a ragged last column block (the loop's count
+    min(O, N - n0)), a batch of 3 ([3, 37, 64] x [64, n]). A Relu epilogue stays straight-line."""
     from luisaml.operators.gemm import Dense
 
     x = (np.random.default_rng(4).standard_normal((3, 37, 64)) * 2).astype(np.float32)
     model = gelu_mlp(x, n)
-    straight = luisaml.compile(model, batch_axis=None).run({"x": x})["y"]
     try:
-        Dense.epilogue_loop = True
-        net = luisaml.compile(model, batch_axis=None)
-    finally:
         Dense.epilogue_loop = False
+        straight = luisaml.compile(model, batch_axis=None)
+    finally:
+        Dense.epilogue_loop = "gelu"
+    assert "for j" not in straight.plan.source
+    straight = straight.run({"x": x})["y"]
+    net = luisaml.compile(model, batch_axis=None)
     assert "for j" in net.plan.source
+    relu = gelu_mlp(x, n)
+    relu.graph.node[3].op_type = "Relu"
+    assert "for j" not in luisaml.compile(relu, batch_axis=None).plan.source
     # past N a write would land in the next row (rewritten after it, or not) or past the output
     assert bool(re.search(rf"range\(min\(\d+, {n} - n", net.plan.source)) == (n == 45)
     got = net.run({"x": x})["y"]
