@@ -11,7 +11,7 @@ from luisaml.registry import register
 from luisaml.storage import literal
 
 from .common import convert
-from .elementwise import NUM, Map, register_map
+from .elementwise import NUM, Map, erf_helper, register_map
 
 # 0 where x < 0, else x: NaN fails the comparison and stays NaN (the max builtin is C's fmax,
 # which drops it), and -0.0 stays -0.0, both as in onnxruntime
@@ -62,7 +62,10 @@ class HardSigmoid(Map):
 
 @register("Gelu", since=20)
 class Gelu(Map):
-    """0.5 x (1 + erf(x / sqrt 2)), or the tanh approximation."""
+    """0.5 x (1 + erf(x / sqrt 2)), or the tanh approximation; erf as the Erf operator's."""
+
+    no_blocks = False  # set on the CPU backend's plans (luisaml/compiler.py)
+    fast_erf = True
 
     def check(self):
         super().check()
@@ -72,14 +75,14 @@ class Gelu(Map):
         )
 
     def helpers(self):
-        return [("erf_f32", "dsl_lib")] if self.approximate == "none" else []
+        return [erf_helper(self)] if self.approximate == "none" else []
 
     def expr(self, x):
         c = self.lit
         if self.approximate == "tanh":
             inner = f"{c(math.sqrt(2 / math.pi))} * ({x} + {c(0.044715)} * {x} * {x} * {x})"
             return f"({c(0.5)} * {x} * ({c(1)} + tanh({inner})))"
-        return f"({c(0.5)} * {x} * ({c(1)} + erf_f32({x} * {c(1 / math.sqrt(2))})))"
+        return f"({c(0.5)} * {x} * ({c(1)} + {erf_helper(self)[0]}({x} * {c(1 / math.sqrt(2))})))"
 
 
 @register("HardSwish", since=14)

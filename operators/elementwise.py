@@ -132,15 +132,26 @@ register_map("Ceil", 6, lambda s, x: f"ceil({x})")
 register_map("Not", 1, lambda s, x: f"(not {x})", ("bool",))
 
 
+def erf_helper(op) -> tuple[str, str]:
+    """The (DSL function, shaders module) of op's erf: shaders/dsl_lib.py::erf_f32, or on the CPU
+    backend (op.no_blocks, set by luisaml/compiler.py) math_lib.erf_vec_f32, the same pieces without
+    a branch or a call, which the loops around it vectorise (a GELU epilogue's 180 ns an element;
+    benchmarks/NOTES.md, "A branch-free erf")."""
+    return ("erf_vec_f32", "math_lib") if op.no_blocks and op.fast_erf else ("erf_f32", "dsl_lib")
+
+
 @register("Erf", since=9)
 class Erf(Map):
-    """erf through shaders/dsl_lib.py::erf_f32 (float; half goes through float)."""
+    """erf through erf_helper's function (float; half goes through float)."""
+
+    no_blocks = False  # set on the CPU backend's plans (luisaml/compiler.py)
+    fast_erf = True  # there, erf_vec_f32 (False: erf_f32 as on CUDA; benchmarks' A/B)
 
     def helpers(self):
-        return [("erf_f32", "dsl_lib")]
+        return [erf_helper(self)]
 
     def expr(self, x):
-        return f"erf_f32({x})"
+        return f"{erf_helper(self)[0]}({x})"
 
 
 # ---- binary ------------------------------------------------------------------------------------

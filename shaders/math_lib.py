@@ -200,3 +200,65 @@ def exp_f32(x):
     v = INF if x > 88.72283172607422 else v
     v = x if isnan(x) else v
     return v
+
+
+@luisa.func
+def erf_vec_f32(x):
+    """erf(x) without a branch or a call, so that the CPU backend's compiler vectorises the loops it
+    sits in (dsl_lib.erf_f32 branches over four ranges and calls the backend's exp, a scalar libm
+    call: a GELU epilogue cost 180 ns an element; benchmarks/NOTES.md, "A branch-free erf"). Every
+    lane computes dsl_lib.erf_f32's three pieces (the same coefficients, tests/operators/fit_erf.py)
+    and selects one: x + x R(x^2) below 0.84375, E + P(|x| - 1) below 1.25, 1 - e^(-x^2) G(1/|x|)
+    below 4 (e^ as exp_f32's: its 2 ulp on a term under 0.08 add a fifth of an ulp), else 1; the
+    pieces' arguments are clamped to their ranges, so that no lane makes inf or NaN. The sign is
+    x's (-0 stays -0), NaN returns NaN."""
+    a = abs(x)
+    xs = min(max(x, -0.84375), 0.84375)
+    t = xs * xs
+    p = -0.0006314516649581492
+    p = p * t + 0.00504771713167429
+    p = p * t + -0.02679784595966339
+    p = p * t + 0.11282509565353394
+    p = p * t + -0.37612542510032654
+    p = p * t + 0.12837915122509003
+    small = xs + xs * p
+    s = min(a, 1.25) - 1.0
+    q = 0.01310824230313301
+    q = q * s + 0.004531008191406727
+    q = q * s + -0.06909216195344925
+    q = q * s + 0.06918270885944366
+    q = q * s + 0.1383678913116455
+    q = q * s + -0.41510745882987976
+    q = q * s + 0.41510748863220215
+    q = q * s + 1.3474187099404844e-08
+    mid = 0.8427007794380188 + q
+    b = min(max(a, 1.25), 4.0)
+    w = 1.0 / b
+    g = -0.045652810484170914
+    g = g * w + 0.18442876636981964
+    g = g * w + -0.2637253403663635
+    g = g * w + 0.05425279214978218
+    g = g * w + 0.31081056594848633
+    g = g * w + -0.39862191677093506
+    g = g * w + 0.024557236582040787
+    g = g * w + 0.5613656044006348
+    g = g * w + 0.000138443720061332
+    # e^(-b^2) as exp_f32 computes it, written out: b^2 lies in [1.5625, 16], where exp_f32's
+    # selects never fire; a call to it left the MatMul + Erf tile unvectorised (132 ms, 20 written out)
+    z = -(b * b)
+    n = floor(z * 1.4426950216293335 + 0.5)
+    r = z - n * 0.693359375
+    r = r + n * 0.00021219444170128554
+    e = 0.00019875691500
+    e = e * r + 0.0013981999507
+    e = e * r + 0.0083334519073
+    e = e * r + 0.041665795894
+    e = e * r + 0.16666665459
+    e = e * r + 0.50000001201
+    e = e * r * r + r + 1.0
+    tail = 1.0 - e * bitwise_cast(float, (int(n) + 127) * 8388608) * g
+    v = mid if a < 1.25 else tail
+    v = 1.0 if a >= 4.0 else v
+    v = small if a < 0.84375 else copysign(v, x)
+    v = x if isnan(x) else v
+    return v
