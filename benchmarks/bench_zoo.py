@@ -480,6 +480,8 @@ def main(argv=None) -> int:
     ap.add_argument("--table", action="store_true", help="print the markdown table of the results file and stop")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                     help="a luisaml.compile keyword for every network (tune=fast, tensor_cores=auto); repeatable")
+    ap.add_argument("--flush", type=int, default=0, help="commit net.run's command list every N launches without "
+                    "waiting, so the device starts while the host enqueues the rest (luisaml/launch.py FLUSH_LAUNCHES)")
     a = ap.parse_args(argv)
     for kv in a.option:
         key, _, value = kv.partition("=")
@@ -493,6 +495,9 @@ def main(argv=None) -> int:
     import luisaml
 
     luisaml.device.init(a.device, tensor_cores=bool(COMPILE_OPTIONS.get("tensor_cores")))
+    from luisaml import launch
+
+    launch.FLUSH_LAUNCHES = a.flush
     nets = select(a.only, a.part)
     reps = a.reps or (30 if a.device == "cuda" else 15)
     budget = a.budget or 12.0
@@ -511,7 +516,7 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
             rec = bench(net, batch, a.quick, Path(tmp), reps, budget, a.profile, frozenset(filter(None, a.skip.split(","))))
-        rec.update(compile_options=dict(COMPILE_OPTIONS), date=datetime.date.today().isoformat(), command="python benchmarks/bench_zoo.py " + " ".join(
+        rec.update(compile_options=dict(COMPILE_OPTIONS), flush_launches=a.flush, date=datetime.date.today().isoformat(), command="python benchmarks/bench_zoo.py " + " ".join(
             sys.argv[1:] if argv is None else argv), wall_s=time.perf_counter() - t,
                    load_avg_1min=os.getloadavg()[0])  # the host's other jobs: a shared CPU's numbers move with it
         records.append(rec)
