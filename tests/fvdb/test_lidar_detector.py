@@ -38,3 +38,31 @@ def test_detector_boxes_equal_torch_over_frames_of_different_sizes(example, voxe
     assert "InjectToDense" in r["one_network"] and "follows the batch axis" in r["one_network"]
     step = "GridBatchFromPoints" if voxelize == "device" else "ConvGrid"  # (the first grid step each runs)
     assert all(step in m for m in r["save_messages"].values())
+
+
+def test_network_b_takes_network_as_grids_each_built_once_a_frame(example, monkeypatch):
+    """B builds the fine grid from the points and the coarse grid from it as A does, under other node and
+    tensor names: each step is served by A's result of the same bytes (host_steps.py), so a frame builds
+    each grid once; the detections equal torch's."""
+    import torch
+
+    from luisaml.fvdb import host_steps
+
+    built = []
+    real = host_steps.on_host
+    monkeypatch.setattr(host_steps, "on_host", lambda node, *a: (built.append(node.op_type), real(node, *a))[1])
+    cfg = example.Settings(points=700, channels=4, radius=5.0, candidates=10)
+    rng = np.random.default_rng(3)
+    torch.manual_seed(3)
+    backbone, head = example.Backbone(cfg).eval(), example.Head(cfg).eval()
+    frames = [example.lidar_frame(n, rng, cfg.radius) for n in (700, 500)]
+    nets = example.compile_networks(cfg, backbone, head, frames[0], grid_build="host")
+    for points in frames * 2:
+        built.clear()
+        out, _ = nets.run(points)
+        assert built == ["GridBatchFromPoints", "ConvGrid"]
+        fine, x = example.voxelize(points, cfg.voxel_size)
+        with torch.no_grad():
+            want = [t.numpy() for t in head(backbone(x, *fine), *fine)]
+        np.testing.assert_array_equal(out["kept"], want[3])
+        np.testing.assert_allclose(out["boxes"], want[0], rtol=1e-5, atol=1e-5)
