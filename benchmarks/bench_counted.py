@@ -3,7 +3,8 @@ kernel launches, uploads, downloads (luisaml/counts.py) — and its wall time ag
 for the fVDB steps and the detector, each network run over a new grid every call (two inputs in turn):
 
 - `detector backbone`, `detector head`: examples/lidar_detector.py's two networks over bench_detector.py's
-  frames (frames 0 and 1 in turn; the frames file is written first when missing);
+  frames (frames 0 and 1 in turn; the frames file is written first when missing), the backbone from the
+  points (--voxelize device, the default) or from the host's voxels (--voxelize host);
 - `GridBatchFromPoints`: a grid built from a fixed number of points as a stage of the network (its
   layout read back once mid-run: luisaml/dynamic.py HostRead);
 - `ConvGrid (device build)`: a topology op over a grid bound at run time, built on the device
@@ -37,12 +38,11 @@ sys.path.insert(0, str(HERE.parent / "examples"))
 from bench_fvdb import record, start, write_record  # noqa: E402  (sys.path: the checkout, tests/fvdb)
 from bench_mlp import percentiles, timed  # noqa: E402
 
-def detector(quick: bool, build: dict) -> list:
+def detector(quick: bool, build: dict, voxelize: str) -> list:
     """[(name, network, [feeds, feeds])] of the detector's backbone and head over frames 0 and 1."""
-    import torch
+    import dataclasses
 
     import bench_detector as bd
-    import luisaml
 
     settings = dict(bd.SIZES["quick" if quick else "full"])
     path = HERE / "results" / f"detector-frames{'-quick' if quick else ''}.npz"
@@ -51,19 +51,11 @@ def detector(quick: bool, build: dict) -> list:
     data = bd.read_frames(path)
     ex = bd.example()
     cfg, backbone, head = bd.modules(ex, data)
-    a, b = [], []
-    for points in data["points"][:2]:
-        fine, x = ex.voxelize(points, cfg.voxel_size)
-        with torch.no_grad():
-            coarse = backbone(x, *fine)
-        a.append(ex.feeds("voxel_features", x, fine))
-        b.append(ex.feeds("coarse_features", coarse, fine))
-    fine, x = ex.voxelize(data["points"][0], cfg.voxel_size)
-    with torch.no_grad():
-        coarse = backbone(x, *fine)
-    net_a = luisaml.compile(ex.export(backbone, x, fine, "voxel_features", ["coarse_features"]), **build)
-    net_b = luisaml.compile(ex.export(head, coarse, fine, "coarse_features", ex.OUTPUTS), batch_axis=None, **build)
-    return [("detector backbone", net_a, a), ("detector head", net_b, b)]
+    nets = ex.compile_networks(dataclasses.replace(cfg, voxelize=voxelize), backbone, head, data["points"][0],
+                               **build)
+    a = [nets.a_feeds(points) for points in data["points"][:2]]
+    b = [nets.b_feeds(f, nets.a.run(f)["coarse_features"]) for f in a]
+    return [("detector backbone", nets.a, a), ("detector head", nets.b, b)]
 
 
 def grid_from_points(cuda: bool) -> list:
@@ -152,6 +144,8 @@ def main(argv=None) -> int:
     ap.add_argument("--only", help="run only the networks whose name contains this")
     ap.add_argument("--grid-build", choices=("device", "host"), help="where the detector's and the U-Net's "
                     "coarse grids are built (default: the backend's, device on CUDA, host on the CPU)")
+    ap.add_argument("--voxelize", choices=("device", "host"), default="device", help="the detector's voxelization: "
+                    "inside its backbone network (device, the default) or on the host before it")
     ap.add_argument("--flush", type=int, default=0, help="commit the command list every N launches without waiting "
                     "(luisaml/launch.py FLUSH_LAUNCHES; default 0: one commit a wait)")
     started = start(ap, argv, (30, 5), "timed calls per network")
@@ -164,7 +158,7 @@ def main(argv=None) -> int:
     launch.FLUSH_LAUNCHES = a.flush
     rows = []
     build = {"grid_build": a.grid_build} if a.grid_build else {}
-    for make in (lambda: detector(not cuda, build), lambda: grid_from_points(cuda), lambda: conv_grid(cuda),
+    for make in (lambda: detector(not cuda, build, a.voxelize), lambda: grid_from_points(cuda), lambda: conv_grid(cuda),
                  lambda: unet(cuda, build)):
         for name, net, feeds in make():
             if a.only and a.only not in name:
@@ -177,8 +171,8 @@ def main(argv=None) -> int:
             print(f"{name}: {r['syncs']} host synchronisations, {r['launches']} launches, {r['uploads']} uploads, "
                   f"{r['downloads']} downloads a call; run {r['run_ms']['p50']:.3f} ms, {extra} "
                   f"({time.perf_counter() - t:.1f} s)", flush=True)
-    rec = {**record(backend, device, "bench_counted.py", argv), "flush_launches": a.flush, "grid_build": a.grid_build or "the backend's", "networks": rows}
-    variant = (f"-{a.grid_build}-builds" if a.grid_build else "") + (f"-flush{a.flush}" if a.flush else "")
+    rec = {**record(backend, device, "bench_counted.py", argv), "flush_launches": a.flush, "grid_build": a.grid_build or "the backend's", "voxelize": a.voxelize, "networks": rows}
+    variant = (f"-{a.grid_build}-builds" if a.grid_build else "") + ("-host-voxels" if a.voxelize == "host" else "") + (f"-flush{a.flush}" if a.flush else "")
     path = write_record(rec, a.out_dir, f"counted-{tag}{variant}.json")
     print(f"wrote {path}")
     return 0

@@ -8,7 +8,9 @@ Sides (`--side`):
   so a process with another torch reads the same numbers) and the torch reference's detections per
   frame (luisaml.fvdb.torch_ops on the host, float32). Every side writes it first when it is missing.
 - `luisaml` (default): the detector compiled once (two networks split at the dense step, as the
-  example says why) and run per frame: host voxelization (torch_ops), net A, net B, the kept boxes.
+  example says why) and run per frame: points in, net A, net B, the kept boxes. `--voxelize device`
+  (default): the voxelization inside net A (fvdb GridBatchFromPoints, built where the backend builds
+  grids, and SplatNearest's sums by voxel in kernels); `--voxelize host`: torch_ops on the host first.
 - `torch-spconv`: the same weights on spconv's layers where `import spconv` works (voxelization,
   the BEV scatter and the 2-D head in torch on the device, CircleNMS on the host as CenterPoint's
   numba circle_nms); where it does not, says so and times the torch_ops reference on the host instead.
@@ -26,11 +28,13 @@ detector-<side>-<device>.json, the frames file's sha256 in each; with both sides
 end-to-end ratio is printed. `--results-md` appends the run's section to benchmarks/RESULTS.md.
 
     python benchmarks/bench_detector.py --device cuda                 # luisaml on the GPU (default sizes)
+    python benchmarks/bench_detector.py --device cuda --voxelize host # the same, voxelized on the host
     python benchmarks/bench_detector.py --device cpu --quick          # tiny frames, CPU backend (the test)
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import hashlib
 import importlib.util
@@ -149,45 +153,39 @@ def compare(got: tuple, want: dict) -> dict:
 
 def run_luisaml(data: dict, a) -> dict:
     """Compile once, check every frame, then time frames points-to-boxes with counts and profiles."""
-    import torch
-
     import luisaml
     from luisaml import counts
 
     backend = luisaml.device.init(a.device)
     ex = example()
     cfg, backbone, head = modules(ex, data)
-    fine, x = ex.voxelize(data["points"][0], cfg.voxel_size)
-    with torch.no_grad():
-        coarse = backbone(x, *fine)
+    cfg = dataclasses.replace(cfg, voxelize=a.voxelize)
     t0 = time.perf_counter()
-    net_a = luisaml.compile(ex.export(backbone, x, fine, "voxel_features", ["coarse_features"]), backend=backend)
-    net_b = luisaml.compile(ex.export(head, coarse, fine, "coarse_features", ex.OUTPUTS), batch_axis=None,
-                            backend=backend)
-    rec: dict = {"compile_s": None}
+    nets = ex.compile_networks(cfg, backbone, head, data["points"][0], backend=backend)
+    rec: dict = {"compile_s": None, "voxelize": a.voxelize}
 
     def frame(points):
-        fine, x = ex.voxelize(points, cfg.voxel_size)
-        feats = net_a.run(ex.feeds("voxel_features", x, fine))["coarse_features"]
-        out = net_b.run(ex.feeds("coarse_features", torch.from_numpy(feats), fine))
-        return ex.detections(*(out[n] for n in ex.OUTPUTS)), (fine, x, feats)
+        out, feats = nets.run(points)
+        return ex.detections(*(out[n] for n in ex.OUTPUTS)), feats
 
     rec["checks"] = [compare(frame(p)[0], want) for p, want in zip(data["points"], data["reference"])]
     rec["compile_s"] = time.perf_counter() - t0  # (two compiles and the kernels' first builds)
     rec["correct"] = all(c["correct"] for c in rec["checks"])
     if not rec["correct"]:
         return rec
+    # the frames in turn, never one twice in a row: a grid step given the bytes of its last run returns its
+    # last result (luisaml/fvdb/host_steps.py), which a stream of new frames never hits
     per_frame = []
     for k, points in enumerate(data["points"]):
         with counts.measure() as c:
             frame(points)
-        ms = []
-        for _ in range(a.reps):
+        per_frame.append({"points": len(points), "voxels": int(data["reference"][k]["voxels"]), "ms": [],
+                          **c.as_dict()})
+    for _ in range(a.reps):
+        for f, points in zip(per_frame, data["points"]):
             t = time.perf_counter()
             frame(points)
-            ms.append((time.perf_counter() - t) * 1e3)
-        per_frame.append({"points": len(points), "voxels": int(data["reference"][k]["voxels"]), "ms": ms,
-                          **c.as_dict()})
+            f["ms"].append((time.perf_counter() - t) * 1e3)
     rec["frames"] = per_frame
     rec["frame_ms"] = percentiles([m for f in per_frame for m in f["ms"]])
     for key in ("syncs", "launches", "uploads", "downloads"):
@@ -195,13 +193,14 @@ def run_luisaml(data: dict, a) -> dict:
     rec["peak_bytes"] = max(f["peak_bytes"] for f in per_frame)
     # the two networks profiled on the middle frame: kernels each timed alone vs whole runs
     mid = int(np.argsort([len(p) for p in data["points"]])[len(data["points"]) // 2])
-    _, (fine, x, feats) = frame(data["points"][mid])
+    feeds_a = nets.a_feeds(data["points"][mid])  # (host mode: this voxelizes, timed)
     t = time.perf_counter()
-    fine, x = ex.voxelize(data["points"][mid], cfg.voxel_size)
-    voxelize_ms = (time.perf_counter() - t) * 1e3
-    rec["profile"] = {"frame": mid, "voxelize_ms": voxelize_ms}
-    for name, net, feeds in (("backbone", net_a, ex.feeds("voxel_features", x, fine)),
-                             ("head", net_b, ex.feeds("coarse_features", torch.from_numpy(feats), fine))):
+    feeds_a = nets.a_feeds(data["points"][mid])
+    host_ms = (time.perf_counter() - t) * 1e3
+    feats = nets.a.run(feeds_a)["coarse_features"]
+    # host mode: voxelize_ms is the torch_ops voxelization; device mode: the feeds' split of the points
+    rec["profile"] = {"frame": mid, "voxelize": a.voxelize, "voxelize_ms" if a.voxelize == "host" else "feeds_ms": host_ms}
+    for name, net, feeds in (("backbone", nets.a, feeds_a), ("head", nets.b, nets.b_feeds(feeds_a, feats))):
         prof = net.profile(feeds, repeat=max(a.reps, 3))
         kernels = sum(ms for _, ms in prof)
         rec["profile"][name] = {"run_ms": prof.run_ms, "kernels_ms": kernels, "stages": len(prof),
@@ -388,7 +387,11 @@ def summary(rec: dict) -> list[str]:
             q = p[name]
             lines.append(f"  {name}: net.run {q['run_ms']:.2f} ms, its kernels each alone {q['kernels_ms']:.2f} ms "
                          f"({q['stages']} stages): run / kernels {q['run_over_kernels']:.2f}x (target <= 1.3x)")
-        lines.append(f"  host voxelization (torch_ops) {p['voxelize_ms']:.2f} ms of the frame")
+        if "voxelize_ms" in p:
+            lines.append(f"  host voxelization (torch_ops) {p['voxelize_ms']:.2f} ms of the frame")
+        else:
+            lines.append(f"  voxelization in the backbone network (fvdb GridBatchFromPoints, SplatNearest); the "
+                         f"points' split into its feeds {p['feeds_ms']:.2f} ms")
     return lines
 
 
@@ -400,6 +403,8 @@ def main(argv=None) -> int:
                     "written first when missing")
     ap.add_argument("--quick", action="store_true", help="the example test's tiny detector and frames")
     ap.add_argument("--points", type=int, help="points of the first frame (default 100000; quick 700)")
+    ap.add_argument("--voxelize", choices=("device", "host"), default="device",
+                    help="luisaml side: voxelize inside network A (device, default) or with torch_ops on the host")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out-dir", help="where the JSON goes (default benchmarks/results)")
     ap.add_argument("--results-md", action="store_true", help="append the run's section to benchmarks/RESULTS.md")
@@ -430,7 +435,8 @@ def main(argv=None) -> int:
         rec["backend"] = luisaml.device.current()
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = tag_of(rec["device_name"])
-    out = out_dir / f"detector-{a.side}-{tag}{'-quick' if a.quick else ''}.json"
+    host = "-host-voxels" if a.side == "luisaml" and a.voxelize == "host" else ""  # (beside the default's record)
+    out = out_dir / f"detector-{a.side}{host}-{tag}{'-quick' if a.quick else ''}.json"
     out.write_text(json.dumps(rec, indent=1) + "\n")
     lines = [f"## Detector, points to boxes (bench_detector.py), {rec['device_name']}, {rec['date']}", "",
              f"Command `{rec['command']}`; frames {rec['points']} points (sha256 {data['sha256'][:12]}), "

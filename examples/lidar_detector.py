@@ -3,10 +3,20 @@ compiled by luisaml and run over frames of different point counts against the to
 
 The pipeline, per frame:
 
-1. Voxelize (host, torch): the grid of the points (fvdb gridbatch_from_points, voxel round(p / h))
-   and each voxel's mean point (x, y, z, intensity): a scatter-mean by the voxel index of each point
-   (fvdb ijk_to_index). CenterPoint's pipelines do this step outside the network too (spconv's
-   PointToVoxel, OpenPCDet's data processor; MeanVFE is then the division).
+1. Voxelize: the grid of the points (fvdb gridbatch_from_points, voxel round(p / h)) and each voxel's
+   mean point (x, y, z, intensity), in the grid's voxel order (NanoVDB's). By default (Settings.voxelize
+   = "device") inside network A (`Voxelize`, `BackboneFromPoints`): A's inputs are the points (xyz
+   [N, 3], intensity [N, 1], the jagged offsets [0, N]); the grid build is a step run before A's kernels
+   when a run binds new points (luisaml/fvdb/host_steps.py: on CUDA the device builder, its bundle read
+   back once; on the CPU the host's builder), and the mean is one fvdb.SplatNearest (each point's row
+   [x, y, z, i, 1] added into its voxel's row: the sums and the count) and a division, in A's kernels.
+   A's batch is then max(points, voxels): the points are the batch's rows, and so are the voxels
+   (voxel_rows.py); SplatNearest zeroes each voxel's row, then each point adds into its voxel's row
+   with atomics (operators/fvdb/splat.py). With voxelize = "host", torch on the host before A: a
+   scatter-mean by the voxel index of each point (fvdb ijk_to_index), `voxelize()`, which is also the
+   torch reference every run is checked against (the device's sums run in another order: the voxel
+   features agree to float rounding, ~1e-7 here). CenterPoint's pipelines do this step outside the
+   network (spconv's PointToVoxel, OpenPCDet's data processor; MeanVFE is then the division).
 2. Backbone (network A, voxels as the batch): a 3x3x3 sparse convolution over the fine grid, a
    stride-2 3x3x3 one onto its conv grid (fvdb ConvGrid, made inside the model when a run binds a
    new grid), a 3x3x3 one there.
@@ -31,19 +41,20 @@ data_jdata '/backbone/Relu_2_output_0' [1, 16] follows the batch axis (the voxel
 sparse network over grids bound at run time); the dense box has no batch dimension, so this node
 would gather every sample into one tensor, which a network over a batch cannot do yet. Split the
 model at this node: ...". The example prints the message it gets. Splitting at the dense step
-gives two networks, each compiled once and serving every frame: A (voxel features and the fine grid
--> coarse features) and B (coarse features and the fine grid -> boxes; B builds the coarse grid from
-the fine one as A does, a step cached while the grid's bytes stay the same). Issue 28's items 2-3
+gives two networks, each compiled once and serving every frame: A (the points, or the host's voxel
+features and fine grid -> coarse features) and B (coarse features and the points, or the fine grid ->
+boxes; B builds the fine grid from the points and the coarse grid from the fine one as A does, steps
+that A's builds of the same bytes serve: host_steps.py). Issue 28's items 2-3
 (counted execution, grid batches of any count) are what would make it one network.
 
-Neither network can be saved as one .lml today: both build the coarse grid (ConvGrid) as a step
-that runs on the host when a run binds a grid, and net.save refuses that ("UsageError: cannot save
+Neither network can be saved as one .lml today: both build grids (GridBatchFromPoints, ConvGrid) as
+steps driven from Python when a run binds new points or a new grid, and net.save refuses that ("UsageError: cannot save
 this network: its grid ops run as steps before the kernels (node '/ConvGrid' (fvdb::ConvGrid) builds
 a grid from one bound at run time, driven from Python): an artifact holds kernels and static data
 only"); B's CircleNMS, whose output's size is known only at run time, is a second reason (DESIGN.md:
 an artifact cannot hold one yet). `save_messages` in the result holds what net.save says for each.
 
-Run: python examples/lidar_detector.py [--points 6000] [--frames 3]
+Run: python examples/lidar_detector.py [--points 6000] [--frames 3] [--voxelize device|host]
 """
 from __future__ import annotations
 
@@ -79,6 +90,8 @@ class Settings:
     candidates: int = 24  # TopK over the heatmaps
     min_radius: float = 1.2  # CircleNMS, metres between kept centres
     seed: int = 0
+    # "device": voxelization inside network A (points in); "host": torch_ops on the host, voxels into A
+    voxelize: str = "device"
 
     def box(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         """The BEV box over the coarse grid (voxel 2h): (min_coord, grid_size) in x, y, z."""
@@ -113,6 +126,30 @@ def voxelize(points: np.ndarray, voxel_size: float) -> tuple[tuple, torch.Tensor
     total = torch.zeros((V, 4)).index_add_(0, index, pts)
     count = torch.zeros(V).index_add_(0, index, torch.ones(len(pts)))
     return grid, total / count[:, None]
+
+
+class Voxelize(torch.nn.Module):
+    """forward(xyz [N, 3], intensity [N, 1], joffsets [0, N]) -> (the fine grid's bundle, each voxel's mean
+    point [V, 4] in voxel order), as voxelize() computes them but as fvdb nodes that export into network A:
+    GridBatchFromPoints, then one sum by voxel (SplatNearest) of the points with a column of ones (the count)."""
+
+    def __init__(self, voxel_size: float):
+        super().__init__()
+        # buffers, so that the grid build's inputs are constants or graph inputs (it runs before the kernels)
+        self.register_buffer("voxel_sizes", torch.full((1, 3), voxel_size, dtype=torch.float64))
+        self.register_buffer("origins", torch.zeros((1, 3), dtype=torch.float64))
+        self.register_buffer("jidx", torch.zeros(0, dtype=torch.int32))
+        self.register_buffer("jlidx", torch.zeros((0, 1), dtype=torch.int32))
+
+    def grid(self, xyz: torch.Tensor, joffsets: torch.Tensor) -> tuple:
+        return F.gridbatch_from_points((xyz, joffsets, self.jidx, self.jlidx), self.voxel_sizes, self.origins)
+
+    def forward(self, xyz: torch.Tensor, intensity: torch.Tensor, joffsets: torch.Tensor) -> tuple:
+        fine = self.grid(xyz, joffsets)
+        values = torch.cat([xyz, intensity, torch.ones_like(intensity)], 1)
+        sums = F.splat_nearest(fine, (xyz, joffsets, self.jidx, self.jlidx), (values, joffsets, self.jidx, self.jlidx))
+        # every voxel holds a point; the clamp keeps the padding rows past the voxels (voxel_rows.py) finite
+        return fine, sums[:, :4] / torch.clamp(sums[:, 4:], min=1.0)
 
 
 # ---- the model ----------------------------------------------------------------------------------
@@ -187,6 +224,30 @@ class Detector(torch.nn.Module):
         return self.head(self.backbone(x, *fine), *fine)
 
 
+class BackboneFromPoints(torch.nn.Module):
+    """Network A with the voxelization inside: forward(xyz, intensity, joffsets) -> coarse features."""
+
+    def __init__(self, voxelize: Voxelize, backbone: Backbone):
+        super().__init__()
+        self.voxelize, self.backbone = voxelize, backbone
+
+    def forward(self, xyz: torch.Tensor, intensity: torch.Tensor, joffsets: torch.Tensor) -> torch.Tensor:
+        fine, x = self.voxelize(xyz, intensity, joffsets)
+        return self.backbone(x, *fine)
+
+
+class HeadFromPoints(torch.nn.Module):
+    """Network B over the points' fine grid: forward(coarse features, xyz, joffsets) -> Head's outputs. B
+    builds the grid as A does, a step A's build of the same points serves (luisaml/fvdb/host_steps.py)."""
+
+    def __init__(self, voxelize: Voxelize, head: Head):
+        super().__init__()
+        self.voxelize, self.head = voxelize, head
+
+    def forward(self, feats: torch.Tensor, xyz: torch.Tensor, joffsets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.head(feats, *self.voxelize.grid(xyz, joffsets))
+
+
 # ---- CircleNMS as a torch function --------------------------------------------------------------
 
 
@@ -236,7 +297,74 @@ def export(model: torch.nn.Module, first: torch.Tensor, fine, first_name: str, o
 
 
 def feeds(first_name: str, first: torch.Tensor, fine) -> dict:
-    return {first_name: first.numpy(), **{n: t.numpy() for n, t in zip(FINE, fine)}}
+    return {first_name: np.asarray(first), **{n: np.asarray(t) for n, t in zip(FINE, fine)}}
+
+
+POINTS = ["xyz", "intensity", "joffsets"]  # network A's inputs with the voxelization inside
+
+
+def point_feeds(points: np.ndarray) -> dict:
+    """Network A's feeds of a frame [N, 4] when it voxelizes: xyz, intensity and the jagged offsets [0, N]."""
+    return {"xyz": np.ascontiguousarray(points[:, :3]), "intensity": np.ascontiguousarray(points[:, 3:]),
+            "joffsets": np.array([0, len(points)], np.int64)}
+
+
+def export_points(model: torch.nn.Module, args: tuple, names: list[str], outputs, dynamic: dict) -> onnx.ModelProto:
+    """Export a network that reads the points (their rows dynamic: `dynamic`, {input: symbol})."""
+    nms = {luisaml_ops.DOMAIN: luisaml_ops.VERSION} if "kept" in outputs else {}
+    buf = io.BytesIO()
+    F.export_onnx(model, args, buf, input_names=names, output_names=outputs,
+                  dynamic_axes={n: {0: d} for n, d in dynamic.items()}, custom_opsets=nms)
+    return onnx.load_from_string(buf.getvalue())
+
+
+@dataclass
+class Networks:
+    """The two compiled networks and how a frame's points reach them (Settings.voxelize)."""
+
+    a: object
+    b: object
+    voxelize: str
+    voxel_size: float
+
+    def a_feeds(self, points: np.ndarray) -> dict:
+        """Network A's feeds of a frame: the points (voxelized in A), or the host's voxels and grid."""
+        if self.voxelize == "device":
+            return point_feeds(points)
+        fine, x = voxelize(points, self.voxel_size)
+        return feeds("voxel_features", x, fine)
+
+    def b_feeds(self, a_feeds: dict, coarse: np.ndarray) -> dict:
+        """Network B's feeds: A's coarse features and the frame's fine grid (its points or its bundle)."""
+        rest = ("xyz", "joffsets") if self.voxelize == "device" else FINE
+        return {"coarse_features": coarse, **{n: a_feeds[n] for n in rest}}
+
+    def run(self, points: np.ndarray) -> tuple[dict, np.ndarray]:
+        """Return (network B's outputs, A's coarse features) of a frame."""
+        fa = self.a_feeds(points)
+        coarse = self.a.run(fa)["coarse_features"]
+        return self.b.run(self.b_feeds(fa, coarse)), coarse
+
+
+def compile_networks(cfg: Settings, backbone: Backbone, head: Head, points: np.ndarray, **options) -> Networks:
+    """Export and compile networks A and B once (traced on one frame's points), as cfg.voxelize says."""
+    fine, x = voxelize(points, cfg.voxel_size)
+    with torch.no_grad():
+        coarse = backbone(x, *fine)
+    if cfg.voxelize == "host":
+        a = luisaml.compile(export(backbone, x, fine, "voxel_features", ["coarse_features"]), **options)
+        b = luisaml.compile(export(head, coarse, fine, "coarse_features", OUTPUTS), batch_axis=None, **options)
+        return Networks(a, b, "host", cfg.voxel_size)
+    if cfg.voxelize != "device":
+        raise ValueError(f"voxelize must be 'device' or 'host', got {cfg.voxelize!r}")
+    vox = Voxelize(cfg.voxel_size)
+    args = tuple(torch.from_numpy(v) for v in point_feeds(points).values())
+    a = luisaml.compile(export_points(BackboneFromPoints(vox, backbone), args, POINTS, ["coarse_features"],
+                                      {"xyz": "points", "intensity": "points"}), **options)
+    b = luisaml.compile(export_points(HeadFromPoints(vox, head), (coarse, args[0], args[2]),
+                                      ["coarse_features", "xyz", "joffsets"], OUTPUTS,
+                                      {"coarse_features": "rows", "xyz": "points"}), batch_axis=None, **options)
+    return Networks(a, b, "device", cfg.voxel_size)
 
 
 def detections(boxes, scores, labels, kept) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -252,9 +380,7 @@ def main(cfg: Settings = Settings(), verbose: bool = True) -> dict:
     backbone, head = Backbone(cfg).eval(), Head(cfg).eval()
     frames = [lidar_frame(int(cfg.points * f), rng, cfg.radius) for f in (1.0, 0.6, 1.5, 0.8, 1.2)[:cfg.frames]]
     fine, x = voxelize(frames[0], cfg.voxel_size)
-    with torch.no_grad():
-        coarse_feats = backbone(x, *fine)
-    result = {"frames": []}
+    result = {"frames": [], "voxelize": cfg.voxelize}
 
     # the whole detector as one ONNX: exported, then refused by luisaml (the module docstring says why)
     whole = export(Detector(backbone, head), x, fine, "voxel_features", OUTPUTS)
@@ -266,12 +392,11 @@ def main(cfg: Settings = Settings(), verbose: bool = True) -> dict:
         result["one_network"] = f"{type(e).__name__}: {e}"
 
     t0 = time.perf_counter()
-    net_a = luisaml.compile(export(backbone, x, fine, "voxel_features", ["coarse_features"]))
-    net_b = luisaml.compile(export(head, coarse_feats, fine, "coarse_features", OUTPUTS), batch_axis=None)
+    nets = compile_networks(cfg, backbone, head, frames[0])
     result["compile_s"] = time.perf_counter() - t0
-    result["backend"] = net_a.backend
+    result["backend"] = nets.a.backend
     result["save_messages"] = {}
-    for name, net in (("backbone", net_a), ("head", net_b)):
+    for name, net in (("backbone", nets.a), ("head", nets.b)):
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 net.save(Path(tmp) / f"{name}.lml")
@@ -280,12 +405,11 @@ def main(cfg: Settings = Settings(), verbose: bool = True) -> dict:
             result["save_messages"][name] = f"{type(e).__name__}: {e}"
 
     for k, points in enumerate(frames):
-        fine, x = voxelize(points, cfg.voxel_size)
         t1 = time.perf_counter()
         with counts.measure() as asked:  # what the frame asks of the device (host waits, launches)
-            feats = net_a.run(feeds("voxel_features", x, fine))["coarse_features"]
-            out = net_b.run(feeds("coarse_features", torch.from_numpy(feats), fine))
+            out, feats = nets.run(points)  # (points in; host voxelization inside when cfg.voxelize == "host")
         run_s = time.perf_counter() - t1
+        fine, x = voxelize(points, cfg.voxel_size)  # the torch reference's
         with torch.no_grad():
             want_feats = backbone(x, *fine)
             want = [t.numpy() for t in head(want_feats, *fine)]
@@ -308,7 +432,7 @@ def main(cfg: Settings = Settings(), verbose: bool = True) -> dict:
             print(f"frame {k}: {row['points']} points, {row['voxels']} voxels ({row['coarse_voxels']} coarse): "
                   f"{row['detections_luisaml']} boxes (torch {row['detections']}), same order and labels: "
                   f"{row['same_kept'] and row['same_labels']}, max |diff| boxes {row['max_abs_diff_boxes']:.1e} "
-                  f"scores {row['max_abs_diff_scores']:.1e}; luisaml {run_s * 1e3:.0f} ms on {net_a.backend} "
+                  f"scores {row['max_abs_diff_scores']:.1e}; luisaml {run_s * 1e3:.0f} ms on {nets.a.backend} "
                   f"({row['syncs']} host waits, {row['launches']} launches)")
     if verbose:
         print(f"one ONNX of the whole detector ({', '.join(result['one_network_ops'])}): {result['one_network']}")
@@ -320,5 +444,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--points", type=int, default=Settings.points)
     ap.add_argument("--frames", type=int, default=Settings.frames)
+    ap.add_argument("--voxelize", choices=("device", "host"), default=Settings.voxelize,
+                    help="voxelize inside network A (device) or with torch_ops on the host before it")
     args = ap.parse_args()
-    main(Settings(points=args.points, frames=args.frames))
+    main(Settings(points=args.points, frames=args.frames, voxelize=args.voxelize))

@@ -76,6 +76,11 @@ _OPS = [
     OpSpec("SplatBezier", "fVDB splat_bezier: the adjoint of SampleBezier, += w * value into [total_voxels, *].",
            (_POINTS, ("values", "T")), "grid_data",
            (("total_voxels", "rows of the output; needed when batch_offsets is not a constant", None),)),
+    OpSpec("SplatNearest", "luisaml's addition to the domain (fVDB has none): each point's value += into the voxel "
+           "round(world_to_voxel(p)) (NanoVDB's round, floor(x + 0.5)) when it is active; output [total_voxels, *], "
+           "zero elsewhere: a point cloud's sum by voxel (values of ones give the count, so a mean is two sums "
+           "and a division).", (_POINTS, ("values", "T")), "grid_data",
+           (("total_voxels", "rows of the output; needed when batch_offsets is not a constant", None),)),
 ]
 OPS: dict[str, OpSpec] = {op.name: op for op in _OPS}
 KERNEL_MAP = "SparseConvKernelMap"

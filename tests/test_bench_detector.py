@@ -88,7 +88,11 @@ def test_luisaml_side_and_the_torch_fallback_over_the_same_frames(frames):
         p = rec["profile"][name]
         assert p["run_ms"] > 0 and p["kernels_ms"] > 0 and p["launches"] >= 1 and p["stages"] > 0
         assert p["syncs"] == 1  # the head's CircleNMS count too stays on the device: one wait a run
-    assert rec["syncs_per_frame"] == 2  # (the coarse grid built on the host on the CPU backend)
+    assert rec["syncs_per_frame"] == 2  # (the grids built on the host on the CPU backend)
+    assert rec["voxelize"] == "device" and "feeds_ms" in rec["profile"]  # (voxelized in the backbone network)
+    bench("--side", "luisaml", "--voxelize", "host", "--out-dir", str(frames))
+    host = json.loads((frames / "detector-luisaml-host-voxels-cpu-quick.json").read_text())
+    assert host["correct"] and host["voxelize"] == "host" and host["profile"]["voxelize_ms"] > 0
     out = bench("--side", "torch-spconv", "--out-dir", str(frames))
     assert "spconv is not importable here" in out and "end to end, P50: luisaml" in out
     other = json.loads((frames / "detector-torch-spconv-cpu-quick.json").read_text())

@@ -399,9 +399,11 @@ class HostSteps:
                 values[name] = a
             result, key = step.run(values, digests, self.device)
             values.update(result)
-            # (a later step reading these: they follow from this computation's key, never hashed)
-            origin = hashlib.blake2b(repr((step.node.name, key)).encode(), digest_size=16).digest()
-            digests.update({name: origin + name.encode() for name in result})
+            # (a later step reading these: they follow from this computation's key, never hashed; from
+            # the op and its inputs' bytes, not the network's names, so that a step of another network
+            # fed by the same computation finds its latest result: a detector's B after its A)
+            origin = hashlib.blake2b(repr((step._op(None), key)).encode(), digest_size=16).digest()
+            digests.update({name: origin + bytes([j]) for j, name in enumerate(step.node.outputs) if name in result})
         out = {k: v for k, v in feeds.items() if k not in host_only}
         device = next((v.device for v in feeds.values() if is_torch(v)), None)
         for name in self.made:

@@ -56,10 +56,11 @@ class BoundRows:
         return ()
 
     @classmethod
-    def probe_rows(cls, node, probe) -> list | None:
+    def probe_rows(cls, node, probe, inputs) -> list | None:
         """Return [(elem_type, shape)] per output while the passes probe a batch size
         (luisaml.passes.infer.Probe: the batch, the inputs bound at run time) for a node whose
-        output has the batch's rows without reading a batched input; None: `infer` decides."""
+        output has the batch's rows without following a batched input row for row (inputs: the
+        node's input Variables, None where absent); None: `infer` decides."""
         return None
 
     @classmethod

@@ -34,7 +34,7 @@ from ..opsets import fvdb as schema
 from .torch_common import bundle_tensors, jagged_tensors
 from .torch_conv import SparseConv3d, sparse_conv3d, sparse_conv_kernel_map
 from .torch_points import (coords_in_grid, ijk_to_index, points_in_grid, sample_bezier, sample_trilinear,
-                           splat_bezier, splat_trilinear, voxel_to_world, world_to_voxel)
+                           splat_bezier, splat_nearest, splat_trilinear, voxel_to_world, world_to_voxel)
 from .torch_rays import rays_intersect_voxels, segments_along_rays, uniform_ray_samples, voxels_along_rays
 from .torch_topology import (avg_pool, coarsened_grid, conv_grid, conv_transpose_grid, dilated_grid,
                              gridbatch_from_ijk, gridbatch_from_nearest_voxels_to_points, gridbatch_from_points,
@@ -65,6 +65,7 @@ __all__ = [
     "sample_bezier",
     "sample_trilinear",
     "splat_bezier",
+    "splat_nearest",
     "splat_trilinear",
     "voxel_to_world",
     "world_to_voxel",

@@ -1,6 +1,7 @@
 """fVDB's per-point torch functions: ijk_to_index, coords_in_grid / points_in_grid, the
 world <-> voxel transforms, the trilinear and Bezier samplers and splats (differentiable in the
-data, values or points, as fVDB's are), with fVDB's float32 arithmetic on the host."""
+data, values or points, as fVDB's are), with fVDB's float32 arithmetic on the host; and luisaml's
+splat_nearest, a point cloud's sum by voxel (what voxelizing it needs)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -237,6 +238,35 @@ class _Splat(torch.autograd.Function):
                            total_voxels_i=total_voxels)
 
 
+class _SplatNearest(torch.autograd.Function):
+    @staticmethod
+    @host_forward
+    def forward(ctx, total_voxels: int, *tensors):
+        bundle, pts, values = tensors[:7], tensors[7:11], tensors[11:15]
+        _check_points("points jdata", pts[0])
+        v = values[0]
+        if v.dtype != torch.float32 or v.dim() < 1 or v.shape[0] != pts[0].shape[0]:
+            raise ValueError(f"values must be float32 with one row per point ({pts[0].shape[0]}), got "
+                             f"{v.dtype} {list(v.shape)}")
+        g = grids_of(bundle)
+        b = _grid_ids(pts)
+        idx = _lookup(g, torch.floor(_world_to_voxel(g, pts[0], b) + 0.5), b)[:, None]  # (NanoVDB's round)
+        ctx.save_for_backward(idx)
+        ctx.values_shape = v.shape
+        return _scatter(idx, torch.ones(idx.shape), _flat(v), g.total_voxels).reshape((g.total_voxels,) + v.shape[1:])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (idx,) = ctx.saved_tensors
+        return (None,) * 12 + (_gather(idx, torch.ones(idx.shape), _flat(grad)).reshape(ctx.values_shape),) + (None,) * 3
+
+    @staticmethod
+    def symbolic(g, total_voxels, *tensors):
+        # the rows are left unknown: over a grid bound at run time they are its voxels (the batch)
+        return export_node(g, "SplatNearest", tensors, tensors[11], [None] + trailing_sizes(tensors[11]),
+                           total_voxels_i=total_voxels)
+
+
 def ijk_to_index(bundle, ijk, cumulative: bool = False) -> torch.Tensor:
     """fVDB ijk_to_index: int64 index of each ijk in its grid (+ the grid's batch offset when cumulative), -1 if inactive."""
     return _IJKToIndex.apply(bool(cumulative), *flat_args(bundle, ijk))
@@ -282,3 +312,11 @@ def splat_bezier(bundle, points, values) -> torch.Tensor:
     """fVDB splat_bezier: [V, *] from per-point values [N, *]; differentiable in the values."""
     args = flat_args(bundle, points, values)
     return _Splat.apply(True, bundle_voxels(args), *args)
+
+
+def splat_nearest(bundle, points, values) -> torch.Tensor:
+    """luisaml's splat_nearest: [V, *], each point's value added into its voxel round(world_to_voxel(p))
+    when active (fVDB has no such op); differentiable in the values. A mean by voxel is two of them
+    (values and ones) and a division. Exports to fvdb.SplatNearest."""
+    args = flat_args(bundle, points, values)
+    return _SplatNearest.apply(bundle_voxels(args), *args)

@@ -128,9 +128,10 @@ def _infer_custom(m: onnx.ModelProto, probe: Probe | None, operators) -> bool:
             continue
         n = Node(node.name, node.op_type, node.domain, list(node.input), list(node.output),
                  {a.name: _attr_value(a, None, node.name) for a in node.attribute})
-        result = cls.probe_rows(n, probe) if probe is not None and cls.bound_rows else None
+        args = [known.get(i) if i else None for i in node.input]
+        result = cls.probe_rows(n, probe, args) if probe is not None and cls.bound_rows else None
         if result is None and cls.infer is not None:
-            result = cls.infer(n, [known.get(i) if i else None for i in node.input])
+            result = cls.infer(n, args)
         if not result:
             continue
         by_name = {vi.name: vi for vi in g.value_info}

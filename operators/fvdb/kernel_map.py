@@ -107,7 +107,7 @@ class SparseConvKernelMap(VoxelBatch, GridOp):
         return ("output_voxels",)  # (torch_ops writes the traced grid's count)
 
     @classmethod
-    def probe_rows(cls, node, probe) -> list | None:
+    def probe_rows(cls, node, probe, inputs) -> list | None:
         """The rule's answer while the passes probe a model whose grids this map reads are bound at
         run time: a row per sample (module docstring), or None when they are not bound."""
         if not (probe is not None and any(node.inputs[k] in probe.bound for k in range(2 * BUNDLE))):
