@@ -16,7 +16,7 @@ from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import Tensor
 
-from .common import load_f, loop_vars
+from .common import emit_epilogue_loop, load_f, loop_vars, loops_epilogue
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
@@ -505,6 +505,9 @@ class Conv(ConvBase):
         lo = lin([(o_last, s_l)], -pad_l)
         hi = lin([(o_last, s_l)], (P - 1) * s_l + (kl - 1) * d_l - pad_l)
         emit_strip(ctx, ([f"{lo} >= 0"] if lo_fails else []) + ([f"{hi} < {sizes[-1]}"] if hi_fails else []), nest)
+        if self.cpu() and loops_epilogue(self.epilogue_loop, y):
+            self._epilogue_loop(ctx, y, acc, n, grp, m0, outer, o_last, O, safe)
+            return
         done = finished(ctx, acc, y)
         in_row = P if overlap else g.out[-1] % P or P  # a last strip past the row's end (P need not divide the row)
         writes = []  # (the CPU) the unconditional stores' writes, after every store's reads
@@ -529,6 +532,26 @@ class Conv(ConvBase):
                 ctx.level -= 1
         for write in writes:
             ctx.line(write)
+
+    def _epilogue_loop(self, ctx, y, acc, n, grp, m0, outer, o_last, O, safe) -> None:
+        """(epilogue_loop) The tile's epilogue as a loop over each position's O channels
+        (common.emit_epilogue_loop), vectorised across the channels, their stores a row apart."""
+        mg = self.M // self.group
+
+        def store(pp, jv, value):
+            m = ix.add(ix.mul(grp, mg), m0, jv)
+            i = ix.add(ix.mul(n, y.strides[0]), ix.mul(m, y.strides[1]),
+                       *(ix.mul(o, st) for o, st in zip(outer, y.strides[2:-1])), o_last, str(pp))
+            lets, write = y.store_parts(i, ctx.let(f"half({value})" if y.dtype.dsl == "half" else value, "f"))
+            for line in lets:
+                ctx.line(line)
+            ctx.line(write)
+
+        emit_epilogue_loop(ctx, acc, "float", str(O) if safe == O else f"min({O}, {mg} - {m0})", store)
+
+    # the CPU's tiles store a GELU epilogue in a loop over the tile's channels (common.loops_epilogue:
+    # "gelu", True or False, an A/B switch), as Gemm's and MatMul's tiles (Dense.epilogue_loop)
+    epilogue_loop: bool | str = "gelu"
 
     def describe(self) -> str:
         P, O, _, _ = self.tiles()
