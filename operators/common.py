@@ -1,5 +1,6 @@
 """Pieces several operator families share: the elementwise map, Cast conversion, strided copies
-over coalesced loop nests, and the dtype arithmetic is done in."""
+over coalesced loop nests, the dtype arithmetic is done in, and the CPU tiles' epilogue as a loop
+over a tile's columns (Gemm, MatMul, Conv)."""
 from __future__ import annotations
 
 from luisaml import dtypes

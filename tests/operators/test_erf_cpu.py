@@ -145,11 +145,12 @@ def test_conv_gelu_epilogue_loop(x_shape, w_shape, strides):
     del model.graph.node[1]
     model = graph_model(list(model.graph.node), {"x": x}, {"w": w, "b": b, "r2": np.float32(math.sqrt(2)),
                                                            "one": np.float32(1), "half": np.float32(0.5)})
+    rule = Conv.epilogue_loop
     try:
         Conv.epilogue_loop = False
         straight = luisaml.compile(model, batch_axis=None)
     finally:
-        Conv.epilogue_loop = "gelu"
+        Conv.epilogue_loop = rule
     assert "for j" not in straight.plan.source
     net = luisaml.compile(model, batch_axis=None)
     assert "for j" in net.plan.source
