@@ -12,7 +12,7 @@ from luisaml import registry  # noqa: E402
 from . import activations, elementwise, gemm, shape  # noqa: F401
 from . import control  # noqa: E402,F401
 from . import constant, indexing, reduce, softmax  # noqa: E402,F401
-from . import conv, conv_transpose, normalization, pool  # noqa: E402,F401
+from . import col2im, conv, conv_transpose, normalization, pool  # noqa: E402,F401
 from . import attention, rnn  # noqa: E402,F401
 from . import resize  # noqa: E402,F401
 from . import scatter  # noqa: E402,F401

@@ -1,5 +1,6 @@
 """Pieces several operator families share: the elementwise map, Cast conversion, strided copies
-over coalesced loop nests, and the dtype arithmetic is done in."""
+over coalesced loop nests, the dtype arithmetic is done in, and the CPU tiles' epilogue as a loop
+over a tile's columns (Gemm, MatMul, Conv)."""
 from __future__ import annotations
 
 from luisaml import dtypes
@@ -131,3 +132,30 @@ def reduction_loops(ctx: KernelContext, x: Tensor, axes: list[int]):
     ksizes, (kx, ky) = coalesce(kept_sizes, [x.strides[d] for d in kept], row_major_strides(tuple(kept_sizes)))
     rsizes, (rx,) = coalesce([x.shape[d] for d in sorted(axes)], [x.strides[d] for d in sorted(axes)])
     return loop_vars(ctx, ksizes, "o"), kx, ky, loop_vars(ctx, rsizes, "r"), rx
+
+
+def loops_epilogue(setting: bool | str, y: Tensor) -> bool:
+    """Whether a CPU tile stores through y's epilogue in a loop over its columns (emit_epilogue_loop):
+    setting True (every epilogue), False (none) or "gelu" (an epilogue of several nodes with an Erf
+    or a Gelu). clang's SLP vectoriser, seeded by a tile's consecutive stores, gives up on torch's
+    GELU chain and leaves the whole tile scalar, but the loop costs simpler epilogues 5-10% and an
+    Erf alone 30% (benchmarks/NOTES.md, "A branch-free erf")."""
+    chain = getattr(y.storage, "chain", None) or []
+    return setting is True or (setting == "gelu" and len(chain) > 1 and any(
+        node.op_type in ("Erf", "Gelu") for node, _ in chain))
+
+
+def emit_epilogue_loop(ctx: KernelContext, acc: list[list[str]], dsl: str, count: str, store) -> None:
+    """Emit a CPU tile's accumulators (rows of columns) into a local array per row, then per row a
+    loop over `count` of its columns (a ragged last block: fewer) calling store(row, the column's
+    variable, its value) to emit that column's epilogue and store: clang's loop vectoriser takes
+    the loop where its SLP vectoriser gave up on the straight-line form (Gemm, MatMul, Conv)."""
+    t = [ctx.local_array(dsl, len(row), "t") for row in acc]
+    for r, row in enumerate(acc):
+        for j, a in enumerate(row):
+            ctx.line(f"{t[r]}[{j}] = {a}")
+    for r in range(len(acc)):
+        jv = ctx.fresh("j")
+        ctx.line(f"for {jv} in range({count}):")
+        with ctx.indent():
+            store(r, jv, f"{t[r]}[{jv}]")

@@ -1,7 +1,7 @@
-"""Convolutions: Conv over 1-D, 2-D and 3-D inputs, and Col2Im (groups, dilations, pads, strides,
-auto_pad), accumulated in float also for half inputs. In a stage a Conv thread computes a tile of
-positions along a row x output channels from weights prepacked at compile time (Conv.emit_item);
-`forward` and Col2Im sum each output element's window on its own (shaders/conv.py.j2).
+"""Convolutions: Conv over 1-D, 2-D and 3-D inputs (groups, dilations, pads, strides, auto_pad),
+accumulated in float also for half inputs. In a stage a Conv thread computes a tile of positions
+along a row x output channels from weights prepacked at compile time (Conv.emit_item); `forward`
+sums each output element's window on its own (shaders/conv.py.j2). Col2Im: operators/col2im.py.
 
 The window geometry here (strides, dilations, pads, output size) and ConvBase, the checks and the
 window sum, are shared with the pools and ConvTranspose (operators/conv_transpose.py)."""
@@ -16,7 +16,7 @@ from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import Tensor
 
-from .common import load_f, loop_vars
+from .common import emit_epilogue_loop, load_f, loop_vars, loops_epilogue
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
@@ -321,6 +321,10 @@ class Conv(ConvBase):
         if tuned is not None:  # (a ragged last strip runs the masked copy of the loop nest)
             P, O = tuned
             return P, O, -(-row // P), -(-mg // O)
+        if self.whole_rows(mg):
+            P = row
+            O = min(mg, 16 if row <= 4 else 8)
+            return P, O, 1, -(-mg // O)
         # a strip that divides the row: a ragged last strip runs the masked copy of the loop nest,
         # slower than narrower strips (LeNet: 8.6 ms with P = 8 on 28-wide rows, 3.0 ms with 4)
         P = next(p for p in (8, 4, 2, 1) if row % p == 0)
@@ -328,6 +332,10 @@ class Conv(ConvBase):
             # an odd row on the CPU: strips of 2, the last overlapping the one before (emit_item);
             # not for one tap along the row, where the 16 channels' weights a load are the vector
             P = 2
+        if P == 2 and row % 2 and self.channel_tile(mg):
+            # the channel tiles over an odd row: overlapping strips of ODD_STRIP (not a 1x1), each
+            # broadcast input feeding 16 channels (wav2vec2's Conv1d stages 42.8 -> 35.6 ms with 4)
+            P = self.ODD_STRIP
         top = min(64 // P, 16)
         O = mg if mg <= top else min(range(4, top + 1), key=lambda o: (-(-mg // o) * o - mg, -o))
         return P, O, -(-row // P), -(-mg // O)
@@ -505,6 +513,9 @@ class Conv(ConvBase):
         lo = lin([(o_last, s_l)], -pad_l)
         hi = lin([(o_last, s_l)], (P - 1) * s_l + (kl - 1) * d_l - pad_l)
         emit_strip(ctx, ([f"{lo} >= 0"] if lo_fails else []) + ([f"{hi} < {sizes[-1]}"] if hi_fails else []), nest)
+        if self.cpu() and self.loops_channels(O, y):
+            self._epilogue_loop(ctx, y, acc, n, grp, m0, outer, o_last, O, safe)
+            return
         done = finished(ctx, acc, y)
         in_row = P if overlap else g.out[-1] % P or P  # a last strip past the row's end (P need not divide the row)
         writes = []  # (the CPU) the unconditional stores' writes, after every store's reads
@@ -529,6 +540,54 @@ class Conv(ConvBase):
                 ctx.level -= 1
         for write in writes:
             ctx.line(write)
+
+    def _epilogue_loop(self, ctx, y, acc, n, grp, m0, outer, o_last, O, safe) -> None:
+        """(epilogue_loop) The tile's epilogue as a loop over each position's O channels
+        (common.emit_epilogue_loop), vectorised across the channels, their stores a row apart."""
+        mg = self.M // self.group
+
+        def store(pp, jv, value):
+            m = ix.add(ix.mul(grp, mg), m0, jv)
+            i = ix.add(ix.mul(n, y.strides[0]), ix.mul(m, y.strides[1]),
+                       *(ix.mul(o, st) for o, st in zip(outer, y.strides[2:-1])), o_last, str(pp))
+            lets, write = y.store_parts(i, ctx.let(f"half({value})" if y.dtype.dsl == "half" else value, "f"))
+            for line in lets:
+                ctx.line(line)
+            ctx.line(write)
+
+        emit_epilogue_loop(ctx, acc, "float", str(O) if safe == O else f"min({O}, {mg} - {m0})", store)
+
+    # the CPU's tiles store through a loop over the tile's channels (common.emit_epilogue_loop, as
+    # Gemm's and MatMul's GELU epilogues): "channels" where a tile has 8 channels or more (one group)
+    # or a GELU epilogue, else common.loops_epilogue's rule for "gelu", True or False (A/B switches)
+    epilogue_loop: bool | str = "channels"
+    # a row this short is one strip on the CPU's channel tiles (whole_rows)
+    WHOLE_ROW = 16
+
+    def loops_channels(self, O: int, y) -> bool:
+        """Whether the CPU's tile stores through a loop over its channels (epilogue_loop). Its
+        local array, a position's channels consecutive, is what clang's SLP vectoriser then seeds
+        from: the multiply-adds become a vector of 8 channels times a broadcast input (a weight
+        load per 8), where the straight-line stores, a channel's positions consecutive, made
+        vectors of the P positions (4 or 2 wide: 128 -> 128 3 x 3 at 14 x 14 3.66 -> 1.33 ms;
+        benchmarks/NOTES.md, "Conv's CPU tiles as channel vectors")."""
+        if self.epilogue_loop == "channels":
+            return (self.group == 1 and O >= 8) or loops_epilogue("gelu", y)
+        return loops_epilogue(self.epilogue_loop, y)
+
+    def whole_rows(self, mg: int) -> bool:
+        """Whether a short row (WHOLE_ROW) is one strip of the CPU's channel tiles: its positions
+        then compile-time constants, so clang drops the masks at the row's ends that the masked
+        copy of the nest pays on every load (3 x 3 at 14 x 14 in strips of 14 x 8 channels
+        0.61 ms, 2 x 16 1.42; at 28 x 28, two strips of 14 both masked, 4x slower than 4 x 16)."""
+        return self.channel_tile(mg) and self.geo.out[-1] <= self.WHOLE_ROW
+
+    def channel_tile(self, mg: int) -> bool:
+        """Whether this node's CPU tiles are channel vectors (loops_channels): one group of 8+ channels."""
+        return self.cpu() and self.epilogue_loop == "channels" and self.group == 1 and mg >= 8
+
+    # the strips over an odd row on the channel tiles (2: the straight-line tiles' rule, an A/B switch)
+    ODD_STRIP = 4
 
     def describe(self) -> str:
         P, O, _, _ = self.tiles()
@@ -609,61 +668,3 @@ class Conv(ConvBase):
             return store_f(y, ix.add(ix.mul(nn, y.strides[0]), ix.mul(channel(bi, n), y.strides[1]), pos), value)
 
         tiled.emit(ctx, tl, item, thread, a_row, b_column, finish, store, a_m_contiguous=True, b_quad=b_quad)
-
-
-@register("Col2Im", since=18)
-class Col2Im(Operator):
-    """The inverse of im2col: Y[n, c, o] = sum over block offsets b of X[n, c*K + b, l] where, per
-    spatial dimension, o = l * stride + b * dilation - pad_begin (overlapping blocks add up), K the
-    block's element count and l the column's position on the sliding grid."""
-
-    def check(self):
-        from .common import compute_dtype
-
-        x = self.input(0)
-        self.expect_dtype(x, ("float",), "input 0")
-        self.expect(x.rank == 3, f"input 0 '{x.name}' has rank {x.rank}, expected 3 ([N, C * prod(block_shape), L])")
-        self.image = [int(v) for v in np.asarray(self.const(1, "image_shape")).reshape(-1)]
-        self.block = [int(v) for v in np.asarray(self.const(2, "block_shape")).reshape(-1)]
-        k = len(self.image)
-        self.expect(len(self.block) == k, f"block_shape has {len(self.block)} values, image_shape {k}")
-        self.strides = int_list(self, "strides", [1] * k, k)
-        self.dil = int_list(self, "dilations", [1] * k, k)
-        pads = int_list(self, "pads", [0] * 2 * k, 2 * k)
-        self.pad = pads[:k]
-        self.K = int(np.prod(self.block))
-        self.expect(x.shape[1] % self.K == 0,
-                    f"input 0 has {x.shape[1]} rows, not a multiple of prod(block_shape) = {self.K}")
-        self.grid = [(self.image[d] + pads[d] + pads[k + d] - self.dil[d] * (self.block[d] - 1) - 1) // self.strides[d] + 1
-                     for d in range(k)]
-        self.expect(all(g >= 1 for g in self.grid) and int(np.prod(self.grid)) == x.shape[2],
-                    f"input 0 has {x.shape[2]} columns, the sliding grid {self.grid} needs {int(np.prod(self.grid))}")
-        y = self.output()
-        want = (x.shape[0], x.shape[1] // self.K, *self.image)
-        self.expect(tuple(y.shape) == want, f"output '{y.name}' has shape {list(y.shape)}, expected {list(want)}")
-        self.acc_dtype = compute_dtype(x.dtype)
-
-    def forward(self, ctx):
-        from .common import convert, upcast
-
-        x, y = self.input(0), self.output()
-        k, K, L = len(self.image), self.K, x.shape[2]
-        with ctx.loop(y.numel) as i:
-            n, c, *o = ix.unravel(i, tuple(y.shape))
-            acc = ctx.fresh("acc")
-            ctx.line(f"{acc} = {ctx.lit(0, self.acc_dtype)}")
-            with ctx.loop(K, "b") as b:
-                bs = ix.unravel(b, tuple(self.block))
-                ts, cond = [], []
-                for d in range(k):
-                    t = ctx.fresh("t")
-                    ctx.line(f"{t} = {ix.add(o[d], str(self.pad[d]))} - {ix.mul(bs[d], self.dil[d])}")
-                    cond += [f"{t} >= 0", f"{t} % {self.strides[d]} == 0" if self.strides[d] > 1 else "True",
-                             f"{ix.div(t, self.strides[d])} < {self.grid[d]}"]
-                    ts.append(ix.div(t, self.strides[d]))
-                col = ix.ravel(ts, tuple(int(np.prod(self.grid[d + 1:])) for d in range(k)))
-                src = ix.add(ix.mul(n, x.shape[1] * L), ix.mul(ix.add(ix.mul(c, K), b), L), col)
-                ctx.line(f"if {' and '.join(c_ for c_ in cond if c_ != 'True')}:")
-                with ctx.indent():
-                    ctx.line(f"{acc} += {upcast(x.load(src), x.dtype)}")
-            ctx.store(y, i, convert(acc, self.acc_dtype, y.dtype))

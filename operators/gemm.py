@@ -11,7 +11,7 @@ from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import bind, literal
 
-from .common import compute_dtype, convert, upcast
+from .common import compute_dtype, convert, emit_epilogue_loop, loops_epilogue, upcast
 
 
 def _same_types(op: Operator, names: list[tuple[int, str]]) -> None:
@@ -269,8 +269,8 @@ class Dense(Operator):
         acc = [[[ctx.fresh("acc") for _ in range(O)] for _ in range(R)] for _ in range(chains(R, O, K))]
         ctx.render("matmul.py.j2", tile=True, acc=acc, K=K, zero=literal(0, acc_dt), pre=pre, bv=bv,
                    a=lambda r, k: at_row(r, lambda: load_a(bi, ms[r], k)), mad=mad)
-        if self.cpu_items() and self.loop_epilogue(y) and all(b is None for _, b in rows):
-            self._epilogue_loop(ctx, y, acc[0], finish, bi, ms, n0, rows, acc_dt, R, O, M, N, safe)
+        if self.cpu_items() and loops_epilogue(self.epilogue_loop, y) and all(b is None for _, b in rows):
+            self._epilogue_loop(ctx, y, acc[0], finish, bi, ms, n0, rows, acc_dt, O, M, N, safe)
             return
         # the finished values first, one statement each, then the stores: an expression per store
         # (bias, alpha, an epilogue's select) kept clang from vectorising the tile at all (63-256x4-4:
@@ -300,38 +300,22 @@ class Dense(Operator):
         for cond, write in writes:
             ctx.line_if(cond, write)
 
-    def _epilogue_loop(self, ctx, y, acc, finish, bi, ms, n0, rows, acc_dt, R, O, M, N, safe) -> None:
-        """(epilogue_loop) The tile's accumulators into a local array per row, then per row a loop
-        over its columns computing and storing each one's epilogue, for clang's loop vectoriser."""
-        t = [ctx.local_array(acc_dt.dsl, O, "t") for _ in range(R)]
-        for r in range(R):
-            for j in range(O):
-                ctx.line(f"{t[r]}[{j}] = {acc[r][j]}")
-        count = str(O) if safe == O else f"min({O}, {N} - {n0})"
-        for r in range(R):
-            jv = ctx.fresh("j")
-            ctx.line(f"for {jv} in range({count}):")
-            with ctx.indent():
-                n = ix.add(n0, jv)
-                f = ctx.let(finish(bi, ms[r], n, f"{t[r]}[{jv}]"), "f")
-                i = ix.add(ix.mul(bi, M * N), ix.mul(ms[r], N), n)
-                lets, write = y.store_parts(i, f)
-                for line in lets:
-                    ctx.line(line)
-                ctx.line_if(rows[r][0], write)
+    def _epilogue_loop(self, ctx, y, acc, finish, bi, ms, n0, rows, acc_dt, O, M, N, safe) -> None:
+        """(epilogue_loop) The tile's epilogue as a loop over each row's columns (common.emit_epilogue_loop)."""
+        def store(r, jv, value):
+            n = ix.add(n0, jv)
+            f = ctx.let(finish(bi, ms[r], n, value), "f")
+            lets, write = y.store_parts(ix.add(ix.mul(bi, M * N), ix.mul(ms[r], N), n), f)
+            for line in lets:
+                ctx.line(line)
+            ctx.line_if(rows[r][0], write)
 
-    def loop_epilogue(self, y) -> bool:
-        """Whether the CPU's tile stores through its epilogue in a loop (epilogue_loop)."""
-        chain = getattr(y.storage, "chain", None) or []
-        return self.epilogue_loop is True or (self.epilogue_loop == "gelu" and len(chain) > 1 and any(
-            node.op_type in ("Erf", "Gelu") for node, _ in chain))
+        emit_epilogue_loop(ctx, acc, acc_dt.dsl, str(O) if safe == O else f"min({O}, {N} - {n0})", store)
 
     # (the CPU's tiles) the epilogue as a loop over the tile's columns instead of straight-line
-    # statements, for epilogues of several nodes with an Erf or a Gelu ("gelu"; True: every
-    # epilogue, False: none, A/B switches): clang's SLP vectoriser, seeded by the stores, gives up on
-    # torch's GELU chain and leaves the whole tile scalar ([196,512]x[512,2048] + bias + GELU 26.5 ms,
-    # the MatMul + bias 6.4; as a loop 10.9), but the loop costs simpler epilogues 5-10% and an Erf
-    # alone 30% (benchmarks/NOTES.md, "A branch-free erf")
+    # statements (common.loops_epilogue's rule: "gelu"; True: every epilogue, False: none, A/B
+    # switches): [196,512]x[512,2048] + bias + torch's GELU 26.5 ms straight-line, 10.9 as a loop,
+    # the MatMul + bias 6.4
     epilogue_loop: bool | str = "gelu"
 
     # ---- the GPU form: a block of threads per tile, through shared memory (operators/tiled.py) ----

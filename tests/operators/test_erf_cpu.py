@@ -124,3 +124,67 @@ def test_gelu_epilogue_loop(n):
     np.testing.assert_array_equal(got, straight)
     want = ort_run(model, {"x": x})["y"]
     assert_close(got, want, rtol=2e-6, atol=1e-6 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("x_shape,w_shape,strides", [((2, 24, 41), (17, 24, 3), [2]), ((1, 8, 9, 7), (32, 8, 3, 3), [1, 1])])
+def test_conv_gelu_epilogue_loop(x_shape, w_shape, strides):
+    """Conv.epilogue_loop: a Conv's GELU epilogue as a loop over each position's channels on the CPU
+    (common.emit_epilogue_loop, Gemm's and MatMul's loop), against onnxruntime and bit-equal to the
+    straight-line form: a 1-D Conv of 17 channels (blocks of 9: the last one ragged, the loop's count
+    min(9, 17 - m)) over an odd row (overlapping strips of 2), and a 2-D 3 x 3 over 9 x 7 (an outer
+    dimension, strips of 2 overlapping at the row's end)."""
+    from luisaml.operators.conv import Conv
+
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(x_shape) * 2).astype(np.float32)
+    w = (rng.standard_normal(w_shape) * 0.3).astype(np.float32)
+    b = rng.standard_normal(w_shape[0]).astype(np.float32)
+    pads = [1] * (2 * len(strides)) if len(strides) == 2 else [0, 0]
+    model = gelu_mlp(x, w_shape[0])
+    model.graph.node[0].CopyFrom(helper.make_node("Conv", ["x", "w", "b"], ["h"], strides=strides, pads=pads))
+    del model.graph.node[1]
+    model = graph_model(list(model.graph.node), {"x": x}, {"w": w, "b": b, "r2": np.float32(math.sqrt(2)),
+                                                           "one": np.float32(1), "half": np.float32(0.5)})
+    rule = Conv.epilogue_loop
+    try:
+        Conv.epilogue_loop = False
+        straight = luisaml.compile(model, batch_axis=None)
+    finally:
+        Conv.epilogue_loop = rule
+    assert "for j" not in straight.plan.source
+    net = luisaml.compile(model, batch_axis=None)
+    assert "for j" in net.plan.source
+    assert bool(re.search(r"range\(min\(9, 17 - m", net.plan.source)) == (w_shape[0] == 17)
+    got = net.run({"x": x})["y"]
+    np.testing.assert_array_equal(got, straight.run({"x": x})["y"])
+    want = ort_run(model, {"x": x})["y"]
+    assert_close(got, want, rtol=2e-6, atol=1e-6 * np.abs(want).max())
+
+
+def test_element_run_with_erf_stores_last():
+    """An element stage's run with an Erf (emission._stores_last: its values into a local array, then
+    its stores): a per-channel affine (a gathered scale and shift) and torch's GELU over 518 elements
+    (a guarded last run), against onnxruntime and bit-equal to the run storing as it goes."""
+    from luisaml import emission
+
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal((2, 7, 37)) * 2).astype(np.float32)
+    nodes = [helper.make_node("Mul", ["x", "s"], ["h0"]), helper.make_node("Add", ["h0", "b"], ["h"]),
+             helper.make_node("Div", ["h", "r2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["h", "e1"], ["p"]),
+             helper.make_node("Mul", ["p", "half"], ["y"])]
+    model = graph_model(nodes, {"x": x}, {"s": rng.standard_normal((7, 1)).astype(np.float32),
+                                          "b": rng.standard_normal((7, 1)).astype(np.float32),
+                                          "r2": np.float32(math.sqrt(2)), "one": np.float32(1), "half": np.float32(0.5)})
+    try:
+        emission.ELEMENT_STORES_LAST = False
+        plain = luisaml.compile(model, batch_axis=None)
+    finally:
+        emission.ELEMENT_STORES_LAST = True
+    net = luisaml.compile(model, batch_axis=None)
+    run_array = re.compile(r"\br\d+ = Arr_float_16\(\)")
+    assert run_array.search(net.plan.source) and not run_array.search(plain.plan.source)
+    got = net.run({"x": x})["y"]
+    np.testing.assert_array_equal(got, plain.run({"x": x})["y"])
+    want = ort_run(model, {"x": x})["y"]
+    assert_close(got, want, rtol=2e-6, atol=1e-6 * np.abs(want).max())
