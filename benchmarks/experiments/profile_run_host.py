@@ -3,7 +3,7 @@ zoo batch, run on torch CUDA tensors (zero copy); wall time per run with launch.
 N (interleaved), the host's time to enqueue the stages (KernelLauncher.launch) and a cProfile of the
 runs by internal time.
 
-    LUISAML_BACKEND=cuda python3 -P benchmarks/experiments/profile_run_host.py resnet-18 [--flush 8] [--reps 30]"""
+    LUISAML_BACKEND=cuda python3 -P benchmarks/experiments/profile_run_host.py resnet-18 [--flush 4 16] [--reps 30]"""
 from __future__ import annotations
 
 import argparse
@@ -23,7 +23,7 @@ sys.path.insert(0, str(HERE.parent))
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("network")
-    ap.add_argument("--flush", type=int, default=8)
+    ap.add_argument("--flush", type=int, nargs="+", default=[8], help="launches between commits to compare with 0")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--batch", type=int)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: this script's own test")
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
             enqueue.append(time.perf_counter() - t)
 
     launch.KernelLauncher.launch = timed
-    walls: dict[int, list[float]] = {0: [], a.flush: []}
+    walls: dict[int, list[float]] = {f: [] for f in [0, *a.flush]}
     for _ in range(a.reps):
         for flush in walls:
             launch.FLUSH_LAUNCHES = flush
