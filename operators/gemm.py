@@ -3,6 +3,8 @@ weights prepacked at compile time (shaders/matmul.py.j2); accumulated in float f
 (rounded to half once), in int for integers."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from luisaml import indexing as ix
@@ -35,6 +37,10 @@ MAX_ACC = 32
 # each B load then feeds two rows. On the CPU backend 63-128x4-4 went 8.1-9.8 -> 6.0-7.5 ms and
 # 63-256x4-4 13.9-17.4 -> 9.8-10.5 ms (2 x 8 tiles: 12.1-14.1); not measured on CUDA yet.
 NARROW = 16
+# On the CPU backend (the ragged tiles) a narrow tile takes up to 64 accumulators in up to 4 rows:
+# 4 x 16, eight AVX vectors, each B load feeding four rows ([196, 512] x [512, 2048] 121 GFLOP/s against 81 as
+# 2 x 16; 8 x 16 and 4 x 32 spilled: 57-64; benchmarks/NOTES.md, "GEMM tiles on AVX-512")
+CPU_NARROW_ACC = 64
 # The tile (rows, columns) of a product whose B is not a constant (Dense.square_tiles): its loads
 # pay the index arithmetic of the inline nodes they read through, so the tile that loads least per
 # multiply-add wins although its 128 accumulators spill. ViT-Ti's attention block (CPU backend,
@@ -57,9 +63,10 @@ def block_columns(N: int, wide: int) -> int:
 def tile_shape(M: int, N: int, narrow: bool = False, ragged: bool = False) -> tuple[int, int]:
     """Return (rows R, columns O) of a work item's tile: O of block_columns up to WIDE (NARROW when
     `narrow`), then as many rows as divide M within MAX_ACC accumulators (rows that divide M need
-    no bounds checks), or with `ragged` as many as fit (the last row block ragged: Dense.tiles)."""
+    no bounds checks), or with `ragged` (the CPU's) as many as fit (the last row block ragged:
+    Dense.tiles), within CPU_NARROW_ACC and 4 rows when `narrow`."""
     O = block_columns(N, NARROW if narrow else WIDE)
-    most = min(MAX_ACC // O, 8)
+    most = min(CPU_NARROW_ACC // O, 4) if ragged and narrow else min(MAX_ACC // O, 8)
     if ragged:
         return max(1, min(most, M)), O
     R = max(r for r in range(1, most + 1) if M % r == 0) if M else 1
@@ -221,10 +228,16 @@ class Dense(Operator):
         M, N, K = self.M, self.N, self.K
         load_a, load_b, finish, acc_dt = self.loaders()
         R, O, nrows, cols = self.tiles()
-        cb = ctx.let(ix.mod(item, cols), "cb") if cols > 1 else "0"
-        rest = ix.div(item, cols)
-        rb = ctx.let(ix.mod(rest, nrows), "rb") if nrows > 1 else "0"
-        bi = ctx.let(ix.div(rest, nrows), "bi") if self.nbatch > 1 else "0"
+        if self.rows_fast and self.cpu_items() and self.packable_b():
+            rb = ctx.let(ix.mod(item, nrows), "rb") if nrows > 1 else "0"
+            rest = ix.div(item, nrows)
+            cb = ctx.let(ix.mod(rest, cols), "cb") if cols > 1 else "0"
+            bi = ctx.let(ix.div(rest, cols), "bi") if self.nbatch > 1 else "0"
+        else:
+            cb = ctx.let(ix.mod(item, cols), "cb") if cols > 1 else "0"
+            rest = ix.div(item, cols)
+            rb = ctx.let(ix.mod(rest, nrows), "rb") if nrows > 1 else "0"
+            bi = ctx.let(ix.div(rest, nrows), "bi") if self.nbatch > 1 else "0"
         if rows:  # M == 1: row r of the tile is row 0 of sample r
             R = len(rows)
             ms = ["0"] * R
@@ -267,11 +280,26 @@ class Dense(Operator):
             return f"fma({a}, {w}, {acc})" if acc_dt.dsl == "float" else f"{acc} + {a} * {w}"
 
         acc = [[[ctx.fresh("acc") for _ in range(O)] for _ in range(R)] for _ in range(chains(R, O, K))]
+        loops = self.cpu_items() and loops_epilogue(self.epilogue_loop, y) and all(b is None for _, b in rows)
+        # (the CPU's tiles, one accumulator set, a straight-line epilogue) the epilogue and stores
+        # inside the k loop's last step: after the loop, clang's SLP vectoriser seeded from the stores
+        # re-did the last step's multiply-adds from the loop's values, which then lived through the
+        # loop: a register copy a multiply-add (16 vmovaps to 8 vfmadd in a 4 x 16 tile; [197, 768] x
+        # [768, 192] + bias 1.47 -> 1.19 ms; benchmarks/NOTES.md, "GEMM tiles on AVX-512")
+        tail = self.stores_in_loop and self.cpu_items() and not loops and len(acc) == 1 and K > 0
         ctx.render("matmul.py.j2", tile=True, acc=acc, K=K, zero=literal(0, acc_dt), pre=pre, bv=bv,
-                   a=lambda r, k: at_row(r, lambda: load_a(bi, ms[r], k)), mad=mad)
-        if self.cpu_items() and loops_epilogue(self.epilogue_loop, y) and all(b is None for _, b in rows):
+                   a=lambda r, k: at_row(r, lambda: load_a(bi, ms[r], k)), mad=mad, tail=tail)
+        if loops:
             self._epilogue_loop(ctx, y, acc[0], finish, bi, ms, n0, rows, acc_dt, O, M, N, safe)
             return
+        with contextlib.ExitStack() as inside:
+            if tail:  # under the template's `if k == K - 1:`
+                inside.enter_context(ctx.indent())
+                inside.enter_context(ctx.indent())
+            self._finish(ctx, y, acc, finish, bi, ms, n0, rows, at_row, R, O, M, N, safe)
+
+    def _finish(self, ctx, y, acc, finish, bi, ms, n0, rows, at_row, R, O, M, N, safe) -> None:
+        """Emit the tile's epilogue and stores, straight-line, from its accumulators."""
         # the finished values first, one statement each, then the stores: an expression per store
         # (bias, alpha, an epilogue's select) kept clang from vectorising the tile at all (63-256x4-4:
         # 20 ms a layer instead of 7, benchmarks/NOTES.md)
@@ -333,6 +361,13 @@ class Dense(Operator):
     # the CPU's tiles (cpu_items) write after all the epilogue's loads (emit_item); off: the stores
     # one after another as CUDA's items form has them (an A/B switch, benchmarks/NOTES.md)
     stores_last = True
+    # the CPU's tiles over a constant B take consecutive work items down a column block's rows, not
+    # along its columns: a block of CPU_BLOCK items (one worker) then reads one K x O panel of B,
+    # from L1, where each item read another panel ([196, 512] x [512, 2048]: 58 -> 81 GFLOP/s, [32,
+    # 768] x [768, 3072] + GELU 30 -> 46; benchmarks/NOTES.md, "GEMM tiles on AVX-512"); an A/B switch
+    rows_fast = True
+    # the CPU's straight-line epilogue inside the k loop's last step (emit_item's `tail`); an A/B switch
+    stores_in_loop = True
 
     def schedules(self, blocks: bool, wide: bool) -> list[dict]:
         from . import tiled

@@ -60,10 +60,12 @@ def test_residual_blocks_store_after_loads():
     lines = _stage_body(one.source, "mm1").splitlines()
     R, O, _, _ = stage_of(one, "mm1").root[1].tiles()
     assert O == 20
-    # at the tile's level (not under the loop over k nor under a column's condition): the writes of
-    # the 17 columns inside N all after the last read; the 3 past N (37 = 20 + 17) keep their store
-    # whole under its condition
-    level = min(len(t) - len(t.lstrip()) for t in lines[2:] if t.strip())
+    # at the epilogue's level (under the k loop's last step, Dense.stores_in_loop, not deeper under a
+    # column's condition): the writes of the 17 columns inside N all after the last read; the 3 past
+    # N (37 = 20 + 17) keep their store whole under its condition
+    last = next(k for k, t in enumerate(lines) if t.strip().startswith("if ") and t.rstrip().endswith(f"== {n - 1}:"))
+    lines = lines[last + 1:]
+    level = len(lines[0]) - len(lines[0].lstrip())
     top = [t for t in lines if t.strip() and len(t) - len(t.lstrip()) == level]
     writes = [k for k, t in enumerate(top) if ".write(" in t]
     reads = [k for k, t in enumerate(top) if ".read(" in t]
