@@ -15,7 +15,9 @@ walk: the builder writes leaf voxels only); and a bundle that bundle_grids check
 its arrays are frozen. Never a writeable array: a grid the user binds as numpy is checked at every
 new binding as before (BoundInputs keeps a network from checking equal bytes twice), and one with a
 corrupted byte raises. Trust stops at the process: nothing here is saved, and a bundle from a model,
-an artifact or a file is never remembered unchecked.
+an artifact or a file is never remembered unchecked. The read-only flag is the contract: Python code
+that makes a remembered array writeable, writes it and freezes it again before any binding defeats it
+(as it would BoundInputs' digests); data, from a model or a file, cannot.
 """
 from __future__ import annotations
 
@@ -40,11 +42,19 @@ def frozen(a: np.ndarray) -> bool:
 
 
 def freeze(a: np.ndarray) -> np.ndarray:
-    """Return a frozen array of a's values: a itself made read-only when its memory is its own, else a copy."""
+    """Return a frozen array of a's values: a itself made read-only with every array its memory belongs
+    to (a device build's outputs are views of the arrays its run read back into, which nothing else
+    holds: a later write to them raises rather than changing a remembered grid), or a copy where the
+    memory is another object's."""
     a = np.ascontiguousarray(a)
-    if a.base is not None and not frozen(a.base):
+    chain = [a]
+    while isinstance(chain[-1].base, np.ndarray):
+        chain.append(chain[-1].base)
+    if chain[-1].base is not None and not isinstance(chain[-1].base, bytes):
         a = a.copy()
-    a.flags.writeable = False
+        chain = [a]
+    for x in chain:
+        x.flags.writeable = False
     return a
 
 
@@ -68,8 +78,11 @@ def known(parts: Sequence) -> tuple[list, int] | None:
     if entry is None:
         return None
     refs, grids, count = entry
-    if any(r() is not a for r, a in zip(refs, parts)) or not all(frozen(a) for a in parts):
-        return None  # (an array made writeable again: checked as any other)
+    if any(r() is not a for r, a in zip(refs, parts)):
+        return None
+    if not all(frozen(a) for a in parts):  # (an array made writeable again: checked as any other from now on)
+        del _KNOWN[tuple(id(a) for a in parts)]
+        return None
     return grids, count
 
 

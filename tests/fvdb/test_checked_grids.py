@@ -122,13 +122,22 @@ def test_steps_grids_are_not_walked_and_a_corrupted_user_grid_still_raises(walks
             net.run({"grid_blob": blob, **rest, **feeds})
 
 
-def test_the_detector_walks_no_grid_of_its_own(walks):
+def test_the_detector_walks_no_grid_of_its_own_and_hashes_its_points_once(walks, monkeypatch):
     """The detector's frames (network A voxelizing, B after it): the fine and coarse grids are the steps',
-    so no bundle is walked in a frame, where four were (fine and coarse, each bound twice); the kept
+    so no bundle is walked in a frame, where four were (fine and coarse, each bound twice); the frame's
+    points, frozen by the example, are hashed by A and not again by B (feeds.bytes_digest); the kept
     boxes equal torch's."""
+    import hashlib
+
     import torch
 
+    from luisaml import feeds
     from util import example_module
+
+    hashed = []
+    real = hashlib.blake2b
+    monkeypatch.setattr(feeds.hashlib, "blake2b", lambda data=b"", **k: hashed.append(len(memoryview(data).cast("B")))
+                        or real(data, **k))
 
     with example_module("lidar_detector.py") as ex:
         cfg = ex.Settings(points=700, channels=4, radius=5.0, candidates=10)
@@ -139,8 +148,10 @@ def test_the_detector_walks_no_grid_of_its_own(walks):
         nets = ex.compile_networks(cfg, backbone, head, frames[0])
         for points in frames * 2:
             walks.clear()
+            hashed.clear()
             out, _ = nets.run(points)
             assert walks == []
+            assert hashed.count(len(points) * 3 * 4) == 1  # (xyz: float32 [N, 3])
             fine, x = ex.voxelize(points, cfg.voxel_size)
             with torch.no_grad():
                 want = [t.numpy() for t in head(backbone(x, *fine), *fine)]
