@@ -123,9 +123,14 @@ class HostStep:
             else:
                 out = on_host(self.node, self.operator, arrays)
             # frozen, and known as luisaml's own grid: every network binding it reads its headers, not its
-            # whole tree, ~3 ms a grid of 30k voxels once a binding (fvdb/checked.py)
-            out = [checked.freeze(a) for a in out]
-            checked.built(out[:BUNDLE - 1])
+            # whole tree, ~3 ms a grid of 30k voxels once a binding (fvdb/checked.py). Not a result that is
+            # an input's memory (a DilatedGrid of 0 on the device gives its input back): copied, so that the
+            # user's array is not frozen, and checked where it is bound as any grid the user binds
+            given = [a for a in arrays if isinstance(a, np.ndarray)]
+            theirs = [any(a is b or np.may_share_memory(a, b) for b in given) for a in out]  # (a is b: an empty one)
+            out = [checked.freeze(np.array(a) if mine else a) for a, mine in zip(out, theirs)]
+            if not theirs[0]:  # (the blob luisaml's: the small arrays are checked at every binding anyway)
+                checked.built(out[:BUNDLE - 1])
         result = {name: a for name, a in zip(self.node.outputs, out) if name}
         latest.value = (key, [result.get(name) for name in self.node.outputs])
         self._last = (key, result)

@@ -157,3 +157,24 @@ def test_the_detector_walks_no_grid_of_its_own_and_hashes_its_points_once(walks,
                 want = [t.numpy() for t in head(backbone(x, *fine), *fine)]
             np.testing.assert_array_equal(out["kept"], want[3])
             np.testing.assert_allclose(out["boxes"], want[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_step_that_gives_its_input_back_leaves_the_users_grid_checked_and_writeable():
+    """DilatedGrid of 0 on the device returns its input bundle: the step's result is a frozen copy, not
+    remembered as built, so the user's arrays stay writeable and a corrupted byte raises where the
+    query binds the grid (never a kernel over unchecked bytes)."""
+    from test_host_steps import topology_model
+
+    gb = BATCHES["two"]
+    net = luisaml.compile(topology_model("DilatedGrid", {"dilation": 0}, gb, False), batch_axis=None,
+                          grid_build="device")
+    sets = [set(map(tuple, v.tolist())) for v in gb.ijk.unbind()]
+    feeds, qv = query_feeds(sets, gb.grid_count, np.random.default_rng(0))
+    bundle = [np.array(a) for a in gb.bundle()]
+    got = net.run({**dict(zip(schema.BUNDLE, bundle)), **feeds})
+    np.testing.assert_array_equal(got["new_grid_blob"], bundle[0])
+    np.testing.assert_array_equal(got["index"], gb.ijk_to_index([qv] * gb.grid_count, cumulative=True).jdata)
+    assert [n for n, a in zip(schema.BUNDLE, bundle) if not a.flags.writeable] == []
+    bundle[0] = _corrupt_voxel_count(bundle[0])
+    with pytest.raises(LuisamlError, match="voxel count"):  # (NanoVDBError, as for any grid bound to kernels)
+        net.run({**dict(zip(schema.BUNDLE, bundle)), **feeds})
