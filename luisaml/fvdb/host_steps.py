@@ -30,7 +30,8 @@ output (Operator.runtime_sized).
   so does a step of another network whose op (its attributes, constants, where it builds) last ran,
   anywhere in the process, on the same bytes: a detector's backbone and head, each making the coarse
   grid of one fine grid, build it once (a weak registry, `_LIVE`: a network dropped takes its steps'
-  results with it).
+  results with it). A step's new bundle is frozen (read-only) and known as luisaml's own (fvdb/checked.py):
+  whoever binds it reads its headers, not its tree.
 
 Why a step and not a stage of the main network: a grid built on the device is sized at run time,
 and no node may read a tensor sized at run time (its buffer cannot be pooled before its size is
