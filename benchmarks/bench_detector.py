@@ -20,7 +20,8 @@ Sides (`--side`):
 Correctness first: every frame's boxes, scores and labels equal the torch reference's in count and
 order (boxes within 1e-4 + 1e-4 |x|, scores within 1e-5), or the side writes its record with
 "correct": false, no timings, and exits 1. Then each frame is run `--reps` times: frame time P50/P95/P99
-(wall, points in to boxes out), and one frame's host synchronisations, kernel launches and device bytes
+(wall, points in to boxes out), the host's part of it (host_ms: the wall time less the host's waits for the
+stream), and one frame's host synchronisations, kernel launches and device bytes
 (luisaml/counts.py; torch: torch.cuda.max_memory_allocated). The luisaml side also profiles its two
 networks on the middle frame: each kernel timed alone (their sum, the kernels' time) against a whole
 net.run (issue 28 item 3's target: run ≤ 1.3x the device span). Results: benchmarks/results/
@@ -30,6 +31,7 @@ end-to-end ratio is printed. `--results-md` appends the run's section to benchma
     python benchmarks/bench_detector.py --device cuda                 # luisaml on the GPU (default sizes)
     python benchmarks/bench_detector.py --device cuda --voxelize host # the same, voxelized on the host
     python benchmarks/bench_detector.py --device cpu --quick          # tiny frames, CPU backend (the test)
+    python benchmarks/bench_detector.py --device cpu --quick --grid-build device  # CUDA's grid path on the CPU
 """
 from __future__ import annotations
 
@@ -161,8 +163,9 @@ def run_luisaml(data: dict, a) -> dict:
     cfg, backbone, head = modules(ex, data)
     cfg = dataclasses.replace(cfg, voxelize=a.voxelize)
     t0 = time.perf_counter()
-    nets = ex.compile_networks(cfg, backbone, head, data["points"][0], backend=backend)
-    rec: dict = {"compile_s": None, "voxelize": a.voxelize}
+    grid_build = {} if a.grid_build is None else {"grid_build": a.grid_build}
+    nets = ex.compile_networks(cfg, backbone, head, data["points"][0], backend=backend, **grid_build)
+    rec: dict = {"compile_s": None, "voxelize": a.voxelize, "grid_build": a.grid_build or "auto"}
 
     def frame(points):
         out, feats = nets.run(points)
@@ -181,13 +184,31 @@ def run_luisaml(data: dict, a) -> dict:
             frame(points)
         per_frame.append({"points": len(points), "voxels": int(data["reference"][k]["voxels"]), "ms": [],
                           **c.as_dict()})
-    for _ in range(a.reps):
-        for f, points in zip(per_frame, data["points"]):
-            t = time.perf_counter()
-            frame(points)
-            f["ms"].append((time.perf_counter() - t) * 1e3)
+    # the host's part of a frame: its wall time less the time the host waits for the stream (LuisaCompute's
+    # synchronize: a run's end, a grid build's read-back); on the CPU backend the kernels run in that wait
+    waited = [0.0]
+    sync = counts.CountingStream.synchronize
+
+    def timed_sync(self):
+        t = time.perf_counter()
+        sync(self)
+        waited[0] += time.perf_counter() - t
+
+    counts.CountingStream.synchronize = timed_sync
+    host = []
+    try:
+        for _ in range(a.reps):
+            for f, points in zip(per_frame, data["points"]):
+                waited[0] = 0.0
+                t = time.perf_counter()
+                frame(points)
+                f["ms"].append((time.perf_counter() - t) * 1e3)
+                host.append(f["ms"][-1] - waited[0] * 1e3)
+    finally:
+        counts.CountingStream.synchronize = sync
     rec["frames"] = per_frame
     rec["frame_ms"] = percentiles([m for f in per_frame for m in f["ms"]])
+    rec["host_ms"] = percentiles(host)  # (wall less the waits for the stream)
     for key in ("syncs", "launches", "uploads", "downloads"):
         rec[f"{key}_per_frame"] = max(f[key] for f in per_frame)
     rec["peak_bytes"] = max(f["peak_bytes"] for f in per_frame)
@@ -379,6 +400,10 @@ def summary(rec: dict) -> list[str]:
         f = rec["frame_ms"]
         lines.append(f"  frame ms P50/P95/P99 {f['p50']:.2f} / {f['p95']:.2f} / {f['p99']:.2f} ({f['n']} frames)"
                      + (f"; peak {rec['peak_bytes'] / 2**20:.1f} MiB" if rec.get("peak_bytes") else ""))
+    if rec.get("host_ms"):
+        h = rec["host_ms"]
+        lines.append(f"  host ms a frame (wall less the waits for the stream) P50/P95 {h['p50']:.2f} / {h['p95']:.2f}"
+                     f"; grids built {rec.get('grid_build', 'auto')}")
     if "syncs_per_frame" in rec:
         lines.append(f"  per frame: {rec['syncs_per_frame']} host synchronisations, {rec['launches_per_frame']} "
                      f"launches, {rec['uploads_per_frame']} uploads, {rec['downloads_per_frame']} downloads")
@@ -405,6 +430,9 @@ def main(argv=None) -> int:
     ap.add_argument("--points", type=int, help="points of the first frame (default 100000; quick 700)")
     ap.add_argument("--voxelize", choices=("device", "host"), default="device",
                     help="luisaml side: voxelize inside network A (device, default) or with torch_ops on the host")
+    ap.add_argument("--grid-build", choices=("device", "host"),
+                    help="luisaml side: where the grid steps build (default: the backend's, device on CUDA, host on "
+                         "the CPU; device on the CPU backend runs CUDA's path: device builds and their read-backs)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out-dir", help="where the JSON goes (default benchmarks/results)")
     ap.add_argument("--results-md", action="store_true", help="append the run's section to benchmarks/RESULTS.md")
@@ -436,6 +464,7 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = tag_of(rec["device_name"])
     host = "-host-voxels" if a.side == "luisaml" and a.voxelize == "host" else ""  # (beside the default's record)
+    host += f"-grids-{a.grid_build}" if a.side == "luisaml" and a.grid_build else ""
     out = out_dir / f"detector-{a.side}{host}-{tag}{'-quick' if a.quick else ''}.json"
     out.write_text(json.dumps(rec, indent=1) + "\n")
     lines = [f"## Detector, points to boxes (bench_detector.py), {rec['device_name']}, {rec['date']}", "",

@@ -304,9 +304,14 @@ POINTS = ["xyz", "intensity", "joffsets"]  # network A's inputs with the voxeliz
 
 
 def point_feeds(points: np.ndarray) -> dict:
-    """Network A's feeds of a frame [N, 4] when it voxelizes: xyz, intensity and the jagged offsets [0, N]."""
-    return {"xyz": np.ascontiguousarray(points[:, :3]), "intensity": np.ascontiguousarray(points[:, 3:]),
-            "joffsets": np.array([0, len(points)], np.int64)}
+    """Network A's feeds of a frame [N, 4] when it voxelizes: xyz, intensity and the jagged offsets [0, N],
+    read-only: B, given the same arrays, does not hash them again (luisaml/feeds.py: a frozen array's digest
+    is kept while it lives)."""
+    feeds = {"xyz": np.array(points[:, :3], order="C"), "intensity": np.array(points[:, 3:], order="C"),
+             "joffsets": np.array([0, len(points)], np.int64)}
+    for a in feeds.values():
+        a.flags.writeable = False
+    return feeds
 
 
 def export_points(model: torch.nn.Module, args: tuple, names: list[str], outputs, dynamic: dict) -> onnx.ModelProto:
@@ -358,7 +363,7 @@ def compile_networks(cfg: Settings, backbone: Backbone, head: Head, points: np.n
     if cfg.voxelize != "device":
         raise ValueError(f"voxelize must be 'device' or 'host', got {cfg.voxelize!r}")
     vox = Voxelize(cfg.voxel_size)
-    args = tuple(torch.from_numpy(v) for v in point_feeds(points).values())
+    args = tuple(torch.from_numpy(np.array(v)) for v in point_feeds(points).values())  # (writeable copies)
     a = luisaml.compile(export_points(BackboneFromPoints(vox, backbone), args, POINTS, ["coarse_features"],
                                       {"xyz": "points", "intensity": "points"}), **options)
     b = luisaml.compile(export_points(HeadFromPoints(vox, head), (coarse, args[0], args[2]),

@@ -6,12 +6,14 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import weakref
 from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
 from . import dtypes
 from .fvdb import voxel_rows
+from .fvdb.checked import frozen
 from .dtypes import shape_str
 from .errors import InputError, InputNameError, InputTypeError
 from .interop import is_torch, to_numpy
@@ -156,6 +158,13 @@ def bytes_digest(a: np.ndarray, seen: dict | None) -> bytes:
     where = memory_key(a)
     if seen is not None and where in seen:
         return seen[where]
+    known = _FROZEN_DIGESTS.get(id(a))
+    if known is not None and known[0]() is a:
+        if frozen(a):
+            if seen is not None:
+                seen[where] = known[1]
+            return known[1]
+        del _FROZEN_DIGESTS[id(a)]  # (made writeable again: hashed from now on, until frozen and hashed again)
     view = memoryview(a.reshape(-1)).cast("B")  # (flat: memoryview cannot cast a shape with a zero, [0, 1])
     if a.nbytes <= PARALLEL_HASH_BYTES:
         digest = hashlib.blake2b(view, digest_size=16).digest()
@@ -169,7 +178,17 @@ def bytes_digest(a: np.ndarray, seen: dict | None) -> bytes:
         digest = hashlib.blake2b(b"".join(parts), digest_size=16, person=b"luisaml-tree").digest()
     if seen is not None:
         seen[where] = digest
+    if frozen(a):  # (its bytes cannot change while it lives: a later run, of any network, need not hash it)
+        key = id(a)
+        _FROZEN_DIGESTS[key] = (weakref.ref(a, lambda _r, key=key: _FROZEN_DIGESTS.pop(key, None)), digest)
     return digest
+
+
+# the digests of frozen arrays (fvdb/checked.py: read-only, their memory no writeable array's) by identity while
+# they live: a detector's frame, its points frozen, is hashed by network A and not again by B. (Code that makes
+# such an array writeable, writes it and freezes it again with no run in between defeats this, as it would
+# any cache: the read-only flag is the contract.)
+_FROZEN_DIGESTS: dict[int, tuple] = {}
 
 
 def input_digest(arrays: dict[str, np.ndarray], name: str, shape_only: bool, seen: dict) -> bytes:

@@ -20,6 +20,7 @@ from .dynamic import Capacity, StateLayout, copy_word, download, upload_words
 from .errors import LimitError, RunError
 from .feeds import io_dtype
 from .log import SLOW_BUILD_S, note, phase
+from .luisa_compat import upload_prefix
 from .pool import BufferPool
 
 if TYPE_CHECKING:
@@ -95,7 +96,7 @@ class KernelLauncher:
             note("%s; the run was repeated with room for them, nothing is cut", "; ".join(overflowed))
             for s, buf, count in out_bufs:  # (the re-run adds into them from zero again)
                 if s.accumulated and count:
-                    buf.copy_from_array(np.zeros(count, s.dtype.kernel_numpy), sync=False)
+                    upload_prefix(buf, np.zeros(count, s.dtype.kernel_numpy))
 
     def _run_once(self, args: list, n: int, out_bufs: list, make_output, read) -> tuple[Ran, list[str]]:
         """One launch of every stage (run's body); return (what it gave, the counted outputs whose total
@@ -240,7 +241,9 @@ class KernelLauncher:
             if s.name != name:
                 continue
             count = rows * s.numel_per_row
-            buf = make(s, rows) if make is not None else self.pool.exact(s.ident, io_dtype(self.plan, s).dsl, count)
+            # (within the buffer the run bound it at: no new one a run for a count that moves)
+            dsl = io_dtype(self.plan, s).dsl
+            buf = make(s, rows) if make is not None else self.pool.sized(s.ident, dsl, count, shrink=False)
             out_bufs[k] = (s, buf, count)
             args[len(self.plan.inputs) + k] = buf
 

@@ -159,6 +159,21 @@ def refill_byte_buffer(buf, data: np.ndarray) -> None:
     buf.copy_from_array(raw.view(np.uint32), sync=False)
 
 
+def upload_prefix(buf, array: np.ndarray) -> None:
+    """Enqueue the upload of a contiguous array into the first array.nbytes bytes of buf (a pool's
+    buffer of at least that size: pool.sized); luisa-python's copy_from_array writes whole buffers only.
+    The stream keeps the array until the upload has run."""
+    if array.nbytes == buf.bytesize:
+        buf.copy_from_array(array, sync=False)
+        return
+    from luisa import globalvars, lcapi
+
+    assert array.nbytes <= buf.bytesize and array.flags.c_contiguous, (array.nbytes, buf.bytesize)
+    stream = globalvars.vars.stream
+    stream.add(lcapi.BufferUploadCommand.create(buf.handle, 0, array.nbytes, array))
+    stream.add_upload_buffer(array)
+
+
 def fix_byte_buffer(buf) -> None:
     """Make a ByteBuffer passable to a kernel (its type instance lacks __name__)."""
     buf.bufferType.__name__ = "ByteBufferType"

@@ -17,6 +17,7 @@ from .feeds import (BoundInputs, check_feeds, expected, feeds_and_outputs, host_
                     padded_inputs, voxel_batch)
 from .interop import to_numpy
 from .launch import KernelLauncher
+from .luisa_compat import upload_prefix
 from .pool import BufferPool
 
 if TYPE_CHECKING:  # (not imported at run time: a network loaded from a .lml runs without onnx)
@@ -322,16 +323,16 @@ class CompiledNetwork(metaclass=abc.ABCMeta):  # (abstract of nothing: luisaml/p
             if s.dtype.is_byte:
                 args.append(self.bound.byte_input(s, k, seen if k is arrays[s.name] else None))
                 continue
-            buf = self.pool.exact(s.ident, self.io_dtype(s).dsl, k.size)
+            buf = self.pool.sized(s.ident, self.io_dtype(s).dsl, k.size)
             if k.size:
-                buf.copy_from_array(k.reshape(-1))
+                upload_prefix(buf, np.ascontiguousarray(k).reshape(-1))
             args.append(buf)
         out_bufs = []
         for s in self.plan.outputs:
             count = s.numel * (n if s.batched else 1)
-            buf = self.pool.exact(s.ident, self.io_dtype(s).dsl, count)
+            buf = self.pool.sized(s.ident, self.io_dtype(s).dsl, count)
             if s.accumulated and count:  # every sample adds into it
-                buf.copy_from_array(np.zeros(count, s.dtype.kernel_numpy))
+                upload_prefix(buf, np.zeros(count, s.dtype.kernel_numpy))
             out_bufs.append((s, buf, count))
             args.append(buf)
         args += self.bound.derived_buffers(self.plan, arrays, seen)

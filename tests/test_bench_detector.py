@@ -82,6 +82,9 @@ def test_luisaml_side_and_the_torch_fallback_over_the_same_frames(frames):
     assert rec["correct"] and len(rec["checks"]) == 3 and len(set(rec["points"])) == 3
     assert all(c["same_count"] and c["same_labels"] and c["detections"] > 0 for c in rec["checks"])
     assert set(rec["frame_ms"]) == {"p50", "p95", "p99", "n"} and rec["frame_ms"]["n"] == 6
+    # the host's part: the wall time less the waits for the stream, so within the frame's
+    assert rec["host_ms"]["n"] == 6 and 0 < rec["host_ms"]["p50"] <= max(rec["frames"][0]["ms"] + rec["frames"][1]["ms"]
+                                                                        + rec["frames"][2]["ms"])
     for key in ("syncs_per_frame", "launches_per_frame", "peak_bytes"):
         assert rec[key] > 0, key
     for name in ("backbone", "head"):

@@ -497,3 +497,38 @@ def read_grids(data: bytes | np.ndarray, *, limits: Limits = DEFAULT) -> list[Na
         grids.append(grid)
         pos += grid.grid_size
     return grids
+
+
+def read_built_grids(data: np.ndarray, *, limits: Limits = DEFAULT) -> list[NanoGrid]:
+    """Return every grid of a buffer that luisaml's own builder wrote (on the host or the device),
+    its headers parsed and checked but its tree not walked: the builder writes leaf voxels only,
+    indexed 1..N, so the counts a walk would make are the header's. Never for bytes from outside
+    (a bound grid, a file): those go through read_grids."""
+    buf = as_byte_buffer(data)
+    if len(buf) == 0:
+        raise NanoVDBError("empty buffer: expected at least one NanoVDB grid")
+    grids: list[NanoGrid] = []
+    pos = 0
+    while pos < len(buf):
+        where = f"NanoVDB grid #{len(grids)} at byte {pos} (built by luisaml)"
+        g = _parse_headers(buf, pos, where)
+        if g["grid_size"] > limits.grid_bytes:
+            raise GridLimitError(f"{where}: grid size is {g['grid_size']} bytes, more than the limit of "
+                                 f"{limits.grid_bytes} (luisaml.Limits.grid_bytes)")
+        root_pos = pos + L.GRID_DATA_SIZE + g["node_offsets"][3]
+        # (the root's table size read below and the node ranges the kernels follow lie in the grid)
+        _check_range(where, "RootData", root_pos, 1, L.ROOT_DATA_SIZE, pos, pos + g["grid_size"])
+        grids.append(NanoGrid(
+            buffer=buf, offset=pos, grid_size=g["grid_size"], version=g["version"], flags=g["flags"],
+            grid_index=g["grid_index"], grid_count=g["grid_count"], name=g["name"], grid_class=g["grid_class"],
+            grid_type=g["grid_type"], map=_read_map(buf, pos),
+            voxel_size=np.array(struct.unpack_from("<3d", buf, pos + L.GRID_OFF_VOXEL_SIZE)),
+            world_bbox=np.array(struct.unpack_from("<6d", buf, pos + L.GRID_OFF_WORLD_BBOX)).reshape(2, 3),
+            blind_metadata_offset=g["blind_metadata_offset"], blind_metadata_count=g["blind_metadata_count"],
+            value_count=g["value_count"],
+            tree=TreeInfo(g["node_offsets"], g["node_counts"], g["tile_counts"], g["voxel_count"]),
+            root_bbox=np.array(struct.unpack_from("<6i", buf, root_pos + L.ROOT_OFF_BBOX), np.int32).reshape(2, 3),
+            root_tile_count=struct.unpack_from("<I", buf, root_pos + L.ROOT_OFF_TABLE_SIZE)[0],
+            leaf_voxel_count=g["voxel_count"], active_tile_count=0))
+        pos += g["grid_size"]
+    return grids

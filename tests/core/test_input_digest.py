@@ -41,3 +41,37 @@ def test_a_run_hashes_shared_memory_once(monkeypatch):
     a = feeds.input_digest(arrays, "in_grid_blob", False, seen)
     b = feeds.input_digest(arrays, "out_grid_blob", False, seen)
     assert a != b  # (the input's name is part of its digest)
+
+
+def test_a_frozen_array_is_hashed_once_while_it_lives_and_a_writeable_one_every_time(monkeypatch):
+    """A read-only array owning its memory (a detector's frozen points, bound to A and then B) keeps its
+    digest across runs; a writeable one, or one made writeable again, is hashed again, and a changed byte
+    gives a new digest (hashlib's blake2b the reference)."""
+    import gc
+
+    calls = []
+    real = hashlib.blake2b
+    monkeypatch.setattr(feeds.hashlib, "blake2b", lambda *a, **k: calls.append(1) or real(*a, **k))
+    rng = np.random.default_rng(1)
+    a = rng.integers(0, 256, 5000, dtype=np.uint8)
+    want = real(a.tobytes(), digest_size=16).digest()
+    for _ in range(2):
+        assert feeds.bytes_digest(a, {}) == want
+    assert len(calls) == 2  # writeable: hashed every run
+    a.flags.writeable = False
+    calls.clear()
+    for _ in range(3):
+        assert feeds.bytes_digest(a, {}) == want
+    assert len(calls) == 1
+    view = a[:]  # (a view of frozen memory: frozen too)
+    assert feeds.bytes_digest(view, None) == want
+    a.flags.writeable = True
+    a[7] ^= 1
+    calls.clear()
+    assert feeds.bytes_digest(a, {}) == real(a.tobytes(), digest_size=16).digest() != want and len(calls) == 1
+    a.flags.writeable = False
+    assert feeds.bytes_digest(a, None) == real(a.tobytes(), digest_size=16).digest()  # (not the stale one)
+    ident = id(a)
+    del a, view
+    gc.collect()
+    assert ident not in feeds._FROZEN_DIGESTS  # (gone with its array: an id reused finds nothing)

@@ -387,8 +387,9 @@ def test_inspect_shows_the_bound_rows_by_their_symbols():
 
 def test_a_new_grid_each_run_reuses_the_device_buffers():
     """Grids whose voxel counts differ a little, bound run after run (a perception pipeline): the
-    derived metadata goes into the same buffers and the pooled buffers are kept, and every run
-    still equals the reference."""
+    derived metadata goes into the same buffers, the pooled buffers are kept, and so are the inputs'
+    and outputs' (pool.sized: the rows copied each way are a prefix of them), and every run still
+    equals the reference."""
     rng = np.random.default_rng(7)
     C = 4
     m, p = block_model(C, 3, rng)
@@ -401,8 +402,9 @@ def test_a_new_grid_each_run_reuses_the_device_buffers():
         assert_close(net.run({**grid_feeds(gb, "in_", "out_"), "x": x})["y"], reference_block(gb, x.astype(np.float64), p))
         # (the objects themselves, held: a freed buffer's id could be a new one's)
         buffers.append(({k: v[1] for k, v in net.bound.derived.items()},
-                        {name: b for (name, _), b in net.pool.held.items() if name.startswith(("buf_", "scratch_"))}))
-    for kind in (0, 1):
+                        {name: b for (name, _), b in net.pool.held.items() if name.startswith(("buf_", "scratch_"))},
+                        {name: b for (name, _), b in net.pool.held.items() if name.startswith(("x_", "y_"))}))
+    for kind in (0, 1, 2):
         first = buffers[0][kind]
         assert first and all(later.keys() == first.keys() and all(later[k] is first[k] for k in first)
                              for later in (buffers[1][kind], buffers[2][kind]))
