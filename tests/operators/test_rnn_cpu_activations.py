@@ -1,7 +1,8 @@
 """The recurrent steps' float4 activations (operators/rnn_stages.py: tanh as a rational function,
 sigmoid through it, NaN kept) against onnxruntime: RNN, GRU (both linear_before_reset) and LSTM with
 constant weights and 8 units (the float4 path), on X with NaN, +inf, -inf and pre-activations far
-past the rational's range, and on plain random data over both directions."""
+past the rational's range, and on plain random data over both directions; the LSTM's gemv in two
+passes of two gates (rnn_step.Step.gate_passes, 3 rows or more a thread) with every optional input."""
 
 import numpy as np
 from onnx import helper
@@ -51,4 +52,31 @@ def test_bidirectional_random():
     feeds = {k: v for k, v in feeds.items() if k not in inits}
     model = graph_model(nodes, feeds, inits, opset=22)
     assert "isnan(" in luisaml.compile(model, batch_axis=None).plan.source
+    assert_all_match_ort(model, feeds, TOL[np.float32])
+
+
+def test_lstm_gate_passes_every_input():
+    # 6 rows: a row group of 4 and a ragged one of 2 (clamped rows); 12 units: 3 float4s a row; both
+    # directions, sequence lengths 1..5, initial states, biases and peepholes, every output
+    node, feeds = case("LSTM", 0, S=5, B=6, I=7, H=12, direction="bidirectional",
+                       use=("B", "sequence_lens", "initial_h", "initial_c", "P"), seed=11)
+    inits = {k: v for k, v in feeds.items() if k[0] in "WRBP" and not k.startswith("sequence")}
+    feeds = {k: v for k, v in feeds.items() if k not in inits}
+    model = graph_model([node], feeds, inits, opset=22)
+    from luisaml.operators import rnn_step
+
+    passes = []
+    weights = rnn_step.Step.weights
+
+    def spy(self):
+        weights(self)
+        passes.append(self.gate_passes)
+
+    rnn_step.Step.weights = spy
+    try:
+        net = luisaml.compile(model, batch_axis=None)
+    finally:
+        rnn_step.Step.weights = weights
+    assert passes and all(passes)  # the two-pass gemv ran
+    assert "isnan(" in net.plan.source
     assert_all_match_ort(model, feeds, TOL[np.float32])
