@@ -185,6 +185,8 @@ class KernelContext:
         in a pure context the parenthesised expression itself)."""
         if expr.replace("_", "").isalnum():
             return expr
+        if self.pure and isinstance(expr, indexing.Affine):  # (kept whole: its divisions may fold)
+            return expr
         if self.pure:
             return f"({expr})"
         v = self.fresh(prefix)

@@ -1,5 +1,6 @@
 """Index arithmetic rendered as DSL int expressions: unravel a flat index over a shape, ravel
-coordinates with strides, and the broadcast index of an input inside an output's loop."""
+coordinates with strides, and the broadcast index of an input inside an output's loop; `Affine`
+indices, whose divisions and remainders fold where the bounds of their terms prove them exact."""
 from __future__ import annotations
 
 from .storage import row_major_strides
@@ -10,8 +11,52 @@ def _p(e: str) -> str:
     return e if e.replace("_", "").isalnum() else f"({e})"
 
 
+class Affine(str):
+    """An index sum(atom * coefficient) + const whose atoms (names or expressions) lie in [0, bound):
+    its text is that sum, so it reads as any index does; mul, add, div and mod keep it affine where
+    they can, and fold `e // d` and `e % d` when the terms d does not divide stay below d. A
+    flat index of a CPU GEMM tile's operand, read through inline Split and Transpose, then loses its
+    unravel's divisions: each remap's `(f // 197) % 64` of `bi * 12608 + k * 197 + n` is `k`
+    (operators/gemm.py, Dense.affine_loads; benchmarks/NOTES.md, "Attention products on the CPU")."""
+
+    terms: dict
+    bounds: dict
+    const: int
+
+    def __new__(cls, terms: dict, bounds: dict, const: int = 0):
+        terms = {a: c for a, c in terms.items() if c}
+        parts = [a if c == 1 else f"{_p(a)} * {c}" for a, c in terms.items()] + ([str(const)] if const or not terms else [])
+        s = super().__new__(cls, " + ".join(parts))
+        s.terms, s.bounds, s.const = terms, {a: bounds[a] for a in terms}, const
+        return s
+
+    @staticmethod
+    def atom(name: str, bound: int) -> "Affine":
+        """Return the index `name`, known to lie in [0, bound) (a number: that constant)."""
+        return Affine({}, {}, int(name)) if name.isdigit() else Affine({name: 1}, {name: bound})
+
+    def _split(self, d: int):
+        """Return (quotient, remainder) Affines of an exact division by d, or None."""
+        if self.const < 0 or any(c < 0 for c in self.terms.values()):
+            return None
+        q = {a: c // d for a, c in self.terms.items() if c % d == 0}
+        r = {a: c for a, c in self.terms.items() if c % d}
+        if self.const % d + sum(c * (self.bounds[a] - 1) for a, c in r.items()) >= d:
+            return None
+        return Affine(q, self.bounds, self.const // d), Affine(r, self.bounds, self.const % d)
+
+
+def _affine(e: str) -> Affine | None:
+    """Return e as an Affine (a number is a constant one), or None."""
+    if isinstance(e, Affine):
+        return e
+    return Affine({}, {}, int(e)) if e.isdigit() else None
+
+
 def mul(e: str, k: int) -> str:
     """Return the DSL of e * k, simplified."""
+    if isinstance(e, Affine):
+        return Affine({a: c * k for a, c in e.terms.items()}, e.bounds, e.const * k)
     if k == 0 or e == "0":
         return "0"
     if k == 1:
@@ -23,6 +68,14 @@ def mul(e: str, k: int) -> str:
 
 def add(*terms: str) -> str:
     """Return the DSL sum of the terms, dropping zeros."""
+    if any(isinstance(t, Affine) for t in terms):
+        parts = [_affine(t) for t in terms]
+        if all(p is not None for p in parts):
+            out: dict = {}
+            for p in parts:
+                for a, c in p.terms.items():
+                    out[a] = out.get(a, 0) + c
+            return Affine(out, {a: b for p in parts for a, b in p.bounds.items()}, sum(p.const for p in parts))
     nums = sum(int(t) for t in terms if t.isdigit())
     rest = [t for t in terms if not t.isdigit()]
     if nums:
@@ -31,12 +84,20 @@ def add(*terms: str) -> str:
 
 
 def div(e: str, k: int) -> str:
+    if isinstance(e, Affine) and k != 1:
+        qr = e._split(k)
+        if qr is not None:
+            return qr[0]
     return e if k == 1 else (str(int(e) // k) if e.isdigit() else f"{_p(e)} // {k}")
 
 
 def mod(e: str, k: int) -> str:
     if k == 1:
         return "0"
+    if isinstance(e, Affine):
+        qr = e._split(k)
+        if qr is not None:
+            return qr[1]
     return str(int(e) % k) if e.isdigit() else f"{_p(e)} % {k}"
 
 

@@ -41,13 +41,14 @@ NARROW = 16
 # 4 x 16, eight AVX vectors, each B load feeding four rows ([196, 512] x [512, 2048] 121 GFLOP/s against 81 as
 # 2 x 16; 8 x 16 and 4 x 32 spilled: 57-64; benchmarks/NOTES.md, "GEMM tiles on AVX-512")
 CPU_NARROW_ACC = 64
-# The tile (rows, columns) of a product whose B is not a constant (Dense.square_tiles): its loads
-# pay the index arithmetic of the inline nodes they read through, so the tile that loads least per
-# multiply-add wins although its 128 accumulators spill. ViT-Ti's attention block (CPU backend,
-# A/B in one process, Q K^T: 3 heads of [197, 64] x [64, 197]): 1 x 20 tiles 5.7-11 ms, 4 x 8 3.4,
-# 8 x 8 1.2-2.0, 16 x 8 0.9-1.7, 8 x 16 2.0, 16 x 16 1.7, 32 x 8 3.8 (benchmarks/NOTES.md, "Column-block
-# panels and square tiles").
-SQUARE = (16, 8)
+# The tile (rows, columns) of a product whose B is not a constant (Dense.square_tiles). Its loads
+# once paid the index arithmetic of the inline nodes they read through, so that 16 x 8 (128
+# accumulators, spilled) loaded least per multiply-add and won; with that arithmetic folded
+# (Dense.affine_loads) the 4 x 16 tile of a constant B's wins too. ViT-Ti's attention block (CPU
+# backend, A/B in one process): Q K^T (3 heads of [197, 64] x [64, 197], K^T's columns strided)
+# 2.16 ms as 16 x 8, 1.35 as 4 x 16, 1.46 as 4 x 8, 2.38 as 8 x 8, 2.35 as 8 x 16; attn V 0.58
+# as 16 x 8, 0.36 as 4 x 16 (benchmarks/NOTES.md, "Attention products on the CPU").
+SQUARE = (4, 16)
 WIDE = 32  # the widest column block: 64 measured no faster (63-256x4-4), and spilled before the stores were split
 
 
@@ -160,9 +161,9 @@ class Dense(Operator):
     def square_tiles(self) -> bool:
         """Whether the items form takes R x O tiles of SQUARE, its last row block ragged, instead of
         tile_shape's: for a B that is not a constant (attention's Q K^T and attn V, read through the
-        exporter's inline Split, Transpose and Mul), every load of A and B pays that index
-        arithmetic, and rows that divide M leave a prime M (ViT's 197 tokens) one row a tile, where each
-        B load feeds one multiply-add. Only where cpu_items (a product with a block tiling)."""
+        exporter's inline Split, Transpose and Mul, at folded indices: affine_loads), rows that
+        divide M leave a prime M (ViT's 197 tokens) one row a tile, where each B load feeds one
+        multiply-add. Only where cpu_items (a product with a block tiling)."""
         return not self.packable_b() and self.M > 1 and self.cpu_items()
 
     def work_items(self) -> int:
@@ -258,6 +259,15 @@ class Dense(Operator):
         n0 = ctx.let(ix.mul(cb, O), "n")
         # the columns that may fall past N (in the last column block only)
         safe = N % O or O
+        affine = self.affine_loads and self.cpu_items()
+        if affine:
+            # the operands' indices as ix.Affine sums of atoms in range, so that the unravels of the
+            # inline nodes A and B are read through (Split, Transpose, Reshape) fold their divisions
+            a_bi = ix.Affine.atom(bi, self.nbatch)
+            a_ms = [ix.Affine.atom(m, M) for m in ms]
+            a_k = lambda k: ix.Affine.atom(k, K) if k.isidentifier() else k
+            loads_a = load_a
+            load_a = lambda _, m, k: loads_a(a_bi, a_ms[ms.index(m)] if m in ms else m, a_k(k))
         pre = lambda k: []
         packed = self.packed_b(panels=self.cpu_items())
         if packed is not None:
@@ -271,6 +281,10 @@ class Dense(Operator):
         else:
             cols_of = [ctx.let(ix.add(n0, str(j)) if j < safe else f"min({ix.add(n0, str(j))}, {N - 1})", "c")
                        for j in range(O)]
+            if affine:
+                a_cols = [ix.Affine.atom(c, N) for c in cols_of]
+                loads_b = load_b
+                load_b = lambda _, k, n: loads_b(a_bi, a_k(k), a_cols[cols_of.index(n)])
 
             def bv(k, j):
                 return load_b(bi, k, cols_of[j])
@@ -286,17 +300,69 @@ class Dense(Operator):
         # re-did the last step's multiply-adds from the loop's values, which then lived through the
         # loop: a register copy a multiply-add (16 vmovaps to 8 vfmadd in a 4 x 16 tile; [197, 768] x
         # [768, 192] + bias 1.47 -> 1.19 ms; benchmarks/NOTES.md, "GEMM tiles on AVX-512")
-        tail = self.stores_in_loop and self.cpu_items() and not loops and len(acc) == 1 and K > 0
+        target = self._loop_target(y) if loops else None
+        tail = self.stores_in_loop and self.cpu_items() and (not loops or target is not None) and len(acc) == 1 and K > 0
         ctx.render("matmul.py.j2", tile=True, acc=acc, K=K, zero=literal(0, acc_dt), pre=pre, bv=bv,
                    a=lambda r, k: at_row(r, lambda: load_a(bi, ms[r], k)), mad=mad, tail=tail)
-        if loops:
+        if loops and target is None:
             self._epilogue_loop(ctx, y, acc[0], finish, bi, ms, n0, rows, acc_dt, O, M, N, safe)
             return
         with contextlib.ExitStack() as inside:
             if tail:  # under the template's `if k == K - 1:`
                 inside.enter_context(ctx.indent())
                 inside.enter_context(ctx.indent())
-            self._finish(ctx, y, acc, finish, bi, ms, n0, rows, at_row, R, O, M, N, safe)
+            if target is None:
+                self._finish(ctx, y, acc, finish, bi, ms, n0, rows, at_row, R, O, M, N, safe)
+                return
+            # the finished values into the epilogue's output, straight-line (vector stores)
+            done = [[ctx.let(finish(bi, ms[r], ix.add(n0, str(j)), acc[0][r][j]), "f") for j in range(O)] for r in range(R)]
+            for r in range(R):
+                for j in range(O):
+                    n = ix.add(n0, str(j))
+                    ctx.line_if(None if j < safe else f"{n} < {N}",
+                                target.store(ix.add(ix.mul(bi, M * N), ix.mul(ms[r], N), n), done[r][j]))
+        # a ragged last row block's rows past M are row M - 1 again: its epilogue must run once
+        live = [f"{ix.add(ix.mul(rb, R), str(r))} < {M}" if M % R and r else None for r in range(R)]
+        self._epilogue_in_place(ctx, y, target, bi, ms, live, n0, O, M, N, safe)
+
+    def _loop_target(self, y):
+        """Return the tensor an epilogue loop may run in place over (epilogue_in_place): the end of
+        y's epilogue in a plain buffer, of y's float dtype; or None."""
+        from luisaml.storage import Buffer
+
+        target = getattr(y.storage, "target", None)
+        if not self.epilogue_in_place or target is None or type(target.storage) is not Buffer:
+            return None
+        return target if target.dtype == y.dtype and y.dtype.dsl == "float" else None
+
+    def _epilogue_in_place(self, ctx, y, target, bi, ms, live, n0, O, M, N, safe) -> None:
+        """(epilogue_in_place) Per row of the tile (where live[r], a condition or None) a loop over
+        its columns that reads each finished value back from the epilogue's output, applies the
+        epilogue and writes the end there."""
+        for r in range(len(ms)):
+            jv = ctx.fresh("j")
+            inside = contextlib.ExitStack()
+            if live[r]:
+                ctx.line(f"if {live[r]}:")
+                inside.enter_context(ctx.indent())
+            ctx.line(f"for {jv} in range({str(O) if safe == O else f'min({O}, {N} - {n0})'}):")
+            with inside, ctx.indent():
+                i = self._column_index(bi, ms[r], ix.add(n0, jv))
+                lets, write = y.store_parts(i, ctx.let(target.load(i), "f"))
+                for line in lets:
+                    ctx.line(line)
+                ctx.line(write)
+
+    def _column_index(self, bi: str, m: str, n: str) -> str:
+        """Return the flat index of output (bi, m, n) for an epilogue loop's store: with
+        affine_epilogue an ix.Affine whose column n (n0 + j) is known below N, so that the epilogue's
+        bias loads at n0 + j, not at the flat index's `% N`, which the loop vectoriser could not bound
+        against the loop's writes ("cannot identify array bounds": the loop ran scalar;
+        benchmarks/NOTES.md, "Attention products on the CPU")."""
+        M, N = self.M, self.N
+        if not self.affine_epilogue:
+            return ix.add(ix.mul(bi, M * N), ix.mul(m, N), n)
+        return ix.add(ix.mul(ix.Affine.atom(bi, self.nbatch), M * N), ix.mul(ix.Affine.atom(m, M), N), ix.Affine.atom(n, N))
 
     def _finish(self, ctx, y, acc, finish, bi, ms, n0, rows, at_row, R, O, M, N, safe) -> None:
         """Emit the tile's epilogue and stores, straight-line, from its accumulators."""
@@ -333,7 +399,7 @@ class Dense(Operator):
         def store(r, jv, value):
             n = ix.add(n0, jv)
             f = ctx.let(finish(bi, ms[r], n, value), "f")
-            lets, write = y.store_parts(ix.add(ix.mul(bi, M * N), ix.mul(ms[r], N), n), f)
+            lets, write = y.store_parts(self._column_index(bi, ms[r], n), f)
             for line in lets:
                 ctx.line(line)
             ctx.line_if(rows[r][0], write)
@@ -368,6 +434,17 @@ class Dense(Operator):
     rows_fast = True
     # the CPU's straight-line epilogue inside the k loop's last step (emit_item's `tail`); an A/B switch
     stores_in_loop = True
+    # the CPU's tiles read A (and a B that is not a constant) at ix.Affine indices: the unravels of
+    # the inline Split, Transpose and Reshape they read through fold away (ViT-Ti's Q K^T 4.4 -> 2.0
+    # ms with 16 x 8 tiles; benchmarks/NOTES.md, "Attention products on the CPU"); an A/B switch
+    affine_loads = True
+    # (the epilogue loops) their stores' index as an ix.Affine (_column_index); an A/B switch
+    affine_epilogue = True
+    # (the epilogue loop, its end in a plain float buffer) the tile's finished values stored there
+    # first, then the loop reads them back and writes the epilogue's values in place: its values
+    # from a local array were a copy of the whole array a read (the CPU backend's `const lc_array f =
+    # *v; f[j]`), which kept the loop scalar ("unsafe dependent memory operations"); an A/B switch
+    epilogue_in_place = True
 
     def schedules(self, blocks: bool, wide: bool) -> list[dict]:
         from . import tiled
