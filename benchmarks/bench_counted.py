@@ -146,8 +146,8 @@ def main(argv=None) -> int:
                     "coarse grids are built (default: the backend's, device on CUDA, host on the CPU)")
     ap.add_argument("--voxelize", choices=("device", "host"), default="device", help="the detector's voxelization: "
                     "inside its backbone network (device, the default) or on the host before it")
-    ap.add_argument("--flush", type=int, default=0, help="commit the command list every N launches without waiting "
-                    "(luisaml/launch.py FLUSH_LAUNCHES; default 0: one commit a wait)")
+    ap.add_argument("--flush", type=int, default=None, help="commit the command list every N launches without waiting "
+                    "(luisaml/launch.py FLUSH_LAUNCHES; default: the backend's, BACKEND_FLUSH; 0: one commit a wait)")
     started = start(ap, argv, (30, 5), "timed calls per network")
     if started is None:
         return 2

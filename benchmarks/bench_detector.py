@@ -325,12 +325,15 @@ def run_torch(data: dict, a) -> dict:
     import torch
 
     dev = "cuda" if a.device == "cuda" else "cpu"
+    # float32 as the reference and luisaml's kernels compute it: torch's convolutions take TF32 tensor
+    # cores by default on the GPU, which moves the heatmap's scores by ~5e-3 and so the boxes kept
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     try:
         import spconv
     except ImportError as e:
         spconv, missing = None, e
     if spconv is not None:
-        rec: dict = {"pipeline": f"torch {torch.__version__} + spconv {spconv.__version__}", "device": dev}
+        rec: dict = {"pipeline": f"torch {torch.__version__} + spconv {spconv.__version__}", "device": dev, "tf32": False}
         run = None
         for taps in ("same", "mirrored"):  # fVDB's tap order or its mirror in spconv's weight layout
             det = SpconvDetector(data, dev, taps)

@@ -480,8 +480,9 @@ def main(argv=None) -> int:
     ap.add_argument("--table", action="store_true", help="print the markdown table of the results file and stop")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                     help="a luisaml.compile keyword for every network (tune=fast, tensor_cores=auto); repeatable")
-    ap.add_argument("--flush", type=int, default=0, help="commit net.run's command list every N launches without "
-                    "waiting, so the device starts while the host enqueues the rest (luisaml/launch.py FLUSH_LAUNCHES)")
+    ap.add_argument("--flush", type=int, default=None, help="commit net.run's command list every N launches without "
+                    "waiting, so the device starts while the host enqueues the rest (default: the backend's, "
+                    "luisaml/launch.py BACKEND_FLUSH; 0: one commit a run)")
     a = ap.parse_args(argv)
     for kv in a.option:
         key, _, value = kv.partition("=")
