@@ -14,6 +14,20 @@ import luisaml
 
 
 @contextlib.contextmanager
+def switched(owner, **switches):
+    """Set owner's attributes (an operator class's or a module's A/B switches) for the block, restoring
+    them after: the old code path a test compares the new one with."""
+    saved = {name: getattr(owner, name) for name in switches}
+    try:
+        for name, value in switches.items():
+            setattr(owner, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(owner, name, value)
+
+
+@contextlib.contextmanager
 def example_module(filename: str):
     """Import examples/<filename> as a module for the duration of a test module's fixture (registered
     in sys.modules while it runs: dataclasses look their module up there)."""

@@ -206,16 +206,21 @@ class _Sample(torch.autograd.Function):
         return export_node(g, op_type, tensors, tensors[11], [rows_of(tensors[7])] + trailing_sizes(tensors[11]))
 
 
+def _check_splat_values(points: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Check a splat's points and values (float32, one row per point); return the values."""
+    _check_points("points jdata", points)
+    if values.dtype != torch.float32 or values.dim() < 1 or values.shape[0] != points.shape[0]:
+        raise ValueError(f"values must be float32 with one row per point ({points.shape[0]}), got "
+                         f"{values.dtype} {list(values.shape)}")
+    return values
+
+
 class _Splat(torch.autograd.Function):
     @staticmethod
     @host_forward
     def forward(ctx, bezier: bool, total_voxels: int, *tensors):
         bundle, pts, values = tensors[:7], tensors[7:11], tensors[11:15]
-        _check_points("points jdata", pts[0])
-        v = values[0]
-        if v.dtype != torch.float32 or v.dim() < 1 or v.shape[0] != pts[0].shape[0]:
-            raise ValueError(f"values must be float32 with one row per point ({pts[0].shape[0]}), got "
-                             f"{v.dtype} {list(v.shape)}")
+        v = _check_splat_values(pts[0], values[0])
         g = grids_of(bundle)
         if total_voxels != g.total_voxels:
             raise ValueError(f"total_voxels is {total_voxels}, the grids have {g.total_voxels} active voxels")
@@ -243,11 +248,7 @@ class _SplatNearest(torch.autograd.Function):
     @host_forward
     def forward(ctx, total_voxels: int, *tensors):
         bundle, pts, values = tensors[:7], tensors[7:11], tensors[11:15]
-        _check_points("points jdata", pts[0])
-        v = values[0]
-        if v.dtype != torch.float32 or v.dim() < 1 or v.shape[0] != pts[0].shape[0]:
-            raise ValueError(f"values must be float32 with one row per point ({pts[0].shape[0]}), got "
-                             f"{v.dtype} {list(v.shape)}")
+        v = _check_splat_values(pts[0], values[0])
         g = grids_of(bundle)
         b = _grid_ids(pts)
         idx = _lookup(g, torch.floor(_world_to_voxel(g, pts[0], b) + 0.5), b)[:, None]  # (NanoVDB's round)

@@ -5,7 +5,7 @@ what CUDA's items form keeps (strips that divide the row) planned without a devi
 import numpy as np
 from onnx import helper
 
-from util import assert_matches_ort, graph_model, rand, stage_of
+from util import assert_matches_ort, graph_model, rand, stage_of, switched
 
 import luisaml
 from luisaml.runtime import analyze
@@ -113,12 +113,8 @@ def test_channel_tiles_whole_rows_against_ort_and_straight_line():
     tiles = {name: _tile(one, name)[:2] for name in ("c", "pw", "s2", "m4", "r24", "o1")}
     assert tiles == {"c": (9, 8), "pw": (7, 8), "s2": (5, 8), "m4": (4, 16), "r24": (8, 8), "o1": (4, 12)}, tiles
     assert "for j" in one.source
-    rule = Conv.epilogue_loop
-    try:
-        Conv.epilogue_loop = "gelu"
+    with switched(Conv, epilogue_loop="gelu"):
         straight = luisaml.compile(model, batch_axis="auto")
-    finally:
-        Conv.epilogue_loop = rule
     assert "for j" not in (straight.network_for(2) if hasattr(straight, "network_for") else straight).source
     got, want = net.run(feeds), straight.run(feeds)
     for name in want:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from util import graph_model, ort_run, rand
+from util import graph_model, ort_run, rand, switched
 
 import luisaml
 from luisaml.runtime import _network, analyze
@@ -77,12 +77,9 @@ def test_cpu_tiles_take_the_window(case):
     w, k, s, d, c, group = CPU_CASES[case]
     model = _model(w, k, s, d, c, group)
     feeds = {"a": rand((3, 9, w, c), seed=5), "b": rand((3, c, 9, w), seed=6)}
-    try:
-        Conv.cpu_row_window = False
+    with switched(Conv, cpu_row_window=False):
         old = luisaml.compile(model, backend="cpu")
         y_old = old.run(feeds)["y"]
-    finally:
-        Conv.cpu_row_window = True
     net = luisaml.compile(model, backend="cpu")
     op = next(st for st in net.plan.schedule.stages if st.root[0].name == "conv").root[1]
     P, O, _, _ = op.tiles()

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 from onnx import helper
-from util import graph_model, ort_run, single_node_model
+from util import graph_model, ort_run, single_node_model, switched
 
 import luisaml
 from luisaml.planning import CompileOptions, plan_for
@@ -106,11 +106,8 @@ def test_gelu_epilogue_loop(n):
 
     x = (np.random.default_rng(4).standard_normal((3, 37, 64)) * 2).astype(np.float32)
     model = gelu_mlp(x, n)
-    try:
-        Dense.epilogue_loop = False
+    with switched(Dense, epilogue_loop=False):
         straight = luisaml.compile(model, batch_axis=None)
-    finally:
-        Dense.epilogue_loop = "gelu"
     assert "for j" not in straight.plan.source
     straight = straight.run({"x": x})["y"]
     net = luisaml.compile(model, batch_axis=None)
@@ -145,12 +142,8 @@ def test_conv_gelu_epilogue_loop(x_shape, w_shape, strides):
     del model.graph.node[1]
     model = graph_model(list(model.graph.node), {"x": x}, {"w": w, "b": b, "r2": np.float32(math.sqrt(2)),
                                                            "one": np.float32(1), "half": np.float32(0.5)})
-    rule = Conv.epilogue_loop
-    try:
-        Conv.epilogue_loop = False
+    with switched(Conv, epilogue_loop=False):
         straight = luisaml.compile(model, batch_axis=None)
-    finally:
-        Conv.epilogue_loop = rule
     assert "for j" not in straight.plan.source
     net = luisaml.compile(model, batch_axis=None)
     assert "for j" in net.plan.source
@@ -176,11 +169,8 @@ def test_element_run_with_erf_stores_last():
     model = graph_model(nodes, {"x": x}, {"s": rng.standard_normal((7, 1)).astype(np.float32),
                                           "b": rng.standard_normal((7, 1)).astype(np.float32),
                                           "r2": np.float32(math.sqrt(2)), "one": np.float32(1), "half": np.float32(0.5)})
-    try:
-        emission.ELEMENT_STORES_LAST = False
+    with switched(emission, ELEMENT_STORES_LAST=False):
         plain = luisaml.compile(model, batch_axis=None)
-    finally:
-        emission.ELEMENT_STORES_LAST = True
     net = luisaml.compile(model, batch_axis=None)
     run_array = re.compile(r"\br\d+ = Arr_float_16\(\)")
     assert run_array.search(net.plan.source) and not run_array.search(plain.plan.source)

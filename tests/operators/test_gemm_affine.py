@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 from onnx import helper
-from util import graph_model, ort_run, stage_of
+from util import graph_model, ort_run, stage_of, switched
 
 import luisaml
 from luisaml import indexing as ix
@@ -64,11 +64,8 @@ def test_attention_products_read_at_folded_indices(t, heads, d):
     (t = 37: a ragged last row block of 4 x 16 tiles, a ragged column block)."""
     model = attention(t, heads, d)
     x = np.random.default_rng(1).standard_normal((t, 3, heads, d)).astype(np.float32)
-    try:
-        Dense.affine_loads = False
+    with switched(Dense, affine_loads=False):
         old = luisaml.compile(model, batch_axis=None)
-    finally:
-        Dense.affine_loads = True
     net = luisaml.compile(model, batch_axis=None)
     products = [s for s in _stage_sources(net.plan.source) if "for k" in s]
     assert len(products) == 2
@@ -105,11 +102,8 @@ def test_gelu_epilogue_in_place(batch, m, k, n):
     the bias read at n0 + j without `% N`; bit-equal to the local array loop and close to onnxruntime."""
     model = gelu_product(batch, m, k, n)
     x = (np.random.default_rng(3).standard_normal((batch, m, k)) * 2).astype(np.float32)
-    try:
-        Dense.epilogue_in_place, Dense.affine_epilogue = False, False
+    with switched(Dense, epilogue_in_place=False, affine_epilogue=False):
         old = luisaml.compile(model, batch_axis=None)
-    finally:
-        Dense.epilogue_in_place, Dense.affine_epilogue = True, True
     net = luisaml.compile(model, batch_axis=None)
     def loop_heads(source):  # each epilogue loop's first three lines
         return [part.split("\n")[1:4] for part in source.split("for j")[1:]]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from util import assert_matches_ort, graph_model, rand, stage_of
+from util import assert_matches_ort, graph_model, rand, stage_of, switched
 
 import luisaml
 from luisaml.operators.gemm import Dense
@@ -17,11 +17,8 @@ F32 = {"rtol": 1e-4, "atol": 1e-4}
 
 def _old_form(model, feeds, **kw):
     """Outputs with items along the columns and the stores after the k loop."""
-    try:
-        Dense.rows_fast, Dense.stores_in_loop = False, False
+    with switched(Dense, rows_fast=False, stores_in_loop=False):
         return luisaml.compile(model, **kw).run(feeds)
-    finally:
-        Dense.rows_fast, Dense.stores_in_loop = True, True
 
 
 @pytest.mark.parametrize("m,k,n", [(197, 130, 200), (33, 256, 130), (8, 128, 512)])

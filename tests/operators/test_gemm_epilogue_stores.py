@@ -7,7 +7,7 @@ and square tiles (B computed)."""
 import numpy as np
 from onnx import helper
 
-from util import assert_matches_ort, graph_model, rand, stage_of
+from util import assert_matches_ort, graph_model, rand, stage_of, switched
 
 import luisaml
 from luisaml.operators.gemm import Dense
@@ -30,11 +30,8 @@ def _stage_body(src: str, name: str) -> str:
 
 def _compile_both(model, feeds, **kw):
     """Return (outputs with the stores one after another, outputs and network with stores last)."""
-    try:
-        Dense.stores_last = False
+    with switched(Dense, stores_last=False):
         old = luisaml.compile(model, **kw).run(feeds)
-    finally:
-        Dense.stores_last = True
     net = luisaml.compile(model, **kw)
     return old, net.run(feeds), net
 
