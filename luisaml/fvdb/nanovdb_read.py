@@ -485,6 +485,12 @@ def read_grid(data: bytes | np.ndarray, offset: int = 0, where: str | None = Non
 
 def read_grids(data: bytes | np.ndarray, *, limits: Limits = DEFAULT) -> list[NanoGrid]:
     """Return every grid of a raw buffer of back-to-back grids (one or more), each validated."""
+    return _each_grid(data, lambda buf, pos, k: read_grid(buf, pos, where=f"NanoVDB grid #{k} at byte {pos}",
+                                                          limits=limits))
+
+
+def _each_grid(data: bytes | np.ndarray, read_one) -> list[NanoGrid]:
+    """Return read_one(buffer, byte offset, index) of each grid of a buffer of back-to-back grids."""
     buf = as_byte_buffer(data)
     if len(buf) == 0:
         raise NanoVDBError("empty buffer: expected at least one NanoVDB grid")
@@ -493,9 +499,8 @@ def read_grids(data: bytes | np.ndarray, *, limits: Limits = DEFAULT) -> list[Na
     # Walk mGridSize to the end of the buffer, like GridHandle and warp's validator; mGridIndex and
     # mGridCount are not trusted because naive concatenation leaves them at 0 / 1 in every grid.
     while pos < len(buf):
-        grid = read_grid(buf, pos, where=f"NanoVDB grid #{len(grids)} at byte {pos}", limits=limits)
-        grids.append(grid)
-        pos += grid.grid_size
+        grids.append(read_one(buf, pos, len(grids)))
+        pos += grids[-1].grid_size
     return grids
 
 
@@ -504,13 +509,9 @@ def read_built_grids(data: np.ndarray, *, limits: Limits = DEFAULT) -> list[Nano
     its headers parsed and checked but its tree not walked: the builder writes leaf voxels only,
     indexed 1..N, so the counts a walk would make are the header's. Never for bytes from outside
     (a bound grid, a file): those go through read_grids."""
-    buf = as_byte_buffer(data)
-    if len(buf) == 0:
-        raise NanoVDBError("empty buffer: expected at least one NanoVDB grid")
-    grids: list[NanoGrid] = []
-    pos = 0
-    while pos < len(buf):
-        where = f"NanoVDB grid #{len(grids)} at byte {pos} (built by luisaml)"
+
+    def read_one(buf, pos: int, k: int) -> NanoGrid:
+        where = f"NanoVDB grid #{k} at byte {pos} (built by luisaml)"
         g = _parse_headers(buf, pos, where)
         if g["grid_size"] > limits.grid_bytes:
             raise GridLimitError(f"{where}: grid size is {g['grid_size']} bytes, more than the limit of "
@@ -518,7 +519,7 @@ def read_built_grids(data: np.ndarray, *, limits: Limits = DEFAULT) -> list[Nano
         root_pos = pos + L.GRID_DATA_SIZE + g["node_offsets"][3]
         # (the root's table size read below and the node ranges the kernels follow lie in the grid)
         _check_range(where, "RootData", root_pos, 1, L.ROOT_DATA_SIZE, pos, pos + g["grid_size"])
-        grids.append(NanoGrid(
+        return NanoGrid(
             buffer=buf, offset=pos, grid_size=g["grid_size"], version=g["version"], flags=g["flags"],
             grid_index=g["grid_index"], grid_count=g["grid_count"], name=g["name"], grid_class=g["grid_class"],
             grid_type=g["grid_type"], map=_read_map(buf, pos),
@@ -529,6 +530,6 @@ def read_built_grids(data: np.ndarray, *, limits: Limits = DEFAULT) -> list[Nano
             tree=TreeInfo(g["node_offsets"], g["node_counts"], g["tile_counts"], g["voxel_count"]),
             root_bbox=np.array(struct.unpack_from("<6i", buf, root_pos + L.ROOT_OFF_BBOX), np.int32).reshape(2, 3),
             root_tile_count=struct.unpack_from("<I", buf, root_pos + L.ROOT_OFF_TABLE_SIZE)[0],
-            leaf_voxel_count=g["voxel_count"], active_tile_count=0))
-        pos += g["grid_size"]
-    return grids
+            leaf_voxel_count=g["voxel_count"], active_tile_count=0)
+
+    return _each_grid(data, read_one)
