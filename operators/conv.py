@@ -307,6 +307,8 @@ class Conv(ConvBase):
     # block's panels, a tile's stores after all its epilogue's loads. CUDA's items form is kept.
     no_blocks = False
     cpu_tiles = True
+    # the implicit GEMM as the tensor-core tile (operators/tiled_mma.py) where the plan asks: "tf32", or False
+    tensor_cores = False
 
     def tiles(self) -> tuple[int, int, int, int]:
         """Return (P positions along the last spatial dimension, O channels of one group, strips
@@ -347,7 +349,8 @@ class Conv(ConvBase):
             P, O, _, _ = self.tiles()
             return strip_candidates(self.M // self.group, (P, O), wide)
 
-        return tiled.product_schedules(self, blocks, wide, items)
+        # (the tensor cores' tile has no knobs searched)
+        return tiled.product_schedules(self, blocks, wide, items, fixed=lambda tl: getattr(tl, "mma", False))
 
     def work_items(self) -> int:
         _, _, strips, blocks = self.tiles()
@@ -609,6 +612,15 @@ class Conv(ConvBase):
             return None
         taps = int(np.prod(self.kernel, dtype=np.int64))
         rows = y.shape[0] * int(np.prod(self.geo.out, dtype=np.int64))
+        if self.tensor_cores:  # (luisaml/rewrites/tensor_cores.py; None: too few channels a group, as the stem's 3)
+            from . import tiled_mma
+            from luisaml.device import sm_count
+
+            # as Gemm's: a product launched whole (no batch the plan does not know) may take smaller tiles
+            sms = 0 if y.batched else sm_count()
+            mma = tiled_mma.choose(rows, self.M // self.group, x.shape[1] // self.group * taps, self.group, sms=sms)
+            if mma is not None:
+                return mma
         return tiled.tuned(tiled.choose(rows, self.M // self.group, x.shape[1] // self.group * taps, self.group,
                                         m_fast=True, pipelined=True), self.schedule)
 
@@ -667,4 +679,9 @@ class Conv(ConvBase):
             nn, pos = (ix.div(m, positions), ix.mod(m, positions)) if y.shape[0] > 1 else ("0", m)
             return store_f(y, ix.add(ix.mul(nn, y.strides[0]), ix.mul(channel(bi, n), y.strides[1]), pos), value)
 
+        if getattr(tl, "mma", False):
+            from . import tiled_mma
+
+            tiled_mma.emit(ctx, tl, item, thread, a_row, b_column, finish, store, a_m_contiguous=True)
+            return
         tiled.emit(ctx, tl, item, thread, a_row, b_column, finish, store, a_m_contiguous=True, b_quad=b_quad)

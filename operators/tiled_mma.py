@@ -87,10 +87,12 @@ def choose(M: int, N: int, K: int, nbatch: int, kind: str = "tf32", sms: int = 0
 
 
 def emit(ctx, tl: MmaTiling, item: str, thread: str, a: RowLoader, b: RowLoader, finish: Finish, store: Finish,
-         a_m_contiguous: bool) -> None:
+         a_m_contiguous: bool, m_limit: str | None = None) -> None:
     """Emit block `item`'s tile (item < tl.blocks) for thread `thread` of tl.threads (tiled.emit's
     arguments: a(bi, m) -> k -> A[bi, m, k], b(bi, n) -> k -> B[bi, k, n], finish, store;
-    a_m_contiguous: A's consecutive rows are consecutive in memory)."""
+    a_m_contiguous: A's consecutive rows are consecutive in memory; m_limit, optional: the rows that
+    exist, a run-time expression of at least 1 (a Winograd product's tile of samples at the batch's
+    end): rows at or past it load row m_limit - 1 and store nothing)."""
     M, N, K, BM, BN, BK = tl.M, tl.N, tl.K, tl.BM, tl.BN, tl.BK
     NT = tl.threads
     SA, SB = BK + PAD_A, BN + PAD_B
@@ -113,7 +115,7 @@ def emit(ctx, tl: MmaTiling, item: str, thread: str, a: RowLoader, b: RowLoader,
     b_sh = ctx.shared_array("float", 2 * b_size, "bsh")
 
     # ---- the copies: this thread's elements of each step's tiles, fixed over k -----------------------
-    def copies(side: int, m_fast: bool, base: str, limit: int, loader: RowLoader, of_a: bool):
+    def copies(side: int, m_fast: bool, base: str, limit: int | str, loader: RowLoader, of_a: bool):
         """Return [(shared index, k offset within the step, k -> load)] of this thread's elements."""
         out = []
         for e in range(side * BK // NT):
@@ -121,11 +123,14 @@ def emit(ctx, tl: MmaTiling, item: str, thread: str, a: RowLoader, b: RowLoader,
             q, kk = (ix.mod(u, side), ix.div(u, side)) if m_fast else (ix.div(u, BK), ix.mod(u, BK))
             q, kk = ctx.let(q, "q"), ctx.let(kk, "kk")
             row = ctx.let(ix.add(base, q), "g")
-            load = loader(bi, row if limit % side == 0 else f"min({row}, {limit - 1})")
+            if isinstance(limit, str):  # (m_limit: known at run time only, every row clamped)
+                load = loader(bi, f"min({row}, {limit} - 1)")
+            else:
+                load = loader(bi, row if limit % side == 0 else f"min({row}, {limit - 1})")
             out.append((ctx.let(ix.add(ix.mul(q, SA), kk) if of_a else ix.add(ix.mul(kk, SB), q), "sh"), kk, load))
         return out
 
-    ahead = [(a_sh, a_size, *c) for c in copies(BM, a_m_contiguous, m0, M, a, True)] + \
+    ahead = [(a_sh, a_size, *c) for c in copies(BM, a_m_contiguous, m0, m_limit or M, a, True)] + \
             [(b_sh, b_size, *c) for c in copies(BN, True, n0, N, b, False)]
     regs = [ctx.fresh("pf") for _ in ahead]
 
@@ -194,7 +199,8 @@ def emit(ctx, tl: MmaTiling, item: str, thread: str, a: RowLoader, b: RowLoader,
             for ni in range(NI):
                 for j in range(2):
                     n = ctx.let(ix.add(n0, b_cols[ni][0], str(j)), "n")
-                    conds = [c for c in (f"{m} < {M}" if M % BM else None, f"{n} < {N}" if N % BN else None) if c]
+                    conds = [c for c in (f"{m} < {m_limit}" if m_limit else f"{m} < {M}" if M % BM else None,
+                                         f"{n} < {N}" if N % BN else None) if c]
                     if conds:
                         ctx.line(f"if {' and '.join(conds)}:")
                         ctx.level += 1

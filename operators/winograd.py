@@ -189,11 +189,24 @@ class WinogradProduct(_Winograd):
         tiles, ResNet's 7 x 7 layers: 16 samples), at most 64; 1 for a graph of fixed batch."""
         return min(64 // math.gcd(self.T, 64), 64) if self.output().batched else 1
 
+    # the products as the tensor-core tile (operators/tiled_mma.py) where the plan asks: "tf32", or False
+    tensor_cores = False
+
     def block_tiling(self):
         from . import tiled
 
         if self.output().dtype is not dtypes.FLOAT:
             return None
+        if self.tensor_cores:  # (luisaml/rewrites/tensor_cores.py; None: a product too small for it)
+            from luisaml.device import sm_count
+
+            from . import tiled_mma
+
+            # as Gemm's: a product launched whole (no batch the plan does not know) may take smaller tiles
+            sms = 0 if self.output().batched else sm_count()
+            mma = tiled_mma.choose(self.units * self.group() * self.T, self.K, self.C, self.E, sms=sms)
+            if mma is not None:
+                return mma
         return tiled.choose(self.units * self.group() * self.T, self.K, self.C, self.E, m_fast=True, pipelined=True,
                             narrow=True)
 
@@ -254,6 +267,12 @@ class WinogradProduct(_Winograd):
             ctx.line(f"if {ix.mul(f'({rb})', tl.BM)} < {rows}:")
             idle = ctx.indent()
         with idle:
+            if getattr(tl, "mma", False):
+                from . import tiled_mma
+
+                tiled_mma.emit(ctx, tl, item, thread, a_row, b_column, lambda e, m, n, acc: acc, store,
+                               a_m_contiguous=True, m_limit=rows)
+                return
             tiled.emit(ctx, tl, item, thread, a_row, b_column, lambda e, m, n, acc: acc, store,
                        a_m_contiguous=True, b_quad=b_quad, m_limit=rows)
 
