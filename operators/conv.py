@@ -597,91 +597,23 @@ class Conv(ConvBase):
         return super().describe() + f"; a thread per {P} outputs along the row x {O} channels{self.tuned_note()}"
 
     def describe_block(self) -> str:
+        G = self.block_samples() if self.output().batched else 1
         return (super().describe().replace("direct ", "implicit-GEMM ", 1) + "; " + self.block_tiling().describe()
-                + self.tuned_note())
+                + (f", a block's rows the positions of {G} samples" if G > 1 else "") + self.tuned_note())
 
-    # ---- the GPU form: an implicit GEMM in blocks through shared memory (operators/tiled.py) ------
-    # per group: rows m = (n, output position), columns = the group's output channels,
-    # k = (input channel in the group, kernel tap); A is the im2col view of X, never materialised
+    # ---- the GPU form: an implicit GEMM in blocks through shared memory (operators/conv_tiles.py) --
 
     def block_tiling(self):
-        from . import tiled
+        from . import conv_tiles
 
-        x, w, y = self.input(0), self.input(1), self.output()
-        if any(t.dtype.dsl != "float" for t in (x, w, y)):
-            return None
-        taps = int(np.prod(self.kernel, dtype=np.int64))
-        rows = y.shape[0] * int(np.prod(self.geo.out, dtype=np.int64))
-        if self.tensor_cores:  # (luisaml/rewrites/tensor_cores.py; None: too few channels a group, as the stem's 3)
-            from . import tiled_mma
-            from luisaml.device import sm_count
+        return conv_tiles.block_tiling(self)
 
-            # as Gemm's: a product launched whole (no batch the plan does not know) may take smaller tiles
-            sms = 0 if y.batched else sm_count()
-            mma = tiled_mma.choose(rows, self.M // self.group, x.shape[1] // self.group * taps, self.group, sms=sms)
-            if mma is not None:
-                return mma
-        return tiled.tuned(tiled.choose(rows, self.M // self.group, x.shape[1] // self.group * taps, self.group,
-                                        m_fast=True, pipelined=True), self.schedule)
+    def block_samples(self) -> int:
+        from . import conv_tiles
+
+        return conv_tiles.block_samples(self)
 
     def emit_block(self, ctx, item: str, thread: str) -> None:
-        from . import tiled
+        from . import conv_tiles
 
-        x, w, y = self.input(0), self.input(1), self.output()
-        g, tl = self.geo, self.block_tiling()
-        mg, cg, K = self.M // self.group, x.shape[1] // self.group, tl.K
-        positions = int(np.prod(g.out, dtype=np.int64))
-        sizes = x.shape[2:]
-
-        def a_row(bi, m):
-            nn = ctx.let(ix.div(m, positions), "nn") if y.shape[0] > 1 else "0"
-            outs = ix.unravel(ix.mod(m, positions) if y.shape[0] > 1 else m, tuple(g.out))
-            starts = [ctx.let(lin([(o, s)], -p), "is") for o, s, p in zip(outs, g.strides, g.pads_begin)]
-            x_base = ctx.let(ix.add(ix.mul(nn, x.strides[0]), ix.mul(bi, cg * x.strides[1])), "xb")
-
-            def load(k):
-                c, *taps = [ctx.let(v, "kc") for v in ix.unravel(k, (cg, *self.kernel))]
-                idx, conds = [ix.mul(c, x.strides[1])], []
-                for d in range(self.k):
-                    iv = ctx.let(ix.add(starts[d], ix.mul(taps[d], g.dilations[d])), "iv")
-                    last = (g.out[d] - 1) * g.strides[d] + (g.kernel[d] - 1) * g.dilations[d] - g.pads_begin[d]
-                    cond = bounds(iv, g.pads_begin[d] > 0, sizes[d] if last >= sizes[d] else None)
-                    conds += cond
-                    idx.append(ix.mul(f"min(max({iv}, 0), {sizes[d] - 1})" if cond else iv, x.strides[2 + d]))
-                v = load_f(x, ix.add(x_base, *idx))
-                return f"({v} if {' and '.join(conds)} else 0.0)" if conds else v
-
-            return load
-
-        packed = self.packed_w()
-        _, O, _, blocks = self.tiles()
-
-        def b_column(bi, n):
-            if packed is not None:  # [group][K][channel blocks x O]
-                base = ctx.let(ix.add(str(packed), ix.mul(bi, K * blocks * O * 4), ix.mul(n, 4)), "wb")
-                return lambda k: f"weights.read(float, {ix.add(base, ix.mul(k, blocks * O * 4))})"
-            base = ctx.let(ix.mul(ix.add(ix.mul(bi, mg), n), w.strides[0]), "wb")  # W[m, c, taps...] = W[m][k]
-            return lambda k: load_f(w, ix.add(base, k))
-
-        b_quad = None
-        if packed is not None and packed % 16 == 0 and (blocks * O) % 4 == 0:
-            def b_quad(bi, n):  # n a multiple of 4: 4 consecutive packed columns, one 16-byte load
-                base = ctx.let(ix.add(str(packed), ix.mul(bi, K * blocks * O * 4), ix.mul(n, 4)), "wq")
-                return lambda k: f"weights.read(float4, {ix.add(base, ix.mul(k, blocks * O * 4))})"
-
-        def channel(bi, n):
-            return ix.add(ix.mul(bi, mg), n) if self.group > 1 else n
-
-        def finish(bi, m, n, acc):
-            return f"{acc} + {load_f(self.input(2), channel(bi, n))}" if self.has_input(2) else acc
-
-        def store(bi, m, n, value):
-            nn, pos = (ix.div(m, positions), ix.mod(m, positions)) if y.shape[0] > 1 else ("0", m)
-            return store_f(y, ix.add(ix.mul(nn, y.strides[0]), ix.mul(channel(bi, n), y.strides[1]), pos), value)
-
-        if getattr(tl, "mma", False):
-            from . import tiled_mma
-
-            tiled_mma.emit(ctx, tl, item, thread, a_row, b_column, finish, store, a_m_contiguous=True)
-            return
-        tiled.emit(ctx, tl, item, thread, a_row, b_column, finish, store, a_m_contiguous=True, b_quad=b_quad)
+        conv_tiles.emit_block(self, ctx, item, thread)

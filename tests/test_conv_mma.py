@@ -5,7 +5,7 @@ Winograd convolution; a grouped Conv of few channels a group keeps tiled.py's FP
 kernel runs in Python (tests/gpu_emulator.py: a thread per GPU thread, the marked mma callable its
 FP32 DSL body, buffers float64) and is checked against a float64 direct convolution in numpy (itself
 checked against onnxruntime), for whole and ragged tiles, a ragged k step, stride 2, pads, dilation,
-bias, a fused Relu, weights at run time, groups; a Winograd product of a batch's last, partial group
+bias, a fused Relu, weights at run time, groups, samples of few positions sharing a tile; a Winograd product of a batch's last, partial group
 of samples against onnxruntime at test_winograd.py's tolerance. The CUDA run: tests/gpu/
 test_tensor_cores_cuda.py."""
 from __future__ import annotations
@@ -112,6 +112,22 @@ def test_conv_takes_the_mma_tile_and_matches_numpy(n, C, H, W, K, kw):
         assert len(plan.schedule.stages) == 1
     got = run_plan(plan, feeds)["Y"]
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-9 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("n,stride", [(3, 1), (2, 2)])
+def test_samples_of_few_positions_share_a_tile(n, stride):
+    """49 output positions a sample (ResNet-50's last layers) are under the mma tile's rows: a block's
+    rows are the positions of 64 samples, of which the batch's n exist (the rest load the last row and
+    store nothing; a tile wholly past them leaves), each row read and written at its own sample."""
+    model, feeds, want = _conv_model(n, 16, 7 * stride, 7 * stride, 32, k=3, strides=stride, pads=1, relu=True,
+                                     batch="N")
+    plan = _plan(model)
+    assert _tilings(plan) == {"Conv": "MmaTiling"}
+    (st,) = [s for s in plan.schedule.stages if s.domain == "blocks"]
+    assert st.samples == 64 and st.nodes[0][1].block_tiling().M == 64 * 49
+    got = run_plan(plan, feeds)["Y"]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-9 * np.abs(want).max())
+    assert _tilings(_plan(model, tensor_cores=False)) == {"Conv": "Tiling"}  # (the FP32 tile: a sample a block)
 
 
 @pytest.mark.parametrize("group,K", [(2, 32), (4, 64)])

@@ -1,0 +1,154 @@
+"""Conv's GPU form: the implicit GEMM in blocks through shared memory, on tiled.py's FP32 tile or, where
+the plan asks for tensor cores, tiled_mma.py's TF32 mma tile (operators/conv.py's Conv delegates its
+block_tiling, block_samples and emit_block here).
+
+Per group the product's rows m are (sample, output position), its columns the group's output
+channels, its k (input channel in the group, kernel tap): A is the im2col view of X, never
+materialised, B the weights (prepacked in the blob where constant). On the mma tile a sample of
+fewer output positions than the tile's 128 rows (ResNet-50's 7 x 7 layers at 224 x 224: 49 rows a
+sample, under a warp's 64) shares a block's rows with the next samples (a grouped blocks stage,
+Operator.block_samples, as Winograd's products: operators/winograd.py), each row read and written at
+its own sample (KernelContext.at_sample); the FP32 tile keeps one sample a block."""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+
+from luisaml import indexing as ix
+
+from .common import load_f
+from .conv import bounds, lin, store_f
+
+# (the mma tile) a sample of fewer output positions than this shares a block's rows with others
+MMA_ROWS = 128
+
+
+def samples_a_tile(conv) -> int:
+    """Samples the rows of a block of conv's mma tile cover: 1, or for a batched output of fewer than
+    MMA_ROWS positions a sample enough that the rows fill whole 64-row tiles (WinogradProduct.group's
+    rule), at most 64."""
+    positions = int(np.prod(conv.geo.out, dtype=np.int64))
+    if not conv.output().batched or conv.output().shape[0] != 1 or positions >= MMA_ROWS:
+        return 1
+    return min(64 // math.gcd(positions, 64), 64)
+
+
+def block_tiling(conv):
+    """Conv.block_tiling: the mma tiling where conv.tensor_cores and tiled_mma.choose takes the
+    product (over samples_a_tile samples), else tiled.py's FP32 tiling (None: no block form)."""
+    from . import tiled
+
+    x, w, y = conv.input(0), conv.input(1), conv.output()
+    if any(t.dtype.dsl != "float" for t in (x, w, y)):
+        return None
+    taps = int(np.prod(conv.kernel, dtype=np.int64))
+    rows = y.shape[0] * int(np.prod(conv.geo.out, dtype=np.int64))
+    K = x.shape[1] // conv.group * taps
+    if conv.tensor_cores:  # (luisaml/rewrites/tensor_cores.py; None: too few channels a group, as a depthwise conv's)
+        from luisaml.device import sm_count
+
+        from . import tiled_mma
+
+        # as Gemm's: a product launched whole (no batch the plan does not know) may take smaller tiles
+        sms = 0 if y.batched else sm_count()
+        mma = tiled_mma.choose(rows * samples_a_tile(conv), conv.M // conv.group, K, conv.group, sms=sms)
+        if mma is not None:
+            return mma
+    return tiled.tuned(tiled.choose(rows, conv.M // conv.group, K, conv.group, m_fast=True, pipelined=True),
+                       conv.schedule)
+
+
+def block_samples(conv) -> int:
+    """Conv.block_samples: samples_a_tile on the mma tile, else 1."""
+    return samples_a_tile(conv) if getattr(block_tiling(conv), "mma", False) else 1
+
+
+def emit_block(conv, ctx, item: str, thread: str) -> None:
+    """Conv.emit_block: block `item`'s tile for thread `thread`."""
+    from . import tiled
+
+    x, w, y = conv.input(0), conv.input(1), conv.output()
+    g, tl = conv.geo, block_tiling(conv)
+    mg, cg, K = conv.M // conv.group, x.shape[1] // conv.group, tl.K
+    positions = int(np.prod(g.out, dtype=np.int64))
+    sizes = x.shape[2:]
+    mma = getattr(tl, "mma", False)
+    G = block_samples(conv)
+
+    def at_row(m, named: bool):
+        """(the bindings to enter, the sample within the tensor, the output position) of row m: a row of
+        another sample of the group is read and written at that sample (a pooled buffer's samples lie
+        its slot's size apart). named: the sample in a variable (a row's loads, emitted once)."""
+        if G > 1:
+            s = ctx.let(ix.add(ctx.sample, ix.div(m, positions)), "cs")
+            return (lambda: ctx.at_sample(s)), "0", ix.mod(m, positions)
+        if y.shape[0] == 1:
+            return contextlib.nullcontext, "0", m
+        nn = ctx.let(ix.div(m, positions), "nn") if named else ix.div(m, positions)
+        return contextlib.nullcontext, nn, ix.mod(m, positions)
+
+    def a_row(bi, m):
+        binding, nn, pos = at_row(m, True)
+        outs = ix.unravel(pos, tuple(g.out))
+        starts = [ctx.let(lin([(o, s)], -p), "is") for o, s, p in zip(outs, g.strides, g.pads_begin)]
+        x_base = ctx.let(ix.add(ix.mul(nn, x.strides[0]), ix.mul(bi, cg * x.strides[1])), "xb")
+
+        def load(k):
+            c, *taps = [ctx.let(v, "kc") for v in ix.unravel(k, (cg, *conv.kernel))]
+            idx, conds = [ix.mul(c, x.strides[1])], []
+            for d in range(conv.k):
+                iv = ctx.let(ix.add(starts[d], ix.mul(taps[d], g.dilations[d])), "iv")
+                last = (g.out[d] - 1) * g.strides[d] + (g.kernel[d] - 1) * g.dilations[d] - g.pads_begin[d]
+                cond = bounds(iv, g.pads_begin[d] > 0, sizes[d] if last >= sizes[d] else None)
+                conds += cond
+                idx.append(ix.mul(f"min(max({iv}, 0), {sizes[d] - 1})" if cond else iv, x.strides[2 + d]))
+            with binding():
+                v = load_f(x, ix.add(x_base, *idx))
+            return f"({v} if {' and '.join(conds)} else 0.0)" if conds else v
+
+        return load
+
+    packed = conv.packed_w()
+    _, O, _, blocks = conv.tiles()
+
+    def b_column(bi, n):
+        if packed is not None:  # [group][K][channel blocks x O]
+            base = ctx.let(ix.add(str(packed), ix.mul(bi, K * blocks * O * 4), ix.mul(n, 4)), "wb")
+            return lambda k: f"weights.read(float, {ix.add(base, ix.mul(k, blocks * O * 4))})"
+        base = ctx.let(ix.mul(ix.add(ix.mul(bi, mg), n), w.strides[0]), "wb")  # W[m, c, taps...] = W[m][k]
+        return lambda k: load_f(w, ix.add(base, k))
+
+    b_quad = None
+    if packed is not None and packed % 16 == 0 and (blocks * O) % 4 == 0:
+        def b_quad(bi, n):  # n a multiple of 4: 4 consecutive packed columns, one 16-byte load
+            base = ctx.let(ix.add(str(packed), ix.mul(bi, K * blocks * O * 4), ix.mul(n, 4)), "wq")
+            return lambda k: f"weights.read(float4, {ix.add(base, ix.mul(k, blocks * O * 4))})"
+
+    def channel(bi, n):
+        return ix.add(ix.mul(bi, mg), n) if conv.group > 1 else n
+
+    def finish(bi, m, n, acc):
+        return f"{acc} + {load_f(conv.input(2), channel(bi, n))}" if conv.has_input(2) else acc
+
+    def store(bi, m, n, value):
+        binding, nn, pos = at_row(m, False)
+        with binding():
+            return store_f(y, ix.add(ix.mul(nn, y.strides[0]), ix.mul(channel(bi, n), y.strides[1]), pos), value)
+
+    if not mma:
+        tiled.emit(ctx, tl, item, thread, a_row, b_column, finish, store, a_m_contiguous=True, b_quad=b_quad)
+        return
+    from . import tiled_mma
+
+    if G == 1:
+        tiled_mma.emit(ctx, tl, item, thread, a_row, b_column, finish, store, a_m_contiguous=True)
+        return
+    # the group's samples that exist (the last group of a batch may hold fewer); a tile wholly past
+    # them leaves (uniform in the block)
+    live = tiled.group_rows(ctx, G, positions)
+    rb = ix.mod(ix.div(item, tl.col_blocks), tl.row_blocks)
+    ctx.line(f"if {ix.mul(f'({rb})', tl.BM)} < {live}:")
+    with ctx.indent():
+        tiled_mma.emit(ctx, tl, item, thread, a_row, b_column, finish, store, a_m_contiguous=True, m_limit=live)
