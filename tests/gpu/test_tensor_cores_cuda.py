@@ -1,7 +1,8 @@
 """The tensor-core route on CUDA (luisaml/tensor_cores.py, operators/tiled_mma.py): the device runs in
 the front's runtime directory, the start-up self-test finds TF32 and FP16 mma live, and Gemm and
 MatMul compiled with tensor_cores="auto" run as mma tiles within TF32's tolerance of float64 numpy
-(1e-2 of the norm, torch's; typically ~1e-3), while tensor_cores=False keeps the FP32 tile's 2e-5.
+(1e-2 of the norm, torch's; typically ~1e-3), while tensor_cores=False keeps the FP32 tile's 2e-5;
+so does a ResNet-style stack of Conv (and Winograd products) against onnxruntime.
 
     LUISAML_BACKEND=cuda python -m pytest tests/gpu/test_tensor_cores_cuda.py -q"""
 from __future__ import annotations
@@ -94,4 +95,56 @@ def test_mma_gemm_matches_numpy(name, make):
     assert e_fp32 <= FP32_TOL, e_fp32
     assert e_tc <= TF32_TOL, e_tc
     # TF32 rounds: the mma answer is not the FP32 one (a tile that ran the FP32 body would be)
+    assert e_tc > 10 * e_fp32, (e_tc, e_fp32)
+
+
+def _resnet_stack(n, seed=0):
+    """A ResNet-style stack over a batch of n (the batch a symbol): a 7 x 7 stride-2 stem of 3 channels
+    (k = 147), a 3 x 3 stride-1 conv (Winograd's where compile takes it), a bottleneck's 1 x 1 and its
+    projection shortcut summed and Relu'd (the Add and Relu a conv stage's epilogue), two 3 x 3 stride-2
+    convs down to 7 x 7 (49 positions a sample: the mma tile's rows the positions of several samples)."""
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+
+    def conv(x, y, cin, cout, k, stride=1, relu=True):
+        w = (rng.standard_normal((cout, cin, k, k)) * np.sqrt(2 / (cin * k * k))).astype(np.float32)
+        inits.extend([numpy_helper.from_array(w, y + "_w"), numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32) * 0.1, y + "_b")])
+        nodes.append(helper.make_node("Conv", [x, y + "_w", y + "_b"], [y + "_c" if relu else y], name=y, kernel_shape=[k, k],
+                                      strides=[stride] * 2, pads=[k // 2] * 4))
+        if relu:
+            nodes.append(helper.make_node("Relu", [y + "_c"], [y]))
+
+    conv("X", "stem", 3, 64, 7, stride=2)  # 56 -> 28
+    conv("stem", "c3", 64, 64, 3)
+    conv("c3", "expand", 64, 256, 1, relu=False)
+    conv("stem", "proj", 64, 256, 1, relu=False)
+    nodes += [helper.make_node("Add", ["expand", "proj"], ["sum"]), helper.make_node("Relu", ["sum"], ["block"])]
+    conv("block", "down1", 256, 128, 3, stride=2)  # 28 -> 14
+    conv("down1", "down2", 128, 256, 3, stride=2)  # 14 -> 7
+    g = helper.make_graph(nodes, "stack", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3, 56, 56])],
+                          [helper.make_tensor_value_info("down2", TensorProto.FLOAT, ["N", 256, 7, 7])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model, {"X": rng.standard_normal((n, 3, 56, 56)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("winograd", ["auto", 0])
+def test_mma_conv_stack_matches_onnxruntime(winograd):
+    """Every Conv (and Winograd product) of the stack on the mma tile, within TF32's tolerance of
+    onnxruntime's float32 (F(4x4)'s transforms add to TF32's rounding: ~3e-3 a layer in a float64
+    numpy model of it, ~3e-4 direct); tensor_cores=False keeps the FP32 tiles' 2e-5. A batch of 5: the
+    7 x 7 layer's group of samples is partial."""
+    from util import ort_run
+
+    model, feeds = _resnet_stack(5)
+    want = ort_run(model, feeds)["down2"].astype(np.float64)
+    tc = luisaml.compile(model, batch_axis=0, tensor_cores="auto", winograd=winograd)
+    fp32 = luisaml.compile(model, batch_axis=0, tensor_cores=False, winograd=winograd)
+    tilings = {node.name: type(op.block_tiling()).__name__ for st in tc.plan.schedule.stages if st.domain == "blocks"
+               for node, op in st.nodes}
+    assert len(tilings) == 6 and set(tilings.values()) == {"MmaTiling"}, tilings
+    assert "mma_tf32" not in fp32.plan.source
+    e_tc, e_fp32 = _rel(tc.run(feeds)["down2"], want), _rel(fp32.run(feeds)["down2"], want)
+    assert e_fp32 <= FP32_TOL, e_fp32
+    assert e_tc <= TF32_TOL, e_tc
     assert e_tc > 10 * e_fp32, (e_tc, e_fp32)
