@@ -64,9 +64,9 @@ class CompileOptions:
     # where topology ops over grids bound at run time build their grids (luisaml/host_steps.py):
     # "device", "host", or "auto" (decided by backend)
     grid_build: GridBuild = "auto"
-    # Gemm and MatMul blocks stages as TF32 mma tiles (operators/tiled_mma.py): "auto" where the CUDA
-    # device runs luisaml's compiler front and its self-test passes (luisaml/tensor_cores.py), False
-    # never; once resolved, True or False
+    # Gemm, MatMul, Conv and Winograd products' blocks stages as TF32 mma tiles (operators/tiled_mma.py):
+    # "auto" where the CUDA device runs luisaml's compiler front and its self-test passes
+    # (luisaml/tensor_cores.py), False never; once resolved, True or False
     tensor_cores: TensorCores | bool = False
     # measure candidate schedules of GEMM and convolution stages on the device (luisaml/tune.py):
     # "fast" (a handful a node), "full" (more), False (the rules' choices, no tuning cache read)

@@ -136,10 +136,13 @@ def compile(
     (luisaml/host_steps.py): "auto" (the device on CUDA, the host's numpy builder on the CPU),
     "device" (a network of the op alone, compiled once per power of two of the source's voxels)
     or "host".
-    tensor_cores: Gemm and MatMul on CUDA as TF32 mma.sync tiles through luisaml's compiler front
-    (operators/tiled_mma.py, luisaml/tensor_cores.py): "auto" (where the front runs and its start-up
-    self-test passes; else the FP32 tiles, said once), or False (the FP32 tiles). TF32 rounds A and
-    B to 10 bits of mantissa: about 1e-3 of a product's norm, as torch with TF32 on.
+    tensor_cores: Gemm, MatMul and Conv (its implicit GEMM, and a Winograd form's products) on CUDA
+    as TF32 mma.sync tiles through luisaml's compiler front (operators/tiled_mma.py,
+    luisaml/tensor_cores.py): "auto" (where the front runs and its start-up self-test passes; else
+    the FP32 tiles, said once), or False (the FP32 tiles). A product too small for the tile (a
+    grouped Conv's few channels a group, a depthwise Conv) keeps the FP32 tile. TF32 rounds A and B
+    to 10 bits of mantissa: about 1e-3 of a product's norm, as torch with TF32 on; the Winograd
+    F(4x4) form's transforms make that ~3e-3 a layer (winograd=0: the direct form).
     tune: search the schedules of GEMM and convolution stages on this device (luisaml/tune.py):
     "fast" (4 candidates a kernel shape), "full" (up to 16), or False (the rules' choices, and the
     tuning cache is not read). Each candidate is built, checked against the rules' schedule and

@@ -1,9 +1,11 @@
 """Tensor-core GEMM tiles for CUDA: a block of warps computes a BM x BN tile of C[bi] = A[bi] B[bi]
 through shared memory, each warp a 64 x 32 tile as 4 x 4 mma tiles of 16 x 8 (TF32 m16n8k8, the
 marked callable of shaders/tensor_cores.py that luisaml's compiler front turns into `mma.sync`,
-luisaml/tensor_cores.py). Gemm and MatMul (operators/gemm.py) choose it where compile(tensor_cores=
+luisaml/tensor_cores.py). Gemm and MatMul (operators/gemm.py), Conv's implicit GEMM (operators/
+conv_tiles.py) and Winograd's products (operators/winograd.py) choose it where compile(tensor_cores=
 "auto") found the route live; the loads of A and B and the store of a finished value are theirs,
-as for operators/tiled.py's FP32 tile (same RowLoader / Finish interface).
+as for operators/tiled.py's FP32 tile (same RowLoader / Finish interface, and its m_limit for a
+tile whose rows are the positions of several samples).
 
 Per k step of BK = 16 the block copies A's BM x BK and B's BK x BN tiles into shared memory (each
 thread a fixed set of elements, consecutive threads on consecutive addresses of A's contiguous
