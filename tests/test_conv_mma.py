@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_emulator import run_plan
+from gpu_emulator import build_dsl, kernel_name, run_plan
 from onnx import TensorProto, helper, numpy_helper
 from util import ort_run
 
@@ -161,3 +161,15 @@ def test_winograd_products_take_the_mma_tile(m, n):
     # the same transforms either way (the emulator's sums are float64): the tiles agree to rounding
     np.testing.assert_allclose(got, run_plan(fp32, feeds)["Y"], rtol=0, atol=1e-9 * np.abs(want).max())
     np.testing.assert_allclose(got, ort_run(model, feeds)["Y"], rtol=0, atol=WINOGRAD_TOL[m] * np.abs(want).max())
+
+
+@pytest.mark.parametrize("winograd,batch,samples", [(0, None, 1), (0, "N", 64), (4, "N", 16)])
+def test_conv_mma_kernel_builds_as_dsl(winograd, batch, samples, monkeypatch):
+    """luisa-python builds the stage kernel's AST (the im2col gather into shared memory, the marked
+    callable; batched: 49 positions a sample, rows at other samples of the group; Winograd's products
+    over the 4 tiles of 16 samples), only the backend's compile left out (tests/gpu_emulator.py build_dsl)."""
+    model, _, _ = _conv_model(2, 16, 7, 7, 32, k=3, pads=1, relu=True, batch=batch)
+    plan = _plan(model, winograd=winograd)
+    (st,) = [s for s in plan.schedule.stages if s.domain == "blocks"]
+    assert set(_tilings(plan).values()) == {"MmaTiling"} and st.samples == samples
+    assert len(build_dsl(plan, kernel_name(plan, st), monkeypatch)) == 1
