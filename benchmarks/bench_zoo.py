@@ -486,7 +486,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     for kv in a.option:
         key, _, value = kv.partition("=")
-        COMPILE_OPTIONS[key] = {"false": False, "true": True}.get(value.lower(), value)
+        COMPILE_OPTIONS[key] = {"false": False, "true": True}.get(value.lower(), int(value) if value.isdigit() else value)  # (winograd=4)
     out = a.out or HERE / "results" / ("zoo-cpu.json" if a.device == "cpu" else "zoo-h200.json")
     if a.table:
         print(table(json.loads(out.read_text())))
