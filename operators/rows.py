@@ -8,6 +8,12 @@ each; a row's warp is whole (the row guard is uniform across it), and every lane
 number of strided steps (a ragged end is a guard inside the step), so all 32 lanes reach each warp
 reduction together.
 
+The global pools (operators/pool.py) take the same form for their rows, a channel's spatial block
+each (`choose_reduction`): a squeeze-and-excitation block's squeeze reduces few rows of many
+elements (EfficientNet-B0's first: 32 channels of 112 x 112), where one thread a row left 1.7 ms
+of an H200's 13.6 ms on serial loads. A row of BLOCK_LENGTH or more takes a block of BLOCK_WARPS
+warps instead of one (`RowTiling.warps`), their partials combined through shared memory.
+
 CUDA only, as every blocks stage (the schedule asks `block_tiling` only there): the CPU backend
 has no warps worth the name and keeps the thread per row."""
 from __future__ import annotations
@@ -20,30 +26,51 @@ WARP = 32
 ROWS_PER_BLOCK = 4  # 128 threads a block
 # a row shorter than this leaves most of a warp's lanes idle: it keeps the thread per row
 MIN_LENGTH = 16
+# a reduction's row this long or longer takes a block of BLOCK_WARPS warps (choose_reduction): at
+# 1,024 each of its 256 threads still folds 4 or more elements before the combine, and such rows
+# come few (a squeeze's channels x batch: 1,024 rows of 12,544 for EfficientNet-B0's first at
+# batch 32, 1,024 warps where an H100/H200 keeps ~8,400 resident), so a warp a row leaves most of
+# the GPU's load slots empty; 8 warps a row fill 8 times as many
+BLOCK_LENGTH = 1024
+BLOCK_WARPS = 8
 
 
 @dataclass(frozen=True)
 class RowTiling:
-    """rows rows (per sample) of `length` elements, a warp each."""
+    """rows rows (per sample) of `length` elements, a warp each (warps = 1: ROWS_PER_BLOCK rows a
+    block), or a block of `warps` warps each."""
 
     rows: int
     length: int
+    warps: int = 1
+
+    @property
+    def rows_per_block(self) -> int:
+        return ROWS_PER_BLOCK if self.warps == 1 else 1
+
+    @property
+    def width(self) -> int:
+        """Threads that share a row."""
+        return WARP * self.warps
 
     @property
     def threads(self) -> int:
-        return ROWS_PER_BLOCK * WARP
+        return self.rows_per_block * self.width
 
     @property
     def blocks(self) -> int:
         """Blocks per sample."""
-        return -(-self.rows // ROWS_PER_BLOCK)
+        return -(-self.rows // self.rows_per_block)
 
     @property
     def steps(self) -> int:
         """Strided steps a lane takes along a row."""
-        return -(-self.length // WARP)
+        return -(-self.length // self.width)
 
     def describe(self) -> str:
+        if self.warps > 1:
+            return (f"a block of {self.threads} threads ({self.warps} warps) per row of {self.length}, "
+                    f"their partials combined through shared memory")
         return f"a warp per row of {self.length}, {ROWS_PER_BLOCK} rows a block of {self.threads} threads"
 
 
@@ -54,9 +81,21 @@ def choose(rows: int, length: int) -> RowTiling | None:
     return RowTiling(rows, length)
 
 
+def choose_reduction(rows: int, length: int) -> RowTiling | None:
+    """Return the tiling of `rows` rows of `length` elements that reduce to one value each (the
+    global pools): none under MIN_LENGTH, a block of BLOCK_WARPS warps a row from BLOCK_LENGTH, a
+    warp a row between."""
+    tiling = choose(rows, length)
+    if tiling is not None and length >= BLOCK_LENGTH:
+        return RowTiling(rows, length, BLOCK_WARPS)
+    return tiling
+
+
 def begin(ctx, tiling: RowTiling, item: str, thread: str) -> tuple[str, str]:
     """Emit the row and lane of thread `thread` of block `item`; return (row, lane). The row's code
-    goes under row_guard."""
+    goes under row_guard. With a block a row, the row is the block and the lane the thread."""
+    if tiling.warps > 1:
+        return item, thread
     row = ctx.let(f"{item} * {ROWS_PER_BLOCK} + {thread} // {WARP}", "row")
     lane = ctx.let(f"{thread} % {WARP}", "lane")
     return row, lane
@@ -66,7 +105,7 @@ def begin(ctx, tiling: RowTiling, item: str, thread: str) -> tuple[str, str]:
 def row_guard(ctx, tiling: RowTiling, row: str) -> Iterator[None]:
     """Emit the row's code (the block) under `if row < rows:` when the last block holds rows past the
     last (the condition is uniform across a warp), else as it is."""
-    if tiling.rows % ROWS_PER_BLOCK == 0:
+    if tiling.rows % tiling.rows_per_block == 0:
         yield
         return
     ctx.line(f"if {row} < {tiling.rows}:")
@@ -74,11 +113,36 @@ def row_guard(ctx, tiling: RowTiling, row: str) -> Iterator[None]:
         yield
 
 
-
 def warp_loop(ctx, tiling: RowTiling, lane: str) -> dict:
     """Return the `warp` value of shaders/norm.py.j2 and softmax.py.j2: how a lane walks its row
     (lane + width * step, a guard where the length is ragged) and the names of the warp reductions,
     imported into the module."""
-    return {"lane": lane, "width": WARP, "step": ctx.fresh("step"), "steps": tiling.steps,
-            "ragged": tiling.length % WARP != 0, "sum": ctx.use_helper("warp_active_sum", "warp"),
+    return {"lane": lane, "width": tiling.width, "step": ctx.fresh("step"), "steps": tiling.steps,
+            "ragged": tiling.length % tiling.width != 0, "sum": ctx.use_helper("warp_active_sum", "warp"),
             "max": ctx.use_helper("warp_active_max", "warp")}
+
+
+def combine(ctx, tiling: RowTiling, thread: str, value: str, kind: str, merge) -> str:
+    """Emit the combine of every lane's partial `value` of a row (kind "sum" or "max"); return the
+    row's result, the same in every lane. The max is numpy's: NaN when any lane's partial is, which
+    a warp's max need not say (a float max such as CUDA's fmaxf drops a NaN), so a warp also asks
+    whether any lane holds one. With a block a row, lane 0 of each warp leaves its warp's result in shared memory, and after
+    the barrier every thread merges them in warp order (merge(a, b): the pool's own two-value merge).
+    Every thread of the row must reach it (no lane guarded off)."""
+    if kind == "sum":
+        v = ctx.let(f"{ctx.use_helper('warp_active_sum', 'warp')}({value})", "w")
+    else:
+        nan = ctx.let(f"{ctx.use_helper('warp_active_any', 'warp')}(isnan({value}))", "nan")
+        m = ctx.let(f"{ctx.use_helper('warp_active_max', 'warp')}({value})", "w")
+        v = ctx.let(f"(NAN if {nan} else {m})", "w")
+    if tiling.warps == 1:
+        return v
+    part = ctx.shared_array("float", tiling.warps, "part")
+    ctx.line(f"if {thread} % {WARP} == 0:")
+    with ctx.indent():
+        ctx.line(f"{part}[{thread} // {WARP}] = {v}")
+    ctx.line("sync_block()")
+    total = f"{part}[0]"
+    for w in range(1, tiling.warps):
+        total = ctx.let(merge(total, f"{part}[{w}]"), "w")
+    return total

@@ -7,8 +7,12 @@ buffers are numpy arrays (float64), float4 a 4-vector, `weights.read(type, byte 
 words, shared arrays one list per block, a Python thread per GPU thread; the threads of a block run
 one at a time, each up to its next `sync_block` (a barrier), in thread order or reversed, so that a
 missing barrier reads what another thread has not written yet, or has overwritten; an items stage
-runs its work items one after another. `run_plan` runs every
-stage of a plan in launch order over its own buffers and returns the graph's outputs."""
+runs its work items one after another. A warp reduction (warp_active_sum / max / any) is such a
+stop too: each lane leaves its value and waits for its turn, when every lane of its warp has left
+one; a warp whose lanes do not all reach it is an error (the forms here keep a warp whole), and
+warp_active_max drops NaN (as a float max such as CUDA's fmaxf does), so a form must find a NaN
+another way. `run_plan` runs every stage of a plan in launch order over its own buffers and returns
+the graph's outputs."""
 from __future__ import annotations
 
 import threading
@@ -105,6 +109,8 @@ class Blob:
         return int(self.i[w]) if dtype is int else float(self.f[w])
 
 
+WARP = 32
+
 MATH = ("exp", "log", "tanh", "sqrt", "abs", "floor", "ceil", "sin", "cos", "tan", "isnan", "isinf", "exp2", "log2",
         "sign", "round", "trunc")
 
@@ -125,6 +131,9 @@ class Emulator:
             thread_id=lambda: Id(local.thread), block_id=lambda: Id(local.block),
             dispatch_id=lambda: Id(local.tid), dispatch_size=lambda: Id(local.size),
             sync_block=lambda: local.barrier.wait(),
+            warp_active_sum=lambda v: sum(local.warp(v)),
+            warp_active_max=lambda v: float(np.fmax.reduce(local.warp(v))),
+            warp_active_any=lambda v: any(local.warp(v)),
         )
         for m in MATH:
             names[m] = _wrap(getattr(np, {"abs": "absolute", "round": "rint"}.get(m, m)))
@@ -202,11 +211,30 @@ class Emulator:
                 if errors:
                     raise RuntimeError("another thread failed")
 
+            deposits: dict[tuple[int, int], dict[int, float]] = {}
+
+            def warp(me, value, block=block):
+                """The values of every lane of my warp at its next warp reduction, in lane order."""
+                local = self.local
+                key = (local.collectives, me // WARP)
+                local.collectives += 1
+                with cond:
+                    deposits.setdefault(key, {})[me % WARP] = value
+                    hand_on(me)
+                    cond.wait_for(lambda: state["turn"] == me or errors)
+                if errors:
+                    raise RuntimeError("another thread failed")
+                got, lanes = deposits[key], min(WARP, threads - me // WARP * WARP)
+                if len(got) != lanes:
+                    raise RuntimeError(f"block {block}: warp {me // WARP} reduced with {len(got)} of its {lanes} lanes")
+                return [got[lane] for lane in sorted(got)]
+
             def body(thread, block=block):
                 local = self.local
-                local.thread, local.block, local.made = thread, block, 0
+                local.thread, local.block, local.made, local.collectives = thread, block, 0, 0
                 local.tid, local.size = block * threads + thread, blocks * threads
                 local.barrier = type("Barrier", (), {"wait": staticmethod(lambda: barrier(thread))})
+                local.warp = lambda v: warp(thread, v)
                 with cond:
                     cond.wait_for(lambda: state["turn"] == thread or errors)
                 try:

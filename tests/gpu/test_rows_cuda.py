@@ -2,8 +2,10 @@
 LogSoftmax as blocks stages, against onnxruntime. Rows whose length is a multiple of 32 and ragged
 ones (a guard inside the lane's step), a row count that leaves the last block part empty (the row
 guard), LayerNorm's Mean and InvStdDev outputs (stored by every lane), an inline input (the
-residual Add before a LayerNorm), rows of large and equal values, and a softmax row of -inf. Each
-test asserts the node ran as a blocks stage (or, for rows under rows.MIN_LENGTH, as items).
+residual Add before a LayerNorm), rows of large and equal values, and a softmax row of -inf. The
+global pools' rows (a warp per channel, a block per channel from rows.BLOCK_LENGTH) in a
+squeeze-and-excitation block at EfficientNet-B0's first size, with GlobalMaxPool's NaN and -inf.
+Each test asserts the node ran as a blocks stage (or, for rows under rows.MIN_LENGTH, as items).
 
     LUISAML_BACKEND=cuda python -m pytest tests/gpu/test_rows_cuda.py -q"""
 from __future__ import annotations
@@ -111,3 +113,33 @@ def test_rows_of_a_per_sample_network():
     x = (rng.standard_normal((37, 6, 100)) * 4).astype(np.float32)
     got, want = net.run({"x": x})["y"], ort_run(model, {"x": x})["y"]
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL)
+
+
+@pytest.mark.parametrize("hw,threads", [(112, 256), (14, 128), (7, 128), (3, 1)])
+def test_squeeze_and_excitation_pools(hw, threads):
+    """EfficientNet-B0's squeeze sizes (112 x 112: a block of 8 warps a channel; 14 x 14 and 7 x 7: a
+    warp; 3 x 3: a thread) with the SE gate after it, and GlobalMaxPool / GlobalLpPool beside it,
+    at a batch of 5 (a ragged last block of warps: 3 channels x 5)."""
+    rng = np.random.default_rng(hw)
+    c, s = 3, 2
+    inits = {"w1": (rng.standard_normal((s, c, 1, 1)) * 0.5).astype(np.float32), "b1": rng.standard_normal(s).astype(np.float32),
+             "w2": (rng.standard_normal((c, s, 1, 1)) * 0.5).astype(np.float32), "b2": rng.standard_normal(c).astype(np.float32)}
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["q"], name="squeeze"),
+             helper.make_node("Conv", ["q", "w1", "b1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Conv", ["r", "w2", "b2"], ["e"]), helper.make_node("Sigmoid", ["e"], ["gate"]),
+             helper.make_node("Mul", ["x", "gate"], ["y"]),
+             helper.make_node("GlobalMaxPool", ["x"], ["m"]), helper.make_node("GlobalLpPool", ["x"], ["lp"], p=2)]
+    model = _model(nodes, [_vi("x", ["N", c, hw, hw])],
+                   [_vi("y", ["N", c, hw, hw]), _vi("m", ["N", c, 1, 1]), _vi("lp", ["N", c, 1, 1])], inits)
+    net = luisaml.compile(model)
+    pools = [st for st in net.plan.schedule.stages if any(n.op_type.startswith("Global") for n, _ in st.nodes)]
+    assert [(st.domain, st.threads) for st in pools] == [("blocks" if threads > 1 else "items", threads)] * 3
+    x = (rng.standard_normal((5, c, hw, hw)) * 3).astype(np.float32)
+    got, want = net.run({"x": x}), ort_run(model, {"x": x})
+    for name in ("y", "lp"):
+        np.testing.assert_allclose(got[name], want[name], rtol=RTOL, atol=RTOL, err_msg=name)
+    np.testing.assert_array_equal(got["m"], want["m"])
+    x.reshape(5, c, -1)[1, 2, -1] = np.nan  # the tail's last element
+    x.reshape(5, c, -1)[2, 0, :] = -np.inf
+    x.reshape(5, c, -1)[3, 1, 1::2] = np.nan  # half the lanes
+    np.testing.assert_array_equal(net.run({"x": x})["m"], x.max(axis=(2, 3), keepdims=True))
