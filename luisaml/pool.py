@@ -14,7 +14,7 @@ from . import counts
 
 # a buffer sized by the run is kept while the run needs at least 1/KEEP of it: a detector's frames vary
 # 2.5x in points (60k-150k; bench_detector.py), and a power of two adds up to 2x, so with a quarter (or,
-# for the kernels' own buffers, half and exact sizes) 5 buffers a frame were made and freed, ~1-3 ms
+# for the kernels' own buffers, half and exact sizes) 3.3 buffers a frame were made and freed, ~2-3 ms
 # of host time a quick frame on the CPU backend (benchmarks/NOTES.md); the memory held is at most
 # KEEP times the run's need, never past the largest run's
 KEEP = 8
