@@ -87,14 +87,18 @@ class BufferPool:
 
     def pooled(self, ident: str, dsl: str, count: int):
         """Return a buffer only kernels use (a pooled slot, a scratch region) of at least `count`
-        elements: the one it has while runs need between 1/KEEP of it and all of it, else one of the
-        next power of two (as `sized`), so that a voxel count moving from frame to frame (the batch
-        of a sparse network over grids bound at run time) does not reallocate such buffers every few
-        runs. Kernels index within the run's count; the host never copies these whole."""
+        elements: the one it has while runs need between 1/KEEP of it and all of it, else a new one:
+        of `count` the first time (a network whose batch stays holds no more than it needs), of the
+        next power of two once the count has moved (as `sized`), so that a voxel count moving from
+        frame to frame (the batch of a sparse network over grids bound at run time) does not
+        reallocate such buffers every few runs. Kernels index within the run's count; the host never
+        copies these whole."""
+        moved = False
         for (name, capacity), buf in self.held.items():
             if name == ident and count <= capacity <= KEEP * max(count, 1):
                 return buf
-        return self.exact(ident, dsl, 1 << max(int(count) - 1, 0).bit_length())
+            moved = moved or name == ident
+        return self.exact(ident, dsl, 1 << max(int(count) - 1, 0).bit_length() if moved else count)
 
     def stage_buffers(self, plan, n: int) -> list:
         """The stages' pooled buffers for n samples (a region per sample of each slot)."""
