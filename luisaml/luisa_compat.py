@@ -136,8 +136,12 @@ def byte_buffer(data: bytes | np.ndarray):
     return buf
 
 
-def _byte_words(data: bytes | np.ndarray) -> np.ndarray:
-    """Return data as uint8, padded with zeros to a whole number of 4-byte words (at least one)."""
+def _byte_words(data: bytes | np.ndarray, copy: bool = True) -> np.ndarray:
+    """Return data as uint8, padded with zeros to a whole number of 4-byte words (at least one), a
+    copy; copy False: a contiguous array of whole words as a view of it (a grid blob of megabytes,
+    written into a spare buffer at most twice a detector frame on CUDA)."""
+    if not copy and isinstance(data, np.ndarray) and data.flags.c_contiguous and data.nbytes and data.nbytes % 4 == 0:
+        return data.reshape(-1).view(np.uint8)
     raw = np.frombuffer(bytes(data) if not isinstance(data, np.ndarray) else data.tobytes(), dtype=np.uint8)
     if raw.size % 4:
         raw = np.concatenate([raw, np.zeros(-raw.size % 4, np.uint8)])
@@ -151,12 +155,16 @@ def byte_size(data: np.ndarray) -> int:
 
 def refill_byte_buffer(buf, data: np.ndarray) -> None:
     """Write data (padded as byte_buffer pads it) to the start of a ByteBuffer of at least that size
-    (enqueued, as byte_buffer's upload)."""
-    raw = _byte_words(data)
+    (enqueued, as byte_buffer's upload). The bytes past it keep what they held (an older input's): the
+    buffer is a uint8 input's, whose kernels read within its elements (a grid blob: within its grids,
+    their offsets checked against the blob by operators/fvdb/common.bundle_grids), so they need no
+    zeros; filling them copied and uploaded the whole buffer, up to twice the data
+    (feeds.BoundInputs.byte_input's spares). data is
+    not copied: the caller (a network's run, which waits for the stream before it returns) keeps it
+    unchanged until the upload has run."""
+    raw = _byte_words(data, copy=False)
     assert raw.size <= buf.bytesize, (raw.size, buf.bytesize)
-    if raw.size < buf.bytesize:  # (copy_from_array writes the whole buffer)
-        raw = np.concatenate([raw, np.zeros(buf.bytesize - raw.size, np.uint8)])
-    buf.copy_from_array(raw.view(np.uint32), sync=False)
+    upload_prefix(buf, raw.view(np.uint32))
 
 
 def upload_prefix(buf, array: np.ndarray) -> None:

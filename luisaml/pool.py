@@ -12,6 +12,13 @@ import numpy as np
 
 from . import counts
 
+# a buffer sized by the run is kept while the run needs at least 1/KEEP of it: a detector's frames vary
+# 2.5x in points (60k-150k; bench_detector.py), and a power of two adds up to 2x, so with a quarter (or,
+# for the kernels' own buffers, half and exact sizes) 3.3 buffers a frame were made and freed, ~2-3 ms
+# of host time a quick frame on the CPU backend (benchmarks/NOTES.md); the memory held is at most
+# KEEP times the run's need, never past the largest run's
+KEEP = 8
+
 
 class BufferPool:
     """Buffers by (identifier, element count): one per identifier, replaced when its count changes
@@ -46,13 +53,13 @@ class BufferPool:
     def sized(self, ident: str, dsl: str, count: int, shrink: bool = True):
         """Return an input's or output's buffer `ident` of at least `count` elements (the host copies
         `count` of them each way: luisa_compat.upload_prefix, launch.download): the one it holds while
-        count stays between a quarter of it (any part of it: shrink False, a run-time sized output
+        count stays between 1/KEEP of it (any part of it: shrink False, a run-time sized output
         within the run's bound buffer) and all of it, else one of the next power of two. A new frame's
         points or grid (a count that moves by tens of percent every run) then neither creates nor
         destroys a buffer: 18 a frame of the detector did, ~0.6 ms each on the CPU backend."""
         for (name, capacity), buf in self.held.items():
             # (a count of 0: a run-time sized output before its rows are known, or nothing to copy: any one)
-            if name == ident and count <= capacity and (not shrink or not count or capacity <= 4 * count):
+            if name == ident and count <= capacity and (not shrink or not count or capacity <= KEEP * count):
                 return buf
         return self.exact(ident, dsl, 1 << max(int(count) - 1, 0).bit_length())
 
@@ -80,14 +87,18 @@ class BufferPool:
 
     def pooled(self, ident: str, dsl: str, count: int):
         """Return a buffer only kernels use (a pooled slot, a scratch region) of at least `count`
-        elements: the one it has while runs need between half of it and all of it, so that a voxel
-        count moving a little from frame to frame (the batch of a sparse network over grids bound at
-        run time) does not reallocate every such buffer every run (kernels index within the run's
-        count; the host never copies these whole)."""
+        elements: the one it has while runs need between 1/KEEP of it and all of it, else a new one:
+        of `count` the first time (a network whose batch stays holds no more than it needs), of the
+        next power of two once the count has moved (as `sized`), so that a voxel count moving from
+        frame to frame (the batch of a sparse network over grids bound at run time) does not
+        reallocate such buffers every few runs. Kernels index within the run's count; the host never
+        copies these whole."""
+        moved = False
         for (name, capacity), buf in self.held.items():
-            if name == ident and count <= capacity <= 2 * max(count, 1):
+            if name == ident and count <= capacity <= KEEP * max(count, 1):
                 return buf
-        return self.exact(ident, dsl, count)
+            moved = moved or name == ident
+        return self.exact(ident, dsl, 1 << max(int(count) - 1, 0).bit_length() if moved else count)
 
     def stage_buffers(self, plan, n: int) -> list:
         """The stages' pooled buffers for n samples (a region per sample of each slot)."""

@@ -27,6 +27,7 @@ list_indices        int32 [M]      fVDB's mListIndices, the jlidx of the batch r
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -41,7 +42,7 @@ from .jagged import JaggedTensor, offsets_from_counts
 from .layout import NanoVDBError
 from .nanovdb import NanoGrid, as_byte_buffer
 from .nanovdb_query import active_voxels, ijk_to_index, require_fvdb_index_grid
-from .nanovdb_read import read_grids
+from .nanovdb_read import read_built_grids, read_grids
 from .nvdb_io import PathOrBytes, read_nvdb_buffer, write_nvdb
 
 MAX_GRIDS_PER_BATCH = 1024  # fVDB's GridBatchData::MAX_GRIDS_PER_BATCH
@@ -208,7 +209,38 @@ class GridBatch:
         items = _as_list(ijk, "ijk")
         vs = _per_grid_vec3(voxel_sizes, len(items), "voxel_sizes", True)
         og = _per_grid_vec3(origins, len(items), "origins", False)
-        return cls.from_grids([build_grid(x, vs[b], og[b]) for b, x in enumerate(items)])
+        return cls._from_built([build_grid(x, vs[b], og[b]) for b, x in enumerate(items)])
+
+    @classmethod
+    def _from_built(cls, grids: Sequence[bytes]) -> GridBatch:
+        """Return the GridBatch of grids that builder.build_grid just wrote: from_grids' bytes (one blob,
+        grids renumbered 0..B-1; build_grid writes no blind data, so none is stripped), but the blob read
+        from its headers (nanovdb_read.read_built_grids) instead of three tree walks and four copies
+        (concat_grids' read, from_buffer's read, its concatenation's, and the result's): the builder
+        writes leaf voxels only, indexed 1..N. ~60% of a host-built grid step on the detector's quick
+        frames (benchmarks/NOTES.md, "The host's work a detector frame, measured")."""
+        if len(grids) > MAX_GRIDS_PER_BATCH:
+            raise NanoVDBError(f"a GridBatch holds at most {MAX_GRIDS_PER_BATCH} grids, got {len(grids)}")
+        if not grids:
+            raise NanoVDBError("cannot concatenate zero grids")
+        blob = np.frombuffer(b"".join(grids), np.uint8).copy()
+        pos = 0
+        for index, g in enumerate(grids):  # (concat_grids' renumbering, as NanoVDB's mergeGrids)
+            blob[pos + L.GRID_OFF_GRID_INDEX:pos + L.GRID_OFF_GRID_INDEX + 8] = np.frombuffer(
+                struct.pack("<II", index, len(grids)), np.uint8)
+            pos += len(g)
+        blob.flags.writeable = False
+        built = tuple(read_built_grids(blob))
+        for b, g in enumerate(built):
+            require_fvdb_index_grid(g, where=f"grid {b}")
+        vs = np.stack([g.voxel_size for g in built])
+        og = np.stack([g.origin for g in built])
+        if (vs <= 0).any() or not np.isfinite(vs).all() or not np.isfinite(og).all():  # (from_buffer's checks)
+            raise NanoVDBError(f"voxel sizes must be positive and finite and origins finite, got {vs.tolist()}, "
+                               f"{og.tolist()}")
+        vs.flags.writeable = False
+        og.flags.writeable = False
+        return cls(blob, built, vs, og)
 
     @classmethod
     def from_points(
@@ -225,7 +257,7 @@ class GridBatch:
         vs = _per_grid_vec3(voxel_sizes, len(items), "voxel_sizes", True)
         og = _per_grid_vec3(origins, len(items), "origins", False)
         ijk = [points_to_ijk(p, vs[b], og[b]) for b, p in enumerate(items)]
-        return cls.from_grids([build_grid(x, vs[b], og[b]) for b, x in enumerate(ijk)])
+        return cls._from_built([build_grid(x, vs[b], og[b]) for b, x in enumerate(ijk)])
 
     @classmethod
     def from_dense(

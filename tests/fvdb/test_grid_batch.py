@@ -270,3 +270,36 @@ def test_jagged_rejects_inconsistent_input():
         JaggedTensor.from_list([])
     with pytest.raises(ValueError, match="joffsets must rise from 0 to len\\(jdata\\) = 3"):
         JaggedTensor.from_data_and_offsets(np.ones(3), [0, 4])
+
+
+def test_built_grids_are_read_from_their_headers(voxel_sets, monkeypatch):
+    """from_ijk and from_points read the grids the builder just wrote from their headers (no tree walk),
+    and give what the fully validated path gives (GridBatch.from_grids: every grid read and walked):
+    the same blob bytes, bundle arrays, transforms and parsed grids; an empty grid among them."""
+    from luisaml.fvdb import nanovdb_read
+
+    rng = np.random.default_rng(5)
+    sizes, origins = rng.uniform(0.1, 2.0, (3, 3)), rng.uniform(-5.0, 5.0, (3, 3))
+    points = [rng.normal(0.0, 4.0, (n, 3)).astype(np.float32) for n in (700, 0, 40)]
+    full = {"ijk": GridBatch.from_grids([build_grid(v, sizes[b], origins[b]) for b, v in enumerate(voxel_sets)]),
+            "points": GridBatch.from_grids([build_grid(points_to_ijk(x, sizes[b], origins[b]), sizes[b], origins[b])
+                                            for b, x in enumerate(points)])}
+    walks = []
+    real = nanovdb_read.walk_tree
+    monkeypatch.setattr(nanovdb_read, "walk_tree", lambda *a, **k: walks.append(1) or real(*a, **k))
+    built = {"ijk": GridBatch.from_ijk(voxel_sets, sizes, origins), "points": GridBatch.from_points(points, sizes, origins)}
+    assert walks == []
+    for kind, want in full.items():
+        got = built[kind]
+        assert not got.grid_blob.flags.writeable
+        for g, w in zip(got.bundle(), want.bundle()):
+            assert g.dtype == w.dtype and np.array_equal(g, w), kind
+        np.testing.assert_array_equal(got.voxel_sizes, want.voxel_sizes)
+        np.testing.assert_array_equal(got.origins, want.origins)
+        for g, w in zip(got.grids, want.grids):
+            for f in ("offset", "grid_size", "grid_index", "grid_count", "voxel_count", "leaf_voxel_count",
+                      "active_tile_count", "value_count", "root_tile_count"):
+                assert getattr(g, f) == getattr(w, f), (kind, f)
+            np.testing.assert_array_equal(g.root_bbox, w.root_bbox)
+        np.testing.assert_array_equal(got.ijk.jdata, want.ijk.jdata)
+

@@ -444,20 +444,30 @@ def test_one_upload_for_two_bundles_of_one_grid_and_none_for_the_same_grid_again
 
 def test_alternating_grids_reuse_the_blob_buffers_no_input_holds(monkeypatch):
     """Two grids bound in turn (a new grid every frame): after the first of each, the blob goes into
-    a ByteBuffer the other grid left (created once: 9 ms each on the H200), and every run equals the
+    a ByteBuffer the other grid left (created once: 9 ms each on the H200), its bytes only (a smaller
+    blob leaves the older one's last bytes, which no kernel reads), and every run equals the
     reference. A blob of a very different size gets a buffer of its own."""
     rng = np.random.default_rng(11)
     C = 4
     m, p = block_model(C, 3, rng)
     net = luisaml.compile(m)
     uploads = counted_uploads(monkeypatch)
-    a, b = sphere(17, 500, 6.0), sphere(18, 520, 6.0)
+    from luisaml import luisa_compat
+
+    refills: list = []  # (the bytes each refill of a spare uploads: the blob's, never the whole buffer's)
+    real = luisa_compat.upload_prefix
+    monkeypatch.setattr(luisa_compat, "upload_prefix", lambda buf, a: refills.append((a.nbytes, buf.bytesize)) or real(buf, a))
+    a, b, c = sphere(17, 500, 6.0), sphere(18, 520, 9.0), sphere(20, 520, 8.0)
+    # (c's blob is smaller than b's: written into b's buffer, it leaves b's last bytes past it)
+    assert a.grid_blob.nbytes < c.grid_blob.nbytes < b.grid_blob.nbytes
     counts = []
-    for gb in (a, b, a, b, a, sphere(19, 5000, 20.0)):
+    for gb in (a, b, a, b, a, c, sphere(19, 5000, 20.0)):
         x = rng.standard_normal((gb.total_voxels, C)).astype(np.float32)
         assert_close(net.run({**grid_feeds(gb, "in_", "out_"), "x": x})["y"], reference_block(gb, x.astype(np.float64), p))
         counts.append(len(uploads))
-    assert counts == [2, 3, 3, 3, 3, 4]  # weights and a; b; then none; the large grid's blob
+    assert counts == [2, 3, 3, 3, 3, 3, 4]  # weights and a; b; then none; the large grid's blob
+    assert refills == [(a.grid_blob.nbytes, a.grid_blob.nbytes), (b.grid_blob.nbytes, b.grid_blob.nbytes),
+                       (a.grid_blob.nbytes, a.grid_blob.nbytes), (c.grid_blob.nbytes, b.grid_blob.nbytes)]
 
 
 def zero_copy_block(monkeypatch, seed: int):

@@ -1,0 +1,146 @@
+"""The radix passes a device grid build can leave out, known on the host before it launches.
+
+A device build (operators/fvdb/topology.py DeviceGridBuild) sorts its leaves in shaders/grid_layout.PASSES
+(15) radix passes of a byte each: the slot key (passes 0-3), the root tile's k, j and i taken relative
+to their minimum over the leaves (4-6, 7-9, 10-12) and the grid (13-14). A pass whose byte is 0 for
+every leaf does nothing on the device (gb_pass_active), but its stages are still launched: its
+histograms, a prefix sum of 3-9 stages and its scatter, 7 launches at the smallest capacity, 11 at
+100k points. A root tile spans 4096 voxels, so a LiDAR frame (a few hundred voxels across) spans at
+most two tiles an axis: 8 of its 15 passes do nothing, ~90 of a GridBatchFromPoints build's ~210
+launches on CUDA, and as many of its ConvGrid's.
+
+`idle_passes` bounds, on the host, the root tiles the new grid's voxels can lie in: from the points of
+a GridBatchFromPoints (or ijk, or the nearest voxels), or, for a topology op, from the leaves of a
+source bundle luisaml built or checked in full (fvdb/checked.py: their origins are what the kernels
+read) through the op's candidate voxels (topology_device.candidates). A pass is idle when that bound's
+span has a zero byte there, so the device's span (its leaves', within the bound) has too. The bound
+is wide where it must be (a point's voxel within 2 voxels and a float32 rounding of its float64
+position; an unknown source grid, a non-finite point or an op without candidates: no pass left out):
+a pass left out wrongly would sort the leaves wrongly. `idle_stages` names a network's stages of
+those passes but their "next" stage, which counts the passes the later stages read; the launcher
+leaves them out of that run (launch.KernelLauncher.skipped). The bytes built are the same
+(tests/fvdb/test_topology_device.py against the host's builder).
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from . import checked
+from .nanovdb import record_field, records
+from . import layout as L
+
+PASSES = 15  # shaders/grid_layout.PASSES (a test checks they agree)
+_TILE_SHIFT = 12  # a root tile is 4096 voxels an axis: leaf key (voxel >> 3) >> 9
+_LIMIT = 2 ** 30  # voxel coordinates past this: no bound (int32 overflow is the build's own error)
+_STAGE = re.compile(r"radix pass (\d+): (?!next$)")
+
+
+def _field_shift(p: int) -> tuple[int, int]:
+    """(field, shift) of pass p, as gb_pass_field and gb_pass_shift."""
+    if p < 4:
+        return 0, 8 * p
+    if p < 13:
+        return 1 + (p - 4) // 3, 8 * ((p - 4) % 3)
+    return 4, 8 * (p - 13)
+
+
+def _idle(spans: tuple[int, int, int, int]) -> frozenset[int]:
+    """The passes idle for these upper bounds of the leaves' spans of tile k, j, i and grid (fields 1-4)."""
+    out = set()
+    for p in range(PASSES):
+        f, shift = _field_shift(p)
+        if f > 0 and spans[f - 1] >> shift == 0:
+            out.add(p)
+    return frozenset(out)
+
+
+def _spans(lo: np.ndarray, hi: np.ndarray, grids: int) -> tuple[int, int, int, int]:
+    """Upper bounds of the fields' spans for voxels within [lo, hi] (ijk) of `grids` grids."""
+    tiles = [(int(hi[a]) >> _TILE_SHIFT) - (int(lo[a]) >> _TILE_SHIFT) for a in range(3)]
+    return tiles[2], tiles[1], tiles[0], max(grids - 1, 0)
+
+
+def _from_points(op_type: str, arrays: list) -> tuple | None:
+    """The voxels' bound [lo, hi] of a GridBatchFrom* over its jdata; None where none is sure."""
+    from .topology import per_grid
+
+    jdata, offsets = np.asarray(arrays[0]), np.asarray(arrays[1]).reshape(-1)
+    grids = len(offsets) - 1
+    if not len(jdata) or grids < 1:
+        return None
+    if op_type == "GridBatchFromIJK":
+        v = jdata.astype(np.int64)
+        return v.min(0) - 1, v.max(0) + 1, grids
+    sizes, origins = (arrays[k] if len(arrays) > k and arrays[k] is not None else None for k in (4, 5))
+    try:
+        h = per_grid(1.0 if sizes is None else sizes, grids, "voxel_sizes", True)
+        o = per_grid(0.0 if origins is None else origins, grids, "origins", False)
+    except ValueError:
+        return None  # (the build names it)
+    grid_of = np.repeat(np.arange(grids), np.diff(offsets))
+    if len(grid_of) != len(jdata):
+        return None
+    with np.errstate(all="ignore"):
+        v = (jdata.astype(np.float64) - o[grid_of]) / h[grid_of]
+        lo, hi = v.min(0), v.max(0)
+    if not (np.isfinite(lo).all() and np.isfinite(hi).all()) or max(np.abs(lo).max(), np.abs(hi).max()) > _LIMIT:
+        return None
+    # the device's float32 voxel position is within a float32 rounding of this one; its voxel (or the
+    # nearest voxels' corners) within 1 of its floor: a slack of 2 voxels and that rounding
+    slack = 2 + np.maximum(np.abs(lo), np.abs(hi)) * 2.0 ** -20
+    return np.floor(lo - slack).astype(np.int64), np.ceil(hi + slack).astype(np.int64), grids
+
+
+def _from_grids(op_type: str, attrs: dict, arrays: list) -> tuple | None:
+    """The voxels' bound of a topology op over a source bundle luisaml built or checked; None where
+    none is sure (another source, no candidate form)."""
+    from ..operators.fvdb.topology_device import candidates
+
+    known = checked.known(arrays[:6])
+    if known is None:
+        return None
+    grids, _ = known
+    try:
+        cand = candidates(op_type, attrs)
+    except ValueError:
+        return None
+    origins = [record_field(records(g.buffer, g.leaf_offset, g.leaf_count, L.LEAF_NODE_SIZE), L.LEAF_OFF_BBOX_MIN,
+                            np.dtype("<i4"), 3) & ~np.int32(7) for g in grids if g.leaf_count]
+    if not origins:
+        return None
+    o = np.concatenate(origins).astype(np.int64)
+    c_lo, c_hi = o.min(0), o.max(0) + 7  # (a leaf's voxels lie in its 8^3 block, its origin the one the walk checks)
+    lo, hi = np.zeros(3, np.int64), np.zeros(3, np.int64)
+    for a in range(3):
+        ends = [c * cand.scale[a] + cand.base[a] + cand.step[a] * t
+                for c in (int(c_lo[a]), int(c_hi[a])) for t in (0, cand.n[a] - 1)]
+        lo[a], hi[a] = min(ends) // cand.div[a], max(ends) // cand.div[a]  # (floor: monotone in x)
+    if max(np.abs(lo).max(), np.abs(hi).max()) > _LIMIT:
+        return None
+    return lo, hi, len(grids)
+
+
+def idle_passes(op_type: str, attrs: dict, arrays: list, from_grid: bool) -> frozenset[int]:
+    """The radix passes that do nothing in the device build of op_type over arrays (its inputs: points
+    or ijk, or a source bundle when from_grid); empty where the host cannot be sure."""
+    bound = _from_grids(op_type, attrs, arrays) if from_grid else _from_points(op_type, arrays)
+    if bound is None:
+        return frozenset()
+    lo, hi, grids = bound
+    return _idle(_spans(lo, hi, grids))
+
+
+def idle_stages(net, passes: frozenset[int]) -> frozenset[int]:
+    """The indices of the stages of a device build's network (its plan's schedule) that run those
+    radix passes' histograms, prefix sums and scatters (not their "next", which counts passes)."""
+    if not passes or net.plan.schedule is None:
+        return frozenset()
+    cache = net.__dict__.setdefault("_radix_stages", {})
+    if not cache:
+        for k, st in enumerate(net.plan.schedule.stages):
+            m = _STAGE.match(st.phase_name or "")
+            if m:
+                cache.setdefault(int(m.group(1)), []).append(k)
+    return frozenset(k for p in passes for k in cache.get(p, ()))
