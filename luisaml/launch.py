@@ -317,23 +317,29 @@ class KernelLauncher:
         if only is not None:
             lo, hi, after = max(lo, only), min(hi, only + 1), None
         stream = globalvars.vars.stream
-        pending = 0  # launches since the last commit (FLUSH_LAUNCHES)
+        add, done = stream.add_launches() if hasattr(stream, "add_launches") else (stream.add, lambda k: None)
+        enqueue = launcher.enqueue
+        pending = launched = 0  # launches since the last commit (FLUSH_LAUNCHES), in all
         flush = BACKEND_FLUSH.get(self.backend, 0) if FLUSH_LAUNCHES is None else FLUSH_LAUNCHES
-        for k in range(lo, hi):
-            count = counts[k]
-            if count:
-                p = prepared[k]
-                if p is None:
-                    p = prepared[k] = launcher.prepare(*self._stage_kernel(k), count)
-                elif p.count != count:
-                    p = prepared[k] = p._replace(count=count)
-                launcher.enqueue(p, stream.add)
-                pending += 1
-                if flush and pending >= flush:
-                    stream.execute()
-                    pending = 0
-            if after and k in after:
-                after[k]()
+        try:
+            for k in range(lo, hi):
+                count = counts[k]
+                if count:
+                    p = prepared[k]
+                    if p is None:
+                        p = prepared[k] = launcher.prepare(*self._stage_kernel(k), count)
+                    elif p.count != count:
+                        p = prepared[k] = p._replace(count=count)
+                    enqueue(p, add)
+                    launched += 1
+                    pending += 1
+                    if flush and pending >= flush:
+                        stream.execute()
+                        pending = 0
+                if after and k in after:
+                    after[k]()
+        finally:
+            done(launched)  # (counts.CountingStream: the launches counted at once)
 
     def _stage_kernel(self, k: int) -> tuple:
         """(kernel, its arguments after the shared ones) of stage k."""

@@ -1,6 +1,6 @@
 """What a network's launches keep between runs (luisaml/launch.py KernelLauncher._enqueue, luisaml/dispatch.py
 Launcher.rebind and Prepared): the shared arguments' encodings, each stage's prepared launch and the
-dispatch counts of the last batch. A run at another batch, over other buffers (a zero-copy run's fresh
+dispatch counts of the last batch, and the pool's lists of stage and scratch buffers (luisaml/pool.py). A run at another batch, over other buffers (a zero-copy run's fresh
 output tensors, a swapped weight blob) or with other argument types must work them out again: each such
 run here equals onnxruntime's answer and a fresh network's bit for bit."""
 import numpy as np
@@ -43,6 +43,11 @@ def test_a_new_batch_works_out_the_counts_again(model):
         assert net.launcher._counts[0] == n
         assert all(p is None or p.count == st.dispatch(n)
                    for p, st in zip(net.launcher._prepared, net.plan.schedule.stages))
+        # the pool's kept lists (pool._regions_of) name only buffers it holds: none replaced is kept alive
+        held = [id(b) for b in net.pool.held.values()]
+        assert all(id(b) in held for kept in net.pool._regions.values() for b in kept)
+        assert net.pool.stage_buffers(net.plan, n) == [net.pool.pooled(f"buf_{sl.dtype}_{sl.id}", sl.dtype, sl.size * n)
+                                                        for sl in net.plan.schedule.buffers.slots]
 
 
 def test_other_buffers_are_encoded_again(model, monkeypatch):
