@@ -68,6 +68,24 @@ def test_other_buffers_are_encoded_again(model, monkeypatch):
         prepared = kept
 
 
+def test_a_zero_copy_input_fed_again_is_read_in_place(model, monkeypatch):
+    """The same input tensor fed again keeps its luisa buffer (zero_copy._input_buffer): the run reads
+    what the tensor holds now, written in place since; another tensor of the same shape gets its own."""
+    monkeypatch.setattr(zero_copy, "SHARED_DEVICES", {"cuda": "cuda", "cpu": "cpu"})
+    net = luisaml.compile(model, schedule="stages")
+    t = torch.from_numpy(rand((3, 6), seed=20))
+    for k in range(3):
+        if k:
+            t.copy_(torch.from_numpy(rand((3, 6), seed=20 + k)))  # (in place: the same memory)
+        got = net.run({"x": t})["y"].numpy()
+        np.testing.assert_allclose(got, ort_run(model, {"x": t.numpy()})["y"], rtol=1e-5, atol=1e-6)
+    kept = net.bound.shared_inputs["x"][1]
+    other = torch.from_numpy(rand((3, 6), seed=30))
+    got = net.run({"x": other})["y"].numpy()
+    np.testing.assert_allclose(got, ort_run(model, {"x": other.numpy()})["y"], rtol=1e-5, atol=1e-6)
+    assert net.bound.shared_inputs["x"][1] is not kept
+
+
 def test_a_swapped_weight_blob_is_read(model):
     """NetworkInstance-style weights (pool.weights_swapped): the run inside reads the other blob, the
     run after it the network's own again."""
