@@ -60,8 +60,8 @@ class CountingStream:
 
     def add_launches(self):
         """Return (add, done): add(command) enqueues a compute dispatch uncounted, done(k) counts k
-        launches at once: a network's launch loop (luisaml/launch.py) skips `add`'s isinstance tests,
-        ~0.5 us a stage of its ~5 (benchmarks/NOTES.md, "net.run's host time")."""
+        launches at once: a network's launch loop (luisaml/launch.py) skips `add`'s isinstance tests
+        and a Python call for each of its stages (benchmarks/NOTES.md, "net.run's host time")."""
         def done(k: int) -> None:
             _total.launches += k
 

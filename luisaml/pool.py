@@ -111,7 +111,7 @@ class BufferPool:
     def _regions_of(self, plan, n: int, kind: str, make) -> list:
         """make()'s buffers, kept while no buffer of the pool changes: what `pooled` gives depends on
         n and `held` alone (a run's ~20 slots x every held buffer, and plan.kernel_scratch's walk over
-        the stages, were ~0.1 ms of each run's host time on densenet-121)."""
+        every stage, each run: benchmarks/NOTES.md, "net.run's host time")."""
         key = (id(plan), n, kind)
         kept = self._regions.get(key)
         if kept is not None:

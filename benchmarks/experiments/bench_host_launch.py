@@ -3,13 +3,15 @@ run (a) the time KernelLauncher.launch takes to enqueue the stages (the device w
 timing, so the CPU backend's kernels do not count) and (b) the time of a whole net.run with the stages'
 launches stubbed out (feeds checked, inputs bound, state upload, read-backs, one wait, results): the
 per-run fixed cost. Each as the median wall time and the median of the main thread's CPU time
-(time.thread_time: what other processes on a loaded host take from it does not count). --zero-copy runs torch tensors through luisaml/zero_copy.py (the zoo benchmark's CUDA
-path; mapped to the CPU backend's memory as the tests do); --cprofile prints the enqueue's profile.
+(time.thread_time: what other processes on a loaded host take from it does not count). --zero-copy runs
+torch tensors through luisaml/zero_copy.py (the zoo benchmark's CUDA path; mapped to the CPU backend's
+memory as the tests do); --cprofile enqueue|fixed profiles the one or the other; --in-a-row times only
+stubbed runs, one after another.
 
 On the CPU backend a zoo network's kernels (170 ms for densenet-121 at batch 1) evict the host's caches
 between runs, which slows the host side measured after them 2-10x (net.run without launches: ~110 us in a
-row, ~900 us after each run with kernels); `chain-K` (a chain of K MatMul + Relu layers, 16 wide: K stages
-of trivial kernels) measures the host side with warm caches, as on a GPU.
+row, ~900 us after each run with kernels); `chain-K` (a chain of K MatMul + Relu layers, 16 wide: K
+stages of trivial kernels) measures the host side with warm caches, as on a GPU.
 
     python3 -P benchmarks/experiments/bench_host_launch.py densenet-121 [--batch 1] [--reps 200] [--zero-copy]
     python3 -P benchmarks/experiments/bench_host_launch.py chain-300"""
@@ -46,7 +48,8 @@ def _chain(layers: int, batch: int, path: Path):
     graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
                               [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["N", 16])], inits)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return types.SimpleNamespace(name=f"chain-{layers}"), {"x": torch.from_numpy(rng.standard_normal((batch, 16)).astype(np.float32))}
+    x = torch.from_numpy(rng.standard_normal((batch, 16)).astype(np.float32))
+    return types.SimpleNamespace(name=f"chain-{layers}"), {"x": x}
 
 
 def main(argv=None) -> int:
@@ -56,6 +59,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--zero-copy", action="store_true")
+    ap.add_argument("--in-a-row", action="store_true",
+                    help="only net.run with the launches stubbed, run after run (the caches warm): the per-run cost")
     ap.add_argument("--pause", type=float, default=0.01, help="seconds between a run with kernels and one without")
     ap.add_argument("--cprofile", choices=("enqueue", "fixed"), help="profile the enqueues or the stubbed runs")
     a = ap.parse_args(argv)
@@ -102,6 +107,18 @@ def main(argv=None) -> int:
 
             torch.cuda.synchronize()
 
+    if a.in_a_row:
+        launch.KernelLauncher.launch = stubbed
+        for _ in range(50):
+            cn.run(feeds)
+        row = []
+        for _ in range(a.reps * 5):
+            t = time.perf_counter()
+            cn.run(feeds)
+            row.append(time.perf_counter() - t)
+        print(f"{net.name} batch {a.batch} on {a.device}{' (zero copy)' if a.zero_copy else ''}: run without launches, "
+              f"in a row: median {np.median(row) * 1e6:.1f} us, min {np.min(row) * 1e6:.1f}")
+        return 0
     fixed: list[float] = []
     fixed_cpu: list[float] = []
     waits: list[float] = []  # the stubbed runs' time in the stream's synchronize (the backend's, not luisaml's)
@@ -143,7 +160,8 @@ def main(argv=None) -> int:
     om, omin = np.median(own) * 1e6, np.min(own) * 1e6
     print(f"{net.name} batch {a.batch} on {a.device}{' (zero copy)' if a.zero_copy else ''}: {stages} stages; "
           f"enqueue {e:.0f} us a run ({e / stages:.2f} us a stage; the thread's CPU time {ec:.0f}, {ec / stages:.2f}; "
-          f"min {em:.0f}, {em / stages:.2f}); run without launches {f:.0f} us (CPU {fc:.0f}, min {fm:.0f}; without its wait {om:.0f}, min {omin:.0f})")
+          f"min {em:.0f}, {em / stages:.2f}); run without launches {f:.0f} us (CPU {fc:.0f}, min {fm:.0f}; "
+          f"without its wait {om:.0f}, min {omin:.0f})")
     if pr is not None:
         pstats.Stats(pr).sort_stats("tottime" if a.cprofile == "enqueue" else "cumulative").print_stats(30)
     return 0

@@ -1,8 +1,9 @@
-"""What a network's launches keep between runs (luisaml/launch.py KernelLauncher._enqueue, luisaml/dispatch.py
-Launcher.rebind and Prepared): the shared arguments' encodings, each stage's prepared launch and the
-dispatch counts of the last batch, and the pool's lists of stage and scratch buffers (luisaml/pool.py). A run at another batch, over other buffers (a zero-copy run's fresh
-output tensors, a swapped weight blob) or with other argument types must work them out again: each such
-run here equals onnxruntime's answer and a fresh network's bit for bit."""
+"""What a network's launches keep between runs (luisaml/launch.py KernelLauncher._enqueue,
+luisaml/dispatch.py Launcher.rebind and Prepared): the shared arguments' encodings, each stage's prepared
+launch and the dispatch counts of the last batch, and the pool's lists of stage and scratch buffers
+(luisaml/pool.py). A run at another batch, over other buffers (a zero-copy run's fresh output tensors, a
+swapped weight blob) or with other argument types must work them out again: each such run here equals
+onnxruntime's answer and a fresh network's bit for bit."""
 import numpy as np
 import pytest
 import torch
