@@ -58,6 +58,15 @@ class CountingStream:
             _total.downloads += 1
         self._stream.add(command)
 
+    def add_launches(self):
+        """Return (add, done): add(command) enqueues a compute dispatch uncounted, done(k) counts k
+        launches at once: a network's launch loop (luisaml/launch.py) skips `add`'s isinstance tests
+        and a Python call for each of its stages (benchmarks/NOTES.md, "net.run's host time")."""
+        def done(k: int) -> None:
+            _total.launches += k
+
+        return self._stream.add, done
+
     def synchronize(self) -> None:
         """Wait for the stream, counted as one host synchronisation."""
         _total.syncs += 1

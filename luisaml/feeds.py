@@ -243,6 +243,8 @@ class BoundInputs:
         self.spare_bytes: list = []  # ByteBuffers no byte input holds any more, newest first (byte_input)
         # input -> (device tensor's clone, host copy, its digest, its bytes' digest): zero_copy._host_arrays
         self.host_copies: dict[str, tuple] = {}
+        # input -> (the device tensor the last zero-copy run bound, its luisa Buffer): zero_copy._input_buffer
+        self.shared_inputs: dict[str, tuple] = {}
 
     def derived_buffers(self, plan: Plan, arrays: dict[str, np.ndarray], seen: dict | None = None) -> list:
         """Return the buffers of the plan's host-derived inputs, recomputed only when their sources

@@ -50,13 +50,18 @@ def to_numpy(x, name: str) -> np.ndarray:
     raise InputTypeError(f"input '{name}': expected a numpy array or torch tensor, got {type(x).__name__}")
 
 
+_TORCH_DTYPES: dict = {}  # numpy dtype -> torch dtype, made at the first torch_dtype (torch imported then)
+
+
 def torch_dtype(np_dtype):
     """Return the torch dtype of a numpy dtype the kernels use."""
-    import torch
+    if not _TORCH_DTYPES:  # (once: a zero-copy run asks ~3 times, the table cost ~3 us to build)
+        import torch
 
-    return {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16,
-            np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64,
-            np.dtype(np.uint32): torch.uint32, np.dtype(np.bool_): torch.bool}[np.dtype(np_dtype)]
+        _TORCH_DTYPES.update({np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16,
+                              np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64,
+                              np.dtype(np.uint32): torch.uint32, np.dtype(np.bool_): torch.bool})
+    return _TORCH_DTYPES[np.dtype(np_dtype)]
 
 
 def dlpack_buffer(t):

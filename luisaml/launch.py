@@ -66,6 +66,15 @@ class KernelLauncher:
         # stages the next runs leave out, set by their caller, who knows they would do nothing: a device
         # grid build's idle radix passes (fvdb/radix_passes.py); never at the first run (it builds them)
         self.skipped: frozenset[int] = frozenset()
+        stages = plan.schedule.stages if plan.schedule is not None else []
+        self._fused = any(st.domain == "fused" for st in stages)  # (once: a loop over the stages)
+        self._takes_batch = plan.schedule is not None and plan.schedule.takes_batch
+        # what launch keeps between runs (_enqueue): the shared arguments typed and encoded (a Launcher,
+        # rebound to each run's), each stage's launch prepared for them (None: not yet), and the
+        # dispatch counts at the batch they were worked out for
+        self._launcher: Launcher | None = None
+        self._prepared: list = [None] * len(stages)
+        self._counts: tuple[int | None, list[int]] = (None, [])
 
     @property
     def takes_state(self) -> bool:
@@ -278,9 +287,9 @@ class KernelLauncher:
             else:  # the stages, one dispatch each (of their own kernel, or of the merged one)
                 stages = self.plan.schedule.stages
                 common = [*args, self.pool.weights(self.plan), *self.pool.stage_buffers(self.plan, n), *scratch]
-                if any(st.domain == "fused" for st in stages):  # the fused MLP: its tile counter
+                if self._fused:  # the fused MLP: its tile counter
                     common += [self.pool.tile_counter()]
-                if self.plan.schedule.takes_batch:  # (schedule.Schedule.takes_batch)
+                if self._takes_batch:  # (schedule.Schedule.takes_batch)
                     common += [n]
                 if first and self.backend == "cuda" and not self.plan.merged_stages:
                     self._build_in_parallel(common + extra + ([0] if self.plan.stage_kernels else []))
@@ -288,30 +297,61 @@ class KernelLauncher:
                     from . import parallel_build
 
                     parallel_build.build_here([self.kernel], common + extra + [0], self.backend)
-                launch = Launcher(common + extra)  # (the arguments typed once, not per stage)
-                pending = 0  # launches since the last commit (FLUSH_LAUNCHES)
-                flush = BACKEND_FLUSH.get(self.backend, 0) if FLUSH_LAUNCHES is None else FLUSH_LAUNCHES
-                for k, stage in enumerate(stages):
-                    if span is not None and (k < span[0] or (span[1] is not None and k >= span[1])):
-                        continue
-                    count = stage.dispatch(n) if first or k not in self.skipped else 0
-                    if not count or (only is not None and k != only):
-                        pass
-                    elif self.plan.merged_stages:
-                        launch(self.kernel, (k,), count)
-                    elif self.plan.stage_kernels:  # (some stages share a kernel: every kernel takes k)
-                        launch(self._by_name[self.plan.stage_kernels[k]], (k,), count)
-                    else:
-                        launch(self.kernels[k], (), count)
-                    if after and k in after and only is None:
-                        after[k]()
-                    pending += 1 if count and (only is None or k == only) else 0
-                    if flush and pending >= flush:
-                        from luisa import globalvars
-
-                        globalvars.vars.stream.execute()
-                        pending = 0
+                self._enqueue(common + extra, stages, n, only, span, after, first)
         self.built = True
+
+    def _enqueue(self, shared: list, stages: list, n: int, only: int | None, span, after: dict | None,
+                 first: bool = False) -> None:
+        """launch's loop over the stages: each launch prepared once (its shader looked up, its tail
+        encoded: dispatch.Prepared) and again only when the shared arguments' types change (a
+        rebinding of other buffers of the same types keeps them: only their encodings are redone),
+        its count worked out once per batch n; what is left per stage is the command's creation, its
+        encodes and its enqueue (benchmarks/NOTES.md, "net.run's host time")."""
+        from luisa import globalvars
+
+        if self._launcher is None:
+            self._launcher = Launcher(shared)
+        elif self._launcher.rebind(shared):  # (other types: other shaders)
+            self._prepared = [None] * len(stages)
+        launcher, prepared = self._launcher, self._prepared
+        if self._counts[0] != n:
+            self._counts = (n, [stage.dispatch(n) for stage in stages])
+        counts = self._counts[1]
+        lo, hi = (0, len(stages)) if span is None else (span[0], len(stages) if span[1] is None else span[1])
+        if only is not None:
+            lo, hi, after = max(lo, only), min(hi, only + 1), None
+        stream = globalvars.vars.stream
+        add, done = stream.add_launches() if hasattr(stream, "add_launches") else (stream.add, lambda k: None)
+        enqueue = launcher.enqueue
+        pending = launched = 0  # launches since the last commit (FLUSH_LAUNCHES), in all
+        flush = BACKEND_FLUSH.get(self.backend, 0) if FLUSH_LAUNCHES is None else FLUSH_LAUNCHES
+        try:
+            for k in range(lo, hi):
+                count = counts[k] if first or k not in self.skipped else 0
+                if count:
+                    p = prepared[k]
+                    if p is None:
+                        p = prepared[k] = launcher.prepare(*self._stage_kernel(k), count)
+                    elif p.count != count:
+                        p = prepared[k] = p._replace(count=count)
+                    enqueue(p, add)
+                    launched += 1
+                    pending += 1
+                    if flush and pending >= flush:
+                        stream.execute()
+                        pending = 0
+                if after and k in after:
+                    after[k]()
+        finally:
+            done(launched)  # (counts.CountingStream: the launches counted at once)
+
+    def _stage_kernel(self, k: int) -> tuple:
+        """(kernel, its arguments after the shared ones) of stage k."""
+        if self.plan.merged_stages:
+            return self.kernel, (k,)
+        if self.plan.stage_kernels:  # (some stages share a kernel: every kernel takes k)
+            return self._by_name[self.plan.stage_kernels[k]], (k,)
+        return self.kernels[k], ()
 
     def _build_in_parallel(self, args: list) -> None:
         """Build the stage kernels in worker processes before the first launch (luisaml/parallel_build.py:

@@ -17,6 +17,7 @@ from .feeds import (BoundInputs, check_feeds, expected, feeds_and_outputs, host_
                     padded_inputs, voxel_batch)
 from .interop import to_numpy
 from .launch import KernelLauncher
+from .limits import INDEX_LIMIT
 from .luisa_compat import upload_prefix
 from .pool import BufferPool
 
@@ -51,6 +52,7 @@ class CompiledNetwork(metaclass=abc.ABCMeta):  # (abstract of nothing: luisaml/p
         self._save = save
         self.pool = BufferPool()
         self.bound = BoundInputs()
+        self._largest: tuple[int, int] | None = None  # check_batch's
         self.launcher = KernelLauncher(plan, module, path, backend, self.pool)
         self.kernels = self.launcher.kernels  # launched in this order
         self.kernel = self.launcher.kernel  # (a graph of no node has none)
@@ -218,6 +220,10 @@ class CompiledNetwork(metaclass=abc.ABCMeta):  # (abstract of nothing: luisaml/p
         """Raise LimitError when a buffer of this batch (an input, output or scratch region over
         n samples) would exceed the 32-bit range kernels index with, before allocating it."""
         limits = self.plan.limits
+        if self._largest is None:  # (elements and bytes of the largest buffer a sample, worked out once)
+            self._largest = self._largest_per_sample()
+        if self._largest[0] * n <= INDEX_LIMIT and self._largest[1] * n <= limits.tensor_bytes:
+            return  # (every buffer fits: no message to format, ~20 of them a run on densenet-121)
         for s in self.plan.inputs + self.plan.outputs:
             if s.batched:
                 limits.check_elements(f"'{s.name}' at batch {n}", s.numel * n, self.io_dtype(s).itemsize)
@@ -227,6 +233,14 @@ class CompiledNetwork(metaclass=abc.ABCMeta):  # (abstract of nothing: luisaml/p
             for slot in self.plan.schedule.buffers.slots:
                 limits.check_elements(f"stage buffer {slot.id} ({', '.join(slot.members[:3])}) at batch {n}",
                                       slot.size * n, slot.itemsize)
+
+    def _largest_per_sample(self) -> tuple[int, int]:
+        """(the most elements, the most bytes) a sample of any buffer check_batch checks holds."""
+        sizes = [(s.numel, self.io_dtype(s).itemsize) for s in self.plan.inputs + self.plan.outputs if s.batched]
+        sizes += [(per_sample, 4) for per_sample in self.plan.kernel_scratch.values()]
+        if self.plan.schedule is not None:
+            sizes += [(slot.size, slot.itemsize) for slot in self.plan.schedule.buffers.slots]
+        return max((c for c, _ in sizes), default=0), max((c * b for c, b in sizes), default=0)
 
     def _run_host(self, feeds: Mapping[str, Any], wanted: list[str], seen: dict | None = None) -> dict[str, Any]:
         arrays, batch, torch_in = self.check_feeds(feeds)

@@ -26,6 +26,11 @@ class BufferPool:
 
     def __init__(self) -> None:
         self.held: dict[tuple[str, int], Any] = {}
+        # counts the changes of `held` (exact), which drop _regions: stage_buffers' and scratch's lists kept
+        # per (plan, n, kind) while `held` stays, not looked up again every run; so only lists of buffers
+        # `held` holds are kept, and no replaced buffer outlives its replacement
+        self.generation = 0
+        self._regions: dict[tuple, list] = {}
         self._weights = None
         self._tiles = None
         self._errors = None
@@ -74,6 +79,8 @@ class BufferPool:
             from luisa.types import half, uint
 
             self.held = {k: v for k, v in self.held.items() if k[0] != ident}
+            self.generation += 1
+            self._regions = {}  # (their lists may name the buffer replaced: not kept alive by them)
             if dsl == "ubyte":  # bytes sized at run time (a new grid's blob): a ByteBuffer of whole words
                 from .luisa_compat import fix_byte_buffer
 
@@ -102,13 +109,31 @@ class BufferPool:
 
     def stage_buffers(self, plan, n: int) -> list:
         """The stages' pooled buffers for n samples (a region per sample of each slot)."""
-        return [self.pooled(f"buf_{slot.dtype}_{slot.id}", slot.dtype, slot.size * max(n, 1))
-                for slot in plan.schedule.buffers.slots]
+        return self._regions_of(plan, n, "stages", lambda: [
+            self.pooled(f"buf_{slot.dtype}_{slot.id}", slot.dtype, slot.size * max(n, 1))
+            for slot in plan.schedule.buffers.slots])
 
     def scratch(self, plan, n: int) -> list:
         """The kernels' scratch buffers for n samples, one per kernel dtype in sorted order."""
-        return [self.pooled(f"scratch_{dsl}", dsl, per_sample * max(n, 1))
-                for dsl, per_sample in sorted(plan.kernel_scratch.items())]
+        return self._regions_of(plan, n, "scratch", lambda: [
+            self.pooled(f"scratch_{dsl}", dsl, per_sample * max(n, 1))
+            for dsl, per_sample in sorted(plan.kernel_scratch.items())])
+
+    def _regions_of(self, plan, n: int, kind: str, make) -> list:
+        """make()'s buffers, kept while no buffer of the pool changes: what `pooled` gives depends on
+        n and `held` alone (a run's ~20 slots x every held buffer, and plan.kernel_scratch's walk over
+        every stage, each run: benchmarks/NOTES.md, "net.run's host time")."""
+        key = (id(plan), n, kind)
+        kept = self._regions.get(key)
+        if kept is not None:
+            return kept
+        if len(self._regions) > 16:  # (batches come and go: the old lists are dropped)
+            self._regions.clear()
+        at = self.generation
+        buffers = make()
+        if at == self.generation:  # (make's pooled calls held no new buffer: else one it gave may be gone)
+            self._regions[key] = buffers
+        return buffers
 
     def tile_counter(self):
         """The fused kernel's [next tile, blocks done] counters: zeroed once, and reset by the last
