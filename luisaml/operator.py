@@ -78,6 +78,14 @@ class Operator:
     stores_once: ClassVar[bool] = False
     # arithmetic per output element of an inline node, for the schedule's inlining budget
     inline_cost: ClassVar[int] = 1
+
+    # element() reads its inputs in the output's order: output elements consecutive along the last
+    # axis read consecutive (or the same, broadcast) input elements. A remap that moves the
+    # innermost axis (ConvNeXt's NHWC -> NCHW Transpose) reads them a row apart: the schedule
+    # inlines such a read only where each element is read once (schedule.py, step 2)
+    @property
+    def in_order(self) -> bool:
+        return self.elementwise
     # on CUDA, the items stages of nodes naming the same kernel here are one kernel with a stage
     # argument (a kernel build each costs a worker about a second: Winograd's 26 transforms of ResNet-18)
     shared_kernel: ClassVar[str | None] = None
