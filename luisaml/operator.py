@@ -86,6 +86,12 @@ class Operator:
     @property
     def in_order(self) -> bool:
         return self.elementwise
+
+    def reads_per_element(self, k: int) -> float:
+        """About how many times a stage running this node reads each element of input k (a Conv:
+        its taps times its output channels a group; a GEMM: its columns): the schedule inlines into
+        a reader of many reads only what a buffer would not read better. 0 when not known."""
+        return 0.0
     # on CUDA, the items stages of nodes naming the same kernel here are one kernel with a stage
     # argument (a kernel build each costs a worker about a second: Winograd's 26 transforms of ResNet-18)
     shared_kernel: ClassVar[str | None] = None

@@ -37,9 +37,10 @@ the root's value is bound to the region's input and each node's element() applie
 the store, every region tensor one variable (emission.epilogue_lets), so a node reading one twice
 costs a name, not a copy (not for a root whose other outputs are read: TopK's indices would be
 read before the deferred root writes them). An inline node read by another is inlined, within a budget
-(expression size; where the reader reads each element many times, only a cheap expression of one
-stored tensor read in the output's order, `Operator.in_order`: a Transpose that moves the innermost
-axis, or a sum of tensors, gets a buffer there); an expression
+(expression size; cheap-only where the reader reads each element several times, and where it reads
+each many times, a Conv's taps or a GEMM's columns, only an expression of one stored tensor read in
+the output's order, `Operator.in_order`: a sum of tensors, or a Transpose that moves the innermost
+axis, gets a buffer there); an expression
 whose text still grows past codegen.INLINE_CHARS (index arithmetic repeats geometrically through
 nested remaps) is materialised and the schedule built again.
 """
@@ -61,10 +62,16 @@ ELEMENTS = 16
 
 # Inline expressions are rebuilt wherever they are read: a budget keeps one from growing without
 # bound (a chain of 100 Adds becomes a buffer somewhere), and a node that reads its inputs many
-# times per output (a Conv: k*k*C times) only inlines producers at most this cheap (and loading
-# at most one tensor, in order: _multi_read_inlines).
+# times per output (a Conv: k*k*C times) only inlines producers at most this cheap.
 INLINE_BUDGET = 64
 CHEAP_FOR_MULTI_READ = 2
+# A reader of at least this many reads of each input element (Operator.reads_per_element: a Conv's
+# taps times its channels a group, a GEMM's columns) inlines an expression of at most one stored tensor
+# read in order (_multi_read_inlines). Recomputing L loads at R reads costs R x L loads against
+# L + 1 + R for a buffer: for L = 2 the break-even is R = 3, where a normalization or Softmax sits
+# (3-4 passes) and a stage's launch tips it to inline (BERT's residual Adds before LayerNorm: 2%
+# slower stored); 8 leaves that margin (benchmarks/NOTES.md, "Inlining into multi-read stages")
+MANY_READS = 8
 
 
 @dataclass
@@ -261,8 +268,10 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
                 stored = {i for i in full if i not in virtual and _stored(code, i)}
                 loads = stored.union(*(loaded[i] for i in full if i in virtual))
                 ordered = (op.in_order or not stored) and all(in_order[i] for i in full if i in virtual)
-                multi = any(kinds[r.name] not in ("inline",) for r, _ in readers[o])
-                if s > INLINE_BUDGET or (multi and not _multi_read_inlines(c, loads, ordered)):
+                stage_readers = [(r, r_op) for r, r_op in readers[o] if kinds[r.name] != "inline"]
+                many = any(_reads_per_element(r, r_op, o, views) >= MANY_READS for r, r_op in stage_readers)
+                if s > INLINE_BUDGET or (stage_readers and c > CHEAP_FOR_MULTI_READ) or (
+                        many and not _multi_read_inlines(c, loads, ordered)):
                     continue
                 virtual[o] = (n, op, k)
                 size[o], cost[o], loaded[o], in_order[o] = s, c, loads, ordered
@@ -459,6 +468,14 @@ def _multi_read_inlines(cost: int, loads: set[str], ordered: bool) -> bool:
     residual Adds of Transposes, 3 tensors 49 times an output (benchmarks/NOTES.md, "Inlining into
     multi-read stages")."""
     return cost <= CHEAP_FOR_MULTI_READ and len(loads) <= 1 and ordered
+
+
+def _reads_per_element(node: Node, op: Operator, name: str, views: dict[str, str]) -> float:
+    """About how many times a node reads each element of the tensor `name` (Operator.reads_per_element
+    of each input that is it or a view of it); 0 where the operator does not say (the arithmetic
+    budget alone then applies: pools, normalizations)."""
+    return max((op.reads_per_element(k) for k, i in enumerate(node.inputs) if i and _root(i, views) == name),
+               default=0.0)
 
 
 def _numel(code: GraphCode, name: str) -> int:

@@ -103,27 +103,25 @@ def test_random_graphs_match_onnxruntime(seed):
 
 
 def test_elementwise_chains_fuse_into_the_producer_and_inline_into_readers():
-    """MatMul -> Add(bias) -> Relu is one stage (the epilogue); Transpose (of outer axes: the
-    innermost stays innermost) -> Neg read by a second MatMul is computed inline where it is read
-    (cheap enough to recompute for each of the reads a MatMul makes, one tensor read in order): no
-    buffer holds either. (A Transpose that moves the innermost axis gets a buffer before such a
-    reader: test_a_transposed_residual_chain_is_not_inlined_into_a_depthwise_conv.)"""
+    """MatMul -> Add(bias) -> Relu is one stage (the epilogue); Transpose -> Neg read by a second
+    MatMul is computed inline where it is read (cheap enough to recompute for each of the reads
+    a MatMul makes): no buffer holds either."""
     rng = np.random.default_rng(0)
     inits = {"w1": rng.standard_normal((8, 8)).astype(np.float32), "b1": rng.standard_normal(8).astype(np.float32),
-             "w2": rng.standard_normal((2, 4)).astype(np.float32)}
+             "w2": rng.standard_normal((4, 4)).astype(np.float32)}
     nodes = [
         helper.make_node("MatMul", ["x", "w1"], ["m1"], name="mm1"),
         helper.make_node("Add", ["m1", "b1"], ["a1"], name="bias"),
         helper.make_node("Relu", ["a1"], ["r1"], name="relu"),
         helper.make_node("Reshape", ["r1", "shape"], ["v"], name="view"),
-        helper.make_node("Transpose", ["v"], ["t"], perm=[0, 2, 1, 3], name="tr"),
+        helper.make_node("Transpose", ["v"], ["t"], perm=[0, 2, 1], name="tr"),
         helper.make_node("Neg", ["t"], ["s"], name="sig"),
         helper.make_node("MatMul", ["s", "w2"], ["y"], name="mm2"),
     ]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, ["N", 8])],
-                          [helper.make_tensor_value_info("y", F, ["N", 2, 2, 4])],
+                          [helper.make_tensor_value_info("y", F, ["N", 2, 4])],
                           [numpy_helper.from_array(v, k) for k, v in inits.items()]
-                          + [numpy_helper.from_array(np.array([-1, 2, 2, 2], np.int64), "shape")])
+                          + [numpy_helper.from_array(np.array([-1, 4, 2], np.int64), "shape")])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
     net = luisaml.compile(model)
     st1 = stage_of(net, "mm1")
@@ -169,15 +167,15 @@ def _arithmetic_only(cost: int, loads: set[str], ordered: bool) -> bool:
 def test_a_transposed_residual_chain_is_not_inlined_into_a_depthwise_conv(monkeypatch):
     """ConvNeXt's residual Adds read the block input and an NHWC -> NCHW Transpose: inlined into
     the next depthwise Conv, each of its 49 taps would load both tensors, one of them a row apart
-    from its neighbour's. The schedule stores each sum (and the Transpose that feeds the MatMul)
-    and the Convs read one stored tensor in order; the arithmetic-only rule inlined them. Storing
+    from its neighbour's. The schedule stores each sum and the Convs read one stored tensor in
+    order; the arithmetic-only rule inlined them. Storing
     a sum computes the same float operations: the outputs are bit-identical, and match onnxruntime."""
     model = _convnext_blocks()
     net = luisaml.compile(model, backend="cpu")
     sched = net.plan.schedule
     convs = [st for st in sched.stages if st.root[0].op_type == "Conv"]
     assert len(convs) == 3 and all(not st.inlined for st in convs), sched.describe()
-    assert not {"r0", "r1", "p0", "p1"} & set(sched.virtual), sched.describe()
+    assert not {"r0", "r1"} & set(sched.virtual), sched.describe()
     assert "q0" in sched.virtual and "q1" in sched.virtual  # read once, by the Add: still inline
     x = np.random.default_rng(1).standard_normal((2, 8, 9, 9)).astype(np.float32)
     got = net.run({"x": x})["y"]
