@@ -82,7 +82,7 @@ class Operator:
     # element() reads its inputs in the output's order: output elements consecutive along the last
     # axis read consecutive (or the same, broadcast) input elements. A remap that moves the
     # innermost axis (ConvNeXt's NHWC -> NCHW Transpose) reads them a row apart: the schedule
-    # inlines such a read only where each element is read once (schedule.py, step 2)
+    # inlines such a read only into readers of few reads an element (schedule.MANY_READS)
     @property
     def in_order(self) -> bool:
         return self.elementwise

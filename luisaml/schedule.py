@@ -39,8 +39,8 @@ costs a name, not a copy (not for a root whose other outputs are read: TopK's in
 read before the deferred root writes them). An inline node read by another is inlined, within a budget
 (expression size; cheap-only where the reader reads each element several times, and where it reads
 each many times, a Conv's taps or a GEMM's columns, only an expression of one stored tensor read in
-the output's order, `Operator.in_order`: a sum of tensors, or a Transpose that moves the innermost
-axis, gets a buffer there); an expression
+the output's order, `Operator.in_order`: a sum of stored tensors, or a Transpose that moves the
+innermost axis, gets a buffer there); an expression
 whose text still grows past codegen.INLINE_CHARS (index arithmetic repeats geometrically through
 nested remaps) is materialised and the schedule built again.
 """
@@ -460,7 +460,7 @@ def _root(name: str, views: dict[str, str]) -> str:
 
 def _multi_read_inlines(cost: int, loads: set[str], ordered: bool) -> bool:
     """Whether an inline expression may be recomputed at each of the many reads a stage root makes
-    of an element (a Conv's taps, a GEMM's columns, a pool's window): cheap arithmetic, and memory
+    of an element (MANY_READS: a Conv's taps, a GEMM's columns): cheap arithmetic, and memory
     that a buffer would not read better -- at most one stored tensor, read in the output's order.
     Each more tensor is loaded again at every read, and an out-of-order one (an NHWC -> NCHW
     Transpose) a row apart at every read, neighbouring threads' loads in different lines; a buffer
