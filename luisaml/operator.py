@@ -78,6 +78,20 @@ class Operator:
     stores_once: ClassVar[bool] = False
     # arithmetic per output element of an inline node, for the schedule's inlining budget
     inline_cost: ClassVar[int] = 1
+
+    # element() reads its inputs in the output's order: output elements consecutive along the last
+    # axis read consecutive (or the same, broadcast) input elements. A remap that moves the
+    # innermost axis (ConvNeXt's NHWC -> NCHW Transpose) reads them a row apart: the schedule
+    # inlines such a read only into readers of few reads an element (schedule.MANY_READS)
+    @property
+    def in_order(self) -> bool:
+        return self.elementwise
+
+    def reads_per_element(self, k: int) -> float:
+        """About how many times a stage running this node reads each element of input k (a Conv:
+        its taps times its output channels a group; a GEMM: its columns): the schedule inlines into
+        a reader of many reads only what a buffer would not read better. 0 when not known."""
+        return 0.0
     # on CUDA, the items stages of nodes naming the same kernel here are one kernel with a stage
     # argument (a kernel build each costs a worker about a second: Winograd's 26 transforms of ResNet-18)
     shared_kernel: ClassVar[str | None] = None

@@ -37,7 +37,10 @@ the root's value is bound to the region's input and each node's element() applie
 the store, every region tensor one variable (emission.epilogue_lets), so a node reading one twice
 costs a name, not a copy (not for a root whose other outputs are read: TopK's indices would be
 read before the deferred root writes them). An inline node read by another is inlined, within a budget
-(expression size, and cheap-only where the reader reads each element many times); an expression
+(expression size; cheap-only where the reader reads each element several times, and where it reads
+each many times, a Conv's taps or a GEMM's columns, only an expression of one stored tensor read in
+the output's order, `Operator.in_order`: a sum of stored tensors, or a Transpose that moves the
+innermost axis, gets a buffer there); an expression
 whose text still grows past codegen.INLINE_CHARS (index arithmetic repeats geometrically through
 nested remaps) is materialised and the schedule built again.
 """
@@ -62,6 +65,13 @@ ELEMENTS = 16
 # times per output (a Conv: k*k*C times) only inlines producers at most this cheap.
 INLINE_BUDGET = 64
 CHEAP_FOR_MULTI_READ = 2
+# A reader of at least this many reads of each input element (Operator.reads_per_element: a Conv's
+# taps times its channels a group, a GEMM's columns) inlines an expression of at most one stored tensor
+# read in order (_multi_read_inlines). Recomputing L loads at R reads costs R x L loads against
+# L + 1 + R for a buffer: for L = 2 the break-even is R = 3, where a normalization or Softmax sits
+# (3-4 passes) and a stage's launch tips it to inline (BERT's residual Adds before LayerNorm: 2%
+# slower stored); 8 leaves that margin (benchmarks/NOTES.md, "Inlining into multi-read stages")
+MANY_READS = 8
 
 
 @dataclass
@@ -238,6 +248,8 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
     virtual: dict[str, tuple[Node, Operator, int]] = {}
     size: dict[str, int] = {}
     cost: dict[str, int] = {}
+    loaded: dict[str, set[str]] = {}
+    in_order: dict[str, bool] = {}
     if fuse:
         for n, op in ops:
             if kinds[n.name] != "inline" or n.name in in_chain:
@@ -245,14 +257,24 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
             for k, o in enumerate(n.outputs):
                 if not o or o in pinned or o in materialise or o not in readers:
                     continue
-                ins = [i for i in n.inputs if i]
-                s = 1 + sum(size.get(_root(i, views), 0) for i in ins)
-                c = op.inline_cost + sum(cost.get(_root(i, views), 0) for i in ins)
-                multi = any(kinds[r.name] not in ("inline",) for r, _ in readers[o])
-                if s > INLINE_BUDGET or (multi and c > CHEAP_FOR_MULTI_READ):
+                ins = [_root(i, views) for i in n.inputs if i]
+                s = 1 + sum(size.get(i, 0) for i in ins)
+                c = op.inline_cost + sum(cost.get(i, 0) for i in ins)
+                # the stored tensors the expression loads as many elements of as it computes (not a
+                # constant; not a smaller operand: one broadcast, SE's channel scales, stays in cache,
+                # and a Concat's pieces add up to one tensor's traffic, its selects priced by its
+                # inline_cost), and whether it loads them in the output's order (in_order throughout)
+                full = [i for i in ins if _numel(code, i) >= op.outputs[k].numel]
+                stored = {i for i in full if i not in virtual and _stored(code, i)}
+                loads = stored.union(*(loaded[i] for i in full if i in virtual))
+                ordered = (op.in_order or not stored) and all(in_order[i] for i in full if i in virtual)
+                stage_readers = [(r, r_op) for r, r_op in readers[o] if kinds[r.name] != "inline"]
+                many = any(_reads_per_element(r, r_op, o, views) >= MANY_READS for r, r_op in stage_readers)
+                if s > INLINE_BUDGET or (stage_readers and c > CHEAP_FOR_MULTI_READ) or (
+                        many and not _multi_read_inlines(c, loads, ordered)):
                     continue
                 virtual[o] = (n, op, k)
-                size[o], cost[o] = s, c
+                size[o], cost[o], loaded[o], in_order[o] = s, c, loads, ordered
 
     # 2b. in place (the CPU backend): a Concat whose inputs are all stored by stages takes no stage;
     # each input is stored at its offset in the Concat's buffer
@@ -434,6 +456,38 @@ def _root(name: str, views: dict[str, str]) -> str:
     while name in views:
         name = views[name]
     return name
+
+
+def _multi_read_inlines(cost: int, loads: set[str], ordered: bool) -> bool:
+    """Whether an inline expression may be recomputed at each of the many reads a stage root makes
+    of an element (MANY_READS: a Conv's taps, a GEMM's columns): cheap arithmetic, and memory
+    that a buffer would not read better -- at most one stored tensor, read in the output's order.
+    Each more tensor is loaded again at every read, and an out-of-order one (an NHWC -> NCHW
+    Transpose) a row apart at every read, neighbouring threads' loads in different lines; a buffer
+    pays one ordered load per read after one pass. ConvNeXt's depthwise 7 x 7 Convs inlined its
+    residual Adds of Transposes, 3 tensors 49 times an output (benchmarks/NOTES.md, "Inlining into
+    multi-read stages")."""
+    return cost <= CHEAP_FOR_MULTI_READ and len(loads) <= 1 and ordered
+
+
+def _reads_per_element(node: Node, op: Operator, name: str, views: dict[str, str]) -> float:
+    """About how many times a node reads each element of the tensor `name` (Operator.reads_per_element
+    of each input that is it or a view of it); 0 where the operator does not say (the arithmetic
+    budget alone then applies: pools, normalizations)."""
+    return max((op.reads_per_element(k) for k, i in enumerate(node.inputs) if i and _root(i, views) == name),
+               default=0.0)
+
+
+def _numel(code: GraphCode, name: str) -> int:
+    t = code.tensors.get(name)
+    return t.numel if t is not None else 0
+
+
+def _stored(code: GraphCode, name: str) -> bool:
+    """Whether reading a tensor loads device memory: not a constant (a literal or a small
+    parameter buffer that stays in cache)."""
+    t = code.tensors.get(name)
+    return t is not None and t.value is None
 
 
 def _readers(code: GraphCode, ops, views: dict[str, str]) -> dict[str, list[tuple[Node, Operator]]]:

@@ -287,6 +287,11 @@ class Conv(ConvBase):
     def geometry(self) -> None:
         self.geo = window_geometry(self, self.input(0).shape[2:], self.kernel)
 
+    def reads_per_element(self, k: int) -> float:
+        """Of the input: its multiply-adds over its elements (a depthwise 7 x 7: 49)."""
+        x, w = self.input(0), self.input(1)
+        return self.output().numel * int(np.prod(w.shape[1:])) / x.numel if k == 0 and x.numel else 0.0
+
     def window_fns(self):
         g, x = self.geo, self.input(0)
 

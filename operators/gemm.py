@@ -158,6 +158,10 @@ class Dense(Operator):
     # gave 1 x 16 tiles, each B load feeding one row ([197, 192] x [192, 768]: 43.6 GFLOP/s, 67.0
     # as 2 x 16; ViT-Ti 150 -> 115 ms; benchmarks/NOTES.md, "Ragged row blocks")
 
+    def reads_per_element(self, k: int) -> float:
+        """A's elements are read once a column, B's once a row."""
+        return float(self.N if k == 0 else self.M if k == 1 else 0)
+
     def square_tiles(self) -> bool:
         """Whether the items form takes R x O tiles of SQUARE, its last row block ragged, instead of
         tile_shape's: for a B that is not a constant (attention's Q K^T and attn V, read through the

@@ -49,6 +49,12 @@ class Transpose(Operator):
     inline = True
     inline_cost = 0  # index arithmetic only: cheap to redo wherever it is read
 
+    @property
+    def in_order(self) -> bool:  # type: ignore[override]
+        """Whether the output's last axis is the input's innermost (unit-stride) one."""
+        x = self.input(0)
+        return not self.perm or x.strides[self.perm[-1]] == 1
+
     def forward(self, ctx):
         x, y = self.input(0), self.output()
         src = [x.strides[p] for p in self.perm]
@@ -124,6 +130,11 @@ class Slice(Operator):
     inline = True
     inline_cost = 0
 
+    @property
+    def in_order(self) -> bool:  # type: ignore[override]
+        """Whether the last axis is taken with step 1 (or is the only element)."""
+        return not self.step or self.step[-1] == 1 or self.output().shape[-1] <= 1
+
     def forward(self, ctx):
         x, y = self.input(0), self.output()
         if y.numel == 0:
@@ -172,6 +183,7 @@ class Concat(Operator):
         self.expect(total == y.shape[self.ax], f"inputs add up to {total} along axis {self.ax}, output has {y.shape[self.ax]}")
 
     inline = True
+    in_order = True  # each input in place along the axis, its rows whole
     # set on a plan without blocks stages (the CPU backend; luisaml/compiler.py)
     no_blocks = False
 
@@ -248,6 +260,7 @@ class Split(Operator):
 
     inline = True
     inline_cost = 0
+    in_order = True  # a range of rows along the axis
 
     def forward(self, ctx):
         x = self.input(0)
@@ -288,6 +301,13 @@ class Gather(Operator):
         self.expect(self.dim > 0 or y.numel == 0, f"axis {self.ax} of '{x.name}' is empty")
         # constant indices make it a pure remap; runtime ones need the range check's statement
         self.inline = self.fixed is not None
+
+    @property
+    def in_order(self) -> bool:  # type: ignore[override]
+        """Whether whole rows are gathered (an axis before the innermost: ViT's class token), not
+        single elements of the innermost axis."""
+        x = self.input(0)
+        return _prod(x.shape[self.ax + 1:]) > 1
 
     def element(self, ctx, i, k=0):
         x, idx = self.input(0), self.input(1)

@@ -53,6 +53,7 @@ class View(Operator):
     shape_inputs_ok = True  # the shape input may depend on the batch size: only the output shape is used
     inline = True
     inline_cost = 0  # element i is the input's element i
+    in_order = True
 
     def check(self):
         x, y = self.input(0), self.output()
@@ -77,6 +78,7 @@ class Expand(Operator):
 
     shape_inputs_ok = True
     inline = True
+    in_order = True  # a broadcast: the innermost axis is the input's or repeats one element
 
     def check(self):
         x, y = self.input(0), self.output()
@@ -185,6 +187,7 @@ class Pad(Operator):
 
     inline = True
     inline_cost = 2  # the source coordinates, the select
+    in_order = True  # shifted, not permuted (reflect's mirrored edges aside)
 
     def params(self) -> tuple[list[int], list[int] | None, str]:
         """Return (pads, axes or None, mode)."""
@@ -274,6 +277,14 @@ class Rearrange(Operator):
     def layout(self) -> tuple[list[int], list[int]]:
         """Return (sizes whose row-major index is the output's, the input stride of each)."""
         raise NotImplementedError
+
+    @property
+    def in_order(self) -> bool:  # type: ignore[override]
+        """Whether the innermost size over one element steps the input by 1 (Tile) or 0, not a row
+        (DepthToSpace's blocks)."""
+        sizes, src = self.layout()
+        inner = [st for n, st in zip(sizes, src) if n > 1]
+        return not inner or inner[-1] in (0, 1)
 
     def forward(self, ctx):
         x, y = self.input(0), self.output()

@@ -135,6 +135,85 @@ def test_elementwise_chains_fuse_into_the_producer_and_inline_into_readers():
     np.testing.assert_allclose(net.run({"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-6)
 
 
+def _convnext_blocks(blocks: int = 2, c: int = 8, hw: int = 9) -> onnx.ModelProto:
+    """ConvNeXt's residual stream: per block a depthwise 7 x 7 Conv, a permute to NHWC, a MatMul over
+    the channels (its MLP), a permute back to NCHW added to the block's input; a last depthwise
+    Conv reads the sum."""
+    rng = np.random.default_rng(0)
+    nodes, inits, prev = [], [], "x"
+    for b in range(blocks + 1):
+        inits += [numpy_helper.from_array(rng.standard_normal((c, 1, 7, 7)).astype(np.float32) * 0.2, f"dw{b}"),
+                  numpy_helper.from_array(rng.standard_normal(c).astype(np.float32), f"db{b}")]
+        out = "y" if b == blocks else f"d{b}"
+        nodes.append(helper.make_node("Conv", [prev, f"dw{b}", f"db{b}"], [out], group=c, pads=[3] * 4, name=f"dw{b}"))
+        if b == blocks:
+            break
+        inits.append(numpy_helper.from_array(rng.standard_normal((c, c)).astype(np.float32) * 0.3, f"w{b}"))
+        nodes += [helper.make_node("Transpose", [f"d{b}"], [f"p{b}"], perm=[0, 2, 3, 1], name=f"nhwc{b}"),
+                  helper.make_node("MatMul", [f"p{b}", f"w{b}"], [f"m{b}"], name=f"mlp{b}"),
+                  helper.make_node("Transpose", [f"m{b}"], [f"q{b}"], perm=[0, 3, 1, 2], name=f"nchw{b}"),
+                  helper.make_node("Add", [prev, f"q{b}"], [f"r{b}"], name=f"res{b}")]
+        prev = f"r{b}"
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, ["N", c, hw, hw])],
+                          [helper.make_tensor_value_info("y", F, ["N", c, hw, hw])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _arithmetic_only(cost: int, loads: set[str], ordered: bool) -> bool:
+    """The rule before loads and their order counted: arithmetic alone."""
+    return cost <= schedule.CHEAP_FOR_MULTI_READ
+
+
+def test_a_transposed_residual_chain_is_not_inlined_into_a_depthwise_conv(monkeypatch):
+    """ConvNeXt's residual Adds read the block input and an NHWC -> NCHW Transpose: inlined into
+    the next depthwise Conv, each of its 49 taps would load both tensors, one of them a row apart
+    from its neighbour's. The schedule stores each sum and the Convs read one stored tensor in
+    order; the arithmetic-only rule inlined them. Storing
+    a sum computes the same float operations: the outputs are bit-identical, and match onnxruntime."""
+    model = _convnext_blocks()
+    net = luisaml.compile(model, backend="cpu")
+    sched = net.plan.schedule
+    convs = [st for st in sched.stages if st.root[0].op_type == "Conv"]
+    assert len(convs) == 3 and all(not st.inlined for st in convs), sched.describe()
+    assert not {"r0", "r1"} & set(sched.virtual), sched.describe()
+    assert "q0" in sched.virtual and "q1" in sched.virtual  # read once, by the Add: still inline
+    x = np.random.default_rng(1).standard_normal((2, 8, 9, 9)).astype(np.float32)
+    got = net.run({"x": x})["y"]
+    np.testing.assert_allclose(got, ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+    monkeypatch.setattr(schedule, "_multi_read_inlines", _arithmetic_only)
+    old = luisaml.compile(model, backend="cpu")
+    assert any("Add 'res0'" in s for st in old.plan.schedule.stages for s in st.inlined), old.plan.schedule.describe()
+    np.testing.assert_array_equal(got, old.run({"x": x})["y"])
+
+
+def test_a_cheap_ordered_producer_still_inlines_into_a_conv():
+    """What a buffer would not read better stays inline in a Conv's taps: an Add of a constant and
+    a Relu of the graph input (one tensor, in order), and SE's channel gate, whose per-channel
+    scales are a smaller operand broadcast over the positions (they stay in cache), not a second
+    tensor loaded at each tap."""
+    rng = np.random.default_rng(0)
+    c = 8
+    inits = [numpy_helper.from_array(rng.standard_normal((c, 1, 1)).astype(np.float32), "bias"),
+             numpy_helper.from_array(rng.standard_normal((c, 1, 3, 3)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.standard_normal((c, c, 1, 1)).astype(np.float32), "w2")]
+    nodes = [helper.make_node("Add", ["x", "bias"], ["a"], name="shift"),
+             helper.make_node("Relu", ["a"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "w1"], ["h"], group=c, pads=[1] * 4, name="dw"),
+             helper.make_node("GlobalAveragePool", ["h"], ["g"], name="squeeze"),
+             helper.make_node("Sigmoid", ["g"], ["s"], name="gate"),
+             helper.make_node("Mul", ["h", "s"], ["e"], name="excite"),
+             helper.make_node("Conv", ["e", "w2"], ["y"], name="pw")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, ["N", c, 6, 6])],
+                          [helper.make_tensor_value_info("y", F, ["N", c, 6, 6])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    net = luisaml.compile(model, backend="cpu")
+    assert stage_of(net, "shift") is stage_of(net, "relu") is stage_of(net, "dw")
+    assert stage_of(net, "excite") is stage_of(net, "pw"), net.plan.schedule.describe()
+    x = rng.standard_normal((3, c, 6, 6)).astype(np.float32)
+    np.testing.assert_allclose(net.run({"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
 def test_transformer_encoder_with_a_moving_batch_axis(tmp_path):
     """torch's batch-first TransformerEncoder moves the batch to axis 1 inside attention: it
     compiles with the defaults, runs as stages at each batch size, and matches onnxruntime."""

@@ -1,7 +1,8 @@
 """CUDA's items form of a depthwise or grouped Conv (no block tiling) loads a strip's row window
 once per kernel row and unrolls the taps over it (Conv.row_window): a 7-wide window over 8 outputs
-is 14 loads, not 56, and each load also does the inline producers' work (ConvNeXt's residual Adds
-over Transposes of channels-last tensors). The CUDA plan has only items stages here, so the CPU
+is 14 loads, not 56, and each load also does the inline producers' work (here a Transpose of the
+outer axes and an Add of a per-channel operand; ConvNeXt's residual Adds over Transposes of
+channels-last tensors get a buffer before the Conv instead: schedule._multi_read_inlines). The CUDA plan has only items stages here, so the CPU
 device runs it whole: its outputs against onnxruntime (under LUISAML_BACKEND=cuda, the GPU runs it).
 The CPU's tiles of the depthwise ones take the window too (odd rows in overlapping strips of 2
 included), bit-equal to the loop over taps (the same multiply-adds in the same order); a dense or
@@ -21,14 +22,15 @@ from luisaml.runtime import _network, analyze
 
 
 def _model(w, k, s, d, c, group):
-    """a [N, 9, w, c] channels-last, Transpose to [N, c, 9, w], + b, then a k x k Conv of `group`
-    groups, padded to keep the size at stride 1."""
-    nodes = [helper.make_node("Transpose", ["a"], ["t"], perm=[0, 3, 1, 2]),
+    """a [N, 9, c, w], Transpose to [N, c, 9, w] (the innermost axis stays: inline in the Conv's
+    reads), + b [N, c, 1, 1], then a k x k Conv of `group` groups, padded to keep the size at
+    stride 1."""
+    nodes = [helper.make_node("Transpose", ["a"], ["t"], perm=[0, 2, 1, 3]),
              helper.make_node("Add", ["t", "b"], ["r"]),
              helper.make_node("Conv", ["r", "w", "bias"], ["y"], group=group, pads=[k // 2 * d] * 4,
                               strides=[s, s], dilations=[d, d], name="conv")]
     inits = {"w": rand((c, c // group, k, k), seed=3, low=-0.5, high=0.5), "bias": rand((c,), seed=4)}
-    return graph_model(nodes, {"a": rand((2, 9, w, c)), "b": rand((2, c, 9, w))}, inits, batch="N")
+    return graph_model(nodes, {"a": rand((2, 9, c, w)), "b": rand((2, c, 1, 1))}, inits, batch="N")
 
 
 CASES = {  # (row width, kernel, stride, dilation, channels, groups)
@@ -60,7 +62,7 @@ def test_cuda_items_conv_equals_onnxruntime(case):
         luisaml.device.current() or luisaml.device.init("cpu")
         net = _network(plan, "cpu")
     for n in (1, 3):
-        feeds = {"a": rand((n, 9, w, c), seed=n), "b": rand((n, c, 9, w), seed=n + 10)}
+        feeds = {"a": rand((n, 9, c, w), seed=n), "b": rand((n, c, 1, 1), seed=n + 10)}
         np.testing.assert_allclose(net.run(feeds)["y"], ort_run(model, feeds)["y"], rtol=1e-5, atol=1e-5)
 
 
@@ -76,7 +78,7 @@ def test_cpu_tiles_take_the_window(case):
 
     w, k, s, d, c, group = CPU_CASES[case]
     model = _model(w, k, s, d, c, group)
-    feeds = {"a": rand((3, 9, w, c), seed=5), "b": rand((3, c, 9, w), seed=6)}
+    feeds = {"a": rand((3, 9, c, w), seed=5), "b": rand((3, c, 1, 1), seed=6)}
     with switched(Conv, cpu_row_window=False):
         old = luisaml.compile(model, backend="cpu")
         y_old = old.run(feeds)["y"]
@@ -101,6 +103,6 @@ def test_cpu_dense_and_grouped_conv_keep_the_loop(group):
     plan = analyze(model, target="cpu")
     op = next(st for st in plan.schedule.stages if st.root[0].name == "conv").root[1]
     assert op.tiles()[1] > 1 and op.row_window(*op.tiles()[:2]) == []
-    feeds = {"a": rand((2, 9, 16, 16), seed=7), "b": rand((2, 16, 9, 16), seed=8)}
+    feeds = {"a": rand((2, 9, 16, 16), seed=7), "b": rand((2, 16, 1, 1), seed=8)}
     np.testing.assert_allclose(luisaml.compile(model, backend="cpu").run(feeds)["y"], ort_run(model, feeds)["y"],
                                rtol=1e-5, atol=1e-5)
