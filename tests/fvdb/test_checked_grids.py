@@ -85,8 +85,24 @@ def walks(monkeypatch):
     return seen
 
 
+@pytest.fixture
+def a_fresh_process(monkeypatch):
+    """The process-wide memories of grid bytes checked before, empty for the test and restored after
+    it. By design a blob whose bytes were checked in this process is not walked again there: a device
+    build's bucket network is shared by every network of the process (host_steps.DeviceBuilds._shared)
+    and its BoundInputs check a blob once per distinct bytes; a step of another live network gives its
+    result of the same bytes back (host_steps._LIVE). So after test_topology_device.py's chain (ConvGrid
+    3/1 of BATCHES["two"] on the device: the same bucket network, the same bytes) the device case's
+    first binding walked nothing. "A new binding walks the user's grid once" holds for a binding new
+    to the process, whatever ran before in it (pytest-xdist: any test), hence a fresh process here."""
+    from luisaml.fvdb import host_steps
+
+    monkeypatch.setattr(host_steps.DeviceBuilds, "_shared", {})
+    monkeypatch.setattr(host_steps, "_LIVE", type(host_steps._LIVE)())
+
+
 @pytest.mark.parametrize("grid_build", ["host", "device"])
-def test_steps_grids_are_not_walked_and_a_corrupted_user_grid_still_raises(walks, grid_build):
+def test_steps_grids_are_not_walked_and_a_corrupted_user_grid_still_raises(a_fresh_process, walks, grid_build):
     """ConvGrid of the bound grid, CoarsenedGrid of that, IJKToIndex over it: a new binding walks the
     user's grid once (its first reader), never the two grids the steps built (frozen: writing raises);
     the indices equal the reference's. The user's grid with one byte changed raises, as a writeable
