@@ -328,6 +328,10 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
             for j, o in enumerate(n.outputs):
                 if o and o not in virtual:
                     t = code.tensors[o]
+                    tiles = None if blocks else op.work_items()  # (a Transpose's CPU tiles: operators/indexing.py)
+                    if tiles is not None:
+                        stages.append(Stage(len(stages), "items", [(n, op)], int(tiles), per_sample and t.batched, out=o))
+                        continue
                     e = 1 if blocks else ELEMENTS
                     stages.append(Stage(len(stages), "element", [(n, op)], -(-max(t.numel, 0) // e), per_sample and t.batched,
                                         out=o, elements=e))

@@ -64,6 +64,73 @@ class Transpose(Operator):
         x, y = self.input(0), self.output()
         return x.load(remap(ctx, i, y.shape, 0, [x.strides[p] for p in self.perm]))
 
+    # ---- the CPU's tiles: a Transpose stored by a stage of its own ------------------------------
+    # An element stage's thread copies ELEMENTS consecutive outputs, which for a permutation that
+    # moves the innermost axis are loads a row apart, each behind its own divisions (~5 GB/s alone,
+    # ~2 in a network: benchmarks/NOTES.md, "Inlining into multi-read stages"). On the CPU (no_blocks,
+    # set by luisaml/compiler.py) such a stored Transpose is an items stage (schedule.py) whose work
+    # item copies a TILE x TILE tile of the two axes that swap: its index arithmetic once, then a
+    # loop nest of constant trip counts whose inner loop stores along the output's rows (the loads a
+    # row apart, in cache across the tile). 3x the element stage's rate; tiles of 8 or 32, the loop
+    # order that loads along the input's rows, and a local array between the two orders were slower
+    # (benchmarks/NOTES.md, "Transpose tiles on the CPU").
+    no_blocks = False
+    TILE = 16
+    cpu_tiles = True  # an A/B switch
+
+    def tiling(self):
+        """Return (coalesced sizes, output strides, input strides, a, b) where the CPU's tiles
+        apply, else None: a is the output's unit-stride axis (the last), b the input's; they differ."""
+        x, y = self.input(0), self.output()
+        if not (self.no_blocks and self.cpu_tiles):
+            return None
+        sizes, (out_s, in_s) = coalesce(y.shape, y.strides, [x.strides[p] for p in self.perm])
+        if len(sizes) < 2 or in_s[-1] == 1:
+            return None  # in order: the element stage's run already loads consecutive elements
+        return sizes, out_s, in_s, len(sizes) - 1, in_s.index(1)
+
+    def work_items(self):
+        t = self.tiling()
+        if t is None:
+            return None
+        sizes, _, _, a, b = t
+        return _prod(sizes) // (sizes[a] * sizes[b]) * -(-sizes[a] // self.TILE) * -(-sizes[b] // self.TILE)
+
+    def emit_item(self, ctx, item):
+        x, y = self.input(0), self.output()
+        sizes, out_s, in_s, a, b = self.tiling()
+        ta, tb = min(self.TILE, sizes[a]), min(self.TILE, sizes[b])
+        na, nb = -(-sizes[a] // ta), -(-sizes[b] // tb)
+        others = _prod(sizes) // (sizes[a] * sizes[b])
+        item = ctx.let(item, "item")
+
+        def origin(k: str, n: int, t: int) -> str:
+            # a ragged last tile overlaps the one before (stores of the same values): every tile
+            # keeps constant trip counts and no guard, as the Conv's overlapping strips do
+            return ctx.let(f"min({ix.mul(k, t)}, {n - t})" if n % t else ix.mul(k, t), "o")
+
+        a0 = origin(ix.mod(item, na), sizes[a], ta)
+        b0 = origin(ix.mod(ix.div(item, na), nb) if others > 1 else ix.div(item, na), sizes[b], tb)
+        src, dst = [ix.mul(a0, in_s[a]), b0], [ix.mul(b0, out_s[b]), a0]
+        rest, inner = ix.div(item, na * nb), 1
+        for d in reversed([d for d in range(len(sizes)) if d not in (a, b)]):  # (the axes outside the tile)
+            c = ix.div(rest, inner)
+            c = ix.mod(c, sizes[d]) if inner * sizes[d] < others else c
+            src.append(ix.mul(c, in_s[d]))
+            dst.append(ix.mul(c, out_s[d]))
+            inner *= sizes[d]
+        src, dst = ctx.let(ix.add(*src), "src"), ctx.let(ix.add(*dst), "dst")
+        with ctx.loop(tb, "q") as q:
+            with ctx.loop(ta, "p") as p:
+                ctx.line(y.store(ix.add(dst, ix.mul(q, out_s[b]), p), x.load(ix.add(src, ix.mul(p, in_s[a]), q))))
+
+    def describe(self):
+        t = self.tiling()
+        if t is None:
+            return ""
+        sizes, _, _, a, b = t
+        return f"the CPU's tiles: {min(self.TILE, sizes[b])} x {min(self.TILE, sizes[a])} of the swapped axes a work item"
+
 
 # ---- Slice -----------------------------------------------------------------------------------
 
