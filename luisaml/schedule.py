@@ -20,11 +20,12 @@ dispatched over `items` per sample times the batch (per-sample mode) or `items` 
 
 Three more forms make seven: **blocks** -- on CUDA only, a block of threads per tile of a Gemm,
 MatMul, Conv, Winograd product or fvdb SparseConv3d through shared memory (operators/tiled.py), or a
-warp per row of a normalization or Softmax (operators/rows.py: lanes stride the row, warp reductions
-combine their sums); the CPU backend cannot compile shared memory, and a product that would leave
-most of a tile empty, or a row shorter than 16, keeps its items form; **fused** -- a kernel of its
-own (`Operator.own_kernel`, `kernel_counters`, `dispatch_size`, `emit_kernel`: the FusedMLP's
-cooperative kernel); **phased** -- a node with outputs sized at run time or a recurrence, one items
+warp per row of a normalization or Softmax, or per output of a global pool or reduction over a
+contiguous run, a block of warps for a long one (operators/rows.py: lanes stride the row, warp
+reductions combine their sums); the CPU backend cannot compile shared memory, and a product that
+would leave most of a tile empty, or a row shorter than 16, keeps its items (a reduction its element)
+form; **fused** -- a kernel of its own (`Operator.own_kernel`, `kernel_counters`, `dispatch_size`,
+`emit_kernel`: the FusedMLP's cooperative kernel); **phased** -- a node with outputs sized at run time or a recurrence, one items
 stage per phase, or a blocks stage where the phase asks for blocks (luisaml/dynamic.py). An items stage may also run a register tile of a Gemm or Conv; on the CPU
 backend a per-sample layer of one row computes two samples an item (`Operator.samples_per_item`), so
 each weight it loads serves both. `whole` is the fallback every operator has (control flow,
@@ -338,7 +339,8 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
             continue
         out = end_of.get(n.name, n.outputs[0])
         t = code.tensors[out]
-        if k == "element":
+        # (a reduction over a long contiguous run, an element node, takes its row form on the GPU)
+        if k == "element" and not (blocks and op.block_tiling()):
             e = 1 if blocks else ELEMENTS
             stages.append(Stage(len(stages), "element", [(n, op)], -(-t.numel // e), per_sample and t.batched, out=out,
                                 epilogue=epilogue_of.get(n.name, []), elements=e))

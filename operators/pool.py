@@ -175,32 +175,19 @@ class Pool(Operator):
         return rows.choose_reduction(y.numel, sizes[0])
 
     def emit_block(self, ctx, item: str, thread: str) -> None:
-        """Emit the global pool of one channel (a row of block_tiling()): lane l folds the elements
-        l, l + width, ... of its spatial block (a guard inside the step where the block is ragged),
-        the lanes' partials are combined (rows.combine), and lane 0 stores the result (through the
-        stage's epilogue, if any)."""
+        """Emit the global pool of one channel (a row of block_tiling(): rows.fold_row)."""
         from . import rows
 
         x, y = self.input(0), self.output()
         tiling = self.block_tiling()
-        count = tiling.length
-        init, step, merge, finish = self.global_fold(ctx, count)
-        row, lane = rows.begin(ctx, tiling, item, thread)
-        with rows.row_guard(ctx, tiling, row):
+        init, step, merge, finish = self.global_fold(ctx, tiling.length)
+
+        def place(row):
             lead = [ctx.let(c, "o") if n > 1 else "0" for c, n in zip(ix.unravel(row, tuple(x.shape[:2])), x.shape[:2])]
             start = ctx.let(ix.add(ix.mul(lead[0], x.strides[0]), ix.mul(lead[1], x.strides[1])), "base")
-            acc, r = ctx.fresh("acc"), ctx.fresh("r")
-            walk = rows.warp_loop(ctx, tiling, lane)
-            ctx.line(f"{acc} = {init}")
-            ctx.line(f"for {walk['step']} in range({walk['steps']}):")
-            with ctx.indent():
-                ctx.line(f"{r} = {lane} + {walk['width']} * {walk['step']}")
-                ctx.line_if(f"{r} < {count}" if walk["ragged"] else None,
-                            f"{acc} = {step(acc, load_f(x, ix.add(start, r)))}")
-            total = rows.combine(ctx, tiling, thread, acc, self.warp_kind, merge)
-            ctx.line(f"if {lane} == 0:")
-            with ctx.indent():
-                ctx.line(store_f(y, ix.ravel(lead + ["0"] * (y.rank - 2), y.strides), finish(total)))
+            return start, lambda v: store_f(y, ix.ravel(lead + ["0"] * (y.rank - 2), y.strides), v)
+
+        rows.fold_row(ctx, tiling, item, thread, place, lambda i: load_f(x, i), init, step, merge, self.warp_kind, finish)
 
     def emit_global(self, ctx, lead: list[str]) -> None:
         """Emit the global pool of channel (lead[0], lead[1]): its spatial block folded in lanes,

@@ -7,7 +7,10 @@ In a stage a reduction runs one thread per output element (element()), a line op
 item per line (emit_item()); forward() runs the same code inside loops over all of them. A fold
 over a long contiguous run (PointNet's max over 1,024 points) keeps LANES accumulators over
 consecutive elements and merges them at the end (Fold.lanes): one accumulator is a chain of
-dependent steps, LANES of them are what clang's SLP vectoriser turns into vector steps."""
+dependent steps, LANES of them are what clang's SLP vectoriser turns into vector steps. On CUDA a
+float fold over one contiguous run of rows.MIN_LENGTH or more (a squeeze-and-excitation's ReduceMean
+over H, W) takes the global pools' form instead: a warp per output, a block of warps from
+rows.BLOCK_LENGTH (Fold.block_tiling, rows.fold_row)."""
 from __future__ import annotations
 
 import numpy as np
@@ -22,6 +25,7 @@ from .common import (
     abs_expr,
     affine,
     compute_dtype,
+    coalesce,
     convert,
     max_fn,
     min_fn,
@@ -128,6 +132,10 @@ def fold_lanes(ctx, load, start: str, n: int, acc: str, init: str, step, merge, 
             "body": body, "tail": tail, "merge": [f"{acc} = {merge(acc, a)}" for a in accs[1:]]}
 
 
+# the value a lane's partial starts from in the GPU's row form, by how partials combine (Fold.warp)
+WARP_IDENTITY = {"sum": 0.0, "max": -np.inf, "min": np.inf}
+
+
 class Fold(Reduce):
     """One pass: acc = init; acc = step(acc, x) for each element; result = finish(acc)."""
 
@@ -186,6 +194,49 @@ class Fold(Reduce):
     def finish_expr(self, acc: str) -> str:
         return self.finish.format(acc=acc)
 
+    # how two lanes' partials combine across a warp (rows.combine): "sum", "max", "min", or None
+    # (ReduceProd, rare in exports: rows.combine has no product, so it keeps its thread per output)
+    warp: str | None = "sum"
+
+    def block_tiling(self):
+        """The GPU's row form (operators/rows.py, as the global pools'): a warp per output, or a
+        block of warps for a long run, where the reduced elements of each output are one contiguous
+        float run. The element form gave a whole run to one thread: timm's squeeze-and-excitation
+        exports its squeeze as ReduceMean over H, W, one thread summing a 112 x 112 plane. A lane
+        summing BLOCKED_SUM or more elements keeps the element form, whose sum is blocked (precision)."""
+        from . import rows
+
+        x, y = self.input(0), self.output()
+        if self.warp is None or y.numel == 0 or x.dtype.dsl != "float" or y.dtype.dsl != "float" or not self.axes:
+            return None
+        sizes, (strides,) = coalesce([x.shape[d] for d in self.axes], [x.strides[d] for d in self.axes])
+        if strides != [1]:
+            return None
+        tiling = rows.choose_reduction(y.numel, sizes[0])
+        return None if tiling is None or (self.warp == "sum" and tiling.steps >= BLOCKED_SUM) else tiling
+
+    def emit_block(self, ctx, item: str, thread: str) -> None:
+        """Emit the fold of output element `item`'s run (a row of block_tiling(): rows.fold_row),
+        each lane from the fold's identity (WARP_IDENTITY), merged as Fold.lanes merges."""
+        from . import rows
+
+        x, y = self.input(0), self.output()
+        self.acc = compute_dtype(x.dtype)
+        for name, module in self.helpers:
+            ctx.use_helper(name, module)
+        fns = {k: f(ctx, self.acc) for k, f in (("max", max_fn), ("min", min_fn)) if f"{{{k}}}" in self.step}
+        kept, kx, ky, _, _ = reduction_loops(ctx, x, self.axes)
+        sizes = tuple(n for _, n in kept)
+
+        def place(row):
+            out = ix.ravel(ix.unravel(row, sizes), tuple(ky))
+            return kept_base(ctx, row, kept, kx), lambda v: y.store(out, convert(v, self.acc, y.dtype))
+
+        rows.fold_row(ctx, self.block_tiling(), item, thread, place, lambda i: upcast(x.load(i), x.dtype),
+                      literal(WARP_IDENTITY[self.warp], self.acc),
+                      lambda a, v: self.step.format(acc=a, x=v, abs_x=abs_expr(v, self.acc), **fns),
+                      lambda a, v: self.merge.format(acc=a, x=v, **fns), self.warp, self.finish_expr, bind=True)
+
 
 class Mean(Fold):
     def finish_expr(self, acc):
@@ -212,18 +263,20 @@ class LogSumExp(Reduce):
 
 
 def _fold(name: str, init: str, step: str, finish: str = "{acc}", kinds=("float", "int"), base=Fold, bool_step="",
-          helpers=(), merge="{acc} + {x}") -> type:
+          helpers=(), merge="{acc} + {x}", warp="sum") -> type:
     kinds = kinds + ("bool",) if bool_step else kinds
     return type(name, (base,), {"init": init, "step": step, "finish": finish, "kinds": kinds, "bool_step": bool_step,
-                                "helpers": helpers, "merge": merge})
+                                "helpers": helpers, "merge": merge, "warp": warp})
 
 
 _FOLDS = {
     "ReduceSum": _fold("ReduceSum", "0", "{acc} + {x}"),
     "ReduceMean": _fold("ReduceMean", "0", "{acc} + {x}", base=Mean),
-    "ReduceMax": _fold("ReduceMax", "first", "{max}({acc}, {x})", bool_step="({acc} or {x})", merge="{max}({acc}, {x})"),
-    "ReduceMin": _fold("ReduceMin", "first", "{min}({acc}, {x})", bool_step="({acc} and {x})", merge="{min}({acc}, {x})"),
-    "ReduceProd": _fold("ReduceProd", "1", "{acc} * {x}", merge="{acc} * {x}"),
+    "ReduceMax": _fold("ReduceMax", "first", "{max}({acc}, {x})", bool_step="({acc} or {x})", merge="{max}({acc}, {x})",
+                       warp="max"),
+    "ReduceMin": _fold("ReduceMin", "first", "{min}({acc}, {x})", bool_step="({acc} and {x})", merge="{min}({acc}, {x})",
+                       warp="min"),
+    "ReduceProd": _fold("ReduceProd", "1", "{acc} * {x}", merge="{acc} * {x}", warp=None),
     "ReduceL1": _fold("ReduceL1", "0", "{acc} + {abs_x}"),
     # (sqrt_f32: a Div reading it inline must not make a reciprocal square root of it)
     "ReduceL2": _fold("ReduceL2", "0", "{acc} + {x} * {x}", "sqrt_f32({acc})", ("float",),

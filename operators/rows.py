@@ -12,7 +12,10 @@ The global pools (operators/pool.py) take the same form for their rows, a channe
 each (`choose_reduction`): a squeeze-and-excitation block's squeeze reduces few rows of many
 elements (EfficientNet-B0's first: 32 channels of 112 x 112), where one thread a row left 1.7 ms
 of an H200's 13.6 ms on serial loads. A row of BLOCK_LENGTH or more takes a block of BLOCK_WARPS
-warps instead of one (`RowTiling.warps`), their partials combined through shared memory.
+warps instead of one (`RowTiling.warps`), their partials combined through shared memory. The
+reductions (operators/reduce.py, Fold.block_tiling) take the same form, through the same
+`fold_row`, for an output whose reduced elements are one contiguous run: timm's squeeze, ReduceMean
+over H, W.
 
 CUDA only, as every blocks stage (the schedule asks `block_tiling` only there): the CPU backend
 has no warps worth the name and keeps the thread per row."""
@@ -21,6 +24,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from luisaml import indexing as ix
 
 WARP = 32
 ROWS_PER_BLOCK = 4  # 128 threads a block
@@ -123,17 +128,17 @@ def warp_loop(ctx, tiling: RowTiling, lane: str) -> dict:
 
 
 def combine(ctx, tiling: RowTiling, thread: str, value: str, kind: str, merge) -> str:
-    """Emit the combine of every lane's partial `value` of a row (kind "sum" or "max"); return the
-    row's result, the same in every lane. The max is numpy's: NaN when any lane's partial is, which
-    a warp's max need not say (a float max such as CUDA's fmaxf drops a NaN), so a warp also asks
-    whether any lane holds one. With a block a row, lane 0 of each warp leaves its warp's result in shared memory, and after
+    """Emit the combine of every lane's partial `value` of a row (kind "sum", "max" or "min"); return
+    the row's result, the same in every lane. The max and min are numpy's: NaN when any lane's partial
+    is, which a warp's max need not say (a float max such as CUDA's fmaxf drops a NaN), so a warp also
+    asks whether any lane holds one. With a block a row, lane 0 of each warp leaves its warp's result in shared memory, and after
     the barrier every thread merges them in warp order (merge(a, b): the pool's own two-value merge).
     Every thread of the row must reach it (no lane guarded off)."""
     if kind == "sum":
         v = ctx.let(f"{ctx.use_helper('warp_active_sum', 'warp')}({value})", "w")
     else:
         nan = ctx.let(f"{ctx.use_helper('warp_active_any', 'warp')}(isnan({value}))", "nan")
-        m = ctx.let(f"{ctx.use_helper('warp_active_max', 'warp')}({value})", "w")
+        m = ctx.let(f"{ctx.use_helper(f'warp_active_{kind}', 'warp')}({value})", "w")
         v = ctx.let(f"(NAN if {nan} else {m})", "w")
     if tiling.warps == 1:
         return v
@@ -146,3 +151,34 @@ def combine(ctx, tiling: RowTiling, thread: str, value: str, kind: str, merge) -
     for w in range(1, tiling.warps):
         total = ctx.let(merge(total, f"{part}[{w}]"), "w")
     return total
+
+
+def fold_row(ctx, tiling: RowTiling, item: str, thread: str, place, load, init: str, step, merge, kind: str,
+             finish, bind: bool = False) -> None:
+    """Emit the fold of one row of `tiling` to one value (a global pool's channel, a reduction's
+    output over a contiguous run): place(row) emits the row's first index and returns it with
+    store(value), the line that stores its result; lane l folds the row's elements l, l + width, ...
+    (load(index): one element in the accumulator's dtype; step(acc, x) from `init`, the identity of
+    the fold, so a lane past a short row's end adds nothing), a guard inside the step where the
+    row is ragged; the lanes' partials are combined (`combine`, by `kind` and merge(a, b)) and lane 0
+    stores finish(result) (through the stage's epilogue, if any). bind: the element is loaded into a
+    variable first (a step that names it twice, ReduceSumSquare's x * x, then loads it once)."""
+    row, lane = begin(ctx, tiling, item, thread)
+    with row_guard(ctx, tiling, row):
+        start, store = place(row)
+        acc, r = ctx.fresh("acc"), ctx.fresh("r")
+        walk = warp_loop(ctx, tiling, lane)
+        ctx.line(f"{acc} = {init}")
+        ctx.line(f"for {walk['step']} in range({walk['steps']}):")
+        with ctx.indent():
+            ctx.line(f"{r} = {lane} + {walk['width']} * {walk['step']}")
+            guard = f"{r} < {tiling.length}" if walk["ragged"] else None
+            if bind:
+                v = ctx.fresh("x")
+                ctx.line_if(guard, f"{v} = {load(ix.add(start, r))}; {acc} = {step(acc, v)}")
+            else:
+                ctx.line_if(guard, f"{acc} = {step(acc, load(ix.add(start, r)))}")
+        total = combine(ctx, tiling, thread, acc, kind, merge)
+        ctx.line(f"if {lane} == 0:")
+        with ctx.indent():
+            ctx.line(store(finish(total)))

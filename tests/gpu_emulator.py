@@ -7,10 +7,10 @@ buffers are numpy arrays (float64), float4 a 4-vector, `weights.read(type, byte 
 words, shared arrays one list per block, a Python thread per GPU thread; the threads of a block run
 one at a time, each up to its next `sync_block` (a barrier), in thread order or reversed, so that a
 missing barrier reads what another thread has not written yet, or has overwritten; an items stage
-runs its work items one after another. A warp reduction (warp_active_sum / max / any) is such a
+runs its work items one after another. A warp reduction (warp_active_sum / max / min / any) is such a
 stop too: each lane leaves its value and waits for its turn, when every lane of its warp has left
 one; a warp whose lanes do not all reach it is an error (the forms here keep a warp whole), and
-warp_active_max drops NaN (as a float max such as CUDA's fmaxf does), so a form must find a NaN
+warp_active_max / min drop NaN (as CUDA's fmaxf / fminf do), so a form must find a NaN
 another way. `run_plan` runs every stage of a plan in launch order over its own buffers and returns
 the graph's outputs."""
 from __future__ import annotations
@@ -133,6 +133,7 @@ class Emulator:
             sync_block=lambda: local.barrier.wait(),
             warp_active_sum=lambda v: sum(local.warp(v)),
             warp_active_max=lambda v: float(np.fmax.reduce(local.warp(v))),
+            warp_active_min=lambda v: float(np.fmin.reduce(local.warp(v))),
             warp_active_any=lambda v: any(local.warp(v)),
         )
         for m in MATH:

@@ -4,8 +4,10 @@ ones (a guard inside the lane's step), a row count that leaves the last block pa
 guard), LayerNorm's Mean and InvStdDev outputs (stored by every lane), an inline input (the
 residual Add before a LayerNorm), rows of large and equal values, and a softmax row of -inf. The
 global pools' rows (a warp per channel, a block per channel from rows.BLOCK_LENGTH) in a
-squeeze-and-excitation block at EfficientNet-B0's first size, with GlobalMaxPool's NaN and -inf.
-Each test asserts the node ran as a blocks stage (or, for rows under rows.MIN_LENGTH, as items).
+squeeze-and-excitation block at EfficientNet-B0's first size, with GlobalMaxPool's NaN and -inf;
+the reductions over a contiguous plane (ReduceMean, as timm exports its squeeze, ReduceSum, ReduceMax,
+ReduceMin) in the same forms. Each test asserts the node ran as a blocks stage (or, for rows under
+rows.MIN_LENGTH, as items or elements).
 
     LUISAML_BACKEND=cuda python -m pytest tests/gpu/test_rows_cuda.py -q"""
 from __future__ import annotations
@@ -143,3 +145,35 @@ def test_squeeze_and_excitation_pools(hw, threads):
     x.reshape(5, c, -1)[2, 0, :] = -np.inf
     x.reshape(5, c, -1)[3, 1, 1::2] = np.nan  # half the lanes
     np.testing.assert_array_equal(net.run({"x": x})["m"], x.max(axis=(2, 3), keepdims=True))
+
+
+@pytest.mark.parametrize("hw,threads", [(112, 256), (14, 128), (3, 1)])
+def test_reductions_over_a_plane(hw, threads):
+    """timm's squeeze as ReduceMean over H, W (keepdims) at EfficientNet-B0's sizes (112 x 112: a block
+    of 8 warps an output; 14 x 14: a warp; 3 x 3: a thread), with a Sigmoid epilogue, beside ReduceSum
+    (keepdims 0) and ReduceMax / ReduceMin over the same plane, at a batch of 5; ReduceMax's NaN and
+    -inf as numpy's."""
+    rng = np.random.default_rng(hw + 1)
+    c = 3
+    nodes = [helper.make_node("ReduceMean", ["x"], ["q"], axes=[2, 3], keepdims=1),
+             helper.make_node("Sigmoid", ["q"], ["y"]),
+             helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=0),
+             helper.make_node("ReduceMax", ["x"], ["m"], axes=[2, 3], keepdims=0),
+             helper.make_node("ReduceMin", ["x"], ["n"], axes=[2, 3], keepdims=1)]
+    model = _model(nodes, [_vi("x", ["N", c, hw, hw])],
+                   [_vi("y", ["N", c, 1, 1]), _vi("s", ["N", c]), _vi("m", ["N", c]), _vi("n", ["N", c, 1, 1])],
+                   {"axes": np.array([2, 3], np.int64)})
+    net = luisaml.compile(model)
+    red = [st for st in net.plan.schedule.stages if any(n.op_type.startswith("Reduce") for n, _ in st.nodes)]
+    assert [(st.domain, st.threads) for st in red] == [("blocks" if threads > 1 else "element", threads)] * 4
+    x = (rng.standard_normal((5, c, hw, hw)) * 3).astype(np.float32)
+    got, want = net.run({"x": x}), ort_run(model, {"x": x})
+    for name in ("y", "s"):
+        scale = max(float(np.abs(want[name]).max()), 1.0)  # (as _check: the sums reach hundreds)
+        np.testing.assert_allclose(got[name], want[name], rtol=RTOL, atol=RTOL * scale, err_msg=name)
+    for name in ("m", "n"):
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    x.reshape(5, c, -1)[1, 2, -1] = np.nan  # the tail's last element
+    x.reshape(5, c, -1)[2, 0, :] = -np.inf
+    x.reshape(5, c, -1)[3, 1, 1::2] = np.nan  # half the lanes
+    np.testing.assert_array_equal(net.run({"x": x})["m"], x.max(axis=(2, 3)))
