@@ -267,7 +267,21 @@ class RecurrentSteps(Operator):
         with ctx.loop(c.S, "s") as s:
             for part in ((0, 1) if self.split else (None,)):
                 with ctx.loop(c.H // self.UB, "ug") as ug:
-                    self._step(ctx, d, rows, ok, s, part, ug)
+                    gates = self._step(ctx, d, rows, ok, s, part, ug)
+            if gates:
+                # the LSTM's activations, a loop over each row's units (rnn_step.Step.gate_loop); the
+                # last step's loop apart (Y_h, Y_c: their conditional stores kept clang's loop scalar)
+                ctx.line(f"if {s} == {c.S - 1}:")
+                with ctx.indent():
+                    self._gate_acts(ctx, d, rows, ok, s, True)
+                ctx.line("else:")
+                with ctx.indent():
+                    self._gate_acts(ctx, d, rows, ok, s, False)
+
+    def _gate_acts(self, ctx, d: str, rows: list[str], ok: list[str | None], s: str, last: bool) -> None:
+        for j in range(len(rows)):
+            with ctx.loop(self.cell.H, "u") as u:
+                Step(self, ctx, d, [rows[j]], [ok[j]], s, [u]).gate_acts(BufferState(self, ctx, d, [rows[j]], [u], s), last)
 
     # ---- a step ---------------------------------------------------------------------------------
     def _emit_step(self, ctx, item: str) -> None:
@@ -302,15 +316,19 @@ class RecurrentSteps(Operator):
     def _step(self, ctx, d: str, rows: list[str], ok: list[str | None], s: str, part, ug: str) -> None:
         """Step s of rows `rows` of direction d, units ug * UB.. + UB, the state in this form's buffers
         (operators/rnn_step.py); part (GRU without linear_before_reset): None (unsplit), 0 or 1
-        (that part), or an expression (a branch on it)."""
+        (that part), or an expression (a branch on it). Return whether the step only stored its gates
+        (the CPU's LSTM: the caller then loops over each row's units)."""
         u0 = ctx.let(ix.mul(ug, self.UB), "u0")
         units = [ctx.let(ix.add(u0, str(i)), "u") if i else u0 for i in range(self.UB)]
         step = Step(self, ctx, d, rows, ok, s, units)
         state = BufferState(self, ctx, d, rows, units, s)
         step.weights()
+        if self.loop and step.gate_loop():
+            step.put_gates(state)
+            return True
         if part is None or part in (0, 1):
             step.cell(state, part if self.split else None)
-            return
+            return False
         ctx.line(f"if {part} == 0:")
         with ctx.indent():
             step.cell(state, 0)

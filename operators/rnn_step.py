@@ -24,6 +24,9 @@ TANH_P = (4.89352455891786e-03, 6.37261928875436e-04, 1.48572235717979e-05, 5.12
           -8.60467152213735e-11, 2.00018790482477e-13, -2.76076847742355e-16)
 TANH_Q = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04, 1.19825839466702e-06)
 
+# the CPU's LSTM: a step's activations as a loop over the row's units after its gemv (Step.gate_loop)
+GATE_LOOP = True
+
 
 class State:
     """Where a step reads h_{t-1} and c_{t-1} and puts h_t and c_t (j: the thread's row index, i: its
@@ -110,6 +113,9 @@ class Step:
                  consecutive: bool = True, unit_ok: list[str | None] | None = None, lens: list[str] | None = None):
         self.op, self.ctx, self.d, self.rows, self.ok, self.s, self.units = op, ctx, d, rows, ok, s, units
         self.consecutive = consecutive
+        # False: a step known not to be the last (no Y_h / Y_c stores: clang's loop vectoriser does not
+        # take gate_acts' loop with them)
+        self.last = None
         self.unit_ok = unit_ok or [None] * len(units)
         c = op.cell
         S = c.S
@@ -214,30 +220,32 @@ class Step:
         return {**lanes, **{("float4", g, j, q): v for (g, j, q), v in acc.items()}}
 
     # ---- activations ------------------------------------------------------------------------------
-    def tanh4(self, x: str) -> str:
+    def tanh4(self, x: str, k=lambda v: f"float4({v!r})") -> str:
         """tanh of a float4 as a rational function (TANH_P / TANH_Q, within 3.5e-7 of tanh; NaN kept):
-        the backend's exp and tanh are a libm call a lane, 8 of the GRU step's 16 ms of CPU time."""
+        the backend's exp and tanh are a libm call a lane, 8 of the GRU step's 16 ms of CPU time.
+        k: a constant's DSL (the scalar form's: a float literal, the same operations per lane)."""
         ctx = self.ctx
-        xc = ctx.let(f"clamp({x}, float4({-TANH_RANGE}), float4({TANH_RANGE}))", "tc")
+        xc = ctx.let(f"clamp({x}, {k(-TANH_RANGE)}, {k(TANH_RANGE)})", "tc")
         x2 = ctx.let(f"{xc} * {xc}", "t2")
-        p = f"float4({TANH_P[-1]!r})"
+        p = k(TANH_P[-1])
         for coef in TANH_P[-2::-1]:
-            p = f"({p} * {x2} + float4({coef!r}))"
-        q = f"float4({TANH_Q[-1]!r})"
+            p = f"({p} * {x2} + {k(coef)})"
+        q = k(TANH_Q[-1])
         for coef in TANH_Q[-2::-1]:
-            q = f"({q} * {x2} + float4({coef!r}))"
+            q = f"({q} * {x2} + {k(coef)})"
         return f"select({ctx.let(f'{xc} * {p} / {q}', 'th')}, {x}, isnan({x}))"
 
-    def act4(self, fn):
-        """The float4 form of a sigmoid or tanh activation."""
+    def act4(self, fn, k=lambda v: f"float4({v!r})"):
+        """The float4 form of a sigmoid or tanh activation (k a scalar's: the rational form a lane)."""
         if fn.name == "tanh":
-            return self.tanh4
-        return lambda x: f"(float4(0.5) * {self.tanh4(self.ctx.let(f'float4(0.5) * {x}', 'sx'))} + float4(0.5))"
+            return lambda x: self.tanh4(x, k)
+        return lambda x: f"({k(0.5)} * {self.tanh4(self.ctx.let(f'{k(0.5)} * {x}', 'sx'), k)} + {k(0.5)})"
 
     def by_direction(self, emit) -> None:
         """emit(acts) under the direction's activations (a branch on d when they differ)."""
         c, ctx = self.op.cell, self.ctx
-        acts = [[self.act4(fn) for fn in a] for a in c.acts] if self.quads else c.acts
+        acts = ([[self.act4(fn) for fn in a] for a in c.acts] if self.quads else
+                [[self.act4(fn, repr) for fn in a] for a in c.acts] if getattr(self, "rational", False) else c.acts)
         if c.D == 1 or all(a.args == b.args for a, b in zip(c.acts[0], c.acts[1])):
             emit(acts[0])
             return
@@ -286,7 +294,7 @@ class Step:
             ctx.line_if(cond, y.store(op._y_index(ty, self.d, b, u), convert(yv, F32, y.dtype)))
         last = [(yh, h_new)] + ([(yc, c_new)] if yc is not None else [])
         for out, v in last:
-            if out is not None:
+            if out is not None and self.last is not False:
                 conds = " and ".join(x for x in (cond, f"{s} == {c.S - 1}") if x)
                 ctx.line_if(conds, out.store(op._state_index(self.d, b, u), convert(v, F32, out.dtype)))
 
@@ -322,7 +330,6 @@ class Step:
         ctx, op, c = self.ctx, self.op, self.op.cell
         H = c.H
         bias = op._opt(2)
-        peep = op._opt(6) if c.cell == "lstm" else None
         self.weights()
         units, clipped, pload = self.units, self.clipped, self.pload
         h_k = st.h_k
@@ -335,34 +342,7 @@ class Step:
                     self.store(st, j, each, ctx.let(acts[0](ctx.let(clipped(A(0)), "g")), "h"), None)
             self.by_direction(emit)
         elif c.cell == "lstm":
-            init = lambda g, j, i: pload(j, g, units[i])  # noqa: E731
-            if self.gate_passes:
-                # the CPU's float4 tile in two k loops of two gates: 16 float4 accumulators (4 rows x 4
-                # gates) are 32 registers in clang's 2-wide halves, spilled every k step; 8 fit (the
-                # zoo LSTM's steps 6.2 -> 3.6 ms; each accumulator's order unchanged: bit-identical)
-                acc = {**self.gemv([0, 1], init, h_k), **self.gemv([2, 3], init, h_k)}
-            else:
-                acc = self.gemv([0, 1, 2, 3], init, h_k)
-
-            def emit(acts):
-                for j, A, L, each in self.lanes(acc):
-                    c_prev = ctx.let(L(lambda i: st.c(j, i)), "cp")
-
-                    def peep_of(g, cv):
-                        if peep is None:
-                            return ""
-                        return (f" + {L(lambda i: upcast(peep.load(ix.add(ix.mul(self.d, 3 * H), str(g * H), units[i])), peep.dtype))}"
-                                f" * {cv}")
-                    gi = ctx.let(acts[0](ctx.let(clipped(A(0) + peep_of(0, c_prev)), "g")), "gi")
-                    if c.input_forget:
-                        gf = ctx.let(f"1.0 - {gi}", "gf")
-                    else:
-                        gf = ctx.let(acts[0](ctx.let(clipped(A(2) + peep_of(2, c_prev)), "g")), "gf")
-                    gc = ctx.let(acts[1](ctx.let(clipped(A(3)), "g")), "gc")
-                    c_new = ctx.let(f"{gf} * {c_prev} + {gi} * {gc}", "cn")
-                    go = ctx.let(acts[0](ctx.let(clipped(A(1) + peep_of(1, c_new)), "g")), "go")
-                    self.store(st, j, each, ctx.let(f"{go} * {acts[2](c_new)}", "h"), c_new)
-            self.by_direction(emit)
+            self.lstm_acts(st, self.lstm_gemv(st))
         elif not op.split:  # GRU, linear_before_reset: h~ = g(P_h + r * (h R_h^T + Rb_h))
             acc = self.gemv([0, 1, 2], lambda g, j, i: (pload(j, g, units[i]) if g < 2 else
                                                        (self.rb(2, units[i]) if bias is not None else "0.0")), h_k)
@@ -396,3 +376,69 @@ class Step:
                     hh = ctx.let(acts[1](ctx.let(clipped(A(2)), "g")), "hh")
                     self.store(st, j, each, ctx.let(f"(1.0 - {z}) * {hh} + {z} * {L(lambda i: st.h(j, i))}", "h"), None)
             self.by_direction(emit1)
+
+    def lstm_gemv(self, st: State) -> dict:
+        init = lambda g, j, i: self.pload(j, g, self.units[i])  # noqa: E731
+        if self.gate_passes:
+            # the CPU's float4 tile in two k loops of two gates: 16 float4 accumulators (4 rows x 4
+            # gates) are 32 registers in clang's 2-wide halves, spilled every k step; 8 fit (the
+            # zoo LSTM's steps 6.2 -> 3.6 ms; each accumulator's order unchanged: bit-identical)
+            return {**self.gemv([0, 1], init, st.h_k), **self.gemv([2, 3], init, st.h_k)}
+        return self.gemv([0, 1, 2, 3], init, st.h_k)
+
+    # ---- the CPU's LSTM: the activations as a loop over units (gate_loop) --------------------------
+    def gate_loop(self) -> bool:
+        """Whether this LSTM tile only stores its gates' pre-activations (put_gates) and a loop over each
+        row's units applies the activations (gate_acts): the CPU's loop form, float4 gemv and
+        activations; clang vectorises that loop 8 wide where the float4s' activations ran a lane at a time."""
+        self.weights()
+        return (GATE_LOOP and self.op.cell.cell == "lstm" and self.quads and not getattr(self.op, "gpu", True)
+                and len(self.op.outputs) > 5)
+
+    def gate_at(self, g: int, j: int, u: str) -> str:
+        """Gate g's pre-activation of row j, unit u in the gates' buffer [D, B, H, 4]."""
+        return ix.add(ix.mul(self.op._dbh(self.d, self.rows[j], u), 4), str(g))
+
+    def put_gates(self, st: BufferState) -> None:
+        acc = self.lstm_gemv(st)
+        for g in range(4):
+            for j in range(len(self.rows)):
+                # a ragged last row group's repeated row stores the same values again
+                for i, u in enumerate(self.units):
+                    self.ctx.line(self.op.outputs[5].store(self.gate_at(g, j, u), acc[g, j, i]))
+
+    def gate_acts(self, st: BufferState, last: bool) -> None:
+        """This Step's one unit (a loop variable) and one row: its activations from put_gates' values,
+        scalar (the float4 rational tanh's operations a lane, in the same order); last: whether this
+        is the last step (else Y_h and Y_c are not stored)."""
+        self.weights()
+        self.last = last
+        self.quads, self.rational = False, True
+        gates = self.op.outputs[5]
+        acc = {(g, 0, 0): self.ctx.let(gates.load(self.gate_at(g, 0, self.units[0])), "pa") for g in range(4)}
+        self.lstm_acts(st, acc)
+
+    def lstm_acts(self, st: State, acc: dict) -> None:
+        ctx, op, c = self.ctx, self.op, self.op.cell
+        H, units, clipped = c.H, self.units, self.clipped
+        peep = op._opt(6)
+
+        def emit(acts):
+            for j, A, L, each in self.lanes(acc):
+                c_prev = ctx.let(L(lambda i: st.c(j, i)), "cp")
+
+                def peep_of(g, cv):
+                    if peep is None:
+                        return ""
+                    return (f" + {L(lambda i: upcast(peep.load(ix.add(ix.mul(self.d, 3 * H), str(g * H), units[i])), peep.dtype))}"
+                            f" * {cv}")
+                gi = ctx.let(acts[0](ctx.let(clipped(A(0) + peep_of(0, c_prev)), "g")), "gi")
+                if c.input_forget:
+                    gf = ctx.let(f"1.0 - {gi}", "gf")
+                else:
+                    gf = ctx.let(acts[0](ctx.let(clipped(A(2) + peep_of(2, c_prev)), "g")), "gf")
+                gc = ctx.let(acts[1](ctx.let(clipped(A(3)), "g")), "gc")
+                c_new = ctx.let(f"{gf} * {c_prev} + {gi} * {gc}", "cn")
+                go = ctx.let(acts[0](ctx.let(clipped(A(1) + peep_of(1, c_new)), "g")), "go")
+                self.store(st, j, each, ctx.let(f"{go} * {acts[2](c_new)}", "h"), c_new)
+        self.by_direction(emit)

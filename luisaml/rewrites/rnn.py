@@ -124,6 +124,8 @@ def rewrite(plan, gpu: bool) -> list[str]:
             extra.append(tensor(f"{base}/h_state", (2, D, B, H), batched))
             if op.cell == "lstm":
                 extra.append(tensor(f"{base}/c_state", (D, B, H), batched))
+                if not gpu:  # the CPU's loop form: a step's four gate pre-activations (rnn_step.Step.gate_loop)
+                    extra.append(tensor(f"{base}/gates", (D, B, H, 4), batched))
             elif split:
                 extra.append(tensor(f"{base}/z_rh", (2, D, B, H), batched))
         bias = op.inputs[3] if op.has_input(3) else None

@@ -2,14 +2,15 @@
 sigmoid through it, NaN kept) against onnxruntime: RNN, GRU (both linear_before_reset) and LSTM with
 constant weights and 8 units (the float4 path), on X with NaN, +inf, -inf and pre-activations far
 past the rational's range, and on plain random data over both directions; the LSTM's gemv in two
-passes of two gates (rnn_step.Step.gate_passes, 3 rows or more a thread) with every optional input."""
+passes of two gates (rnn_step.Step.gate_passes, 3 rows or more a thread) with every optional input;
+its activations as a loop over each row's units (Step.gate_loop) bit-identical to the float4 form."""
 
 import numpy as np
 from onnx import helper
 
 from test_nan import TOL, assert_all_match_ort
 from test_rnn import case, merge
-from util import graph_model
+from util import graph_model, switched
 
 import luisaml
 
@@ -65,18 +66,41 @@ def test_lstm_gate_passes_every_input():
     model = graph_model([node], feeds, inits, opset=22)
     from luisaml.operators import rnn_step
 
-    passes = []
+    passes, loops = [], []
     weights = rnn_step.Step.weights
 
     def spy(self):
         weights(self)
-        passes.append(self.gate_passes)
+        if len(self.units) > 1:  # the gemv's tiles (gate_acts' steps are one unit each)
+            passes.append(self.gate_passes)
+            loops.append(rnn_step.GATE_LOOP and self.quads)
 
     rnn_step.Step.weights = spy
     try:
         net = luisaml.compile(model, batch_axis=None)
     finally:
         rnn_step.Step.weights = weights
-    assert passes and all(passes)  # the two-pass gemv ran
+    assert passes and all(passes) and all(loops)  # the two-pass gemv ran, the activations a loop over units
     assert "isnan(" in net.plan.source
     assert_all_match_ort(model, feeds, TOL[np.float32])
+
+
+def test_lstm_gate_loop_bit_identical():
+    # the activations a loop over each row's units (rnn_step.GATE_LOOP) against the float4 tile's:
+    # the same operations a lane in the same order, every output equal bit for bit (ragged rows,
+    # sequence lengths, peepholes, initial states; input_forget; batch first)
+    from luisaml.operators import rnn_step
+
+    for attrs in ({}, {"input_forget": 1}, {"layout": 1}):
+        node, feeds = case("LSTM", 0, S=5, B=6, I=7, H=12, direction="bidirectional",
+                           use=("B", "sequence_lens", "initial_h", "initial_c", "P"), seed=5, **attrs)
+        inits = {k: v for k, v in feeds.items() if k[0] in "WRBP" and not k.startswith("sequence")}
+        feeds = {k: v for k, v in feeds.items() if k not in inits}
+        model = graph_model([node], feeds, inits, opset=22)
+        outs = {}
+        for on in (False, True):
+            with switched(rnn_step, GATE_LOOP=on):
+                outs[on] = luisaml.compile(model, batch_axis=None).run(feeds)
+        assert outs[True].keys() == outs[False].keys()
+        for k in outs[False]:
+            assert np.array_equal(outs[True][k], outs[False][k], equal_nan=True), k
