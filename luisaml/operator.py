@@ -232,6 +232,11 @@ class Operator:
         CPU the schedule may then store the inputs in place in the output's buffer (schedule.py)."""
         return None
 
+    # an inline node that a stage stores on its own runs its work items there (when work_items() gives
+    # some), not the element stage: the CPU's Transpose tiles (operators/indexing.py); False elsewhere,
+    # where work items mean another form (BatchNormalization's training groups)
+    stored_as_items = False
+
     def work_items(self) -> int | None:
         """Return into how many independent pieces of work per sample emit_item() splits this node
         (the rows of a Softmax), or None when it does not."""

@@ -329,7 +329,7 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
             for j, o in enumerate(n.outputs):
                 if o and o not in virtual:
                     t = code.tensors[o]
-                    tiles = None if blocks else op.work_items()  # (a Transpose's CPU tiles: operators/indexing.py)
+                    tiles = op.work_items() if op.stored_as_items and not blocks else None  # (a Transpose's CPU tiles)
                     if tiles is not None:
                         stages.append(Stage(len(stages), "items", [(n, op)], int(tiles), per_sample and t.batched, out=o))
                         continue

@@ -77,6 +77,7 @@ class Transpose(Operator):
     no_blocks = False
     TILE = 16
     cpu_tiles = True  # an A/B switch
+    stored_as_items = True  # (its stage's form where tiling() applies: luisaml/operator.py)
 
     def tiling(self):
         """Return (coalesced sizes, output strides, input strides, a, b) where the CPU's tiles
