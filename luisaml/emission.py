@@ -409,9 +409,9 @@ class Epilogue(Storage):
         lets, end = epilogue_lets(self.chain, self.root_out, value, i, self.module)
         return "; ".join([f"{n} = {e}" for n, e in lets] + [self.target.store(i, end)])
 
-    def store_parts(self, i: str, value: str) -> tuple[list[str], str]:
+    def store_parts(self, i: str, value: str, at: str | None = None) -> tuple[list[str], str]:
         lets, end = epilogue_lets(self.chain, self.root_out, value, i, self.module)
-        return [f"{n} = {e}" for n, e in lets], self.target.store(i, end)
+        return [f"{n} = {e}" for n, e in lets], self.target.store(i if at is None else at, end)
 
 
 @dataclass

@@ -74,10 +74,11 @@ class Storage:
     def store(self, i: str, value: str) -> str:
         raise TypeError(f"{type(self).__name__} storage is read-only")
 
-    def store_parts(self, i: str, value: str) -> tuple[list[str], str]:
+    def store_parts(self, i: str, value: str, at: str | None = None) -> tuple[list[str], str]:
         """Return (the statements computing what a store of value at i writes, the store itself):
-        the same as store, in two parts, for a tile that writes only after all it reads."""
-        return [], self.store(i, value)
+        the same as store, in two parts, for a tile that writes only after all it reads; `at`: the
+        same element as i, another expression of it for the write (Dense's row bases)."""
+        return [], self.store(i if at is None else at, value)
 
     def atomic_add(self, i: str, value: str) -> str:
         """Return the DSL expression adding value to element i atomically (it yields the old value)."""
@@ -241,12 +242,12 @@ class Tensor:
             raise CompileError(f"internal error: tensor '{self.name}' has no storage in this function")
         return st.store(i, value)
 
-    def store_parts(self, i: str, value: str) -> tuple[list[str], str]:
+    def store_parts(self, i: str, value: str, at: str | None = None) -> tuple[list[str], str]:
         """Return store(i, value) as (the statements before the write, the write): Storage.store_parts."""
         st = self.storage
         if st is None:
             raise CompileError(f"internal error: tensor '{self.name}' has no storage in this function")
-        return st.store_parts(i, value)
+        return st.store_parts(i, value) if at is None else st.store_parts(i, value, at)
 
 
 # the binding tables of the emissions in progress, innermost last (a subgraph's over its parent's)

@@ -14,6 +14,8 @@ from luisaml.registry import register
 from luisaml.storage import bind, literal
 
 from .common import compute_dtype, convert, emit_epilogue_loop, loops_epilogue, upcast
+from .gemm_shapes import (  # noqa: F401 (the shapes' rules, importable from here as before)
+    CPU_NARROW_ACC, MAX_ACC, MAX_TUNED_ACC, MAX_TUNED_ROWS, NARROW, SQUARE, UNALIGNED_ROWS, WIDE, block_columns, chains, item_candidates, item_choice, tile_shape)
 
 
 def _same_types(op: Operator, names: list[tuple[int, str]]) -> None:
@@ -27,92 +29,6 @@ def _same_types(op: Operator, names: list[tuple[int, str]]) -> None:
                 f"input {k} ({role}) '{t.name}' has type {t.dtype.name.lower()}, but A '{first.name}' has "
                 f"{first.dtype.name.lower()}; they must match",
             )
-
-
-# Accumulators one thread holds: 32 floats (4 AVX registers once clang vectorises them); tiles of 64
-# spilled (the transformer's 1024x128x64 MatMul: 8.8-15.6 ms with 2x32 tiles, under 1.4 ms with
-# 1x32; benchmarks/NOTES.md, "CPU stage kernels"); on a GPU they are 32 of a thread's registers.
-MAX_ACC = 32
-# A constant B with K and N of 128 or more (a wide MLP layer) takes 2 x 16 tiles instead of 1 x 32:
-# each B load then feeds two rows. On the CPU backend 63-128x4-4 went 8.1-9.8 -> 6.0-7.5 ms and
-# 63-256x4-4 13.9-17.4 -> 9.8-10.5 ms (2 x 8 tiles: 12.1-14.1); not measured on CUDA yet.
-NARROW = 16
-# On the CPU backend (the ragged tiles) a narrow tile takes up to 64 accumulators in up to 4 rows:
-# 4 x 16, eight AVX vectors, each B load feeding four rows ([196, 512] x [512, 2048] 121 GFLOP/s against 81 as
-# 2 x 16; 8 x 16 and 4 x 32 spilled: 57-64; benchmarks/NOTES.md, "GEMM tiles on AVX-512")
-CPU_NARROW_ACC = 64
-# The tile (rows, columns) of a product whose B is not a constant (Dense.square_tiles). Its loads
-# once paid the index arithmetic of the inline nodes they read through, so that 16 x 8 (128
-# accumulators, spilled) loaded least per multiply-add and won; with that arithmetic folded
-# (Dense.affine_loads) the 4 x 16 tile of a constant B's wins too. ViT-Ti's attention block (CPU
-# backend, A/B in one process): Q K^T (3 heads of [197, 64] x [64, 197], K^T's columns strided)
-# 2.16 ms as 16 x 8, 1.35 as 4 x 16, 1.46 as 4 x 8, 2.38 as 8 x 8, 2.35 as 8 x 16; attn V 0.58
-# as 16 x 8, 0.36 as 4 x 16 (benchmarks/NOTES.md, "Attention products on the CPU").
-SQUARE = (4, 16)
-WIDE = 32  # the widest column block: 64 measured no faster (63-256x4-4), and spilled before the stores were split
-
-
-def block_columns(N: int, wide: int) -> int:
-    """Return the columns O of a tile: a multiple of 4 (vector lanes), all of N up to `wide`, else
-    the block of 8..wide columns that pads N least (then the widest)."""
-    n4 = max(-(-N // 4), 1) * 4
-    if n4 <= wide:
-        return n4
-    return min(range(8, wide + 1, 4), key=lambda o: (-(-N // o) * o - N, -o))
-
-
-def tile_shape(M: int, N: int, narrow: bool = False, ragged: bool = False) -> tuple[int, int]:
-    """Return (rows R, columns O) of a work item's tile: O of block_columns up to WIDE (NARROW when
-    `narrow`), then as many rows as divide M within MAX_ACC accumulators (rows that divide M need
-    no bounds checks), or with `ragged` (the CPU's) as many as fit (the last row block ragged:
-    Dense.tiles), within CPU_NARROW_ACC and 4 rows when `narrow`."""
-    O = block_columns(N, NARROW if narrow else WIDE)
-    most = min(CPU_NARROW_ACC // O, 4) if ragged and narrow else min(MAX_ACC // O, 8)
-    if ragged:
-        return max(1, min(most, M)), O
-    R = max(r for r in range(1, most + 1) if M % r == 0) if M else 1
-    return R, O
-
-
-def chains(R: int, O: int, K: int) -> int:
-    """Return how many accumulator sets take turns over k. A narrow tile (one vector of 8 or fewer
-    columns, a single row) is a chain of dependent multiply-adds, one k step per FMA latency: 4 sets
-    hide it. Wider tiles keep one set: two sets of a 1 x 32 tile measured slower over K=256
-    (4.4 ms vs 2.4 ms a 63-256x4-4 layer; benchmarks/NOTES.md)."""
-    return max(1, min(4, K)) if R * -(-O // 8) == 1 else 1
-
-
-# a tuned tile (luisaml/tune.py) stays within these: SQUARE's 128 accumulators, WIDE's columns
-MAX_TUNED_ACC, MAX_TUNED_ROWS = 128, 16
-
-
-def item_choice(choice: dict | None, M: int) -> tuple[int, int] | None:
-    """Return (R, O) of a tuned items schedule, or None where there is none or it is out of bounds
-    (a hand-edited cache entry cannot make a bad kernel)."""
-    if not choice or choice.get("form") != "items":
-        return None
-    R, O = choice.get("R"), choice.get("O")
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (R, O)):
-        return None
-    ok = 1 <= R <= min(max(M, 1), MAX_TUNED_ROWS) and 4 <= O <= WIDE and O % 4 == 0 and R * O <= MAX_TUNED_ACC
-    return (R, O) if ok else None
-
-
-def item_candidates(M: int, N: int, rule: tuple[int, int], wide: bool) -> list[dict]:
-    """Return the items schedules a search measures: the rules' tile (R, O) first, then tiles near
-    it and the shapes measured on other products (SQUARE, 1 x 32, 2 x 16, 8 x 8), then the rules'
-    rows at every width (what a one-row product can vary), 4 in all or (wide) up to 12; none wider
-    than N needs."""
-    R0, O0 = rule
-    n4 = max(-(-N // 4), 1) * 4
-    out = [rule]
-    near = [(R0 * 2, O0), (R0, O0 // 2), (R0 // 2, O0 * 2), (R0 * 2, O0 // 2), (R0, O0 * 2), (R0 // 2, O0),
-            SQUARE, (8, 8), (1, 32), (2, 16), (4, 8), (8, 16), (4, 16), (1, 16)] + [(R0, o) for o in range(8, WIDE + 1, 4)]
-    for R, O in near:
-        c = item_choice({"form": "items", "R": R, "O": O}, M)
-        if c is not None and c not in out and O <= n4:
-            out.append(c)
-    return [{"form": "items", "R": R, "O": O} for R, O in out[:12 if wide else 4]]
 
 
 class Dense(Operator):
@@ -147,7 +63,8 @@ class Dense(Operator):
             R, O = tuned
             return R, O, -(-self.M // R), -(-self.N // O)
         if self.square_tiles():
-            R, O = min(SQUARE[0], self.M), block_columns(self.N, SQUARE[1])
+            rows = UNALIGNED_ROWS if self.shift_last and self.N % 8 else SQUARE[0]
+            R, O = min(rows, self.M), block_columns(self.N, SQUARE[1])
             return R, O, -(-self.M // R), -(-self.N // O)
         R, O = tile_shape(self.M, self.N, narrow=self.K >= 128 and self.N >= 128 and self.input(1).value is not None,
                           ragged=self.no_blocks and self.cpu_items())
@@ -233,6 +150,12 @@ class Dense(Operator):
         M, N, K = self.M, self.N, self.K
         load_a, load_b, finish, acc_dt = self.loaders()
         R, O, nrows, cols = self.tiles()
+        packed = self.packed_b(panels=self.cpu_items())
+        loops = self.cpu_items() and loops_epilogue(self.epilogue_loop, y) and all(b is None for _, b in rows or [])
+        target = self._loop_target(y) if loops else None
+        # (shift_last) the last row and column blocks end at M and N: their first rows and columns
+        # are the blocks before's again, computed and stored twice (the same values), none clamped
+        shift = self.shift_last and packed is None and not rows and target is None and self._rewrites_same(y)
         if self.rows_fast and self.cpu_items() and self.packable_b():
             rb = ctx.let(ix.mod(item, nrows), "rb") if nrows > 1 else "0"
             rest = ix.div(item, nrows)
@@ -242,8 +165,13 @@ class Dense(Operator):
             cb = ctx.let(ix.mod(item, cols), "cb") if cols > 1 else "0"
             rest = ix.div(item, cols)
             rb = ctx.let(ix.mod(rest, nrows), "rb") if nrows > 1 else "0"
-            bi = ctx.let(ix.div(rest, nrows), "bi") if self.nbatch > 1 else "0"
-        if rows:  # M == 1: row r of the tile is row 0 of sample r
+            # (row_bases) `% nbatch`, a no-op, bounds bi for LLVM (_finish)
+            bi = ctx.let(f"({ix.div(rest, nrows)}) % {self.nbatch}" if shift and N % 8 else ix.div(rest, nrows), "bi") if self.nbatch > 1 else "0"
+        if shift and M % R and M > R:
+            m0 = ctx.let(f"min({ix.mul(rb, R)}, {M - R})", "m")
+            ms = [ctx.let(ix.add(m0, str(r)), "m") for r in range(R)]
+            rows = [(None, None)] * R
+        elif rows:  # M == 1: row r of the tile is row 0 of sample r
             R = len(rows)
             ms = ["0"] * R
         else:
@@ -260,9 +188,9 @@ class Dense(Operator):
                 return emit()
             with bind(rows[r][1]):
                 return emit()
-        n0 = ctx.let(ix.mul(cb, O), "n")
+        n0 = ctx.let(f"min({ix.mul(cb, O)}, {N - O})" if shift and N % O and N > O else ix.mul(cb, O), "n")
         # the columns that may fall past N (in the last column block only)
-        safe = N % O or O
+        safe = O if shift and N > O else N % O or O
         affine = self.affine_loads and self.cpu_items()
         if affine:
             # the operands' indices as ix.Affine sums of atoms in range, so that the unravels of the
@@ -273,7 +201,6 @@ class Dense(Operator):
             loads_a = load_a
             load_a = lambda _, m, k: loads_a(a_bi, a_ms[ms.index(m)] if m in ms else m, a_k(k))
         pre = lambda k: []
-        packed = self.packed_b(panels=self.cpu_items())
         if packed is not None:
             off, row, entry, block = packed
             base = ctx.let(ix.add(str(off), ix.mul(self.b_entry(bi), entry * 4), ix.mul(cb, block * 4)), "wb")
@@ -298,13 +225,11 @@ class Dense(Operator):
             return f"fma({a}, {w}, {acc})" if acc_dt.dsl == "float" else f"{acc} + {a} * {w}"
 
         acc = [[[ctx.fresh("acc") for _ in range(O)] for _ in range(R)] for _ in range(chains(R, O, K))]
-        loops = self.cpu_items() and loops_epilogue(self.epilogue_loop, y) and all(b is None for _, b in rows)
         # (the CPU's tiles, one accumulator set, a straight-line epilogue) the epilogue and stores
         # inside the k loop's last step: after the loop, clang's SLP vectoriser seeded from the stores
         # re-did the last step's multiply-adds from the loop's values, which then lived through the
         # loop: a register copy a multiply-add (16 vmovaps to 8 vfmadd in a 4 x 16 tile; [197, 768] x
         # [768, 192] + bias 1.47 -> 1.19 ms; benchmarks/NOTES.md, "GEMM tiles on AVX-512")
-        target = self._loop_target(y) if loops else None
         tail = self.stores_in_loop and self.cpu_items() and (not loops or target is not None) and len(acc) == 1 and K > 0
         ctx.render("matmul.py.j2", tile=True, acc=acc, K=K, zero=literal(0, acc_dt), pre=pre, bv=bv,
                    a=lambda r, k: at_row(r, lambda: load_a(bi, ms[r], k)), mad=mad, tail=tail)
@@ -316,7 +241,7 @@ class Dense(Operator):
                 inside.enter_context(ctx.indent())
                 inside.enter_context(ctx.indent())
             if target is None:
-                self._finish(ctx, y, acc, finish, bi, ms, n0, rows, at_row, R, O, M, N, safe)
+                self._finish(ctx, y, acc, finish, bi, ms, n0, rows, at_row, R, O, M, N, safe, shift and N % 8)
                 return
             # the finished values into the epilogue's output, straight-line (vector stores)
             done = [[ctx.let(finish(bi, ms[r], ix.add(n0, str(j)), acc[0][r][j]), "f") for j in range(O)] for r in range(R)]
@@ -338,6 +263,19 @@ class Dense(Operator):
         if not self.epilogue_in_place or target is None or type(target.storage) is not Buffer:
             return None
         return target if target.dtype == y.dtype and y.dtype.dsl == "float" else None
+
+    def _rewrites_same(self, y) -> bool:
+        """Whether a column computed twice (shift_last) is stored twice with the same value: y is a
+        plain buffer, or its epilogue's end is one that no input of the epilogue is read from."""
+        from luisaml.storage import Buffer
+
+        st = y.storage
+        if type(st).__name__ != "Epilogue":  # (luisaml/emission.py's, which operators do not import)
+            return type(st) is Buffer
+        end = st.target.storage
+        reads = [t.storage for _, op in st.chain for t in op.inputs if t is not None and t is not st.root_out]
+        return type(end) is Buffer and all(r is None or type(r).__name__ in ("Weight", "Value", "Scalar", "Linear")
+                                           or type(r) is Buffer and r.buffer != end.buffer for r in reads)
 
     def _epilogue_in_place(self, ctx, y, target, bi, ms, live, n0, O, M, N, safe) -> None:
         """(epilogue_in_place) Per row of the tile (where live[r], a condition or None) a loop over
@@ -368,7 +306,7 @@ class Dense(Operator):
             return ix.add(ix.mul(bi, M * N), ix.mul(m, N), n)
         return ix.add(ix.mul(ix.Affine.atom(bi, self.nbatch), M * N), ix.mul(ix.Affine.atom(m, M), N), ix.Affine.atom(n, N))
 
-    def _finish(self, ctx, y, acc, finish, bi, ms, n0, rows, at_row, R, O, M, N, safe) -> None:
+    def _finish(self, ctx, y, acc, finish, bi, ms, n0, rows, at_row, R, O, M, N, safe, row_bases=False) -> None:
         """Emit the tile's epilogue and stores, straight-line, from its accumulators."""
         # the finished values first, one statement each, then the stores: an expression per store
         # (bias, alpha, an epilogue's select) kept clang from vectorising the tile at all (63-256x4-4:
@@ -381,13 +319,21 @@ class Dense(Operator):
         # (Mixer-S/16 2141 -> 1264 ms; benchmarks/NOTES.md, "GEMM tiles: stores after the epilogue's
         # loads"). A column past N keeps its store whole under its condition (its loads would read
         # past the row); a row's sample condition moves to the write (its loads read a clamped sample).
+        # (row_bases: rows of N words, N not a multiple of 8) each row's writes at `min(its first
+        # element, a bound it never passes) + j`: LLVM proves `+ j` does not wrap from the min's
+        # range, so the writes are consecutive and seed the SLP vectoriser; at `... + m * 197 + n0 +
+        # j` they were not (no known low zero bits to make `+ j` an `or`): scalar code (a Q K^T as
+        # ViT-Ti's, 4 x 8 tiles: 1.78 -> 0.52 ms; benchmarks/NOTES.md, "Q K^T: consecutive stores")
+        bases = [ctx.let(f"min({ix.add(ix.mul(bi, M * N), ix.mul(m, N), n0)}, {self.nbatch * M * N - min(O, N)})", "yb")
+                 for m in ms] if row_bases and self.stores_last else None
         writes = []
         for r in range(R):
             for j in range(O):
                 n = ix.add(n0, str(j))
                 i = ix.add(ix.mul(bi, M * N), ix.mul(ms[r], N), n)
                 if self.cpu_items() and self.stores_last and j < safe:
-                    lets, write = at_row(r, lambda: y.store_parts(i, done[r][j]))
+                    at = ix.add(bases[r], str(j)) if bases else None
+                    lets, write = at_row(r, lambda: y.store_parts(i, done[r][j], at))
                     for line in lets:
                         ctx.line(line)
                     writes.append((rows[r][0], write))
@@ -442,6 +388,12 @@ class Dense(Operator):
     # the inline Split, Transpose and Reshape they read through fold away (ViT-Ti's Q K^T 4.4 -> 2.0
     # ms with 16 x 8 tiles; benchmarks/NOTES.md, "Attention products on the CPU"); an A/B switch
     affine_loads = True
+    # (the CPU's tiles, B not a constant) the last row and column blocks shifted to end at M and N,
+    # so that nothing is clamped (`min(n0 + j, N - 1)` in every block's loads broke the SLP
+    # vectoriser's chains), the rows' writes at row bases where N is not a multiple of 8 (_finish),
+    # and 8 rows a tile there (UNALIGNED_ROWS): ViT-Ti's 12 Q K^T stages 8.4 -> 4.3 ms (emit_item;
+    # benchmarks/NOTES.md, "Q K^T: consecutive stores"); an A/B switch
+    shift_last = True
     # (the epilogue loops) their stores' index as an ix.Affine (_column_index); an A/B switch
     affine_epilogue = True
     # (the epilogue loop, its end in a plain float buffer) the tile's finished values stored there
