@@ -36,6 +36,7 @@ end-to-end ratio is printed. `--results-md` appends the run's section to benchma
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -153,6 +154,26 @@ def compare(got: tuple, want: dict) -> dict:
 # ---- the luisaml side -----------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def stream_waits(waited: list):
+    """Add the seconds the host waits for the stream (LuisaCompute's synchronize: a run's end, a grid
+    build's read-back) to waited[0] while inside; the counted stream's own synchronize again after."""
+    from luisaml import counts
+
+    sync = counts.CountingStream.synchronize
+
+    def timed_sync(self):
+        t = time.perf_counter()
+        sync(self)
+        waited[0] += time.perf_counter() - t
+
+    counts.CountingStream.synchronize = timed_sync
+    try:
+        yield waited
+    finally:
+        counts.CountingStream.synchronize = sync
+
+
 def run_luisaml(data: dict, a) -> dict:
     """Compile once, check every frame, then time frames points-to-boxes with counts and profiles."""
     import luisaml
@@ -187,16 +208,8 @@ def run_luisaml(data: dict, a) -> dict:
     # the host's part of a frame: its wall time less the time the host waits for the stream (LuisaCompute's
     # synchronize: a run's end, a grid build's read-back); on the CPU backend the kernels run in that wait
     waited = [0.0]
-    sync = counts.CountingStream.synchronize
-
-    def timed_sync(self):
-        t = time.perf_counter()
-        sync(self)
-        waited[0] += time.perf_counter() - t
-
-    counts.CountingStream.synchronize = timed_sync
     host = []
-    try:
+    with stream_waits(waited):
         for _ in range(a.reps):
             for f, points in zip(per_frame, data["points"]):
                 waited[0] = 0.0
@@ -204,8 +217,6 @@ def run_luisaml(data: dict, a) -> dict:
                 frame(points)
                 f["ms"].append((time.perf_counter() - t) * 1e3)
                 host.append(f["ms"][-1] - waited[0] * 1e3)
-    finally:
-        counts.CountingStream.synchronize = sync
     rec["frames"] = per_frame
     rec["frame_ms"] = percentiles([m for f in per_frame for m in f["ms"]])
     rec["host_ms"] = percentiles(host)  # (wall less the waits for the stream)

@@ -123,19 +123,11 @@ def main(argv=None) -> int:
     regions = defaultdict(lambda: [0.0, 0])
     wrap(regions)
     waited = _WAITED
-    sync = counts.CountingStream.synchronize
-
-    def timed_sync(self):
-        t = time.perf_counter()
-        sync(self)
-        waited[0] += time.perf_counter() - t
-
-    counts.CountingStream.synchronize = timed_sync
     regions.clear()
     waited[0] = 0.0
     n = a.reps * len(data["points"])
     prof = cProfile.Profile()
-    with counts.measure() as c:
+    with bd.stream_waits(waited), counts.measure() as c:
         t = time.perf_counter()
         if not a.no_cprofile:
             prof.enable()
@@ -144,7 +136,6 @@ def main(argv=None) -> int:
                 frame(p)
         prof.disable()
         wall = time.perf_counter() - t
-    counts.CountingStream.synchronize = sync
     print(f"{n} frames: wall {wall / n * 1e3:.2f} ms a frame, waits for the stream {waited[0] / n * 1e3:.2f} ms, "
           f"host {(wall - waited[0]) / n * 1e3:.2f} ms{'' if a.no_cprofile else ' (under cProfile)'}; a frame: "
           + ", ".join(f"{k} {v / n:.1f}" for k, v in c.as_dict().items() if k in counts._SUMMED))
