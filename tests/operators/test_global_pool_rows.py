@@ -13,10 +13,10 @@ onnxruntime's vectorised max gives -FLT_MAX)."""
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from gpu_emulator import build_dsl, kernel_name, run_plan
 from onnx import TensorProto, helper, numpy_helper
+from util import ort_run
 
 import luisaml
 from luisaml.operators import rows
@@ -61,7 +61,7 @@ def _pool_stage(plan):
 
 
 def _ort(model, x: np.ndarray) -> np.ndarray:
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    return ort_run(model, {"x": x})["y"]
 
 
 def test_forms_by_length_on_cuda_only(monkeypatch):

@@ -11,10 +11,10 @@ tests/operators/test_nan.py: a NaN anywhere gives NaN)."""
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from gpu_emulator import build_dsl, kernel_name, run_plan
 from onnx import TensorProto, helper, numpy_helper
+from util import ort_run
 
 import luisaml
 from luisaml.operators import rows
@@ -50,7 +50,7 @@ def _reduce_stage(plan):
 
 
 def _ort(model, x: np.ndarray) -> np.ndarray:
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    return ort_run(model, {"x": x})["y"]
 
 
 def test_forms_by_run_on_cuda_only(monkeypatch):
