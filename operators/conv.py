@@ -354,8 +354,9 @@ class Conv(ConvBase):
             P, O, _, _ = self.tiles()
             return strip_candidates(self.M // self.group, (P, O), wide)
 
-        # (the tensor cores' tile has no knobs searched)
-        return tiled.product_schedules(self, blocks, wide, items, fixed=lambda tl: getattr(tl, "mma", False))
+        # (the tensor cores' tile and the dot form have no knobs searched)
+        return tiled.product_schedules(self, blocks, wide, items, fixed=lambda tl: getattr(tl, "mma", False)
+                                       or not isinstance(tl, tiled.Tiling))
 
     def work_items(self) -> int:
         _, _, strips, blocks = self.tiles()

@@ -6,7 +6,8 @@ residual Add before a LayerNorm), rows of large and equal values, and a softmax 
 global pools' rows (a warp per channel, a block per channel from rows.BLOCK_LENGTH) in a
 squeeze-and-excitation block at EfficientNet-B0's first size, with GlobalMaxPool's NaN and -inf;
 the reductions over a contiguous plane (ReduceMean, as timm exports its squeeze, ReduceSum, ReduceMax,
-ReduceMin) in the same forms. Each test asserts the node ran as a blocks stage (or, for rows under
+ReduceMin) in the same forms; an SE block's 1 x 1 Convs over the squeezed input as a warp per output
+(operators/conv_tiles.py's dot form). Each test asserts the node ran as a blocks stage (or, for rows under
 rows.MIN_LENGTH, as items or elements).
 
     LUISAML_BACKEND=cuda python -m pytest tests/gpu/test_rows_cuda.py -q"""
@@ -181,3 +182,26 @@ def test_reductions_over_a_plane(hw, threads):
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
     _poison(x)
     np.testing.assert_array_equal(net.run({"x": x})["m"], x.max(axis=(2, 3)))
+
+
+@pytest.mark.parametrize("c,squeeze,batch", [(1152, 48, 32), (96, 4, 5), (33, 17, 3)])
+def test_squeeze_and_excitation_dot_form(c, squeeze, batch):
+    """EfficientNet-B0's largest SE (1,152 -> 48 -> 1,152 at batch 32) and small ragged ones: both 1 x 1
+    Convs over the squeezed 1 x 1 input as a warp per output (operators/conv_tiles.py's dot form),
+    against onnxruntime."""
+    from luisaml.operators import rows
+
+    rng = np.random.default_rng(c)
+    inits = {"w1": (rng.standard_normal((squeeze, c, 1, 1)) * 0.1).astype(np.float32), "b1": rng.standard_normal(squeeze).astype(np.float32),
+             "w2": (rng.standard_normal((c, squeeze, 1, 1)) * 0.3).astype(np.float32), "b2": rng.standard_normal(c).astype(np.float32)}
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["q"]),
+             helper.make_node("Conv", ["q", "w1", "b1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Conv", ["r", "w2", "b2"], ["e"]), helper.make_node("Sigmoid", ["e"], ["gate"]),
+             helper.make_node("Mul", ["x", "gate"], ["y"])]
+    model = _model(nodes, [_vi("x", ["N", c, 7, 7])], [_vi("y", ["N", c, 7, 7])], inits)
+    net = luisaml.compile(model)
+    convs = [op for st in net.plan.schedule.stages for n, op in st.nodes if n.op_type == "Conv"]
+    assert len(convs) == 2 and all(isinstance(op.block_tiling(), rows.RowTiling) for op in convs)
+    x = rng.standard_normal((batch, c, 7, 7)).astype(np.float32)
+    got, want = net.run({"x": x}), ort_run(model, {"x": x})
+    np.testing.assert_allclose(got["y"], want["y"], rtol=RTOL, atol=RTOL * float(np.abs(want["y"]).max()))
