@@ -139,7 +139,7 @@ def combine(ctx, tiling: RowTiling, thread: str, value: str, kind: str, merge) -
     else:
         nan = ctx.let(f"{ctx.use_helper('warp_active_any', 'warp')}(isnan({value}))", "nan")
         m = ctx.let(f"{ctx.use_helper(f'warp_active_{kind}', 'warp')}({value})", "w")
-        v = ctx.let(f"(NAN if {nan} else {m})", "w")
+        v = ctx.let(f"(quiet_nan() if {nan} else {m})", "w")  # not NAN: CUDA codegen aborts on a NaN literal (storage.literal)
     if tiling.warps == 1:
         return v
     part = ctx.shared_array("float", tiling.warps, "part")

@@ -135,6 +135,7 @@ class Emulator:
             warp_active_max=lambda v: float(np.fmax.reduce(local.warp(v))),
             warp_active_min=lambda v: float(np.fmin.reduce(local.warp(v))),
             warp_active_any=lambda v: any(local.warp(v)),
+            quiet_nan=lambda: float("nan"),  # (math_lib's: a NaN the CUDA codegen cannot fold into a literal)
         )
         for m in MATH:
             names[m] = _wrap(getattr(np, {"abs": "absolute", "round": "rint"}.get(m, m)))
