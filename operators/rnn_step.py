@@ -110,9 +110,13 @@ class Step:
     sequence length (None: loaded here)."""
 
     def __init__(self, op, ctx, d: str, rows: list[str], ok: list[str | None], s: str, units: list[str],
-                 consecutive: bool = True, unit_ok: list[str | None] | None = None, lens: list[str] | None = None):
+                 consecutive: bool = True, unit_ok: list[str | None] | None = None, lens: list[str] | None = None,
+                 unroll: int = 1):
         self.op, self.ctx, self.d, self.rows, self.ok, self.s, self.units = op, ctx, d, rows, ok, s, units
         self.consecutive = consecutive
+        # the scalar gemv's k's a loop iteration, R's loads of all of them first (the block loop's:
+        # rnn_block.unroll); 1: a k an iteration
+        self.unroll = unroll
         # False: a step known not to be the last (no Y_h / Y_c stores: clang's loop vectoriser does not
         # take gate_acts' loop with them)
         self.last = None
@@ -172,6 +176,10 @@ class Step:
                 for i in range(UB):
                     acc[g, j, i] = ctx.fresh("acc")
                     ctx.line(f"{acc[g, j, i]} = {init(g, j, i)}")
+        U = self.unroll if H % self.unroll == 0 else 1
+        if U > 1:
+            self.gemv_unrolled(gates, src, acc, U)
+            return acc
         with ctx.loop(H, "k") as k:
             hv = [ctx.let(src(j, k), "hv") for j in range(SB)]
             vals = {}  # R[d, g * H + u_i, k], each loaded once
@@ -197,6 +205,43 @@ class Step:
                     for i in range(UB):
                         ctx.line(f"{acc[g, j, i]} = fma({hv[j]}, {vals[g, i]}, {acc[g, j, i]})")
         return acc
+
+    def r_loads(self, gates: list[int], k: str) -> dict:
+        """Emit the loads of R[d, g * H + u_i, k] for the gates and this thread's units (any units: the
+        block loop's); return them by (g, i)."""
+        ctx, c = self.ctx, self.op.cell
+        G, H = c.gates, c.H
+        vals = {}
+        if self.packed is not None:
+            kb = ctx.let(ix.add(self.pbase, ix.mul(k, G * H * 4)), "rk")
+            for g in gates:
+                for i in range(len(self.units)):
+                    at = ix.add(kb, ix.mul(ix.add(str(g * H), self.units[i]), 4))
+                    vals[g, i] = ctx.let(f"weights.read(float, {at})", "rw")
+            return vals
+        r = self.op.input(1)
+        for g in gates:
+            for i in range(len(self.units)):
+                at = ix.add(ix.mul(ix.add(ix.mul(self.d, G * H), str(g * H), self.units[i]), H), k)
+                vals[g, i] = ctx.let(upcast(r.load(at), r.dtype), "rw")
+        return vals
+
+    def gemv_unrolled(self, gates: list[int], src, acc: dict, U: int) -> None:
+        """gemv's k loop, U k's an iteration: the loads of R for all U first, then each k's multiply-adds
+        in k order (each accumulator sums in the same order as a k an iteration: the same bits). A k an
+        iteration waited one L2 round trip per k (~300 clocks: the zoo's steps on the H100/H200,
+        benchmarks/NOTES.md); U k's put U times the loads in flight before the first wait."""
+        ctx, H = self.ctx, self.op.cell.H
+        SB, UB = len(self.rows), len(self.units)
+        with ctx.loop(H // U, "kq") as kq:
+            ks = [ctx.let(ix.add(ix.mul(kq, U), str(e)), "k") for e in range(U)]
+            vals = [self.r_loads(gates, k) for k in ks]
+            for e, k in enumerate(ks):
+                hv = [ctx.let(src(j, k), "hv") for j in range(SB)]
+                for g in gates:
+                    for j in range(SB):
+                        for i in range(UB):
+                            ctx.line(f"{acc[g, j, i]} = fma({hv[j]}, {vals[e][g, i]}, {acc[g, j, i]})")
 
     def gemv4(self, gates: list[int], init, src) -> dict:
         ctx, c = self.ctx, self.op.cell

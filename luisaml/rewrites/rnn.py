@@ -90,9 +90,10 @@ def y_chain(y, readers, outputs: set[str]):
     return t, strides, chain
 
 
-def rewrite(plan, gpu: bool) -> list[str]:
+def rewrite(plan, gpu: bool, form: str = "auto") -> list[str]:
     """Replace every qualifying RNN, GRU and LSTM node of the plan's main graph by its projection and
-    its steps (above); return the names of the nodes rewritten (the plan's storage is planned again)."""
+    its steps (above); return the names of the nodes rewritten (the plan's storage is planned again).
+    form: CUDA's steps (compile's `recurrent`, operators/rnn_block.py FORMS)."""
     main = plan.main
     ops, done = [], []
 
@@ -118,7 +119,7 @@ def rewrite(plan, gpu: bool) -> list[str]:
         proj = tensor(f"{base}/projection", (x.numel // op.I, D * G * H), batched)
         split = op.cell == "gru" and not op.linear_before_reset
         # CUDA: the whole sequence in one launch, the state on chip, where it fits (operators/rnn_block.py)
-        block = rnn_block.choose(op, split, batched) if gpu else None
+        block = rnn_block.choose(op, split, batched, form) if gpu else None
         extra = []
         if block is None:
             extra.append(tensor(f"{base}/h_state", (2, D, B, H), batched))
