@@ -64,9 +64,21 @@ UNROLL_REGISTERS = 64
 # read R half as many times as there are rows, spread over every SM. Only a wide cell over few rows
 # gets there (an LSTM of 4,096 units over 1 row: 2.3 ms a step on one SM against ~0.1 ms).
 PHASE_CLOCKS = 63_000
-# compile(recurrent=...): "auto" (this estimate, the k loop unrolled), "block" (the block loop as first
-# built: a k an iteration, rows by the first estimate; for A/B runs), "steps" (the phase-a-step form)
-FORMS = ("auto", "block", "steps")
+# The input projection inside the block loop (`BlockLoop.fused`: each block computes X W^T of its rows a
+# step, W streamed like R) where the extra W bytes and round trips of S steps cost less than the
+# projection's stage: its GEMM by a fit of the H200 zoo's three (tensor cores; zoo-h200-tc.json: 12.6M
+# outputs of K = 64 in 0.19 ms, 8.4M of K = 128 in 0.19, 8.4M of K = 512 in 0.36): PROJ_OUTPUTS_CLOCK
+# outputs a clock (the tile's fixed work an output) plus PROJ_FLOP_CLOCK flops a clock; its P read back
+# by the steps (HBM_CLOCK bytes a clock, ~3.3 TB/s); a stage's launch and host work (STAGE_CLOCKS,
+# ~20 us: NOTES.md "net.run's wall time")
+PROJ_OUTPUTS_CLOCK = 32
+PROJ_FLOP_CLOCK = 19_000
+HBM_CLOCK = 1700
+STAGE_CLOCKS = 40_000
+# compile(recurrent=...): "auto" (this estimate, the k loops unrolled, the projection fused where
+# cheaper), "unfused" (the same, the projection always its own GEMM stage), "block" (the block loop as
+# first built: a k an iteration, rows by the first estimate; for A/B runs), "steps" (the phase-a-step form)
+FORMS = ("auto", "unfused", "block", "steps")
 
 
 def unroll(G: int, H: int, UB: int) -> int:
@@ -75,17 +87,26 @@ def unroll(G: int, H: int, UB: int) -> int:
     return next(u for u in (8, 4, 2, 1) if u <= MAX_UNROLL and H % u == 0 and (u == 1 or G * UB * u <= UNROLL_REGISTERS))
 
 
-def step_clocks(G: int, H: int, D: int, B: int, SB: int, U: int | None = 1, passes: int = 1) -> float:
+def step_clocks(G: int, H: int, D: int, B: int, SB: int, U: int | None = 1, passes: int = 1, I: int = 0,
+                UI: int = 1) -> float:
     """Return the estimated clocks of a step of the block loop of SB rows a block (the rule above), its
     gemv U k's an iteration in `passes` k loops (GRU without linear_before_reset: 2); U None: the first
-    estimate (no round trips, L2_CLOCK_BLOCK)."""
+    estimate (no round trips, L2_CLOCK_BLOCK). I: the input projection's k's inside the step (fused;
+    UI k's an iteration), 0 where it is a GEMM stage of its own."""
     blocks = D * -(-B // SB)
-    r_bytes = 4 * G * H * H
-    fma = blocks * SB * G * H * H / (min(blocks, SMS) * FMA_CLOCK)
+    r_bytes = 4 * G * H * (H + I)
+    fma = blocks * SB * G * H * (H + I) / (min(blocks, SMS) * FMA_CLOCK)
     sm = -(-blocks // SMS) * r_bytes / SM_CLOCK
     if U is None:
         return max(fma, blocks * r_bytes / L2_CLOCK_BLOCK, sm)
-    return max(fma, blocks * r_bytes / L2_CLOCK, sm, passes * (H // U) * LOAD_LATENCY)
+    trips = passes * (H // U) + (I // UI if I else 0)
+    return max(fma, blocks * r_bytes / L2_CLOCK, sm, trips * LOAD_LATENCY)
+
+
+def projection_clocks(G: int, H: int, D: int, B: int, S: int, I: int) -> float:
+    """Return the estimated clocks of the input projection as a stage (the rule above PROJ_FLOP_CLOCK)."""
+    outputs = S * B * D * G * H
+    return outputs / PROJ_OUTPUTS_CLOCK + 2 * outputs * I / PROJ_FLOP_CLOCK + 4 * outputs / HBM_CLOCK + STAGE_CLOCKS
 
 
 def phase_clocks(G: int, H: int, D: int, B: int, l2: float = L2_CLOCK) -> float:
@@ -105,6 +126,9 @@ class BlockLoop:
     blocks: int
     shared_bytes: int
     U: int = 1
+    # the input projection X W^T inside the step (no projection stage), its k loop UI k's an iteration
+    fused: bool = False
+    UI: int = 1
 
     @property
     def quad(self) -> bool:
@@ -114,6 +138,8 @@ class BlockLoop:
     def describe(self) -> str:
         units = f"{self.UB} units" if self.UB > 1 else "a unit"
         ks = f", {self.U} k's an iteration (R's loads first)" if self.U > 1 else ""
+        if self.fused:
+            ks += f", X W^T inside the step ({self.UI} k's an iteration)"
         return (f"one launch for every step: {self.blocks} block(s) of {self.TU} threads, a block {self.SB} row(s) of a "
                 f"direction, a thread {units} of them, h in {self.shared_bytes:,} bytes of shared memory, a barrier a step{ks}")
 
@@ -126,19 +152,20 @@ def choose(cell, split: bool, batched: bool, form: str = "auto") -> BlockLoop | 
     estimated slower than a phase of that form."""
     if form == "steps":
         return None
-    G, H, D, B = cell.gates, cell.H, cell.D, cell.B
+    G, H, D, B, S, I = cell.gates, cell.H, cell.D, cell.B, cell.S, cell.I
     UB = -(-H // MAX_THREADS)
     TU = -(-H // UB)
     if G * UB > MAX_ACCUMULATORS:  # (LSTM past 4,096 units, GRU past 5,376: registers would spill)
         return None
     slots = 3 if split else 2
-    U = unroll(G, H, UB) if form == "auto" else 1
+    U = unroll(G, H, UB) if form != "block" else 1
+    UI = unroll(G, I, UB)
 
     def shared(sb: int) -> int:
         return 4 * slots * sb * H
 
-    def clocks(sb: int) -> float:
-        return step_clocks(G, H, D, B, sb, U if form == "auto" else None, 2 if split else 1)
+    def clocks(sb: int, fused: bool = False) -> float:
+        return step_clocks(G, H, D, B, sb, U if form != "block" else None, 2 if split else 1, I if fused else 0, UI)
 
     cap = min(MAX_ROWS, MAX_ACCUMULATORS // (G * UB))
     sides = [sb for sb in (1, 2, 4, 8) if sb <= cap and (sb == 1 or shared(sb) <= SHARED_BYTES)]
@@ -148,9 +175,14 @@ def choose(cell, split: bool, batched: bool, form: str = "auto") -> BlockLoop | 
         SB = max(sb for sb in sides if sb <= B or sb == 1)
     else:
         SB = min(sides, key=lambda sb: (clocks(sb), sb))
-        if clocks(SB) > phase_clocks(G, H, D, B, L2_CLOCK if form == "auto" else L2_CLOCK_BLOCK):
+        if clocks(SB) > phase_clocks(G, H, D, B, L2_CLOCK if form != "block" else L2_CLOCK_BLOCK):
             return None
-    return BlockLoop(SB, TU, UB, D * -(-B // SB), shared(SB), U)
+    fused = False
+    if form == "auto" and I > 0:  # the projection inside: its own rows a block (W's bytes read by each)
+        FB = min(sides, key=lambda sb: (clocks(sb, True), sb))
+        if S * clocks(FB, True) < S * clocks(SB) + projection_clocks(G, H, D, B, S, I):
+            SB, fused = FB, True
+    return BlockLoop(SB, TU, UB, D * -(-B // SB), shared(SB), U, fused, UI if fused else 1)
 
 
 class SharedState(State):
@@ -274,6 +306,8 @@ def emit(op, ctx, item: str, thread: str) -> None:
     with ctx.loop(S, "s") as s:
         st.step(s)
         step = Step(op, ctx, d, rows, ok, s, units, consecutive=False, unit_ok=unit_ok, lens=lens, unroll=bl.U)
+        if bl.fused:
+            step.project(bl.UI)
         if op.split:
             step.cell(st, 0)
             ctx.line("sync_block()")  # every unit's r . h_{t-1} before the hidden gate reads them

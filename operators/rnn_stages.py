@@ -202,6 +202,18 @@ class RecurrentSteps(Operator):
         return self.blob.add_packed(f"{r.name}/recurrent[{c.D}x{H}x{G * H}]",
                                     lambda: np.ascontiguousarray(np.asarray(r.value, np.float32).transpose(0, 2, 1)))
 
+    def packed_w(self) -> int | None:
+        """Return the byte offset of W^T [D][I (k)][G * H] in the weight blob (the block loop's projection
+        inside the step: input 8), or None when W is not a constant."""
+        w = self.input(8)
+        if w.value is None:
+            return None
+        c = self.cell
+        import numpy as np
+
+        return self.blob.add_packed(f"{w.name}/input[{c.D}x{c.I}x{c.gates * c.H}]",
+                                    lambda: np.ascontiguousarray(np.asarray(w.value, np.float32).transpose(0, 2, 1)))
+
     # ---- indices --------------------------------------------------------------------------------
     def _state_index(self, d: str, b: str, u: str) -> str:
         c = self.cell

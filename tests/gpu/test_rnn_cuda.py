@@ -4,7 +4,9 @@ step, 2 rows x 4 units a thread with float4 R, one shared kernel) against onnxru
 linear_before_reset) and LSTM, every direction, ragged sequence_lens, initial states, peepholes,
 layout 0 over a fixed batch and layout 1 per sample; the block loop 1 or 2 rows a block (floats in
 shared memory), 4 or 8 (float4s, the batch ragged against them), 3 units a thread (some threads with
-2), and at the zoo's shapes (1,024 rows, 64 -> 128 units, 32 steps: 8 rows a block).
+2), and at the zoo's shapes (1,024 rows, 64 -> 128 units, 32 steps: 8 rows a block; the BiLSTM
+tagger's layer), each form of compile's `recurrent` (the input projection inside the steps or not,
+the block loop as first built).
 
     LUISAML_BACKEND=cuda python -m pytest tests/gpu/test_rnn_cuda.py -q"""
 from __future__ import annotations
@@ -70,7 +72,7 @@ def test_layout0_fixed_batch(op, extra, form, monkeypatch):
         np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
-@pytest.mark.parametrize("recurrent", ["auto", "block"])
+@pytest.mark.parametrize("recurrent", ["auto", "unfused", "block"])
 @pytest.mark.parametrize("op,extra", [("GRU", {}), ("GRU", {"linear_before_reset": 1}), ("LSTM", {})])
 def test_zoo_shapes(op, extra, recurrent):
     """1,024 rows of 64 -> 128 units over 32 steps (the zoo's GRU and LSTM): 8 rows a block, 128 blocks
@@ -80,7 +82,9 @@ def test_zoo_shapes(op, extra, recurrent):
     feeds, inits = _split(feeds)
     net = luisaml.compile(_model(nodes, feeds, inits), batch_axis=None, backend="cuda", recurrent=recurrent)
     (st,) = [st for st in net.plan.schedule.stages if st.root[0].op_type.endswith("Steps")]
-    assert st.domain == "blocks" and st.root[1].block.SB == 8 and st.root[1].block.U == (8 if recurrent == "auto" else 1)
+    bl = st.root[1].block  # auto: the input projection inside the steps, one launch in all
+    assert st.domain == "blocks" and bl.SB == 8 and bl.U == (1 if recurrent == "block" else 8)
+    assert bl.fused == (recurrent == "auto") and len(net.plan.schedule.stages) == (1 if bl.fused else 2)
     got = net.run(feeds)
     # 32 steps of 128-term sums in float32 drift apart in the order of operations: at these shapes the
     # CPU backend (another form and order) is 1.5e-4 from onnxruntime at most, this form measured
@@ -115,7 +119,7 @@ def test_bilstm_tagger_shape(recurrent):
     net = luisaml.compile(_model(nodes, feeds, inits), batch_axis=None, backend="cuda", recurrent=recurrent)
     (st,) = [st for st in net.plan.schedule.stages if st.root[0].op_type.endswith("Steps")]
     bl = st.root[1].block
-    assert (bl.SB, bl.U) == ((4, 8) if recurrent == "auto" else (2, 1))
+    assert (bl.SB, bl.U, bl.fused) == ((4, 8, False) if recurrent == "auto" else (2, 1, False))
     got = net.run(feeds)
     for name, w in ort_run(_model(nodes, feeds, inits), feeds).items():  # (64 steps of 256-term sums)
         np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=3e-4, err_msg=name)

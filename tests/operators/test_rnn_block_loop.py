@@ -76,14 +76,18 @@ def test_block_loop_matches_onnxruntime(monkeypatch, op, extra, geometry):
     model = graph_model(nodes, feeds, inits, opset=22)
     want = ort_run(model, feeds)
     got = {}
-    for form in ("auto", "block"):  # the k loop unrolled (8 or 4 k's an iteration) and as first built
+    # the k loop unrolled (8 or 4 k's an iteration) with the projection inside the step (no projection
+    # stage) and without, and the form as first built
+    for form in ("auto", "unfused", "block"):
         for reverse in (False, True):
             plan, steps = _check(model, feeds, want, reverse, form=form)
         got[form] = run_plan(plan, feeds)
         us = {st.root[1].block.U for st in steps}
         assert us == {1} if form == "block" else us <= {4, 8} and len(us) >= 1
+        assert all(st.root[1].block.fused == (form == "auto") for st in steps)
+        assert sum(st.root[0].op_type == "RecurrentProjection" for st in plan.schedule.stages) == (0 if form == "auto" else 3)
     for name in want:  # each accumulator sums in the same order either way: the same bits
-        np.testing.assert_array_equal(got["auto"][name], got["block"][name], err_msg=name)
+        np.testing.assert_array_equal(got["unfused"][name], got["block"][name], err_msg=name)
     sb = {st.root[1].block.SB for st in steps}
     ub = {st.root[1].block.UB for st in steps}
     assert sb == ({8} if geometry == "units" and op == "RNN" else ROWS[geometry])  # (RNN: 1 gate, room for 8 rows)
@@ -166,8 +170,8 @@ def test_choose():
     48 KiB or accumulators past 64 at one row a block, or a step estimated slower than a phase of the
     phase-a-step form (a wide cell over few rows), keeps that form."""
     class Cell:
-        def __init__(self, gates, H, B, D=1):
-            self.gates, self.H, self.B, self.D = gates, H, B, D
+        def __init__(self, gates, H, B, D=1, S=32, I=64):
+            self.gates, self.H, self.B, self.D, self.S, self.I = gates, H, B, D, S, I
 
     gru = rnn_block.choose(Cell(3, 128, 1024), False, False)  # the zoo's: L2-bound, 4 rows twice as slow
     assert (gru.SB, gru.TU, gru.UB, gru.blocks, gru.shared_bytes) == (8, 128, 1, 128, 8192)
@@ -208,3 +212,33 @@ def test_phase_a_step_where_it_does_not_fit():
     steps = [st for st in plan.schedule.stages if st.root[0].op_type == "LSTMSteps"]
     assert [st.domain for st in steps] == ["items"] * 4 and steps[0].root[1].block is None
     assert len(steps[0].root[0].outputs) == 5
+
+
+@pytest.mark.parametrize("cell", ["GRU", "LSTM"])
+def test_torch_export_projection_inside(cell, tmp_path):
+    """torch's batch_first nn.GRU (linear_before_reset) / nn.LSTM, 2 layers, bidirectional, as the block
+    loop with the input projection inside the step: X read through the exporter's Transpose's source
+    (P's row order), Y stored through its chain of layout nodes; no projection stage; against torch."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    rnn = getattr(torch.nn, cell)(6, 8, num_layers=2, batch_first=True, bidirectional=True).eval()
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = rnn
+
+        def forward(self, x):
+            return self.rnn(x)[0]
+
+    x = torch.randn(3, 5, 6)
+    path = tmp_path / "rnn.onnx"
+    torch.onnx.export(Net(), (x,), str(path), input_names=["x"], output_names=["y"], opset_version=17, dynamo=False)
+    plan = analyze(str(path), batch_axis=None, target="cuda")
+    steps = _block_stages(plan)
+    assert len(steps) == 2 and all(st.root[1].block.fused for st in steps)
+    assert not any(st.root[0].op_type == "RecurrentProjection" for st in plan.schedule.stages)
+    with torch.no_grad():
+        want = Net()(x).numpy()
+    got = run_plan(plan, {"x": x.numpy()}, reverse=True)["y"]
+    np.testing.assert_allclose(np.asarray(got).reshape(want.shape), want, rtol=2e-5, atol=2e-5)
