@@ -16,7 +16,14 @@ the reads of step s. GRU without linear_before_reset needs r . h_{t-1} of every 
 its hidden gate: a third array [H][SB] and a barrier between the two parts (no extra launch). c and
 GRU's z stay in the registers of the thread that owns the unit. R is the per-step form's prepacked
 [D][k][gate * H + unit], read from global memory (L1 and L2) every step: a block reads all of its
-direction's R once a step, each value for SB rows.
+direction's R once a step, each value for SB rows. The k loop takes U k's an iteration, all their
+loads of R first (`unroll`): a k an iteration waited one L2 round trip a k, which made the zoo's steps
+5x slower than their bytes (the BiLSTM tagger 44 us a step, the GRU 18: benchmarks/NOTES.md).
+
+Where the estimate says so (`BlockLoop.fused`), the input projection X W^T runs inside the step too:
+each thread computes P of its rows and units from X's row (read in P's row order, the exporter's
+Transpose folded as the projection stage does) and W prepacked as R is, U k's an iteration, into
+registers; the node then has no projection stage and no P buffer (the zoo's GRU: one launch in all).
 
 Rows past the batch (the last group of a ragged batch) are the last row again: computed like it,
 their slots the thread's own, stored nowhere. The step itself, its gates, every attribute and the

@@ -7,7 +7,9 @@ Transpose([1, 0, 2]) (bidirectional: Transpose, Reshape, Transpose): on the CPU 
 Transpose was an element stage of its own (1.2-1.4 ms of a 64-row GRU of 128 units), the input's
 index arithmetic in every load of the projection. The projection reads X's source in the source's
 row order instead (`RecurrentProjection.swapped`), and the steps store Y's elements where the chain of layout nodes puts
-them (`RecurrentSteps.y_strides`), the chain's nodes removed; `forward` (the whole form) stores the same way."""
+them (`RecurrentSteps.y_strides`), the chain's nodes removed; `forward` (the whole form) stores the same way.
+On CUDA the block loop may take the projection inside its steps (operators/rnn_block.py `BlockLoop.fused`):
+then no projection node, the steps read X's source and W themselves."""
 from __future__ import annotations
 
 import numpy as np

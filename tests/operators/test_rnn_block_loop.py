@@ -242,3 +242,12 @@ def test_torch_export_projection_inside(cell, tmp_path):
         want = Net()(x).numpy()
     got = run_plan(plan, {"x": x.numpy()}, reverse=True)["y"]
     np.testing.assert_allclose(np.asarray(got).reshape(want.shape), want, rtol=2e-5, atol=2e-5)
+
+
+def test_recurrent_option_is_checked():
+    from luisaml.errors import UsageError
+    from luisaml.planning import CompileOptions
+
+    with pytest.raises(UsageError, match="recurrent must be"):
+        CompileOptions(recurrent="fused").resolve("cuda")
+    assert CompileOptions(recurrent="block").resolve("cuda").build_options().recurrent == "block"
