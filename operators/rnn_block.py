@@ -185,7 +185,9 @@ def choose(cell, split: bool, batched: bool, form: str = "auto") -> BlockLoop | 
         if clocks(SB) > phase_clocks(G, H, D, B, L2_CLOCK if form != "block" else L2_CLOCK_BLOCK):
             return None
     fused = False
-    if form == "auto" and I > 0:  # the projection inside: its own rows a block (W's bytes read by each)
+    # the projection inside: its own rows a block (W's bytes read by each). Not per sample: the estimate
+    # sees a sample's rows, not the batch's blocks that would each read W
+    if form == "auto" and I > 0 and not batched:
         FB = min(sides, key=lambda sb: (clocks(sb, True), sb))
         if S * clocks(FB, True) < S * clocks(SB) + projection_clocks(G, H, D, B, S, I):
             SB, fused = FB, True
