@@ -136,7 +136,7 @@ def rewrite(plan, gpu: bool, form: str = "auto") -> list[str]:
         src = x_source(x, producers)
         opt = [op.inputs[k] if op.has_input(k) and k < op.n_inputs() else None for k in range(3, 8)]
         # fused (rnn_block: the projection inside the steps): X's rows for P's, W after X
-        step_ins = [src or x if fused else proj, op.input(2)] + opt + [x] + ([op.input(1)] if fused else [])
+        step_ins = [(src or x) if fused else proj, op.input(2)] + opt + [x] + ([op.input(1)] if fused else [])
         outs = [op.outputs[k] if k < len(op.outputs) else None for k in range(3)]
         chain = y_chain(outs[0], readers, outputs)
         y_strides = None
