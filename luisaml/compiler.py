@@ -81,7 +81,8 @@ class BuildOptions:
     products' blocks stages as TF32 mma tiles (operators/tiled_mma.py, luisaml/rewrites/tensor_cores.py;
     not stored in a .lml: a loaded network runs the FP32 tiles); schedules: tuned schedules, ((node name, ((knob, value), ...)), ...),
     each set as the node's Operator.schedule (luisaml/tune.py; not stored in a .lml yet: a loaded
-    network runs the rules' choices)."""
+    network runs the rules' choices); recurrent: CUDA's recurrent steps (operators/rnn_block.py FORMS:
+    "auto", "unfused", "block" the block loop as first built, "steps" a phase a step; not stored in a .lml)."""
 
     fuse: str = "off"
     precision: str = "fp32"
@@ -94,6 +95,7 @@ class BuildOptions:
     winograd: int = 0
     tensor_cores: bool = False
     schedules: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
+    recurrent: str = "auto"
 
     def as_dict(self) -> dict[str, Any]:
         """The options by name, values as they are (what luisaml/artifact_model.py encodes)."""
@@ -141,7 +143,7 @@ def build_plan(prep: Prepared, model_name: str = "model", options: BuildOptions 
             if node.name in chosen:
                 op.schedule = dict(chosen[node.name])
     if options.schedule == "stages":  # RNN, GRU, LSTM: a GEMM and a phase per step (operators/rnn_stages.py)
-        rnn_rewrite.rewrite(plan, gpu=options.blocks)
+        rnn_rewrite.rewrite(plan, gpu=options.blocks, form=options.recurrent)
     plan.fused, plan.fusion_note = mlp_rewrite.fuse(plan, options.fuse, options.precision, options.mlp)
     if options.schedule != "stages":
         with phase("codegen"):

@@ -26,8 +26,8 @@ from .passes.infer import input_shapes as declared_shapes
 from .per_batch import PerBatchNetwork
 from .per_shape import PerShapeNetwork
 from .plan import Plan
-from .planning import (Backend, BatchAxis, CompileOptions, Float64, Fuse, FuseMode, GridBuild, Precision, Schedule,
-                       TensorCores, Tune, Winograd, build, fixed_batch, fixed_shapes, plan_for)
+from .planning import (Backend, BatchAxis, CompileOptions, Float64, Fuse, FuseMode, GridBuild, Precision, Recurrent,
+                       Schedule, TensorCores, Tune, Winograd, build, fixed_batch, fixed_shapes, plan_for)
 
 ModelSource = Union[str, "os.PathLike[str]", onnx.ModelProto]
 WeightsSource = Union[str, "os.PathLike[str]", bytes, Mapping[str, Any], None]
@@ -43,7 +43,7 @@ def analyze(model: ModelSource, weights: WeightsSource = None, *, batch_axis: Ba
             input_shapes: Mapping[str, list] | None = None, fuse: FuseMode = "off", precision: Precision = "fp32",
             float64: Float64 = "reject", limits: Limits | None = None, check_indices: bool = True,
             schedule: Schedule = "auto", mlp: MLPConfig | None = None, target: str = "cpu",
-            winograd: Winograd = "auto") -> Plan:
+            winograd: Winograd = "auto", recurrent: Recurrent = "auto") -> Plan:
     """Return the compile plan of a model without starting a device (what `inspect` shows); a
     graph whose batch moves is planned at batch 2 (it compiles per batch size when it runs).
 
@@ -55,7 +55,7 @@ def analyze(model: ModelSource, weights: WeightsSource = None, *, batch_axis: Ba
     # (its fuse is the mode itself; its grid ops are shown as built on the host, as compile's "host")
     opts = replace(CompileOptions(batch_axis, input_shapes, precision, float64=float64, limits=limits or DEFAULT_LIMITS,
                                   check_indices=check_indices, schedule=schedule, mlp=mlp, winograd=winograd,
-                                  grid_build="host").resolve(target), fuse=fuse)
+                                  grid_build="host", recurrent=recurrent).resolve(target), fuse=fuse)
     with phase("load", model=_model_name(model)):
         proto = loaders.load_proto(model, weights, limits=opts.limits)
     plan, _, _ = plan_for(proto, _model_name(model), opts)
@@ -97,6 +97,7 @@ def compile(
     grid_build: GridBuild = "auto",
     tensor_cores: TensorCores = False,
     tune: Tune = False,
+    recurrent: Recurrent = "auto",
 ) -> CompiledNetwork:
     """Return the model compiled for the chosen backend (a PerBatchNetwork or PerShapeNetwork
     where it compiles per batch size or per shape: both are CompiledNetworks to isinstance).
@@ -148,6 +149,11 @@ def compile(
     tuning cache is not read). Each candidate is built, checked against the rules' schedule and
     timed; the choices are kept in the tuning cache, so a second compile measures nothing. The
     plan's `tuning` says what was chosen (inspect shows it).
+    recurrent: on CUDA, how RNN, GRU and LSTM run their steps (operators/rnn_block.py): "auto" (one
+    launch of every step where it fits, the input projection inside it where that is estimated cheaper,
+    else a launch a step), "unfused" (the projection always a GEMM stage of its own), "block" (that
+    launch as first built, for comparisons) or "steps" (a launch a step); the CPU backend ignores it.
+    A saved .lml runs "auto".
     verbose: log the compile's phases at INFO (same as logging.getLogger("luisaml").setLevel)."""
     t0 = time.perf_counter()
     if verbose and not logger.isEnabledFor(20):
@@ -158,7 +164,7 @@ def compile(
     name = device.init(backend, tensor_cores=tensor_cores is not False)
     opts = CompileOptions(batch_axis, input_shapes, precision, fuse, float64, limits or DEFAULT_LIMITS, check_indices,
                           schedule, mlp, winograd=winograd, grid_build=grid_build,
-                          tensor_cores=tensor_cores, tune=tune).resolve(name)
+                          tensor_cores=tensor_cores, tune=tune, recurrent=recurrent).resolve(name)
     with phase("load", model=_model_name(model)):
         proto = loaders.load_proto(model, weights, limits=opts.limits)
     net = _compile_loaded(proto, _model_name(model), opts, name)

@@ -16,7 +16,14 @@ the reads of step s. GRU without linear_before_reset needs r . h_{t-1} of every 
 its hidden gate: a third array [H][SB] and a barrier between the two parts (no extra launch). c and
 GRU's z stay in the registers of the thread that owns the unit. R is the per-step form's prepacked
 [D][k][gate * H + unit], read from global memory (L1 and L2) every step: a block reads all of its
-direction's R once a step, each value for SB rows.
+direction's R once a step, each value for SB rows. The k loop takes U k's an iteration, all their
+loads of R first (`unroll`): a k an iteration waited one L2 round trip a k, which made the zoo's steps
+5x slower than their bytes (the BiLSTM tagger 44 us a step, the GRU 18: benchmarks/NOTES.md).
+
+Where the estimate says so (`BlockLoop.fused`), the input projection X W^T runs inside the step too:
+each thread computes P of its rows and units from X's row (read in P's row order, the exporter's
+Transpose folded as the projection stage does) and W prepacked as R is, U k's an iteration, into
+registers; the node then has no projection stage and no P buffer (the zoo's GRU: one launch in all).
 
 Rows past the batch (the last group of a ragged batch) are the last row again: computed like it,
 their slots the thread's own, stored nowhere. The step itself, its gates, every attribute and the
@@ -40,47 +47,95 @@ MAX_ACCUMULATORS = 64
 # static shared memory of a kernel (luisa launches with no dynamic shared memory)
 SHARED_BYTES = 48 * 1024
 
-# How many rows a block: the fewest clocks a step by an estimate (none of it measured yet) of an H100
-# or H200: the multiply-adds spread over the SMs in use (SMS, FMA_CLOCK each), and R, which every block
-# reads whole every step (as many times as there are blocks): through L2 in all (L2_CLOCK: A100's
-# whitepaper gives 5,120 bytes a clock, ~5.5 TB/s is what H100 microbenchmarks report) and into each
-# SM (SM_CLOCK). More rows a block read R fewer times but use fewer SMs; the zoo's GRU (1,024 rows,
-# 128 units, 192 KiB of R) takes 8 rows, 128 blocks: ~6,100 clocks a step, L2-bound (4 rows: 12,300).
-# A tie takes the fewer rows (more blocks, fewer registers).
+# How many rows a block: the fewest clocks a step by an estimate of an H100 or H200: the multiply-adds
+# spread over the SMs in use (SMS, FMA_CLOCK each), R, which every block reads whole every step (as
+# many times as there are blocks), through L2 in all (L2_CLOCK) and into each SM (SM_CLOCK), and the
+# k loop's round trips to L2 (LOAD_LATENCY each, H / U of them a gemv: a thread's loads of U k's are in
+# flight together, `unroll`). More rows a block read R fewer times but use fewer SMs. A tie takes the
+# fewer rows (more blocks, fewer registers).
 SMS = 132
 FMA_CLOCK = 128
-L2_CLOCK = 4096
 SM_CLOCK = 64
+# ~5.5 TB/s of L2 (what H100 microbenchmarks report) at ~1.98 GHz; the first estimate's 4,096 (A100's
+# whitepaper figure) is kept for the form as it was (`form="block"`)
+L2_CLOCK = 2800
+L2_CLOCK_BLOCK = 4096
+# a k an iteration, the zoo's steps measured one L2 round trip a k (NOTES.md, the H200 zoo: the BiLSTM
+# 44 us a step = 256 k x ~340 clocks at 1.98 GHz; the GRU 18 us = 128 k x ~275 clocks)
+LOAD_LATENCY = 300
+# k's an iteration at most, and R's registers a thread (gates x units x k's) at most
+MAX_UNROLL = 8
+UNROLL_REGISTERS = 64
 # The phase-a-step form instead where it is cheaper by the same estimate, with a phase costing at least
 # PHASE_CLOCKS (~35 us a phase of the zoo's GRU on an H100, benchmarks/NOTES.md): its tiles of 2 rows
 # read R half as many times as there are rows, spread over every SM. Only a wide cell over few rows
 # gets there (an LSTM of 4,096 units over 1 row: 2.3 ms a step on one SM against ~0.1 ms).
 PHASE_CLOCKS = 63_000
+# The input projection inside the block loop (`BlockLoop.fused`: each block computes X W^T of its rows a
+# step, W streamed like R) where the extra W bytes and round trips of S steps cost less than the
+# projection's stage: its GEMM by a fit of the H200 zoo's three (tensor cores; zoo-h200-tc.json: 12.6M
+# outputs of K = 64 in 0.19 ms, 8.4M of K = 128 in 0.19, 8.4M of K = 512 in 0.36): PROJ_OUTPUTS_CLOCK
+# outputs a clock (the tile's fixed work an output) plus PROJ_FLOP_CLOCK flops a clock; its P read back
+# by the steps (HBM_CLOCK bytes a clock, ~3.3 TB/s); a stage's launch and host work (STAGE_CLOCKS,
+# ~20 us: NOTES.md "net.run's wall time")
+PROJ_OUTPUTS_CLOCK = 32
+PROJ_FLOP_CLOCK = 19_000
+HBM_CLOCK = 1700
+STAGE_CLOCKS = 40_000
+# compile(recurrent=...): "auto" (this estimate, the k loops unrolled, the projection fused where
+# cheaper), "unfused" (the same, the projection always its own GEMM stage), "block" (the block loop as
+# first built: a k an iteration, rows by the first estimate; for A/B runs), "steps" (the phase-a-step form)
+FORMS = ("auto", "unfused", "block", "steps")
 
 
-def step_clocks(G: int, H: int, D: int, B: int, SB: int) -> float:
-    """Return the estimated clocks of a step of the block loop of SB rows a block (the rule above)."""
+def unroll(G: int, H: int, UB: int) -> int:
+    """Return the k's an iteration of the block loop's gemv: the most (MAX_UNROLL at most) dividing H
+    whose loads of R fit UNROLL_REGISTERS."""
+    return next(u for u in (8, 4, 2, 1) if u <= MAX_UNROLL and H % u == 0 and (u == 1 or G * UB * u <= UNROLL_REGISTERS))
+
+
+def step_clocks(G: int, H: int, D: int, B: int, SB: int, U: int | None = 1, passes: int = 1, I: int = 0,
+                UI: int = 1) -> float:
+    """Return the estimated clocks of a step of the block loop of SB rows a block (the rule above), its
+    gemv U k's an iteration in `passes` k loops (GRU without linear_before_reset: 2); U None: the first
+    estimate (no round trips, L2_CLOCK_BLOCK). I: the input projection's k's inside the step (fused;
+    UI k's an iteration), 0 where it is a GEMM stage of its own."""
     blocks = D * -(-B // SB)
-    r_bytes = 4 * G * H * H
-    fma = blocks * SB * G * H * H / (min(blocks, SMS) * FMA_CLOCK)
-    return max(fma, blocks * r_bytes / L2_CLOCK, -(-blocks // SMS) * r_bytes / SM_CLOCK)
+    r_bytes = 4 * G * H * (H + I)
+    fma = blocks * SB * G * H * (H + I) / (min(blocks, SMS) * FMA_CLOCK)
+    sm = -(-blocks // SMS) * r_bytes / SM_CLOCK
+    if U is None:
+        return max(fma, blocks * r_bytes / L2_CLOCK_BLOCK, sm)
+    trips = passes * (H // U) + (I // UI if I else 0)
+    return max(fma, blocks * r_bytes / L2_CLOCK, sm, trips * LOAD_LATENCY)
 
 
-def phase_clocks(G: int, H: int, D: int, B: int) -> float:
-    """Return the estimated clocks of a phase of the phase-a-step form (tiles of 2 rows)."""
-    return PHASE_CLOCKS + max(D * B * G * H * H / (SMS * FMA_CLOCK), D * -(-B // 2) * 4 * G * H * H / L2_CLOCK)
+def projection_clocks(G: int, H: int, D: int, B: int, S: int, I: int) -> float:
+    """Return the estimated clocks of the input projection as a stage (the rule above PROJ_FLOP_CLOCK)."""
+    outputs = S * B * D * G * H
+    return outputs / PROJ_OUTPUTS_CLOCK + 2 * outputs * I / PROJ_FLOP_CLOCK + 4 * outputs / HBM_CLOCK + STAGE_CLOCKS
+
+
+def phase_clocks(G: int, H: int, D: int, B: int, l2: float = L2_CLOCK) -> float:
+    """Return the estimated clocks of a phase of the phase-a-step form (tiles of 2 rows; l2: L2's bytes
+    a clock)."""
+    return PHASE_CLOCKS + max(D * B * G * H * H / (SMS * FMA_CLOCK), D * -(-B // 2) * 4 * G * H * H / l2)
 
 
 @dataclass(frozen=True)
 class BlockLoop:
     """The block loop's geometry: SB rows and TU threads a block (UB units a thread), its blocks
-    (per sample where the steps run per sample), shared memory."""
+    (per sample where the steps run per sample), shared memory, U k's an iteration of its gemv."""
 
     SB: int
     TU: int
     UB: int
     blocks: int
     shared_bytes: int
+    U: int = 1
+    # the input projection X W^T inside the step (no projection stage), its k loop UI k's an iteration
+    fused: bool = False
+    UI: int = 1
 
     @property
     def quad(self) -> bool:
@@ -89,24 +144,35 @@ class BlockLoop:
 
     def describe(self) -> str:
         units = f"{self.UB} units" if self.UB > 1 else "a unit"
+        ks = f", {self.U} k's an iteration (R's loads first)" if self.U > 1 else ""
+        if self.fused:
+            ks += f", X W^T inside the step ({self.UI} k's an iteration)"
         return (f"one launch for every step: {self.blocks} block(s) of {self.TU} threads, a block {self.SB} row(s) of a "
-                f"direction, a thread {units} of them, h in {self.shared_bytes:,} bytes of shared memory, a barrier a step")
+                f"direction, a thread {units} of them, h in {self.shared_bytes:,} bytes of shared memory, a barrier a step{ks}")
 
 
-def choose(cell, split: bool, batched: bool) -> BlockLoop | None:
+def choose(cell, split: bool, batched: bool, form: str = "auto") -> BlockLoop | None:
     """Return the block loop of a recurrent node on CUDA (cell: its operators/rnn.py operator;
-    split: GRU without linear_before_reset; batched: its steps run per sample), or None where it keeps
-    the phase-a-step form: shared memory over SHARED_BYTES or accumulators over MAX_ACCUMULATORS at
-    one row a block, or (a fixed batch) a step estimated slower than a phase of that form."""
-    G, H, D, B = cell.gates, cell.H, cell.D, cell.B
+    split: GRU without linear_before_reset; batched: its steps run per sample; form: compile's
+    `recurrent`, FORMS), or None where it keeps the phase-a-step form: form "steps", shared memory over
+    SHARED_BYTES or accumulators over MAX_ACCUMULATORS at one row a block, or (a fixed batch) a step
+    estimated slower than a phase of that form."""
+    if form == "steps":
+        return None
+    G, H, D, B, S, I = cell.gates, cell.H, cell.D, cell.B, cell.S, cell.I
     UB = -(-H // MAX_THREADS)
     TU = -(-H // UB)
     if G * UB > MAX_ACCUMULATORS:  # (LSTM past 4,096 units, GRU past 5,376: registers would spill)
         return None
     slots = 3 if split else 2
+    U = unroll(G, H, UB) if form != "block" else 1
+    UI = unroll(G, I, UB)
 
     def shared(sb: int) -> int:
         return 4 * slots * sb * H
+
+    def clocks(sb: int, fused: bool = False) -> float:
+        return step_clocks(G, H, D, B, sb, U if form != "block" else None, 2 if split else 1, I if fused else 0, UI)
 
     cap = min(MAX_ROWS, MAX_ACCUMULATORS // (G * UB))
     sides = [sb for sb in (1, 2, 4, 8) if sb <= cap and (sb == 1 or shared(sb) <= SHARED_BYTES)]
@@ -115,10 +181,17 @@ def choose(cell, split: bool, batched: bool) -> BlockLoop | None:
     if batched:  # a sample's rows (the batch fills the GPU): as many as it has
         SB = max(sb for sb in sides if sb <= B or sb == 1)
     else:
-        SB = min(sides, key=lambda sb: (step_clocks(G, H, D, B, sb), sb))
-        if step_clocks(G, H, D, B, SB) > phase_clocks(G, H, D, B):
+        SB = min(sides, key=lambda sb: (clocks(sb), sb))
+        if clocks(SB) > phase_clocks(G, H, D, B, L2_CLOCK if form != "block" else L2_CLOCK_BLOCK):
             return None
-    return BlockLoop(SB, TU, UB, D * -(-B // SB), shared(SB))
+    fused = False
+    # the projection inside: its own rows a block (W's bytes read by each). Not per sample: the estimate
+    # sees a sample's rows, not the batch's blocks that would each read W
+    if form == "auto" and I > 0 and not batched:
+        FB = min(sides, key=lambda sb: (clocks(sb, True), sb))
+        if S * clocks(FB, True) < S * clocks(SB) + projection_clocks(G, H, D, B, S, I):
+            SB, fused = FB, True
+    return BlockLoop(SB, TU, UB, D * -(-B // SB), shared(SB), U, fused, UI if fused else 1)
 
 
 class SharedState(State):
@@ -241,7 +314,9 @@ def emit(op, ctx, item: str, thread: str) -> None:
     ctx.line("sync_block()")
     with ctx.loop(S, "s") as s:
         st.step(s)
-        step = Step(op, ctx, d, rows, ok, s, units, consecutive=False, unit_ok=unit_ok, lens=lens)
+        step = Step(op, ctx, d, rows, ok, s, units, consecutive=False, unit_ok=unit_ok, lens=lens, unroll=bl.U)
+        if bl.fused:
+            step.project(bl.UI)
         if op.split:
             step.cell(st, 0)
             ctx.line("sync_block()")  # every unit's r . h_{t-1} before the hidden gate reads them

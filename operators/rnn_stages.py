@@ -22,7 +22,9 @@ thread walking the whole sequence (operators/rnn.py's form, which `forward` keep
    every step of its rows, whose states no other thread reads (no phase boundary needed), so the
    recurrence costs one dispatch instead of S (`RecurrentSteps.loop`). On CUDA, where it fits, the
    steps are one blocks phase: a block per (direction, row group) runs every step with h in shared
-   memory and a barrier a step, the state on chip (operators/rnn_block.py, `RecurrentSteps.block`).
+   memory and a barrier a step, the state on chip (operators/rnn_block.py, `RecurrentSteps.block`);
+   where its estimate says so the projection runs inside that launch (`BlockLoop.fused`: no
+   RecurrentProjection node; the steps' input 0 is X in P's row order, input 8 W).
 
 Every attribute of operators/rnn.py is kept (directions, layouts, activations with alpha/beta, clip,
 linear_before_reset, input_forget, peepholes, sequence_lens, initial states, all outputs). A node is
@@ -134,7 +136,8 @@ class RecurrentSteps(Operator):
     """The recurrence over a projection P: a phase per step (two for GRU without
     linear_before_reset), a first phase for the initial states; on the CPU one phase of them all, on
     CUDA one blocks phase of them all where `block` is given (operators/rnn_block.py). Inputs: P, R,
-    B, sequence_lens, initial_h, initial_c, peepholes, X (kept live for `forward`'s whole form);
+    B, sequence_lens, initial_h, initial_c, peepholes, X (kept live for `forward`'s whole form), and
+    block.fused (the projection inside the steps): X's rows in P's place and W a ninth input;
     outputs: Y, Y_h, Y_c, then (not the block loop) the h ping-pong buffer, c, GRU's [z, r . h] buffer."""
 
     phased = True
@@ -201,6 +204,18 @@ class RecurrentSteps(Operator):
 
         return self.blob.add_packed(f"{r.name}/recurrent[{c.D}x{H}x{G * H}]",
                                     lambda: np.ascontiguousarray(np.asarray(r.value, np.float32).transpose(0, 2, 1)))
+
+    def packed_w(self) -> int | None:
+        """Return the byte offset of W^T [D][I (k)][G * H] in the weight blob (the block loop's projection
+        inside the step: input 8), or None when W is not a constant."""
+        w = self.input(8)
+        if w.value is None:
+            return None
+        c = self.cell
+        import numpy as np
+
+        return self.blob.add_packed(f"{w.name}/input[{c.D}x{c.I}x{c.gates * c.H}]",
+                                    lambda: np.ascontiguousarray(np.asarray(w.value, np.float32).transpose(0, 2, 1)))
 
     # ---- indices --------------------------------------------------------------------------------
     def _state_index(self, d: str, b: str, u: str) -> str:

@@ -110,9 +110,13 @@ class Step:
     sequence length (None: loaded here)."""
 
     def __init__(self, op, ctx, d: str, rows: list[str], ok: list[str | None], s: str, units: list[str],
-                 consecutive: bool = True, unit_ok: list[str | None] | None = None, lens: list[str] | None = None):
+                 consecutive: bool = True, unit_ok: list[str | None] | None = None, lens: list[str] | None = None,
+                 unroll: int = 1):
         self.op, self.ctx, self.d, self.rows, self.ok, self.s, self.units = op, ctx, d, rows, ok, s, units
         self.consecutive = consecutive
+        # the scalar gemv's k's a loop iteration, R's loads of all of them first (the block loop's:
+        # rnn_block.unroll); 1: a k an iteration
+        self.unroll = unroll
         # False: a step known not to be the last (no Y_h / Y_c stores: clang's loop vectoriser does not
         # take gate_acts' loop with them)
         self.last = None
@@ -138,6 +142,8 @@ class Step:
 
     # ---- loads ------------------------------------------------------------------------------------
     def pload(self, j: int, g: int, u: str) -> str:
+        if getattr(self, "p_regs", None) is not None:  # the projection inside the step (`project`)
+            return self.p_regs[g, j, self.units.index(u)]
         op, c = self.op, self.op.cell
         D, G, H = c.D, c.gates, c.H
         return op.input(0).load(ix.add(ix.mul(op._row(self.times[j], self.rows[j]), D * G * H), ix.mul(self.d, G * H),
@@ -172,6 +178,10 @@ class Step:
                 for i in range(UB):
                     acc[g, j, i] = ctx.fresh("acc")
                     ctx.line(f"{acc[g, j, i]} = {init(g, j, i)}")
+        U = self.unroll if H % self.unroll == 0 else 1
+        if U > 1:
+            self.gemv_unrolled(gates, src, acc, U)
+            return acc
         with ctx.loop(H, "k") as k:
             hv = [ctx.let(src(j, k), "hv") for j in range(SB)]
             vals = {}  # R[d, g * H + u_i, k], each loaded once
@@ -198,6 +208,45 @@ class Step:
                         ctx.line(f"{acc[g, j, i]} = fma({hv[j]}, {vals[g, i]}, {acc[g, j, i]})")
         return acc
 
+    def r_loads(self, gates: list[int], k: str) -> dict:
+        """Emit the loads of R[d, g * H + u_i, k] for the gates and this thread's units (any units: the
+        block loop's); return them by (g, i)."""
+        ctx, c = self.ctx, self.op.cell
+        G, H = c.gates, c.H
+        vals = {}
+        if self.packed is not None:
+            kb = ctx.let(ix.add(self.pbase, ix.mul(k, G * H * 4)), "rk")
+            for g in gates:
+                for i in range(len(self.units)):
+                    at = ix.add(kb, ix.mul(ix.add(str(g * H), self.units[i]), 4))
+                    vals[g, i] = ctx.let(f"weights.read(float, {at})", "rw")
+            return vals
+        r = self.op.input(1)
+        for g in gates:
+            for i in range(len(self.units)):
+                at = ix.add(ix.mul(ix.add(ix.mul(self.d, G * H), str(g * H), self.units[i]), H), k)
+                vals[g, i] = ctx.let(upcast(r.load(at), r.dtype), "rw")
+        return vals
+
+    def gemv_unrolled(self, gates: list[int], src, acc: dict, U: int, K: int | None = None, loads=None) -> None:
+        """gemv's k loop, U k's an iteration: the loads of R for all U first, then each k's multiply-adds
+        in k order (each accumulator sums in the same order as a k an iteration: the same bits). A k an
+        iteration waited one L2 round trip per k (~300 clocks: the zoo's steps on the H100/H200,
+        benchmarks/NOTES.md); U k's put U times the loads in flight before the first wait. K, loads:
+        another matrix's k's and loads (`project`'s W; default H and R)."""
+        ctx = self.ctx
+        K, loads = K or self.op.cell.H, loads or self.r_loads
+        SB, UB = len(self.rows), len(self.units)
+        with ctx.loop(K // U, "kq") as kq:
+            ks = [ctx.let(ix.add(ix.mul(kq, U), str(e)), "k") for e in range(U)]
+            vals = [loads(gates, k) for k in ks]
+            for e, k in enumerate(ks):
+                hv = [ctx.let(src(j, k), "hv") for j in range(SB)]
+                for g in gates:
+                    for j in range(SB):
+                        for i in range(UB):
+                            ctx.line(f"{acc[g, j, i]} = fma({hv[j]}, {vals[e][g, i]}, {acc[g, j, i]})")
+
     def gemv4(self, gates: list[int], init, src) -> dict:
         ctx, c = self.ctx, self.op.cell
         G, H = c.gates, c.H
@@ -218,6 +267,50 @@ class Step:
                         ctx.line(f"{acc[g, j, q]} = fma({hv[j]}, {rq}, {acc[g, j, q]})")
         lanes = {(g, j, i): f"{acc[g, j, i // 4]}.{'xyzw'[i % 4]}" for g in gates for j in range(SB) for i in range(UB)}
         return {**lanes, **{("float4", g, j, q): v for (g, j, q), v in acc.items()}}
+
+    def project(self, U: int) -> None:
+        """The block loop's input projection inside the step (rnn_block.BlockLoop.fused; op's input 0 is
+        X in P's row order, input 8 W): P of this thread's rows, every gate and unit, x_t W^T + Wb + Rb
+        (GRU's hidden gate with linear_before_reset without Rb, as RecurrentProjection's), into registers
+        that pload reads; its k loop U k's an iteration, W prepacked as R is (op.packed_w)."""
+        ctx, op, c = self.ctx, self.op, self.op.cell
+        G, H, I = c.gates, c.H, c.I
+        x, w, bias = op.input(0), op.input(8), op._opt(2)
+        packed = op.packed_w()
+        wbase = ctx.let(ix.add(str(packed), ix.mul(ix.mul(self.d, I * G * H), 4)), "wp") if packed is not None else None
+        lbr = c.cell == "gru" and c.linear_before_reset
+
+        def w_loads(gates, k):
+            vals = {}
+            kb = ctx.let(ix.add(wbase, ix.mul(k, G * H * 4)), "wk") if wbase is not None else None
+            for g in gates:
+                for i, u in enumerate(self.units):
+                    if kb is not None:
+                        vals[g, i] = ctx.let(f"weights.read(float, {ix.add(kb, ix.mul(ix.add(str(g * H), u), 4))})", "ww")
+                    else:
+                        vals[g, i] = ctx.let(upcast(w.load(ix.add(ix.mul(ix.add(ix.mul(self.d, G * H), str(g * H), u), I), k)),
+                                                    w.dtype), "ww")
+            return vals
+
+        def x_k(j, k):
+            return upcast(x.load(ix.add(ix.mul(op._row(self.times[j], self.rows[j]), I), k)), x.dtype)
+
+        acc = {}
+        for g in range(G):
+            for j in range(len(self.rows)):
+                for i in range(len(self.units)):
+                    acc[g, j, i] = ctx.fresh("pacc")
+                    ctx.line(f"{acc[g, j, i]} = 0.0")
+        self.gemv_unrolled(list(range(G)), x_k, acc, U, I, w_loads)
+        self.p_regs = {}
+        for (g, j, i), a in acc.items():
+            if bias is None:
+                self.p_regs[g, j, i] = a
+                continue
+            at = ix.add(ix.mul(self.d, 2 * G * H), str(g * H), self.units[i])
+            wb = upcast(bias.load(at), bias.dtype)
+            rb = "" if lbr and g == 2 else f" + {upcast(bias.load(ix.add(at, str(G * H))), bias.dtype)}"
+            self.p_regs[g, j, i] = ctx.let(f"{a} + {wb}{rb}", "p")
 
     # ---- activations ------------------------------------------------------------------------------
     def tanh4(self, x: str, k=lambda v: f"float4({v!r})") -> str:

@@ -7,7 +7,9 @@ Transpose([1, 0, 2]) (bidirectional: Transpose, Reshape, Transpose): on the CPU 
 Transpose was an element stage of its own (1.2-1.4 ms of a 64-row GRU of 128 units), the input's
 index arithmetic in every load of the projection. The projection reads X's source in the source's
 row order instead (`RecurrentProjection.swapped`), and the steps store Y's elements where the chain of layout nodes puts
-them (`RecurrentSteps.y_strides`), the chain's nodes removed; `forward` (the whole form) stores the same way."""
+them (`RecurrentSteps.y_strides`), the chain's nodes removed; `forward` (the whole form) stores the same way.
+On CUDA the block loop may take the projection inside its steps (operators/rnn_block.py `BlockLoop.fused`):
+then no projection node, the steps read X's source and W themselves."""
 from __future__ import annotations
 
 import numpy as np
@@ -90,9 +92,10 @@ def y_chain(y, readers, outputs: set[str]):
     return t, strides, chain
 
 
-def rewrite(plan, gpu: bool) -> list[str]:
+def rewrite(plan, gpu: bool, form: str = "auto") -> list[str]:
     """Replace every qualifying RNN, GRU and LSTM node of the plan's main graph by its projection and
-    its steps (above); return the names of the nodes rewritten (the plan's storage is planned again)."""
+    its steps (above); return the names of the nodes rewritten (the plan's storage is planned again).
+    form: CUDA's steps (compile's `recurrent`, operators/rnn_block.py FORMS)."""
     main = plan.main
     ops, done = [], []
 
@@ -115,10 +118,11 @@ def rewrite(plan, gpu: bool) -> list[str]:
         batched = x.batched
         D, G, H, B = op.D, op.gates, op.H, op.B
         base = node.outputs[0] or node.name
-        proj = tensor(f"{base}/projection", (x.numel // op.I, D * G * H), batched)
         split = op.cell == "gru" and not op.linear_before_reset
         # CUDA: the whole sequence in one launch, the state on chip, where it fits (operators/rnn_block.py)
-        block = rnn_block.choose(op, split, batched) if gpu else None
+        block = rnn_block.choose(op, split, batched, form) if gpu else None
+        fused = block is not None and block.fused
+        proj = None if fused else tensor(f"{base}/projection", (x.numel // op.I, D * G * H), batched)
         extra = []
         if block is None:
             extra.append(tensor(f"{base}/h_state", (2, D, B, H), batched))
@@ -130,10 +134,9 @@ def rewrite(plan, gpu: bool) -> list[str]:
                 extra.append(tensor(f"{base}/z_rh", (2, D, B, H), batched))
         bias = op.inputs[3] if op.has_input(3) else None
         src = x_source(x, producers)
-        n_proj = Node(f"{node.name}/projection", "RecurrentProjection", "luisaml",
-                      [(src or x).name, op.input(1).name] + ([bias.name] if bias is not None else []), [proj.name])
         opt = [op.inputs[k] if op.has_input(k) and k < op.n_inputs() else None for k in range(3, 8)]
-        step_ins = [proj, op.input(2)] + opt + [x]
+        # fused (rnn_block: the projection inside the steps): X's rows for P's, W after X
+        step_ins = [(src or x) if fused else proj, op.input(2)] + opt + [x] + ([op.input(1)] if fused else [])
         outs = [op.outputs[k] if k < len(op.outputs) else None for k in range(3)]
         chain = y_chain(outs[0], readers, outputs)
         y_strides = None
@@ -145,10 +148,13 @@ def rewrite(plan, gpu: bool) -> list[str]:
             dropped |= {n.name for n, _ in nodes}
         n_steps = Node(node.name, f"{node.op_type}Steps", "luisaml", [t.name if t is not None else "" for t in step_ins],
                        [t.name if t is not None else "" for t in outs] + [t.name for t in extra])
-        ops += [(n_proj, RecurrentProjection(n_proj, [src or x, op.input(1)] + ([bias] if bias is not None else []), [proj], op,
-                                             swapped=src is not None)),
-                (n_steps, RecurrentSteps(n_steps, step_ins, outs + extra, op, gpu, plan.blob, swapped=src is not None,
-                                         y_strides=y_strides, block=block))]
+        if not fused:
+            n_proj = Node(f"{node.name}/projection", "RecurrentProjection", "luisaml",
+                          [(src or x).name, op.input(1).name] + ([bias.name] if bias is not None else []), [proj.name])
+            ops.append((n_proj, RecurrentProjection(n_proj, [src or x, op.input(1)] + ([bias] if bias is not None else []),
+                                                    [proj], op, swapped=src is not None)))
+        ops.append((n_steps, RecurrentSteps(n_steps, step_ins, outs + extra, op, gpu, plan.blob, swapped=src is not None,
+                                            y_strides=y_strides, block=block)))
         done.append(node.name)
     if done:
         main.ops = ops

@@ -41,6 +41,9 @@ def _split(feeds):
 def _geometry(monkeypatch, name):
     for key, value in zip(("SMS", "MAX_ROWS", "MAX_THREADS"), GEOMETRIES[name]):
         monkeypatch.setattr(rnn_block, key, value)
+    # the k loop's round trips are most of these small cells' estimate (a tie at any rows): left out, the
+    # SMs and L2 decide the rows as GEOMETRIES says
+    monkeypatch.setattr(rnn_block, "LOAD_LATENCY", 0)
 
 
 def _block_stages(plan):
@@ -54,8 +57,8 @@ def _block_stages(plan):
     return steps
 
 
-def _check(model, feeds, want=None, reverse=False, tol=2e-5):
-    plan = analyze(model, batch_axis=None, target="cuda")
+def _check(model, feeds, want=None, reverse=False, tol=2e-5, form="auto"):
+    plan = analyze(model, batch_axis=None, target="cuda", recurrent=form)
     steps = _block_stages(plan)
     got = run_plan(plan, feeds, reverse=reverse)
     for name, w in (want or ort_run(model, feeds)).items():
@@ -72,8 +75,19 @@ def test_block_loop_matches_onnxruntime(monkeypatch, op, extra, geometry):
     feeds, inits = _split(feeds)
     model = graph_model(nodes, feeds, inits, opset=22)
     want = ort_run(model, feeds)
-    for reverse in (False, True):
-        plan, steps = _check(model, feeds, want, reverse)
+    got = {}
+    # the k loop unrolled (8 or 4 k's an iteration) with the projection inside the step (no projection
+    # stage) and without, and the form as first built
+    for form in ("auto", "unfused", "block"):
+        for reverse in (False, True):
+            plan, steps = _check(model, feeds, want, reverse, form=form)
+        got[form] = run_plan(plan, feeds)
+        us = {st.root[1].block.U for st in steps}
+        assert us == {1} if form == "block" else us <= {4, 8} and len(us) >= 1
+        assert all(st.root[1].block.fused == (form == "auto") for st in steps)
+        assert sum(st.root[0].op_type == "RecurrentProjection" for st in plan.schedule.stages) == (0 if form == "auto" else 3)
+    for name in want:  # each accumulator sums in the same order either way: the same bits
+        np.testing.assert_array_equal(got["unfused"][name], got["block"][name], err_msg=name)
     sb = {st.root[1].block.SB for st in steps}
     ub = {st.root[1].block.UB for st in steps}
     assert sb == ({8} if geometry == "units" and op == "RNN" else ROWS[geometry])  # (RNN: 1 gate, room for 8 rows)
@@ -156,17 +170,25 @@ def test_choose():
     48 KiB or accumulators past 64 at one row a block, or a step estimated slower than a phase of the
     phase-a-step form (a wide cell over few rows), keeps that form."""
     class Cell:
-        def __init__(self, gates, H, B, D=1):
-            self.gates, self.H, self.B, self.D = gates, H, B, D
+        def __init__(self, gates, H, B, D=1, S=32, I=64):
+            self.gates, self.H, self.B, self.D, self.S, self.I = gates, H, B, D, S, I
 
     gru = rnn_block.choose(Cell(3, 128, 1024), False, False)  # the zoo's: L2-bound, 4 rows twice as slow
     assert (gru.SB, gru.TU, gru.UB, gru.blocks, gru.shared_bytes) == (8, 128, 1, 128, 8192)
-    assert rnn_block.step_clocks(3, 128, 1, 1024, 4) == 2 * rnn_block.step_clocks(3, 128, 1, 1024, 8)
+    assert gru.U == 8  # 8 k's an iteration: 24 loads of R in flight a thread
+    assert rnn_block.step_clocks(3, 128, 1, 1024, 4, 8) == 2 * rnn_block.step_clocks(3, 128, 1, 1024, 8, 8)
+    # a k an iteration: 128 round trips to L2 a step, past every other term
+    assert rnn_block.step_clocks(3, 128, 1, 1024, 8, 1) == 128 * rnn_block.LOAD_LATENCY
     assert rnn_block.choose(Cell(3, 128, 1024), True, False).shared_bytes == 12288  # r . h as well
     lstm = rnn_block.choose(Cell(4, 128, 1024, D=2), False, False)
     assert (lstm.SB, lstm.blocks) == (8, 256)
     assert rnn_block.choose(Cell(3, 8, 5), False, False).SB == 1  # a tie: the most blocks
-    assert rnn_block.choose(Cell(4, 256, 64, D=2), False, False).SB == 2  # the zoo's BiLSTM tagger: 64 blocks
+    bilstm = rnn_block.choose(Cell(4, 256, 64, D=2), False, False)  # the zoo's BiLSTM tagger
+    assert (bilstm.SB, bilstm.blocks, bilstm.U) == (4, 32, 8)  # 2 rows: 64 MiB of L2 reads a step, 4 rows 32
+    first = rnn_block.choose(Cell(4, 256, 64, D=2), False, False, "block")  # the form as first built
+    assert (first.SB, first.blocks, first.U) == (2, 64, 1)
+    assert rnn_block.choose(Cell(4, 256, 64, D=2), False, False, "steps") is None
+    assert rnn_block.unroll(4, 1024, 4) == 4 and rnn_block.unroll(3, 12, 1) == 4 and rnn_block.unroll(4, 7, 1) == 1
     wide = rnn_block.choose(Cell(4, 512, 1024), False, False)
     assert (wide.TU, wide.UB, wide.SB, wide.shared_bytes) == (256, 2, 8, 32768)
     assert rnn_block.choose(Cell(4, 1024, 1024), False, False).SB == 4  # 4 units a thread: 4 rows, 32 KiB
@@ -190,3 +212,42 @@ def test_phase_a_step_where_it_does_not_fit():
     steps = [st for st in plan.schedule.stages if st.root[0].op_type == "LSTMSteps"]
     assert [st.domain for st in steps] == ["items"] * 4 and steps[0].root[1].block is None
     assert len(steps[0].root[0].outputs) == 5
+
+
+@pytest.mark.parametrize("cell", ["GRU", "LSTM"])
+def test_torch_export_projection_inside(cell, tmp_path):
+    """torch's batch_first nn.GRU (linear_before_reset) / nn.LSTM, 2 layers, bidirectional, as the block
+    loop with the input projection inside the step: X read through the exporter's Transpose's source
+    (P's row order), Y stored through its chain of layout nodes; no projection stage; against torch."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    rnn = getattr(torch.nn, cell)(6, 8, num_layers=2, batch_first=True, bidirectional=True).eval()
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = rnn
+
+        def forward(self, x):
+            return self.rnn(x)[0]
+
+    x = torch.randn(3, 5, 6)
+    path = tmp_path / "rnn.onnx"
+    torch.onnx.export(Net(), (x,), str(path), input_names=["x"], output_names=["y"], opset_version=17, dynamo=False)
+    plan = analyze(str(path), batch_axis=None, target="cuda")
+    steps = _block_stages(plan)
+    assert len(steps) == 2 and all(st.root[1].block.fused for st in steps)
+    assert not any(st.root[0].op_type == "RecurrentProjection" for st in plan.schedule.stages)
+    with torch.no_grad():
+        want = Net()(x).numpy()
+    got = run_plan(plan, {"x": x.numpy()}, reverse=True)["y"]
+    np.testing.assert_allclose(np.asarray(got).reshape(want.shape), want, rtol=2e-5, atol=2e-5)
+
+
+def test_recurrent_option_is_checked():
+    from luisaml.errors import UsageError
+    from luisaml.planning import CompileOptions
+
+    with pytest.raises(UsageError, match="recurrent must be"):
+        CompileOptions(recurrent="fused").resolve("cuda")
+    assert CompileOptions(recurrent="block").resolve("cuda").build_options().recurrent == "block"

@@ -82,7 +82,7 @@ def test_cuda_tile_and_a_kernel_a_stage(tmp_path, monkeypatch):
     CPU: 2 rows x 4 units a thread (float4 R), a kernel a stage with the steps of each node one shared
     kernel (one branch for all steps); equal to onnxruntime, also loaded back from an artifact."""
     orig = rnn_rewrite.rewrite
-    monkeypatch.setattr(rnn_rewrite, "rewrite", lambda plan, gpu: orig(plan, True))
+    monkeypatch.setattr(rnn_rewrite, "rewrite", lambda plan, gpu, form="auto": orig(plan, True, form))
     monkeypatch.setattr(rnn_rewrite.rnn_block, "choose", lambda *a: None)
     nodes, feeds = merge(case("GRU", 0, S=4, B=5, I=3, H=8, use=EVERY, seed=8),
                          case("LSTM", 1, S=4, B=5, I=3, H=8, direction="bidirectional", use=EVERY, seed=9))
