@@ -368,6 +368,11 @@ class Dense(Operator):
     # tile rows are this many consecutive samples (ResNet-18's 512 -> 1000 Gemm at batch 32: 0.18 ms
     # as items, each sample's thread re-reading the 2 MB of weights)
     GROUP = 64
+    # (tensor cores) such a layer's samples a block on the mma tile (operators/tiled_mma.py): its tile's
+    # rows, 128 for the 128-row tile of 8 warps that measured 36-73 TFLOP/s on large products on the H100,
+    # where the FP32 tile of GROUP samples ran NeRF's 256 -> 256 layers at ~24 (benchmarks/NOTES.md,
+    # "Products over samples on the tensor-core tile"); 0 keeps the FP32 tile (an A/B switch)
+    MMA_GROUP = 128
     # the tensor-core tile (operators/tiled_mma.py) where the plan asks for it: "tf32", or False
     tensor_cores = False
     # set on a plan without blocks stages (the CPU backend; luisaml/compiler.py): the items form
@@ -426,6 +431,14 @@ class Dense(Operator):
         if any(t.dtype.dsl != "float" for t in (self.input(0), self.input(1), self.output())):
             return None
         if self.sample_rows():
+            if self.tensor_cores and self.MMA_GROUP:
+                from . import tiled_mma
+
+                # the tile's rows are MMA_GROUP samples (block_samples); None where N or K is under a
+                # warp's tile (a head of 1-10 outputs, a first layer of 2-3 inputs): the FP32 tile then
+                mma = tiled_mma.choose(self.MMA_GROUP, self.N, self.K, 1)
+                if mma is not None:
+                    return mma
             return tiled.choose(self.GROUP, self.N, self.K, 1, m_fast=False)
         if self.tensor_cores:  # (luisaml/rewrites/tensor_cores.py: compile(tensor_cores="auto") found them live)
             from . import tiled_mma
@@ -438,7 +451,9 @@ class Dense(Operator):
         return tiled.tuned(tiled.choose(self.M, self.N, self.K, self.nbatch, m_fast=False), self.schedule)
 
     def block_samples(self) -> int:
-        return self.GROUP if self.sample_rows() and self.block_tiling() is not None else 1
+        """A tile of samples (sample_rows): its rows, GROUP on the FP32 tile or MMA_GROUP on the mma tile."""
+        tl = self.block_tiling() if self.sample_rows() else None
+        return tl.M if tl is not None else 1
 
     def emit_block(self, ctx, item: str, thread: str) -> None:
         from . import tiled
@@ -447,8 +462,9 @@ class Dense(Operator):
         load_a, load_b, finish, _ = self.loaders()
         packed = self.packed_b()
         tl = self.block_tiling()
+        mma = getattr(tl, "mma", False)
         if self.sample_rows():  # row m of the tile: row 0 of sample `sample + m`, read and written there
-            limit = tiled.group_rows(ctx, self.GROUP)
+            limit = tiled.group_rows(ctx, tl.M)
 
             def a_row(bi, m):
                 s = ctx.let(ix.add(ctx.sample, m), "rs")
@@ -467,6 +483,12 @@ class Dense(Operator):
                 with tiled.at_group_sample(ctx, m, name=False):
                     return y.store(n, value)
 
+            if mma:  # (the group's one row block: a group holds at least one sample, the tile never idles)
+                from . import tiled_mma
+
+                tiled_mma.emit(ctx, tl, item, thread, a_row, self._b_column(ctx, load_b, packed), finish_row,
+                               store_row, a_m_contiguous=False, m_limit=limit)
+                return
             tiled.emit(ctx, tl, item, thread, a_row, self._b_column(ctx, load_b, packed), finish_row, store_row,
                        a_m_contiguous=False, m_limit=limit)
             return
@@ -474,7 +496,7 @@ class Dense(Operator):
         def store(bi, m, n, value):
             return y.store(ix.add(ix.mul(bi, M * N), ix.mul(m, N), n), value)
 
-        if getattr(tl, "mma", False):
+        if mma:
             from . import tiled_mma
 
             tiled_mma.emit(ctx, tl, item, thread, lambda bi, m: (lambda k: load_a(bi, m, k)),
