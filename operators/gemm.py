@@ -13,6 +13,7 @@ from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import bind, literal
 
+from . import gemm_rows
 from .common import compute_dtype, convert, emit_epilogue_loop, loops_epilogue, upcast
 from .gemm_shapes import (  # noqa: F401 (the shapes' rules, importable from here as before)
     CPU_NARROW_ACC, MAX_ACC, MAX_TUNED_ACC, MAX_TUNED_ROWS, NARROW, SQUARE, UNALIGNED_ROWS, WIDE, block_columns, chains, item_candidates, item_choice, tile_shape)
@@ -107,7 +108,9 @@ class Dense(Operator):
         (`no_blocks`: the CPU backend), where every float product takes them."""
         if self.no_blocks:
             return all(t.dtype.dsl == "float" for t in (self.input(0), self.input(1), self.output()))
-        return self.block_tiling() is not None
+        tl = self.block_tiling()
+        # (a warp a sample, gemm_rows.py: a head once items alone; its items form stays CUDA's with blocks off)
+        return tl is not None and not getattr(tl, "warp_rows", False)
 
     def packed_b(self, panels: bool = False):
         """Return (byte offset in the blob, words per k row, words per batch entry of B, words per
@@ -373,6 +376,10 @@ class Dense(Operator):
     # where the FP32 tile of GROUP samples ran NeRF's 256 -> 256 layers at ~24 (benchmarks/NOTES.md,
     # "Products over samples on the tensor-core tile"); 0 keeps the FP32 tile (an A/B switch)
     MMA_GROUP = 128
+    # such a layer of at most gemm_rows.MAX_COLUMNS columns (a head: too narrow for a tile) and K of at
+    # least this: a warp a sample, its lanes splitting k (operators/gemm_rows.py; cifar-cnn's 2,048 -> 10
+    # took 0.57 ms of the H200's 1.7 as items, a thread's chain of 2,048 loads); 0: the items form (A/B)
+    WARP_MIN_K = 256
     # the tensor-core tile (operators/tiled_mma.py) where the plan asks for it: "tf32", or False
     tensor_cores = False
     # set on a plan without blocks stages (the CPU backend; luisaml/compiler.py): the items form
@@ -439,7 +446,8 @@ class Dense(Operator):
                 mma = tiled_mma.choose(self.MMA_GROUP, self.N, self.K, 1)
                 if mma is not None:
                     return mma
-            return tiled.choose(self.GROUP, self.N, self.K, 1, m_fast=False)
+            tl = tiled.choose(self.GROUP, self.N, self.K, 1, m_fast=False)
+            return tl if tl is not None else gemm_rows.choose(self.N, self.K, self.WARP_MIN_K)
         if self.tensor_cores:  # (luisaml/rewrites/tensor_cores.py: compile(tensor_cores="auto") found them live)
             from . import tiled_mma
 
@@ -460,8 +468,8 @@ class Dense(Operator):
 
         y, M, N = self.output(), self.M, self.N
         load_a, load_b, finish, _ = self.loaders()
-        packed = self.packed_b()
         tl = self.block_tiling()
+        packed = None if getattr(tl, "warp_rows", False) else self.packed_b()  # (a warp a sample reads B as [N][K])
         mma = getattr(tl, "mma", False)
         if self.sample_rows():  # row m of the tile: row 0 of sample `sample + m`, read and written there
             limit = tiled.group_rows(ctx, tl.M)
@@ -483,6 +491,9 @@ class Dense(Operator):
                 with tiled.at_group_sample(ctx, m, name=False):
                     return y.store(n, value)
 
+            if getattr(tl, "warp_rows", False):
+                gemm_rows.emit(ctx, tl, thread, a_row, self._b_rows(ctx, load_b), finish_row, store_row)
+                return
             if mma:  # (the group's one row block: a group holds at least one sample, the tile never idles)
                 from . import tiled_mma
 
@@ -504,6 +515,16 @@ class Dense(Operator):
             return
         tiled.emit(ctx, tl, item, thread, lambda bi, m: (lambda k: load_a(bi, m, k)), self._b_column(ctx, load_b, packed),
                    finish, store, a_m_contiguous=bool(getattr(self, "ta", 0)))
+
+    def _b_rows(self, ctx, load_b):
+        """Return gemm_rows.emit's B[k, n]: a constant B of the blob as [N][K] (its rows transposed
+        once: a warp's lanes, consecutive k, read consecutive words), else B where it is."""
+        if not self.packable_b():
+            return lambda k, n: load_b("0", k, n)
+        b = self.input(1)
+        off = b.home.blob.add_packed(f"{b.name}/rows[{self.N}x{self.K}]", lambda: np.ascontiguousarray(
+            self.b_matrix(np.asarray(b.value, dtype=np.float32))[0].T))
+        return lambda k, n: f"weights.read(float, {ix.add(str(off), ix.mul(n, self.K * 4), ix.mul(k, 4))})"
 
     def _b_column(self, ctx, load_b, packed):
         """Return tiled.emit's loader of B's columns: the prepacked weights, or B where it is."""
