@@ -174,8 +174,8 @@ def test_a_narrow_head_takes_a_warp_a_sample(op, K, N):
         nodes = [helper.make_node("MatMul", ["X", "W"], ["G"])]
     nodes.append(helper.make_node("Sigmoid", ["G"], ["Y"]))
     model = _model(nodes, [_vi("X", ["N", K])], [_vi("Y", ["N", N])], inits)
-    net = luisaml.compile(model)
+    net = luisaml.compile(model, fuse="off")  # (one layer from input to output is otherwise the fused MLP's)
     assert [(st.samples, st.threads) for st in net.plan.schedule.stages if st.domain == "blocks"] == [(4, 128)]
     for n in (1, 3, 4097):
         x = rng.standard_normal((n, K), dtype=np.float32)
-        _check(model, {"X": x}, blocks=1)
+        _check(model, {"X": x}, blocks=1, fuse="off")
