@@ -87,6 +87,20 @@ def test_sample_rows_take_the_mma_tile_and_match_numpy(n):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-9 * np.abs(want).max())
 
 
+def test_64_samples_a_block(monkeypatch):
+    """Dense.MMA_GROUP = 64 (the experiment's other side): 64-row mma tiles of 64 samples, a batch of
+    70 two groups, the second of 6."""
+    from luisaml.operators.gemm import Dense
+
+    monkeypatch.setattr(Dense, "MMA_GROUP", 64)
+    model, numpy = _mlp(seed=3)
+    plan = _plan(model)
+    assert _stages(plan) == {k: (d, t, 64 if s == 128 else s) for k, (d, t, s) in MMA.items()}
+    x = rand((70, 40), seed=4)
+    got, want = run_plan(plan, {"x": x})["y"], numpy(x)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-9 * np.abs(want).max())
+
+
 def test_sides_under_a_warp_keep_the_fp32_tile():
     """A first layer of 3 inputs (k under the mma's 8) keeps tiled.py's tile of 64 samples; the layers
     after it take the mma tile; the answer is numpy's."""
