@@ -5,9 +5,10 @@ warp a sample for a head of few columns, 0 the items form), against torch fp32 (
 
     LUISAML_BACKEND=cuda python -P benchmarks/experiments/sample_mma.py [--models nerf cifar] [--reps 20]
 
-Variants: "main" (MMA_GROUP=0, WARP_MIN_K=0: main's plan with tensor cores), "mma64+warp", "mma128"
-(no warp head), "new" (the defaults: 128 and 256); for sdf and siren (a plain chain: the fused MLP
-kernel by default) "main" is the fused kernel and "new" the same layers unfused (fuse="off"). Each
+Variants: "main" (MMA_GROUP=0, WARP_MIN_K=0: main's plan with tensor cores, its source byte for byte),
+"new" (the defaults: 128 and 256), and for nerf "mma64+warp" and "mma128" (no warp head) too; for sdf
+and siren (--models; a plain chain: the fused MLP kernel by default) "main" is the fused kernel and
+"new" the same layers unfused (fuse="off"). Each
 variant's output is checked against torch fp32 with TF32 off as bench_zoo.py checks it (relative error
 within max(1e-4, 10 x torch TF32's own)); a mismatch exits 1 after the table. Times are CUPTI spans of
 net.run (bench_mlp.device_times, as bench_zoo's), P50 over --reps; "products" sums the Gemm and MatMul
@@ -33,7 +34,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 OLD, NEW = (0, 0, {}), (128, 256, {})
 MLP = {"main": OLD, "mma64+warp": (64, 256, {}), "mma128": (128, 0, {}), "new": NEW}
 CHAIN = {"main": OLD, "new": (128, 256, {"fuse": "off"})}
-ROWS = {"nerf mlp 8x256": ("nerf", 65536, MLP), "pointnet": ("pointnet", 32, MLP),
+ROWS = {"nerf mlp 8x256": ("nerf", 65536, MLP), "pointnet": ("pointnet", 32, {"main": OLD, "new": NEW}),
         "cifar-cnn": ("cifar", 4096, {"main": OLD, "new": NEW}),
         "sdf 3-64x4-1 softplus": ("sdf", 1 << 20, CHAIN), "siren 2-256x3-3": ("siren", 1 << 18, CHAIN)}
 
@@ -64,7 +65,8 @@ def forms(net) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", nargs="*", default=["nerf", "pointnet", "cifar", "sdf", "siren"])
+    ap.add_argument("--models", nargs="*", default=["nerf", "cifar", "pointnet"],
+                    help="of nerf, cifar, pointnet, sdf, siren (the last two: fused against unfused layers)")
     ap.add_argument("--reps", type=int, default=20)
     a = ap.parse_args()
     import torch
@@ -106,13 +108,21 @@ def main() -> int:
                 net = luisaml.compile(str(tmp / "model.onnx"), backend="cuda", tensor_cores="auto", **kw)
                 y = net.run(feeds)["y"]
                 sync()
+            except Exception as e:  # (the other variants still run; the command exits 1)
+                bad.append(f"{short} {name}: {type(e).__name__}: {str(e)[:300]}")
+                print(bad[-1], flush=True)
+                continue
             finally:
                 Dense.MMA_GROUP, Dense.WARP_MIN_K = defaults
             rec: dict = {}
             if not bench_zoo.check(rec, y.float().cpu().numpy(), ref, floor):
                 bad.append(f"{short} {name}: {rec['error']}")
             ms, _ = device_times(lambda: net.run(feeds), sync, a.reps)
-            p_ms, flop = products(net, feeds)
+            try:
+                p_ms, flop = products(net, feeds)
+            except Exception as e:
+                print(f"  ({name}: the stage timer failed: {type(e).__name__}: {str(e)[:200]})", flush=True)
+                p_ms, flop = float("nan"), 0.0
             t = float(np.median(ms))
             lines.append(f"  {name:11s} {t:8.3f} ms  {torch_ms / t:5.2f}x torch  products {p_ms:7.3f} ms "
                          f"({flop / max(p_ms, 1e-9) / 1e9:5.1f} TFLOP/s)  err {rec['rel_err']:.1e} (tol {rec['tol']:.0e})  "
