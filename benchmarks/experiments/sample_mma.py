@@ -6,7 +6,7 @@ warp a sample for a head of few columns, 0 the items form), against torch fp32 (
     LUISAML_BACKEND=cuda python -P benchmarks/experiments/sample_mma.py [--models nerf cifar] [--reps 20]
 
 Variants: "main" (MMA_GROUP=0, WARP_MIN_K=0: main's plan with tensor cores, its source byte for byte),
-"new" (the defaults: 128 and 256), and for nerf "mma64+warp" and "mma128" (no warp head) too; for sdf
+"new" (the defaults: 128 and 256; LeNet-5's 400 -> 120 -> 84 on the mma tile too), and for nerf "mma64+warp" and "mma128" (no warp head) too; for sdf
 and siren (--models; a plain chain: the fused MLP kernel by default) "main" is the fused kernel and
 "new" the same layers unfused (fuse="off"). Each
 variant's output is checked against torch fp32 with TF32 off as bench_zoo.py checks it (relative error
@@ -35,7 +35,7 @@ OLD, NEW = (0, 0, {}), (128, 256, {})
 MLP = {"main": OLD, "mma64+warp": (64, 256, {}), "mma128": (128, 0, {}), "new": NEW}
 CHAIN = {"main": OLD, "new": (128, 256, {"fuse": "off"})}
 ROWS = {"nerf mlp 8x256": ("nerf", 65536, MLP), "pointnet": ("pointnet", 32, {"main": OLD, "new": NEW}),
-        "cifar-cnn": ("cifar", 4096, {"main": OLD, "new": NEW}),
+        "cifar-cnn": ("cifar", 4096, {"main": OLD, "new": NEW}), "lenet-5": ("lenet", 8192, {"main": OLD, "new": NEW}),
         "sdf 3-64x4-1 softplus": ("sdf", 1 << 20, CHAIN), "siren 2-256x3-3": ("siren", 1 << 18, CHAIN)}
 
 
@@ -65,8 +65,8 @@ def forms(net) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", nargs="*", default=["nerf", "cifar", "pointnet"],
-                    help="of nerf, cifar, pointnet, sdf, siren (the last two: fused against unfused layers)")
+    ap.add_argument("--models", nargs="*", default=["nerf", "cifar", "pointnet", "lenet"],
+                    help="of nerf, cifar, pointnet, lenet, sdf, siren (the last two: fused against unfused layers)")
     ap.add_argument("--reps", type=int, default=20)
     a = ap.parse_args()
     import torch
@@ -106,6 +106,7 @@ def main() -> int:
             Dense.MMA_GROUP, Dense.WARP_MIN_K = group, min_k
             try:
                 net = luisaml.compile(str(tmp / "model.onnx"), backend="cuda", tensor_cores="auto", **kw)
+                form = forms(net)  # (under the variant's switches: block_tiling reads them)
                 y = net.run(feeds)["y"]
                 sync()
             except Exception as e:  # (the other variants still run; the command exits 1)
@@ -126,7 +127,7 @@ def main() -> int:
             t = float(np.median(ms))
             lines.append(f"  {name:11s} {t:8.3f} ms  {torch_ms / t:5.2f}x torch  products {p_ms:7.3f} ms "
                          f"({flop / max(p_ms, 1e-9) / 1e9:5.1f} TFLOP/s)  err {rec['rel_err']:.1e} (tol {rec['tol']:.0e})  "
-                         f"{forms(net)}")
+                         f"{form}")
             print(lines[-1], flush=True)
     print("\n".join(lines))
     if bad:
