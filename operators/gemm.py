@@ -109,7 +109,7 @@ class Dense(Operator):
         if self.no_blocks:
             return all(t.dtype.dsl == "float" for t in (self.input(0), self.input(1), self.output()))
         tl = self.block_tiling()
-        # (a warp a sample, gemm_rows.py: a head once items alone; its items form stays CUDA's with blocks off)
+        # (a warp a sample, gemm_rows.py: a head that ran as items before; with blocks off it keeps CUDA's items form)
         return tl is not None and not getattr(tl, "warp_rows", False)
 
     def packed_b(self, panels: bool = False):

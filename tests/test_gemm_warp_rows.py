@@ -65,7 +65,7 @@ def test_a_warp_a_sample_matches_numpy(op, K, N, n):
 @pytest.mark.parametrize("K,N", [(128, 10), (256, 16)])
 def test_short_or_wide_heads_keep_their_forms(K, N):
     """K under WARP_MIN_K keeps the items form; 16 columns take tiled.py's tile of 64 samples (its MIN_SIDE)."""
-    model, numpy = _head("Gemm", K, N)
+    model, _ = _head("Gemm", K, N)
     st = _head_stage(_plan(model))
     assert (st.domain, st.samples) == (("items", 1) if N < 16 else ("blocks", 64))
 
