@@ -135,3 +135,21 @@ def test_sample_mma_kernel_builds_as_dsl(monkeypatch):
     st = next(s for s in plan.schedule.stages if s.root[0].name == "up")
     assert st.samples == 128
     assert len(build_dsl(plan, kernel_name(plan, st), monkeypatch)) == 1
+
+
+def test_cpu_plans_are_untouched(monkeypatch):
+    """The CPU backend has no blocks stages: its source is the same with the sample-row forms switched
+    off (Dense.MMA_GROUP = WARP_MIN_K = 0) as with them on, for this MLP and a head over a long k."""
+    from luisaml.operators.gemm import Dense
+
+    from test_gemm_warp_rows import _head
+
+    models = [_mlp()[0], _head("Gemm", 300, 10)[0]]
+
+    def sources():
+        return [plan_for(m, "m", CompileOptions(batch_axis=0).resolve("cpu"))[0].source for m in models]
+
+    on = sources()
+    monkeypatch.setattr(Dense, "MMA_GROUP", 0)
+    monkeypatch.setattr(Dense, "WARP_MIN_K", 0)
+    assert sources() == on
