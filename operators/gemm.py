@@ -13,6 +13,7 @@ from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import bind, literal
 
+from . import gemm_rows
 from .common import compute_dtype, convert, emit_epilogue_loop, loops_epilogue, upcast
 from .gemm_shapes import (  # noqa: F401 (the shapes' rules, importable from here as before)
     CPU_NARROW_ACC, MAX_ACC, MAX_TUNED_ACC, MAX_TUNED_ROWS, NARROW, SQUARE, UNALIGNED_ROWS, WIDE, block_columns, chains, item_candidates, item_choice, tile_shape)
@@ -107,7 +108,9 @@ class Dense(Operator):
         (`no_blocks`: the CPU backend), where every float product takes them."""
         if self.no_blocks:
             return all(t.dtype.dsl == "float" for t in (self.input(0), self.input(1), self.output()))
-        return self.block_tiling() is not None
+        tl = self.block_tiling()
+        # (a warp a sample, gemm_rows.py: a head that ran as items before; with blocks off it keeps CUDA's items form)
+        return tl is not None and not getattr(tl, "warp_rows", False)
 
     def packed_b(self, panels: bool = False):
         """Return (byte offset in the blob, words per k row, words per batch entry of B, words per
@@ -368,6 +371,15 @@ class Dense(Operator):
     # tile rows are this many consecutive samples (ResNet-18's 512 -> 1000 Gemm at batch 32: 0.18 ms
     # as items, each sample's thread re-reading the 2 MB of weights)
     GROUP = 64
+    # (tensor cores) such a layer's samples a block on the mma tile (operators/tiled_mma.py): its tile's
+    # rows, 128 for the 128-row tile of 8 warps that measured 36-73 TFLOP/s on large products on the H100,
+    # where the FP32 tile of GROUP samples ran NeRF's 256 -> 256 layers at ~24 (benchmarks/NOTES.md,
+    # "Products over samples on the tensor-core tile"); 0 keeps the FP32 tile (an A/B switch)
+    MMA_GROUP = 128
+    # such a layer of at most gemm_rows.MAX_COLUMNS columns (a head: too narrow for a tile) and K of at
+    # least this: a warp a sample, its lanes splitting k (operators/gemm_rows.py; cifar-cnn's 2,048 -> 10
+    # took 0.57 ms of the H200's 1.7 as items, a thread's chain of 2,048 loads); 0: the items form (A/B)
+    WARP_MIN_K = 256
     # the tensor-core tile (operators/tiled_mma.py) where the plan asks for it: "tf32", or False
     tensor_cores = False
     # set on a plan without blocks stages (the CPU backend; luisaml/compiler.py): the items form
@@ -426,7 +438,16 @@ class Dense(Operator):
         if any(t.dtype.dsl != "float" for t in (self.input(0), self.input(1), self.output())):
             return None
         if self.sample_rows():
-            return tiled.choose(self.GROUP, self.N, self.K, 1, m_fast=False)
+            if self.tensor_cores and self.MMA_GROUP:
+                from . import tiled_mma
+
+                # the tile's rows are MMA_GROUP samples (block_samples); None where N or K is under a
+                # warp's tile (a head of 1-10 outputs, a first layer of 2-3 inputs): the FP32 tile then
+                mma = tiled_mma.choose(self.MMA_GROUP, self.N, self.K, 1)
+                if mma is not None:
+                    return mma
+            tl = tiled.choose(self.GROUP, self.N, self.K, 1, m_fast=False)
+            return tl if tl is not None else gemm_rows.choose(self.N, self.K, self.WARP_MIN_K)
         if self.tensor_cores:  # (luisaml/rewrites/tensor_cores.py: compile(tensor_cores="auto") found them live)
             from . import tiled_mma
 
@@ -438,17 +459,20 @@ class Dense(Operator):
         return tiled.tuned(tiled.choose(self.M, self.N, self.K, self.nbatch, m_fast=False), self.schedule)
 
     def block_samples(self) -> int:
-        return self.GROUP if self.sample_rows() and self.block_tiling() is not None else 1
+        """A tile of samples (sample_rows): its rows, GROUP on the FP32 tile or MMA_GROUP on the mma tile."""
+        tl = self.block_tiling() if self.sample_rows() else None
+        return tl.M if tl is not None else 1
 
     def emit_block(self, ctx, item: str, thread: str) -> None:
         from . import tiled
 
         y, M, N = self.output(), self.M, self.N
         load_a, load_b, finish, _ = self.loaders()
-        packed = self.packed_b()
         tl = self.block_tiling()
+        packed = None if getattr(tl, "warp_rows", False) else self.packed_b()  # (a warp a sample reads B as [N][K])
+        mma = getattr(tl, "mma", False)
         if self.sample_rows():  # row m of the tile: row 0 of sample `sample + m`, read and written there
-            limit = tiled.group_rows(ctx, self.GROUP)
+            limit = tiled.group_rows(ctx, tl.M)
 
             def a_row(bi, m):
                 s = ctx.let(ix.add(ctx.sample, m), "rs")
@@ -467,6 +491,15 @@ class Dense(Operator):
                 with tiled.at_group_sample(ctx, m, name=False):
                     return y.store(n, value)
 
+            if getattr(tl, "warp_rows", False):
+                gemm_rows.emit(ctx, tl, thread, a_row, self._b_rows(ctx, load_b), finish_row, store_row)
+                return
+            if mma:  # (the group's one row block: a group holds at least one sample, the tile never idles)
+                from . import tiled_mma
+
+                tiled_mma.emit(ctx, tl, item, thread, a_row, self._b_column(ctx, load_b, packed), finish_row,
+                               store_row, a_m_contiguous=False, m_limit=limit)
+                return
             tiled.emit(ctx, tl, item, thread, a_row, self._b_column(ctx, load_b, packed), finish_row, store_row,
                        a_m_contiguous=False, m_limit=limit)
             return
@@ -474,7 +507,7 @@ class Dense(Operator):
         def store(bi, m, n, value):
             return y.store(ix.add(ix.mul(bi, M * N), ix.mul(m, N), n), value)
 
-        if getattr(tl, "mma", False):
+        if mma:
             from . import tiled_mma
 
             tiled_mma.emit(ctx, tl, item, thread, lambda bi, m: (lambda k: load_a(bi, m, k)),
@@ -482,6 +515,16 @@ class Dense(Operator):
             return
         tiled.emit(ctx, tl, item, thread, lambda bi, m: (lambda k: load_a(bi, m, k)), self._b_column(ctx, load_b, packed),
                    finish, store, a_m_contiguous=bool(getattr(self, "ta", 0)))
+
+    def _b_rows(self, ctx, load_b):
+        """Return gemm_rows.emit's B[k, n]: a constant B of the blob as [N][K] (its rows transposed
+        once: a warp's lanes, consecutive k, read consecutive words), else B where it is."""
+        if not self.packable_b():
+            return lambda k, n: load_b("0", k, n)
+        b = self.input(1)
+        off = b.home.blob.add_packed(f"{b.name}/rows[{self.N}x{self.K}]", lambda: np.ascontiguousarray(
+            self.b_matrix(np.asarray(b.value, dtype=np.float32))[0].T))
+        return lambda k, n: f"weights.read(float, {ix.add(str(off), ix.mul(n, self.K * 4), ix.mul(k, 4))})"
 
     def _b_column(self, ctx, load_b, packed):
         """Return tiled.emit's loader of B's columns: the prepacked weights, or B where it is."""

@@ -22,7 +22,7 @@ Tiles of samples. A blocks stage may cover several samples a block (`Operator.bl
 `Stage.grouped`: ceil(n / samples) groups, the batch an argument `n` of the kernel,
 `Schedule.takes_batch`; emit's `m_limit` stops the rows past the batch): SparseConv3d over voxels (a
 voxel a sample, 64 a tile), a Winograd product whose samples have few tiles, and a Gemm or MatMul of
-one row a sample with constant weights (a classifier head: 64 samples a tile). A row of another
+one row a sample with constant weights (a classifier head: 64 samples a tile, 128 on tiled_mma.py's). A row of another
 sample is read and written through `KernelContext.at_sample(s)`, never at an offset from the group's
 first sample: a pooled buffer's samples lie its slot's size apart, and a slot is as large as its
 largest tensor. An artifact stores such a stage's dispatch as groups.

@@ -158,3 +158,24 @@ def test_one_row_a_sample_takes_tiles_of_samples(op):
     for n in (1, 37, 130):
         x = rng.standard_normal((n, 512), dtype=np.float32)
         _check(model, {"X": x}, blocks=1)
+
+
+@pytest.mark.parametrize("op,K,N", [("Gemm", 2048, 10), ("MatMul", 300, 1)])
+def test_a_narrow_head_takes_a_warp_a_sample(op, K, N):
+    """A head of few outputs over a long k (cifar-cnn's 2,048 -> 10; operators/gemm_rows.py): a warp
+    a sample, 4 samples a block, its lanes splitting k (300: a ragged last step); batches of one,
+    under a block's samples and past it."""
+    rng = np.random.default_rng(K)
+    if op == "Gemm":
+        inits = {"W": rng.standard_normal((N, K), dtype=np.float32) / 20, "C": rng.standard_normal(N, dtype=np.float32)}
+        nodes = [helper.make_node("Gemm", ["X", "W", "C"], ["G"], transB=1)]
+    else:
+        inits = {"W": rng.standard_normal((K, N), dtype=np.float32) / 20}
+        nodes = [helper.make_node("MatMul", ["X", "W"], ["G"])]
+    nodes.append(helper.make_node("Sigmoid", ["G"], ["Y"]))
+    model = _model(nodes, [_vi("X", ["N", K])], [_vi("Y", ["N", N])], inits)
+    net = luisaml.compile(model, fuse="off")  # (one layer from input to output is otherwise the fused MLP's)
+    assert [(st.samples, st.threads) for st in net.plan.schedule.stages if st.domain == "blocks"] == [(4, 128)]
+    for n in (1, 3, 4097):
+        x = rng.standard_normal((n, K), dtype=np.float32)
+        _check(model, {"X": x}, blocks=1, fuse="off")

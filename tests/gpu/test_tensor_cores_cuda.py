@@ -148,3 +148,58 @@ def test_mma_conv_stack_matches_onnxruntime(winograd):
     assert e_fp32 <= FP32_TOL, e_fp32
     assert e_tc <= TF32_TOL, e_tc
     assert e_tc > 10 * e_fp32, (e_tc, e_fp32)
+
+
+def _sample_mlp(widths, seed=0):
+    """An MLP over a dynamic batch (Gemm with transB and a bias, Relu between): each layer one row a
+    sample; its model and numpy's float64 forward."""
+    rng = np.random.default_rng(seed)
+    inits, nodes, x = [], [], "X"
+    layers = []
+    for i, (a, b) in enumerate(zip(widths, widths[1:])):
+        w = (rng.standard_normal((b, a)) / np.sqrt(a)).astype(np.float32)
+        c = (rng.standard_normal(b) * 0.1).astype(np.float32)
+        layers.append((w, c))
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(c, f"c{i}")]
+        last = i == len(widths) - 2
+        y = "Y" if last else f"r{i}"
+        nodes.append(helper.make_node("Gemm", [x, f"w{i}", f"c{i}"], [y if last else f"h{i}"], name=f"layer{i}", transB=1))
+        if not last:
+            nodes.append(helper.make_node("Relu", [f"h{i}"], [y]))
+        x = y
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", widths[0]])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", widths[-1]])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+
+    def forward(xv):
+        h = xv.astype(np.float64)
+        for i, (w, c) in enumerate(layers):
+            h = h @ w.T.astype(np.float64) + c
+            if i < len(layers) - 1:
+                h = np.maximum(h, 0)
+        return h
+
+    return model, forward
+
+
+@pytest.mark.parametrize("n", [1, 37, 300, 4096])
+def test_mma_sample_rows_mlp_matches_numpy(n):
+    """A NeRF-like MLP's layers of one row a sample (63 -> 256 -> 256 -> 128 -> 3) on the mma tile,
+    128 samples a block (operators/gemm.py MMA_GROUP; the last group partial), within TF32's
+    tolerance of float64 numpy; the 3-output head keeps the items form; tensor_cores=False the FP32
+    tile of 64 samples and its 2e-5."""
+    model, forward = _sample_mlp([63, 256, 256, 128, 3], seed=n)
+    x = np.random.default_rng(n).standard_normal((n, 63)).astype(np.float32)
+    want = forward(x)
+    # (fuse="off": a plain chain of dense layers is otherwise the fused MLP kernel's, operators/mlp.py)
+    tc = luisaml.compile(model, batch_axis=0, tensor_cores="auto", fuse="off")
+    fp32 = luisaml.compile(model, batch_axis=0, tensor_cores=False, fuse="off")
+    tiles = [(type(op.block_tiling()).__name__, st.samples) for st in tc.plan.schedule.stages if st.domain == "blocks"
+             for _, op in st.nodes]
+    assert tiles == [("MmaTiling", 128)] * 3, tiles
+    assert [st.samples for st in fp32.plan.schedule.stages if st.domain == "blocks"] == [64] * 3
+    e_tc, e_fp32 = _rel(tc.run({"X": x})["Y"], want), _rel(fp32.run({"X": x})["Y"], want)
+    assert e_fp32 <= FP32_TOL, e_fp32
+    assert e_tc <= TF32_TOL, e_tc
+    assert e_tc > 10 * e_fp32, (e_tc, e_fp32)
