@@ -16,7 +16,10 @@ derived input, `rows_by_taps`) so that neighbours in a tile share taps (27 -> 13
 benchmark's shell). On CUDA the layer is a blocks stage, an implicit GEMM over k = (tap, input
 channel), A gathered through the map; over grids bound at run time a grouped one
 (operators/tiled.py: a block's tile rows are 64 consecutive samples): 4.53 -> 1.54 ms for the
-benchmark's map and layer over 198k voxels.
+benchmark's map and layer over 198k voxels. With compile(tensor_cores="auto") the same product runs
+on the TF32 mma tile (operators/tiled_mma.py, which has no k_steps): k walks the tile's tap list
+compacted, a step past its count loads nothing (zeros into the mma), a folded map's K is the most
+taps any tile reads, and over voxels as the batch a tile is 128 consecutive samples.
 """
 from __future__ import annotations
 
@@ -294,13 +297,14 @@ class SparseConv3d(VoxelBatch, Operator):
             tl = dataclasses.replace(tl, M=tl.BM)  # one tile of rows: a group of samples
         return tl
 
-    def _mma_tiling(self, rows: int):
+    def _mma_tiling(self, rows: int, sides: tuple[int, int] | None = None):
         """The tensor-core tiling (operators/tiled_mma.py) of the gather-GEMM, or None where
         tiled_mma.choose declines it (fewer than 64 voxels or 32 output channels). Over voxels as the
         batch a block's rows are BM consecutive samples. A map known at compile time whose tiles skip
         taps has K cut to the most taps any tile's voxels read (times C_in): the steps past a tile's
         own count run on zeros, so fewer steps in all is less of that waste (24 of 27 taps on the
-        benchmark's shell, 128-voxel tiles in rows_by_taps' order; 13.0 on average)."""
+        benchmark's shell, 128-voxel tiles in rows_by_taps' order; 13.0 on average). sides: (BM, BN)
+        in place of choose's (benchmarks/bench_fvdb.py --mma-tiles measures them)."""
         from luisaml.operators import tiled_mma
 
         sms = 0
@@ -311,6 +315,8 @@ class SparseConv3d(VoxelBatch, Operator):
         tl = tiled_mma.choose(rows, self.c_out, self.taps * self.c_in, 1, sms=sms)
         if tl is None:
             return None
+        if sides is not None:
+            tl = dataclasses.replace(tl, BM=sides[0], BN=sides[1])
         if self.voxel_batch:
             return dataclasses.replace(tl, M=tl.BM)  # one tile of rows: a group of samples
         if self.input(1).value is not None and self.skips_taps(tl):

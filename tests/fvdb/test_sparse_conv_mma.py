@@ -88,6 +88,7 @@ def _close(got, want):
     (16, 32, 3, True),  # a folded map: rows_by_taps' order, K cut to the most taps a tile reads
     (16, 48, 3, False),  # the map built on the device (all 27 taps' k), ragged output channels
     (8, 32, 2, True),  # 8 input channels: a k step spans two taps, every tap in order, a ragged last step
+    (16, 64, 3, True),  # 64 x 64 tiles (choose's smaller sides for a launch of few blocks): 2 warps a block
 ])
 def test_layer_takes_the_mma_tile_and_matches_the_reference(c_in, c_out, K, constant):
     gb = _grid()
