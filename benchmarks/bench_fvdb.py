@@ -424,7 +424,13 @@ def _other_mma_tiles(tiles: list[str], layer_m, backend: str, x, want, reps: int
         for spec in tiles:
             BM, BN = (int(t) for t in spec.split(","))
             SparseConv3d._mma_tiling = lambda op, rows, sides=None, BM=BM, BN=BN: chosen(op, rows, (BM, BN))
-            net = luisaml.compile(layer_m, backend=backend, batch_axis=None, tensor_cores="auto")
+            try:  # (a tiling that fails to build is a row that failed, not a lost run)
+                net = luisaml.compile(layer_m, backend=backend, batch_axis=None, tensor_cores="auto")
+                net.run({"x": x})
+            except Exception as e:  # noqa: BLE001
+                out[spec] = {"error": f"{type(e).__name__}: {e}", "luisaml_ms": None}
+                print(f"mma tile {spec}: FAILED to build or run: {out[spec]['error']}", flush=True)
+                continue
             with torch.no_grad():
                 err = rel_err(_np(net.run({"x": x})["y"]), _np(want))
                 ok = err <= TF32_TOL and "mma_tf32_m16n8k8" in net.plan.source
