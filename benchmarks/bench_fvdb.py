@@ -210,8 +210,9 @@ def main(argv=None) -> int:
                     "(for measuring; TM x TN a thread's tile, default 8 x 8, 4 where a side is 32)")
     ap.add_argument("--tensor-cores", action="store_true", help="CUDA: also the layers on TF32 mma tiles "
                     "(tensor_cores='auto'), timed beside the FP32 tiles on the same voxels")
-    ap.add_argument("--mma-tiles", nargs="*", metavar="BM,BN", help="with --tensor-cores: also time the layer "
-                    "on mma tiles of these sides (64,64 128,64 128,128; whole warps of 64 x 32), each checked first")
+    ap.add_argument("--mma-tiles", nargs="*", metavar="BM,BN[,V]", help="with --tensor-cores: also time the layer "
+                    "on mma tiles of these sides (64,64 128,64 128,128; whole warps of 64 x 32) and V K variants a "
+                    "tile (SparseConv3d.mma_buckets, default 1), each checked first")
     ap.add_argument("--only-layers", action="store_true", help="only the layer rows (and their mma twins): no "
                     "kernel_map, map_and_layer or wall rows")
     started = start(ap, argv, (50, 10), "timed runs per measurement")
@@ -371,6 +372,10 @@ def main(argv=None) -> int:
                   f"{ref_ms / rec['layer']['luisaml_ms']['p50']:.2f}x, layer_mma "
                   f"{ref_ms / rec['layer_mma']['luisaml_ms']['p50']:.2f}x")
     print(f"wrote {path}")
+    for k, r in rec.get("mma_tiles", {}).items():
+        if r["luisaml_ms"] is not None:
+            print(f"| layer_mma on {k} (BM,BN[,K variants]) | {fmt_ms(r, 'luisaml_ms')} | - | "
+                  f"{rec['layer_mma']['luisaml_ms']['p50'] / r['luisaml_ms']['p50']:.2f}x layer_mma |")
     bad = [k for k, r in rec.get("mma_tiles", {}).items() if r["luisaml_ms"] is None]
     if bad:
         print(f"FAILED correctness: mma tiles {bad}")
@@ -410,20 +415,22 @@ def _other_tilings(tilings: list[str], layer_m, backend: str, x, want, reps: int
 
 
 def _other_mma_tiles(tiles: list[str], layer_m, backend: str, x, want, reps: int) -> dict:
-    """Return {BM,BN: {rel_err, luisaml_ms}} of the layer compiled with tensor_cores="auto" on mma tiles
-    of those sides in place of tiled_mma.choose's, each checked at TF32's tolerance."""
+    """Return {BM,BN[,V]: {rel_err, luisaml_ms}} of the layer compiled with tensor_cores="auto" on mma tiles
+    of those sides in place of tiled_mma.choose's (and V K variants: SparseConv3d.mma_buckets), each
+    checked at TF32's tolerance."""
     import torch
 
     import luisaml
     from bench_mlp import device_times
     from luisaml.operators.fvdb.conv import SparseConv3d
 
-    chosen = SparseConv3d._mma_tiling
+    chosen, variants = SparseConv3d._mma_tiling, SparseConv3d.mma_buckets
     out = {}
     try:
         for spec in tiles:
-            BM, BN = (int(t) for t in spec.split(","))
+            BM, BN, *V = (int(t) for t in spec.split(","))
             SparseConv3d._mma_tiling = lambda op, rows, sides=None, BM=BM, BN=BN: chosen(op, rows, (BM, BN))
+            SparseConv3d.mma_buckets = V[0] if V else 1
             try:  # (a tiling that fails to build is a row that failed, not a lost run)
                 net = luisaml.compile(layer_m, backend=backend, batch_axis=None, tensor_cores="auto")
                 net.run({"x": x})
@@ -439,7 +446,7 @@ def _other_mma_tiles(tiles: list[str], layer_m, backend: str, x, want, reps: int
             print(f"mma tile {spec}: rel err {err:.1e}" + (f", {out[spec]['luisaml_ms']['p50']:.3f} ms" if ms else
                                                            " FAILED correctness"), flush=True)
     finally:
-        SparseConv3d._mma_tiling = chosen
+        SparseConv3d._mma_tiling, SparseConv3d.mma_buckets = chosen, variants
     return out
 
 

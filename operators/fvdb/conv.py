@@ -323,18 +323,47 @@ class SparseConv3d(VoxelBatch, Operator):
             return dataclasses.replace(tl, K=self._most_taps_a_tile(tl.BM) * self.c_in)
         return tl
 
-    def _most_taps_a_tile(self, BM: int) -> int:
-        """The most taps the voxels of one BM-row tile read (rows_by_taps' order), at least 1: a
-        folded map's mma K in taps."""
-        cache = self.__dict__.setdefault("_most_taps", {})
+    def _tile_taps(self, BM: int) -> np.ndarray:
+        """The taps the voxels of each BM-row tile of a folded map read (rows_by_taps' order)."""
+        cache = self.__dict__.setdefault("_tile_taps_cache", {})
         if BM not in cache:
             kmap = np.asarray(self.input(1).value)
             active = (kmap >= 0)[rows_by_taps(kmap)]
             pad = -len(active) % BM
             if pad:
                 active = np.concatenate([active, np.zeros((pad, self.taps), bool)])
-            cache[BM] = max(int(active.reshape(-1, BM, self.taps).any(1).sum(1).max(initial=0)), 1)
+            cache[BM] = active.reshape(-1, BM, self.taps).any(1).sum(1)
         return cache[BM]
+
+    def _most_taps_a_tile(self, BM: int) -> int:
+        """The most taps the voxels of one BM-row tile read, at least 1: a folded map's mma K in taps."""
+        return max(int(self._tile_taps(BM).max(initial=0)), 1)
+
+    # K variants of the mma tile (1: one): a block runs the one of fewest k steps that holds its tile's
+    # taps, so that fewer steps run on zeros. Not the default until measured (bench_fvdb --mma-tiles
+    # 128,64,3).
+    mma_buckets = 1
+
+    def _tap_buckets(self, tl) -> list[int]:
+        """The K variants' taps, ascending, the last tl.K / C_in: for a folded map the mma_buckets
+        bounds that run the fewest k steps over its tiles; for one built at run time, of unknown tiles,
+        at 60% and 80% of the taps (index order: ~20.7 of 27 a 128-voxel tile on the benchmark)."""
+        import itertools
+
+        most = tl.K // self.c_in
+        n = min(self.mma_buckets, most)
+        if n <= 1:
+            return [most]
+        if self.input(1).value is None or self.voxel_batch:
+            return sorted({max(1, round(most * f)) for f in (0.6, 0.8)[-(n - 1):]} - {most}) + [most]
+        counts = np.bincount(self._tile_taps(tl.BM), minlength=most + 1)
+        seen = [u for u in range(1, most) if counts[u]]  # (a bound no tile has would be a variant never run)
+
+        def steps(bounds) -> int:
+            return sum(int(c) * next(b for b in bounds if b >= u) for u, c in enumerate(counts) if c)
+
+        cuts = itertools.combinations(seen, min(n - 1, len(seen)))
+        return list(min((cut + (most,) for cut in cuts), key=steps))
 
     def block_samples(self) -> int:
         tl = self.block_tiling()
@@ -570,9 +599,46 @@ class SparseConv3d(VoxelBatch, Operator):
                 return y.store(ix.add(ix.mul(rr, C_out), n), v)
 
         bias = self.input(3) if self.has_input(3) else None
-        tiled_mma.emit(ctx, tl, item, thread, a_row, b_column,
-                       lambda _, o, n, acc: f"{acc} + {bias.load(n)}" if bias is not None else acc,
-                       store, a_m_contiguous=False, m_limit=group_rows)
+
+        def emit(K: int) -> None:
+            tiled_mma.emit(ctx, dataclasses.replace(tl, K=K), item, thread, a_row, b_column,
+                           lambda _, o, n, acc: f"{acc} + {bias.load(n)}" if bias is not None else acc,
+                           store, a_m_contiguous=False, m_limit=group_rows)
+
+        buckets = self._tap_buckets(tl) if count is not None else [tl.K // C_in]
+        if len(buckets) == 1:
+            emit(tl.K)
+            return
+        # K variants, one a block (the count is the block's): each emit's shared buffers are the same
+        # sizes whatever K, so they share one set (two 128 x 64 tiles' would pass 48 KiB), declared
+        # before the branches from what a dry run of the emit asked for (its lines then dropped)
+        mark, level, asked = len(ctx.out), ctx.level, []
+        ctx.shared_array = lambda dsl, n, prefix="sh": asked.append((dsl, n)) or ctx.fresh(prefix)
+        try:
+            emit(tl.K)
+        finally:
+            del ctx.shared_array
+        del ctx.out[mark:]
+        ctx.level = level
+        shared = [(dsl, n, ctx.shared_array(dsl, n, "mma_sh")) for dsl, n in asked]
+        low = None
+        for taps_k in buckets:
+            handed = iter(shared)
+
+            def reuse(dsl, n, prefix="sh", handed=handed):
+                d0, n0, name = next(handed)
+                if (d0, n0) != (dsl, n):  # (tiled_mma's buffers would depend on K: one emit, not variants)
+                    raise AssertionError(f"tiled_mma.emit asked for shared {dsl}[{n}] where a dry run asked {d0}[{n0}]")
+                return name
+
+            ctx.line(f"if {count} <= {taps_k}:" if low is None else f"if {count} > {low} and {count} <= {taps_k}:")
+            ctx.shared_array = reuse
+            try:
+                with ctx.indent():
+                    emit(taps_k * C_in)
+            finally:
+                del ctx.shared_array
+            low = taps_k
 
     def forward(self, ctx):
         with ctx.loop(self.work_items(), "item") as item:

@@ -172,3 +172,28 @@ def test_grids_bound_at_run_time_take_groups_of_voxels():
     assert gb.total_voxels % 128 and gb.total_voxels > 128
     want = np.maximum(sparse_conv3d(gb, x.astype(np.float64), gb, w.astype(np.float64), b.astype(np.float64)), 0)
     _close(run_plan(plan, {**grid, "x": x})["y"], want)
+
+
+@pytest.mark.parametrize("constant", [True, False])
+def test_k_variants_a_block_by_its_taps(constant, monkeypatch):
+    """SparseConv3d.mma_buckets = 3: three emits of the mma tile at three K, one shared set of buffers,
+    each block running the one of fewest k steps that holds its tap count (a folded map's bounds from
+    its tiles' counts; a map built at run time 60% / 80% / all taps)."""
+    from luisaml.operators.fvdb import conv as conv_op
+
+    monkeypatch.setattr(conv_op.SparseConv3d, "mma_buckets", 3)
+    gb = _grid(5)
+    m, feeds, want = _layer(gb, 16, 32, 3, constant)
+    plan = _plan(m)
+    st, op, tl = _conv_tiling(plan)
+    buckets = op._tap_buckets(tl)
+    assert buckets == sorted(set(buckets)) and buckets[-1] == tl.K // 16
+    # (a folded map's bounds are counts its tiles have: this grid's two tiles give two variants)
+    assert len(buckets) == (2 if constant else 3) and plan.source.count(" <= ") >= len(buckets)
+    if not constant:
+        assert buckets == [16, 22, 27]
+    # the tile's two shared buffers declared once, before the variants
+    assert sum(line.strip().startswith("mma_sh") and "Shared_" in line for line in plan.source.splitlines()) == 2
+    if constant:  # (each bound some tile's count: every variant runs)
+        assert set(buckets) <= set(op._tile_taps(tl.BM).tolist())
+    _close(run_plan(plan, feeds, reverse=constant)["y"], want)

@@ -143,3 +143,24 @@ def test_a_residual_block_over_grids_of_any_size(C):
         _check(tc.run(feeds)["y"], fp32.run(feeds)["y"], want)
         sizes.append(gb.total_voxels)
     assert min(sizes) < 128 and max(sizes) > 128 and any(s % 128 for s in sizes)
+
+
+@pytest.mark.parametrize("constant", [True, False])
+def test_k_variants_on_the_mma_tile(constant, monkeypatch):
+    """SparseConv3d.mma_buckets = 3 (not the default until measured: bench_fvdb --mma-tiles 128,64,3):
+    three emits of the tile at three K behind a branch on the block's tap count, sharing one set of
+    shared buffers."""
+    from luisaml.operators.fvdb import conv as conv_op
+
+    monkeypatch.setattr(conv_op.SparseConv3d, "mma_buckets", 3)
+    rng, gb = _grids()
+    x = rng.standard_normal((gb.total_voxels, 64)).astype(np.float32)
+    w, b = S._weights(rng, 64, 64, 3)
+    feeds = {**S._pair_feeds(gb, gb), "x": x}
+    nodes = [S._kernel_map_node(3, 1, False, gb),
+             helper.make_node(S.schema.SPARSE_CONV, ["x", "kmap", "w", "b"], ["y"], name="conv", domain="fvdb")]
+    grid_names = tuple(n for n in feeds if n != "x")
+    m = S.fvdb_model(nodes, {**feeds, "w": w, "b": b}, constants=("w", "b") + (grid_names if constant else ()),
+                     outputs=["y"])
+    got_tc, got_fp32 = _both(m, {"x": x} if constant else feeds, batch_axis=None)
+    _check(got_tc["y"], got_fp32["y"], S.sparse_conv3d(gb, x, gb, w, b))
