@@ -28,12 +28,12 @@ host's by one entry):
   time of `net.run` to its outputs (the bundle's check, hashing, metadata, uploads and the kernels;
   torch tensors on the device on CUDA): the same grid bound every run, and two grids (this shell
   and one half a voxel larger) bound in turn, each checked against the reference first.
-- `--tensor-cores` (CUDA): the device starts in the tensor-core front's directory, and `layer`,
-  `layer_bn_relu` and `any_grid` are compiled a second time with tensor_cores="auto" (the gather-GEMM
-  on TF32 mma tiles, operators/tiled_mma.py) and timed beside the FP32 tiles on the same voxels
-  (`layer_mma`, ...; each checked at TF32's 1e-2, and failed when the route is not live, the plan has
-  no mma tile or its error is FP32's: the FP32 body ran). `--only-layers` skips the map, map-and-layer
-  and wall rows (a shorter device call).
+- `--tensor-cores` (CUDA): the device starts in the tensor-core front's directory, and `layer` and
+  `any_grid` are compiled a second time with tensor_cores="auto" (the gather-GEMM on TF32 mma tiles,
+  operators/tiled_mma.py) and timed beside the FP32 tiles on the same voxels (`layer_mma`,
+  `any_grid_mma`; each checked at TF32's 1e-2, and failed when the route is not live, the plan has no
+  mma tile or its error is FP32's: the FP32 body ran); `--mma-tiles` times the layer on other mma
+  tilings. `--only-layers` skips the map, map-and-layer and wall rows (a shorter device call).
 Times: P50/P95/P99 in ms; on CUDA device spans from CUPTI (a forward: its first kernel's start to its
 last kernel's end), on the CPU wall time of net.run (host copies included) interleaved with the
 reference."""
@@ -264,8 +264,9 @@ def main(argv=None) -> int:
         mapper.run(map_feeds), both.run(both_feeds)
     mma = {}
     if cuda and a.tensor_cores:  # the same three networks on TF32 mma tiles
+        # (not layer_bn_relu: its epilogue is the store's, and each network over the folded map folds it
+        # again on the host, seconds a network; tests/gpu/test_sparse_conv_mma_cuda.py checks it)
         mma = {"layer_mma": luisaml.compile(layer_m, backend=backend, batch_axis=None, tensor_cores="auto"),
-               "layer_bn_relu_mma": luisaml.compile(fused_m, backend=backend, batch_axis=None, tensor_cores="auto"),
                "any_grid_mma": luisaml.compile(any_m, backend=backend, tensor_cores="auto")}
         for k, net in mma.items():
             net.run(both_feeds if k.startswith("any") else {"x": x})
