@@ -7,14 +7,15 @@ itself checked against torch's dense conv3d in test_ops_sparse_conv.py): a folde
 rows_by_taps' order, K cut to the most taps a tile reads), a map built on the device, input channels
 that are not whole k steps (every tap in order, a ragged last step), ragged output channels, and grids
 bound at run time (a block's rows 128 consecutive voxels, the last group partial: rows past the voxels
-store nothing). Few output channels keep tiled.py's FP32 tile. The CUDA run: tests/gpu/
-test_sparse_conv_mma_cuda.py."""
+store nothing), and K variants of the tile a block picks by its tap count (SparseConv3d.mma_buckets).
+luisa-python builds each kernel's AST (build_dsl). Few output channels keep tiled.py's FP32 tile. The
+CUDA run: tests/gpu/test_sparse_conv_mma_cuda.py."""
 from __future__ import annotations
 
 import numpy as np
 import onnx
 import pytest
-from gpu_emulator import run_plan
+from gpu_emulator import build_dsl, kernel_name, run_plan
 from onnx import helper, numpy_helper
 
 from luisaml.fvdb import GridBatch
@@ -146,6 +147,19 @@ def test_grids_bound_at_run_time_take_groups_of_voxels():
     group partial (rows past the voxels load the last one and store nothing), each tap read at the
     sample its map entry names."""
     gb = _grid(3)
+    plan, (grid, x, w, b) = _voxel_batch_plan(gb, with_data=True)
+    assert plan.symbol == "V"
+    st, op, tl = _conv_tiling(plan)
+    assert type(tl).__name__ == "MmaTiling" and st.samples == tl.BM == tl.M == 128
+    assert gb.total_voxels % 128 and gb.total_voxels > 128
+    want = np.maximum(sparse_conv3d(gb, x.astype(np.float64), gb, w.astype(np.float64), b.astype(np.float64)), 0)
+    _close(run_plan(plan, {**grid, "x": x})["y"], want)
+
+
+def _voxel_batch_plan(gb: GridBatch | None = None, with_data: bool = False):
+    """The CUDA plan (tensor cores) of KernelMap -> SparseConv3d -> Relu over grids bound at run time (the
+    voxels the batch), 16 -> 32 channels; with_data: also (grid feeds, x, w, b)."""
+    gb = gb or _grid(3)
     rng = np.random.default_rng(4)
     c_in, c_out = 16, 32
     w = (rng.standard_normal((c_out, c_in, 3, 3, 3)) / np.sqrt(c_in * 27)).astype(np.float32)
@@ -166,12 +180,7 @@ def test_grids_bound_at_run_time_take_groups_of_voxels():
                           [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
     plan = _plan(m, batch_axis="auto")
-    assert plan.symbol == "V"
-    st, op, tl = _conv_tiling(plan)
-    assert type(tl).__name__ == "MmaTiling" and st.samples == tl.BM == tl.M == 128
-    assert gb.total_voxels % 128 and gb.total_voxels > 128
-    want = np.maximum(sparse_conv3d(gb, x.astype(np.float64), gb, w.astype(np.float64), b.astype(np.float64)), 0)
-    _close(run_plan(plan, {**grid, "x": x})["y"], want)
+    return (plan, (grid, x, w, b)) if with_data else plan
 
 
 @pytest.mark.parametrize("constant", [True, False])
@@ -197,3 +206,22 @@ def test_k_variants_a_block_by_its_taps(constant, monkeypatch):
     if constant:  # (each bound some tile's count: every variant runs)
         assert set(buckets) <= set(op._tile_taps(tl.BM).tolist())
     _close(run_plan(plan, feeds, reverse=constant)["y"], want)
+
+
+@pytest.mark.parametrize("case", ["folded", "device map", "8 input channels", "K variants", "voxels the batch"])
+def test_mma_kernels_build_as_dsl(case, monkeypatch):
+    """luisa-python builds the conv stage's AST (its stricter rules than Python's: a variable's scope and
+    type, shared arrays used inside the K variants' branches): only the backend's compile is left out
+    (tests/gpu_emulator.py build_dsl)."""
+    from luisaml.operators.fvdb import conv as conv_op
+
+    if case == "K variants":
+        monkeypatch.setattr(conv_op.SparseConv3d, "mma_buckets", 3)
+    if case == "voxels the batch":
+        plan = _voxel_batch_plan()
+    else:
+        c_in, K = (8, 2) if case == "8 input channels" else (16, 3)
+        plan = _plan(_layer(_grid(), c_in, 32, K, constant=case != "device map")[0])
+    st, _, tl = _conv_tiling(plan)
+    assert type(tl).__name__ == "MmaTiling"
+    assert len(build_dsl(plan, kernel_name(plan, st), monkeypatch)) >= 1
