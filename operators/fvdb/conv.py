@@ -525,7 +525,8 @@ class SparseConv3d(VoxelBatch, Operator):
         tap index at or past it: uniform in the block, a step lies within one tap) loads nothing, A
         and B zero, so its mma adds exact zeros. A missing neighbour loads nothing either: its A is
         0.0. Rows past the voxels (m_limit, the group's samples over voxels as the batch) store
-        nothing."""
+        nothing. With mma_buckets > 1, copies of the tile at several K, a block running one
+        (_tap_buckets)."""
         from luisaml.operators import tiled, tiled_mma
 
         x, kmap, w, y = self.input(0), self.input(1), self.input(2), self.output()
