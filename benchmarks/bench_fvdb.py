@@ -28,6 +28,12 @@ host's by one entry):
   time of `net.run` to its outputs (the bundle's check, hashing, metadata, uploads and the kernels;
   torch tensors on the device on CUDA): the same grid bound every run, and two grids (this shell
   and one half a voxel larger) bound in turn, each checked against the reference first.
+- `--tensor-cores` (CUDA): the device starts in the tensor-core front's directory, and `layer` and
+  `any_grid` are compiled a second time with tensor_cores="auto" (the gather-GEMM on TF32 mma tiles,
+  operators/tiled_mma.py) and timed beside the FP32 tiles on the same voxels (`layer_mma`,
+  `any_grid_mma`; each checked at TF32's 1e-2, and failed when the route is not live, the plan has no
+  mma tile or its error is FP32's: the FP32 body ran); `--mma-tiles` times the layer on other mma
+  tilings. `--only-layers` skips the map, map-and-layer and wall rows (a shorter device call).
 Times: P50/P95/P99 in ms; on CUDA device spans from CUPTI (a forward: its first kernel's start to its
 last kernel's end), on the CPU wall time of net.run (host copies included) interleaved with the
 reference."""
@@ -53,6 +59,7 @@ sys.path.insert(0, str(ROOT / "tests" / "fvdb"))  # fvdb_reference (bench_rays, 
 from bench_mlp import kernel_ms, percentiles, start_device  # noqa: E402
 
 REL_TOL = 1e-5
+TF32_TOL = 1e-2  # (tests/gpu/test_tensor_cores_cuda.py's, torch's: TF32 rounds A and B to 10 bits)
 CHANNELS = 64
 KERNEL = 3
 GPU_RADIUS = 126.0  # a one-voxel shell of radius 126: ~200k voxels
@@ -66,11 +73,20 @@ TARGET = 3.0  # the issue's target against a torch gather-matmul-scatter referen
 
 def start(ap, argv, reps: tuple[int, int], what: str = "timed runs"):
     """Add --reps (default `reps`: on CUDA, on the CPU) and --out-dir to ap (a benchmark's parser, --cpu
-    among its options), parse argv and start luisaml's backend. Return (the arguments, the backend, the
-    device's name, the results file's tag, reps), or None (said) when CUDA is asked for and torch sees none."""
+    among its options), parse argv and start luisaml's backend (on CUDA in the tensor-core front's
+    directory where the parser has a --tensor-cores and it is given). Return (the arguments, the
+    backend, the device's name, the results file's tag, reps), or None (said) when CUDA is asked for and
+    torch sees none."""
     ap.add_argument("--reps", type=int, help=f"{what} (default {reps[0]} on CUDA, {reps[1]} on the CPU)")
     ap.add_argument("--out-dir", help="where the JSON goes (default benchmarks/results)")
     a = ap.parse_args(argv)
+    if getattr(a, "tensor_cores", False) and not a.cpu:
+        import torch
+
+        import luisaml
+
+        if torch.cuda.is_available():  # (else start_device says so)
+            luisaml.device.init("cuda", tensor_cores=True)
     started = start_device(a.cpu)
     if started is None:
         return None
@@ -192,6 +208,13 @@ def main(argv=None) -> int:
     ap.add_argument("--tilings", nargs="*", metavar="BM,BN,BK[,TM,TN]", help="CUDA: also time the layer with "
                     "these double-buffered block tilings (e.g. 64,64,16 128,64,8 64,64,8,4,8), each checked first "
                     "(for measuring; TM x TN a thread's tile, default 8 x 8, 4 where a side is 32)")
+    ap.add_argument("--tensor-cores", action="store_true", help="CUDA: also the layers on TF32 mma tiles "
+                    "(tensor_cores='auto'), timed beside the FP32 tiles on the same voxels")
+    ap.add_argument("--mma-tiles", nargs="*", metavar="BM,BN[,V]", help="with --tensor-cores: also time the layer "
+                    "on mma tiles of these sides (64,64 128,64 128,128; whole warps of 64 x 32) and V K variants a "
+                    "tile (SparseConv3d.mma_buckets, default 1), each checked first")
+    ap.add_argument("--only-layers", action="store_true", help="only the layer rows (and their mma twins): no "
+                    "kernel_map, map_and_layer or wall rows")
     started = start(ap, argv, (50, 10), "timed runs per measurement")
     if started is None:
         return 2
@@ -230,13 +253,23 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     layer = luisaml.compile(layer_m, backend=backend, batch_axis=None)
     fused = luisaml.compile(fused_m, backend=backend, batch_axis=None)
-    mapper = luisaml.compile(map_m, backend=backend, batch_axis=None)
-    both = luisaml.compile(both_m, backend=backend, batch_axis=None)
+    whole = not a.only_layers
+    mapper = luisaml.compile(map_m, backend=backend, batch_axis=None) if whole else None
+    both = luisaml.compile(both_m, backend=backend, batch_axis=None) if whole else None
     any_grid = luisaml.compile(any_m, backend=backend)  # (batch_axis 'auto': the features' rows)
     x = torch.from_numpy(x_np).to(dev)
     both_feeds = {**map_feeds, "x": x}
-    layer.run({"x": x}), fused.run({"x": x}), mapper.run(map_feeds), both.run(both_feeds)  # (builds the kernels)
-    any_grid.run(both_feeds)
+    layer.run({"x": x}), fused.run({"x": x}), any_grid.run(both_feeds)  # (builds the kernels)
+    if whole:
+        mapper.run(map_feeds), both.run(both_feeds)
+    mma = {}
+    if cuda and a.tensor_cores:  # the same three networks on TF32 mma tiles
+        # (not layer_bn_relu: its epilogue is the store's, and each network over the folded map folds it
+        # again on the host, seconds a network; tests/gpu/test_sparse_conv_mma_cuda.py checks it)
+        mma = {"layer_mma": luisaml.compile(layer_m, backend=backend, batch_axis=None, tensor_cores="auto"),
+               "any_grid_mma": luisaml.compile(any_m, backend=backend, tensor_cores="auto")}
+        for k, net in mma.items():
+            net.run(both_feeds if k.startswith("any") else {"x": x})
     compile_s = time.perf_counter() - t0
     print(f"compiled in {compile_s:.1f} s:\n  " + layer.plan.schedule.describe().replace("\n", "\n  ")
           + "\n  " + fused.plan.schedule.describe().replace("\n", "\n  "), flush=True)
@@ -249,11 +282,14 @@ def main(argv=None) -> int:
     with torch.no_grad():
         want, want_bn = ref(x), ref(x, bn_t)
         got, got_bn = layer.run({"x": x})["y"], fused.run({"x": x})["y"]
-        got_map = mapper.run(map_feeds)["kmap"]
-        got_both = both.run(both_feeds)["y"]
+        got_map = mapper.run(map_feeds)["kmap"] if whole else kmap
         got_any = any_grid.run(both_feeds)["y"]
-    errs = {"layer": rel_err(_np(got), _np(want)), "layer_bn_relu": rel_err(_np(got_bn), _np(want_bn)),
-            "map_and_layer": rel_err(_np(got_both), _np(want)), "any_grid": rel_err(_np(got_any), _np(want))}
+        errs = {"layer": rel_err(_np(got), _np(want)), "layer_bn_relu": rel_err(_np(got_bn), _np(want_bn)),
+                "any_grid": rel_err(_np(got_any), _np(want))}
+        if whole:
+            errs["map_and_layer"] = rel_err(_np(both.run(both_feeds)["y"]), _np(want))
+        mma_errs = {k: rel_err(_np(net.run(both_feeds if k.startswith("any") else {"x": x})["y"]),
+                               _np(want_bn if "bn" in k else want)) for k, net in mma.items()}
     # the reference against section 5's relation written out: every pair of a few output voxels
     check = rng.choice(n, min(n, 64), replace=False)
     direct = np.stack([b + sum(w.reshape(CHANNELS, CHANNELS, -1)[:, :, t] @ x_np[kmap[o, t]]
@@ -265,7 +301,16 @@ def main(argv=None) -> int:
             failed.append(f"{k}: relative error {e:.2e} > {REL_TOL}")
     if map_mismatch:
         failed.append(f"kernel_map: {map_mismatch} entries differ from the host's")
-    print(f"correctness: {json.dumps(errs)}; device kernel map differs in {map_mismatch} entries", flush=True)
+    for k, net in mma.items():
+        fp32 = errs[k[:-len("_mma")]]
+        if "mma_tf32_m16n8k8" not in net.plan.source:
+            failed.append(f"{k}: no mma tile in the plan (tensor cores not live here: luisaml.tensor_cores.status)")
+        elif not np.isfinite(mma_errs[k]) or mma_errs[k] > TF32_TOL:
+            failed.append(f"{k}: relative error {mma_errs[k]:.2e} > {TF32_TOL}")
+        elif mma_errs[k] <= 10 * fp32:  # TF32 rounds: an answer as close as FP32's came from the FP32 body
+            failed.append(f"{k}: relative error {mma_errs[k]:.2e}, FP32's {fp32:.2e}: the mma tile ran its FP32 body")
+    print(f"correctness: {json.dumps(errs)}; device kernel map differs in {map_mismatch} entries"
+          + (f"; TF32 mma: {json.dumps(mma_errs)}" if mma else ""), flush=True)
     if failed:
         for f in failed:
             print("FAILED correctness: " + f)
@@ -273,18 +318,25 @@ def main(argv=None) -> int:
 
     with torch.no_grad():
         runs = {"layer": (lambda: layer.run({"x": x}), lambda: ref(x)),
-                "layer_bn_relu": (lambda: fused.run({"x": x}), lambda: ref(x, bn_t)),
-                "kernel_map": (lambda: mapper.run(map_feeds), None),
-                "map_and_layer": (lambda: both.run(both_feeds), None),
-                "any_grid": (lambda: any_grid.run(both_feeds), None)}
+                "layer_bn_relu": (lambda: fused.run({"x": x}), lambda: ref(x, bn_t))}
+        if whole:
+            runs.update({"kernel_map": (lambda: mapper.run(map_feeds), None),
+                         "map_and_layer": (lambda: both.run(both_feeds), None)})
+        runs["any_grid"] = (lambda: any_grid.run(both_feeds), None)
+        for k, net in mma.items():  # (the FP32 rows' twins, timed right after them in one process)
+            runs[k] = ((lambda net=net: net.run(both_feeds)) if k.startswith("any") else
+                       (lambda net=net: net.run({"x": x})), None)
         times = _time(runs, reps, cuda)
-    walls = _new_grid_walls(any_grid, gb, radius, w, b, x, dev, reps)
-    if walls is None:
-        print("FAILED correctness: any_grid over the second grid")
-        return 1
-    times.update(walls)
+    if whole:
+        walls = _new_grid_walls(any_grid, gb, radius, w, b, x, dev, reps)
+        if walls is None:
+            print("FAILED correctness: any_grid over the second grid")
+            return 1
+        times.update(walls)
     if cuda and a.tilings:
         times["tilings"] = _other_tilings(a.tilings, layer_m, backend, x, want, reps)
+    if mma and a.mma_tiles:
+        times["mma_tiles"] = _other_mma_tiles(a.mma_tiles, layer_m, backend, x, want, reps)
     rec = {**record(backend, name, "bench_fvdb.py", argv), "torch": torch.__version__,
            "grid": {"shape": f"sphere shell, radius {radius:g}, in a 512^3 extent", "voxels": n,
                     "leaves": int(gb.total_leaves), "pairs": pairs},
@@ -292,19 +344,43 @@ def main(argv=None) -> int:
            "baseline": "torch gather-matmul-scatter (per tap: index_select, mm, index_add_), fp32"
            + (", TF32 off" if cuda else ""),
            "timing": times.pop("timing"), "rel_err": errs, "compile_and_first_runs_s": compile_s,
-           "plan": {"layer": layer.plan.schedule.describe(), "layer_bn_relu": fused.plan.schedule.describe()},
+           "plan": {"layer": layer.plan.schedule.describe(), "layer_bn_relu": fused.plan.schedule.describe(),
+                    **{k: net.plan.schedule.describe() for k, net in mma.items()}},
+           **({"rel_err_tf32": mma_errs} if mma else {}),
            "target_speedup": TARGET if cuda else None, **times}
     for k in ("layer", "layer_bn_relu"):
         rec[k]["speedup"] = rec[k]["torch_ms"]["p50"] / rec[k]["luisaml_ms"]["p50"]
-    path = write_record(rec, a.out_dir, f"fvdb-{tag}.json")
+        if k + "_mma" in rec:
+            rec[k + "_mma"]["speedup"] = rec[k]["torch_ms"]["p50"] / rec[k + "_mma"]["luisaml_ms"]["p50"]
+    for k in mma:  # the mma row against its FP32 twin
+        rec[k]["vs_fp32_tile"] = rec[k[:-len("_mma")]]["luisaml_ms"]["p50"] / rec[k]["luisaml_ms"]["p50"]
+    path = write_record(rec, a.out_dir, f"fvdb-{tag}{'-mma' if mma else ''}{'-layers' if not whole else ''}.json")
     print(f"\n{name}  {rec['date']}  torch {torch.__version__}  timing: {rec['timing']}")
     print("| measurement | luisaml ms P50 / P95 / P99 | torch ms P50 / P95 / P99 | speedup |")
     print("|---|---|---|---|")
     for k in ("layer", "layer_bn_relu", "kernel_map", "map_and_layer", "any_grid", "any_grid_same_grid_wall",
-              "any_grid_new_grid_wall"):
+              "any_grid_new_grid_wall", *mma):
+        if k not in rec:
+            continue
         r = rec[k]
-        print(f"| {k} | {fmt_ms(r, 'luisaml_ms')} | {fmt_ms(r, 'torch_ms')} | {r.get('speedup', float('nan')):.2f}x |")
+        print(f"| {k} | {fmt_ms(r, 'luisaml_ms')} | {fmt_ms(r, 'torch_ms')} | {r.get('speedup', float('nan')):.2f}x |"
+              + (f" {r['vs_fp32_tile']:.2f}x the FP32 tile" if "vs_fp32_tile" in r else ""))
+    if mma:
+        spconv = HERE / "results" / "spconv-h200.json"  # (spconv runs in a call of its own: bench_spconv.py)
+        if spconv.is_file():
+            ref_ms = json.loads(spconv.read_text())["layer"]["spconv_ms"]["p50"]
+            print(f"against spconv 2.3.8 SubMConv3d fp32 (H200, {spconv.name}): {ref_ms:.3f} ms; layer "
+                  f"{ref_ms / rec['layer']['luisaml_ms']['p50']:.2f}x, layer_mma "
+                  f"{ref_ms / rec['layer_mma']['luisaml_ms']['p50']:.2f}x")
     print(f"wrote {path}")
+    for k, r in rec.get("mma_tiles", {}).items():
+        if r["luisaml_ms"] is not None:
+            print(f"| layer_mma on {k} (BM,BN[,K variants]) | {fmt_ms(r, 'luisaml_ms')} | - | "
+                  f"{rec['layer_mma']['luisaml_ms']['p50'] / r['luisaml_ms']['p50']:.2f}x layer_mma |")
+    bad = [k for k, r in rec.get("mma_tiles", {}).items() if r["luisaml_ms"] is None]
+    if bad:
+        print(f"FAILED correctness: mma tiles {bad}")
+        return 1
     return 0
 
 
@@ -336,6 +412,42 @@ def _other_tilings(tilings: list[str], layer_m, backend: str, x, want, reps: int
                                                          " FAILED correctness"), flush=True)
     finally:
         SparseConv3d.block_tiling = chosen
+    return out
+
+
+def _other_mma_tiles(tiles: list[str], layer_m, backend: str, x, want, reps: int) -> dict:
+    """Return {BM,BN[,V]: {rel_err, luisaml_ms}} of the layer compiled with tensor_cores="auto" on mma tiles
+    of those sides in place of tiled_mma.choose's (and V K variants: SparseConv3d.mma_buckets), each
+    checked at TF32's tolerance."""
+    import torch
+
+    import luisaml
+    from bench_mlp import device_times
+    from luisaml.operators.fvdb.conv import SparseConv3d
+
+    chosen, variants = SparseConv3d._mma_tiling, SparseConv3d.mma_buckets
+    out = {}
+    try:
+        for spec in tiles:
+            BM, BN, *V = (int(t) for t in spec.split(","))
+            SparseConv3d._mma_tiling = lambda op, rows, sides=None, BM=BM, BN=BN: chosen(op, rows, (BM, BN))
+            SparseConv3d.mma_buckets = V[0] if V else 1
+            try:  # (a tiling that fails to build is a row that failed, not a lost run)
+                net = luisaml.compile(layer_m, backend=backend, batch_axis=None, tensor_cores="auto")
+                net.run({"x": x})
+            except Exception as e:  # noqa: BLE001
+                out[spec] = {"error": f"{type(e).__name__}: {e}", "luisaml_ms": None}
+                print(f"mma tile {spec}: FAILED to build or run: {out[spec]['error']}", flush=True)
+                continue
+            with torch.no_grad():
+                err = rel_err(_np(net.run({"x": x})["y"]), _np(want))
+                ok = err <= TF32_TOL and "mma_tf32_m16n8k8" in net.plan.source
+                ms, how = device_times(lambda: net.run({"x": x}), torch.cuda.synchronize, reps) if ok else ([], "")
+            out[spec] = {"rel_err": err, "luisaml_ms": percentiles(ms) if ms else None, "timing": how}
+            print(f"mma tile {spec}: rel err {err:.1e}" + (f", {out[spec]['luisaml_ms']['p50']:.3f} ms" if ms else
+                                                           " FAILED correctness"), flush=True)
+    finally:
+        SparseConv3d._mma_tiling, SparseConv3d.mma_buckets = chosen, variants
     return out
 
 

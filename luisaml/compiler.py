@@ -77,8 +77,8 @@ class BuildOptions:
     one kernel for every stage (a stage index picks the body) rather than a kernel each; blocks:
     large GEMMs and convolutions run as cooperative blocks through shared memory (CUDA only:
     operators/tiled.py); winograd: the tile m of 3x3 stride-1 convolutions as Winograd F(m x m, 3 x 3)
-    (operators/winograd.py), 0 for the direct form; tensor_cores: Gemm, MatMul, Conv and Winograd
-    products' blocks stages as TF32 mma tiles (operators/tiled_mma.py, luisaml/rewrites/tensor_cores.py;
+    (operators/winograd.py), 0 for the direct form; tensor_cores: Gemm, MatMul, Conv, Winograd
+    products' and SparseConv3d's blocks stages as TF32 mma tiles (operators/tiled_mma.py, luisaml/rewrites/tensor_cores.py;
     not stored in a .lml: a loaded network runs the FP32 tiles); schedules: tuned schedules, ((node name, ((knob, value), ...)), ...),
     each set as the node's Operator.schedule (luisaml/tune.py; not stored in a .lml yet: a loaded
     network runs the rules' choices); recurrent: CUDA's recurrent steps (operators/rnn_block.py FORMS:

@@ -137,11 +137,12 @@ def compile(
     (luisaml/host_steps.py): "auto" (the device on CUDA, the host's numpy builder on the CPU),
     "device" (a network of the op alone, compiled once per power of two of the source's voxels)
     or "host".
-    tensor_cores: Gemm, MatMul and Conv (its implicit GEMM, and a Winograd form's products) on CUDA
+    tensor_cores: Gemm, MatMul, Conv (its implicit GEMM, and a Winograd form's products) and fVDB's
+    SparseConv3d (its gather-GEMM over a kernel map) on CUDA
     as TF32 mma.sync tiles through luisaml's compiler front (operators/tiled_mma.py,
     luisaml/tensor_cores.py): "auto" (where the front runs and its start-up self-test passes; else
     the FP32 tiles, said once), or False (the FP32 tiles). A product too small for the tile (a
-    grouped Conv's few channels a group, a depthwise Conv) keeps the FP32 tile. TF32 rounds A and B
+    grouped Conv's few channels a group, a depthwise Conv, a SparseConv3d of under 32 output channels) keeps the FP32 tile. TF32 rounds A and B
     to 10 bits of mantissa: about 1e-3 of a product's norm, as torch with TF32 on; the Winograd
     F(4x4) form's transforms make that ~3e-3 a layer (winograd=0: the direct form).
     tune: search the schedules of GEMM and convolution stages on this device (luisaml/tune.py):

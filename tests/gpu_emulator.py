@@ -65,6 +65,17 @@ def _select(f, t, cond):
     return _out(np.where(cond, t, f))
 
 
+def _bitwise_cast(dtype, v):
+    """A 32-bit word read as int (signed) or float: the NanoVDB shaders' coordinates and values."""
+    import struct
+
+    word = struct.pack("<f", v) if isinstance(v, float) else (int(v) & 0xFFFFFFFF).to_bytes(4, "little")
+    if dtype is float:
+        return struct.unpack("<f", word)[0]
+    u = int.from_bytes(word, "little")
+    return u - (1 << 32) if dtype is int and u >= 1 << 31 else u
+
+
 class Id:
     def __init__(self, x):
         self.x = x
@@ -84,8 +95,12 @@ class Buf:
             raise IndexError(f"buffer index {i} outside [0, {len(self.a)})")
         return i
 
-    def read(self, i):
-        return self.a[self._at(i)].item()
+    def read(self, *at):
+        if len(at) == 2:  # a byte buffer's read(uint, byte offset) (a NanoVDB grid's words): little-endian
+            i = self._at(at[1])
+            self._at(i + 3)
+            return int(sum(int(self.a[i + b]) << (8 * b) for b in range(4)))
+        return self.a[self._at(at[0])].item()
 
     def write(self, i, v):
         self.a[self._at(i)] = v
@@ -136,6 +151,9 @@ class Emulator:
             warp_active_min=lambda v: float(np.fmin.reduce(local.warp(v))),
             warp_active_any=lambda v: any(local.warp(v)),
             quiet_nan=lambda: float("nan"),  # (math_lib's: a NaN the CUDA codegen cannot fold into a literal)
+            # 32-bit unsigned words (SparseConv3d's tap masks): wrapped as CUDA's, and their bit counts
+            uint=lambda v=0: int(v) & 0xFFFFFFFF, popcount=lambda v: bin(int(v) & 0xFFFFFFFF).count("1"),
+            bitwise_cast=_bitwise_cast,
         )
         for m in MATH:
             names[m] = _wrap(getattr(np, {"abs": "absolute", "round": "rint"}.get(m, m)))
@@ -173,9 +191,11 @@ class Emulator:
         """The Python function of a luisa.func with the emulated names."""
         key = id(func)
         if key not in self.funcs:
-            code = func.pyfunc.__code__
-            self.funcs[key] = types.FunctionType(code, {})  # (a recursive helper finds itself)
-            self.funcs[key] = types.FunctionType(code, self._globals(func.pyfunc.__globals__))
+            # (a recursive helper, or helpers that call each other, find the one function, whose
+            # globals are filled in afterwards)
+            space: dict = {}
+            self.funcs[key] = types.FunctionType(func.pyfunc.__code__, space)
+            space.update(self._globals(func.pyfunc.__globals__))
         return self.funcs[key]
 
     def run_items(self, func, args: list, items: int) -> None:
@@ -291,6 +311,10 @@ def run_plan(plan, feeds: dict[str, np.ndarray], extra: dict | None = None, reve
     args = {"weights": Blob(plan.blob.bytes()), "errors": Buf(zeros(4, "int"))}
     for s in plan.inputs:
         args[s.ident] = Buf(np.asarray(feeds[s.name]).astype(np.int64 if s.dtype.is_int else np.float64).ravel())
+    for d in plan.derived:  # host-derived inputs (a grid's metadata), computed from the feeds as a run does
+        if d.ident not in args:
+            value = np.asarray(d.value({k: np.asarray(v) for k, v in feeds.items()}))
+            args[d.ident] = Buf(value.astype(np.int64 if d.dtype.is_int else np.float64).ravel())
     outs = {}
     for s in plan.outputs:
         outs[s.name] = zeros(s.numel * (n if s.batched else 1), s.dtype)

@@ -16,7 +16,10 @@ derived input, `rows_by_taps`) so that neighbours in a tile share taps (27 -> 13
 benchmark's shell). On CUDA the layer is a blocks stage, an implicit GEMM over k = (tap, input
 channel), A gathered through the map; over grids bound at run time a grouped one
 (operators/tiled.py: a block's tile rows are 64 consecutive samples): 4.53 -> 1.54 ms for the
-benchmark's map and layer over 198k voxels.
+benchmark's map and layer over 198k voxels. With compile(tensor_cores="auto") the same product runs
+on the TF32 mma tile (operators/tiled_mma.py, which has no k_steps): k walks the tile's tap list
+compacted, a step past its count loads nothing (zeros into the mma), a folded map's K is the most
+taps any tile reads, and over voxels as the batch a tile is 128 consecutive samples.
 """
 from __future__ import annotations
 
@@ -72,6 +75,9 @@ class SparseConv3d(VoxelBatch, Operator):
     """out[o] = bias + sum over taps t with kernel_map[o, t] >= 0 of weight[:, :, t] @ features[kernel_map[o, t]]."""
 
     stores_once = True
+    # the TF32 mma tile on CUDA's blocks stage (luisaml/rewrites/tensor_cores.py sets it where
+    # compile(tensor_cores="auto") found the route live)
+    tensor_cores = False
 
     @classmethod
     def infer(cls, node, inputs):
@@ -279,6 +285,10 @@ class SparseConv3d(VoxelBatch, Operator):
         if self.n_in == 0 or self.n_out == 0:
             return None
         rows = self.NOMINAL_VOXELS if self.voxel_batch else self.n_out
+        if self.tensor_cores:  # (luisaml/rewrites/tensor_cores.py; None: too few rows or channels for it)
+            mma = self._mma_tiling(rows)
+            if mma is not None:
+                return mma
         # Conv's double-buffered 64 x 64 tiles (pipelined): 1.100 -> 0.989 ms on the H200 benchmark;
         # their 128 threads of 4 x 8 rather than 64 of 8 x 8: 0.988 -> 0.929 ms (twice the warps to hide
         # the gathers of rows from all over the grid)
@@ -286,6 +296,74 @@ class SparseConv3d(VoxelBatch, Operator):
         if tl is not None and self.voxel_batch:
             tl = dataclasses.replace(tl, M=tl.BM)  # one tile of rows: a group of samples
         return tl
+
+    def _mma_tiling(self, rows: int, sides: tuple[int, int] | None = None):
+        """The tensor-core tiling (operators/tiled_mma.py) of the gather-GEMM, or None where
+        tiled_mma.choose declines it (fewer than 64 voxels or 32 output channels). Over voxels as the
+        batch a block's rows are BM consecutive samples. A map known at compile time whose tiles skip
+        taps has K cut to the most taps any tile's voxels read (times C_in): the steps past a tile's
+        own count run on zeros, so fewer steps in all is less of that waste (24 of 27 taps on the
+        benchmark's shell, 128-voxel tiles in rows_by_taps' order; 13.0 on average). sides: (BM, BN)
+        in place of choose's (benchmarks/bench_fvdb.py --mma-tiles measures them)."""
+        from luisaml.operators import tiled_mma
+
+        sms = 0
+        if not self.voxel_batch:  # (a product launched whole: choose may take smaller tiles to fill the SMs)
+            from luisaml.device import sm_count
+
+            sms = sm_count()
+        tl = tiled_mma.choose(rows, self.c_out, self.taps * self.c_in, 1, sms=sms)
+        if tl is None:
+            return None
+        if sides is not None:
+            tl = dataclasses.replace(tl, BM=sides[0], BN=sides[1])
+        if self.voxel_batch:
+            return dataclasses.replace(tl, M=tl.BM)  # one tile of rows: a group of samples
+        if self.input(1).value is not None and self.skips_taps(tl):
+            return dataclasses.replace(tl, K=self._most_taps_a_tile(tl.BM) * self.c_in)
+        return tl
+
+    def _tile_taps(self, BM: int) -> np.ndarray:
+        """The taps the voxels of each BM-row tile of a folded map read (rows_by_taps' order)."""
+        cache = self.__dict__.setdefault("_tile_taps_cache", {})
+        if BM not in cache:
+            kmap = np.asarray(self.input(1).value)
+            active = (kmap >= 0)[rows_by_taps(kmap)]
+            pad = -len(active) % BM
+            if pad:
+                active = np.concatenate([active, np.zeros((pad, self.taps), bool)])
+            cache[BM] = active.reshape(-1, BM, self.taps).any(1).sum(1)
+        return cache[BM]
+
+    def _most_taps_a_tile(self, BM: int) -> int:
+        """The most taps the voxels of one BM-row tile read, at least 1: a folded map's mma K in taps."""
+        return max(int(self._tile_taps(BM).max(initial=0)), 1)
+
+    # K variants of the mma tile (1: one): a block runs the one of fewest k steps that holds its tile's
+    # taps, so that fewer steps run on zeros. Not the default until measured (bench_fvdb --mma-tiles
+    # 128,64,3).
+    mma_buckets = 1
+
+    def _tap_buckets(self, tl) -> list[int]:
+        """The K variants' taps, ascending, the last tl.K / C_in: for a folded map the mma_buckets
+        bounds that run the fewest k steps over its tiles; for one built at run time, of unknown tiles,
+        at 60% and 80% of the taps (index order: ~20.7 of 27 a 128-voxel tile on the benchmark)."""
+        import itertools
+
+        most = tl.K // self.c_in
+        n = min(self.mma_buckets, most)
+        if n <= 1:
+            return [most]
+        if self.input(1).value is None or self.voxel_batch:
+            return sorted({max(1, round(most * f)) for f in (0.6, 0.8)[-(n - 1):]} - {most}) + [most]
+        counts = np.bincount(self._tile_taps(tl.BM), minlength=most + 1)
+        seen = [u for u in range(1, most) if counts[u]]  # (a bound no tile has would be a variant never run)
+
+        def steps(bounds) -> int:
+            return sum(int(c) * next(b for b in bounds if b >= u) for u, c in enumerate(counts) if c)
+
+        cuts = itertools.combinations(seen, min(n - 1, len(seen)))
+        return list(min((cut + (most,) for cut in cuts), key=steps))
 
     def block_samples(self) -> int:
         tl = self.block_tiling()
@@ -368,6 +446,9 @@ class SparseConv3d(VoxelBatch, Operator):
         x, kmap, w, y = self.input(0), self.input(1), self.input(2), self.output()
         C_in, C_out, T = self.c_in, self.c_out, self.taps
         tl = self.block_tiling()
+        if getattr(tl, "mma", False):
+            self._emit_mma_block(ctx, tl, item, thread)
+            return
         checked = kmap.value is None  # a map fed at run time: an index past the features is flagged
         # over voxels as the batch the block's rows are samples from `sample` on, each read and written
         # at its own sample, and a tap reads the features at the sample its map entry names
@@ -437,6 +518,128 @@ class SparseConv3d(VoxelBatch, Operator):
                    lambda _, o, n, acc: f"{acc} + {bias.load(n)}" if bias is not None else acc,
                    store, a_m_contiguous=False,
                    k_steps=k_steps, m_limit=group_rows)
+
+    def _emit_mma_block(self, ctx, tl, item: str, thread: str) -> None:
+        """emit_block on the tensor-core tile (tiled_mma.emit: no k_steps there). The tile's tap list
+        is made as for the FP32 tile; k walks it compacted, and a k step past the tile's count (k's
+        tap index at or past it: uniform in the block, a step lies within one tap) loads nothing, A
+        and B zero, so its mma adds exact zeros. A missing neighbour loads nothing either: its A is
+        0.0. Rows past the voxels (m_limit, the group's samples over voxels as the batch) store
+        nothing. With mma_buckets > 1, copies of the tile at several K, a block running one
+        (_tap_buckets)."""
+        from luisaml.operators import tiled, tiled_mma
+
+        x, kmap, w, y = self.input(0), self.input(1), self.input(2), self.output()
+        C_in, C_out, T = self.c_in, self.c_out, self.taps
+        checked = kmap.value is None  # a map fed at run time: an index past the features is flagged
+        rows_in = ctx.n_samples if self.voxel_batch else self.n_in
+        limit = "[-1, batch)" if self.voxel_batch else f"[-1, {self.n_in})"
+        flag = ctx.flag_error(str(self.error(f"kernel_map '{kmap.name}' holds an index outside {limit} "
+                                             f"(the rows of features '{x.name}')"))) if checked else None
+        group_rows = tiled.group_rows(ctx, tl.BM) if self.voxel_batch else None
+        taps = count = None
+        if self.skips_taps(tl):
+            taps, count = self.emit_tile_taps(ctx, tl, item, thread, group_rows or self.n_out)
+
+        def guarded(k: str, value) -> str:
+            """Emit v = value(tap, c) for compacted k where the tile has k's tap, else v = 0.0 (no
+            load: loads, not a select over them); return v."""
+            v = ctx.fresh("v")
+            ctx.line(f"{v} = 0.0")
+            if taps is None:  # every tap in order (C_in not a multiple of BK): k's tap is k / C_in
+                value(v, ctx.let(ix.div(k, C_in), "kt"), ctx.let(ix.mod(k, C_in), "c"))
+                return v
+            j = ctx.let(ix.div(k, C_in), "kt")
+            ctx.line(f"if {j} < {count}:")
+            with ctx.indent():
+                value(v, ctx.let(f"{taps}[{j}]", "tap"), ctx.let(ix.mod(k, C_in), "c"))
+            return v
+
+        def a_row(_, o):
+            if self.voxel_batch:  # the map's row at sample + o; the features at the sample it names
+                s = ctx.let(ix.add(ctx.sample, o), "rs")
+
+                def value(v, tap, c):
+                    with ctx.at_sample(s):
+                        k = map_index(ctx, kmap.load(tap), rows_in, flag, checked)
+                    ctx.line(f"if {k} >= 0:")
+                    with ctx.indent(), ctx.at_sample(k):
+                        ctx.line(f"{v} = {x.load(c)}")
+            else:
+                row = ctx.let(ix.mul(self.row(o), T), "kr")
+
+                def value(v, tap, c):
+                    k = map_index(ctx, kmap.load(ix.add(row, tap)), rows_in, flag, checked)
+                    ctx.line(f"if {k} >= 0:")
+                    with ctx.indent():
+                        ctx.line(f"{v} = {x.load(ix.add(ix.mul(k, C_in), c))}")
+
+            return lambda k: guarded(k, value)
+
+        packed = self.packed_weight()
+        _, O, _, cblocks = self.tiles()
+
+        def b_column(_, n):
+            if packed is not None:  # [tap][C_in][channel blocks x O]: k = tap * C_in + c is its row
+                base = ctx.let(ix.add(str(packed), ix.mul(n, 4)), "wb")
+
+                def value(v, tap, c):
+                    at = ix.add(base, ix.mul(ix.add(ix.mul(tap, C_in), c), cblocks * O * 4))
+                    ctx.line(f"{v} = weights.read(float, {at})")
+            else:
+                base = ctx.let(ix.mul(n, C_in * T), "wb")  # weight [C_out, C_in, taps]: element (n, c, tap)
+
+                def value(v, tap, c):
+                    ctx.line(f"{v} = {w.load(ix.add(base, ix.mul(c, T), tap))}")
+
+            return lambda k: guarded(k, value)
+
+        def store(_, o, n, v):
+            at_row, rr = self._at_row(ctx, o)
+            with at_row:
+                return y.store(ix.add(ix.mul(rr, C_out), n), v)
+
+        bias = self.input(3) if self.has_input(3) else None
+
+        def emit(K: int) -> None:
+            tiled_mma.emit(ctx, dataclasses.replace(tl, K=K), item, thread, a_row, b_column,
+                           lambda _, o, n, acc: f"{acc} + {bias.load(n)}" if bias is not None else acc,
+                           store, a_m_contiguous=False, m_limit=group_rows)
+
+        buckets = self._tap_buckets(tl) if count is not None else [tl.K // C_in]
+        if len(buckets) == 1:
+            emit(tl.K)
+            return
+        # K variants, one a block (the count is the block's): each emit's shared buffers are the same
+        # sizes whatever K, so they share one set (two 128 x 64 tiles' would pass 48 KiB), declared
+        # before the branches from what a dry run of the emit asked for (its lines then dropped)
+        mark, level, asked = len(ctx.out), ctx.level, []
+        ctx.shared_array = lambda dsl, n, prefix="sh": asked.append((dsl, n)) or ctx.fresh(prefix)
+        try:
+            emit(tl.K)
+        finally:
+            del ctx.shared_array
+        del ctx.out[mark:]
+        ctx.level = level
+        shared = [(dsl, n, ctx.shared_array(dsl, n, "mma_sh")) for dsl, n in asked]
+        low = None
+        for taps_k in buckets:
+            handed = iter(shared)
+
+            def reuse(dsl, n, prefix="sh", handed=handed):
+                d0, n0, name = next(handed)
+                if (d0, n0) != (dsl, n):  # (tiled_mma's buffers would depend on K: one emit, not variants)
+                    raise AssertionError(f"tiled_mma.emit asked for shared {dsl}[{n}] where a dry run asked {d0}[{n0}]")
+                return name
+
+            ctx.line(f"if {count} <= {taps_k}:" if low is None else f"if {count} > {low} and {count} <= {taps_k}:")
+            ctx.shared_array = reuse
+            try:
+                with ctx.indent():
+                    emit(taps_k * C_in)
+            finally:
+                del ctx.shared_array
+            low = taps_k
 
     def forward(self, ctx):
         with ctx.loop(self.work_items(), "item") as item:
