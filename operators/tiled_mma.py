@@ -24,20 +24,31 @@ product in FP32: correct, slow.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from luisaml import indexing as ix
 
 from .tiled import MIN_FILL, BlockGrid, Finish, RowLoader
 
-WARP_M, WARP_N = 64, 32  # a warp's tile: (WARP_M / 16) x (WARP_N / 8) mma tiles
+WARP_M, WARP_N = 64, 32  # the smallest warp tile: (WARP_M / 16) x (WARP_N / 8) mma tiles
 PAD_A, PAD_B = 4, 8  # shared rows of A (BK + 4) and of B (BN + 8): conflict-free fragment reads
 KIND_K = {"tf32": 8}
+
+# The tile's variants (NOTES.md, "A faster tensor-core tile"): "w32", the first tile's warps of 64 x 32 (8 a
+# 128 x 128 block); "w64", warps of 64 x 64 (4 a 128 x 128 block: a k8 step reads 128 bytes of shared
+# memory an mma instead of 192 and converts one fragment element an mma instead of 1.5) and column sides
+# that pad N least (96: warps of 64 x 48); "w32-first", the first tile exactly as merged (per-element copy
+# addresses live across the k loop: 166 registers, one block an SM; A row-major in shared memory always),
+# kept to measure against. choose() takes LUISAML_MMA_TILE where set, else TILE
+# (benchmarks/experiments/sweep_mma.py, bench_zoo: one process, one variant, no code change).
+VARIANTS = ("w64", "w32", "w32-first")
+TILE = "w64"
 
 
 @dataclass(frozen=True)
 class MmaTiling(BlockGrid):
-    """The tensor-core block tiling of nbatch products of M x K by K x N."""
+    """The tensor-core block tiling of nbatch products of M x K by K x N; a warp computes WM x WN."""
 
     M: int
     N: int
@@ -47,18 +58,22 @@ class MmaTiling(BlockGrid):
     BN: int
     BK: int = 16
     kind: str = "tf32"
+    WM: int = WARP_M
+    WN: int = WARP_N
+    variant: str = "w32"  # (of VARIANTS: "w32-first" emits the first tile's copies and layout)
     mma = True  # (what operators/gemm.py's emit_block asks)
 
     @property
     def threads(self) -> int:
-        return 32 * (self.BM // WARP_M) * (self.BN // WARP_N)
+        return 32 * (self.BM // self.WM) * (self.BN // self.WN)
 
     @property
     def shared_bytes(self) -> int:
+        """The double-buffered tiles, A row-major (emit's k-major A, for rows contiguous in memory, is smaller)."""
         return 4 * 2 * (self.BM * (self.BK + PAD_A) + self.BK * (self.BN + PAD_B))
 
     def describe(self) -> str:
-        return (f"blocks of {self.threads} threads ({self.threads // 32} warps of {WARP_M} x {WARP_N}) on {self.BM} x "
+        return (f"blocks of {self.threads} threads ({self.threads // 32} warps of {self.WM} x {self.WN}) on {self.BM} x "
                 f"{self.BN} tiles through shared memory (double-buffered), {self.kind} mma.sync m16n8k"
                 f"{KIND_K[self.kind]} tiles (tensor cores), k steps of {self.BK}")
 
@@ -68,21 +83,42 @@ class MmaTiling(BlockGrid):
 FILL_SIDES = ((128, 64), (64, 128), (64, 64))
 
 
-def choose(M: int, N: int, K: int, nbatch: int, kind: str = "tf32", sms: int = 0) -> MmaTiling | None:
+def warp_n(BN: int, tile: str) -> int:
+    """The warp tile's columns for a block of BN columns under variant `tile`."""
+    if tile != "w64" or BN < 64:
+        return WARP_N
+    return 48 if BN % 64 else 64
+
+
+def column_side(N: int, tile: str) -> int:
+    """The block's columns: "w32" 128, 64 or 32 (the first tile's); "w64" the side of 128, 96 or 64 that
+    pads N least (ConvNeXt's 96 and BERT's 768 columns, a ResNet's 64s: no empty warps), larger first."""
+    if N < 64:
+        return 32
+    if tile != "w64" or N < 96:
+        return 128 if N >= 128 else 64
+    return min((128, 96, 64), key=lambda s: (-(-N // s) * s, -s))
+
+
+def choose(M: int, N: int, K: int, nbatch: int, kind: str = "tf32", sms: int = 0, tile: str | None = None) -> MmaTiling | None:
     """Return the tensor-core tiling of a product, or None where it is too small for one (a side
     under a warp's tile, or padding past MIN_FILL): the caller keeps tiled.py's FP32 tile then.
-    sms: as tiled.choose's (the launch is this product alone on a GPU of `sms` multiprocessors)."""
+    sms: as tiled.choose's (the launch is this product alone on a GPU of `sms` multiprocessors);
+    tile: a variant of VARIANTS (default TILE)."""
+    tile = tile or os.environ.get("LUISAML_MMA_TILE") or TILE
+    if tile not in VARIANTS:
+        raise ValueError(f"tiled_mma: unknown tile variant {tile!r} (one of {VARIANTS})")
     if M < WARP_M or N < WARP_N or K < KIND_K[kind]:
         return None
     BM = 128 if M >= 128 else 64
-    BN = 128 if N >= 128 else 64 if N >= 64 else 32
+    BN = column_side(N, tile)
     if M * N < MIN_FILL * (-(-M // BM) * BM) * (-(-N // BN) * BN):
         return None
-    tl = MmaTiling(M, N, K, nbatch, BM, BN, kind=kind)
+    tl = MmaTiling(M, N, K, nbatch, BM, BN, kind=kind, WN=warp_n(BN, tile), variant=tile)
     if sms and tl.blocks < sms:
         for bm, bn in FILL_SIDES:
             if bm <= BM and bn <= BN and (bm, bn) != (BM, BN):
-                tl = MmaTiling(M, N, K, nbatch, bm, bn, kind=kind)
+                tl = MmaTiling(M, N, K, nbatch, bm, bn, kind=kind, WN=warp_n(bn, tile), variant=tile)
                 if tl.blocks >= sms:
                     break
     return tl
@@ -97,9 +133,14 @@ def emit(ctx, tl: MmaTiling, item: str, thread: str, a: RowLoader, b: RowLoader,
     end): rows at or past it load row m_limit - 1 and store nothing)."""
     M, N, K, BM, BN, BK = tl.M, tl.N, tl.K, tl.BM, tl.BN, tl.BK
     NT = tl.threads
-    SA, SB = BK + PAD_A, BN + PAD_B
-    a_size, b_size = BM * SA, BK * SB
-    MI, NI = WARP_M // 16, WARP_N // 8
+    # A k-major (as B) where its rows are contiguous (Conv's gather): a warp's stores of 32 consecutive
+    # rows then hit 32 banks, where rows BK + 4 apart would put 4 rows on a bank
+    first = tl.variant == "w32-first"
+    a_kmajor = a_m_contiguous and not first
+    SA, SB = (BM + PAD_B) if a_kmajor else BK + PAD_A, BN + PAD_B
+    a_size, b_size = (BK if a_kmajor else BM) * SA, BK * SB
+    WM, WN = tl.WM, tl.WN
+    MI, NI = WM // 16, WN // 8
     mma = ctx.use_helper("mma_tf32_m16n8k8", "tensor_cores")
 
     cb = ctx.let(ix.mod(item, tl.col_blocks), "cb") if tl.col_blocks > 1 else "0"
@@ -109,27 +150,40 @@ def emit(ctx, tl: MmaTiling, item: str, thread: str, a: RowLoader, b: RowLoader,
     m0 = ctx.let(ix.mul(rb, BM), "m0")
     n0 = ctx.let(ix.mul(cb, BN), "n0")
     warp, lane = ctx.let(ix.div(thread, 32), "wp"), ctx.let(ix.mod(thread, 32), "ln")
-    wn = BN // WARP_N
-    wm0 = ctx.let(ix.mul(ix.div(warp, wn), WARP_M), "wm") if BM > WARP_M else "0"
-    wn0 = ctx.let(ix.mul(ix.mod(warp, wn), WARP_N), "wn") if wn > 1 else "0"
+    wn = BN // WN
+    wm0 = ctx.let(ix.mul(ix.div(warp, wn), WM), "wm") if BM > WM else "0"
+    wn0 = ctx.let(ix.mul(ix.mod(warp, wn), WN), "wn") if wn > 1 else "0"
     g, t = ctx.let(ix.div(lane, 4), "g"), ctx.let(ix.mod(lane, 4), "t")
     a_sh = ctx.shared_array("float", 2 * a_size, "ash")
     b_sh = ctx.shared_array("float", 2 * b_size, "bsh")
 
     # ---- the copies: this thread's elements of each step's tiles, fixed over k -----------------------
     def copies(side: int, m_fast: bool, base: str, limit: int | str, loader: RowLoader, of_a: bool):
-        """Return [(shared index, k offset within the step, k -> load)] of this thread's elements."""
+        """Return [(shared index, k offset within the step, k -> load)] of this thread's elements.
+        Element e is u = thread + e * NT of the tile's side x BK; where NT divides the fast side's
+        length or the other way round, its row and k are the thread's first plus constants, so each
+        load's and store's address is one register plus an immediate (no per-element registers live
+        across the k loop: ptxas -v, NOTES.md "A faster tensor-core tile")."""
+        fast = side if m_fast else BK
+        if not first and NT % fast == 0:  # u % fast = thread % fast for every e; u // fast = thread // fast + e * NT / fast
+            r0, s0 = ctx.let(ix.mod(thread, fast), "q"), ctx.let(ix.div(thread, fast), "kk")
+            split = [(r0, ix.add(s0, str(e * NT // fast))) for e in range(side * BK // NT)]
+        elif not first and fast % NT == 0:  # u < fast for e < fast / NT
+            split = [(ix.add(thread, str(e * NT % fast)), str(e * NT // fast)) for e in range(side * BK // NT)]
+        else:
+            split = [(ix.mod(f"({ix.add(thread, str(e * NT))})" if e else thread, fast),
+                      ix.div(f"({ix.add(thread, str(e * NT))})" if e else thread, fast)) for e in range(side * BK // NT)]
         out = []
-        for e in range(side * BK // NT):
-            u = f"({ix.add(thread, str(e * NT))})" if e else thread
-            q, kk = (ix.mod(u, side), ix.div(u, side)) if m_fast else (ix.div(u, BK), ix.mod(u, BK))
+        for fast_i, slow_i in split:
+            q, kk = (fast_i, slow_i) if m_fast else (slow_i, fast_i)
             q, kk = ctx.let(q, "q"), ctx.let(kk, "kk")
             row = ctx.let(ix.add(base, q), "g")
             if isinstance(limit, str):  # (m_limit: known at run time only, every row clamped)
                 load = loader(bi, f"min({row}, {limit} - 1)")
             else:
                 load = loader(bi, row if limit % side == 0 else f"min({row}, {limit - 1})")
-            out.append((ctx.let(ix.add(ix.mul(q, SA), kk) if of_a else ix.add(ix.mul(kk, SB), q), "sh"), kk, load))
+            index = ix.add(ix.mul(q, SA), kk) if of_a and not a_kmajor else ix.add(ix.mul(kk, SA if of_a else SB), q)
+            out.append((ctx.let(index, "sh"), kk, load))
         return out
 
     ahead = [(a_sh, a_size, *c) for c in copies(BM, a_m_contiguous, m0, m_limit or M, a, True)] + \
@@ -146,8 +200,10 @@ def emit(ctx, tl: MmaTiling, item: str, thread: str, a: RowLoader, b: RowLoader,
             ctx.line(f"{dst}[{ix.add(idx, ix.mul(buf, size)) if buf != '0' else idx}] = {name}")
 
     # ---- the lane's fixed offsets, the contract's arrays, the accumulators ----------------------------
-    rot = [t] + [ctx.let(f"({i} + {t}) % 8", "rk") for i in range(1, 8)]
-    a_rows = [ctx.let(ix.mul(ix.add(wm0, g, str(16 * mi)), SA), "ar") for mi in range(MI)]
+    # (i + t) % 8 is i + t below 5 (t < 4): the live fragments' (i = 0, 4) offsets are t plus constants
+    rot = [t] + [ctx.let(ix.add(t, str(i)) if i < 5 and not first else f"({i} + {t}) % 8", "rk") for i in range(1, 8)]
+    a_rows = [ctx.let(ix.add(wm0, g, str(16 * mi)) if a_kmajor else ix.mul(ix.add(wm0, g, str(16 * mi)), SA), "ar")
+              for mi in range(MI)]
     b_cols = [(ctx.let(ix.add(wn0, ix.mul(t, 2), str(8 * ni)), "bc"), ctx.let(ix.add(wn0, g, str(8 * ni)), "bg"))
               for ni in range(NI)]
     fa = [ctx.local_array("float", 16, "fa") for _ in range(MI)]
@@ -161,7 +217,13 @@ def emit(ctx, tl: MmaTiling, item: str, thread: str, a: RowLoader, b: RowLoader,
         """The step's mma tiles from shared buffer offsets ao, bo."""
         for k8 in range(0, BK, 8):
             kb = [ctx.let(ix.add(bo, ix.mul(ix.add(str(k8), r), SB)), "kb") for r in rot]
+            ka = [ctx.let(ix.add(ao, ix.mul(ix.add(str(k8), r), SA)), "ka") for r in rot] if a_kmajor else None
             for mi in range(MI):
+                if a_kmajor:  # (A[g][k] at k * SA + g)
+                    for i in range(8):
+                        ctx.line(f"{fa[mi]}[{i}] = {a_sh}[{ix.add(ka[i], a_rows[mi])}]")
+                        ctx.line(f"{fa[mi]}[{8 + i}] = {a_sh}[{ix.add(ka[i], a_rows[mi], '8')}]")
+                    continue
                 r0 = ctx.let(ix.add(ao, a_rows[mi], str(k8)), "r0")
                 for i in range(8):
                     ctx.line(f"{fa[mi]}[{i}] = {a_sh}[{ix.add(r0, rot[i])}]")

@@ -94,8 +94,20 @@ def test_emitted_mma_tile_batched_matmul():
 
 def test_choose_keeps_small_products_on_the_fp32_tile():
     assert tiled_mma.choose(32, 128, 64, 1) is None and tiled_mma.choose(128, 16, 64, 1) is None
-    t = tiled_mma.choose(4096, 4096, 4096, 1)
+    t = tiled_mma.choose(4096, 4096, 4096, 1, tile="w32")  # the first tile: 8 warps of 64 x 32
     assert (t.BM, t.BN, t.threads, t.blocks) == (128, 128, 256, 1024) and t.shared_bytes == 37888
+    t = tiled_mma.choose(4096, 4096, 4096, 1, tile="w64")  # 4 warps of 64 x 64
+    assert (t.BM, t.BN, t.WN, t.threads, t.blocks) == (128, 128, 64, 128, 1024) and t.shared_bytes == 37888
+
+
+@pytest.mark.parametrize("N,BN,WN", [(96, 96, 48), (384, 128, 64), (192, 96, 48), (768, 128, 64), (64, 64, 64),
+                                     (40, 32, 32), (1000, 128, 64)])
+def test_w64_column_sides_pad_n_least(N, BN, WN):
+    """"w64" picks the side of 128, 96, 64 that pads N least (ConvNeXt's 96, 192): no empty warps."""
+    t = tiled_mma.choose(4096, N, 256, 1, tile="w64")
+    padded = -(-N // t.BN) * t.BN
+    assert (t.BN, t.WN) == (BN, WN) and t.BN % t.WN == 0 and t.threads == 32 * (t.BM // t.WM) * (t.BN // t.WN)
+    assert all(padded <= -(-N // s) * s for s in (128, 96, 64) if s <= max(N, 64))
 
 
 def test_without_tensor_cores_the_plan_is_the_fp32_tile():
