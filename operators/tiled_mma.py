@@ -116,9 +116,12 @@ def choose(M: int, N: int, K: int, nbatch: int, kind: str = "tf32", sms: int = 0
         return None
     tl = MmaTiling(M, N, K, nbatch, BM, BN, kind=kind, WN=warp_n(BN, tile), variant=tile)
     if sms and tl.blocks < sms:
+        # a short grid: warps of 64 x 32 (twice the warps a block: "w64"'s 64 x 64 would leave an SM 2-3
+        # warps), then smaller blocks
+        tl = MmaTiling(M, N, K, nbatch, BM, BN, kind=kind, WN=WARP_N, variant=tile)
         for bm, bn in FILL_SIDES:
             if bm <= BM and bn <= BN and (bm, bn) != (BM, BN):
-                tl = MmaTiling(M, N, K, nbatch, bm, bn, kind=kind, WN=warp_n(bn, tile), variant=tile)
+                tl = MmaTiling(M, N, K, nbatch, bm, bn, kind=kind, WN=WARP_N, variant=tile)
                 if tl.blocks >= sms:
                     break
     return tl

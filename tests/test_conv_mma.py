@@ -114,6 +114,21 @@ def test_conv_takes_the_mma_tile_and_matches_numpy(n, C, H, W, K, kw):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-9 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("n,K,tile", [(2, 96, "w64"), (1, 128, "w64"), (1, 128, "w32")])
+def test_batched_conv_variants_match_numpy(n, K, tile, monkeypatch):
+    """A batched graph's Conv (no SM fill): under "w64" 4 warps of 64 x 48 (96 channels) or 64 x 64, A (the
+    gather, rows contiguous) k-major in shared memory; under "w32" 8 warps of 64 x 32 (its 64-column tiles
+    would pad 96 channels past MIN_FILL: choose declines)."""
+    monkeypatch.setenv("LUISAML_MMA_TILE", tile)
+    model, feeds, want = _conv_model(n, 8, 12, 12, K, k=3, pads=1, relu=True, batch="N")
+    plan = _plan(model)
+    (st,) = [s for s in plan.schedule.stages if s.domain == "blocks"]
+    tl = st.nodes[0][1].block_tiling()
+    assert type(tl).__name__ == "MmaTiling" and (tl.BN, tl.WN) == ((K, K // 2) if tile == "w64" else (K, 32))
+    got = run_plan(plan, feeds)["Y"]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-9 * np.abs(want).max())
+
+
 @pytest.mark.parametrize("n,stride", [(3, 1), (2, 2)])
 def test_samples_of_few_positions_share_a_tile(n, stride):
     """49 output positions a sample (ResNet-50's last layers) are under the mma tile's rows: a block's

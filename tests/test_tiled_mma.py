@@ -56,12 +56,15 @@ def _run_blocks(plan, feeds: dict[str, np.ndarray], out_size: int) -> np.ndarray
     return run_plan(plan, feeds)["Y"].reshape(out_size)
 
 
+@pytest.mark.parametrize("tile", ["w64", "w32"])  # (tiled_mma.VARIANTS; "w32-first" is the first tile's source)
 @pytest.mark.parametrize("op,M,K,N,ta,tb,const_b,bias", [
     ("MatMul", 128, 40, 64, 0, 0, True, False),  # whole tiles, a ragged last k step, prepacked B
-    ("MatMul", 100, 24, 90, 0, 0, False, False),  # ragged M and N, run-time B
+    ("MatMul", 100, 24, 90, 0, 0, False, False),  # ragged M and N, run-time B ("w64": 96 columns, warps of 48)
     ("Gemm", 64, 16, 96, 1, 1, True, True),  # A and B transposed, alpha and a bias row, one k step
+    ("MatMul", 256, 24, 128, 0, 0, True, False),  # "w64": 4 warps of 64 x 64, A's copies one register + constants
 ])
-def test_emitted_mma_tile_matches_numpy(op, M, K, N, ta, tb, const_b, bias):
+def test_emitted_mma_tile_matches_numpy(op, M, K, N, ta, tb, const_b, bias, tile, monkeypatch):
+    monkeypatch.setenv("LUISAML_MMA_TILE", tile)
     model, feeds, want = _model(op, M, K, N, ta, tb, const_b, bias)
     plan = _plan(model)
     (st,) = [s for s in plan.schedule.stages if s.domain == "blocks"]
@@ -70,6 +73,7 @@ def test_emitted_mma_tile_matches_numpy(op, M, K, N, ta, tb, const_b, bias):
     # by name: a test before this one in the worker may have imported luisaml afresh (test_artifact's
     # sys.modules purges), and this module's tiled_mma is then the older copy
     assert type(tl).__name__ == "MmaTiling" and tl.threads == st.threads and tl.shared_bytes <= 48 * 1024
+    assert tl.variant == tile and tl.BN % tl.WN == 0 and tl.BM % tl.WM == 0
     assert "mma_tf32_m16n8k8" in plan.source
     if const_b:
         feeds = {"A": feeds["A"]}
@@ -98,6 +102,16 @@ def test_choose_keeps_small_products_on_the_fp32_tile():
     assert (t.BM, t.BN, t.threads, t.blocks) == (128, 128, 256, 1024) and t.shared_bytes == 37888
     t = tiled_mma.choose(4096, 4096, 4096, 1, tile="w64")  # 4 warps of 64 x 64
     assert (t.BM, t.BN, t.WN, t.threads, t.blocks) == (128, 128, 64, 128, 1024) and t.shared_bytes == 37888
+
+
+def test_w64_short_grids_take_warps_of_64_x_32():
+    """A launch whose 128 x 128 blocks leave SMs idle: "w64" takes 64 x 32 warps (twice the warps), then
+    tiled.py's smaller sides, as "w32" does."""
+    for M, N in ((12544, 128), (3136, 256), (784, 512)):
+        w64 = tiled_mma.choose(M, N, 1152, 1, sms=132, tile="w64")
+        w32 = tiled_mma.choose(M, N, 1152, 1, sms=132, tile="w32")
+        assert (w64.BM, w64.BN, w64.WN, w64.threads) == (w32.BM, w32.BN, w32.WN, w32.threads) and w64.WN == 32
+    assert tiled_mma.choose(50176, 256, 64, 1, sms=132, tile="w64").WN == 64  # 784 blocks: a full grid
 
 
 @pytest.mark.parametrize("N,BN,WN", [(96, 96, 48), (384, 128, 64), (192, 96, 48), (768, 128, 64), (64, 64, 64),

@@ -1,0 +1,170 @@
+"""The tensor-core tile's variants on zoo shapes (benchmarks/NOTES.md, "A faster tensor-core tile"): each
+shape compiled with tensor_cores="auto" once per variant of operators/tiled_mma.py (LUISAML_MMA_TILE, read
+at choose()), checked against torch in float64 first (relative Frobenius error <= 1e-2, torch's own TF32
+tolerance; the mma route must be live and the plan must hold the mma tile, else exit 1), then timed as the
+per-call sum of the kernels' CUPTI durations (bench_mlp.kernel_ms, torch.profiler) with torch's TF32
+(cuBLAS / cuDNN) on the same inputs. Prints TFLOP/s per variant and shape (the product's 2MNK over the
+median), and the tile each variant chose.
+
+    LUISAML_BACKEND=cuda python -P benchmarks/experiments/sweep_mma.py [--variants w64,w32,w32-first]
+        [--shapes gemm4k,bert,...] [--reps 20] [--out results/sweep-mma-<gpu>.json]
+
+Shapes: the 4096^3 GEMM; BERT's MLP up-projection at 16 x 128 tokens; ConvNeXt-T's stage-1 MLP at batch 16
+(3136 x 16 rows, 96 -> 384 and back); ResNet-50's 1 x 1 (56 x 56, 64 -> 256), 3 x 3 (28 x 28, 128 -> 128,
+the direct implicit GEMM: winograd=0) and last 1 x 1 (7 x 7, 512 -> 2048: rows of several samples a tile)
+Convs at batch 16. The batched shapes are compiled with a batch axis, as the zoo compiles them (the
+products do not know the batch: no SM fill)."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+if importlib.util.find_spec("luisaml") is None:
+    sys.path.insert(0, str(HERE.parents[1]))
+sys.path.insert(0, str(HERE.parent))  # bench_mlp (-P: the script's folder is not on the path)
+
+TOL = 1e-2
+BATCH = 16
+# name: ("matmul", batch dims, K, N, batched) or ("conv", C, K, side, kernel)
+SHAPES = {
+    "gemm4k": ("matmul", (4096,), 4096, 4096, False),
+    "bert": ("matmul", (BATCH, 128), 768, 3072, True),
+    "convnext-up": ("matmul", (BATCH, 56, 56), 96, 384, True),
+    "convnext-down": ("matmul", (BATCH, 56, 56), 384, 96, True),
+    "r50-1x1": ("conv", 64, 256, 56, 1),
+    "r50-3x3": ("conv", 128, 128, 28, 3),
+    "r50-1x1-7": ("conv", 512, 2048, 7, 1),
+}
+
+
+def model(spec, w: np.ndarray):
+    """The ONNX model of one shape: a MatMul by a constant B, or a Conv (no bias) with constant weights."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    if spec[0] == "matmul":
+        _, dims, K, _, batched = spec
+        shape = (["N"] if batched else []) + list(dims[1:] if batched else dims) + [K]
+        node = helper.make_node("MatMul", ["A", "W"], ["Y"])
+        out_shape = shape[:-1] + [w.shape[1]]
+    else:
+        _, C, K, side, k = spec
+        shape = ["N", C, side, side]
+        node = helper.make_node("Conv", ["A", "W"], ["Y"], kernel_shape=[k, k], pads=[k // 2] * 4)
+        out_shape = ["N", K, side, side]
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, out_shape)],
+                          [numpy_helper.from_array(w, "W")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    return m
+
+
+def operands(spec, gen):
+    """(input, weights, torch's op, 2MNK) on the GPU."""
+    import torch
+    import torch.nn.functional as F
+
+    if spec[0] == "matmul":
+        _, dims, K, N, _ = spec
+        a = torch.randn(*dims, K, device="cuda", generator=gen)
+        w = torch.randn(K, N, device="cuda", generator=gen) / K ** 0.5
+        return a, w, lambda x, ww: torch.matmul(x, ww), 2.0 * np.prod(dims) * K * N
+    _, C, K, side, k = spec
+    a = torch.randn(BATCH, C, side, side, device="cuda", generator=gen)
+    w = torch.randn(K, C, k, k, device="cuda", generator=gen) / (C * k * k) ** 0.5
+    return a, w, lambda x, ww: F.conv2d(x, ww, padding=k // 2), 2.0 * BATCH * side * side * K * C * k * k
+
+
+def tiling_of(net) -> str:
+    """The describe() of the plan's mma tilings (the product's blocks stages)."""
+    one = net.network_for(BATCH) if hasattr(net, "network_for") else net
+    out = []
+    for st in one.plan.schedule.stages:
+        for _, op in st.nodes:
+            tl = op.block_tiling() if st.domain == "blocks" and hasattr(op, "block_tiling") else None
+            if tl is not None and getattr(tl, "mma", False):
+                out.append(f"{tl.BM}x{tl.BN} tiles, {tl.threads // 32} warps of {tl.WM}x{tl.WN}")
+    return "; ".join(out) or "no mma tile"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--variants", default="w64,w32,w32-first")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    os.environ.setdefault("LUISAML_BACKEND", "cuda")
+    import torch
+
+    import luisaml
+    from bench_mlp import kernel_ms
+    from luisaml import device, tensor_cores
+    from luisaml.operators import tiled_mma
+
+    device.init("cuda", tensor_cores=True)
+    st = tensor_cores.status("tf32")
+    print(f"self-test tf32: {'LIVE' if st.live else 'NOT LIVE'} ({st.why})", flush=True)
+    if not st.live:
+        return 1
+    variants = args.variants.split(",")
+    bad = [v for v in variants if v not in tiled_mma.VARIANTS]
+    if bad:
+        raise SystemExit(f"unknown variants {bad}: {tiled_mma.VARIANTS}")
+    t_start = time.perf_counter()
+    rows, failed = [], []
+    torch.backends.cudnn.benchmark = True
+    for name in args.shapes.split(","):
+        spec = SHAPES[name]
+        gen = torch.Generator(device="cuda").manual_seed(len(rows) + 1)
+        a, w, op, flop = operands(spec, gen)
+        want = op(a.double(), w.double())
+        row = {"shape": name, "gflop": flop / 1e9, "tflops": {}, "rel_err": {}, "tile": {}, "compile_s": {}}
+        for v in variants:
+            os.environ["LUISAML_MMA_TILE"] = v
+            t0 = time.perf_counter()
+            net = luisaml.compile(model(spec, w.cpu().numpy()), backend="cuda", batch_axis=0 if spec[0] == "conv" or spec[4]
+                                  else None, tensor_cores="auto", **({"winograd": 0} if spec[0] == "conv" else {}))
+            y = torch.as_tensor(net.run({"A": a})["Y"], device="cuda")
+            torch.cuda.synchronize()
+            row["compile_s"][v] = round(time.perf_counter() - t0, 2)
+            err = float(torch.linalg.norm(y.double() - want) / torch.linalg.norm(want))
+            row["rel_err"][v], row["tile"][v] = err, tiling_of(net)
+            if not err <= TOL or row["tile"][v] == "no mma tile":
+                failed.append(f"{name} {v}: rel err {err:.2e}, {row['tile'][v]}")
+                continue
+            ms = float(np.median(kernel_ms(lambda: net.run({"A": a}), args.reps)))
+            row["tflops"][v] = flop / (ms * 1e-3) / 1e12
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        row["rel_err"]["torch_tf32"] = float(torch.linalg.norm(op(a, w).double() - want) / torch.linalg.norm(want))
+        ms = float(np.median(kernel_ms(lambda: op(a, w), args.reps)))
+        row["tflops"]["torch_tf32"] = flop / (ms * 1e-3) / 1e12
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        rows.append(row)
+        print(f"{name:14s} {flop / 1e9:7.1f} GFLOP  " + "  ".join(f"{k} {t:6.1f}" for k, t in row["tflops"].items())
+              + "  TFLOP/s", flush=True)
+        for v in variants:
+            print(f"{'':16s}{v}: {row['tile'][v]}, err {row['rel_err'][v]:.1e}, built in {row['compile_s'][v]} s",
+                  flush=True)
+    print(f"({time.perf_counter() - t_start:.0f} s)")
+    gpu = torch.cuda.get_device_name()
+    out = args.out or HERE.parent / "results" / f"sweep-mma-{'h200' if 'H200' in gpu else 'h100' if 'H100' in gpu else 'gpu'}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"gpu": gpu, "torch": torch.__version__, "rows": rows, "failed": failed}, indent=1) + "\n")
+    print(f"wrote {out}")
+    if failed:
+        print("WRONG ANSWERS:\n  " + "\n  ".join(failed))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
