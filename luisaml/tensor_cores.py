@@ -77,6 +77,23 @@ BODY_F16 = r"""
                  "f"(@C@.x), "f"(@C@.y), "f"(@C@.z), "f"(@C@.w));
   return lc_tc_d;"""
 
+# mma_tf32r_m16n8k8: the operands were rounded where they were copied (tf32_round), so their bits go to
+# mma.sync as they are (mov.b32: a register's type, no instruction)
+BODY_TF32R = BODY_TF32.replace('asm("cvt.rna.tf32.f32 %0, %1;"', 'asm("mov.b32 %0, %1;"')
+
+# tf32_round: half a TF32 ulp added to a finite value's bits (NaN and inf as they are); the mma drops the
+# low 13 bits, so the operand it multiplies is cvt.rna's (to nearest, ties away), as CUTLASS's
+# round_half_ulp_truncate. Two instructions (cvt.rna to a float is four: it must clear the low bits too).
+BODY_ROUND = r"""
+  unsigned int lc_tc_r;
+  lc_float lc_tc_x;
+  asm("mov.b32 %0, %1;" : "=r"(lc_tc_r) : "f"(@X@));
+  asm("{\n .reg .f32 lc_tc_a;\n .reg .pred lc_tc_p;\n abs.f32 lc_tc_a, %1;\n"
+      " setp.geu.f32 lc_tc_p, lc_tc_a, 0f7F800000;\n @!lc_tc_p add.u32 %0, %0, 4096;\n}"
+      : "+r"(lc_tc_r) : "f"(@X@));
+  asm("mov.b32 %0, %1;" : "=f"(lc_tc_x) : "r"(lc_tc_r));
+  return lc_tc_x;"""
+
 KINDS = ("tf32", "f16")
 
 
@@ -90,6 +107,12 @@ def rules() -> list[dict]:
         out.append({"kind": kind, "marker": str(marker), "returns": "lc_float4",
                     "params": [f"lc_array<lc_float, {na}>", f"lc_array<lc_float, {nb}>", "lc_float4"],
                     "names": ["@A@", "@B@", "@C@"], "body": body})
+    na, nb = tc.array_sizes("tf32")
+    out.append({"kind": "tf32r", "marker": str(tc.MARK_TF32R), "returns": "lc_float4",
+                "params": [f"lc_array<lc_float, {na}>", f"lc_array<lc_float, {nb}>", "lc_float4"],
+                "names": ["@A@", "@B@", "@C@"], "body": BODY_TF32R})
+    out.append({"kind": "round", "marker": str(tc.MARK_ROUND), "returns": "lc_float", "params": ["lc_float"],
+                "names": ["@X@"], "body": BODY_ROUND})
     return out
 
 

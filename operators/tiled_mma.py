@@ -40,9 +40,12 @@ KIND_K = {"tf32": 8}
 # memory an mma instead of 192 and converts one fragment element an mma instead of 1.5) and column sides
 # that pad N least (96: warps of 64 x 48); "w32-first", the first tile exactly as merged (per-element copy
 # addresses live across the k loop: 166 registers, one block an SM; A row-major in shared memory always),
-# kept to measure against. choose() takes LUISAML_MMA_TILE where set, else TILE
-# (benchmarks/experiments/sweep_mma.py, bench_zoo: one process, one variant, no code change).
-VARIANTS = ("w64", "w32", "w32-first")
+# kept to measure against; "w64r", "w64" with A and B rounded to TF32 where a thread copies them to shared
+# memory (shaders/tensor_cores.py's tf32_round, once an element) and mma_tf32r_m16n8k8 (no conversion: the
+# fragments' two instructions an element, a third of the k loop's, leave it). choose() takes
+# LUISAML_MMA_TILE where set, else TILE (benchmarks/experiments/sweep_mma.py, bench_zoo: one process, one
+# variant, no code change).
+VARIANTS = ("w64", "w32", "w32-first", "w64r")
 TILE = "w64"
 
 
@@ -85,7 +88,7 @@ FILL_SIDES = ((128, 64), (64, 128), (64, 64))
 
 def warp_n(BN: int, tile: str) -> int:
     """The warp tile's columns for a block of BN columns under variant `tile`."""
-    if tile != "w64" or BN < 64:
+    if not tile.startswith("w64") or BN < 64:
         return WARP_N
     return 48 if BN % 64 else 64
 
@@ -95,7 +98,7 @@ def column_side(N: int, tile: str) -> int:
     pads N least (ConvNeXt's 96 and BERT's 768 columns, a ResNet's 64s: no empty warps), larger first."""
     if N < 64:
         return 32
-    if tile != "w64" or N < 96:
+    if not tile.startswith("w64") or N < 96:
         return 128 if N >= 128 else 64
     return min((128, 96, 64), key=lambda s: (-(-N // s) * s, -s))
 
@@ -144,7 +147,9 @@ def emit(ctx, tl: MmaTiling, item: str, thread: str, a: RowLoader, b: RowLoader,
     a_size, b_size = (BK if a_kmajor else BM) * SA, BK * SB
     WM, WN = tl.WM, tl.WN
     MI, NI = WM // 16, WN // 8
-    mma = ctx.use_helper("mma_tf32_m16n8k8", "tensor_cores")
+    rounded = tl.variant == "w64r"  # (the copies round, the mma does not)
+    mma = ctx.use_helper("mma_tf32r_m16n8k8" if rounded else "mma_tf32_m16n8k8", "tensor_cores")
+    tf32 = ctx.use_helper("tf32_round", "tensor_cores") if rounded else None
 
     cb = ctx.let(ix.mod(item, tl.col_blocks), "cb") if tl.col_blocks > 1 else "0"
     rest = ix.div(item, tl.col_blocks)
@@ -200,7 +205,7 @@ def emit(ctx, tl: MmaTiling, item: str, thread: str, a: RowLoader, b: RowLoader,
 
     def put(buf: str) -> None:
         for (dst, size, idx, _, _), name in zip(ahead, regs):
-            ctx.line(f"{dst}[{ix.add(idx, ix.mul(buf, size)) if buf != '0' else idx}] = {name}")
+            ctx.line(f"{dst}[{ix.add(idx, ix.mul(buf, size)) if buf != '0' else idx}] = {f'{tf32}({name})' if tf32 else name}")
 
     # ---- the lane's fixed offsets, the contract's arrays, the accumulators ----------------------------
     # (i + t) % 8 is i + t below 5 (t < 4): the live fragments' (i = 0, 4) offsets are t plus constants

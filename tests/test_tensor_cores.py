@@ -348,3 +348,52 @@ def test_runtime_dir_is_none_where_the_front_cannot_answer(tmp_path, monkeypatch
         assert tensor_cores.runtime_dir() is None and tensor_cores.runtime_dir() is None
     assert sum("compiler front cannot run" in r.getMessage() for r in caplog.records) == 1
     assert (tmp_path / "tensor-cores").is_dir()
+
+
+# ---- "w64r": operands rounded where they are copied (tf32_round) and an mma without cvt -----------------
+
+
+def test_half_ulp_then_truncation_is_cvt_rna():
+    """tf32_round's body adds half a TF32 ulp (0x1000) to a finite value's bits and leaves NaN and inf; the
+    mma drops the low 13 bits: together cvt.rna.tf32's rounding (to nearest, ties away), against an
+    exact model of it on float64."""
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.standard_normal(4096) * 10.0 ** rng.integers(-30, 30, 4096), [3.4028235e38, -1.0e-40]])
+    ties = (rng.integers(0, 0x3FC00, 64, dtype=np.uint32) << 13 | 0x1000).view(np.float32)  # finite, half an ulp over
+    x = np.concatenate([x.astype(np.float32), ties, -ties])
+    bits = x.view(np.uint32)
+    finite = np.isfinite(x)
+    got = ((np.where(finite, bits + np.uint32(0x1000), bits)) & np.uint32(0xFFFFE000)).view(np.float32)
+    m, e = np.frexp(np.abs(x.astype(np.float64)))  # |x| = m 2^e, m in [0.5, 1): TF32 keeps 11 bits of m
+    scaled = m * 2.0 ** 11
+    want = np.sign(x) * np.ldexp(np.floor(scaled + 0.5), e - 11)  # ties away from zero
+    sub = np.abs(x) < np.finfo(np.float32).tiny  # (subnormals: the same bit rule, no exponent model)
+    with np.errstate(over="ignore"):  # (the largest float rounds up to inf, as cvt.rna's does)
+        np.testing.assert_array_equal(got[~sub], want[~sub].astype(np.float32))
+    special = np.array([np.inf, -np.inf, np.nan], np.float32).view(np.uint32)
+    special = np.append(special, np.uint32(0x7FFFFFFF))  # NVIDIA's canonical NaN: + 0x1000 would carry into the sign
+    kept = np.where(np.isfinite(special.view(np.float32)), special + np.uint32(0x1000), special) & np.uint32(0xFFFFE000)
+    assert np.isinf(kept[:2].view(np.float32)).all() and np.isnan(kept[2:].view(np.float32)).all()
+
+
+def test_rounded_emission_rewrites_and_compiles_without_cvt(tmp_path):
+    """A LuisaCompute-shaped emission of tf32_round and mma_tf32r_m16n8k8: the front replaces both bodies;
+    nvcc compiles the result to PTX with one mma.sync, tf32_round's guarded add and no cvt.rna (the
+    conversion moved out of the mma)."""
+    src = _emission("tf32", marker=str(tc.MARK_TF32R))
+    rnd = ("__forceinline__ __device__ lc_float custom_1D2C3B4A59687706(\n    lc_float v0) noexcept {\n"
+           f"  return (v0 * static_cast<lc_float>(({tc.MARK_ROUND} >> 30)));\n}}\n\n")
+    src = src.replace("struct alignas(16) Params", rnd + "struct alignas(16) Params")
+    src = re.sub(r"(v2[34]\[[^\]]+\]) = (b1[01]\.ptr\[[^;]+\]);", r"\1 = custom_1D2C3B4A59687706(\2);", src)
+    new, notes = nvrtc_front.rewrite(src, tensor_cores.rules())
+    assert not notes and str(tc.MARK_TF32R) not in new and str(tc.MARK_ROUND) not in new
+    nvcc = _tool("nvcc")
+    if not nvcc:
+        pytest.skip("nvcc not found")
+    cu = tmp_path / "k.cu"
+    cu.write_text(new)
+    r = subprocess.run([nvcc, "-arch=sm_90", "-ptx", "-O3", "-std=c++17", "-o", str(tmp_path / "k.ptx"), str(cu)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ptx = (tmp_path / "k.ptx").read_text()
+    assert ptx.count("mma.sync.aligned.m16n8k8") == 1 and "cvt.rna.tf32" not in ptx and "add.u32" in ptx

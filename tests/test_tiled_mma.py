@@ -56,7 +56,7 @@ def _run_blocks(plan, feeds: dict[str, np.ndarray], out_size: int) -> np.ndarray
     return run_plan(plan, feeds)["Y"].reshape(out_size)
 
 
-@pytest.mark.parametrize("tile", ["w64", "w32"])  # (tiled_mma.VARIANTS; "w32-first" is the first tile's source)
+@pytest.mark.parametrize("tile", ["w64", "w32", "w64r"])  # (tiled_mma.VARIANTS; "w32-first": the first tile's source)
 @pytest.mark.parametrize("op,M,K,N,ta,tb,const_b,bias", [
     ("MatMul", 128, 40, 64, 0, 0, True, False),  # whole tiles, a ragged last k step, prepacked B
     ("MatMul", 100, 24, 90, 0, 0, False, False),  # ragged M and N, run-time B ("w64": 96 columns, warps of 48)
@@ -74,7 +74,8 @@ def test_emitted_mma_tile_matches_numpy(op, M, K, N, ta, tb, const_b, bias, tile
     # sys.modules purges), and this module's tiled_mma is then the older copy
     assert type(tl).__name__ == "MmaTiling" and tl.threads == st.threads and tl.shared_bytes <= 48 * 1024
     assert tl.variant == tile and tl.BN % tl.WN == 0 and tl.BM % tl.WM == 0
-    assert "mma_tf32_m16n8k8" in plan.source
+    assert ("mma_tf32r_m16n8k8" in plan.source and "tf32_round" in plan.source if tile == "w64r"
+            else "mma_tf32_m16n8k8" in plan.source)
     if const_b:
         feeds = {"A": feeds["A"]}
     got = _run_blocks(plan, feeds, M * N).reshape(M, N)
@@ -139,10 +140,12 @@ def test_tensor_cores_option_is_checked():
     assert CompileOptions(tensor_cores="auto").resolve("cpu").tensor_cores is False
 
 
-def test_emitted_mma_kernel_builds_as_dsl(monkeypatch):
+@pytest.mark.parametrize("tile", ["w64", "w64r"])
+def test_emitted_mma_kernel_builds_as_dsl(tile, monkeypatch):
     """luisa-python builds the stage kernel's AST (shared arrays, the contract's local arrays passed to
-    the marked callable): only the backend's compile, which the CPU backend cannot do for shared
-    memory, is left out (tests/gpu_emulator.py build_dsl)."""
+    the marked callable; "w64r": tf32_round on each copied element): only the backend's compile, which
+    the CPU backend cannot do for shared memory, is left out (tests/gpu_emulator.py build_dsl)."""
+    monkeypatch.setenv("LUISAML_MMA_TILE", tile)
     model, _, _ = _model("MatMul", 128, 40, 64, const_b=False)
     plan = _plan(model)
     (st,) = [s for s in plan.schedule.stages if s.domain == "blocks"]

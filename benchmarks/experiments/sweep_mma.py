@@ -6,7 +6,7 @@ per-call sum of the kernels' CUPTI durations (bench_mlp.kernel_ms, torch.profile
 (cuBLAS / cuDNN) on the same inputs. Prints TFLOP/s per variant and shape (the product's 2MNK over the
 median), and the tile each variant chose.
 
-    LUISAML_BACKEND=cuda python -P benchmarks/experiments/sweep_mma.py [--variants w64,w32,w32-first]
+    LUISAML_BACKEND=cuda python -P benchmarks/experiments/sweep_mma.py [--variants w64,w64r,w32,w32-first]
         [--shapes gemm4k,bert,...] [--reps 20] [--out results/sweep-mma-<gpu>.json]
 
 Shapes: the 4096^3 GEMM; BERT's MLP up-projection at 16 x 128 tokens; ConvNeXt-T's stage-1 MLP at batch 16
@@ -97,7 +97,7 @@ def tiling_of(net) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--variants", default="w64,w32,w32-first")
+    ap.add_argument("--variants", default="w64,w64r,w32,w32-first")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", type=Path, default=None)

@@ -98,6 +98,22 @@ def test_mma_gemm_matches_numpy(name, make):
     assert e_tc > 10 * e_fp32, (e_tc, e_fp32)
 
 
+@pytest.mark.parametrize("tile", ["w64", "w32", "w32-first", "w64r"])
+@pytest.mark.parametrize("name,make", [  # a full grid ("w64": 176 blocks of 128 x 96, warps of 64 x 48), a short one
+    ("gemm 2048 x 1040, bias, ragged k", lambda: _gemm(2048, 136, 1040, 0, 0, True, 6)), CASES[3]],
+    ids=["gemm 2048 x 1040", CASES[3][0]])
+def test_mma_tile_variants_match_numpy(name, make, tile, monkeypatch):
+    """operators/tiled_mma.py's variants (LUISAML_MMA_TILE): each within TF32's tolerance and rounding (the
+    mma ran: "w64r"'s tf32_round and mma_tf32r_m16n8k8 rewritten, not their FP32 bodies)."""
+    monkeypatch.setenv("LUISAML_MMA_TILE", tile)
+    model, feeds, want = make()
+    tc = luisaml.compile(model, batch_axis=None, tensor_cores="auto")
+    assert ("mma_tf32r_m16n8k8" if tile == "w64r" else "mma_tf32_m16n8k8") in tc.plan.source
+    e_tc = _rel(tc.run(feeds)["Y"], want)
+    e_fp32 = _rel(luisaml.compile(model, batch_axis=None, tensor_cores=False).run(feeds)["Y"], want)
+    assert 10 * e_fp32 < e_tc <= TF32_TOL, (e_tc, e_fp32)
+
+
 def _resnet_stack(n, seed=0):
     """A ResNet-style stack over a batch of n (the batch a symbol): a 7 x 7 stride-2 stem of 3 channels
     (k = 147), a 3 x 3 stride-1 conv (Winograd's where compile takes it), a bottleneck's 1 x 1 and its
