@@ -7,7 +7,7 @@ per-call sum of the kernels' CUPTI durations (bench_mlp.kernel_ms, torch.profile
 median), and the tile each variant chose.
 
     LUISAML_BACKEND=cuda python -P benchmarks/experiments/sweep_mma.py [--variants w64,w64r,w32,w32-first]
-        [--shapes gemm4k,bert,...] [--reps 20] [--out results/sweep-mma-<gpu>.json]
+        [--shapes gemm4k,bert,...] [--reps 20] [--budget 140] [--ptxas] [--out results/sweep-mma-<gpu>.json]
 
 Shapes: the 4096^3 GEMM; BERT's MLP up-projection at 16 x 128 tokens; ConvNeXt-T's stage-1 MLP at batch 16
 (3136 x 16 rows, 96 -> 384 and back); ResNet-50's 1 x 1 (56 x 56, 64 -> 256), 3 x 3 (28 x 28, 128 -> 128,
@@ -95,12 +95,58 @@ def tiling_of(net) -> str:
     return "; ".join(out) or "no mma tile"
 
 
+def find_ptxas() -> str | None:
+    """ptxas on PATH, in a CUDA toolkit, or the one triton ships (torch's CUDA wheels bring triton)."""
+    import glob
+    import shutil
+
+    found = shutil.which("ptxas") or next(iter(sorted(glob.glob("/usr/local/cuda*/bin/ptxas"))), None)
+    if found:
+        return found
+    spec = importlib.util.find_spec("triton")
+    hits = glob.glob(str(Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas")) if spec and spec.origin else []
+    return hits[0] if hits else None
+
+
+def ptxas_counts(ptxas: str, since: float) -> str:
+    """Registers and spills of the kernels LuisaCompute cached (PTX, in the front's runtime directory's
+    .cache) since `since`, by ptxas -v for sm_90: best effort, "?" where none is found."""
+    import re
+    import subprocess
+    import tempfile
+
+    from luisaml import tensor_cores
+
+    d = tensor_cores._started_in[0] if tensor_cores._started_in else None
+    out = []
+    for f in sorted((d / ".cache").rglob("*") if d and (d / ".cache").is_dir() else [], key=lambda f: f.stat().st_mtime):
+        if not f.is_file() or f.stat().st_mtime < since:
+            continue
+        data = f.read_bytes()
+        start = data.find(b".version")
+        if start < 0 or b"mma.sync" not in data:
+            continue
+        end = data.find(b"\0", start)
+        with tempfile.NamedTemporaryFile(suffix=".ptx") as t:
+            t.write(data[start:end if end > 0 else len(data)])
+            t.flush()
+            r = subprocess.run([ptxas, "-arch=sm_90", "-v", "-o", "/dev/null", t.name], capture_output=True, text=True,
+                               timeout=120)
+        regs = re.findall(r"Used (\d+) registers", r.stderr)
+        spills = re.findall(r"(\d+) bytes spill stores", r.stderr)
+        out.append(f"{','.join(regs) or '?'} regs, {','.join(spills) or '?'} B spilled" if r.returncode == 0
+                   else f"ptxas failed: {r.stderr.strip()[-120:]}")
+    return "; ".join(out) or "?"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--variants", default="w64,w64r,w32,w32-first")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--budget", type=float, default=140.0, help="seconds: later shapes are skipped (said) past it")
+    ap.add_argument("--ptxas", action="store_true", help="registers and spills per variant (ptxas -v on the cached PTX)")
     args = ap.parse_args()
     os.environ.setdefault("LUISAML_BACKEND", "cuda")
     import torch
@@ -122,7 +168,13 @@ def main() -> int:
     t_start = time.perf_counter()
     rows, failed = [], []
     torch.backends.cudnn.benchmark = True
+    ptxas = find_ptxas() if args.ptxas else None
+    if args.ptxas and not ptxas:
+        print("(no ptxas here: registers not dumped)")
     for name in args.shapes.split(","):
+        if time.perf_counter() - t_start > args.budget:
+            print(f"{name}: skipped (past the {args.budget:.0f} s budget)", flush=True)
+            continue
         spec = SHAPES[name]
         gen = torch.Generator(device="cuda").manual_seed(len(rows) + 1)
         a, w, op, flop = operands(spec, gen)
@@ -130,19 +182,24 @@ def main() -> int:
         row = {"shape": name, "gflop": flop / 1e9, "tflops": {}, "rel_err": {}, "tile": {}, "compile_s": {}}
         for v in variants:
             os.environ["LUISAML_MMA_TILE"] = v
-            t0 = time.perf_counter()
+            t0, t_wall = time.perf_counter(), time.time() - 1.0
             net = luisaml.compile(model(spec, w.cpu().numpy()), backend="cuda", batch_axis=0 if spec[0] == "conv" or spec[4]
                                   else None, tensor_cores="auto", **({"winograd": 0} if spec[0] == "conv" else {}))
             y = torch.as_tensor(net.run({"A": a})["Y"], device="cuda")
             torch.cuda.synchronize()
             row["compile_s"][v] = round(time.perf_counter() - t0, 2)
+            if ptxas:
+                row.setdefault("ptxas", {})[v] = ptxas_counts(ptxas, t_wall)
             err = float(torch.linalg.norm(y.double() - want) / torch.linalg.norm(want))
             row["rel_err"][v], row["tile"][v] = err, tiling_of(net)
             if not err <= TOL or row["tile"][v] == "no mma tile":
                 failed.append(f"{name} {v}: rel err {err:.2e}, {row['tile'][v]}")
                 continue
-            ms = float(np.median(kernel_ms(lambda: net.run({"A": a}), args.reps)))
-            row["tflops"][v] = flop / (ms * 1e-3) / 1e12
+            try:
+                ms = float(np.median(kernel_ms(lambda: net.run({"A": a}), args.reps)))
+                row["tflops"][v] = flop / (ms * 1e-3) / 1e12
+            except RuntimeError as e:  # (CUPTI's kernel count off: no time, not a wrong answer)
+                print(f"  {name} {v}: not timed ({e})", flush=True)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         row["rel_err"]["torch_tf32"] = float(torch.linalg.norm(op(a, w).double() - want) / torch.linalg.norm(want))
         ms = float(np.median(kernel_ms(lambda: op(a, w), args.reps)))
@@ -152,8 +209,8 @@ def main() -> int:
         print(f"{name:14s} {flop / 1e9:7.1f} GFLOP  " + "  ".join(f"{k} {t:6.1f}" for k, t in row["tflops"].items())
               + "  TFLOP/s", flush=True)
         for v in variants:
-            print(f"{'':16s}{v}: {row['tile'][v]}, err {row['rel_err'][v]:.1e}, built in {row['compile_s'][v]} s",
-                  flush=True)
+            print(f"{'':16s}{v}: {row['tile'][v]}, err {row['rel_err'][v]:.1e}, built in {row['compile_s'][v]} s"
+                  + (f", {row['ptxas'][v]}" if ptxas else ""), flush=True)
     print(f"({time.perf_counter() - t_start:.0f} s)")
     gpu = torch.cuda.get_device_name()
     out = args.out or HERE.parent / "results" / f"sweep-mma-{'h200' if 'H200' in gpu else 'h100' if 'H100' in gpu else 'gpu'}.json"
