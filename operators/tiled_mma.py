@@ -1,5 +1,6 @@
 """Tensor-core GEMM tiles for CUDA: a block of warps computes a BM x BN tile of C[bi] = A[bi] B[bi]
-through shared memory, each warp a 64 x 32 tile as 4 x 4 mma tiles of 16 x 8 (TF32 m16n8k8, the
+through shared memory, each warp a WM x WN tile (64 x 64 by default, 64 x 48 for 96-column blocks, 64 x 32
+on short grids and in the first tile's variants: VARIANTS below) as mma tiles of 16 x 8 (TF32 m16n8k8, the
 marked callable of shaders/tensor_cores.py that luisaml's compiler front turns into `mma.sync`,
 luisaml/tensor_cores.py). Gemm and MatMul (operators/gemm.py), Conv's implicit GEMM (operators/
 conv_tiles.py) and Winograd's products (operators/winograd.py) choose it where compile(tensor_cores=
@@ -9,18 +10,20 @@ tile whose rows are the positions of several samples).
 
 Per k step of BK = 16 the block copies A's BM x BK and B's BK x BN tiles into shared memory (each
 thread a fixed set of elements, consecutive threads on consecutive addresses of A's contiguous
-dimension, of B's columns), double-buffered with one barrier a step; the next step's operands are
-loaded into registers while this step's mma tiles run (as tiled.py's double-buffered tiles do).
-Shared memory: A row-major with rows BK + 4 floats apart, B k-major with rows BN + 8 apart, so the
-fragment reads of a warp (A[g][t], B[t][g], g = lane / 4, t = lane % 4) hit 32 different banks;
+dimension, of B's columns; a thread's elements are its first plus constant offsets, so each copy's
+addresses are one register and an immediate), double-buffered with one barrier a step; the next step's
+operands are loaded into registers while this step's mma tiles run. Shared memory: B k-major with rows
+BN + 8 apart; A row-major with rows BK + 4 apart, or k-major with rows BM + 8 apart where A's rows are
+contiguous in memory (Conv's gather: a warp's stores then hit 32 banks); either way the fragment reads
+of a warp (A[g][t], B[t][g], g = lane / 4, t = lane % 4) hit 32 different banks. At most
 2 x (128 x 20 + 16 x 136) floats = 37,888 bytes for 128 x 128 tiles (the static cap is 48 KiB).
 
 Per k8 sub-step a lane fills the contract's arrays (shaders/tensor_cores.py: its rows g, g + 8 of
 each 16-row tile and its columns 2t, 2t + 1, g of each 8-column tile, k rotated by t) and calls the
-callable 16 times; in the rewritten kernel only the mma fragments of those arrays are live (6 of
-40 shared loads a tile pair) and the CUDA compiler drops the rest. Where the front did not rewrite
-(the self-test would have said so, and "auto" keeps tiled.py then), the DSL body computes the same
-product in FP32: correct, slow.
+callable (WM / 16) x (WN / 8) times; in the rewritten kernel only the mma fragments of those arrays are
+live (6 of 40 shared loads a tile pair) and the CUDA compiler drops the rest. Where the front did not
+rewrite (the self-test would have said so, and "auto" keeps tiled.py then), the DSL body computes the
+same product in FP32: correct, slow. Why these shapes: benchmarks/NOTES.md, "A faster tensor-core tile".
 """
 from __future__ import annotations
 
@@ -103,7 +106,8 @@ def column_side(N: int, tile: str) -> int:
     return min((128, 96, 64), key=lambda s: (-(-N // s) * s, -s))
 
 
-def choose(M: int, N: int, K: int, nbatch: int, kind: str = "tf32", sms: int = 0, tile: str | None = None) -> MmaTiling | None:
+def choose(M: int, N: int, K: int, nbatch: int, kind: str = "tf32", sms: int = 0,
+           tile: str | None = None) -> MmaTiling | None:
     """Return the tensor-core tiling of a product, or None where it is too small for one (a side
     under a warp's tile, or padding past MIN_FILL): the caller keeps tiled.py's FP32 tile then.
     sms: as tiled.choose's (the launch is this product alone on a GPU of `sms` multiprocessors);
@@ -205,7 +209,8 @@ def emit(ctx, tl: MmaTiling, item: str, thread: str, a: RowLoader, b: RowLoader,
 
     def put(buf: str) -> None:
         for (dst, size, idx, _, _), name in zip(ahead, regs):
-            ctx.line(f"{dst}[{ix.add(idx, ix.mul(buf, size)) if buf != '0' else idx}] = {f'{tf32}({name})' if tf32 else name}")
+            value = f"{tf32}({name})" if tf32 else name
+            ctx.line(f"{dst}[{ix.add(idx, ix.mul(buf, size)) if buf != '0' else idx}] = {value}")
 
     # ---- the lane's fixed offsets, the contract's arrays, the accumulators ----------------------------
     # (i + t) % 8 is i + t below 5 (t < 4): the live fragments' (i = 0, 4) offsets are t plus constants

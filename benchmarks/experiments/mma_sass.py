@@ -1,0 +1,226 @@
+"""The tensor-core tile's machine code without a GPU (benchmarks/NOTES.md, "A faster tensor-core tile"): a
+MatMul's or Conv's blocks stage, planned for CUDA with tensor cores under a variant of operators/
+tiled_mma.py, translated from the plan's DSL to CUDA C++ close to LuisaCompute's emission (the front's
+bodies, luisaml/tensor_cores.py, in place of the marked callables), compiled by nvcc for sm_90: ptxas -v's
+registers and spills, and where cuobjdump (and nvdisasm) is found, the k loop's instructions by opcode.
+
+    python benchmarks/experiments/mma_sass.py mm:4096:4096:4096 cv:16:128:28:128:3 --variants w64,w32
+        [--cuobjdump /path/to/cuobjdump] [--keep DIR]
+
+mm:M:K:N is a MatMul by a constant B (no batch axis: the plan knows the grid); cv:n:C:H:K:k a k x k Conv
+(padding k // 2) of C -> K channels on H x H, compiled with a batch axis as the zoo's (n unused by the
+plan). The translation covers what these stages use (lets, reads, writes, shared and local arrays, for
+and if, barriers); LuisaCompute's own code declares everything at the top and may compile differently:
+compare variants with each other, not with a measured kernel. The loop's range is from the first
+barrier to the last backward branch, which may hold more than one copy of the loop body."""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "tests"))  # the tests' model builders
+
+PRELUDE = r"""
+struct alignas(16) lc_float4 { float x, y, z, w; };
+__device__ inline lc_float4 lc_splat4(float v) { return lc_float4{v, v, v, v}; }
+template<typename T, unsigned long N> struct lc_array {
+  T _d[N];
+  __device__ T &operator[](unsigned long i) { return _d[i]; }
+  __device__ T operator[](unsigned long i) const { return _d[i]; }
+};
+__device__ __forceinline__ lc_float4 mma_tf32_m16n8k8(const lc_array<float, 16> &a, const lc_array<float, 24> &b,
+                                                       lc_float4 c) {@TF32@
+}
+__device__ __forceinline__ lc_float4 mma_tf32r_m16n8k8(const lc_array<float, 16> &a, const lc_array<float, 24> &b,
+                                                        lc_float4 c) {@TF32R@
+}
+__device__ __forceinline__ float tf32_round(float x) {@ROUND@
+}
+"""
+
+
+def _close(s: str, i: int) -> int:
+    """The index of the parenthesis closing the one at i."""
+    depth = 0
+    for j in range(i, len(s)):
+        depth += {"(": 1, ")": -1}.get(s[j], 0)
+        if depth == 0:
+            return j
+    raise ValueError(f"unbalanced: {s}")
+
+
+def _reads(s: str) -> str:
+    """buf.read(i) -> buf[i] (weights.read(float, i) -> weights[i])."""
+    while m := re.search(r"(\w+)\.read\(", s):
+        o = m.end() - 1
+        c = _close(s, o)
+        s = s[:m.start()] + f"{m.group(1)}[" + s[o + 1:c].replace("float, ", "", 1) + "]" + s[c + 1:]
+    return s
+
+
+def _ternaries(s: str) -> str:
+    """(a if c else b) -> ((c) ? (a) : (b)), innermost first."""
+    out, i = "", 0
+    while i < len(s):
+        if s[i] != "(":
+            out, i = out + s[i], i + 1
+            continue
+        c = _close(s, i)
+        inner, depth, cut = _ternaries(s[i + 1:c]), 0, None
+        for j, ch in enumerate(inner):
+            depth += {"(": 1, ")": -1, "[": 1, "]": -1}.get(ch, 0)
+            if depth == 0 and cut is None and inner.startswith(" if ", j):
+                cut = j
+            elif depth == 0 and cut is not None and inner.startswith(" else ", j):
+                inner = f"({inner[cut + 4:j]}) ? ({inner[:cut]}) : ({inner[j + 6:]})"
+                break
+        out, i = out + "(" + inner + ")", c + 1
+    return out
+
+
+def translate(src: str, stage: str) -> str:
+    """The CUDA C++ of DSL function `stage` of a plan's source."""
+    from luisaml import tensor_cores
+
+    lines = src.splitlines()
+    i = next(j for j, line in enumerate(lines) if line.startswith(f"def {stage}("))
+    params = re.match(r"def \w+\((.*)\):", lines[i]).group(1).split(", ")
+    shared = dict(re.findall(r"^(Shared_float_\d+) = luisa.SharedArrayType\((\d+), float\)", src, re.M))
+    out, declared, stack, threads = [], set(), [4], 256
+    for line in lines[i + 1:]:
+        if line.strip() and not line.startswith(" "):
+            break
+        s, ind = line.strip(), len(line) - len(line.lstrip())
+        if not s or s.startswith(("#", '"""')):
+            continue
+        while ind < stack[-1]:
+            stack.pop()
+            out.append(" " * stack[-1] + "}")
+        if m := re.match(r"set_block_size\((\d+)", s):
+            threads = int(m.group(1))
+            continue
+        s = s.replace("int(thread_id().x)", "(int)threadIdx.x").replace("int(block_id().x)", "(int)blockIdx.x")
+        s = re.sub(r"(?<![\w.])0\.0(?![\w.])", "0.0f", _ternaries(_reads(s)))
+        s = s.replace("//", "/").replace(" and ", " && ").replace("float4(0.0f)", "lc_splat4(0.0f)")
+        pad = " " * ind
+        if m := re.match(r"(\w+)\.write\((.*), (\w+)\)$", s):
+            out.append(f"{pad}{m.group(1)}[{m.group(2)}] = {m.group(3)};")
+        elif m := re.match(r"for (\w+) in range\((\d+)\):", s):
+            out.append(f"{pad}for (int {m.group(1)} = 0; {m.group(1)} < {m.group(2)}; ++{m.group(1)}) {{")
+            stack.append(ind + 4)
+        elif m := re.match(r"if (.*):$", s):
+            out.append(f"{pad}if ({m.group(1)}) {{")
+            stack.append(ind + 4)
+        elif s == "sync_block()":
+            out.append(f"{pad}__syncthreads();")
+        elif m := re.match(r"(\w+) = (Shared_float_\d+)\(\)", s):
+            out.append(f"{pad}__shared__ float {m.group(1)}[{shared[m.group(2)]}];")
+            declared.add(m.group(1))
+        elif m := re.match(r"(\w+) = Arr_float_(\d+)\(\)", s):
+            out.append(f"{pad}lc_array<float, {m.group(2)}> {m.group(1)}{{}};")
+            declared.add(m.group(1))
+        elif m := re.match(r"(\w+)(\[.*\])? = (.*)$", s):
+            name, index, e = m.groups()
+            first = not index and name not in declared
+            declared.add(name)
+            out.append(f"{pad}{'auto ' if first else ''}{name}{index or ''} = {e};")
+        else:
+            raise ValueError(f"not translated: {s}")
+    out += ["  }"] * (len(stack) - 1)
+    args = ", ".join(f"float *__restrict__ {p}" if p.startswith("y_") else f"const float *__restrict__ {p}"
+                     for p in params)
+    head = "" if "sample" in declared else "  int sample = 0;\n"
+    bodies = {"@TF32@": tensor_cores.BODY_TF32, "@TF32R@": tensor_cores.BODY_TF32R, "@ROUND@": tensor_cores.BODY_ROUND}
+    prelude = PRELUDE
+    for key, body in bodies.items():
+        body = body.replace("@A@", "a").replace("@B@", "b").replace("@C@", "c").replace("@X@", "x")
+        prelude = prelude.replace(key, body.replace("lc_float ", "float ").replace("lc_float4 ", "lc_float4 "))
+    return (prelude + f'extern "C" __global__ void __launch_bounds__({threads}) kernel_main({args}) {{\n'
+            + head + "\n".join(out) + "\n}\n")
+
+
+def plan_stage(shape: str, variant: str):
+    """(plan, stage name, tiling) of a shape under a variant."""
+    os.environ["LUISAML_MMA_TILE"] = variant
+    kind, *dims = shape.split(":")
+    if kind == "mm":
+        from test_tiled_mma import _model, _plan
+
+        M, K, N = map(int, dims)
+        plan = _plan(_model("MatMul", M, K, N)[0])
+    else:
+        import test_conv_mma as conv
+
+        n, C, H, K, k = map(int, dims)
+        plan = conv._plan(conv._conv_model(n, C, H, H, K, k=k, pads=k // 2, batch="N")[0])
+    st = next(s for s in plan.schedule.stages if s.domain == "blocks")
+    return plan, f"stage_{plan.schedule.stages.index(st)}", st.nodes[0][1].block_tiling()
+
+
+def tool(name: str, given: str | None) -> str | None:
+    if given:
+        return given
+    found = shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/local/cuda*/bin/{name}"))), None)
+    if found:
+        return found
+    for root in sys.path:
+        hits = glob.glob(os.path.join(root, "nvidia", "*", "bin", name))
+        if hits:
+            return hits[0]
+    return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("shapes", nargs="+")
+    ap.add_argument("--variants", default="w32-first,w32,w64,w64r")
+    ap.add_argument("--cuobjdump", default=None)
+    ap.add_argument("--keep", type=Path, default=None, help="a folder for the .cu and .cubin files")
+    args = ap.parse_args()
+    nvcc, cuobjdump = tool("nvcc", None), tool("cuobjdump", args.cuobjdump)
+    if not nvcc:
+        print("nvcc not found")
+        return 1
+    folder = args.keep or Path(tempfile.mkdtemp(prefix="mma-sass-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    for shape in args.shapes:
+        for v in args.variants.split(","):
+            plan, stage, tl = plan_stage(shape, v)
+            cu = folder / f"{shape.replace(':', '_')}-{v}.cu"
+            cu.write_text(translate(plan.source, stage))
+            r = subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-O3", "-std=c++17", "-Xptxas", "-v", "-o",
+                                str(cu.with_suffix(".cubin")), str(cu)], capture_output=True, text=True, timeout=600)
+            if r.returncode:
+                print(f"{shape} {v}: nvcc failed\n{r.stderr[-2000:]}")
+                return 1
+            regs = re.search(r"Used (\d+) registers", r.stderr)
+            spill = re.search(r"(\d+) bytes spill stores", r.stderr)
+            line = (f"{shape:22s} {v:9s} {tl.BM}x{tl.BN}, {tl.threads // 32} warps of {tl.WM}x{tl.WN}: "
+                    f"{regs.group(1) if regs else '?'} registers, {spill.group(1) if spill else '?'} B spilled")
+            if cuobjdump:
+                env = dict(os.environ, PATH=os.path.dirname(cuobjdump) + os.pathsep + os.environ.get("PATH", ""))
+                sass = subprocess.run([cuobjdump, "-sass", str(cu.with_suffix(".cubin"))], capture_output=True,
+                                      text=True, env=env, timeout=300).stdout.splitlines()
+                bar = [i for i, s in enumerate(sass) if "BAR.SYNC" in s]
+                back = [i for i, s in enumerate(sass) if re.search(r"BRA 0x", s)]
+                if bar and len(back) >= 2:
+                    ops = Counter(m.group(1).split(".")[0] for s in sass[bar[0]:back[-2] + 1]
+                                  if (m := re.search(r"/\*[0-9a-f]+\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_.]+)", s)))
+                    total, hmma = sum(ops.values()), ops["HMMA"]
+                    line += (f"; loop {total} instructions / {hmma} HMMA = {total / max(hmma, 1):.1f} (LDS {ops['LDS']}, "
+                             f"LDG {ops['LDG']}, STS {ops['STS']}, FSETP {ops['FSETP']})")
+            print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
