@@ -27,6 +27,7 @@ same product in FP32: correct, slow. Why these shapes: benchmarks/NOTES.md, "A f
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -182,6 +183,14 @@ def emit(ctx, tl: MmaTiling, item: str, thread: str, a: RowLoader, b: RowLoader,
             split = [(r0, ix.add(s0, str(e * NT // fast))) for e in range(side * BK // NT)]
         elif not first and fast % NT == 0:  # u < fast for e < fast / NT
             split = [(ix.add(thread, str(e * NT % fast)), str(e * NT // fast)) for e in range(side * BK // NT)]
+        elif not first and (side * BK // NT) % (fast // math.gcd(NT, fast)) == 0:
+            # (96 columns, 128 threads) runs of G = gcd(NT, fast) consecutive threads (a warp) on G consecutive
+            # elements; run r = thread // G takes the E run slots r * E + e, whose fast index is
+            # (e % (fast / G)) * G + lane and slow index e // (fast / G) + r * E / (fast / G): constants again
+            G = math.gcd(NT, fast)
+            E, per = side * BK // NT, fast // G
+            lo, hi = ctx.let(ix.mod(thread, G), "q"), ctx.let(ix.div(thread, G), "kk")
+            split = [(ix.add(lo, str(e % per * G)), ix.add(str(e // per), ix.mul(hi, E // per))) for e in range(E)]
         else:
             split = [(ix.mod(f"({ix.add(thread, str(e * NT))})" if e else thread, fast),
                       ix.div(f"({ix.add(thread, str(e * NT))})" if e else thread, fast)) for e in range(side * BK // NT)]
