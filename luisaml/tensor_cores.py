@@ -77,7 +77,7 @@ BODY_F16 = r"""
                  "f"(@C@.x), "f"(@C@.y), "f"(@C@.z), "f"(@C@.w));
   return lc_tc_d;"""
 
-# mma_tf32r_m16n8k8: the operands were rounded where they were copied (tf32_round), so their bits go to
+# mma_tf32_m16n8k8_rounded: the operands were rounded where they were copied (tf32_round), so their bits go to
 # mma.sync as they are (mov.b32: a register's type, no instruction)
 BODY_TF32R = BODY_TF32.replace('asm("cvt.rna.tf32.f32 %0, %1;"', 'asm("mov.b32 %0, %1;"')
 

@@ -45,7 +45,7 @@ KIND_K = {"tf32": 8}
 # that pad N least (96: warps of 64 x 48); "w32-first", the first tile exactly as merged (per-element copy
 # addresses live across the k loop: 166 registers, one block an SM; A row-major in shared memory always),
 # kept to measure against; "w64r", "w64" with A and B rounded to TF32 where a thread copies them to shared
-# memory (shaders/tensor_cores.py's tf32_round, once an element) and mma_tf32r_m16n8k8 (no conversion: the
+# memory (shaders/tensor_cores.py's tf32_round, once an element) and mma_tf32_m16n8k8_rounded (no conversion: the
 # fragments' two instructions an element, a third of the k loop's, leave it). choose() takes
 # LUISAML_MMA_TILE where set, else TILE (benchmarks/experiments/sweep_mma.py, bench_zoo: one process, one
 # variant, no code change).
@@ -153,7 +153,7 @@ def emit(ctx, tl: MmaTiling, item: str, thread: str, a: RowLoader, b: RowLoader,
     WM, WN = tl.WM, tl.WN
     MI, NI = WM // 16, WN // 8
     rounded = tl.variant == "w64r"  # (the copies round, the mma does not)
-    mma = ctx.use_helper("mma_tf32r_m16n8k8" if rounded else "mma_tf32_m16n8k8", "tensor_cores")
+    mma = ctx.use_helper("mma_tf32_m16n8k8_rounded" if rounded else "mma_tf32_m16n8k8", "tensor_cores")
     tf32 = ctx.use_helper("tf32_round", "tensor_cores") if rounded else None
 
     cb = ctx.let(ix.mod(item, tl.col_blocks), "cb") if tl.col_blocks > 1 else "0"

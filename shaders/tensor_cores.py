@@ -29,7 +29,7 @@ from luisa.mathtypes import float4  # noqa: F401
 # (LuisaCompute prints an int literal in decimal). The front looks for these decimal strings.
 MARK_TF32 = 1511506921  # 0x5A17C3E9
 MARK_F16 = 1526097219  # 0x5AF66943
-MARK_TF32R = 1530699303  # 0x5B3C9E27: mma_tf32r_m16n8k8 (operands already rounded by tf32_round)
+MARK_TF32R = 1530699303  # 0x5B3C9E27: mma_tf32_m16n8k8_rounded (operands already rounded by tf32_round)
 MARK_ROUND = 1548561009  # 0x5C4D2A71: tf32_round
 
 # (rows of A, columns of B, k) of each shape, and the array lengths of a and b
@@ -65,7 +65,7 @@ def mma_tf32_m16n8k8(a, b, c):
 
 
 @luisa.func
-def mma_tf32r_m16n8k8(a, b, c):
+def mma_tf32_m16n8k8_rounded(a, b, c):
     """mma_tf32_m16n8k8 for operands already rounded to TF32 (tf32_round, once where a tile copies them to
     shared memory, not once a fragment an mma: operators/tiled_mma.py's "w64r"): the tensor-core body
     hands the bits to mma.sync as they are; this body is the FP32 product, as the other's."""
@@ -83,9 +83,9 @@ def mma_tf32r_m16n8k8(a, b, c):
 
 @luisa.func
 def tf32_round(x):
-    """x made ready for mma_tf32r_m16n8k8 on the tensor-core route: half a TF32 ulp added to its bits, which
+    """x made ready for mma_tf32_m16n8k8_rounded on the tensor-core route: half a TF32 ulp added to its bits, which
     the mma's truncation to TF32 turns into cvt.rna's rounding (to nearest, ties away); x where the DSL
-    body runs (with mma_tf32r_m16n8k8's FP32 body the product is then FP32's, as with the route off)."""
+    body runs (with mma_tf32_m16n8k8_rounded's FP32 body the product is then FP32's, as with the route off)."""
     return x * float(MARK_ROUND >> 30)
 
 

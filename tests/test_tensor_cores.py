@@ -377,7 +377,7 @@ def test_half_ulp_then_truncation_is_cvt_rna():
 
 
 def test_rounded_emission_rewrites_and_compiles_without_cvt(tmp_path):
-    """A LuisaCompute-shaped emission of tf32_round and mma_tf32r_m16n8k8: the front replaces both bodies;
+    """A LuisaCompute-shaped emission of tf32_round and mma_tf32_m16n8k8_rounded: the front replaces both bodies;
     nvcc compiles the result to PTX with one mma.sync, tf32_round's guarded add and no cvt.rna (the
     conversion moved out of the mma)."""
     src = _emission("tf32", marker=str(tc.MARK_TF32R))

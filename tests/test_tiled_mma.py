@@ -74,7 +74,7 @@ def test_emitted_mma_tile_matches_numpy(op, M, K, N, ta, tb, const_b, bias, tile
     # sys.modules purges), and this module's tiled_mma is then the older copy
     assert type(tl).__name__ == "MmaTiling" and tl.threads == st.threads and tl.shared_bytes <= 48 * 1024
     assert tl.variant == tile and tl.BN % tl.WN == 0 and tl.BM % tl.WM == 0
-    assert ("mma_tf32r_m16n8k8" in plan.source and "tf32_round" in plan.source if tile == "w64r"
+    assert ("mma_tf32_m16n8k8_rounded" in plan.source and "tf32_round" in plan.source if tile == "w64r"
             else "mma_tf32_m16n8k8" in plan.source)
     if const_b:
         feeds = {"A": feeds["A"]}

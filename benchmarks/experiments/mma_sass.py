@@ -40,7 +40,7 @@ template<typename T, unsigned long N> struct lc_array {
 __device__ __forceinline__ lc_float4 mma_tf32_m16n8k8(const lc_array<float, 16> &a, const lc_array<float, 24> &b,
                                                        lc_float4 c) {@TF32@
 }
-__device__ __forceinline__ lc_float4 mma_tf32r_m16n8k8(const lc_array<float, 16> &a, const lc_array<float, 24> &b,
+__device__ __forceinline__ lc_float4 mma_tf32_m16n8k8_rounded(const lc_array<float, 16> &a, const lc_array<float, 24> &b,
                                                         lc_float4 c) {@TF32R@
 }
 __device__ __forceinline__ float tf32_round(float x) {@ROUND@

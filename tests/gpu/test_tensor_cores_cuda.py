@@ -104,11 +104,11 @@ def test_mma_gemm_matches_numpy(name, make):
     ids=["gemm 2048 x 1040", CASES[3][0]])
 def test_mma_tile_variants_match_numpy(name, make, tile, monkeypatch):
     """operators/tiled_mma.py's variants (LUISAML_MMA_TILE): each within TF32's tolerance and rounding (the
-    mma ran: "w64r"'s tf32_round and mma_tf32r_m16n8k8 rewritten, not their FP32 bodies)."""
+    mma ran: "w64r"'s tf32_round and mma_tf32_m16n8k8_rounded rewritten, not their FP32 bodies)."""
     monkeypatch.setenv("LUISAML_MMA_TILE", tile)
     model, feeds, want = make()
     tc = luisaml.compile(model, batch_axis=None, tensor_cores="auto")
-    assert ("mma_tf32r_m16n8k8" if tile == "w64r" else "mma_tf32_m16n8k8") in tc.plan.source
+    assert ("mma_tf32_m16n8k8_rounded" if tile == "w64r" else "mma_tf32_m16n8k8") in tc.plan.source
     e_tc = _rel(tc.run(feeds)["Y"], want)
     e_fp32 = _rel(luisaml.compile(model, batch_axis=None, tensor_cores=False).run(feeds)["Y"], want)
     assert 10 * e_fp32 < e_tc <= TF32_TOL, (e_tc, e_fp32)
