@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 
 import numpy as np
 
@@ -33,6 +34,34 @@ MMA_ROWS = 128
 # bounded so that W stays in L2 and a large batch's re-reads stay small against a tile's (EfficientNet-B0's
 # largest fc, 1,152 x 48, is 55,296 weights; a 1,000-class head over 2,048 channels keeps its tile)
 DOT_MAX_WEIGHTS = 1 << 17
+# The mma tile's im2col gather (benchmarks/NOTES.md, "Conv's gather on the tensor-core tile"): "step" orders
+# k as (tap, channel) where a group's channels are a multiple of the k step, so a step's k's are channels of
+# one tap: the tap, its bounds tests and clamps and the row's address are worked out once a row a step
+# (StepLoader.at_step) and each element is that address plus its channel's stride; "first" decomposes each
+# k into (channel, taps) by divisions and tests its bounds, the gather as first merged (kept to measure
+# against). LUISAML_CONV_GATHER where set, else GATHER (read at plan time: one process, one gather).
+GATHERS = ("step", "first")
+GATHER = "step"
+
+
+class StepLoader:
+    """A RowLoader's k -> element that tiled_mma.emit may instead ask at_step(k0, kk) -> element: k is the
+    step's k0, a multiple of the step, plus kk below it (a run-time expression)."""
+
+    def __init__(self, load, at_step):
+        self.load, self.at_step = load, at_step
+
+    def __call__(self, k: str) -> str:
+        return self.load(k)
+
+
+def tap_major(conv, tl) -> bool:
+    """Whether conv's product on tiling tl orders k as (tap, channel): the mma tile under the "step" gather,
+    a group's channels a multiple of the k step (each step within one tap)."""
+    gather = os.environ.get("LUISAML_CONV_GATHER") or GATHER
+    if gather not in GATHERS:
+        raise ValueError(f"conv_tiles: unknown gather {gather!r} (one of {GATHERS})")
+    return bool(getattr(tl, "mma", False)) and gather == "step" and (conv.input(0).shape[1] // conv.group) % tl.BK == 0
 
 
 def dot_tiling(conv):
@@ -149,8 +178,24 @@ def emit_block(conv, ctx, item: str, thread: str) -> None:
         nn = ctx.let(ix.div(m, positions), "nn") if named else ix.div(m, positions)
         return contextlib.nullcontext, nn, ix.mod(m, positions)
 
+    taps = int(np.prod(conv.kernel, dtype=np.int64))
+    by_tap = tap_major(conv, tl)
+    steps = {}
+
+    def step_of(k0):
+        """(channel, [tap a spatial dim], row of W's (channel, taps) order) of step k0's first k, tap-major:
+        once a step for every row and column of the thread."""
+        if k0 not in steps:
+            tap = ctx.let(ix.div(k0, cg), "tp") if taps > 1 else "0"
+            c0 = ctx.let(ix.mod(k0, cg), "kc") if taps > 1 else k0
+            tds = [ctx.let(v, "kt") for v in ix.unravel(tap, tuple(conv.kernel))]
+            steps[k0] = (c0, tds, ctx.let(ix.add(ix.mul(c0, taps), tap), "wr") if taps > 1 else k0)
+        return steps[k0]
+
     def a_row(bi, m):
         binding, nn, pos = at_row(m, True)
+        if by_tap:
+            return a_row_by_tap(bi, binding, nn, pos)
         outs = ix.unravel(pos, tuple(g.out))
         starts = [ctx.let(lin([(o, s)], -p), "is") for o, s, p in zip(outs, g.strides, g.pads_begin)]
         x_base = ctx.let(ix.add(ix.mul(nn, x.strides[0]), ix.mul(bi, cg * x.strides[1])), "xb")
@@ -179,6 +224,60 @@ def emit_block(conv, ctx, item: str, thread: str) -> None:
             return lambda k: f"weights.read(float, {ix.add(base, ix.mul(k, blocks * O * 4))})"
         base = ctx.let(ix.mul(ix.add(ix.mul(bi, mg), n), w.strides[0]), "wb")  # W[m, c, taps...] = W[m][k]
         return lambda k: load_f(w, ix.add(base, k))
+
+    def a_row_by_tap(bi, binding, nn, pos):
+        """a_row's loader for k = tap * cg + channel."""
+        outs = ix.unravel(pos, tuple(g.out))
+        starts = [ctx.let(lin([(o, s)], -p), "is") for o, s, p in zip(outs, g.strides, g.pads_begin)]
+        x_base = ctx.let(ix.add(ix.mul(nn, x.strides[0]), ix.mul(bi, cg * x.strides[1])), "xb")
+
+        def at(tds):
+            """(x's index terms of the row at spatial taps tds, the bounds conditions that can fail)"""
+            idx, conds = [], []
+            for d in range(conv.k):
+                iv = ctx.let(ix.add(starts[d], ix.mul(tds[d], g.dilations[d])), "iv")
+                last = (g.out[d] - 1) * g.strides[d] + (g.kernel[d] - 1) * g.dilations[d] - g.pads_begin[d]
+                cond = bounds(iv, g.pads_begin[d] > 0, sizes[d] if last >= sizes[d] else None)
+                conds += cond
+                idx.append(ix.mul(f"min(max({iv}, 0), {sizes[d] - 1})" if cond else iv, x.strides[2 + d]))
+            return idx, conds
+
+        def element(base, kk, conds):
+            with binding():
+                v = load_f(x, ix.add(base, ix.mul(kk, x.strides[1])))
+            return f"({v} if {' and '.join(conds)} else 0.0)" if conds else v
+
+        def load(k):
+            tap = ctx.let(ix.div(k, cg), "tp") if taps > 1 else "0"
+            tds = [ctx.let(v, "kt") for v in ix.unravel(tap, tuple(conv.kernel))]
+            idx, conds = at(tds)
+            return element(ix.add(x_base, *idx), ctx.let(ix.mod(k, cg), "kc") if taps > 1 else k, conds)
+
+        rows_at = {}
+
+        def at_step(k0, kk):
+            if k0 not in rows_at:  # (the row's address and tests at the step's tap: once a step)
+                c0, tds, _ = step_of(k0)
+                idx, conds = at(tds)
+                rows_at[k0] = ctx.let(ix.add(x_base, ix.mul(c0, x.strides[1]), *idx), "xa"), conds
+            base, conds = rows_at[k0]
+            return element(base, kk, conds)
+
+        return StepLoader(load, at_step)
+
+    if by_tap:  # W's rows stay (channel, taps) ordered (the CPU's packing, a runtime W): row c * taps + tap
+        w_rows = b_column
+
+        def b_column(bi, n):
+            row = w_rows(bi, n)
+
+            def load(k):
+                return row(ix.add(ix.mul(ix.mod(k, cg), taps), ix.div(k, cg)))
+
+            def at_step(k0, kk):
+                return row(ix.add(step_of(k0)[2], ix.mul(kk, taps)))
+
+            return StepLoader(load, at_step)
 
     b_quad = None
     if packed is not None and packed % 16 == 0 and (blocks * O) % 4 == 0:
