@@ -55,13 +55,27 @@ class StepLoader:
         return self.load(k)
 
 
-def tap_major(conv, tl) -> bool:
-    """Whether conv's product on tiling tl orders k as (tap, channel): the mma tile under the "step" gather,
-    a group's channels a multiple of the k step (each step within one tap)."""
+def k_layout(conv, BK: int = 16) -> tuple[int, int] | None:
+    """(cpad, tpad) of the "step" gather's k = tap * cpad + channel (tpad taps of cpad channels, the padding's
+    k zero on both sides): a group's channels where they are a multiple of the k step BK (no padding), else
+    for fewer channels than BK their next power of two and the taps padded to whole steps (a stem's 3
+    channels: 4 a tap, 4 taps a step, 7 x 7 taps as 52); None under the "first" gather or for other counts."""
     gather = os.environ.get("LUISAML_CONV_GATHER") or GATHER
     if gather not in GATHERS:
         raise ValueError(f"conv_tiles: unknown gather {gather!r} (one of {GATHERS})")
-    return bool(getattr(tl, "mma", False)) and gather == "step" and (conv.input(0).shape[1] // conv.group) % tl.BK == 0
+    cg, taps = conv.input(0).shape[1] // conv.group, int(np.prod(conv.kernel, dtype=np.int64))
+    if gather != "step" or (cg % BK and cg > BK):
+        return None
+    if cg % BK == 0:
+        return cg, taps
+    cpad = 1 << (cg - 1).bit_length()
+    return cpad, -(-taps // (BK // cpad)) * (BK // cpad)
+
+
+def tap_major(conv, tl) -> bool:
+    """Whether conv's product on tiling tl orders k as k_layout's (tap, channel): the mma tile under the
+    "step" gather."""
+    return bool(getattr(tl, "mma", False)) and k_layout(conv, tl.BK) is not None
 
 
 def dot_tiling(conv):
@@ -139,7 +153,9 @@ def block_tiling(conv):
 
         # as Gemm's: a product launched whole (no batch the plan does not know) may take smaller tiles
         sms = 0 if y.batched else sm_count()
-        mma = tiled_mma.choose(rows * samples_a_tile(conv), conv.M // conv.group, K, conv.group, sms=sms)
+        layout = k_layout(conv)  # (the step gather's k: padded taps of padded channels where a group has few)
+        mma = tiled_mma.choose(rows * samples_a_tile(conv), conv.M // conv.group, layout[0] * layout[1] if layout else K,
+                               conv.group, sms=sms)
         if mma is not None:
             return mma
     return tiled.tuned(tiled.choose(rows, conv.M // conv.group, K, conv.group, m_fast=True, pipelined=True),
@@ -160,7 +176,9 @@ def emit_block(conv, ctx, item: str, thread: str) -> None:
     if isinstance(tl, rows.RowTiling):
         emit_dot(conv, ctx, tl, item, thread)
         return
-    mg, cg, K = conv.M // conv.group, x.shape[1] // conv.group, tl.K
+    mg, cg = conv.M // conv.group, x.shape[1] // conv.group
+    taps = int(np.prod(conv.kernel, dtype=np.int64))
+    K = cg * taps  # (W's rows a group; the tile's k may pad them: k_layout)
     positions = int(np.prod(g.out, dtype=np.int64))
     sizes = x.shape[2:]
     mma = getattr(tl, "mma", False)
@@ -178,19 +196,28 @@ def emit_block(conv, ctx, item: str, thread: str) -> None:
         nn = ctx.let(ix.div(m, positions), "nn") if named else ix.div(m, positions)
         return contextlib.nullcontext, nn, ix.mod(m, positions)
 
-    taps = int(np.prod(conv.kernel, dtype=np.int64))
     by_tap = tap_major(conv, tl)
+    cpad, tpad = k_layout(conv, tl.BK) if by_tap else (cg, taps)
     steps = {}
 
     def step_of(k0):
-        """(channel, [tap a spatial dim], row of W's (channel, taps) order) of step k0's first k, tap-major:
-        once a step for every row and column of the thread."""
+        """(first tap, first channel) of step k0 (a multiple of the step), tap-major: once a step for every
+        row and column of the thread."""
         if k0 not in steps:
-            tap = ctx.let(ix.div(k0, cg), "tp") if taps > 1 else "0"
-            c0 = ctx.let(ix.mod(k0, cg), "kc") if taps > 1 else k0
-            tds = [ctx.let(v, "kt") for v in ix.unravel(tap, tuple(conv.kernel))]
-            steps[k0] = (c0, tds, ctx.let(ix.add(ix.mul(c0, taps), tap), "wr") if taps > 1 else k0)
+            steps[k0] = (ctx.let(ix.div(k0, cpad), "tp") if tpad > 1 else "0",
+                         k0 if tpad == 1 else ctx.let(ix.mod(k0, cpad), "kc") if cpad > tl.BK else "0")
         return steps[k0]
+
+    def split(kk):
+        """(tap, channel) offsets of k offset kk from its step's first: a step within one tap (cpad a multiple
+        of the step) or over BK / cpad taps (constants where kk is)."""
+        return ("0", kk) if cpad >= tl.BK else (ix.div(kk, cpad), ix.mod(kk, cpad))
+
+    def in_channel(c):
+        """(c clamped to the group's channels, the condition that it is one of them) for a padded channel."""
+        if cpad == cg or c.isdigit():
+            return c, []
+        return f"min({c}, {cg - 1})", [f"{c} < {cg}"]
 
     def a_row(bi, m):
         binding, nn, pos = at_row(m, True)
@@ -226,42 +253,41 @@ def emit_block(conv, ctx, item: str, thread: str) -> None:
         return lambda k: load_f(w, ix.add(base, k))
 
     def a_row_by_tap(bi, binding, nn, pos):
-        """a_row's loader for k = tap * cg + channel."""
+        """a_row's loader for k = tap * cpad + channel (k_layout)."""
         outs = ix.unravel(pos, tuple(g.out))
         starts = [ctx.let(lin([(o, s)], -p), "is") for o, s, p in zip(outs, g.strides, g.pads_begin)]
         x_base = ctx.let(ix.add(ix.mul(nn, x.strides[0]), ix.mul(bi, cg * x.strides[1])), "xb")
+        at_tap = {}
 
-        def at(tds):
-            """(x's index terms of the row at spatial taps tds, the bounds conditions that can fail)"""
-            idx, conds = [], []
-            for d in range(conv.k):
-                iv = ctx.let(ix.add(starts[d], ix.mul(tds[d], g.dilations[d])), "iv")
-                last = (g.out[d] - 1) * g.strides[d] + (g.kernel[d] - 1) * g.dilations[d] - g.pads_begin[d]
-                cond = bounds(iv, g.pads_begin[d] > 0, sizes[d] if last >= sizes[d] else None)
-                conds += cond
-                idx.append(ix.mul(f"min(max({iv}, 0), {sizes[d] - 1})" if cond else iv, x.strides[2 + d]))
-            return idx, conds
+        def row_at(tap, c0):
+            """(the row's address at tap and channel c0, its conditions): once a step a tap."""
+            if (tap, c0) not in at_tap:
+                tds = [ctx.let(v, "kt") for v in ix.unravel(tap, tuple(conv.kernel))]
+                idx, conds = [], [f"{tap} < {taps}"] if tpad > taps else []
+                for d in range(conv.k):
+                    iv = ctx.let(ix.add(starts[d], ix.mul(tds[d], g.dilations[d])), "iv")
+                    last = (g.out[d] - 1) * g.strides[d] + (g.kernel[d] - 1) * g.dilations[d] - g.pads_begin[d]
+                    cond = bounds(iv, g.pads_begin[d] > 0, sizes[d] if last >= sizes[d] else None)
+                    conds += cond
+                    idx.append(ix.mul(f"min(max({iv}, 0), {sizes[d] - 1})" if cond else iv, x.strides[2 + d]))
+                at_tap[tap, c0] = ctx.let(ix.add(x_base, ix.mul(c0, x.strides[1]), *idx), "xa"), conds
+            return at_tap[tap, c0]
 
-        def element(base, kk, conds):
+        def element(tap, c0, c):
+            if c.isdigit() and int(c) >= cg:  # (a padded channel: zero)
+                return "0.0"
+            base, conds = row_at(tap, c0)
+            c, cc = in_channel(c)
             with binding():
-                v = load_f(x, ix.add(base, ix.mul(kk, x.strides[1])))
-            return f"({v} if {' and '.join(conds)} else 0.0)" if conds else v
+                v = load_f(x, ix.add(base, ix.mul(c, x.strides[1])))
+            return f"({v} if {' and '.join(conds + cc)} else 0.0)" if conds + cc else v
 
         def load(k):
-            tap = ctx.let(ix.div(k, cg), "tp") if taps > 1 else "0"
-            tds = [ctx.let(v, "kt") for v in ix.unravel(tap, tuple(conv.kernel))]
-            idx, conds = at(tds)
-            return element(ix.add(x_base, *idx), ctx.let(ix.mod(k, cg), "kc") if taps > 1 else k, conds)
-
-        rows_at = {}
+            return element(ctx.let(ix.div(k, cpad), "tp") if tpad > 1 else "0", "0", ctx.let(ix.mod(k, cpad), "kc"))
 
         def at_step(k0, kk):
-            if k0 not in rows_at:  # (the row's address and tests at the step's tap: once a step)
-                c0, tds, _ = step_of(k0)
-                idx, conds = at(tds)
-                rows_at[k0] = ctx.let(ix.add(x_base, ix.mul(c0, x.strides[1]), *idx), "xa"), conds
-            base, conds = rows_at[k0]
-            return element(base, kk, conds)
+            (t0, c0), (j, c) = step_of(k0), split(kk)
+            return element(ix.add(t0, j), c0, c)
 
         return StepLoader(load, at_step)
 
@@ -271,11 +297,21 @@ def emit_block(conv, ctx, item: str, thread: str) -> None:
         def b_column(bi, n):
             row = w_rows(bi, n)
 
+            def element(tap, c):
+                if c.isdigit() and int(c) >= cg:
+                    return "0.0"
+                c, conds = in_channel(c)
+                if tpad > taps:
+                    conds, tap = conds + [f"{tap} < {taps}"], f"min({tap}, {taps - 1})"
+                v = row(ix.add(ix.mul(c, taps), tap))
+                return f"({v} if {' and '.join(conds)} else 0.0)" if conds else v
+
             def load(k):
-                return row(ix.add(ix.mul(ix.mod(k, cg), taps), ix.div(k, cg)))
+                return element(ix.div(k, cpad), ix.mod(k, cpad))
 
             def at_step(k0, kk):
-                return row(ix.add(step_of(k0)[2], ix.mul(kk, taps)))
+                (t0, c0), (j, c) = step_of(k0), split(kk)
+                return element(ix.add(t0, j), ix.add(c0, c))
 
             return StepLoader(load, at_step)
 

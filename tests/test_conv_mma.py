@@ -115,12 +115,15 @@ def test_conv_takes_the_mma_tile_and_matches_numpy(n, C, H, W, K, kw):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-9 * np.abs(want).max())
 
 
-GATHER_CASES = [  # (id, n, C, H, W, K, kw): a group's channels a multiple of the k step (16)
+GATHER_CASES = [  # (id, n, C, H, W, K, kw): a group's channels a multiple of the k step (16), or fewer
     ("3x3 stride 2, pads", 2, 16, 17, 17, 32, dict(k=3, strides=2, pads=1)),
     ("dilation 2, ragged rows, Relu", 1, 32, 10, 10, 48, dict(k=3, pads=2, dilations=2, relu=True)),
     ("weights at run time", 1, 16, 9, 9, 32, dict(k=3, pads=1, w_input=True)),
     ("groups of 16 channels", 1, 32, 8, 8, 64, dict(k=3, pads=1, group=2)),
     ("1x1 stride 2", 1, 32, 20, 20, 64, dict(k=1, strides=2)),
+    # fewer channels than the step: "step" pads them to a power of two and the taps to whole steps
+    ("one channel, 5x5 (k 25 as 32)", 1, 1, 20, 20, 32, dict(k=5, pads=2)),
+    ("3 channels, 7x7 stride 2 (k 147 as 52 taps of 4)", 1, 3, 21, 21, 32, dict(k=7, strides=2, pads=3)),
 ]
 
 
@@ -128,7 +131,8 @@ GATHER_CASES = [  # (id, n, C, H, W, K, kw): a group's channels a multiple of th
 @pytest.mark.parametrize("n,C,H,W,K,kw", [c[1:] for c in GATHER_CASES], ids=[c[0] for c in GATHER_CASES])
 def test_gathers_match_numpy(n, C, H, W, K, kw, gather, monkeypatch):
     """operators/conv_tiles.py's two gathers: "step" orders k as (tap, channel) (a step's 16 k's one tap's
-    channels, W's rows read in its (channel, tap) order), "first" as (channel, tap), each k decomposed."""
+    channels, or whole taps of padded channels; W's rows read in its (channel, tap) order), "first" as
+    (channel, tap), each k decomposed."""
     from luisaml.operators import conv_tiles
 
     monkeypatch.setenv("LUISAML_CONV_GATHER", gather)
