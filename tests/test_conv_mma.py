@@ -144,6 +144,29 @@ def test_gathers_match_numpy(n, C, H, W, K, kw, gather, monkeypatch):
     np.testing.assert_allclose(run_plan(plan, feeds)["Y"], want, rtol=0, atol=1e-9 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("gather", ["step", "first"])
+@pytest.mark.parametrize("C,L,k,stride", [(1, 400, 10, 5), (32, 160, 3, 2)], ids=["1 channel, k 10 / 5", "32 channels, k 3 / 2"])
+def test_conv1d_gathers_match_numpy(C, L, k, stride, gather, monkeypatch):
+    """A 1-d Conv (wav2vec2's feature encoder: 10 taps at stride 5 over one channel, then 3 taps at stride 2)
+    under both gathers, against the 2-d direct convolution of one row."""
+    monkeypatch.setenv("LUISAML_CONV_GATHER", gather)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, C, L)).astype(np.float32)
+    w = (rng.standard_normal((64, C, k)) / np.sqrt(C * k)).astype(np.float32)
+    lo = (L - k) // stride + 1
+    g = helper.make_graph([helper.make_node("Conv", ["X", "Wt"], ["Y"], kernel_shape=[k], strides=[stride])], "g",
+                          [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", C, L])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 64, lo])],
+                          [numpy_helper.from_array(w, "Wt")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    want = _direct(x[:, :, None], w[:, :, None], None, stride, 0, 1, 1, False)[:, :, 0]
+    np.testing.assert_allclose(ort_run(model, {"X": x})["Y"], want, rtol=1e-5, atol=1e-5)
+    plan = _plan(model)
+    assert _tilings(plan) == {"Conv": "MmaTiling"}
+    np.testing.assert_allclose(run_plan(plan, {"X": x})["Y"], want, rtol=0, atol=1e-9 * np.abs(want).max())
+
+
 @pytest.mark.parametrize("n,K,tile", [(2, 96, "w64"), (1, 128, "w64"), (1, 128, "w32")])
 def test_batched_conv_variants_match_numpy(n, K, tile, monkeypatch):
     """A batched graph's Conv (no SM fill): under "w64" 4 warps of 64 x 48 (96 channels) or 64 x 64, A (the
