@@ -8,7 +8,10 @@ materialised, B the weights (prepacked in the blob where constant). On the mma t
 fewer output positions than the tile's 128 rows (ResNet-50's 7 x 7 layers at 224 x 224: 49 rows a
 sample, under a warp's 64) shares a block's rows with the next samples (a grouped blocks stage,
 Operator.block_samples, as Winograd's products: operators/winograd.py), each row read and written at
-its own sample (KernelContext.at_sample); the FP32 tile keeps one sample a block.
+its own sample (KernelContext.at_sample); the FP32 tile keeps one sample a block. On the mma tile k runs
+(tap, channel) (k_layout; GATHER): a k step's 16 k's are channels of one tap (or whole taps of a few
+padded channels), so a thread's row decides its tap, bounds and address once a step and each element is
+that address plus a channel stride (StepLoader); W keeps its (channel, tap) rows, read at c * taps + tap.
 
 A 1 x 1 Conv over a 1 x 1 input (a squeeze-and-excitation's two fully connected layers, a head written
 as Conv) is a dot product an output: a warp per output channel of a sample (operators/rows.py's
