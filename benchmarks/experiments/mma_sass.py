@@ -8,7 +8,8 @@ registers and spills, and where cuobjdump (and nvdisasm) is found, the k loop's 
         [--cuobjdump /path/to/cuobjdump] [--keep DIR]
 
 mm:M:K:N is a MatMul by a constant B (no batch axis: the plan knows the grid); cv:n:C:H:K:k[:s[:p]] a k x k
-Conv (stride s, default 1; padding p, default k // 2) of C -> K channels on H x H, compiled with a batch axis as the zoo's (n unused by the
+Conv (stride s, default 1; padding p, default k // 2) of C -> K channels on H x H (c1:C:L:K:k:s a 1-d one,
+no padding: wav2vec2's encoder), compiled with a batch axis as the zoo's (n unused by the
 plan). The translation covers what these stages use (lets, reads, writes, shared and local arrays, for
 and if, barriers); LuisaCompute's own code declares everything at the top and may compile differently:
 compare variants with each other, not with a measured kernel. The loop's range is from the first
@@ -157,6 +158,21 @@ def plan_stage(shape: str, variant: str):
 
         M, K, N = map(int, dims)
         plan = _plan(_model("MatMul", M, K, N)[0])
+    elif kind == "c1":  # (c1:C:L:K:k:stride, a 1-d Conv without pads over a batch axis: wav2vec2's encoder)
+        import onnx
+        from onnx import TensorProto, helper, numpy_helper
+        from test_conv_mma import _plan
+
+        import numpy as np
+
+        C, L, K, k, s = map(int, dims)
+        w = numpy_helper.from_array(np.zeros((K, C, k), np.float32), "Wt")
+        g = helper.make_graph([helper.make_node("Conv", ["X", "Wt"], ["Y"], kernel_shape=[k], strides=[s])], "g",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", C, L])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", K, (L - k) // s + 1])], [w])
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = onnx.IR_VERSION if onnx.IR_VERSION < 10 else 10
+        plan = _plan(model)
     else:
         import test_conv_mma as conv
 
