@@ -157,8 +157,8 @@ def block_tiling(conv):
         # as Gemm's: a product launched whole (no batch the plan does not know) may take smaller tiles
         sms = 0 if y.batched else sm_count()
         layout = k_layout(conv)  # (the step gather's k: padded taps of padded channels where a group has few)
-        mma = tiled_mma.choose(rows * samples_a_tile(conv), conv.M // conv.group, layout[0] * layout[1] if layout else K,
-                               conv.group, sms=sms)
+        mma = tiled_mma.choose(rows * samples_a_tile(conv), conv.M // conv.group,
+                               layout[0] * layout[1] if layout else K, conv.group, sms=sms)
         if mma is not None:
             return mma
     return tiled.tuned(tiled.choose(rows, conv.M // conv.group, K, conv.group, m_fast=True, pipelined=True),

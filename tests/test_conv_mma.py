@@ -145,7 +145,8 @@ def test_gathers_match_numpy(n, C, H, W, K, kw, gather, monkeypatch):
 
 
 @pytest.mark.parametrize("gather", ["step", "first"])
-@pytest.mark.parametrize("C,L,k,stride", [(1, 400, 10, 5), (32, 160, 3, 2)], ids=["1 channel, k 10 / 5", "32 channels, k 3 / 2"])
+@pytest.mark.parametrize("C,L,k,stride", [(1, 400, 10, 5), (32, 160, 3, 2)],
+                         ids=["1 channel, k 10 / 5", "32 channels, k 3 / 2"])
 def test_conv1d_gathers_match_numpy(C, L, k, stride, gather, monkeypatch):
     """A 1-d Conv (wav2vec2's feature encoder: 10 taps at stride 5 over one channel, then 3 taps at stride 2)
     under both gathers, against the 2-d direct convolution of one row."""
