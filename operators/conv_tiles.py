@@ -8,7 +8,10 @@ materialised, B the weights (prepacked in the blob where constant). On the mma t
 fewer output positions than the tile's 128 rows (ResNet-50's 7 x 7 layers at 224 x 224: 49 rows a
 sample, under a warp's 64) shares a block's rows with the next samples (a grouped blocks stage,
 Operator.block_samples, as Winograd's products: operators/winograd.py), each row read and written at
-its own sample (KernelContext.at_sample); the FP32 tile keeps one sample a block.
+its own sample (KernelContext.at_sample); the FP32 tile keeps one sample a block. On the mma tile k runs
+(tap, channel) (k_layout; GATHER): a k step's 16 k's are channels of one tap (or whole taps of a few
+padded channels), so a thread's row decides its tap, bounds and address once a step and each element is
+that address plus a channel stride (StepLoader); W keeps its (channel, tap) rows, read at c * taps + tap.
 
 A 1 x 1 Conv over a 1 x 1 input (a squeeze-and-excitation's two fully connected layers, a head written
 as Conv) is a dot product an output: a warp per output channel of a sample (operators/rows.py's
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 
 import numpy as np
 
@@ -33,6 +37,48 @@ MMA_ROWS = 128
 # bounded so that W stays in L2 and a large batch's re-reads stay small against a tile's (EfficientNet-B0's
 # largest fc, 1,152 x 48, is 55,296 weights; a 1,000-class head over 2,048 channels keeps its tile)
 DOT_MAX_WEIGHTS = 1 << 17
+# The mma tile's im2col gather (benchmarks/NOTES.md, "Conv's gather on the tensor-core tile"): "step" orders
+# k as (tap, channel) where a group's channels are a multiple of the k step, so a step's k's are channels of
+# one tap: the tap, its bounds tests and clamps and the row's address are worked out once a row a step
+# (StepLoader.at_step) and each element is that address plus its channel's stride; "first" decomposes each
+# k into (channel, taps) by divisions and tests its bounds, the gather as first merged (kept to measure
+# against). LUISAML_CONV_GATHER where set, else GATHER (read at plan time: one process, one gather).
+GATHERS = ("step", "first")
+GATHER = "step"
+
+
+class StepLoader:
+    """A RowLoader's k -> element that tiled_mma.emit may instead ask at_step(k0, kk) -> element: k is the
+    step's k0, a multiple of the step, plus kk below it (a run-time expression)."""
+
+    def __init__(self, load, at_step):
+        self.load, self.at_step = load, at_step
+
+    def __call__(self, k: str) -> str:
+        return self.load(k)
+
+
+def k_layout(conv, BK: int = 16) -> tuple[int, int] | None:
+    """(cpad, tpad) of the "step" gather's k = tap * cpad + channel (tpad taps of cpad channels, the padding's
+    k zero on both sides): a group's channels where they are a multiple of the k step BK (no padding), else
+    for fewer channels than BK their next power of two and the taps padded to whole steps (a stem's 3
+    channels: 4 a tap, 4 taps a step, 7 x 7 taps as 52); None under the "first" gather or for other counts."""
+    gather = os.environ.get("LUISAML_CONV_GATHER") or GATHER
+    if gather not in GATHERS:
+        raise ValueError(f"conv_tiles: unknown gather {gather!r} (one of {GATHERS})")
+    cg, taps = conv.input(0).shape[1] // conv.group, int(np.prod(conv.kernel, dtype=np.int64))
+    if gather != "step" or (cg % BK and cg > BK):
+        return None
+    if cg % BK == 0:
+        return cg, taps
+    cpad = 1 << (cg - 1).bit_length()
+    return cpad, -(-taps // (BK // cpad)) * (BK // cpad)
+
+
+def tap_major(conv, tl) -> bool:
+    """Whether conv's product on tiling tl orders k as k_layout's (tap, channel): the mma tile under the
+    "step" gather."""
+    return bool(getattr(tl, "mma", False)) and k_layout(conv, tl.BK) is not None
 
 
 def dot_tiling(conv):
@@ -110,7 +156,9 @@ def block_tiling(conv):
 
         # as Gemm's: a product launched whole (no batch the plan does not know) may take smaller tiles
         sms = 0 if y.batched else sm_count()
-        mma = tiled_mma.choose(rows * samples_a_tile(conv), conv.M // conv.group, K, conv.group, sms=sms)
+        layout = k_layout(conv)  # (the step gather's k: padded taps of padded channels where a group has few)
+        mma = tiled_mma.choose(rows * samples_a_tile(conv), conv.M // conv.group,
+                               layout[0] * layout[1] if layout else K, conv.group, sms=sms)
         if mma is not None:
             return mma
     return tiled.tuned(tiled.choose(rows, conv.M // conv.group, K, conv.group, m_fast=True, pipelined=True),
@@ -131,7 +179,9 @@ def emit_block(conv, ctx, item: str, thread: str) -> None:
     if isinstance(tl, rows.RowTiling):
         emit_dot(conv, ctx, tl, item, thread)
         return
-    mg, cg, K = conv.M // conv.group, x.shape[1] // conv.group, tl.K
+    mg, cg = conv.M // conv.group, x.shape[1] // conv.group
+    taps = int(np.prod(conv.kernel, dtype=np.int64))
+    K = cg * taps  # (W's rows a group; the tile's k may pad them: k_layout)
     positions = int(np.prod(g.out, dtype=np.int64))
     sizes = x.shape[2:]
     mma = getattr(tl, "mma", False)
@@ -149,8 +199,33 @@ def emit_block(conv, ctx, item: str, thread: str) -> None:
         nn = ctx.let(ix.div(m, positions), "nn") if named else ix.div(m, positions)
         return contextlib.nullcontext, nn, ix.mod(m, positions)
 
+    by_tap = tap_major(conv, tl)
+    cpad, tpad = k_layout(conv, tl.BK) if by_tap else (cg, taps)
+    steps = {}
+
+    def step_of(k0):
+        """(first tap, first channel) of step k0 (a multiple of the step), tap-major: once a step for every
+        row and column of the thread."""
+        if k0 not in steps:
+            steps[k0] = (ctx.let(ix.div(k0, cpad), "tp") if tpad > 1 else "0",
+                         k0 if tpad == 1 else ctx.let(ix.mod(k0, cpad), "kc") if cpad > tl.BK else "0")
+        return steps[k0]
+
+    def split(kk):
+        """(tap, channel) offsets of k offset kk from its step's first: a step within one tap (cpad a multiple
+        of the step) or over BK / cpad taps (constants where kk is)."""
+        return ("0", kk) if cpad >= tl.BK else (ix.div(kk, cpad), ix.mod(kk, cpad))
+
+    def in_channel(c):
+        """(c clamped to the group's channels, the condition that it is one of them) for a padded channel."""
+        if cpad == cg or c.isdigit():
+            return c, []
+        return f"min({c}, {cg - 1})", [f"{c} < {cg}"]
+
     def a_row(bi, m):
         binding, nn, pos = at_row(m, True)
+        if by_tap:
+            return a_row_by_tap(bi, binding, nn, pos)
         outs = ix.unravel(pos, tuple(g.out))
         starts = [ctx.let(lin([(o, s)], -p), "is") for o, s, p in zip(outs, g.strides, g.pads_begin)]
         x_base = ctx.let(ix.add(ix.mul(nn, x.strides[0]), ix.mul(bi, cg * x.strides[1])), "xb")
@@ -179,6 +254,69 @@ def emit_block(conv, ctx, item: str, thread: str) -> None:
             return lambda k: f"weights.read(float, {ix.add(base, ix.mul(k, blocks * O * 4))})"
         base = ctx.let(ix.mul(ix.add(ix.mul(bi, mg), n), w.strides[0]), "wb")  # W[m, c, taps...] = W[m][k]
         return lambda k: load_f(w, ix.add(base, k))
+
+    def a_row_by_tap(bi, binding, nn, pos):
+        """a_row's loader for k = tap * cpad + channel (k_layout)."""
+        outs = ix.unravel(pos, tuple(g.out))
+        starts = [ctx.let(lin([(o, s)], -p), "is") for o, s, p in zip(outs, g.strides, g.pads_begin)]
+        x_base = ctx.let(ix.add(ix.mul(nn, x.strides[0]), ix.mul(bi, cg * x.strides[1])), "xb")
+        at_tap = {}
+
+        def row_at(tap, c0):
+            """(the row's address at tap and channel c0, its conditions): once a step a tap."""
+            if (tap, c0) not in at_tap:
+                tds = [ctx.let(v, "kt") for v in ix.unravel(tap, tuple(conv.kernel))]
+                idx, conds = [], [f"{tap} < {taps}"] if tpad > taps else []
+                for d in range(conv.k):
+                    iv = ctx.let(ix.add(starts[d], ix.mul(tds[d], g.dilations[d])), "iv")
+                    last = (g.out[d] - 1) * g.strides[d] + (g.kernel[d] - 1) * g.dilations[d] - g.pads_begin[d]
+                    cond = bounds(iv, g.pads_begin[d] > 0, sizes[d] if last >= sizes[d] else None)
+                    conds += cond
+                    idx.append(ix.mul(f"min(max({iv}, 0), {sizes[d] - 1})" if cond else iv, x.strides[2 + d]))
+                at_tap[tap, c0] = ctx.let(ix.add(x_base, ix.mul(c0, x.strides[1]), *idx), "xa"), conds
+            return at_tap[tap, c0]
+
+        def element(tap, c0, c):
+            if c.isdigit() and int(c) >= cg:  # (a padded channel: zero)
+                return "0.0"
+            base, conds = row_at(tap, c0)
+            c, cc = in_channel(c)
+            with binding():
+                v = load_f(x, ix.add(base, ix.mul(c, x.strides[1])))
+            return f"({v} if {' and '.join(conds + cc)} else 0.0)" if conds + cc else v
+
+        def load(k):
+            return element(ctx.let(ix.div(k, cpad), "tp") if tpad > 1 else "0", "0", ctx.let(ix.mod(k, cpad), "kc"))
+
+        def at_step(k0, kk):
+            (t0, c0), (j, c) = step_of(k0), split(kk)
+            return element(ix.add(t0, j), c0, c)
+
+        return StepLoader(load, at_step)
+
+    if by_tap:  # W's rows stay (channel, taps) ordered (the CPU's packing, a runtime W): row c * taps + tap
+        w_rows = b_column
+
+        def b_column(bi, n):
+            row = w_rows(bi, n)
+
+            def element(tap, c):
+                if c.isdigit() and int(c) >= cg:
+                    return "0.0"
+                c, conds = in_channel(c)
+                if tpad > taps:
+                    conds, tap = conds + [f"{tap} < {taps}"], f"min({tap}, {taps - 1})"
+                v = row(ix.add(ix.mul(c, taps), tap))
+                return f"({v} if {' and '.join(conds)} else 0.0)" if conds else v
+
+            def load(k):
+                return element(ix.div(k, cpad), ix.mod(k, cpad))
+
+            def at_step(k0, kk):
+                (t0, c0), (j, c) = step_of(k0), split(kk)
+                return element(ix.add(t0, j), ix.add(c0, c))
+
+            return StepLoader(load, at_step)
 
     b_quad = None
     if packed is not None and packed % 16 == 0 and (blocks * O) % 4 == 0:

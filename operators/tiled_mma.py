@@ -213,6 +213,12 @@ def emit(ctx, tl: MmaTiling, item: str, thread: str, a: RowLoader, b: RowLoader,
 
     def fetch(k0: str, ragged: bool) -> None:
         for (_, _, _, kk, load), name in zip(ahead, regs):
+            # a loader with at_step(k0, kk) is told its k is the step's k0 (a multiple of BK) plus kk < BK, so
+            # it may decompose k0 once a step (conv_tiles' gather); other loaders see k alone, as before
+            at_step = None if ragged else getattr(load, "at_step", None)
+            if at_step is not None:
+                ctx.line(f"{name} = {at_step(k0, kk)}")
+                continue
             k = ctx.let(ix.add(k0, kk), "k")
             ctx.line(f"{name} = ({load(f'min({k}, {K - 1})')} if {k} < {K} else 0.0)" if ragged else f"{name} = {load(k)}")
 

@@ -5,7 +5,8 @@ Winograd convolution; a grouped Conv of few channels a group keeps tiled.py's FP
 kernel runs in Python (tests/gpu_emulator.py: a thread per GPU thread, the marked mma callable its
 FP32 DSL body, buffers float64) and is checked against a float64 direct convolution in numpy (itself
 checked against onnxruntime), for whole and ragged tiles, a ragged k step, stride 2, pads, dilation,
-bias, a fused Relu, weights at run time, groups, samples of few positions sharing a tile; a Winograd product of a batch's last, partial group
+bias, a fused Relu, weights at run time, groups, samples of few positions sharing a tile, under both of
+conv_tiles' gathers (k as (tap, channel) or (channel, tap)); a Winograd product of a batch's last, partial group
 of samples against onnxruntime at test_winograd.py's tolerance. The CUDA run: tests/gpu/
 test_tensor_cores_cuda.py."""
 from __future__ import annotations
@@ -112,6 +113,59 @@ def test_conv_takes_the_mma_tile_and_matches_numpy(n, C, H, W, K, kw):
         assert len(plan.schedule.stages) == 1
     got = run_plan(plan, feeds)["Y"]
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-9 * np.abs(want).max())
+
+
+GATHER_CASES = [  # (id, n, C, H, W, K, kw): a group's channels a multiple of the k step (16), or fewer
+    ("3x3 stride 2, pads", 2, 16, 17, 17, 32, dict(k=3, strides=2, pads=1)),
+    ("dilation 2, ragged rows, Relu", 1, 32, 10, 10, 48, dict(k=3, pads=2, dilations=2, relu=True)),
+    ("weights at run time", 1, 16, 9, 9, 32, dict(k=3, pads=1, w_input=True)),
+    ("groups of 16 channels", 1, 32, 8, 8, 64, dict(k=3, pads=1, group=2)),
+    ("1x1 stride 2", 1, 32, 20, 20, 64, dict(k=1, strides=2)),
+    # fewer channels than the step: "step" pads them to a power of two and the taps to whole steps
+    ("one channel, 5x5 (k 25 as 32)", 1, 1, 20, 20, 32, dict(k=5, pads=2)),
+    ("3 channels, 7x7 stride 2 (k 147 as 52 taps of 4)", 1, 3, 21, 21, 32, dict(k=7, strides=2, pads=3)),
+]
+
+
+@pytest.mark.parametrize("gather", ["step", "first"])
+@pytest.mark.parametrize("n,C,H,W,K,kw", [c[1:] for c in GATHER_CASES], ids=[c[0] for c in GATHER_CASES])
+def test_gathers_match_numpy(n, C, H, W, K, kw, gather, monkeypatch):
+    """operators/conv_tiles.py's two gathers: "step" orders k as (tap, channel) (a step's 16 k's one tap's
+    channels, or whole taps of padded channels; W's rows read in its (channel, tap) order), "first" as
+    (channel, tap), each k decomposed."""
+    from luisaml.operators import conv_tiles
+
+    monkeypatch.setenv("LUISAML_CONV_GATHER", gather)
+    model, feeds, want = _conv_model(n, C, H, W, K, **kw)
+    plan = _plan(model)
+    (st,) = [s for s in plan.schedule.stages if s.domain == "blocks"]
+    op = st.nodes[0][1]
+    assert conv_tiles.tap_major(op, op.block_tiling()) == (gather == "step")
+    np.testing.assert_allclose(run_plan(plan, feeds)["Y"], want, rtol=0, atol=1e-9 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("gather", ["step", "first"])
+@pytest.mark.parametrize("C,L,k,stride", [(1, 400, 10, 5), (32, 160, 3, 2)],
+                         ids=["1 channel, k 10 / 5", "32 channels, k 3 / 2"])
+def test_conv1d_gathers_match_numpy(C, L, k, stride, gather, monkeypatch):
+    """A 1-d Conv (wav2vec2's feature encoder: 10 taps at stride 5 over one channel, then 3 taps at stride 2)
+    under both gathers, against the 2-d direct convolution of one row."""
+    monkeypatch.setenv("LUISAML_CONV_GATHER", gather)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, C, L)).astype(np.float32)
+    w = (rng.standard_normal((64, C, k)) / np.sqrt(C * k)).astype(np.float32)
+    lo = (L - k) // stride + 1
+    g = helper.make_graph([helper.make_node("Conv", ["X", "Wt"], ["Y"], kernel_shape=[k], strides=[stride])], "g",
+                          [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", C, L])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 64, lo])],
+                          [numpy_helper.from_array(w, "Wt")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    want = _direct(x[:, :, None], w[:, :, None], None, stride, 0, 1, 1, False)[:, :, 0]
+    np.testing.assert_allclose(ort_run(model, {"X": x})["Y"], want, rtol=1e-5, atol=1e-5)
+    plan = _plan(model)
+    assert _tilings(plan) == {"Conv": "MmaTiling"}
+    np.testing.assert_allclose(run_plan(plan, {"X": x})["Y"], want, rtol=0, atol=1e-9 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("n,K,tile", [(2, 96, "w64"), (1, 128, "w64"), (1, 128, "w32")])

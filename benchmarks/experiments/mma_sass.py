@@ -7,8 +7,9 @@ registers and spills, and where cuobjdump (and nvdisasm) is found, the k loop's 
     python benchmarks/experiments/mma_sass.py mm:4096:4096:4096 cv:16:128:28:128:3 --variants w64,w32
         [--cuobjdump /path/to/cuobjdump] [--keep DIR]
 
-mm:M:K:N is a MatMul by a constant B (no batch axis: the plan knows the grid); cv:n:C:H:K:k a k x k Conv
-(padding k // 2) of C -> K channels on H x H, compiled with a batch axis as the zoo's (n unused by the
+mm:M:K:N is a MatMul by a constant B (no batch axis: the plan knows the grid); cv:n:C:H:K:k[:s[:p]] a k x k
+Conv (stride s, default 1; padding p, default k // 2) of C -> K channels on H x H (c1:C:L:K:k:s a 1-d one,
+no padding: wav2vec2's encoder), compiled with a batch axis as the zoo's (n unused by the
 plan). The translation covers what these stages use (lets, reads, writes, shared and local arrays, for
 and if, barriers); LuisaCompute's own code declares everything at the top and may compile differently:
 compare variants with each other, not with a measured kernel. The loop's range is from the first
@@ -136,8 +137,8 @@ def translate(src: str, stage: str) -> str:
         else:
             raise ValueError(f"not translated: {s}")
     out += ["  }"] * (len(stack) - 1)
-    args = ", ".join(f"float *__restrict__ {p}" if p.startswith("y_") else f"const float *__restrict__ {p}"
-                     for p in params)
+    args = ", ".join(f"int {p.split(':')[0]}" if p.endswith(": int") else f"float *__restrict__ {p}"
+                     if p.startswith("y_") else f"const float *__restrict__ {p}" for p in params)
     head = "" if "sample" in declared else "  int sample = 0;\n"
     bodies = {"@TF32@": tensor_cores.BODY_TF32, "@TF32R@": tensor_cores.BODY_TF32R, "@ROUND@": tensor_cores.BODY_ROUND}
     prelude = PRELUDE
@@ -157,13 +158,46 @@ def plan_stage(shape: str, variant: str):
 
         M, K, N = map(int, dims)
         plan = _plan(_model("MatMul", M, K, N)[0])
+    elif kind == "c1":  # (c1:C:L:K:k:stride, a 1-d Conv without pads over a batch axis: wav2vec2's encoder)
+        import onnx
+        from onnx import TensorProto, helper, numpy_helper
+        from test_conv_mma import _plan
+
+        import numpy as np
+
+        C, L, K, k, s = map(int, dims)
+        w = numpy_helper.from_array(np.zeros((K, C, k), np.float32), "Wt")
+        g = helper.make_graph([helper.make_node("Conv", ["X", "Wt"], ["Y"], kernel_shape=[k], strides=[s])], "g",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", C, L])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", K, (L - k) // s + 1])], [w])
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = onnx.IR_VERSION if onnx.IR_VERSION < 10 else 10
+        plan = _plan(model)
     else:
         import test_conv_mma as conv
 
-        n, C, H, K, k = map(int, dims)
-        plan = conv._plan(conv._conv_model(n, C, H, H, K, k=k, pads=k // 2, batch="N")[0])
+        n, C, H, K, k, *rest = map(int, dims)  # (cv:n:C:H:K:k[:stride[:pads]])
+        s, p = (rest + [1])[0], (rest[1:] + [k // 2])[0]
+        plan = conv._plan(conv._conv_model(n, C, H, H, K, k=k, strides=s, pads=p, batch="N")[0])
     st = next(s for s in plan.schedule.stages if s.domain == "blocks")
     return plan, f"stage_{plan.schedule.stages.index(st)}", st.nodes[0][1].block_tiling()
+
+
+INTEGER = ("IMAD", "IADD3", "LEA", "LOP3", "SHF", "ISETP", "VIMNMX", "IABS", "SEL", "MOV", "PLOP3", "I2F", "F2I")
+
+
+def k_loop(sass: list[str]) -> list[str]:
+    """The opcodes of the k loop: the backward branch's range (from its target to it) with the most HMMA."""
+    ops = [(int(m.group(1), 16), m.group(2).split(".")[0], s) for s in sass
+           if (m := re.search(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_.]+)", s))]
+    best: list[str] = []
+    for i, (addr, _, s) in enumerate(ops):
+        b = re.search(r"BRA 0x([0-9a-f]+)", s)
+        if b and int(b.group(1), 16) < addr:
+            body = [op for a, op, _ in ops[:i + 1] if a >= int(b.group(1), 16)]
+            if body.count("HMMA") > best.count("HMMA"):
+                best = body
+    return best
 
 
 def tool(name: str, given: str | None) -> str | None:
@@ -218,6 +252,11 @@ def main() -> int:
                     total, hmma = sum(ops.values()), ops["HMMA"]
                     line += (f"; loop {total} instructions / {hmma} HMMA = {total / max(hmma, 1):.1f} (LDS {ops['LDS']}, "
                              f"LDG {ops['LDG']}, STS {ops['STS']}, FSETP {ops['FSETP']})")
+                body = k_loop(sass)
+                if body:  # (the k loop alone: the range above also takes the epilogue's stores where it is short)
+                    ops = Counter(body)
+                    line += (f"; k loop {len(body)} / {ops['HMMA']} HMMA = {len(body) / max(ops['HMMA'], 1):.1f} "
+                             f"(LDG {ops['LDG']}, integer {sum(ops[o] for o in INTEGER)})")
             print(line, flush=True)
     return 0
 
