@@ -13,7 +13,7 @@ from luisaml.operator import Operator
 from luisaml.registry import register
 from luisaml.storage import bind, literal
 
-from . import gemm_rows
+from . import gemm_heads, gemm_rows
 from .common import compute_dtype, convert, emit_epilogue_loop, loops_epilogue, upcast
 from .gemm_shapes import (  # noqa: F401 (the shapes' rules, importable from here as before)
     CPU_NARROW_ACC, MAX_ACC, MAX_TUNED_ACC, MAX_TUNED_ROWS, NARROW, SQUARE, UNALIGNED_ROWS, WIDE, block_columns, chains, item_candidates, item_choice, tile_shape)
@@ -380,6 +380,14 @@ class Dense(Operator):
     # least this: a warp a sample, its lanes splitting k (operators/gemm_rows.py; cifar-cnn's 2,048 -> 10
     # took 0.57 ms of the H200's 1.7 as items, a thread's chain of 2,048 loads); 0: the items form (A/B)
     WARP_MIN_K = 256
+    # such a layer of more columns whose W has at least this many weights (a classifier's head after the
+    # pool: ResNet-50's 2,048 x 1,000): a block per 8 columns and 16 samples (operators/gemm_heads.py),
+    # since at the batches CNNs run (8-64) a tile of 64 or 128 samples is a few blocks (0.29 ms at batch
+    # 16 on the H100, torch ~15 us). By W's size because the plan has no batch: the form reads W from L2
+    # once per 16 samples where a tile reuses it over 128, so layers of small W that run over huge
+    # batches (NeRF's 256 -> 256 at 65,536 rays: 65,536 weights) keep the tile; 1 MiB of W and up
+    # (ResNet-18's 512 x 1,000 and every head after it) is a head. 0: the tiles (an A/B switch)
+    HEAD_MIN_WEIGHTS = 1 << 18
     # the tensor-core tile (operators/tiled_mma.py) where the plan asks for it: "tf32", or False
     tensor_cores = False
     # set on a plan without blocks stages (the CPU backend; luisaml/compiler.py): the items form
@@ -438,6 +446,9 @@ class Dense(Operator):
         if any(t.dtype.dsl != "float" for t in (self.input(0), self.input(1), self.output())):
             return None
         if self.sample_rows():
+            heads = gemm_heads.choose(self.N, self.K, self.HEAD_MIN_WEIGHTS, gemm_rows.MAX_COLUMNS)
+            if heads is not None:  # (a head of a large W, starved on a tile at small batches: gemm_heads.py)
+                return heads
             if self.tensor_cores and self.MMA_GROUP:
                 from . import tiled_mma
 
@@ -469,7 +480,7 @@ class Dense(Operator):
         y, M, N = self.output(), self.M, self.N
         load_a, load_b, finish, _ = self.loaders()
         tl = self.block_tiling()
-        packed = None if getattr(tl, "warp_rows", False) else self.packed_b()  # (a warp a sample reads B as [N][K])
+        packed = None if getattr(tl, "rows_b", False) else self.packed_b()  # (gemm_rows.py, gemm_heads.py: B as [N][K])
         mma = getattr(tl, "mma", False)
         if self.sample_rows():  # row m of the tile: row 0 of sample `sample + m`, read and written there
             limit = tiled.group_rows(ctx, tl.M)
@@ -491,8 +502,8 @@ class Dense(Operator):
                 with tiled.at_group_sample(ctx, m, name=False):
                     return y.store(n, value)
 
-            if getattr(tl, "warp_rows", False):
-                gemm_rows.emit(ctx, tl, thread, a_row, self._b_rows(ctx, load_b), finish_row, store_row)
+            if getattr(tl, "rows_b", False):
+                tl.emit(ctx, item, thread, a_row, self._b_rows(ctx, load_b), finish_row, store_row)
                 return
             if mma:  # (the group's one row block: a group holds at least one sample, the tile never idles)
                 from . import tiled_mma
@@ -518,8 +529,8 @@ class Dense(Operator):
 
     def _b_rows(self, ctx, load_b):
         """Return gemm_rows.emit's B[k, n]: a constant B of the blob as [N][K] (its rows transposed
-        once: a warp's lanes, consecutive k, read consecutive words), else B where it is."""
-        if not self.packable_b():
+        once: a warp's lanes, consecutive k, read consecutive words), else B where it is (a transB Gemm's is [N][K])."""
+        if not self.packable_b() or getattr(self, "tb", 0):
             return lambda k, n: load_b("0", k, n)
         b = self.input(1)
         off = b.home.blob.add_packed(f"{b.name}/rows[{self.N}x{self.K}]", lambda: np.ascontiguousarray(

@@ -30,7 +30,8 @@ class WarpRows:
 
     N: int
     K: int
-    warp_rows = True  # (what operators/gemm.py's emit_block asks)
+    warp_rows = True  # (what operators/gemm.py's cpu_items asks)
+    rows_b = True  # reads B as [N][K] (operators/gemm.py's _b_rows)
 
     @property
     def M(self) -> int:
@@ -49,6 +50,9 @@ class WarpRows:
     def describe(self) -> str:
         return (f"a warp per sample ({SAMPLES} a block of {self.threads} threads), its lanes splitting k = {self.K}, "
                 f"{self.N} sums combined across the warp")
+
+    def emit(self, ctx, item: str, thread: str, a_row, b_value, finish_row, store_row) -> None:
+        emit(ctx, self, thread, a_row, b_value, finish_row, store_row)  # (one block a group: item is 0)
 
 
 def choose(N: int, K: int, min_k: int) -> WarpRows | None:
