@@ -222,6 +222,16 @@ def emit_block(conv, ctx, item: str, thread: str) -> None:
             return c, []
         return f"min({c}, {cg - 1})", [f"{c} < {cg}"]
 
+    def window(starts, tap_coords, idx, conds):
+        """Append to idx the input offsets of a row's window at tap_coords (clamped where a bound may
+        fail) and to conds those bounds (both gathers' loaders)."""
+        for d in range(conv.k):
+            iv = ctx.let(ix.add(starts[d], ix.mul(tap_coords[d], g.dilations[d])), "iv")
+            last = (g.out[d] - 1) * g.strides[d] + (g.kernel[d] - 1) * g.dilations[d] - g.pads_begin[d]
+            cond = bounds(iv, g.pads_begin[d] > 0, sizes[d] if last >= sizes[d] else None)
+            conds += cond
+            idx.append(ix.mul(f"min(max({iv}, 0), {sizes[d] - 1})" if cond else iv, x.strides[2 + d]))
+
     def a_row(bi, m):
         binding, nn, pos = at_row(m, True)
         if by_tap:
@@ -233,12 +243,7 @@ def emit_block(conv, ctx, item: str, thread: str) -> None:
         def load(k):
             c, *taps = [ctx.let(v, "kc") for v in ix.unravel(k, (cg, *conv.kernel))]
             idx, conds = [ix.mul(c, x.strides[1])], []
-            for d in range(conv.k):
-                iv = ctx.let(ix.add(starts[d], ix.mul(taps[d], g.dilations[d])), "iv")
-                last = (g.out[d] - 1) * g.strides[d] + (g.kernel[d] - 1) * g.dilations[d] - g.pads_begin[d]
-                cond = bounds(iv, g.pads_begin[d] > 0, sizes[d] if last >= sizes[d] else None)
-                conds += cond
-                idx.append(ix.mul(f"min(max({iv}, 0), {sizes[d] - 1})" if cond else iv, x.strides[2 + d]))
+            window(starts, taps, idx, conds)
             with binding():
                 v = load_f(x, ix.add(x_base, *idx))
             return f"({v} if {' and '.join(conds)} else 0.0)" if conds else v
@@ -267,12 +272,7 @@ def emit_block(conv, ctx, item: str, thread: str) -> None:
             if (tap, c0) not in at_tap:
                 tds = [ctx.let(v, "kt") for v in ix.unravel(tap, tuple(conv.kernel))]
                 idx, conds = [], [f"{tap} < {taps}"] if tpad > taps else []
-                for d in range(conv.k):
-                    iv = ctx.let(ix.add(starts[d], ix.mul(tds[d], g.dilations[d])), "iv")
-                    last = (g.out[d] - 1) * g.strides[d] + (g.kernel[d] - 1) * g.dilations[d] - g.pads_begin[d]
-                    cond = bounds(iv, g.pads_begin[d] > 0, sizes[d] if last >= sizes[d] else None)
-                    conds += cond
-                    idx.append(ix.mul(f"min(max({iv}, 0), {sizes[d] - 1})" if cond else iv, x.strides[2 + d]))
+                window(starts, tds, idx, conds)
                 at_tap[tap, c0] = ctx.let(ix.add(x_base, ix.mul(c0, x.strides[1]), *idx), "xa"), conds
             return at_tap[tap, c0]
 
