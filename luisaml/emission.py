@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterator
 
+from . import across
 from . import indexing as ix
 from .codegen import CPU_BLOCK, Inline, KernelContext, Module, render_module
 from .dynamic import StateLayout, counted_outputs
@@ -551,6 +552,16 @@ def emit_stage(plan: Plan, st: Stage, module: Module) -> str:
             node, op = st.root
             with node_context(node):
                 op.emit_item(ctx, item)
+        elif st.domain == "blocks" and isinstance(st.across, across.ElementTile):
+            node, op = st.root
+            k = node.outputs.index(st.out) if not st.epilogue and st.out in node.outputs else 0
+            with node_context(node):
+                across.emit_element_tile(ctx, st.across, item, "thread", plan.tensors, node, op, k,
+                                         plan.tensors[st.out], epilogue_lets, st.epilogue)
+        elif st.domain == "blocks" and st.across is not None:
+            node, op = st.root
+            with node_context(node):
+                op.emit_across(ctx, item, "thread", st.across)
         elif st.domain == "blocks" and st.phase is not None:
             node, op = st.root
             with node_context(node):

@@ -87,6 +87,16 @@ class Operator:
     def in_order(self) -> bool:
         return self.elementwise
 
+    def axis_map(self, k: int) -> list[int] | None:
+        """For an inline node: the axis of input k that each output axis steps, where element() reads
+        input k at the output's coordinates so permuted (an elementwise node's input of the output's
+        shape: the same axes; a Transpose: its perm); None otherwise (luisaml/across.py follows a
+        stored tensor's strides through such nodes)."""
+        x, y = (self.inputs[k] if k < len(self.inputs) else None), (self.outputs[0] if self.outputs else None)
+        if self.elementwise and x is not None and y is not None and tuple(x.shape) == tuple(y.shape):
+            return list(range(len(y.shape)))
+        return None
+
     def reads_per_element(self, k: int) -> float:
         """About how many times a stage running this node reads each element of input k (a Conv:
         its taps times its output channels a group; a GEMM: its columns): the schedule inlines into
@@ -279,6 +289,15 @@ class Operator:
     def tuned_note(self) -> str:
         """Return ' (tuned)' when a tuned schedule replaced the rules' choice, for describe()."""
         return " (tuned)" if self.schedule is not None else ""
+
+    def across_tiling(self, axis: int):
+        """Return the GPU form that reads input 0 (an inline expression contiguous along its `axis`)
+        through shared memory (luisaml/across.py), emitted by emit_across; None where the node has none."""
+        return None
+
+    def emit_across(self, ctx: "KernelContext", item: str, thread: str, tiling) -> None:
+        """Emit thread `thread` of block `item` of across_tiling()."""
+        raise NotImplementedError
 
     def block_samples(self) -> int:
         """Return how many samples one block of a batched blocks stage covers: 1 (the block works

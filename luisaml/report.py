@@ -180,7 +180,9 @@ def from_plan(plan, *, model_name: str = "model", why: str | None = None) -> dic
             "params": params(op),
             "flops": flops(n, op),
             "bytes": 0 if role == "view" else moved_bytes(op),
-            "note": _note(op, role == "root" and stage is not None and sched.stages[stage].domain == "blocks"),
+            "note": (sched.stages[stage].across.describe() if role == "root" and stage is not None
+                     and sched.stages[stage].across is not None else
+                     _note(op, role == "root" and stage is not None and sched.stages[stage].domain == "blocks")),
             "attrs": {k: attribute_value(v) for k, v in n.attrs.items()},
             "inputs_info": [_input_info(name, tensors, symbol) for name in n.inputs],
         })

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import across
 from .dynamic import HostRead
 from .model import Node, shape_str
 from .operator import Operator
@@ -102,6 +103,9 @@ class Stage:
     # an element stage's consecutive elements a thread computes (the CPU backend: ELEMENTS): items
     # is then the output's elements over this, rounded up
     elements: int = 1
+    # on CUDA, a stage reading a stored tensor across through shared memory (luisaml/across.py): an
+    # ElementTile, or the root's across_tiling()
+    across: object = None
 
     @property
     def root(self) -> tuple[Node, Operator]:
@@ -330,6 +334,11 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
                 if o and o not in virtual:
                     t = code.tensors[o]
                     tiles = op.work_items() if op.stored_as_items and not blocks else None  # (a Transpose's CPU tiles)
+                    tile = across.choose(code, n, op, k, o, virtual, views) if blocks else None
+                    if tile is not None:
+                        stages.append(Stage(len(stages), "blocks", [(n, op)], tile.blocks, per_sample and t.batched,
+                                            out=o, threads=tile.threads, across=tile))
+                        continue
                     if tiles is not None:
                         stages.append(Stage(len(stages), "items", [(n, op)], int(tiles), per_sample and t.batched, out=o))
                         continue
@@ -339,6 +348,11 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
             continue
         out = end_of.get(n.name, n.outputs[0])
         t = code.tensors[out]
+        tile = across.choose(code, n, op, k, out, virtual, views) if blocks else None
+        if tile is not None:  # (on CUDA, a stored tensor read across: through shared tiles)
+            stages.append(Stage(len(stages), "blocks", [(n, op)], tile.blocks, per_sample and t.batched, out=out,
+                                epilogue=epilogue_of.get(n.name, []), threads=tile.threads, across=tile))
+            continue
         # (a reduction over a long contiguous run, an element node, takes its row form on the GPU)
         if k == "element" and not (blocks and op.block_tiling()):
             e = 1 if blocks else ELEMENTS

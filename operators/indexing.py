@@ -55,6 +55,9 @@ class Transpose(Operator):
         x = self.input(0)
         return not self.perm or x.strides[self.perm[-1]] == 1
 
+    def axis_map(self, k):
+        return list(self.perm) if k == 0 else None
+
     def forward(self, ctx):
         x, y = self.input(0), self.output()
         src = [x.strides[p] for p in self.perm]

@@ -377,6 +377,32 @@ class TrailingNorm(Norm):
     def blocks(self) -> Blocks:
         return Blocks(self.input(0).shape, list(range(self.ax, self.input(0).rank)))
 
+    def across_tiling(self, axis: int):
+        """A block per tile of rows on GPUs (rows.AcrossTiling), where X's loads step by 1 along
+        `axis`, its innermost axis before the normalized ones (luisaml/across.py: a LayerNorm of a
+        permuted NCHW tensor), for a float X whose rows fit the tile's shared memory; else None."""
+        from . import rows
+
+        x, blocks = self.input(0), self.blocks()
+        inner = [d for d in range(self.ax) if x.shape[d] > 1]
+        if (x.dtype.dsl != "float" or self.output().dtype.dsl != "float" or not inner or inner[-1] != axis
+                or blocks.red_strides != [1] or len(blocks.kept_sizes) != 1):
+            return None
+        return rows.choose_across(blocks.outer, blocks.inner)
+
+    def emit_across(self, ctx, item: str, thread: str, tiling) -> None:
+        """Emit thread `thread` of block `item` of across_tiling(): the tile's rows loaded with lanes
+        along the rows (X's unit stride) into shared memory, then a warp per row from it (rows.across_rows)."""
+        from . import rows
+        from luisaml.storage import Local, bind
+
+        x, blocks = self.input(0), self.blocks()
+        with rows.across_rows(ctx, tiling, item, thread, x.load) as (sh, row, lane, offset):
+            with bind({x: Local(sh, offset)}):
+                head, passes = self.group(ctx, blocks, row)
+                warp = rows.warp_loop(ctx, rows.RowTiling(tiling.rows, tiling.length), lane)
+                ctx.render("norm.py.j2", outer=1, o=row, head=head, passes=passes, warp=warp)
+
     def param(self, i: int, r: str) -> str | None:
         """Return the float load of Scale (1) or B (2) at normalized element r, or None."""
         if i not in self.params:

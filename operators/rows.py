@@ -182,3 +182,84 @@ def fold_row(ctx, tiling: RowTiling, item: str, thread: str, place, load, init: 
         ctx.line(f"if {lane} == 0:")
         with ctx.indent():
             ctx.line(store(finish(total)))
+
+
+# ---- rows read across (luisaml/across.py) ---------------------------------------------------------
+# A normalization whose input is contiguous along its rows rather than within them (ConvNeXt's
+# LayerNorm of a permuted NCHW tensor: a row's elements H x W floats apart, neighbouring rows
+# neighbours): a block of ACROSS_WARPS warps takes `tile` rows, their elements loaded into shared
+# memory with lanes along the rows, a warp's load `tile` consecutive floats of each of 32 // tile
+# rows' elements (one 32-byte sector a run at tile 8), then each warp normalizes tile / ACROSS_WARPS
+# rows from shared memory as the warp per row does from global memory. The tile is the most rows
+# (up to 32) whose elements fit ACROSS_SHARED bytes: 32 for 96 or 192 channels, 16 for 384, 8 for 768.
+ACROSS_WARPS = 8
+ACROSS_SHARED = 32 * 1024
+
+
+@dataclass(frozen=True)
+class AcrossTiling:
+    """rows rows (per sample) of `length` elements, `tile` rows a block of ACROSS_WARPS warps."""
+
+    rows: int
+    length: int
+    tile: int
+
+    threads = ACROSS_WARPS * WARP
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.rows // self.tile)
+
+    @property
+    def pitch(self) -> int:
+        """A row's place in shared memory: its length, made odd (lanes a row apart hit other banks)."""
+        return self.length | 1
+
+    def describe(self) -> str:
+        return (f"a block of {self.threads} threads per {self.tile} rows of {self.length}, loaded along the rows "
+                f"into shared memory, then a warp per row")
+
+
+def choose_across(rows: int, length: int) -> AcrossTiling | None:
+    """Return the across tiling of `rows` rows of `length` elements, or None (a short row keeps the
+    thread per row; a long one, whose ACROSS_WARPS rows do not fit ACROSS_SHARED, its warp per row)."""
+    if rows <= 0 or length < MIN_LENGTH:
+        return None
+    for tile in (32, 16, ACROSS_WARPS):
+        if tile * (length | 1) * 4 <= ACROSS_SHARED:
+            return AcrossTiling(rows, length, tile)
+    return None
+
+
+@contextlib.contextmanager
+def across_rows(ctx, tiling: AcrossTiling, item: str, thread: str, load) -> Iterator[tuple[str, str, str, str]]:
+    """Emit the load of block `item`'s rows into shared memory (load(i): element i of the input, at
+    row * length + k), a barrier, then a loop over the rows of thread `thread`'s warp under the row
+    guard; yield (the shared array, the row, the lane, the offset that maps an input index
+    row * length + k of that row to its place in the shared array)."""
+    t, n, pitch = tiling.tile, tiling.length, tiling.pitch
+    sh = ctx.shared_array("float", t * pitch, "rows")
+    row0 = ctx.let(f"{item} * {t}", "row0")
+    cells, q = t * n, ctx.fresh("q")
+    ctx.line(f"for {q} in range({-(-cells // tiling.threads)}):")
+    with ctx.indent():
+        c = ctx.let(f"{thread} + {tiling.threads} * {q}", "c")
+        p, k = ctx.let(f"{c} % {t}", "p"), ctx.let(f"{c} // {t}", "k")
+        guard = [f"{c} < {cells}"] * (cells % tiling.threads != 0) + [f"{row0} + {p} < {tiling.rows}"] * (tiling.rows % t != 0)
+        # (an Affine index: the permuting reader's divisions by the row length and the rows fold)
+        at = ix.add(ix.mul(ix.Affine.atom(item, tiling.blocks), t * n), ix.mul(ix.Affine.atom(p, t), n), ix.Affine.atom(k, n))
+        ctx.line_if(" and ".join(guard) or None, f"{sh}[{p} * {pitch} + {k}] = {load(at)}")
+    ctx.line("sync_block()")
+    lane = ctx.let(f"{thread} % {WARP}", "lane")
+    j = ctx.fresh("j")
+    ctx.line(f"for {j} in range({t // ACROSS_WARPS}):")
+    with ctx.indent():
+        local = ctx.let(f"{thread} // {WARP} + {ACROSS_WARPS} * {j}", "local")
+        row = ctx.let(f"{row0} + {local}", "row")
+        offset = ctx.let(f"{ix.mul(local, pitch - n)} - {row0} * {n}" if pitch != n else f"0 - {row0} * {n}", "off")
+        if tiling.rows % t:
+            ctx.line(f"if {row} < {tiling.rows}:")
+            with ctx.indent():
+                yield sh, row, lane, offset
+        else:
+            yield sh, row, lane, offset
