@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_emulator import run_plan
+from gpu_emulator import build_dsl, kernel_name, run_plan
 from onnx import TensorProto, helper, numpy_helper
 from util import ort_run
 
@@ -80,6 +80,16 @@ def test_which_stages_read_across():
         across.ACROSS = True
 
 
+def test_kernels_build_as_dsl(monkeypatch):
+    """luisa-python builds the across stages' kernels (ConvNeXt's first stage: 96 channels of 56 x 56;
+    the shared tiles, the barrier, the warp sums), only the backend's compile left out."""
+    plan = _plan(_block(96, 56, 56, mixed=True))
+    sts = [st for st in plan.schedule.stages if st.across is not None]
+    assert len(sts) == 3
+    for st in sts:
+        assert len(build_dsl(plan, kernel_name(plan, st), monkeypatch)) == 1
+
+
 FULL = pytest.mark.full  # (about 50 s a case: every emulated thread is Python)
 
 
@@ -115,3 +125,19 @@ def test_wide_rows_against_onnxruntime(c, h, w):
     for name in ("y", "r"):
         np.testing.assert_allclose(got[name].reshape(want[name].shape), want[name], rtol=RTOL,
                                    atol=RTOL * np.abs(want[name]).max())
+
+
+@pytest.mark.parametrize("shape,perm", [((2, 16, 9, 10), (0, 2, 3, 1)), ((37, 3, 40), (2, 0, 1)), ((3, 40, 33), (0, 2, 1))])
+def test_transpose_tiles_against_numpy(shape, perm):
+    """A stored Transpose (no batch axis) through whole-value tiles: axes outside the tile (the 2 and
+    3 leading ones), a tile axis of merged dims (9 x 10), ragged tiles on both axes."""
+    g = helper.make_graph([helper.make_node("Transpose", ["x"], ["y"], perm=list(perm), name="t")], "t",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [shape[p] for p in perm])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    plan = plan_for(model, "m", CompileOptions(batch_axis=None).resolve("cuda"))[0]
+    (st,) = plan.schedule.stages
+    assert isinstance(st.across, across.ElementTile) and st.across.staged == ()
+    x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
+    got = run_plan(plan, {"x": x})["y"]
+    np.testing.assert_array_equal(got.reshape(-1), x.transpose(perm).reshape(-1))

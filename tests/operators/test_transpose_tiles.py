@@ -89,12 +89,21 @@ def test_the_innermost_axis_kept_keeps_the_element_stage(perm):
 
 
 def test_cuda_plans_keep_the_element_stage():
-    """Planned for CUDA (no device needed), a Transpose that moves the innermost axis stays an
-    element stage: the tiles are the CPU's."""
+    """Planned for CUDA (no device needed), a Transpose that moves the innermost axis takes no CPU
+    tiles: shared-memory tiles (luisaml/across.py), or with that switch off an element stage."""
+    from luisaml import across
     from luisaml.planning import CompileOptions, plan_for
 
     plan, _, _ = plan_for(_transpose_model((2, 16, 9, 10), (0, 2, 3, 1)), "m",
                           CompileOptions(batch_axis=None).resolve("cuda"))
+    (st,) = [s for s in plan.schedule.stages if s.nodes[0][0].name == "t"]
+    assert st.domain == "blocks" and isinstance(st.across, across.ElementTile)
+    try:
+        across.ACROSS = False
+        plan, _, _ = plan_for(_transpose_model((2, 16, 9, 10), (0, 2, 3, 1)), "m",
+                              CompileOptions(batch_axis=None).resolve("cuda"))
+    finally:
+        across.ACROSS = True
     (st,) = [s for s in plan.schedule.stages if s.nodes[0][0].name == "t"]
     assert st.domain == "element" and st.elements == 1
     plan, _, _ = plan_for(_transpose_model((2, 16, 9, 10), (0, 2, 3, 1)), "m",
