@@ -1,4 +1,4 @@
-"""Layers of one row a sample on the tensor-core tile (operators/gemm.py, `Dense.MMA_GROUP`), without a
+"""Layers of one row a sample on the tensor-core tile (operators/gemm_blocks.py, `Dense.MMA_GROUP`), without a
 GPU: an MLP over a dynamic batch planned for CUDA with tensor_cores takes tiled_mma.py's tile for each
 Gemm or MatMul whose rows are samples (a block's 128 tile rows are 128 consecutive samples, a grouped
 blocks stage), keeps tiled.py's FP32 tile of 64 samples where a side is under a warp's tile (a first
