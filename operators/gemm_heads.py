@@ -1,6 +1,6 @@
 """Gemm and MatMul layers of one row a sample and a large weight matrix on CUDA (a classifier's head
 after the pool: ResNet-50's 2,048 -> 1,000): a block per COLUMNS columns and WARPS x SAMPLES samples,
-a warp per SAMPLES of them, its lanes splitting k (operators/gemm.py's `Dense.block_tiling` takes it
+a warp per SAMPLES of them, its lanes splitting k (operators/gemm_blocks.py's `Dense.block_tiling` takes it
 before either tile of samples where W has at least `Dense.HEAD_MIN_WEIGHTS` weights).
 
 Why. A plan does not know the batch, and at the batches CNNs run (8-64) the tile of 64 or 128
@@ -40,7 +40,7 @@ class Heads:
 
     N: int
     K: int
-    rows_b = True  # reads B as [N][K] (operators/gemm.py's _b_rows)
+    rows_b = True  # reads B as [N][K] (operators/gemm_blocks.py's _b_rows)
 
     @property
     def M(self) -> int:
@@ -74,7 +74,7 @@ def choose(N: int, K: int, min_weights: int, min_columns: int) -> Heads | None:
 
 def emit(ctx, tl: Heads, item: str, thread: str, a_row, b_value, finish_row, store_row) -> None:
     """Emit thread `thread` of column block `item`: a_row(bi, m) -> k -> A of the group's sample m
-    (gemm.py's sample-row loaders), b_value(k, n) -> B[k, n], finish_row / store_row(bi, m, n, value)."""
+    (gemm_blocks.py's sample-row loaders), b_value(k, n) -> B[k, n], finish_row / store_row(bi, m, n, value)."""
     from . import tiled
 
     N, K = tl.N, tl.K

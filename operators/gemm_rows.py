@@ -1,6 +1,6 @@
 """Gemm and MatMul layers of one row a sample and few columns on CUDA (a classifier's head over a batch:
 cifar-cnn's 2,048 -> 10): a warp a sample, its lanes splitting k, the columns' partial sums combined
-across the warp (operators/gemm.py's `Dense.block_tiling` takes it where tiled.py's tile of samples
+across the warp (operators/gemm_blocks.py's `Dense.block_tiling` takes it where tiled.py's tile of samples
 declines, N under its MIN_SIDE).
 
 The items form gives such a layer a thread a sample: a dependent chain of K multiply-adds per output,
@@ -31,7 +31,7 @@ class WarpRows:
     N: int
     K: int
     warp_rows = True  # (what operators/gemm.py's cpu_items asks)
-    rows_b = True  # reads B as [N][K] (operators/gemm.py's _b_rows)
+    rows_b = True  # reads B as [N][K] (operators/gemm_blocks.py's _b_rows)
 
     @property
     def M(self) -> int:
@@ -65,7 +65,7 @@ def choose(N: int, K: int, min_k: int) -> WarpRows | None:
 
 
 def emit(ctx, tl: WarpRows, thread: str, a_row, b_value, finish_row, store_row) -> None:
-    """Emit thread `thread` of a block: a_row(bi, m) -> k -> A of the group's sample m (gemm.py's
+    """Emit thread `thread` of a block: a_row(bi, m) -> k -> A of the group's sample m (gemm_blocks.py's
     sample-row loaders), b_value(k, n) -> B[k, n], finish_row / store_row(bi, m, n, value) at sample m."""
     from . import tiled
 

@@ -68,7 +68,7 @@ class MmaTiling(BlockGrid):
     WM: int = WARP_M
     WN: int = WARP_N
     variant: str = "w32"  # (of VARIANTS: "w32-first" emits the first tile's copies and layout)
-    mma = True  # (what operators/gemm.py's emit_block asks)
+    mma = True  # (what operators/gemm_blocks.py's emit_block asks)
 
     @property
     def threads(self) -> int:

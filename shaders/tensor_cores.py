@@ -48,37 +48,39 @@ A_F16 = luisa.ArrayType(32, float)
 B_F16 = luisa.ArrayType(48, float)
 
 
-@luisa.func
-def mma_tf32_m16n8k8(a, b, c):
-    """A lane's four outputs of D = A B + C, a warp's 16 x 8 x 8 product (contract: module docstring);
-    the tensor-core route rounds A and B to TF32, this body keeps them in FP32."""
-    x = c.x
-    y = c.y
-    z = c.z
-    w = c.w
-    for i in range(8):
-        x = fma(a[i], b[i], x)
-        y = fma(a[i], b[8 + i], y)
-        z = fma(a[8 + i], b[i], z)
-        w = fma(a[8 + i], b[8 + i], w)
-    return float4(x, y, z, w) * float(MARK_TF32 >> 30)
+def _fp32_tile(k: int, mark: int, name: str, doc: str):
+    """Return the marked tile callable `name` of depth k (8: TF32's m16n8k8, 16: FP16's m16n8k16) and marker
+    `mark`: its DSL body the FP32 product, one body for every marked tile. A factory, not a shared callable
+    the marked ones call: the front finds a marker in the body of the callable that holds it and swaps that
+    body (luisaml/nvrtc_front.py), and a shared callable would add a function to every kernel's source; as
+    here, each callable's emitted function is the one written out before, byte for byte (k and mark are
+    the literals they were)."""
+
+    def tile(a, b, c):
+        x = c.x
+        y = c.y
+        z = c.z
+        w = c.w
+        for i in range(k):
+            x = fma(a[i], b[i], x)
+            y = fma(a[i], b[k + i], y)
+            z = fma(a[k + i], b[i], z)
+            w = fma(a[k + i], b[k + i], w)
+        return float4(x, y, z, w) * float(mark >> 30)
+
+    tile.__name__ = tile.__qualname__ = name
+    tile.__doc__ = doc
+    return luisa.func(tile)
 
 
-@luisa.func
-def mma_tf32_m16n8k8_rounded(a, b, c):
-    """mma_tf32_m16n8k8 for operands already rounded to TF32 (tf32_round, once where a tile copies them to
-    shared memory, not once a fragment an mma: operators/tiled_mma.py's "w64r"): the tensor-core body
-    hands the bits to mma.sync as they are; this body is the FP32 product, as the other's."""
-    x = c.x
-    y = c.y
-    z = c.z
-    w = c.w
-    for i in range(8):
-        x = fma(a[i], b[i], x)
-        y = fma(a[i], b[8 + i], y)
-        z = fma(a[8 + i], b[i], z)
-        w = fma(a[8 + i], b[8 + i], w)
-    return float4(x, y, z, w) * float(MARK_TF32R >> 30)
+mma_tf32_m16n8k8 = _fp32_tile(8, MARK_TF32, "mma_tf32_m16n8k8", """A lane's four outputs of D = A B + C, a warp's
+    16 x 8 x 8 product (contract: module docstring); the tensor-core route rounds A and B to TF32, this body
+    keeps them in FP32.""")
+
+mma_tf32_m16n8k8_rounded = _fp32_tile(8, MARK_TF32R, "mma_tf32_m16n8k8_rounded", """mma_tf32_m16n8k8 for
+    operands already rounded to TF32 (tf32_round, once where a tile copies them to shared memory, not once a
+    fragment an mma: operators/tiled_mma.py's "w64r"): the tensor-core body hands the bits to mma.sync as
+    they are; this body is the FP32 product, as the other's.""")
 
 
 @luisa.func
@@ -89,21 +91,9 @@ def tf32_round(x):
     return x * float(MARK_ROUND >> 30)
 
 
-@luisa.func
-def mma_f16_m16n8k16(a, b, c):
-    """A lane's four outputs of D = A B + C, a warp's 16 x 8 x 16 product (contract: module
-    docstring); the tensor-core route rounds A and B to half, this body keeps them in FP32 (so the
-    start-up self-test can tell which of the two ran)."""
-    x = c.x
-    y = c.y
-    z = c.z
-    w = c.w
-    for i in range(16):
-        x = fma(a[i], b[i], x)
-        y = fma(a[i], b[16 + i], y)
-        z = fma(a[16 + i], b[i], z)
-        w = fma(a[16 + i], b[16 + i], w)
-    return float4(x, y, z, w) * float(MARK_F16 >> 30)
+mma_f16_m16n8k16 = _fp32_tile(16, MARK_F16, "mma_f16_m16n8k16", """A lane's four outputs of D = A B + C, a warp's
+    16 x 8 x 16 product (contract: module docstring); the tensor-core route rounds A and B to half, this body
+    keeps them in FP32 (so the start-up self-test can tell which of the two ran).""")
 
 
 # ---- one warp's tile, the contract's loads from buffers: the start-up self-test and the tests ----

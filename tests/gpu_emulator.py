@@ -194,7 +194,11 @@ class Emulator:
             # (a recursive helper, or helpers that call each other, find the one function, whose
             # globals are filled in afterwards)
             space: dict = {}
-            self.funcs[key] = types.FunctionType(func.pyfunc.__code__, space)
+            # (a callable a factory made, shaders/tensor_cores.py's tiles: the constants it closes over)
+            cells = func.pyfunc.__closure__ or ()
+            self.funcs[key] = types.FunctionType(func.pyfunc.__code__, space, closure=tuple(
+                types.CellType(self.function(c.cell_contents) if hasattr(c.cell_contents, "pyfunc") else c.cell_contents)
+                for c in cells) or None)
             space.update(self._globals(func.pyfunc.__globals__))
         return self.funcs[key]
 

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from util import export_batched, graph_model, ort_run, torch_mlp, value_info
+from util import assert_close_to_ort, assert_same_bits, export_batched, graph_model, ort_run, torch_mlp, value_info
 
 import luisaml
 from luisaml import artifact, dtypes
@@ -42,22 +42,6 @@ def _load_in_fresh_process(path, feeds: dict, tmp_path) -> tuple[dict, dict]:
     assert r.returncode == 0, r.stderr
     with np.load(tmp_path / "out.npz") as z:
         return {k: z[k] for k in z.files}, json.loads(r.stdout.strip().splitlines()[-1])
-
-
-def _same_bits(got: dict, want: dict) -> None:
-    assert list(got) == list(want)
-    for k in want:
-        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
-        assert got[k].tobytes() == np.ascontiguousarray(want[k]).tobytes(), f"{k}: not bit for bit"
-
-
-def _close_to_ort(got: dict, model, feeds) -> None:
-    ref = ort_run(model, feeds)
-    for k, w in ref.items():
-        if w.dtype.kind == "f":
-            np.testing.assert_allclose(got[k], w, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(w).max())), err_msg=k)
-        else:
-            np.testing.assert_array_equal(got[k], w, err_msg=k)
 
 
 def _mixed_model():
@@ -91,8 +75,8 @@ def test_round_trip_in_a_fresh_process_is_bit_for_bit_without_onnx_or_torch(mlp,
     path, net, feeds, want, lml = mlp
     got, said = _load_in_fresh_process(lml, feeds, tmp_path)
     assert said == {"imported": [], "backend": "cpu"}
-    _same_bits(got, want)
-    _close_to_ort(got, onnx.load(path), feeds)
+    assert_same_bits(got, want)
+    assert_close_to_ort(got, onnx.load(path), feeds)
 
 
 def test_round_trip_of_checks_int64_and_outputs_no_node_writes(tmp_path):
@@ -103,8 +87,8 @@ def test_round_trip_of_checks_int64_and_outputs_no_node_writes(tmp_path):
     lml = net.save(tmp_path / "mixed.lml")
     got, said = _load_in_fresh_process(lml, feeds, tmp_path)
     assert said["imported"] == []
-    _same_bits(got, want)
-    _close_to_ort(got, model, feeds)
+    assert_same_bits(got, want)
+    assert_close_to_ort(got, model, feeds)
     # an index out of range is still caught, naming the node, in the loaded network
     loaded = luisaml.load(lml)
     with pytest.raises(luisaml.RunError, match="Gather"):
@@ -118,11 +102,11 @@ def test_a_loaded_network_runs_like_the_compiled_one(mlp):
     assert loaded.allocation.report() == net.allocation.report()
     assert loaded.plan.schedule.describe() == net.plan.schedule.describe()
     assert loaded.weight_bytes() == net.weight_bytes() and loaded.weight_layout == net.weight_layout
-    _same_bits(loaded.run(feeds), want)
-    _same_bits(loaded.run(None, feeds), want)  # onnxruntime's argument order too
+    assert_same_bits(loaded.run(feeds), want)
+    assert_same_bits(loaded.run(None, feeds), want)  # onnxruntime's argument order too
     for n in (0, 1, 5):  # other batch sizes, stage by stage
         x = feeds["x"][:n]
-        _same_bits(loaded.run({"x": x}), net.run({"x": x}))
+        assert_same_bits(loaded.run({"x": x}), net.run({"x": x}))
     assert [k for k, _ in loaded.profile(feeds, repeat=1)] == [k for k, _ in net.profile(feeds, repeat=1)]
     # embedding: the same per-sample function and array types
     assert loaded.forward is not None and loaded.input_type("x") == net.input_type("x")
@@ -295,7 +279,7 @@ def test_rapidocr_text_direction_classifier_round_trip(tmp_path, tmp_path_factor
     lml = net.save(tmp_path / "cls.lml", model_name="cls.onnx")
     got, said = _load_in_fresh_process(lml, feeds, tmp_path)
     assert said["imported"] == []
-    _same_bits(got, want)
+    assert_same_bits(got, want)
     ref = ort_run(model, feeds)
     for k, w in ref.items():
         np.testing.assert_allclose(got[k], w, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(w).max())), err_msg=k)
@@ -370,7 +354,7 @@ def test_the_published_exploit_runs_nothing_and_is_refused(mlp, tmp_path):
             except luisaml.ArtifactError:
                 pass
             else:
-                _same_bits(other.run(feeds), want)
+                assert_same_bits(other.run(feeds), want)
         assert not marker.exists(), field
     assert node["name"] != line
 
@@ -411,8 +395,8 @@ def test_load_runs_where_onnx_and_torch_cannot_be_imported(tmp_path):
                        capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ, LUISAML_BACKEND="cpu"), timeout=600)
     assert r.returncode == 0, r.stderr
     with np.load(tmp_path / "o.npz") as z:
-        _same_bits({k: z[k] for k in z.files}, want)
-    _close_to_ort(want, model, feeds)
+        assert_same_bits({k: z[k] for k in z.files}, want)
+    assert_close_to_ort(want, model, feeds)
 
 
 def test_sizes_types_and_files_are_checked_before_reading(mlp, tmp_path):

@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+from util import assert_close_to_ort, assert_same_bits
 
 import luisaml
 from luisaml import artifact
@@ -70,20 +71,6 @@ def cnn(tmp_path_factory):
     return model, feeds, want, lml, d / "feeds.npz"
 
 
-def _same_bits(got: dict, want: dict) -> None:
-    assert list(got) == list(want)
-    for k in want:
-        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
-        assert got[k].tobytes() == np.ascontiguousarray(want[k]).tobytes(), f"{k}: not bit for bit"
-
-
-def _close_to_ort(got: dict, model, feeds) -> None:
-    from util import ort_run
-
-    for k, w in ort_run(model, feeds).items():
-        np.testing.assert_allclose(got[k], w, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(w).max())), err_msg=k)
-
-
 def test_session_over_a_lml_runs_without_onnx_or_torch(cnn, tmp_path):
     model, feeds, want, lml, npz = cnn
     r, imported = _blocked(SESSION, lml, npz, tmp_path / "out.npz", cwd=tmp_path)
@@ -91,8 +78,8 @@ def test_session_over_a_lml_runs_without_onnx_or_torch(cnn, tmp_path):
     _none_of_them(imported)
     with np.load(tmp_path / "out.npz") as z:
         got = {k: z[k] for k in z.files}
-    _same_bits(got, want)
-    _close_to_ort(got, model, feeds)
+    assert_same_bits(got, want)
+    assert_close_to_ort(got, model, feeds)
     said = json.loads(r.stdout.strip().splitlines()[-1])
     # what onnxruntime's own session over the ONNX model lists
     import onnxruntime as ort
@@ -112,8 +99,8 @@ def test_cli_run_on_a_lml_without_onnx_or_torch(cnn, tmp_path):
     assert r.returncode == 0, r.stderr
     _none_of_them(imported)
     got = {k: np.load(tmp_path / "out" / f"{k}.npy") for k in want}
-    _same_bits(got, want)
-    _close_to_ort(got, model, feeds)
+    assert_same_bits(got, want)
+    assert_close_to_ort(got, model, feeds)
 
 
 def test_cli_bench_on_a_lml_without_onnx_or_torch(cnn, tmp_path):

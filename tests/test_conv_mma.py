@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 from gpu_emulator import build_dsl, kernel_name, run_plan
 from onnx import TensorProto, helper, numpy_helper
-from util import ort_run
+from util import ort_run, plan_of
 
-from luisaml.planning import CompileOptions, plan_for
 
 # Winograd's tolerance (tests/operators/test_winograd.py): of max |y|, the float32 transformed weights
 WINOGRAD_TOL = {2: 1e-5, 4: 3e-5}
@@ -71,10 +70,8 @@ def _direct(x, w, b, s, p, d, group, relu):
 
 
 def _plan(model, winograd=0, tensor_cores=True):
-    opts = CompileOptions(batch_axis=0 if model.graph.input[0].type.tensor_type.shape.dim[0].dim_param else None,
-                          tensor_cores=tensor_cores, winograd=winograd).resolve("cuda")
-    plan, _, _ = plan_for(model, "m", opts)
-    return plan
+    batched = model.graph.input[0].type.tensor_type.shape.dim[0].dim_param
+    return plan_of(model, batch_axis=0 if batched else None, tensor_cores=tensor_cores, winograd=winograd)
 
 
 def _tilings(plan) -> dict[str, str]:

@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 from gpu_emulator import build_dsl, kernel_name, run_plan
 from onnx import helper
-from util import graph_model, ort_run, rand
+from util import graph_model, ort_run, plan_of, rand
 
-from luisaml.planning import CompileOptions, plan_for
 
 
 def _head(K: int, N: int, op: str = "Gemm", trans_b: int = 1, bias: str | None = "n", alpha: float = 1.0,
@@ -48,9 +47,7 @@ def _head(K: int, N: int, op: str = "Gemm", trans_b: int = 1, bias: str | None =
 
 
 def _plan(model, tensor_cores=False, backend="cuda"):
-    opts = CompileOptions(batch_axis=0, tensor_cores=tensor_cores).resolve(backend)
-    plan, _, _ = plan_for(model, "m", opts)
-    return plan
+    return plan_of(model, backend, batch_axis=0, tensor_cores=tensor_cores)
 
 
 def _head_stage(plan):

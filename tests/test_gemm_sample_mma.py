@@ -1,4 +1,4 @@
-"""Layers of one row a sample on the tensor-core tile (operators/gemm.py, `Dense.MMA_GROUP`), without a
+"""Layers of one row a sample on the tensor-core tile (operators/gemm_blocks.py, `Dense.MMA_GROUP`), without a
 GPU: an MLP over a dynamic batch planned for CUDA with tensor_cores takes tiled_mma.py's tile for each
 Gemm or MatMul whose rows are samples (a block's 128 tile rows are 128 consecutive samples, a grouped
 blocks stage), keeps tiled.py's FP32 tile of 64 samples where a side is under a warp's tile (a first
@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 from gpu_emulator import build_dsl, kernel_name, run_plan
 from onnx import helper
-from util import graph_model, ort_run, rand
+from util import graph_model, ort_run, plan_of, rand
 
-from luisaml.planning import CompileOptions, plan_for
 
 
 def _mlp(k0: int = 40, width: int = 64, wide: int = 96, seed: int = 0):
@@ -50,9 +49,7 @@ def _mlp(k0: int = 40, width: int = 64, wide: int = 96, seed: int = 0):
 
 
 def _plan(model, tensor_cores=True):
-    opts = CompileOptions(batch_axis=0, tensor_cores=tensor_cores).resolve("cuda")
-    plan, _, _ = plan_for(model, "m", opts)
-    return plan
+    return plan_of(model, batch_axis=0, tensor_cores=tensor_cores)
 
 
 def _stages(plan) -> dict[str, tuple[str, str, int]]:
@@ -147,7 +144,7 @@ def test_cpu_plans_are_untouched(monkeypatch):
     models = [_mlp()[0], _head("Gemm", 300, 10)[0]]
 
     def sources():
-        return [plan_for(m, "m", CompileOptions(batch_axis=0).resolve("cpu"))[0].source for m in models]
+        return [plan_of(m, "cpu", batch_axis=0).source for m in models]
 
     on = sources()
     monkeypatch.setattr(Dense, "MMA_GROUP", 0)

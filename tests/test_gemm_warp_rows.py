@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 from gpu_emulator import build_dsl, kernel_name, run_plan
 from onnx import helper
-from util import graph_model, ort_run, rand
+from util import graph_model, ort_run, plan_of, rand
 
-from luisaml.planning import CompileOptions, plan_for
 
 
 def _head(op: str, K: int, N: int, seed: int = 0):
@@ -37,9 +36,7 @@ def _head(op: str, K: int, N: int, seed: int = 0):
 
 
 def _plan(model, tensor_cores=False):
-    opts = CompileOptions(batch_axis=0, tensor_cores=tensor_cores).resolve("cuda")
-    plan, _, _ = plan_for(model, "m", opts)
-    return plan
+    return plan_of(model, batch_axis=0, tensor_cores=tensor_cores)
 
 
 def _head_stage(plan):

@@ -12,9 +12,10 @@ import onnx
 import pytest
 from gpu_emulator import build_dsl, kernel_name, run_plan
 from onnx import TensorProto, helper, numpy_helper
+from util import plan_of
 
 from luisaml.operators import tiled_mma
-from luisaml.planning import CompileOptions, plan_for
+from luisaml.planning import CompileOptions
 
 
 def _model(op: str, M: int, K: int, N: int, ta=0, tb=0, const_b=True, bias=False, seed=0):
@@ -44,9 +45,7 @@ def _model(op: str, M: int, K: int, N: int, ta=0, tb=0, const_b=True, bias=False
 
 
 def _plan(model):
-    opts = CompileOptions(batch_axis=None, tensor_cores=True).resolve("cuda")
-    plan, _, _ = plan_for(model, "m", opts)
-    return plan
+    return plan_of(model, batch_axis=None, tensor_cores=True)
 
 
 def _run_blocks(plan, feeds: dict[str, np.ndarray], out_size: int) -> np.ndarray:
@@ -127,7 +126,7 @@ def test_w64_column_sides_pad_n_least(N, BN, WN):
 
 def test_without_tensor_cores_the_plan_is_the_fp32_tile():
     model, _, _ = _model("MatMul", 128, 40, 64)
-    plan, _, _ = plan_for(model, "m", CompileOptions(batch_axis=None).resolve("cuda"))
+    plan = plan_of(model, batch_axis=None)
     assert "mma_tf32" not in plan.source and "blocks" in [s.domain for s in plan.schedule.stages]
 
 

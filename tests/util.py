@@ -160,6 +160,39 @@ def assert_matches_ort(model, feeds, rtol=1e-5, atol=1e-6, batch_axis="auto", **
     return net, got
 
 
+def assert_same_bits(got: dict, want: dict) -> None:
+    """Assert two runs' outputs are the same names, dtypes, shapes and bytes."""
+    assert list(got) == list(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
+        assert got[k].tobytes() == np.ascontiguousarray(want[k]).tobytes(), f"{k}: not bit for bit"
+
+
+def assert_close_to_ort(got: dict, model, feeds) -> None:
+    """Assert outputs equal onnxruntime's: floats to 1e-5 (relative, and of the largest magnitude
+    past 1), the rest exactly."""
+    for k, w in ort_run(model, feeds).items():
+        if w.dtype.kind == "f":
+            np.testing.assert_allclose(got[k], w, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(w).max())), err_msg=k)
+        else:
+            np.testing.assert_array_equal(got[k], w, err_msg=k)
+
+
+def assert_close_scaled(got, want, what: str, rtol: float = 1e-5) -> None:
+    """Assert got equals want in float64 to rtol, relative and of want's largest magnitude."""
+    scale = float(np.abs(want).max())
+    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=rtol,
+                               atol=rtol * scale, err_msg=what)
+
+
+def plan_of(model, backend: str = "cuda", **options):
+    """Return model's plan on `backend` ("cpu" or "cuda"), planned without a device under
+    CompileOptions(**options) (the model named "m")."""
+    from luisaml.planning import CompileOptions, plan_for
+
+    return plan_for(model, "m", CompileOptions(**options).resolve(backend))[0]
+
+
 def graph_model(nodes, inputs: dict[str, np.ndarray], initializers: dict[str, np.ndarray] | None = None,
                 opset: int = 18, batch: str | None = None, outputs: list[str] | None = None) -> onnx.ModelProto:
     """Return a model of several nodes: `inputs` are graph inputs (dtype/shape from the arrays; with
@@ -223,6 +256,41 @@ def export_batched(module, k: int, path) -> str:
     torch.onnx.export(module, (torch.randn(3, k),), str(path), dynamo=False, opset_version=17,
                       input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
     return str(path)
+
+
+def export_torch(module, x, path) -> str:
+    """Export a torch module of one input x to ONNX (TorchScript exporter, opset 17, x's shape fixed),
+    its input named x and its output y; return the path."""
+    import torch
+
+    torch.onnx.export(module, (x,), str(path), input_names=["x"], output_names=["y"], opset_version=17, dynamo=False)
+    return str(path)
+
+
+def torch_rnn(cell: str, inputs: int, hidden: int = 8, layers: int = 1, bidirectional: bool = False):
+    """Return torch's nn.GRU or nn.LSTM (`cell`: "GRU", "LSTM"; batch_first, eval mode), built right after
+    torch.manual_seed(0), inside a module whose output is the sequence output y alone."""
+    import torch
+
+    torch.manual_seed(0)
+    rnn = getattr(torch.nn, cell)(inputs, hidden, num_layers=layers, batch_first=True,
+                                  bidirectional=bidirectional).eval()
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = rnn
+
+        def forward(self, x):
+            return self.rnn(x)[0]
+
+    return Net()
+
+
+def split_rnn_feeds(feeds: dict) -> tuple[dict, dict]:
+    """Return (inputs, initializers) of a recurrent node's feeds: its weights W, R, B and P constants."""
+    inits = {k: v for k, v in feeds.items() if k[0] in "WRBP" and not k.startswith("sequence")}
+    return {k: v for k, v in feeds.items() if k not in inits}, inits
 
 
 def stage_of(net, node_name: str):

@@ -9,7 +9,7 @@ beside (benchmarks/NOTES.md, "A branch-free erf").
     python benchmarks/experiments/micro_gelu_erf.py [rounds] [m]"""
 import math
 import sys
-import time
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -18,6 +18,9 @@ from onnx import TensorProto, helper, numpy_helper
 import luisaml
 from luisaml.operators.elementwise import Erf
 from luisaml.operators.gemm import Dense
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: bench_models' timing
+from bench_models import interleaved  # noqa: E402
 
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 15
 m, k, n = (int(sys.argv[2]) if len(sys.argv) > 2 else 196), 512, 2048
@@ -56,16 +59,13 @@ for name, gelu, fast, loop in (("matmul + bias", False, True, False), ("gelu, er
     want = sess.run(None, {"x": x})[0]
     err = float(np.abs(net.run({"x": x})["y"] - want).max())
     variants[name] = (net, sess, err, len(net.plan.schedule.stages))
-times = {name: ([], []) for name in variants}
-for _ in range(rounds):  # interleaved: each round runs every variant once
-    for name, (net, sess, _, _) in variants.items():
-        t = time.perf_counter()
-        net.run({"x": x})
-        times[name][0].append((time.perf_counter() - t) * 1e3)
-        t = time.perf_counter()
-        sess.run(None, {"x": x})
-        times[name][1].append((time.perf_counter() - t) * 1e3)
+# interleaved: each round runs every variant once, then onnxruntime's session of it
+fns = {}
+for name, (net, sess, _, _) in variants.items():
+    fns[name, "ours"] = lambda net=net: net.run({"x": x})
+    fns[name, "ort"] = lambda sess=sess: sess.run(None, {"x": x})
+times = interleaved(fns, rounds, warmup=0)
 for name, (net, sess, err, stages) in variants.items():
-    ours, theirs = (float(np.median(v)) for v in times[name])
+    ours, theirs = (float(np.median(times[name, side])) for side in ("ours", "ort"))
     print(f"{name:18s} [{m}, {k}] x [{k}, {n}]: {ours:7.2f} ms ({stages} stage(s)), onnxruntime {theirs:6.2f} ms; "
           f"max |difference| {err:.2g}")

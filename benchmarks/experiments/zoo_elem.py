@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import time
+import sys
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: bench_models' timing
+from bench_models import interleaved  # noqa: E402
 
 # (family, name, op, input shape [N, C, ...], attributes, weight shape or None)
 LAYERS = [
@@ -99,13 +103,8 @@ def main(argv=None) -> int:
         want = sess.run(None, {"x": x})[0]
         for net in (old, new):
             np.testing.assert_allclose(net.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)
-        ms = {"old": [], "new": [], "ort": []}
-        for _ in range(a.reps):
-            for key, run in (("old", lambda: old.run({"x": x})), ("new", lambda: new.run({"x": x})),
-                             ("ort", lambda: sess.run(None, {"x": x}))):
-                t = time.perf_counter()
-                run()
-                ms[key].append((time.perf_counter() - t) * 1e3)
+        ms = interleaved({"old": lambda: old.run({"x": x}), "new": lambda: new.run({"x": x}),
+                          "ort": lambda: sess.run(None, {"x": x})}, a.reps, warmup=0)
         stage = {key: min(sum(t for _, t in net.profile({"x": x})) for _ in range(3)) for key, net in (("old", old), ("new", new))}
         print(f"{name}: run best old {min(ms['old']):.2f} / new {min(ms['new']):.2f} ms "
               f"(medians {np.median(ms['old']):.2f} / {np.median(ms['new']):.2f}), "

@@ -10,9 +10,13 @@ copies included), with GFLOP/s (2 per multiply-add) of the best."""
 from __future__ import annotations
 
 import argparse
-import time
+import sys
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: bench_mlp's timing
+from bench_mlp import timed  # noqa: E402
 
 # (M, K, N): Mixer-S's channel MLP and a 0.5 MB B, each at N a power of two and N just off it
 SHAPES = [(196, 512, 2048), (196, 512, 2064), (1568, 128, 1024), (1568, 128, 1040), (1568, 128, 1008),
@@ -39,12 +43,7 @@ def main(argv=None) -> int:
     for M, K, N in SHAPES:
         net = luisaml.compile(matmul_model(M, K, N), backend="cpu")
         x = np.random.default_rng(1).standard_normal((1, M, K)).astype(np.float32)
-        net.run({"x": x})
-        ms = []
-        for _ in range(a.reps):
-            t = time.perf_counter()
-            net.run({"x": x})
-            ms.append((time.perf_counter() - t) * 1e3)
+        ms = timed(lambda: net.run({"x": x}), a.reps, warmup=1)
         print(f"[{M}, {K}] x [{K}, {N}] (B's [K][N] rows {4 * N} bytes apart, before packing): best {min(ms):.1f} ms "
               f"({2 * M * K * N / min(ms) / 1e6:.1f} GFLOP/s), median {np.median(ms):.1f} ms", flush=True)
     return 0

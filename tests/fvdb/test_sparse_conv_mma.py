@@ -17,11 +17,11 @@ import onnx
 import pytest
 from gpu_emulator import build_dsl, kernel_name, run_plan
 from onnx import helper, numpy_helper
+from util import plan_of
 
 from luisaml.fvdb import GridBatch
 from luisaml.fvdb import torch_ops as F
 from luisaml.opsets import fvdb as schema
-from luisaml.planning import CompileOptions, plan_for
 
 from fvdb_reference import fvdb_model, sparse_conv3d
 
@@ -67,9 +67,7 @@ def _layer(gb: GridBatch, c_in: int, c_out: int, K: int, constant: bool, bias: b
 
 
 def _plan(model, tensor_cores=True, batch_axis=None):
-    opts = CompileOptions(batch_axis=batch_axis, tensor_cores=tensor_cores).resolve("cuda")
-    plan, _, _ = plan_for(model, "m", opts)
-    return plan
+    return plan_of(model, batch_axis=batch_axis, tensor_cores=tensor_cores)
 
 
 def _conv_tiling(plan):

@@ -15,13 +15,11 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from util import cuda_only, export_batched, ort_run, torch_mlp
+from util import assert_close_scaled, cuda_only, export_batched, ort_run, torch_mlp
 
 import luisaml
 
 pytestmark = cuda_only()
-
-RTOL = 1e-5
 
 LOAD_AND_RUN = """
 import sys, json, numpy as np, luisaml
@@ -52,19 +50,13 @@ def _round_trip(net, feeds: dict, tmp_path) -> dict:
     return said | {"outputs": got}
 
 
-def _close(got, want, what):
-    scale = float(np.abs(want).max())
-    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=RTOL,
-                               atol=RTOL * scale, err_msg=what)
-
-
 def test_fused_mlp_round_trip_bit_for_bit(tmp_path):
     path = export_batched(torch_mlp([32, 64, 64, 64, 4]), 32, tmp_path / "mlp.onnx")
     net = luisaml.compile(path, backend="cuda")
     feeds = {"x": np.random.default_rng(0).standard_normal((4099, 32)).astype(np.float32)}
     said = _round_trip(net, feeds, tmp_path)
     assert "fused" in said["fused"]  # the cooperative kernel, its dispatch size recomputed here
-    _close(said["outputs"]["y"], ort_run(onnx.load(path), feeds)["y"], "mlp")
+    assert_close_scaled(said["outputs"]["y"], ort_run(onnx.load(path), feeds)["y"], "mlp")
 
 
 def test_cnn_stages_round_trip_bit_for_bit(tmp_path):
@@ -86,7 +78,7 @@ def test_cnn_stages_round_trip_bit_for_bit(tmp_path):
     assert not net.plan.merged_stages  # a kernel per stage on CUDA
     feeds = {"x": np.random.default_rng(1).standard_normal((5, 3, 16, 16)).astype(np.float32)}
     said = _round_trip(net, feeds, tmp_path)
-    _close(said["outputs"]["y"], ort_run(onnx.load(path), feeds)["y"], "cnn")
+    assert_close_scaled(said["outputs"]["y"], ort_run(onnx.load(path), feeds)["y"], "cnn")
 
 
 def test_a_cuda_artifact_is_refused_on_the_cpu_backend(tmp_path):

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from util import cuda_only, export_batched, ort_run, torch_mlp
+from util import assert_close_scaled, cuda_only, export_batched, ort_run, torch_mlp
 
 import luisaml
 from luisaml import device
@@ -26,12 +26,6 @@ from luisaml import device
 pytestmark = cuda_only()
 
 RTOL = 1e-5
-
-
-def _close(got, want, what, rtol=RTOL):
-    scale = float(np.abs(want).max())
-    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=rtol,
-                               atol=rtol * scale, err_msg=what)
 
 
 def _cpu_backend(path: str, x: np.ndarray, tmp_path) -> np.ndarray | None:
@@ -66,14 +60,14 @@ def test_core_end_to_end_models_on_cuda(name, tmp_path):
     net = luisaml.compile(path)
     assert net.backend == "cuda"
     got = net.run({"x": x})["y"]
-    _close(got, want, f"{name} on CUDA vs onnxruntime")
+    assert_close_scaled(got, want, f"{name} on CUDA vs onnxruntime")
     with torch.no_grad():
-        _close(got, module(torch.from_numpy(x)).numpy(), f"{name} on CUDA vs torch")
+        assert_close_scaled(got, module(torch.from_numpy(x)).numpy(), f"{name} on CUDA vs torch")
     plain = luisaml.compile(path, fuse=False).run({"x": x})["y"]  # the one-thread-per-sample kernel
-    _close(got, plain, f"{name}: fused vs per-sample kernel on CUDA")
+    assert_close_scaled(got, plain, f"{name}: fused vs per-sample kernel on CUDA")
     cpu = _cpu_backend(path, x, tmp_path)
     if cpu is not None:
-        _close(got, cpu, f"{name}: CUDA vs the CPU backend")
+        assert_close_scaled(got, cpu, f"{name}: CUDA vs the CPU backend")
 
 
 PLANS = {
@@ -103,7 +97,7 @@ def test_fused_plans_on_cuda(plan, widths, act, tmp_path):
     for n in (1, 257, 100_003):  # tails of every tile size
         x = np.random.default_rng(n).standard_normal((n, widths[0])).astype(np.float32)
         want = ort_run(onnx.load(path), {"x": x})["y"]
-        _close(net.run({"x": x})["y"], want, f"{plan} {widths} batch {n}")
+        assert_close_scaled(net.run({"x": x})["y"], want, f"{plan} {widths} batch {n}")
 
 
 def test_fp16_mode_on_cuda(tmp_path):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from util import cuda_only, graph_model, ort_run
+from util import cuda_only, graph_model, ort_run, split_rnn_feeds
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operators"))
 from test_rnn import as_layout0, case, from_layout0, merge  # noqa: E402
@@ -44,11 +44,6 @@ def _form(monkeypatch, name):
 EVERY = ("B", "sequence_lens", "initial_h", "initial_c", "P")
 
 
-def _split(feeds):
-    inits = {k: v for k, v in feeds.items() if k[0] in "WRBP" and not k.startswith("sequence")}
-    return {k: v for k, v in feeds.items() if k not in inits}, inits
-
-
 def _model(nodes, feeds, inits):
     m = graph_model(nodes, feeds, inits, opset=22)
     m.ir_version = 10  # the lent machine's onnxruntime reads IR 10 at most
@@ -63,7 +58,7 @@ def test_layout0_fixed_batch(op, extra, form, monkeypatch):
     nodes, feeds = merge(case(op, 0, S=9, B=67, I=24, H=32, use=EVERY, seed=1, **extra),
                          case(op, 1, S=9, B=67, I=24, H=32, direction="reverse", use=("B", "sequence_lens"), seed=2, **extra),
                          case(op, 2, S=5, B=33, I=16, H=16, direction="bidirectional", use=EVERY, seed=3, clip=3.0, **extra))
-    feeds, inits = _split(feeds)
+    feeds, inits = split_rnn_feeds(feeds)
     net = luisaml.compile(_model(nodes, feeds, inits), batch_axis=None, backend="cuda", recurrent=recurrent)
     blocks = [st for st in net.plan.schedule.stages if st.domain == "blocks" and st.root[0].op_type.endswith("Steps")]
     assert len(blocks) == (0 if form == "per step" else 3)
@@ -79,7 +74,7 @@ def test_zoo_shapes(op, extra, recurrent):
     of 128 threads, one launch for the steps; ragged lengths, initial states, both directions for LSTM."""
     nodes, feeds = merge(case(op, 0, S=32, B=1024, I=64, H=128, use=EVERY, seed=7,
                               direction="bidirectional" if op == "LSTM" else "forward", **extra))
-    feeds, inits = _split(feeds)
+    feeds, inits = split_rnn_feeds(feeds)
     net = luisaml.compile(_model(nodes, feeds, inits), batch_axis=None, backend="cuda", recurrent=recurrent)
     (st,) = [st for st in net.plan.schedule.stages if st.root[0].op_type.endswith("Steps")]
     bl = st.root[1].block  # auto: the input projection inside the steps, one launch in all
@@ -96,7 +91,7 @@ def test_zoo_shapes(op, extra, recurrent):
 @pytest.mark.parametrize("op", ["GRU", "LSTM"])
 def test_layout1_per_sample(op):
     node, f = case(op, 0, S=7, B=2, I=12, H=16, layout=1, direction="bidirectional", use=EVERY)
-    feeds, inits = _split(f)
+    feeds, inits = split_rnn_feeds(f)
     net = luisaml.compile(graph_model([node], feeds, inits, opset=22, batch="N"), backend="cuda")
     for n in (1, 130):
         rng = np.random.default_rng(n)
@@ -115,7 +110,7 @@ def test_bilstm_tagger_shape(recurrent):
     """The zoo's BiLSTM tagger's layer: 64 rows, 128 -> 256 units a direction, 64 steps: 4 rows a block
     and 8 k's an iteration (32 blocks of 256 threads), or as first built (2 rows, a k an iteration)."""
     nodes, feeds = merge(case("LSTM", 0, S=64, B=64, I=128, H=256, use=EVERY, seed=11, direction="bidirectional"))
-    feeds, inits = _split(feeds)
+    feeds, inits = split_rnn_feeds(feeds)
     net = luisaml.compile(_model(nodes, feeds, inits), batch_axis=None, backend="cuda", recurrent=recurrent)
     (st,) = [st for st in net.plan.schedule.stages if st.root[0].op_type.endswith("Steps")]
     bl = st.root[1].block

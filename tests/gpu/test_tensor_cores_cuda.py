@@ -206,7 +206,7 @@ def _sample_mlp(widths, seed=0):
 @pytest.mark.parametrize("n", [1, 37, 300, 4096])
 def test_mma_sample_rows_mlp_matches_numpy(n):
     """A NeRF-like MLP's layers of one row a sample (63 -> 256 -> 256 -> 128 -> 3) on the mma tile,
-    128 samples a block (operators/gemm.py MMA_GROUP; the last group partial), within TF32's
+    128 samples a block (operators/gemm_blocks.py MMA_GROUP; the last group partial), within TF32's
     tolerance of float64 numpy; the 3-output head keeps the items form; tensor_cores=False the FP32
     tile of 64 samples and its 2e-5."""
     model, forward = _sample_mlp([63, 256, 256, 128, 3], seed=n)

@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 from gpu_emulator import run_plan
 from onnx import TensorProto, helper, numpy_helper
-from util import ort_run
+from util import ort_run, plan_of
 
 from luisaml.operators import conv_tiles, rows
-from luisaml.planning import CompileOptions, plan_for
 
 RTOL = 1e-5
 
@@ -48,7 +47,7 @@ def _head(c: int, m: int, kernel: int = 1, size: int = 1, seed: int = 5):
 
 
 def _plan(model, backend: str = "cuda"):
-    return plan_for(model, "m", CompileOptions(batch_axis=0).resolve(backend))[0]
+    return plan_of(model, backend, batch_axis=0)
 
 
 def _conv_stages(plan):

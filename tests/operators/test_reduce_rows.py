@@ -14,12 +14,11 @@ import numpy as np
 import pytest
 from gpu_emulator import build_dsl, kernel_name, run_plan
 from onnx import TensorProto, helper, numpy_helper
-from util import ort_run
+from util import ort_run, plan_of
 
 import luisaml
 from luisaml.operators import rows
 from luisaml.operators.reduce import BLOCKED_SUM
-from luisaml.planning import CompileOptions, plan_for
 
 RTOL = 1e-5
 
@@ -41,7 +40,7 @@ def _model(op: str, shape: tuple[int, ...], axes: list[int], keepdims: int = 1, 
 
 
 def _plan(model, backend: str = "cuda"):
-    return plan_for(model, "m", CompileOptions(batch_axis=0).resolve(backend))[0]
+    return plan_of(model, backend, batch_axis=0)
 
 
 def _reduce_stage(plan):

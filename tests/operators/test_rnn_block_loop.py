@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gpu_emulator import build_dsl, kernel_name, run_plan
 from test_rnn import as_layout0, case, from_layout0, merge
-from util import graph_model, ort_run
+from util import export_torch, graph_model, ort_run, split_rnn_feeds, torch_rnn
 
 import luisaml
 from luisaml.operators import rnn_block
@@ -31,11 +31,6 @@ def _cases(op, extra):
     return merge(case(op, 0, S=4, B=5, I=3, H=8, use=EVERY, seed=1, **extra),
                  case(op, 1, S=3, B=5, I=4, H=12, direction="reverse", use=("B", "sequence_lens", "initial_h"), seed=2, **extra),
                  case(op, 2, S=4, B=5, I=3, H=8, direction="bidirectional", use=EVERY, seed=3, clip=2.0, **extra))
-
-
-def _split(feeds):
-    inits = {k: v for k, v in feeds.items() if k[0] in "WRBP" and not k.startswith("sequence")}
-    return {k: v for k, v in feeds.items() if k not in inits}, inits
 
 
 def _geometry(monkeypatch, name):
@@ -72,7 +67,7 @@ def _check(model, feeds, want=None, reverse=False, tol=2e-5, form="auto"):
 def test_block_loop_matches_onnxruntime(monkeypatch, op, extra, geometry):
     _geometry(monkeypatch, geometry)
     nodes, feeds = _cases(op, extra)
-    feeds, inits = _split(feeds)
+    feeds, inits = split_rnn_feeds(feeds)
     model = graph_model(nodes, feeds, inits, opset=22)
     want = ort_run(model, feeds)
     got = {}
@@ -123,7 +118,7 @@ def test_layout1(monkeypatch):
     _geometry(monkeypatch, "rows")
     nodes, f = merge(case("LSTM", 0, S=4, B=5, I=3, H=8, layout=1, direction="bidirectional", use=EVERY, seed=4),
                      case("GRU", 1, S=4, B=5, I=3, H=8, layout=1, direction="reverse", use=("B", "sequence_lens"), seed=5))
-    feeds, inits = _split(f)
+    feeds, inits = split_rnn_feeds(f)
     plan = analyze(graph_model(nodes, feeds, inits, opset=22), batch_axis=None, target="cuda")
     _block_stages(plan)
     got = run_plan(plan, feeds, reverse=True)
@@ -132,7 +127,7 @@ def test_layout1(monkeypatch):
         np.testing.assert_allclose(got[name], from_layout0(name, w), rtol=2e-5, atol=2e-5, err_msg=name)
 
     node, f = case("LSTM", 0, S=5, B=2, I=4, H=8, layout=1, direction="bidirectional", use=EVERY, seed=6)
-    feeds, inits = _split(f)
+    feeds, inits = split_rnn_feeds(f)
     plan = analyze(graph_model([node], feeds, inits, opset=22, batch="N"), target="cuda")
     (st,) = _block_stages(plan)
     assert st.batched and (st.root[1].block.SB, st.root[1].block.blocks) == (1, 2)  # a sample's row, 2 directions
@@ -156,9 +151,9 @@ def test_kernels_build_as_dsl(monkeypatch, geometry):
                               activations=["HardSigmoid", "Tanh", "Sigmoid", "Softsign"]),
                          case("LSTM", 1, S=4, B=5, I=3, H=12, direction="bidirectional", use=EVERY, seed=2, clip=1.0),
                          case("RNN", 2, S=4, B=5, I=3, H=8, use=EVERY, seed=3))
-    feeds, inits = _split(feeds)
+    feeds, inits = split_rnn_feeds(feeds)
     node, f = case("LSTM", 0, S=5, B=2, I=4, H=8, layout=1, direction="bidirectional", use=EVERY, seed=6)
-    per_sample = graph_model([node], *_split(f), opset=22, batch="N")  # the steps per sample
+    per_sample = graph_model([node], *split_rnn_feeds(f), opset=22, batch="N")  # the steps per sample
     for plan in (analyze(graph_model(nodes, feeds, inits, opset=22), batch_axis=None, target="cuda"),
                  analyze(per_sample, target="cuda")):
         for st in _block_stages(plan):
@@ -207,7 +202,7 @@ def test_choose():
 def test_phase_a_step_where_it_does_not_fit():
     """A wide cell with few rows keeps the phase-a-step form (its state buffers, S + 1 phases)."""
     nodes, feeds = merge(case("LSTM", 0, S=3, B=2, I=3, H=1024, use=("B",), seed=1))
-    feeds, inits = _split(feeds)
+    feeds, inits = split_rnn_feeds(feeds)
     plan = analyze(graph_model(nodes, feeds, inits, opset=22), batch_axis=None, target="cuda")
     steps = [st for st in plan.schedule.stages if st.root[0].op_type == "LSTMSteps"]
     assert [st.domain for st in steps] == ["items"] * 4 and steps[0].root[1].block is None
@@ -220,26 +215,14 @@ def test_torch_export_projection_inside(cell, tmp_path):
     loop with the input projection inside the step: X read through the exporter's Transpose's source
     (P's row order), Y stored through its chain of layout nodes; no projection stage; against torch."""
     torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-    rnn = getattr(torch.nn, cell)(6, 8, num_layers=2, batch_first=True, bidirectional=True).eval()
-
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.rnn = rnn
-
-        def forward(self, x):
-            return self.rnn(x)[0]
-
+    module = torch_rnn(cell, 6, layers=2, bidirectional=True)
     x = torch.randn(3, 5, 6)
-    path = tmp_path / "rnn.onnx"
-    torch.onnx.export(Net(), (x,), str(path), input_names=["x"], output_names=["y"], opset_version=17, dynamo=False)
-    plan = analyze(str(path), batch_axis=None, target="cuda")
+    plan = analyze(export_torch(module, x, tmp_path / "rnn.onnx"), batch_axis=None, target="cuda")
     steps = _block_stages(plan)
     assert len(steps) == 2 and all(st.root[1].block.fused for st in steps)
     assert not any(st.root[0].op_type == "RecurrentProjection" for st in plan.schedule.stages)
     with torch.no_grad():
-        want = Net()(x).numpy()
+        want = module(x).numpy()
     got = run_plan(plan, {"x": x.numpy()}, reverse=True)["y"]
     np.testing.assert_allclose(np.asarray(got).reshape(want.shape), want, rtol=2e-5, atol=2e-5)
 

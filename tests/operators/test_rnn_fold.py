@@ -9,7 +9,7 @@ import pytest
 from onnx import helper
 
 from test_rnn import case
-from util import graph_model, ort_run
+from util import export_torch, graph_model, ort_run, torch_rnn
 
 import luisaml
 
@@ -17,21 +17,10 @@ torch = pytest.importorskip("torch")
 
 
 def _export(cell: str, bidirectional: bool, x, tmp_path):
-    torch.manual_seed(0)
-    rnn = getattr(torch.nn, cell)(x.shape[2], 8, batch_first=True, bidirectional=bidirectional).eval()
-
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.rnn = rnn
-
-        def forward(self, x):
-            return self.rnn(x)[0]
-
-    path = tmp_path / "rnn.onnx"
-    torch.onnx.export(Net(), (x,), str(path), input_names=["x"], output_names=["y"], opset_version=17, dynamo=False)
+    module = torch_rnn(cell, x.shape[2], bidirectional=bidirectional)
+    path = export_torch(module, x, tmp_path / "rnn.onnx")
     with torch.no_grad():
-        return path, Net()(x).numpy()
+        return path, module(x).numpy()
 
 
 def _kinds(net):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from test_rnn import as_layout0, case, from_layout0, merge
-from util import assert_matches_ort, graph_model, ort_run
+from util import assert_matches_ort, export_torch, graph_model, ort_run, torch_rnn
 
 import luisaml
 from luisaml import planning, runtime
@@ -106,22 +106,10 @@ def test_cuda_tile_and_a_kernel_a_stage(tmp_path, monkeypatch):
 def test_torch_export(cell, tmp_path):
     """nn.GRU / nn.LSTM (2 layers, bidirectional, batch_first) exported by torch, against torch."""
     torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-    rnn = getattr(torch.nn, cell)(6, 8, num_layers=2, batch_first=True, bidirectional=True).eval()
-
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.rnn = rnn
-
-        def forward(self, x):
-            return self.rnn(x)[0]
-
+    module = torch_rnn(cell, 6, layers=2, bidirectional=True)
     x = torch.randn(3, 5, 6)
-    path = tmp_path / "rnn.onnx"
-    torch.onnx.export(Net(), (x,), str(path), input_names=["x"], output_names=["y"], opset_version=17, dynamo=False)
-    net = luisaml.compile(str(path))
+    net = luisaml.compile(export_torch(module, x, tmp_path / "rnn.onnx"))
     got = net.run({"x": x.numpy()})["y"]
     with torch.no_grad():
-        want = Net()(x).numpy()
+        want = module(x).numpy()
     np.testing.assert_allclose(np.asarray(got).reshape(want.shape), want, rtol=1e-5, atol=1e-5)

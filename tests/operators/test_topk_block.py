@@ -11,10 +11,10 @@ import onnxruntime as ort
 import pytest
 from gpu_emulator import build_dsl, kernel_name, run_plan
 from onnx import TensorProto, helper, numpy_helper
+from util import plan_of
 
 import luisaml
 from luisaml.operators import topk_block
-from luisaml.planning import CompileOptions, plan_for
 
 
 def _model(shape, axis: int, k: int, largest: int, dtype=np.float32):
@@ -30,7 +30,7 @@ def _model(shape, axis: int, k: int, largest: int, dtype=np.float32):
 
 
 def _plan(model, backend: str):
-    return plan_for(model, "m", CompileOptions(batch_axis=None).resolve(backend))[0]
+    return plan_of(model, backend, batch_axis=None)
 
 
 def test_long_lines_take_a_block_each_on_cuda_only(monkeypatch):
@@ -96,7 +96,7 @@ def test_blocks_give_onnxruntimes_topk(shape, axis, k, largest, dtype, reverse):
 def test_blocks_of_a_batched_stage():
     """The batch axis N: a block per line of each sample (3 samples of 2 lines)."""
     model = _model(("N", 2, 1100), -1, 5, 1)
-    plan = plan_for(model, "m", CompileOptions().resolve("cuda"))[0]
+    plan = plan_of(model)
     [st] = plan.schedule.stages
     assert (st.domain, st.items, st.batched) == ("blocks", 2, True)
     x = _line(3 * 2 * 1100, seed=5).reshape(3, 2, 1100)
