@@ -52,6 +52,7 @@ the runtime does not allow, and the host steps already give the API it would hav
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import weakref
@@ -301,11 +302,17 @@ class DeviceBuilds:
             self.networks[key] = net
         feeds = {f"in_{k}": np.ascontiguousarray(a) for k, a in enumerate(arrays) if a is not None}
         known = {f"in_{k}": d for k, (a, d) in enumerate(zip(arrays, digests)) if d is not None and feeds.get(f"in_{k}") is a}
-        # the radix passes the host knows do nothing are not launched (~90 of ~210 launches at 100k points)
-        net.launcher.skipped = radix_passes.idle_stages(
-            net, radix_passes.idle_passes(node.op_type, attrs, arrays, _from_grid(node.op_type)))
+        # the radix passes the host knows do nothing are not launched (~90 of ~210 launches at 100k points);
+        # a source bundle of the user's (writeable, never remembered) walked here first, so that its
+        # leaves bound them too, and known as checked to the network's metadata for this build only
+        from_grid = _from_grid(node.op_type)
+        source = [feeds.get(f"in_{k}") for k in range(6)] if from_grid else arrays
+        walk = _walked(source) if from_grid and checked.known(source) is None else contextlib.nullcontext()
         try:
-            got = net.run_hashed(feeds, known)
+            with walk:
+                net.launcher.skipped = radix_passes.idle_stages(
+                    net, radix_passes.idle_passes(node.op_type, attrs, source, from_grid))
+                got = net.run_hashed(feeds, known)
         except ModelError as e:  # (the bundle's checks when its metadata is derived: NanoVDBError)
             raise InputError(f"{node.describe()}: {e} (built on the device: its grid is bound at run time)") from None
         finally:
@@ -329,6 +336,22 @@ class DeviceBuilds:
         bare = Node(node.name, node.op_type, node.domain, node.inputs, node.outputs)
         bare.attrs = dict(attrs)  # (a dilation pass's)
         return on_host(bare, operator, arrays)
+
+
+def _walked(source: list):
+    """checked.walked over the source bundle (six arrays) after checking it in full (bundle_grids' walk),
+    or nothing where that check fails or cannot run: the network's own checks then name the fault, as
+    without this."""
+    from ..operators.fvdb.common import bundle_grids
+
+    if any(not isinstance(a, np.ndarray) for a in source):
+        return contextlib.nullcontext()
+    count: list[int] = []
+    try:
+        grids = bundle_grids(*source, check_count=count.append)  # (told the blob's grid count)
+    except (LuisamlError, ValueError, TypeError, IndexError):
+        return contextlib.nullcontext()
+    return checked.walked(source, grids, count[0])
 
 
 def on_host(node: Node, operator: type, arrays: list) -> list[np.ndarray]:
