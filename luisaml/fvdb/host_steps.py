@@ -105,6 +105,7 @@ class HostStep:
     # where it builds (None: the host; else the device builds' config) -> its op's _Latest in _LIVE: the
     # step holds it, so the registry keeps an op's entry exactly while a step of that op lives
     _latest: dict = field(default_factory=dict, repr=False, compare=False)
+    _ops: dict = field(default_factory=dict, repr=False, compare=False)  # where -> _op(where), made once
 
     def run(self, values: Mapping[str, np.ndarray], digests: Mapping[str, bytes],
             device: "DeviceBuilds | None" = None) -> tuple[dict[str, np.ndarray], tuple]:
@@ -155,7 +156,13 @@ class HostStep:
     def _op(self, where: tuple | None) -> tuple:
         """What the step is, whatever the network and its names: the op, its attributes, its constants'
         bytes by position, and where it builds (None: the host; else the device builds' config, their
-        limits among it)."""
+        limits among it). Made once per `where`: the node and its constants are the plan's."""
+        op = self._ops.get(where)
+        if op is None:
+            op = self._ops[where] = self._make_op(where)
+        return op
+
+    def _make_op(self, where: tuple | None) -> tuple:
         consts = []
         for k, name in enumerate(self.node.inputs):
             a = self.constants.get(name)
