@@ -419,13 +419,16 @@ class HostSteps:
         return [f"{s.node.describe()} {where(s)} when its inputs change -> "
                 + ", ".join(o for o in s.node.outputs if o in self.made) for s in self.steps]
 
-    def complete(self, feeds: Mapping[str, Any], specs: Mapping[str, Any], digest, remember=None) -> dict[str, Any]:
+    def complete(self, feeds: Mapping[str, Any], specs: Mapping[str, Any], digest, remember=None,
+                 token=None) -> dict[str, Any]:
         """Return the feeds of the compiled network: these feeds without the inputs only the steps
         read, plus every step output it reads (torch tensors on the feeds' device when the feeds
         are torch tensors). specs: the compiled network's input specs by name, which check the
         steps' inputs that compiled nodes also read; digest(name, array): a hash of its bytes;
         remember(array, digest) (optional): told the digest standing for each numpy step output, so
-        that the run does not hash what the steps made."""
+        that the run does not hash what the steps made; token(name, array) (optional): a digest that
+        stands for a large frozen input's bytes unread, taken where no step's cache holds an input of its
+        dtype and shape (`_unseen`): a detector's new cloud of points every frame is not hashed."""
         given = [k for k in feeds if k in self.made]
         if given:
             raise InputNameError(f"input '{given[0]}' is not an input: {self.made[given[0]]} computes it before the kernels "
@@ -439,7 +442,7 @@ class HostSteps:
                     continue
                 if name not in feeds:
                     raise InputNameError(f"missing input '{name}' ({step.node.describe()} reads it)")
-                a, digests[name] = self._host_array(name, feeds[name], digest)
+                a, digests[name] = self._host_array(name, feeds[name], self._digest_of(digest, token))
                 check = host_only.get(name)
                 if check is not None:
                     check.check(a)
@@ -470,6 +473,33 @@ class HostSteps:
             out[name] = a
         return out
 
+    def _digest_of(self, digest, token):
+        """digest, or where token is given, a function that gives a large frozen input (read-only: it keeps
+        its token while it lives, so binding it again still finds the step's result) whose dtype and shape
+        no step's cache has seen token's digest instead (the bytes unread). A writeable array is hashed: a
+        token would make its next binding, of the same bytes, build again."""
+        if token is None:
+            return digest
+
+        def pick(name: str, a: np.ndarray) -> bytes:
+            unread = a.nbytes >= UNREAD_BYTES and checked.frozen(a) and self._unseen(name, a)
+            return token(name, a) if unread else digest(name, a)
+        return pick
+
+    def _unseen(self, name: str, a: np.ndarray) -> bool:
+        """Whether no step reading `name` holds a result (its own last, or its op's latest in the process:
+        _LIVE) of an input there of a's dtype and shape: no cache can answer for a, whatever its bytes."""
+        where = None if self.device is None else (self.device.config,)
+        for step in self.steps:
+            for k, n in enumerate(step.node.inputs):
+                if n != name or n in step.constants:
+                    continue
+                latest = step._latest_of(where)
+                for held in (step._last, latest.value):
+                    if held is not None and held[0][k] is not None and held[0][k][:2] == (a.dtype.str, a.shape):
+                        return False
+        return True
+
     def _host_array(self, name: str, x, digest) -> tuple[np.ndarray, bytes]:
         """Return (input x as a host array, its digest). A torch tensor equal (compared where it
         lives) to the one the last run copied gives that copy back, and one that changed gets a
@@ -488,6 +518,7 @@ class HostSteps:
 
 
 _TOKENS = itertools.count()  # the digests of torch inputs that changed since the last run
+UNREAD_BYTES = 256 << 10  # a frozen step input this large whose dtype and shape no step's cache holds: not hashed
 
 
 def _check_spec(spec, a: np.ndarray) -> None:
