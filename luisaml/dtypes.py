@@ -130,12 +130,16 @@ def shape_str(shape) -> str:
     return "[?]" if shape is None else "[" + ", ".join(str(d) for d in shape) + "]"
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+_I32 = np.iinfo(np.int32)  # (made once: to_kernel runs for every input of every run)
+
+
 def to_kernel(array: np.ndarray, dtype: DType, what: str) -> np.ndarray:
     """Return `array` converted to the kernel's representation of `dtype`; int64 is range-checked."""
     array = np.asarray(array)
     if dtype.name == "DOUBLE":  # held as float32: a finite value that would become inf is an error
         finite = array[np.isfinite(array)] if array.size else array
-        f32max = float(np.finfo(np.float32).max)
+        f32max = _F32_MAX
         bad = finite[np.abs(finite) > f32max]
         if bad.size:  # (values below float32's range round to 0, as float32 arithmetic would)
             raise RangeError(
@@ -143,7 +147,7 @@ def to_kernel(array: np.ndarray, dtype: DType, what: str) -> np.ndarray:
                 "and kernels hold float64 as float32 (LuisaCompute has no double)"
             )
     if dtype is INT64:
-        info = np.iinfo(np.int32)
+        info = _I32
         if array.size and (array.min() < info.min or array.max() > info.max):
             bad = array[(array < info.min) | (array > info.max)].flat[0]
             raise RangeError(

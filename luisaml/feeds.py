@@ -113,7 +113,12 @@ def host_feeds(plan: Plan, feeds: Mapping[str, Any], seen: dict | None = None) -
     def remember(a: np.ndarray, d: bytes) -> None:  # (a step's output: the step's cache holds it)
         seen[memory_key(a)] = d
 
-    return steps.complete(feeds, {s.name: s for s in plan.inputs}, digest, remember if seen is not None else None)
+    def token(name: str, a: np.ndarray) -> bytes:  # (an input no step's cache can answer for: not read)
+        whole = np.ascontiguousarray(a)
+        return token_digest(whole, seen if whole is feeds.get(name) else None)
+
+    return steps.complete(feeds, {s.name: s for s in plan.inputs}, digest, remember if seen is not None else None,
+                          token)
 
 
 def voxel_batch(plan: Plan, n: int, bound) -> voxel_rows.RunRows:
@@ -183,6 +188,30 @@ def bytes_digest(a: np.ndarray, seen: dict | None) -> bytes:
         _FROZEN_DIGESTS[key] = (weakref.ref(a, lambda _r, key=key: _FROZEN_DIGESTS.pop(key, None)), digest)
     return digest
 
+
+def token_digest(a: np.ndarray, seen: dict | None) -> bytes:
+    """Return a digest standing for a's bytes without reading them, equal to no other array's digest or
+    token (a counter's): for an input whose bytes no cache can know (luisaml/fvdb/host_steps.py: a step
+    input of a shape its caches never saw, a new cloud of points every frame), so that its consumers key
+    it as new. As bytes_digest: the run's memo (seen) gives its memory the same token for the rest of the
+    run, and a frozen array keeps its token (or the digest it was given before) while it lives."""
+    where = memory_key(a)
+    if seen is not None and where in seen:
+        return seen[where]
+    known = _FROZEN_DIGESTS.get(id(a))
+    if known is not None and known[0]() is a and frozen(a):
+        digest = known[1]
+    else:
+        digest = b"unread " + next(_UNREAD).to_bytes(9, "little")
+        if frozen(a):
+            key = id(a)
+            _FROZEN_DIGESTS[key] = (weakref.ref(a, lambda _r, key=key: _FROZEN_DIGESTS.pop(key, None)), digest)
+    if seen is not None:
+        seen[where] = digest
+    return digest
+
+
+_UNREAD = itertools.count()  # token_digest's
 
 # the digests of frozen arrays (fvdb/checked.py: read-only, their memory no writeable array's) by identity while
 # they live: a detector's frame, its points frozen, is hashed by network A and not again by B. (Code that makes

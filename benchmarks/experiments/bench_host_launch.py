@@ -14,7 +14,23 @@ row, ~900 us after each run with kernels); `chain-K` (a chain of K MatMul + Relu
 stages of trivial kernels) measures the host side with warm caches, as on a GPU.
 
     python3 -P benchmarks/experiments/bench_host_launch.py densenet-121 [--batch 1] [--reps 200] [--zero-copy]
-    python3 -P benchmarks/experiments/bench_host_launch.py chain-300"""
+    python3 -P benchmarks/experiments/bench_host_launch.py chain-300
+
+Grids built on the device (issue 28 item 3): `topology` runs bench_topology.py's ops (CoarsenedGrid 2,
+ConvGrid 2/2 and 3/1, DilatedGrid 1, RefinedGrid 2 over two one-voxel sphere shells of --radius voxels,
+and GridBatchFromPoints over two clouds of a dynamic count, --points and 0.9x as many) compiled with
+grid_build="device" (the device form, CUDA's default, on the CPU backend); `detector` runs bench_detector's
+quick frames (grid_build="device", the voxelization in net A). Each case's first runs are real (kernels
+built, results correct); then --reps runs alternate the inputs (a new grid every run: the steps' caches
+never answer) with the kernel launches stubbed: each launch's command is still created, encoded and built
+(luisa-python's per-command work) but dropped instead of added to the stream, so a run times luisaml's
+Python, luisa-python's per-command work and the uploads, downloads and waits (reported apart: `waits`)
+of what remains. A device build's mid-run read-back then reads the words the last real run left, so a
+stubbed run lays out and reads back that run's grid. Per case: us a run (median, min; without the
+waits) and the launches a run; --cprofile prints each case's functions by internal time.
+
+    python3 -P benchmarks/experiments/bench_host_launch.py topology [--radius 12] [--points 4096] [--reps 100] [--cprofile fixed]
+    python3 -P benchmarks/experiments/bench_host_launch.py detector [--reps 30] [--only CoarsenedGrid,points]"""
 from __future__ import annotations
 
 import argparse
@@ -52,9 +68,145 @@ def _chain(layers: int, batch: int, path: Path):
     return types.SimpleNamespace(name=f"chain-{layers}"), {"x": x}
 
 
+# ---- grids built on the device (the topology ops, GridBatchFromPoints, a detector frame) ----------------
+
+TOPOLOGY = [("CoarsenedGrid", {"coarsening_factor": [2, 2, 2]}),
+            ("ConvGrid", {"kernel_size": [2, 2, 2], "stride": [2, 2, 2]}),
+            ("ConvGrid", {"kernel_size": [3, 3, 3], "stride": [1, 1, 1]}),
+            ("DilatedGrid", {"dilation": 1}), ("RefinedGrid", {"subdiv_factor": [2, 2, 2]})]
+
+
+def _topology_cases(radius: float, points: int):
+    """[(label, network, [feeds, feeds])]: bench_topology's ops over two shells, and GridBatchFromPoints
+    over two clouds of a dynamic count, each compiled with grid_build="device"."""
+    import bench_topology as bt
+    from bench_fvdb import shell_voxels
+    from bench_grid_build import H, sphere_points
+    from onnx import TensorProto, helper
+
+    import luisaml
+    from fvdb_reference import ELEM
+    from luisaml.fvdb import GridBatch
+    from luisaml.opsets import fvdb as schema
+
+    shells = [GridBatch.from_ijk([shell_voxels(radius)], 1.0 / 256, 0.0),
+              GridBatch.from_ijk([shell_voxels(radius - 3.0, 250)], 1.0 / 256, 0.0)]
+    bundles = [list(g.bundle()) for g in shells]
+    feeds = [dict(zip(schema.BUNDLE, b)) for b in bundles]
+    cases = []
+    for op, attrs in TOPOLOGY:
+        net = luisaml.compile(bt.op_model(op, attrs, bundles[0]), batch_axis=None, grid_build="device")
+        label = f"{op} " + "/".join(str(v[0] if isinstance(v, list) else v) for v in attrs.values())
+        cases.append((f"{label} ({int(shells[0].total_voxels)} voxels)", net, feeds))
+    rng = np.random.default_rng(0)
+    clouds = [sphere_points(points, 200.0, 256.0, rng), sphere_points(points - points // 10, 190.0, 250.0, rng)]
+    pfeeds = [{"jdata": p, "joffsets": np.array([0, len(p)], np.int64), "jidx": np.zeros(0, np.int32),
+               "jlidx": np.zeros((0, 1), np.int32), "voxel_sizes": np.full((1, 3), H), "origins": np.zeros((1, 3))}
+              for p in clouds]
+    ins = [helper.make_tensor_value_info("jdata", TensorProto.FLOAT, ["N", 3])]
+    ins += [helper.make_tensor_value_info(k, ELEM[v.dtype], list(v.shape)) for k, v in pfeeds[0].items() if k != "jdata"]
+    new = [f"new_{b}" for b in schema.BUNDLE]
+    node = helper.make_node("GridBatchFromPoints", list(pfeeds[0]), new, name="build", domain=schema.DOMAIN)
+    outs = [helper.make_tensor_value_info(b, ELEM[np.dtype(t)], [None] * d) for b, t, d in
+            zip(new, ["uint8", "int64", "float64", "float64", "int32", "int64", "int32"], [1, 1, 2, 2, 1, 1, 1])]
+    from bench_fvdb import onnx_model
+
+    net = luisaml.compile(onnx_model([node], ins, outs), batch_axis=None, grid_build="device")
+    cases.append((f"GridBatchFromPoints ({points} points)", net, pfeeds))
+    return [(label, lambda f, net=net: net.run(f), fs) for label, net, fs in cases]
+
+
+def _detector_case():
+    """[(label, frame(points), [points of each frame])]: bench_detector's quick frames, grids built on the device."""
+    import dataclasses
+
+    import bench_detector as bd
+
+    path = HERE.parent / "results" / "detector-frames-quick.npz"
+    if not path.exists():
+        bd.write_frames(path, bd.SIZES["quick"])
+    data = bd.read_frames(path)
+    ex = bd.example()
+    cfg, backbone, head = bd.modules(ex, data)
+    nets = ex.compile_networks(dataclasses.replace(cfg, voxelize="device"), backbone, head, data["points"][0],
+                               backend="cpu", grid_build="device")
+
+    def frame(points):
+        out, _ = nets.run(points)
+        return ex.detections(*(out[n] for n in ex.OUTPUTS))
+
+    for p, want in zip(data["points"], data["reference"]):
+        assert bd.compare(frame(p), want)["correct"], "the detector's boxes differ from the torch reference"
+    return [(f"detector frame (quick, {'/'.join(str(len(p)) for p in data['points'])} points)", frame, data["points"])]
+
+
+def grids(a) -> int:
+    """The `topology` and `detector` cases (module docstring): per-run host us with the launches stubbed."""
+    import luisaml
+    from luisaml import counts
+
+    sys.path.insert(0, str(HERE.parent.parent / "tests" / "fvdb"))
+    luisaml.device.init("cpu")
+    cases = _topology_cases(a.radius, a.points) if a.network == "topology" else _detector_case()
+    if a.only:
+        cases = [c for c in cases if any(o.lower() in c[0].lower() for o in a.only.split(","))]
+    add_launches = counts.CountingStream.add_launches
+    sync = counts.CountingStream.synchronize
+
+    def stubbed(self):  # (each command still created, encoded and built: dropped, not enqueued)
+        _, done = add_launches(self)
+        return (lambda command: None), done
+
+    waited = [0.0]
+
+    def timed_sync(self):
+        t = time.perf_counter()
+        sync(self)
+        waited[0] += time.perf_counter() - t
+
+    dumped: list[str] = []
+    print(f"{'case':<44} {'us a run':>9} {'min':>8} {'cpu':>8} {'less waits':>10} {'min':>8} {'launches':>8}")
+    for label, run, inputs in cases:
+        for x in inputs * 2:  # (real runs: every kernel built, every bucket compiled)
+            run(x)
+        counts.CountingStream.add_launches = stubbed
+        counts.CountingStream.synchronize = timed_sync
+        # (the thread's CPU time: a loaded host's preemptions are not charged to whatever function ran)
+        pr = cProfile.Profile(time.thread_time) if a.cprofile else None
+        try:
+            for k in range(10):
+                run(inputs[k % len(inputs)])
+            wall, cpu, own = [], [], []
+            with counts.measure() as c:
+                for k in range(a.reps):
+                    x = inputs[k % len(inputs)]
+                    waited[0] = 0.0
+                    if pr is not None:
+                        pr.enable()
+                    t, tc = time.perf_counter(), time.thread_time()
+                    run(x)
+                    wall.append(time.perf_counter() - t)
+                    cpu.append(time.thread_time() - tc)
+                    if pr is not None:
+                        pr.disable()
+                    own.append(wall[-1] - waited[0])
+        finally:
+            counts.CountingStream.add_launches = add_launches
+            counts.CountingStream.synchronize = sync
+        us = lambda v: np.median(v) * 1e6  # noqa: E731
+        print(f"{label:<44} {us(wall):9.0f} {np.min(wall) * 1e6:8.0f} {us(cpu):8.0f} {us(own):10.0f} "
+              f"{np.min(own) * 1e6:8.0f} {c.launches / a.reps:8.0f}", flush=True)
+        if pr is not None:
+            pstats.Stats(pr).sort_stats("tottime").print_stats(a.top)
+            if a.dump:
+                pr.dump_stats(f"{a.dump}.{len(dumped)}")
+                dumped.append(label)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("network")
+    ap.add_argument("network", help="a zoo network's name, chain-K, topology or detector")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--device", default="cpu")
@@ -63,7 +215,16 @@ def main(argv=None) -> int:
                     help="only net.run with the launches stubbed, run after run (the caches warm): the per-run cost")
     ap.add_argument("--pause", type=float, default=0.01, help="seconds between a run with kernels and one without")
     ap.add_argument("--cprofile", choices=("enqueue", "fixed"), help="profile the enqueues or the stubbed runs")
+    ap.add_argument("--radius", type=float, default=12.0, help="topology: the first shell's radius in voxels")
+    ap.add_argument("--points", type=int, default=4096, help="topology: GridBatchFromPoints' first cloud")
+    ap.add_argument("--only", help="topology, detector: the cases whose label holds one of these (comma-separated)")
+    ap.add_argument("--top", type=int, default=25, help="--cprofile: the functions printed")
+    ap.add_argument("--dump", help="--cprofile, topology and detector: each case's stats written to DUMP.<k>")
     a = ap.parse_args(argv)
+    if a.network in ("topology", "detector"):
+        if a.reps == 200:
+            a.reps = 100
+        return grids(a)
 
     import bench_zoo
     import luisaml

@@ -21,12 +21,16 @@ that makes a remembered array writeable, writes it and freezes it again before a
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Sequence
 
 import numpy as np
 
 _KNOWN: dict[tuple[int, ...], tuple[tuple, list, int]] = {}  # ids -> (weak refs, chosen grids, blob's grid count)
+# bundles of writeable arrays walked for the device build under way (`walked`): ids -> (the arrays, chosen
+# grids, blob's grid count), only while that build runs
+_WALKED: dict[tuple[int, ...], tuple[tuple, list, int]] = {}
 
 
 def frozen(a: np.ndarray) -> bool:
@@ -76,6 +80,9 @@ def known(parts: Sequence) -> tuple[list, int] | None:
     still frozen; None otherwise."""
     entry = _KNOWN.get(tuple(id(a) for a in parts))
     if entry is None:
+        walked_now = _WALKED.get(tuple(id(a) for a in parts)) if _WALKED else None
+        if walked_now is not None and all(a is b for a, b in zip(walked_now[0], parts)):
+            return walked_now[1], walked_now[2]
         return None
     refs, grids, count = entry
     if any(r() is not a for r, a in zip(refs, parts)):
@@ -84,6 +91,20 @@ def known(parts: Sequence) -> tuple[list, int] | None:
         del _KNOWN[tuple(id(a) for a in parts)]
         return None
     return grids, count
+
+
+@contextlib.contextmanager
+def walked(parts: Sequence[np.ndarray], grids: list, blob_grids: int):
+    """Know the bundle of these very arrays (any, writeable ones too: a grid the user binds) as checked
+    while inside: a device build that walked its source bundle in full to bound the radix passes it
+    leaves out (fvdb/radix_passes.py) binds those arrays to its network at once, whose metadata then
+    skips the walk. Only for the build's duration: the user may write the arrays afterwards."""
+    key = tuple(id(a) for a in parts)
+    _WALKED[key] = (tuple(parts), list(grids), blob_grids)
+    try:
+        yield
+    finally:
+        _WALKED.pop(key, None)
 
 
 def built(parts: Sequence[np.ndarray]) -> None:

@@ -52,6 +52,7 @@ the runtime does not allow, and the host steps already give the API it would hav
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import weakref
@@ -104,6 +105,7 @@ class HostStep:
     # where it builds (None: the host; else the device builds' config) -> its op's _Latest in _LIVE: the
     # step holds it, so the registry keeps an op's entry exactly while a step of that op lives
     _latest: dict = field(default_factory=dict, repr=False, compare=False)
+    _ops: dict = field(default_factory=dict, repr=False, compare=False)  # where -> _op(where), made once
 
     def run(self, values: Mapping[str, np.ndarray], digests: Mapping[str, bytes],
             device: "DeviceBuilds | None" = None) -> tuple[dict[str, np.ndarray], tuple]:
@@ -154,7 +156,13 @@ class HostStep:
     def _op(self, where: tuple | None) -> tuple:
         """What the step is, whatever the network and its names: the op, its attributes, its constants'
         bytes by position, and where it builds (None: the host; else the device builds' config, their
-        limits among it)."""
+        limits among it). Made once per `where`: the node and its constants are the plan's."""
+        op = self._ops.get(where)
+        if op is None:
+            op = self._ops[where] = self._make_op(where)
+        return op
+
+    def _make_op(self, where: tuple | None) -> tuple:
         consts = []
         for k, name in enumerate(self.node.inputs):
             a = self.constants.get(name)
@@ -301,11 +309,17 @@ class DeviceBuilds:
             self.networks[key] = net
         feeds = {f"in_{k}": np.ascontiguousarray(a) for k, a in enumerate(arrays) if a is not None}
         known = {f"in_{k}": d for k, (a, d) in enumerate(zip(arrays, digests)) if d is not None and feeds.get(f"in_{k}") is a}
-        # the radix passes the host knows do nothing are not launched (~90 of ~210 launches at 100k points)
-        net.launcher.skipped = radix_passes.idle_stages(
-            net, radix_passes.idle_passes(node.op_type, attrs, arrays, _from_grid(node.op_type)))
+        # the radix passes the host knows do nothing are not launched (~90 of ~210 launches at 100k points);
+        # a source bundle of the user's (writeable, never remembered) walked here first, so that its
+        # leaves bound them too, and known as checked to the network's metadata for this build only
+        from_grid = _from_grid(node.op_type)
+        source = [feeds.get(f"in_{k}") for k in range(6)] if from_grid else arrays
+        walk = _walked(source) if from_grid and checked.known(source) is None else contextlib.nullcontext()
         try:
-            got = net.run_hashed(feeds, known)
+            with walk:
+                net.launcher.skipped = radix_passes.idle_stages(
+                    net, radix_passes.idle_passes(node.op_type, attrs, source, from_grid))
+                got = net.run_hashed(feeds, known)
         except ModelError as e:  # (the bundle's checks when its metadata is derived: NanoVDBError)
             raise InputError(f"{node.describe()}: {e} (built on the device: its grid is bound at run time)") from None
         finally:
@@ -329,6 +343,22 @@ class DeviceBuilds:
         bare = Node(node.name, node.op_type, node.domain, node.inputs, node.outputs)
         bare.attrs = dict(attrs)  # (a dilation pass's)
         return on_host(bare, operator, arrays)
+
+
+def _walked(source: list):
+    """checked.walked over the source bundle (six arrays) after checking it in full (bundle_grids' walk),
+    or nothing where that check fails or cannot run: the network's own checks then name the fault, as
+    without this."""
+    from ..operators.fvdb.common import bundle_grids
+
+    if any(not isinstance(a, np.ndarray) for a in source):
+        return contextlib.nullcontext()
+    count: list[int] = []
+    try:
+        grids = bundle_grids(*source, check_count=count.append)  # (told the blob's grid count)
+    except (LuisamlError, ValueError, TypeError, IndexError):
+        return contextlib.nullcontext()
+    return checked.walked(source, grids, count[0])
 
 
 def on_host(node: Node, operator: type, arrays: list) -> list[np.ndarray]:
@@ -389,13 +419,16 @@ class HostSteps:
         return [f"{s.node.describe()} {where(s)} when its inputs change -> "
                 + ", ".join(o for o in s.node.outputs if o in self.made) for s in self.steps]
 
-    def complete(self, feeds: Mapping[str, Any], specs: Mapping[str, Any], digest, remember=None) -> dict[str, Any]:
+    def complete(self, feeds: Mapping[str, Any], specs: Mapping[str, Any], digest, remember=None,
+                 token=None) -> dict[str, Any]:
         """Return the feeds of the compiled network: these feeds without the inputs only the steps
         read, plus every step output it reads (torch tensors on the feeds' device when the feeds
         are torch tensors). specs: the compiled network's input specs by name, which check the
         steps' inputs that compiled nodes also read; digest(name, array): a hash of its bytes;
         remember(array, digest) (optional): told the digest standing for each numpy step output, so
-        that the run does not hash what the steps made."""
+        that the run does not hash what the steps made; token(name, array) (optional): a digest that
+        stands for a large frozen input's bytes unread, taken where no step's cache holds an input of its
+        dtype and shape (`_unseen`): a detector's new cloud of points every frame is not hashed."""
         given = [k for k in feeds if k in self.made]
         if given:
             raise InputNameError(f"input '{given[0]}' is not an input: {self.made[given[0]]} computes it before the kernels "
@@ -409,7 +442,7 @@ class HostSteps:
                     continue
                 if name not in feeds:
                     raise InputNameError(f"missing input '{name}' ({step.node.describe()} reads it)")
-                a, digests[name] = self._host_array(name, feeds[name], digest)
+                a, digests[name] = self._host_array(name, feeds[name], self._digest_of(digest, token))
                 check = host_only.get(name)
                 if check is not None:
                     check.check(a)
@@ -440,6 +473,33 @@ class HostSteps:
             out[name] = a
         return out
 
+    def _digest_of(self, digest, token):
+        """digest, or where token is given, a function that gives a large frozen input (read-only: it keeps
+        its token while it lives, so binding it again still finds the step's result) whose dtype and shape
+        no step's cache has seen token's digest instead (the bytes unread). A writeable array is hashed: a
+        token would make its next binding, of the same bytes, build again."""
+        if token is None:
+            return digest
+
+        def pick(name: str, a: np.ndarray) -> bytes:
+            unread = a.nbytes >= UNREAD_BYTES and checked.frozen(a) and self._unseen(name, a)
+            return token(name, a) if unread else digest(name, a)
+        return pick
+
+    def _unseen(self, name: str, a: np.ndarray) -> bool:
+        """Whether no step reading `name` holds a result (its own last, or its op's latest in the process:
+        _LIVE) of an input there of a's dtype and shape: no cache can answer for a, whatever its bytes."""
+        where = None if self.device is None else (self.device.config,)
+        for step in self.steps:
+            for k, n in enumerate(step.node.inputs):
+                if n != name or n in step.constants:
+                    continue
+                latest = step._latest_of(where)
+                for held in (step._last, latest.value):
+                    if held is not None and held[0][k] is not None and held[0][k][:2] == (a.dtype.str, a.shape):
+                        return False
+        return True
+
     def _host_array(self, name: str, x, digest) -> tuple[np.ndarray, bytes]:
         """Return (input x as a host array, its digest). A torch tensor equal (compared where it
         lives) to the one the last run copied gives that copy back, and one that changed gets a
@@ -458,6 +518,7 @@ class HostSteps:
 
 
 _TOKENS = itertools.count()  # the digests of torch inputs that changed since the last run
+UNREAD_BYTES = 256 << 10  # a frozen step input this large whose dtype and shape no step's cache holds: not hashed
 
 
 def _check_spec(spec, a: np.ndarray) -> None:

@@ -138,3 +138,89 @@ def test_device_builds_leave_the_idle_passes_out_and_build_the_same_bytes(op_typ
                 np.testing.assert_array_equal(got[n], want[n], err_msg=f"{name}: {n}")
         monkeypatch.undo()
         assert launches[0] < launches[1], name
+
+
+def _bound_of_every_point(arrays):
+    """_from_points' bound as first written: every point's float64 voxel position, then min and max."""
+    jdata, offsets = np.asarray(arrays[0]), np.asarray(arrays[1]).reshape(-1)
+    grids = len(offsets) - 1
+    h = T.per_grid(1.0 if arrays[4] is None else arrays[4], grids, "voxel_sizes", True)
+    o = T.per_grid(0.0 if arrays[5] is None else arrays[5], grids, "origins", False)
+    grid_of = np.repeat(np.arange(grids), np.diff(offsets))
+    with np.errstate(all="ignore"):
+        v = (jdata.astype(np.float64) - o[grid_of]) / h[grid_of]
+        lo, hi = v.min(0), v.max(0)
+    if not (np.isfinite(lo).all() and np.isfinite(hi).all()) or max(np.abs(lo).max(), np.abs(hi).max()) > RP._LIMIT:
+        return None
+    slack = 2 + np.maximum(np.abs(lo), np.abs(hi)) * 2.0 ** -20
+    return np.floor(lo - slack).astype(np.int64), np.ceil(hi + slack).astype(np.int64), grids
+
+
+@pytest.mark.parametrize("grids", [1, 3, 40])  # (40: past _FEW_GRIDS, one reduceat)
+def test_the_points_bound_is_every_points_float64_bound(grids):
+    """The bound from each grid's extreme points (radix_passes._from_points) is, bit for bit, the bound of
+    every point's float64 position: clouds far and near, ragged grids, empty grids, a NaN or an infinity
+    among the points (no bound), more points than a row of the wide view and fewer."""
+    rng = np.random.default_rng(grids)
+    for trial in range(60):
+        n = int(rng.integers(1, 700)) if trial % 3 else int(rng.integers(1, 40))
+        cuts = np.sort(rng.integers(0, n + 1, grids - 1))
+        offsets = np.concatenate([[0], cuts, [n]]).astype(np.int64)
+        scale = 10.0 ** int(rng.integers(-2, 7))
+        pts = (rng.standard_normal((n, 3)) * scale + rng.standard_normal(3) * 3 * scale).astype(np.float32)
+        if trial % 5 == 0:
+            pts[rng.integers(0, n), rng.integers(0, 3)] = [np.nan, np.inf, -np.inf][trial % 3]
+        arrays = [pts, offsets, None, None, rng.uniform(0.01, 3.0, (grids, 3)), rng.standard_normal((grids, 3)) * scale]
+        want, got = _bound_of_every_point(arrays), RP._from_points("GridBatchFromPoints", arrays)
+        assert (want is None) == (got is None), trial
+        if want is not None:
+            for a, b in zip(want, got):
+                np.testing.assert_array_equal(a, b, err_msg=str(trial))
+
+
+def test_a_users_grid_is_walked_once_its_idle_passes_left_out_and_the_walk_forgotten(monkeypatch):
+    """A topology op built on the device over a grid the user binds (writeable arrays: never remembered as
+    checked) walks it once before the build (DeviceBuilds._build), bounds the radix passes from its leaves
+    and leaves the idle ones out (fewer launches, the host builder's bytes); the walk is known to the
+    build's network alone, during the build: after the run the arrays are unknown again, so the user's
+    write of a byte into the same arrays is walked and raises (a stale walk would have let it through)."""
+    from luisaml.errors import InputError
+    from luisaml.fvdb import GridBatch, checked
+    from luisaml.operators.fvdb import common
+
+    from test_topology_device import op_model
+
+    rng = np.random.default_rng(7)
+    grid = GridBatch.from_ijk([rng.integers(-40, 40, (600, 3)).astype(np.int32) + 300], 0.5, 0.0)
+    attrs = {"kernel_size": [3, 3, 3], "stride": [1, 1, 1]}
+    model = op_model("ConvGrid", attrs, grid, False)
+    device = luisaml.compile(model, batch_axis=None, grid_build="device")
+    want = luisaml.compile(model, batch_axis=None, grid_build="host").run(dict(zip(schema.BUNDLE, grid.bundle())))
+    walks = []
+    real = common.read_grids
+    monkeypatch.setattr(common, "read_grids", lambda blob, **k: walks.append(1) or real(blob, **k))
+    launches = []
+    for idle in (True, False):
+        if not idle:
+            monkeypatch.setattr(RP, "idle_passes", lambda *a: frozenset())
+        bundle = [np.array(a) for a in grid.bundle()]  # (writeable: the user's; new arrays, so no cache answers)
+        device.run(dict(zip(schema.BUNDLE, bundle)))  # (a first run of a network launches every stage)
+        for step in device.plan.host_steps.steps:
+            step._last = None
+            for latest in step._latest.values():
+                latest.value = None
+        walks.clear()
+        with counts.measure() as c:
+            got = device.run(dict(zip(schema.BUNDLE, bundle)))
+        launches.append(c.launches)
+        for n in NEW:
+            np.testing.assert_array_equal(got[n], want[n], err_msg=n)
+        assert checked.known(bundle[:6]) is None and not checked._WALKED
+        if idle:
+            assert len(walks) == 1  # (the build's walk; its network's metadata took it)
+    assert launches[0] < launches[1], launches
+    monkeypatch.undo()
+    pos = L.GRID_DATA_SIZE + L.TREE_OFF_VOXEL_COUNT  # (the user writes into the same array: one voxel more)
+    bundle[0][pos:pos + 8] = np.frombuffer(np.uint64(int(bundle[0][pos:pos + 8].view(np.uint64)[0]) + 1).tobytes(), np.uint8)
+    with pytest.raises(InputError, match="voxel count"):
+        device.run(dict(zip(schema.BUNDLE, bundle)))
