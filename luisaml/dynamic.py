@@ -9,11 +9,13 @@ static size, the scan phases below turn it into exclusive offsets in place, and 
 writes every item's rows at its offset. The count and the fill run the same code, so they agree; a
 fill that would pass its item's range flags a run-time error naming the node instead of writing.
 
-**Counted on the device** (issue 28's counted execution). Where the scan's last phase names one
-total — a `TotalRead` (element `index` of the offsets tensor) or a `ScratchTotal` (a word of the
-node's own int scratch) — nothing waits for it mid-run. The outputs' buffers are allocated at a
-capacity in rows (`Capacity`: a power-of-two bucket, learned from the runs before), the fill's
-stores at or past the capacity are skipped (storage.Capped: the capacity in elements is a word of
+**Counted on the device** (issue 28's counted execution). Where a phase names a total — a
+`TotalRead` (element `index` of the offsets tensor) or a `ScratchTotal` (a word of the node's own int
+scratch), the rows of all the node's run-time sized outputs or, with `output`, of that one (a node may
+have a total per output, each on its own phase: a Readback each) — nothing waits for it mid-run. The
+outputs' buffers are allocated at a capacity in rows (`Capacity`: a power-of-two bucket, learned from
+the runs before), the fill's stores at or past the capacity are skipped (storage.Capped; a uint8
+output's word writes storage.CappedBytes: the capacity in elements is a word of
 the run's state buffer, the kernels' `errors` argument: `StateLayout`), a copy command after the
 scan puts the total into that state buffer, and the host reads it at the run's end with the flag
 and the outputs, in one synchronisation (launch.py). A total above the capacity re-runs the whole
@@ -35,7 +37,7 @@ thread (items / SCAN_CHUNK additions), then every element adds its chunk's base.
 is 4,096 sequential steps in the middle stage; everything else is parallel.
 
 Run-time sized uint8 outputs are ByteBuffers the node writes word-wise (a new grid's blob), sized
-by a HostRead. No node may read such an output (lowering says which and why), there is no
+by a HostRead or counted (its words written through CappedBytes.write_word, or guarded by its `limit`). No node may read such an output (lowering says which and why), there is no
 per-sample `forward`, and an artifact cannot hold one yet. On torch CUDA tensors a run-time sized
 output is a torch tensor allocated for the run (at its capacity, returned as a view of its rows;
 a HostRead's exactly) and written in place (DLPack, zero_copy.py `run`): a fresh one each run, so
@@ -80,18 +82,21 @@ class HostRead:
 class TotalRead:
     """A read-back of one int32 element: element `index` of `offsets`, the node's static-size tensor
     whose counts scan_phases turned into offsets in place (their total: the rows of the node's
-    run-time sized outputs)."""
+    run-time sized outputs; output: of that one only, by index)."""
 
     offsets: Any  # a storage.Tensor (read back by its name)
     index: int
+    output: int | None = None
 
 
 @dataclass(frozen=True)
 class ScratchTotal:
-    """The one total of a node whose counts and offsets live in its own int scratch: word `index`
-    (counted on the device: copied into the run's state after the phase, read at the run's end)."""
+    """A total of a node whose counts and offsets live in its own int scratch: word `index` (counted
+    on the device: copied into the run's state after the phase, read at the run's end); the rows of
+    its run-time sized outputs, or of output `output` (by index) alone."""
 
     index: int
+    output: int | None = None
 
 
 @dataclass(frozen=True)
@@ -129,9 +134,17 @@ class Readback:
     counted: bool = False
 
 
+def sized_by(node, op, total) -> list[str]:
+    """The run-time sized outputs of node (its operator op) whose rows `total` gives (a phase's
+    readback): the one it names (TotalRead / ScratchTotal `output`), else all of them."""
+    only = getattr(total, "output", None)
+    return [node.outputs[j] for j in op.runtime_sized
+            if j < len(node.outputs) and node.outputs[j] and (only is None or j == only)]
+
+
 def readback_of(stage: int, node, op, phase: Phase) -> Readback:
     """Return the Readback after `stage`, a phase of node (its operator op) that reads back."""
-    sized = [node.outputs[j] for j in op.runtime_sized if j < len(node.outputs) and node.outputs[j]]
+    sized = sized_by(node, op, phase.readback)
     if isinstance(phase.readback, HostRead):
         hr = phase.readback
 
@@ -149,12 +162,9 @@ def readback_of(stage: int, node, op, phase: Phase) -> Readback:
 
 
 def counted_on_device(op, phase: Phase) -> bool:
-    """Whether the total `phase` completes stays on the device until the run's end: one total (a
-    TotalRead or ScratchTotal) of outputs that are not bytes (a ByteBuffer has no capacity guard)."""
-    if not isinstance(phase.readback, (TotalRead, ScratchTotal)):
-        return False
-    return all(op.outputs[j] is None or not op.outputs[j].dtype.is_byte for j in op.runtime_sized
-               if j < len(op.outputs))
+    """Whether the total `phase` completes stays on the device until the run's end: a TotalRead or
+    ScratchTotal (its outputs at a capacity: storage.Capped, bytes storage.CappedBytes)."""
+    return isinstance(phase.readback, (TotalRead, ScratchTotal))
 
 
 def counted_outputs(stages) -> list[str]:
@@ -165,8 +175,9 @@ def counted_outputs(stages) -> list[str]:
         if st.readback is None or st.phase is None:
             continue
         node, op = st.root
-        if counted_on_device(op, op.phases()[st.phase]):
-            out += [node.outputs[j] for j in op.runtime_sized if j < len(node.outputs) and node.outputs[j]]
+        phase = op.phases()[st.phase]
+        if counted_on_device(op, phase):
+            out += [name for name in sized_by(node, op, phase.readback) if name not in out]
     return out
 
 

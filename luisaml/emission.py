@@ -31,7 +31,7 @@ from .operator import Operator
 from .plan import GraphCode, IOSpec, Plan, scratch_layout
 from .safe_source import comment_text, docstring_text, quoted
 from .schedule import Stage
-from .storage import Buffer, Bytes, Capped, Local, Storage, Tensor, Value, bind
+from .storage import Buffer, Bytes, Capped, CappedBytes, Local, Storage, Tensor, Value, bind
 
 
 def graph_bindings(ctx: KernelContext, code: GraphCode, io_storage: dict[str, Storage]) -> dict[Tensor, Storage]:
@@ -452,8 +452,8 @@ def stage_bindings(plan: Plan, st: Stage, ctx: KernelContext, sample: str = "sam
             table[t] = Dropped()
     state = StateLayout(tuple(plan.counted), 0)
     for name in plan.counted:  # (at a capacity: stores past it skipped, luisaml/dynamic.py)
-        at = table[tensors[name]]
-        table[tensors[name]] = Capped(at.buffer, at.base, f"{KernelContext.ERRORS}.read({state.capacity_word(name)})")
+        at, limit = table[tensors[name]], f"{KernelContext.ERRORS}.read({state.capacity_word(name)})"
+        table[tensors[name]] = (CappedBytes if isinstance(at, Bytes) else Capped)(at.buffer, at.base, limit)
     if st.epilogue:  # (its tensors are variables of the stage's store: epilogue_lets)
         root_out = st.root[1].outputs[0]
         if st.domain in ("items", "blocks"):

@@ -165,6 +165,24 @@ class Bytes(Storage):
     def load(self, i: str) -> str:
         return byte_load(self.buffer, add_index(self.base, i))
 
+    def write_word(self, address: str, value: str) -> str:
+        """Return the DSL writing the 32-bit value at byte `address` (a multiple of 4) of an output
+        its node writes word-wise (a run-time sized uint8 output)."""
+        return f"{self.buffer}.write({add_index(self.base, address)}, {value})"
+
+
+@dataclass
+class CappedBytes(Bytes):
+    """A run-time sized uint8 output counted at a capacity (luisaml/dynamic.py), as Capped: a word
+    written at or past `limit` bytes (a word of the run's state) is skipped (the buffer holds whole
+    words, so a word that starts below the limit fits)."""
+
+    limit: str = "0"
+
+    def write_word(self, address: str, value: str) -> str:
+        at = add_index(self.base, address)
+        return f"if ({at}) < {self.limit}: {self.buffer}.write({at}, {value})"
+
 
 @dataclass
 class Scalar(Storage):
