@@ -43,6 +43,7 @@ import argparse
 import datetime
 import importlib.util
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -265,7 +266,11 @@ def main(argv=None) -> int:
     mma = {}
     if cuda and a.tensor_cores:  # the same three networks on TF32 mma tiles
         # (not layer_bn_relu: its epilogue is the store's, and each network over the folded map folds it
-        # again on the host, seconds a network; tests/gpu/test_sparse_conv_mma_cuda.py checks it)
+        # again on the host, seconds a network; tests/gpu/test_sparse_conv_mma_cuda.py checks it); the
+        # SparseConv3d mma form is opt-in (luisaml/rewrites/tensor_cores.py: it measured slower)
+        from luisaml.rewrites import tensor_cores as tc_rewrite
+
+        os.environ[tc_rewrite.SPARSE_MMA_ENV] = "on"
         mma = {"layer_mma": luisaml.compile(layer_m, backend=backend, batch_axis=None, tensor_cores="auto"),
                "any_grid_mma": luisaml.compile(any_m, backend=backend, tensor_cores="auto")}
         for k, net in mma.items():

@@ -3,7 +3,11 @@
 CI runs the suite without the tests marked `full` (the larger cases of suites that keep a small one
 in CI: today four of the ONNX suite's nine real models) and with the robustness sample;
 `bash scripts/test.sh --full` (pytest's `--full`) runs every test, every robustness case and the
-artifact fuzzer's full run (hours on 2 cores)."""
+artifact fuzzer's full run (hours on 2 cores).
+
+LUISAML_FAILURE_LOG=path appends each failure's report to that file as it happens (in the xdist
+controller too), so a run cut by a time limit on the lent GPU machine still says why its tests
+failed (2026-12-07: a run stopped by `timeout` named six failures and none of their messages)."""
 from __future__ import annotations
 
 import os
@@ -27,6 +31,13 @@ def pytest_configure(config) -> None:
     # set before collection, in the controller and in every xdist worker (they get the same options)
     if config.getoption("--full"):
         os.environ[FULL_ENV] = "full"
+
+
+def pytest_runtest_logreport(report) -> None:
+    path = os.environ.get("LUISAML_FAILURE_LOG")
+    if path and report.failed:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n")
 
 
 def pytest_collection_modifyitems(config, items) -> None:

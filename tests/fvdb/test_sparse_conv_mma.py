@@ -8,7 +8,8 @@ rows_by_taps' order, K cut to the most taps a tile reads), a map built on the de
 that are not whole k steps (every tap in order, a ragged last step), ragged output channels, and grids
 bound at run time (a block's rows 128 consecutive voxels, the last group partial: rows past the voxels
 store nothing), and K variants of the tile a block picks by its tap count (SparseConv3d.mma_buckets).
-luisa-python builds each kernel's AST (build_dsl). Few output channels keep tiled.py's FP32 tile. The
+The form is opt-in (LUISAML_SPARSE_MMA=on, set for every test here; one checks the default:
+tensor_cores alone leaves the layer on the FP32 tile, which measured faster on an H100). luisa-python builds each kernel's AST (build_dsl). Few output channels keep tiled.py's FP32 tile. The
 CUDA run: tests/gpu/test_sparse_conv_mma_cuda.py."""
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from onnx import helper, numpy_helper
 from util import plan_of
 
 from luisaml.fvdb import GridBatch
+from luisaml.rewrites import tensor_cores as tc_rewrite
 from luisaml.fvdb import torch_ops as F
 from luisaml.opsets import fvdb as schema
 
@@ -64,6 +66,13 @@ def _layer(gb: GridBatch, c_in: int, c_out: int, K: int, constant: bool, bias: b
     feeds = {"x": x} | ({} if constant else grid)
     want = sparse_conv3d(gb, x.astype(np.float64), gb, w.astype(np.float64), b.astype(np.float64) if bias else None)
     return m, feeds, want
+
+
+@pytest.fixture(autouse=True)
+def _sparse_mma(monkeypatch):
+    """The mma form of SparseConv3d is opt-in (luisaml/rewrites/tensor_cores.py): on for each test (the
+    one that checks the default takes it off again)."""
+    monkeypatch.setenv(tc_rewrite.SPARSE_MMA_ENV, "on")
 
 
 def _plan(model, tensor_cores=True, batch_axis=None):
@@ -138,6 +147,17 @@ def test_without_tensor_cores_the_plan_is_the_fp32_tiles():
     m, _, _ = _layer(_grid(), 16, 32, 3, constant=True)
     plan = _plan(m, tensor_cores=False)
     assert type(_conv_tiling(plan)[2]).__name__ == "Tiling" and "mma_tf32" not in plan.source
+
+
+def test_by_default_tensor_cores_leave_the_layer_on_the_fp32_tile(monkeypatch):
+    """Without LUISAML_SPARSE_MMA=on, tensor_cores marks Gemm/MatMul/Conv but not SparseConv3d (its mma
+    tile measured 0.53x its FP32 tile on an H100); with it, the same model takes the mma tile."""
+    monkeypatch.delenv(tc_rewrite.SPARSE_MMA_ENV, raising=False)
+    m, _, _ = _layer(_grid(), 16, 32, 3, constant=True)
+    plan = _plan(m)
+    assert type(_conv_tiling(plan)[2]).__name__ == "Tiling" and "mma_tf32" not in plan.source
+    monkeypatch.setenv(tc_rewrite.SPARSE_MMA_ENV, "on")
+    assert "mma_tf32" in _plan(m).source
 
 
 def test_grids_bound_at_run_time_take_groups_of_voxels():

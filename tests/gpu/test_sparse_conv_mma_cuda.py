@@ -2,7 +2,7 @@
 CUDA, the device started in the front's directory: the gather-GEMM's blocks stage takes the mma tile
 and its output is within TF32's tolerance of tests/fvdb's float64 reference (1e-2 of the norm, torch's;
 typically ~1e-3), and not as close as FP32's (the FP32 body would be); tensor_cores=False keeps the
-FP32 tile's 1e-5. Folded and device-built maps, strides 1 and 2, transposed, K = 5 (125 taps), input
+FP32 tile's 1e-5. The form is opt-in (LUISAML_SPARSE_MMA=on, set here for every test). Folded and device-built maps, strides 1 and 2, transposed, K = 5 (125 taps), input
 channels that are not whole k steps, a BatchNorm + Relu epilogue, and grids bound at run time (a
 block's rows 128 consecutive voxels; sizes under a tile and not a multiple of it). The emulated run
 (no GPU): tests/fvdb/test_sparse_conv_mma.py.
@@ -21,6 +21,7 @@ from util import cuda_only
 
 import luisaml
 from luisaml import tensor_cores
+from luisaml.rewrites import tensor_cores as tc_rewrite
 
 pytestmark = cuda_only()
 
@@ -50,6 +51,12 @@ def _front_device():
     if luisaml.device.current() is not None and not tensor_cores._started_in:
         pytest.skip("the CUDA device was started without tensor_cores=True in this process")
     luisaml.device.init("cuda", tensor_cores=True)
+
+
+@pytest.fixture(autouse=True)
+def _sparse_mma(monkeypatch):
+    """SparseConv3d takes the mma tile only where asked (luisaml/rewrites/tensor_cores.py)."""
+    monkeypatch.setenv(tc_rewrite.SPARSE_MMA_ENV, "on")
 
 
 def _rel(got, want) -> float:
