@@ -330,16 +330,20 @@ def _io_bindings(plan: Plan, shared_out: bool, sample: str = "sample") -> tuple[
     kernel's case)."""
     io: dict[str, Storage] = {}
     shared: list[IOSpec] = []
+
+    def held(s: IOSpec) -> str:  # (Plan.half_io: float inputs and outputs in half buffers)
+        return "half" if plan.half_io and s.dtype.dsl == "float" else ""
+
     for s in plan.inputs:
         base = f"{sample} * {s.numel}" if s.batched and s.numel else "0"
-        io[s.name] = Bytes(s.ident, base) if s.dtype.is_byte else Buffer(s.ident, base)
+        io[s.name] = Bytes(s.ident, base) if s.dtype.is_byte else Buffer(s.ident, base, held=held(s))
     for s in plan.outputs:
         if s.accumulated:  # every thread adds into the zeroed output buffer itself
             io[s.name] = Buffer(s.ident)
         elif s.dtype.is_byte:  # (only sized at run time: compiler.py) a ByteBuffer its node writes word-wise
             io[s.name] = Bytes(s.ident)
         elif s.batched or plan.symbol is None or not shared_out:
-            io[s.name] = Buffer(s.ident, f"{sample} * {s.numel}" if s.batched and s.numel else "0")
+            io[s.name] = Buffer(s.ident, f"{sample} * {s.numel}" if s.batched and s.numel else "0", held=held(s))
         else:
             shared.append(s)
     return io, shared

@@ -11,13 +11,11 @@ round to nearest: what the GPU's accumulation may add; the emulator's float64 su
 The product of the unrounded operands is outside that bound, so a tile that did not round would fail."""
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pytest
 from gpu_emulator import build_dsl, kernel_name, run_plan
 from test_tiled_mma import _model
-from util import plan_of
+from util import mark_products_f16, plan_of
 
 U32 = 2.0 ** -24  # FP32's unit roundoff (round to nearest)
 
@@ -33,9 +31,7 @@ def f16_product_bound(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndar
 def _f16_plan(model, monkeypatch):
     """The model's CUDA plan with tensor cores, its products marked with the FP16 kind (what
     compile(precision="fp16") asks of the layers it runs as stages)."""
-    import luisaml.rewrites.tensor_cores as tc_rewrite  # (by name: test_artifact may have imported luisaml afresh)
-
-    monkeypatch.setattr(tc_rewrite, "mark", functools.partial(tc_rewrite.mark, kind="f16"))
+    mark_products_f16(monkeypatch)
     return plan_of(model, batch_axis=None, tensor_cores=True)
 
 
