@@ -157,7 +157,8 @@ def build_plan(prep: Prepared, model_name: str = "model", options: BuildOptions 
         while True:  # ends: `materialise` grows every round
             with phase("schedule"):
                 plan.schedule = schedule_pass.build(main, set(g.outputs), per_sample=prep.symbol is not None,
-                                                    materialise=frozenset(materialise), blocks=options.blocks)
+                                                    materialise=frozenset(materialise), blocks=options.blocks,
+                                                    half_buffers=plan.half_activations)
             if on_schedule is not None and not materialise:
                 on_schedule(plan.schedule)
             with phase("codegen"), collect_oversized() as oversized:

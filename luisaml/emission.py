@@ -441,14 +441,18 @@ def stage_bindings(plan: Plan, st: Stage, ctx: KernelContext, sample: str = "sam
     tensors = plan.tensors
     io, _ = _io_bindings(plan, shared_out=False, sample=sample)
     table: dict[Tensor, Storage] = {tensors[name]: storage for name, storage in io.items()}
+    def held(slot, t: Tensor) -> str:  # (a float tensor in a half slot: Plan.half_activations)
+        return "half" if slot.dtype == "half" and t.dtype.dsl == "float" else ""
+
     for slot in sched.buffers.slots:
         for m in slot.members:
             t = tensors[m]
-            table[t] = Buffer(buffer_ident(slot), f"{sample} * {slot.size}" if t.batched else "0")
+            table[t] = Buffer(buffer_ident(slot), f"{sample} * {slot.size}" if t.batched else "0", held=held(slot, t))
     for name, (root, offset) in sched.aliases.items():  # (inside another's region: schedule._in_place)
         slot = sched.buffers.slots[sched.buffers.slot_of[root]]
         base = f"{sample} * {slot.size}" if tensors[name].batched else "0"
-        table[tensors[name]] = Buffer(buffer_ident(slot), f"{base} + {offset}" if offset else base)
+        table[tensors[name]] = Buffer(buffer_ident(slot), f"{base} + {offset}" if offset else base,
+                                      held=held(slot, tensors[name]))
     for name, (_, op, k) in sched.virtual.items():
         table[tensors[name]] = Inline(op, k, ctx.module)
     for t in tensors.values():

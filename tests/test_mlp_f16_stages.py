@@ -5,8 +5,9 @@ stage kernels run in Python (tests/gpu_emulator.py) against two references for R
 63-128x4-4 and 63-256x4-4 at a small batch:
 
 - a numpy model of what the plan computes, in float64: each tile layer's operands rounded to half (the
-  tile's copies), their products summed, the bias added, ReLU; the last layer (4 outputs: too narrow for the
-  tile) in FP32 from the float activations; the output rounded to half. The emulator sums in float64 in
+  tile's copies), their products summed, the bias added, ReLU, the activation stored as half (Plan.
+  half_activations: the next tile would round it so anyway) or float; the last layer (4 outputs: too narrow
+  for the tile) in FP32 from the stored activations; the output rounded to half. The emulator sums in float64 in
   another order, so the two differ by ~1e-16 before the output's rounding: equal within one half ulp.
 - torch fp16 (CPU, its Linear layers' outputs half): both are fp16 MLPs rounded at different points; each
   one's error against the float64 model is some half ulps of the output's scale, and ours is held to
@@ -43,14 +44,15 @@ def _half(a) -> np.ndarray:
     return np.asarray(a).astype(np.float16).astype(np.float64)
 
 
-def plan_model(layers, x16: np.ndarray, on_tile: int) -> np.ndarray:
+def plan_model(layers, x16: np.ndarray, on_tile: int, half_activations: bool) -> np.ndarray:
     """The float64 model of the plan: the first `on_tile` layers with half operands, the rest FP32 operands,
-    ReLU between, the output rounded to half."""
+    ReLU between (its result stored as half with half_activations), the output rounded to half."""
     h = x16.astype(np.float64)
     for i, (w, b) in enumerate(layers):
         h = (_half(h) @ _half(w) if i < on_tile else h @ w.astype(np.float64)) + b
         if i < len(layers) - 1:
             h = np.maximum(h, 0.0)
+            h = _half(h) if half_activations else h
     return _half(h)
 
 
@@ -58,13 +60,18 @@ def _f16_plan(model):
     return plan_of(model, "cuda", precision="fp16", tensor_cores=True, fuse="auto")
 
 
-@pytest.mark.parametrize("width", [128, 256])
-def test_fp16_mlp_runs_as_stages_on_the_f16_tile(width, tmp_path):
+@pytest.mark.parametrize("width,half_activations", [(128, True), (256, True), (128, False)])
+def test_fp16_mlp_runs_as_stages_on_the_f16_tile(width, half_activations, tmp_path, monkeypatch):
     import torch
 
+    import luisaml.rewrites.mlp as mlp_rewrite  # (by name: test_artifact may have imported luisaml afresh)
+
+    monkeypatch.setattr(mlp_rewrite, "FP16_HALF_ACTIVATIONS", half_activations)
     module, model = _mlp(width, tmp_path)
     plan = _f16_plan(model)
     assert plan.fused is None and plan.half_io and "stages on the FP16 mma tile" in plan.fusion_note
+    # the activations' pooled buffers: half (2 bytes an element) or float
+    assert {s.dtype for s in plan.schedule.buffers.slots} == {"half" if half_activations else "float"}
     # the four wide layers on the tile; the last (4 outputs) a warp a sample (256) or items (128), in FP32
     tiles = [op.block_tiling() for st in plan.schedule.stages for _, op in st.nodes[:1] if st.domain == "blocks"]
     mma = [t for t in tiles if type(t).__name__ == "MmaTiling"]
@@ -73,7 +80,7 @@ def test_fp16_mlp_runs_as_stages_on_the_f16_tile(width, tmp_path):
     x16 = (np.random.default_rng(1).standard_normal((BATCH, 63)) * 2).astype(np.float16)
     got = run_plan(plan, {"x": x16})["y"]
     layers = _layers(module)
-    want = plan_model(layers, x16, on_tile=4)
+    want = plan_model(layers, x16, on_tile=4, half_activations=half_activations)
     ulp = np.spacing(want.astype(np.float16)).astype(np.float64)
     assert (np.abs(got - want) <= ulp).all(), f"worst {np.abs(got - want).max():.3g}"
 
