@@ -23,7 +23,8 @@ Per sub-step of the mma's k (TF32 two k8 a step, FP16 one k16) a lane fills the 
 8-column tile, k rotated by t k / 8) and calls the callable (WM / 16) x (WN / 8) times; in the rewritten
 kernel only the mma fragments of those arrays are live (TF32 6 of 40 shared loads a tile pair, FP16 12 of
 80) and the CUDA compiler drops the rest. FP16 operands are rounded to half where a thread copies them
-(float(half(x)), kept as float in shared memory), so the DSL body multiplies the HMMA's operands. Where the front did not
+(f16_round: float(half(x)) in the DSL body, nothing on the tensor-core route, where the mma's own conversion
+rounds them alike; kept as float in shared memory), so the DSL body multiplies the HMMA's operands. Where the front did not
 rewrite (the self-test would have said so, and "auto" keeps tiled.py then), the DSL body computes the
 same product in FP32: correct, slow. Why these shapes: benchmarks/NOTES.md, "A faster tensor-core tile".
 """
@@ -162,9 +163,10 @@ def emit(ctx, tl: MmaTiling, item: str, thread: str, a: RowLoader, b: RowLoader,
     rounded = tl.variant == "w64r" and tl.kind == "tf32"  # (the copies round, the mma does not)
     mma = ctx.use_helper("mma_tf32_m16n8k8_rounded" if rounded else KIND_CALLABLE[tl.kind], "tensor_cores")
     tf32 = ctx.use_helper("tf32_round", "tensor_cores") if rounded else None
-    # FP16: each copied element rounded to half once (cvt.rn: as the mma's own cvt.rn.f16x2 would, which then
-    # converts exactly); the shared tiles stay float, so the fragments' reads are TF32's
-    f16 = tl.kind == "f16"
+    # FP16: each copied element rounded to half once where the DSL body runs (shaders/tensor_cores.py f16_round: so
+    # the FP32 body multiplies the HMMA's operands), on the tensor-core route left as it is (the mma's cvt.rn.f16x2
+    # rounds it the same way: 2 instructions an element saved, NOTES.md); the shared tiles stay float either way
+    f16 = ctx.use_helper("f16_round", "tensor_cores") if tl.kind == "f16" else None
 
     cb = ctx.let(ix.mod(item, tl.col_blocks), "cb") if tl.col_blocks > 1 else "0"
     rest = ix.div(item, tl.col_blocks)
@@ -234,7 +236,7 @@ def emit(ctx, tl: MmaTiling, item: str, thread: str, a: RowLoader, b: RowLoader,
 
     def put(buf: str) -> None:
         for (dst, size, idx, _, _), name in zip(ahead, regs):
-            value = f"{tf32}({name})" if tf32 else f"float(half({name}))" if f16 else name
+            value = f"{tf32}({name})" if tf32 else f"{f16}({name})" if f16 else name
             ctx.line(f"{dst}[{ix.add(idx, ix.mul(buf, size)) if buf != '0' else idx}] = {value}")
 
     # ---- the lane's fixed offsets, the contract's arrays, the accumulators ----------------------------

@@ -58,7 +58,7 @@ def test_emitted_f16_tile_matches_half_rounded_numpy(op, M, K, N, ta, tb, const_
     (_, operator), = st.nodes
     tl = operator.block_tiling()
     assert type(tl).__name__ == "MmaTiling" and tl.kind == "f16" and tl.threads == st.threads
-    assert "mma_f16_m16n8k16(" in plan.source and "mma_tf32" not in plan.source and "float(half(" in plan.source
+    assert "mma_f16_m16n8k16(" in plan.source and "mma_tf32" not in plan.source and "f16_round(" in plan.source
     a, b = _operands(op, M, K, N, ta, tb)
     scale = 0.5 if op == "Gemm" else 1.0  # (_model's Gemm: alpha 0.5, applied to the FP32 sum: exact)
     want, bound = f16_product_bound(a, b)

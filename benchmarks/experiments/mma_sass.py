@@ -54,7 +54,9 @@ __device__ __forceinline__ float tf32_round(float x) {@ROUND@
 __device__ __forceinline__ lc_float4 mma_f16_m16n8k16(const lc_array<float, 32> &a, const lc_array<float, 48> &b,
                                                       lc_float4 c) {@F16@
 }
-// the DSL's float(half(x)) (the FP16 kind's copies) and float(h) of a half buffer's element
+__device__ __forceinline__ float f16_round(float x) {@F16ROUND@
+}
+// the DSL's float(half(x)) (the FP16 kind's copies before f16_round)
 __device__ __forceinline__ float lc_f16_round(float x) { return __half2float(__float2half_rn(x)); }
 """
 
@@ -162,7 +164,7 @@ def translate(src: str, stage: str) -> str:
                      else f"{'__half' if p.startswith('buf_half_') else 'float'} *__restrict__ {p}" for p in params)
     head = "" if "sample" in declared else "  int sample = 0;\n"
     bodies = {"@TF32@": tensor_cores.BODY_TF32, "@TF32R@": tensor_cores.BODY_TF32R, "@ROUND@": tensor_cores.BODY_ROUND,
-              "@F16@": tensor_cores.BODY_F16}
+              "@F16@": tensor_cores.BODY_F16, "@F16ROUND@": tensor_cores.BODY_F16ROUND}
     prelude = PRELUDE
     for key, body in bodies.items():
         body = body.replace("@A@", "a").replace("@B@", "b").replace("@C@", "c").replace("@X@", "x")

@@ -266,18 +266,23 @@ def _fp16_mlp(width: int, tmp_path):
     return module, export_batched(module, 63, tmp_path / f"mlp{width}.onnx")
 
 
-@pytest.mark.parametrize("width", [128, 256])
+@pytest.mark.parametrize("width,half_activations", [(128, True), (256, True), (128, False)])
 @pytest.mark.parametrize("n", [100, 4097])
-def test_fp16_mlp_on_f16_stages_matches_torch_fp16(width, n, tmp_path):
+def test_fp16_mlp_on_f16_stages_matches_torch_fp16(width, half_activations, n, tmp_path, monkeypatch):
     """RESULTS.md's fp16 MLPs (63-128x4-4, 63-256x4-4) under precision="fp16" with tensor cores: four stages on
-    the FP16 mma tile, half in and out (luisaml/rewrites/mlp.py f16_stages); their error against the float64
-    model within twice torch fp16's on this GPU plus half's unit roundoff (of the output's largest magnitude);
-    a torch half tensor on the device runs zero-copy and comes back half."""
+    the FP16 mma tile, half in and out (luisaml/rewrites/mlp.py f16_stages), the activations between them in
+    half buffers or float ones (FP16_HALF_ACTIVATIONS); their error against the float64 model within twice
+    torch fp16's on this GPU plus half's unit roundoff (of the output's largest magnitude); a torch half
+    tensor on the device runs zero-copy and comes back half."""
     import torch
 
+    import luisaml.rewrites.mlp as mlp_rewrite
+
+    monkeypatch.setattr(mlp_rewrite, "FP16_HALF_ACTIVATIONS", half_activations)
     module, path = _fp16_mlp(width, tmp_path)
     net = luisaml.compile(path, precision="fp16", tensor_cores="auto")
     assert net.plan.fused is None and net.plan.half_io, net.plan.fusion_note
+    assert net.plan.half_activations == half_activations
     mma = [op.block_tiling() for st in net.plan.schedule.stages if st.domain == "blocks" for _, op in st.nodes[:1]]
     assert sum(type(t).__name__ == "MmaTiling" and t.kind == "f16" for t in mma) == 4
     x16 = (np.random.default_rng(n).standard_normal((n, 63)) * 2).astype(np.float16)
