@@ -10,7 +10,8 @@ registers and spills, and where cuobjdump (and nvdisasm) is found, the k loop's 
 mm:M:K:N is a MatMul by a constant B (no batch axis: the plan knows the grid), f16:M:K:N the same on the tile's
 FP16 kind (m16n8k16, operands rounded to half where copied), mlp16:W:L stage L of precision="fp16"'s MLP
 63-Wx4-4 on the FP16 tile (a sample-row Gemm: 0 the first layer, reading the half input; 1-3 W -> W; the
-activations in half buffers, luisaml/rewrites/mlp.py FP16_HALF_ACTIVATIONS, as the module's default);
+activations in half buffers, luisaml/rewrites/mlp.py FP16_HALF_ACTIVATIONS, as the module's default), mlp32:W:L
+the same layer of the fp32 MLP compiled unfused (fuse=False: the sample-row Gemms on the TF32 tile);
 cv:n:C:H:K:k[:s[:p]] a k x k
 Conv (stride s, default 1; padding p, default k // 2) of C -> K channels on H x H (c1:C:L:K:k:s a 1-d one,
 no padding: wav2vec2's encoder), compiled with a batch axis as the zoo's (n unused by the
@@ -187,13 +188,15 @@ def plan_stage(shape: str, variant: str):
         finally:
             if mark is not None:
                 mark()
-    elif kind == "mlp16":  # (precision="fp16"'s MLP: its layer L's stage, a sample-row Gemm on the FP16 tile)
+    elif kind in ("mlp16", "mlp32"):  # (precision="fp16"'s MLP: its layer L's stage, a sample-row Gemm on the FP16
+        # tile; mlp32: the fp32 MLP unfused, its layers on the TF32 tile)
         import onnx
         from util import export_batched, plan_of, torch_mlp
 
         W, L = map(int, dims)
         path = export_batched(torch_mlp([63, W, W, W, W, 4]), 63, Path(tempfile.mkdtemp()) / "mlp.onnx")
-        plan = plan_of(onnx.load(path), "cuda", precision="fp16", tensor_cores=True, fuse="auto")
+        precision, fuse = ("fp16", "auto") if kind == "mlp16" else ("fp32", False)
+        plan = plan_of(onnx.load(path), "cuda", precision=precision, tensor_cores=True, fuse=fuse)
         st = plan.schedule.stages[L]
         return plan, f"stage_{L}", st.nodes[0][1].block_tiling()
     elif kind == "c1":  # (c1:C:L:K:k:stride, a 1-d Conv without pads over a batch axis: wav2vec2's encoder)
