@@ -441,6 +441,7 @@ def stage_bindings(plan: Plan, st: Stage, ctx: KernelContext, sample: str = "sam
     tensors = plan.tensors
     io, _ = _io_bindings(plan, shared_out=False, sample=sample)
     table: dict[Tensor, Storage] = {tensors[name]: storage for name, storage in io.items()}
+
     def held(slot, t: Tensor) -> str:  # (a float tensor in a half slot: Plan.half_activations)
         return "half" if slot.dtype == "half" and t.dtype.dsl == "float" else ""
 

@@ -370,7 +370,8 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
     close_group()
     for st in stages:
         _fill_io(st, code, virtual, roots, readers, pinned)
-    buffers = _pool(stages, code, set(graph_outputs) | set(code.graph.inputs), roots, align=not blocks, half=half_buffers)
+    buffers = _pool(stages, code, set(graph_outputs) | set(code.graph.inputs), roots, align=not blocks,
+                    half=half_buffers)
     return Schedule(stages, virtual, chained, buffers, aliases)
 
 

@@ -103,8 +103,8 @@ class Local(Storage):
 @dataclass
 class Buffer(Storage):
     """A typed device buffer; `base` is this sample's first element (a DSL expression); `held`: "half" for a
-    float tensor whose buffer holds halves (precision="fp16"'s inputs and outputs where the layers run as
-    stages: Plan.half_io), read as float and stored rounded to half."""
+    float tensor whose buffer holds halves (precision="fp16"'s input, output and activations where the layers
+    run as stages: Plan.half_io, Plan.half_activations), read as float and stored rounded to half."""
 
     buffer: str
     base: str = "0"

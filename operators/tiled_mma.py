@@ -1,12 +1,12 @@
-"""Tensor-core GEMM tiles for CUDA: a block of warps computes a BM x BN tile of C[bi] = A[bi] B[bi]
-through shared memory, each warp a WM x WN tile (64 x 64 by default, 64 x 48 for 96-column blocks, 64 x 32
-on short grids and in the first tile's variants: VARIANTS below) as mma tiles of 16 x 8 (TF32 m16n8k8, or
+"""Tensor-core GEMM tiles for CUDA: a block of warps computes a BM x BN tile of C[bi] = A[bi] B[bi] through
+shared memory, each warp a WM x WN tile (64 x 64 by default, 64 x 48 for 96-column blocks, 64 x 32 on
+short grids and in the first tile's variants: VARIANTS below) as mma tiles of 16 x 8 (TF32 m16n8k8, or
 under the kind "f16" FP16 m16n8k16 with FP32 accumulation: the marked callables of shaders/tensor_cores.py
-that luisaml's compiler front turns into `mma.sync`, luisaml/tensor_cores.py). Gemm and MatMul (operators/gemm.py), Conv's implicit GEMM (operators/
-conv_tiles.py) and Winograd's products (operators/winograd.py) choose it where compile(tensor_cores=
-"auto") found the route live; the loads of A and B and the store of a finished value are theirs,
-as for operators/tiled.py's FP32 tile (same RowLoader / Finish interface, and its m_limit for a
-tile whose rows are the positions of several samples).
+that luisaml's compiler front turns into `mma.sync`, luisaml/tensor_cores.py). Gemm and MatMul
+(operators/gemm.py), Conv's implicit GEMM (operators/conv_tiles.py) and Winograd's products
+(operators/winograd.py) choose it where compile(tensor_cores="auto") found the route live; the loads of A
+and B and the store of a finished value are theirs, as for operators/tiled.py's FP32 tile (same RowLoader
+/ Finish interface, and its m_limit for a tile whose rows are the positions of several samples).
 
 Per k step of BK = 16 the block copies A's BM x BK and B's BK x BN tiles into shared memory (each
 thread a fixed set of elements, consecutive threads on consecutive addresses of A's contiguous
@@ -23,10 +23,11 @@ Per sub-step of the mma's k (TF32 two k8 a step, FP16 one k16) a lane fills the 
 8-column tile, k rotated by t k / 8) and calls the callable (WM / 16) x (WN / 8) times; in the rewritten
 kernel only the mma fragments of those arrays are live (TF32 6 of 40 shared loads a tile pair, FP16 12 of
 80) and the CUDA compiler drops the rest. FP16 operands are rounded to half where a thread copies them
-(f16_round: float(half(x)) in the DSL body, nothing on the tensor-core route, where the mma's own conversion
-rounds them alike; kept as float in shared memory), so the DSL body multiplies the HMMA's operands. Where the front did not
-rewrite (the self-test would have said so, and "auto" keeps tiled.py then), the DSL body computes the
-same product in FP32: correct, slow. Why these shapes: benchmarks/NOTES.md, "A faster tensor-core tile".
+(f16_round: float(half(x)) in the DSL body, nothing on the tensor-core route, where the mma's own
+conversion rounds them alike; kept as float in shared memory), so the DSL body multiplies the HMMA's
+operands. Where the front did not rewrite (the self-test would have said so, and "auto" keeps tiled.py
+then), the DSL body computes the same product in FP32: correct, slow. Why these shapes:
+benchmarks/NOTES.md, "A faster tensor-core tile"; the FP16 kind: "The fp16 MLPs on the FP16 mma tile".
 """
 from __future__ import annotations
 

@@ -66,7 +66,8 @@ def test_emitted_f16_tile_matches_half_rounded_numpy(op, M, K, N, ta, tb, const_
         feeds = {"A": feeds["A"]}
     got = run_plan(plan, feeds)["Y"].reshape(M, N)
     err = np.abs(got - scale * want)
-    assert (err <= scale * bound).all(), f"worst {err.max():.3g} against a bound of {(scale * bound)[err.argmax() // N, err.argmax() % N]:.3g}"
+    worst = np.unravel_index(err.argmax(), err.shape)
+    assert (err <= scale * bound).all(), f"worst {err[worst]:.3g} against a bound of {scale * bound[worst]:.3g}"
     # the operands were rounded: the unrounded product is further than the bound (so the check above can fail)
     exact = scale * (a.astype(np.float64) @ b.astype(np.float64))
     assert (np.abs(got - exact) > scale * bound).any()

@@ -130,7 +130,8 @@ def translate(src: str, stage: str) -> str:
         s = s.replace("int(thread_id().x)", "(int)threadIdx.x").replace("int(block_id().x)", "(int)blockIdx.x")
         s = re.sub(r"(?<![\w.])0\.0(?![\w.])", "0.0f", _ternaries(_reads(s)))
         s = s.replace("//", "/").replace(" and ", " && ").replace("float4(0.0f)", "lc_splat4(0.0f)")
-        s = s.replace("float(half(", "(lc_f16_round(").replace("half(", "__float2half_rn(").replace("float(x_", "__half2float(x_")
+        s = s.replace("float(half(", "(lc_f16_round(").replace("half(", "__float2half_rn(")
+        s = s.replace("float(x_", "__half2float(x_")
         s = s.replace("float(buf_half_", "__half2float(buf_half_")
         pad = " " * ind
         if m := re.match(r"(\w+)\.write\((.*), (\w+|__float2half_rn\(\w+\))\)$", s):

@@ -249,7 +249,8 @@ def test_f16_tile_matches_half_rounded_numpy(name, make, monkeypatch):
     a = feeds["A"].T if attrs.get("transA") else feeds["A"]
     b = numpy_helper.to_array(model.graph.initializer[0])
     b = b.T if attrs.get("transB") else b
-    c = numpy_helper.to_array(model.graph.initializer[1]).astype(np.float64) if len(model.graph.initializer) > 1 else 0.0
+    inits = model.graph.initializer
+    c = numpy_helper.to_array(inits[1]).astype(np.float64) if len(inits) > 1 else 0.0
     a16, b16 = a.astype(np.float16).astype(np.float64), b.astype(np.float16).astype(np.float64)
     want = 0.5 * (a16 @ b16) + c
     bound = 0.5 * a.shape[1] * U32_TRUNC * (np.abs(a16) @ np.abs(b16)) + np.spacing(np.abs(want).astype(np.float32))
