@@ -5,6 +5,9 @@ benchmarks/RESULTS.md, or --out-dir):
     python benchmarks/bench_mlp.py
 CPU backend, small batches, against onnxruntime's CPU provider:
     python benchmarks/bench_mlp.py --cpu
+--tensor-cores: compile with tensor_cores="auto" (the device started in the tensor-core front's directory):
+precision="fp16" then runs the layers as stages on the FP16 mma tile (luisaml/rewrites/mlp.py f16_stages);
+the fp32 row stays the fused kernel.
 
 For every model: correctness first (relative error max|y - y_torch32| / max|y_torch32|; the fp32
 path must stay within 1e-5), then P50/P95/P99 of the device time of one forward, TFLOP/s, cold and
@@ -252,7 +255,7 @@ def luisaml_launcher(net, x):
     return launch, y, nbytes
 
 
-def bench_gpu_model(spec, reps: int, tmp: Path, probes: bool) -> dict:
+def bench_gpu_model(spec, reps: int, tmp: Path, probes: bool, tensor_cores: bool = False) -> dict:
     import luisa
     import torch
 
@@ -301,7 +304,7 @@ def bench_gpu_model(spec, reps: int, tmp: Path, probes: bool) -> dict:
         rec["compile_cached"] = compile_probe(path, "cuda", "fp32", cold=False)
     for prec, xin in (("fp32", x), ("fp16", x16)):
         t0 = time.perf_counter()
-        net = luisaml.compile(str(path), backend="cuda", precision=prec)
+        net = luisaml.compile(str(path), backend="cuda", precision=prec, tensor_cores="auto" if tensor_cores else False)
         got = net.run({"x": xin})["y"]  # DLPack zero-copy, first launch compiles the kernel
         rec.setdefault("compile_in_process_s", {})[prec] = time.perf_counter() - t0
         key = "" if prec == "fp32" else "_fp16"
@@ -416,7 +419,7 @@ def gpu_main(a) -> int:
         return 2
     import luisaml
 
-    luisaml.device.init("cuda")
+    luisaml.device.init("cuda", tensor_cores=a.tensor_cores)
     if not a.no_probes:
         precompile_bytecode()
     device = torch.cuda.get_device_name(0)
@@ -429,14 +432,15 @@ def gpu_main(a) -> int:
             if a.models and spec[0] not in a.models:
                 continue
             print(f"== {spec[0]} batch {spec[5]}", flush=True)
-            rec = bench_gpu_model(spec, a.reps, Path(tmp), probes=not a.no_probes)
+            rec = bench_gpu_model(spec, a.reps, Path(tmp), probes=not a.no_probes, tensor_cores=a.tensor_cores)
             r = flat_record(rec, device, date)
             records.append(r)
             print(json.dumps({k: v for k, v in r.items() if k != "detail"}), flush=True)
             if rec["rel_err"] > FP32_TOL:
                 failed.append(f"{spec[0]}: fp32 relative error {rec['rel_err']:.2e} > {FP32_TOL}")
     (out_dir / "mlp-h200.json").write_text(json.dumps(records, indent=1) + "\n")
-    cmd = "python benchmarks/bench_mlp.py" + (f" --reps {a.reps}" if a.reps != 50 else "")
+    cmd = "python benchmarks/bench_mlp.py" + (f" --reps {a.reps}" if a.reps != 50 else "") + \
+        (" --tensor-cores" if a.tensor_cores else "")
     md_path = (Path(a.out_dir) if a.out_dir else HERE) / "RESULTS.md"
     md_path.write_text(results_md(records, cmd, device, date, torch.__version__))
     print()
@@ -511,6 +515,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=50, help="timed forwards per measurement (CPU: 5 if not given)")
     ap.add_argument("--out-dir", help="where the JSON and the table go (default benchmarks/results)")
     ap.add_argument("--no-probes", action="store_true", help="skip the fresh-process compile-time probes")
+    ap.add_argument("--tensor-cores", action="store_true",
+                    help='compile with tensor_cores="auto" (fp16: the layers as stages on the FP16 mma tile)')
     ap.add_argument("--probe", help=argparse.SUPPRESS)
     ap.add_argument("--backend", default="cuda", help=argparse.SUPPRESS)
     ap.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)

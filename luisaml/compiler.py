@@ -131,8 +131,10 @@ def build_plan(prep: Prepared, model_name: str = "model", options: BuildOptions 
     plan.voxel_rows = voxel_rows.find(plan)
     if options.winograd and options.schedule == "stages":
         plan.winograd = winograd_rewrite.rewrite(plan, options.winograd)
+    on_f16_tile = mlp_rewrite.f16_stages(options.precision, options.tensor_cores, options.blocks,
+                                         options.schedule == "stages")
     if options.tensor_cores and options.blocks and options.schedule == "stages":
-        tensor_cores_rewrite.mark(plan)
+        tensor_cores_rewrite.mark(plan, "f16" if on_f16_tile else "tf32")
     if not options.blocks:  # (the CPU backend: Gemm and MatMul items forms take the CPU's tiles at any size)
         for _, op in plan.main.ops:
             if hasattr(op, "no_blocks"):
@@ -144,7 +146,7 @@ def build_plan(prep: Prepared, model_name: str = "model", options: BuildOptions 
                 op.schedule = dict(chosen[node.name])
     if options.schedule == "stages":  # RNN, GRU, LSTM: a GEMM and a phase per step (operators/rnn_stages.py)
         rnn_rewrite.rewrite(plan, gpu=options.blocks, form=options.recurrent)
-    plan.fused, plan.fusion_note = mlp_rewrite.fuse(plan, options.fuse, options.precision, options.mlp)
+    plan.fused, plan.fusion_note = mlp_rewrite.fuse(plan, options.fuse, options.precision, options.mlp, on_f16_tile)
     if options.schedule != "stages":
         with phase("codegen"):
             plan.source = generate(plan, model_name)
@@ -155,7 +157,8 @@ def build_plan(prep: Prepared, model_name: str = "model", options: BuildOptions 
         while True:  # ends: `materialise` grows every round
             with phase("schedule"):
                 plan.schedule = schedule_pass.build(main, set(g.outputs), per_sample=prep.symbol is not None,
-                                                    materialise=frozenset(materialise), blocks=options.blocks)
+                                                    materialise=frozenset(materialise), blocks=options.blocks,
+                                                    half_buffers=plan.half_activations)
             if on_schedule is not None and not materialise:
                 on_schedule(plan.schedule)
             with phase("codegen"), collect_oversized() as oversized:

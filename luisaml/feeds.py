@@ -51,9 +51,10 @@ def expected(spec: IOSpec) -> str:
 
 
 def io_dtype(plan: Plan, s: IOSpec) -> dtypes.DType:
-    """The element type `run` takes or returns for an input or output of plan (half in fp16 mode)."""
+    """The element type `run` takes or returns for an input or output of plan (half in fp16 mode: the fused
+    kernel's, or the layers' as stages, Plan.half_io)."""
     fused = plan.fused
-    if fused is not None and fused.precision == "fp16" and s.dtype is dtypes.FLOAT:
+    if (plan.half_io or fused is not None and fused.precision == "fp16") and s.dtype is dtypes.FLOAT:
         return dtypes.FLOAT16
     return s.dtype
 

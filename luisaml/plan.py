@@ -172,6 +172,12 @@ class Plan:
     check_indices: bool = True  # run-time index checks flag an `errors` buffer (KernelContext.flag_error)
     checks: list[str] = field(default_factory=list)  # what error code k + 1 of a launch means
     fusion_note: str = ""  # what fusion decided and why, for inspect
+    # precision="fp16" without the fused kernel (its layers as stages on the FP16 mma tile, luisaml/rewrites/mlp.py):
+    # the float inputs and outputs are half in their buffers (storage.Buffer.held), as the fused kernel's are
+    half_io: bool = False
+    # and the float tensors crossing its stages pooled in half buffers (schedule.build half_buffers): what the next
+    # layer's FP16 tile reads it rounds to half where it copies it anyway, so this changes no product on the tile
+    half_activations: bool = False
     schedule: Any = None  # luisaml.schedule.Schedule when the network runs as stages, else one kernel
     plan_note: str = ""  # why this plan (stages or the per-sample kernel), for inspect
     merged_stages: bool = False  # the stages are one kernel dispatched once per stage (kernels: ["stages"])

@@ -109,7 +109,8 @@ class CompileOptions:
                           winograd=winograd_tile(self.winograd, backend),
                           grid_build=("device" if backend == "cuda" else "host") if self.grid_build == "auto"
                           else self.grid_build,
-                          tensor_cores=self.tensor_cores is True or (self.tensor_cores == "auto" and tensor_cores_live(backend)))
+                          tensor_cores=self.tensor_cores is True or (self.tensor_cores == "auto" and tensor_cores_live(
+                              backend, "f16" if self.precision == "fp16" else "tf32")))
         decided.check()
         return replace(decided, fuse=fusion_mode(self.fuse, backend, self.precision))
 
@@ -125,14 +126,15 @@ class CompileOptions:
                             schedules=tuple(self.schedules), recurrent=self.recurrent)
 
 
-def tensor_cores_live(backend: str) -> bool:
-    """Whether TF32 mma tiles run on tensor cores on `backend` (CUDA: the start-up self-test, run
-    once a process; the CPU backend: never)."""
+def tensor_cores_live(backend: str, kind: str = "tf32") -> bool:
+    """Whether mma tiles of `kind` run on tensor cores on `backend` (CUDA: the start-up self-test, run
+    once a process; the CPU backend: never). precision="fp16" asks for "f16": its layers run on that tile
+    (luisaml/rewrites/mlp.py), and a process where it is not live keeps the fused kernel."""
     if backend != "cuda":
         return False
     from . import tensor_cores
 
-    return tensor_cores.live("tf32")
+    return tensor_cores.live(kind)
 
 
 def check_input_shapes(shapes) -> None:

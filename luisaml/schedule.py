@@ -208,11 +208,12 @@ def kind(op: Operator, per_sample: bool) -> str:
 
 
 def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool = True,
-          materialise: frozenset[str] = frozenset(), blocks: bool = False) -> Schedule:
+          materialise: frozenset[str] = frozenset(), blocks: bool = False, half_buffers: bool = False) -> Schedule:
     """Return the schedule of a lowered main graph (`fuse=False`: every node its own stage, no
     inline tensors: what the fusion tests compare against; `materialise`: tensors that get a
     buffer although they could be inline, those whose expression emission found too long;
-    `blocks`: nodes with a cooperative form (Operator.block_tiling) take it, GPUs only)."""
+    `blocks`: nodes with a cooperative form (Operator.block_tiling) take it, GPUs only;
+    `half_buffers`: float tensors crossing stages pooled in half buffers, Plan.half_activations)."""
     ops = [(n, op) for n, op in code.ops if not (op.view and n.outputs[0] in code.views)]
     views = dict(code.views)
     kinds = {n.name: kind(op, per_sample) for n, op in ops}
@@ -369,7 +370,8 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
     close_group()
     for st in stages:
         _fill_io(st, code, virtual, roots, readers, pinned)
-    buffers = _pool(stages, code, set(graph_outputs) | set(code.graph.inputs), roots, align=not blocks)
+    buffers = _pool(stages, code, set(graph_outputs) | set(code.graph.inputs), roots, align=not blocks,
+                    half=half_buffers)
     return Schedule(stages, virtual, chained, buffers, aliases)
 
 
@@ -631,10 +633,12 @@ def _group_registers(st: Stage, code: GraphCode, views: dict[str, str]) -> Alloc
 REGION_ALIGN_BYTES = 64
 
 
-def _pool(stages: list[Stage], code: GraphCode, io: set[str], views: dict[str, str], align: bool = False) -> Allocation:
+def _pool(stages: list[Stage], code: GraphCode, io: set[str], views: dict[str, str], align: bool = False,
+          half: bool = False) -> Allocation:
     """Pool the tensors that cross stages into device buffers: one Step per stage, the colouring of
     regalloc.allocate (two tensors share a buffer only when no stage range overlaps); with `align`
-    (the CPU backend), a batched tensor of a line or more takes whole lines a sample."""
+    (the CPU backend), a batched tensor of a line or more takes whole lines a sample; with `half`, a
+    float tensor's buffer holds halves (emission reads them as float: storage.Buffer.held)."""
     steps = [Step(f"stage {s.index}", [_root(r, views) for r in s.reads], [_root(w, views) for w in s.writes])
              for s in stages]
     requests, seen = [], set()
@@ -649,7 +653,8 @@ def _pool(stages: list[Stage], code: GraphCode, io: set[str], views: dict[str, s
             line = REGION_ALIGN_BYTES // t.dtype.itemsize
             if align and line and t.batched and size >= line:  # (REGION_ALIGN_BYTES = 0: packed regions)
                 size = -(-size // line) * line
-            requests.append(Request(w, "buffer", t.dtype.dsl, size, t.dtype.itemsize))
+            dsl, itemsize = ("half", 2) if half and t.dtype.dsl == "float" else (t.dtype.dsl, t.dtype.itemsize)
+            requests.append(Request(w, "buffer", dsl, size, itemsize))
     return allocate(steps, requests)
 
 

@@ -102,19 +102,25 @@ class Local(Storage):
 
 @dataclass
 class Buffer(Storage):
-    """A typed device buffer; `base` is this sample's first element (a DSL expression)."""
+    """A typed device buffer; `base` is this sample's first element (a DSL expression); `held`: "half" for a
+    float tensor whose buffer holds halves (precision="fp16"'s input, output and activations where the layers
+    run as stages: Plan.half_io, Plan.half_activations), read as float and stored rounded to half."""
 
     buffer: str
     base: str = "0"
+    held: str = field(default="", kw_only=True)
     writable = True
 
     def load(self, i: str) -> str:
-        return f"{self.buffer}.read({add_index(self.base, i)})"
+        read = f"{self.buffer}.read({add_index(self.base, i)})"
+        return f"float({read})" if self.held else read
 
     def store(self, i: str, value: str) -> str:
-        return f"{self.buffer}.write({add_index(self.base, i)}, {value})"
+        return f"{self.buffer}.write({add_index(self.base, i)}, {f'{self.held}({value})' if self.held else value})"
 
     def atomic_add(self, i: str, value: str) -> str:
+        if self.held:
+            raise CompileError(f"no atomic add into '{self.buffer}', held as {self.held}")
         return f"{self.buffer}.atomic_fetch_add({add_index(self.base, i)}, {value})"
 
 

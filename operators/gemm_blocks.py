@@ -37,7 +37,8 @@ class DenseBlocks:
     # batches (NeRF's 256 -> 256 at 65,536 rays: 65,536 weights) keep the tile; 1 MiB of W and up
     # (ResNet-18's 512 x 1,000 and every head after it) is a head. 0: the tiles (an A/B switch)
     HEAD_MIN_WEIGHTS = 1 << 18
-    # the tensor-core tile (operators/tiled_mma.py) where the plan asks for it: "tf32", or False
+    # the tensor-core tile (operators/tiled_mma.py) where the plan asks for it: its kind ("tf32", or "f16" under
+    # precision="fp16": luisaml/rewrites/tensor_cores.py), or False
     tensor_cores = False
 
     def sample_rows(self) -> bool:
@@ -59,7 +60,7 @@ class DenseBlocks:
 
                 # the tile's rows are MMA_GROUP samples (block_samples); None where N or K is under a
                 # warp's tile (a head of 1-10 outputs, a first layer of 2-3 inputs): the FP32 tile then
-                mma = tiled_mma.choose(self.MMA_GROUP, self.N, self.K, 1)
+                mma = tiled_mma.choose(self.MMA_GROUP, self.N, self.K, 1, kind=self.tensor_cores)
                 if mma is not None:
                     return mma
             tl = tiled.choose(self.GROUP, self.N, self.K, 1, m_fast=False)
@@ -69,7 +70,7 @@ class DenseBlocks:
 
             # a product launched whole (no batch the plan does not know) may take smaller tiles to fill the GPU
             sms = 0 if self.output().batched else sm_count()
-            mma = tiled_mma.choose(self.M, self.N, self.K, self.nbatch, sms=sms)
+            mma = tiled_mma.choose(self.M, self.N, self.K, self.nbatch, kind=self.tensor_cores, sms=sms)
             if mma is not None:
                 return mma
         return tiled.tuned(tiled.choose(self.M, self.N, self.K, self.nbatch, m_fast=False), self.schedule)

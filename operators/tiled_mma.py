@@ -1,12 +1,12 @@
-"""Tensor-core GEMM tiles for CUDA: a block of warps computes a BM x BN tile of C[bi] = A[bi] B[bi]
-through shared memory, each warp a WM x WN tile (64 x 64 by default, 64 x 48 for 96-column blocks, 64 x 32
-on short grids and in the first tile's variants: VARIANTS below) as mma tiles of 16 x 8 (TF32 m16n8k8, the
-marked callable of shaders/tensor_cores.py that luisaml's compiler front turns into `mma.sync`,
-luisaml/tensor_cores.py). Gemm and MatMul (operators/gemm.py), Conv's implicit GEMM (operators/
-conv_tiles.py) and Winograd's products (operators/winograd.py) choose it where compile(tensor_cores=
-"auto") found the route live; the loads of A and B and the store of a finished value are theirs,
-as for operators/tiled.py's FP32 tile (same RowLoader / Finish interface, and its m_limit for a
-tile whose rows are the positions of several samples).
+"""Tensor-core GEMM tiles for CUDA: a block of warps computes a BM x BN tile of C[bi] = A[bi] B[bi] through
+shared memory, each warp a WM x WN tile (64 x 64 by default, 64 x 48 for 96-column blocks, 64 x 32 on
+short grids and in the first tile's variants: VARIANTS below) as mma tiles of 16 x 8 (TF32 m16n8k8, or
+under the kind "f16" FP16 m16n8k16 with FP32 accumulation: the marked callables of shaders/tensor_cores.py
+that luisaml's compiler front turns into `mma.sync`, luisaml/tensor_cores.py). Gemm and MatMul
+(operators/gemm.py), Conv's implicit GEMM (operators/conv_tiles.py) and Winograd's products
+(operators/winograd.py) choose it where compile(tensor_cores="auto") found the route live; the loads of A
+and B and the store of a finished value are theirs, as for operators/tiled.py's FP32 tile (same RowLoader
+/ Finish interface, and its m_limit for a tile whose rows are the positions of several samples).
 
 Per k step of BK = 16 the block copies A's BM x BK and B's BK x BN tiles into shared memory (each
 thread a fixed set of elements, consecutive threads on consecutive addresses of A's contiguous
@@ -18,12 +18,16 @@ contiguous in memory (Conv's gather: a warp's stores then hit 32 banks); either 
 of a warp (A[g][t], B[t][g], g = lane / 4, t = lane % 4) hit 32 different banks. At most
 2 x (128 x 20 + 16 x 136) floats = 37,888 bytes for 128 x 128 tiles (the static cap is 48 KiB).
 
-Per k8 sub-step a lane fills the contract's arrays (shaders/tensor_cores.py: its rows g, g + 8 of
-each 16-row tile and its columns 2t, 2t + 1, g of each 8-column tile, k rotated by t) and calls the
-callable (WM / 16) x (WN / 8) times; in the rewritten kernel only the mma fragments of those arrays are
-live (6 of 40 shared loads a tile pair) and the CUDA compiler drops the rest. Where the front did not
-rewrite (the self-test would have said so, and "auto" keeps tiled.py then), the DSL body computes the
-same product in FP32: correct, slow. Why these shapes: benchmarks/NOTES.md, "A faster tensor-core tile".
+Per sub-step of the mma's k (TF32 two k8 a step, FP16 one k16) a lane fills the contract's arrays
+(shaders/tensor_cores.py: its rows g, g + 8 of each 16-row tile and its columns 2t, 2t + 1, g of each
+8-column tile, k rotated by t k / 8) and calls the callable (WM / 16) x (WN / 8) times; in the rewritten
+kernel only the mma fragments of those arrays are live (TF32 6 of 40 shared loads a tile pair, FP16 12 of
+80) and the CUDA compiler drops the rest. FP16 operands are rounded to half where a thread copies them
+(f16_round: float(half(x)) in the DSL body, nothing on the tensor-core route, where the mma's own
+conversion rounds them alike; kept as float in shared memory), so the DSL body multiplies the HMMA's
+operands. Where the front did not rewrite (the self-test would have said so, and "auto" keeps tiled.py
+then), the DSL body computes the same product in FP32: correct, slow. Why these shapes:
+benchmarks/NOTES.md, "A faster tensor-core tile"; the FP16 kind: "The fp16 MLPs on the FP16 mma tile".
 """
 from __future__ import annotations
 
@@ -37,7 +41,11 @@ from .tiled import MIN_FILL, BlockGrid, Finish, RowLoader
 
 WARP_M, WARP_N = 64, 32  # the smallest warp tile: (WARP_M / 16) x (WARP_N / 8) mma tiles
 PAD_A, PAD_B = 4, 8  # shared rows of A (BK + 4) and of B (BN + 8): conflict-free fragment reads
-KIND_K = {"tf32": 8}
+# the mma tile's k of each kind (shaders/tensor_cores.py's SHAPES): TF32's m16n8k8 and FP16's m16n8k16, whose
+# operands the copies round to half (so the DSL body, the CPU's and the emulator's, multiplies what the HMMA
+# does: two halves' product is exact in FP32, and the sums differ only in their order)
+KIND_K = {"tf32": 8, "f16": 16}
+KIND_CALLABLE = {"tf32": "mma_tf32_m16n8k8", "f16": "mma_f16_m16n8k16"}
 
 # The tile's variants (NOTES.md, "A faster tensor-core tile"): "w32", the first tile's warps of 64 x 32 (8 a
 # 128 x 128 block); "w64", warps of 64 x 64 (4 a 128 x 128 block: a k8 step reads 128 bytes of shared
@@ -152,9 +160,14 @@ def emit(ctx, tl: MmaTiling, item: str, thread: str, a: RowLoader, b: RowLoader,
     a_size, b_size = (BK if a_kmajor else BM) * SA, BK * SB
     WM, WN = tl.WM, tl.WN
     MI, NI = WM // 16, WN // 8
-    rounded = tl.variant == "w64r"  # (the copies round, the mma does not)
-    mma = ctx.use_helper("mma_tf32_m16n8k8_rounded" if rounded else "mma_tf32_m16n8k8", "tensor_cores")
+    KK = KIND_K[tl.kind]  # (an mma's k: a k step of BK is BK / KK sub-steps)
+    rounded = tl.variant == "w64r" and tl.kind == "tf32"  # (the copies round, the mma does not)
+    mma = ctx.use_helper("mma_tf32_m16n8k8_rounded" if rounded else KIND_CALLABLE[tl.kind], "tensor_cores")
     tf32 = ctx.use_helper("tf32_round", "tensor_cores") if rounded else None
+    # FP16: each copied element rounded to half once where the DSL body runs (shaders/tensor_cores.py f16_round: so
+    # the FP32 body multiplies the HMMA's operands), on the tensor-core route left as it is (the mma's cvt.rn.f16x2
+    # rounds it the same way: 2 instructions an element saved, NOTES.md); the shared tiles stay float either way
+    f16 = ctx.use_helper("f16_round", "tensor_cores") if tl.kind == "f16" else None
 
     cb = ctx.let(ix.mod(item, tl.col_blocks), "cb") if tl.col_blocks > 1 else "0"
     rest = ix.div(item, tl.col_blocks)
@@ -224,18 +237,21 @@ def emit(ctx, tl: MmaTiling, item: str, thread: str, a: RowLoader, b: RowLoader,
 
     def put(buf: str) -> None:
         for (dst, size, idx, _, _), name in zip(ahead, regs):
-            value = f"{tf32}({name})" if tf32 else name
+            value = f"{tf32}({name})" if tf32 else f"{f16}({name})" if f16 else name
             ctx.line(f"{dst}[{ix.add(idx, ix.mul(buf, size)) if buf != '0' else idx}] = {value}")
 
     # ---- the lane's fixed offsets, the contract's arrays, the accumulators ----------------------------
-    # (i + t) % 8 is i + t below 5 (t < 4): the live fragments' (i = 0, 4) offsets are t plus constants
-    rot = [t] + [ctx.let(ix.add(t, str(i)) if i < 5 and not first else f"({i} + {t}) % 8", "rk") for i in range(1, 8)]
+    # the contract's rotation r = t KK / 8 (shaders/tensor_cores.py): (i + r) % KK is i + r where i + 3 KK / 8 < KK
+    # (TF32: i < 5; FP16: i < 10), so the live fragments' offsets (TF32 i = 0, 4; FP16 0, 1, 8, 9) are r plus constants
+    r = t if KK == 8 else ctx.let(ix.mul(t, KK // 8), "r")
+    rot = [r] + [ctx.let(ix.add(r, str(i)) if i < KK - 3 * KK // 8 and not first else f"({i} + {r}) % {KK}", "rk")
+                 for i in range(1, KK)]
     a_rows = [ctx.let(ix.add(wm0, g, str(16 * mi)) if a_kmajor else ix.mul(ix.add(wm0, g, str(16 * mi)), SA), "ar")
               for mi in range(MI)]
     b_cols = [(ctx.let(ix.add(wn0, ix.mul(t, 2), str(8 * ni)), "bc"), ctx.let(ix.add(wn0, g, str(8 * ni)), "bg"))
               for ni in range(NI)]
-    fa = [ctx.local_array("float", 16, "fa") for _ in range(MI)]
-    fb = [ctx.local_array("float", 24, "fb") for _ in range(NI)]
+    fa = [ctx.local_array("float", 2 * KK, "fa") for _ in range(MI)]
+    fb = [ctx.local_array("float", 3 * KK, "fb") for _ in range(NI)]
     acc = [[ctx.fresh("acc") for _ in range(NI)] for _ in range(MI)]
     for row in acc:
         for name in row:
@@ -243,25 +259,25 @@ def emit(ctx, tl: MmaTiling, item: str, thread: str, a: RowLoader, b: RowLoader,
 
     def tiles(ao: str, bo: str) -> None:
         """The step's mma tiles from shared buffer offsets ao, bo."""
-        for k8 in range(0, BK, 8):
-            kb = [ctx.let(ix.add(bo, ix.mul(ix.add(str(k8), r), SB)), "kb") for r in rot]
-            ka = [ctx.let(ix.add(ao, ix.mul(ix.add(str(k8), r), SA)), "ka") for r in rot] if a_kmajor else None
+        for ks in range(0, BK, KK):
+            kb = [ctx.let(ix.add(bo, ix.mul(ix.add(str(ks), r), SB)), "kb") for r in rot]
+            ka = [ctx.let(ix.add(ao, ix.mul(ix.add(str(ks), r), SA)), "ka") for r in rot] if a_kmajor else None
             for mi in range(MI):
                 if a_kmajor:  # (A[g][k] at k * SA + g)
-                    for i in range(8):
+                    for i in range(KK):
                         ctx.line(f"{fa[mi]}[{i}] = {a_sh}[{ix.add(ka[i], a_rows[mi])}]")
-                        ctx.line(f"{fa[mi]}[{8 + i}] = {a_sh}[{ix.add(ka[i], a_rows[mi], '8')}]")
+                        ctx.line(f"{fa[mi]}[{KK + i}] = {a_sh}[{ix.add(ka[i], a_rows[mi], '8')}]")
                     continue
-                r0 = ctx.let(ix.add(ao, a_rows[mi], str(k8)), "r0")
-                for i in range(8):
+                r0 = ctx.let(ix.add(ao, a_rows[mi], str(ks)), "r0")
+                for i in range(KK):
                     ctx.line(f"{fa[mi]}[{i}] = {a_sh}[{ix.add(r0, rot[i])}]")
-                    ctx.line(f"{fa[mi]}[{8 + i}] = {a_sh}[{ix.add(r0, rot[i], str(8 * SA))}]")
+                    ctx.line(f"{fa[mi]}[{KK + i}] = {a_sh}[{ix.add(r0, rot[i], str(8 * SA))}]")
             for ni in range(NI):
                 c2, cg = b_cols[ni]
-                for i in range(8):
+                for i in range(KK):
                     ctx.line(f"{fb[ni]}[{i}] = {b_sh}[{ix.add(kb[i], c2)}]")
-                    ctx.line(f"{fb[ni]}[{8 + i}] = {b_sh}[{ix.add(kb[i], c2, '1')}]")
-                    ctx.line(f"{fb[ni]}[{16 + i}] = {b_sh}[{ix.add(kb[i], cg)}]")
+                    ctx.line(f"{fb[ni]}[{KK + i}] = {b_sh}[{ix.add(kb[i], c2, '1')}]")
+                    ctx.line(f"{fb[ni]}[{2 * KK + i}] = {b_sh}[{ix.add(kb[i], cg)}]")
             for mi in range(MI):
                 for ni in range(NI):
                     ctx.line(f"{acc[mi][ni]} = {mma}({fa[mi]}, {fb[ni]}, {acc[mi][ni]})")

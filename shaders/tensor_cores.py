@@ -23,6 +23,7 @@ its loads.
 # ruff: noqa: F821  (fma, dispatch_id, set_block_size are DSL builtins the luisa compiler resolves)
 import luisa
 from luisa.mathtypes import float4  # noqa: F401
+from luisa.types import half  # noqa: F401  (f16_round's DSL body)
 
 # The markers: constants below 2^31 (a DSL int) whose bit 30 is set, so (MARK >> 30) == 1. The body
 # multiplies its result by float(MARK >> 30): exact, and the literal survives into the CUDA source
@@ -31,6 +32,7 @@ MARK_TF32 = 1511506921  # 0x5A17C3E9
 MARK_F16 = 1526097219  # 0x5AF66943
 MARK_TF32R = 1530699303  # 0x5B3C9E27: mma_tf32_m16n8k8_rounded (operands already rounded by tf32_round)
 MARK_ROUND = 1548561009  # 0x5C4D2A71: tf32_round
+MARK_F16ROUND = 1568545589  # 0x5D7E1B35: f16_round
 
 # (rows of A, columns of B, k) of each shape, and the array lengths of a and b
 SHAPES = {"tf32": (16, 8, 8), "f16": (16, 8, 16)}
@@ -94,6 +96,14 @@ def tf32_round(x):
 mma_f16_m16n8k16 = _fp32_tile(16, MARK_F16, "mma_f16_m16n8k16", """A lane's four outputs of D = A B + C, a warp's
     16 x 8 x 16 product (contract: module docstring); the tensor-core route rounds A and B to half, this body
     keeps them in FP32 (so the start-up self-test can tell which of the two ran).""")
+
+
+@luisa.func
+def f16_round(x):
+    """x rounded to half where the DSL body runs (operators/tiled_mma.py's FP16 kind rounds each element it copies,
+    so that mma_f16_m16n8k16's FP32 body multiplies the HMMA's operands); x as it is on the tensor-core route,
+    where the mma's own cvt.rn.f16x2 rounds it the same way (to nearest even), so the copies spend nothing on it."""
+    return float(half(x * float(MARK_F16ROUND >> 30)))
 
 
 # ---- one warp's tile, the contract's loads from buffers: the start-up self-test and the tests ----

@@ -154,6 +154,9 @@ class Emulator:
             # 32-bit unsigned words (SparseConv3d's tap masks): wrapped as CUDA's, and their bit counts
             uint=lambda v=0: int(v) & 0xFFFFFFFF, popcount=lambda v: bin(int(v) & 0xFFFFFFFF).count("1"),
             bitwise_cast=_bitwise_cast,
+            # a conversion to half rounds to nearest even and overflows to inf (CUDA's __float2half_rn, cvt.rn.f16.f32):
+            # numpy's float16, held as a Python float (the tensor-core tile's FP16 copies: float(half(x)))
+            half=lambda v: float(np.float16(v)),
         )
         for m in MATH:
             names[m] = _wrap(getattr(np, {"abs": "absolute", "round": "rint"}.get(m, m)))

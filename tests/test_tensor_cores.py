@@ -397,3 +397,58 @@ def test_rounded_emission_rewrites_and_compiles_without_cvt(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     ptx = (tmp_path / "k.ptx").read_text()
     assert ptx.count("mma.sync.aligned.m16n8k8") == 1 and "cvt.rna.tf32" not in ptx and "add.u32" in ptx
+
+
+# ---- the FP16 tile's copies: f16_round, float(half(x)) in the DSL body, nothing on the route ---------------
+
+
+def test_f16_round_emission_rewrites_to_the_operand_and_compiles_without_scalar_cvt(tmp_path):
+    """A LuisaCompute-shaped f16 emission whose fragment loads go through f16_round (as operators/tiled_mma.py's
+    FP16 copies do): the front replaces its body by the operand itself, so nvcc's PTX has the mma and its six
+    cvt.rn.f16x2 packs and no scalar conversion (the mma's own packs round to half as float(half(x)) does)."""
+    src = _emission("f16")
+    rnd = ("__forceinline__ __device__ lc_float custom_2E3D4C5B6A798817(\n    lc_float v0) noexcept {\n"
+           f"  return (v0 * static_cast<lc_float>(({tc.MARK_F16ROUND} >> 30)));\n}}\n\n")
+    src = src.replace("struct alignas(16) Params", rnd + "struct alignas(16) Params")
+    src, count = re.subn(r"(v2[34]\[[^\]]+\]) = (b1[01]\.ptr\[[^;]+\]);", r"\1 = custom_2E3D4C5B6A798817(\2);", src)
+    assert count == 5  # (the contract's five loads of A and B)
+    new, notes = nvrtc_front.rewrite(src, tensor_cores.rules())
+    assert not notes and str(tc.MARK_F16) not in new and str(tc.MARK_F16ROUND) not in new
+    assert re.search(r"lc_float custom_2E3D4C5B6A798817\(\n    lc_float v0\) noexcept \{\n  return v0;\n\}", new)
+    nvcc = _tool("nvcc")
+    if not nvcc:
+        pytest.skip("nvcc not found")
+    cu = tmp_path / "k.cu"
+    cu.write_text(new)
+    r = subprocess.run([nvcc, "-arch=sm_90", "-ptx", "-O3", "-std=c++17", "-o", str(tmp_path / "k.ptx"), str(cu)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ptx = (tmp_path / "k.ptx").read_text()
+    assert ptx.count("mma.sync.aligned.m16n8k16") == 1 and ptx.count("cvt.rn.f16x2.f32") == 6
+    assert "cvt.rn.f16.f32" not in ptx
+
+
+def test_f16_round_dsl_body_is_numpys_float16():
+    """f16_round's DSL body (what the CPU backend and a kernel without the front run) on the CPU backend: numpy's
+    float16 rounding (to nearest even; past 65504 inf; half's subnormals), element for element."""
+    import luisa
+
+    from luisaml.shaders.tensor_cores import f16_round
+
+    @luisa.func
+    def round_all(x, y):
+        i = dispatch_id().x  # noqa: F821 (a DSL builtin)
+        y.write(i, f16_round(x.read(i)))
+
+    rng = np.random.default_rng(5)
+    halves = rng.integers(0, 0x7BFF, 256, dtype=np.uint16).view(np.float16).astype(np.float32)
+    ulps = np.spacing(halves.astype(np.float16)).astype(np.float32)
+    x = np.concatenate([rng.standard_normal(512) * 10.0 ** rng.integers(-9, 6, 512), halves + ulps / 2,  # ties
+                        halves + ulps / 3, [65504.0, 65520.0, 1.0e5, -1.0e6, 3.0e-8, 6.0e-8, 0.0]]).astype(np.float32)
+    x = np.concatenate([x, -x])
+    xb, yb = luisa.Buffer.from_array(x), luisa.Buffer(len(x), float)
+    round_all(xb, yb, dispatch_size=len(x))
+    luisa.synchronize()
+    with np.errstate(over="ignore"):  # (past half's range: inf, as the kernel's)
+        want = x.astype(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(yb.numpy(), want)

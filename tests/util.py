@@ -335,3 +335,13 @@ def float_model(nodes, inputs: dict[str, list], outputs: dict[str, list],
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 10
     return m
+
+
+def mark_products_f16(monkeypatch) -> None:
+    """Make compile mark every product with the FP16 mma kind (operators/tiled_mma.py "f16"), whatever the
+    precision: what precision="fp16" asks of an MLP's layers, for a product that is no MLP. By the module's
+    name: a test before may have imported luisaml afresh (test_artifact's sys.modules purges)."""
+    import luisaml.rewrites.tensor_cores as tc_rewrite
+
+    mark = tc_rewrite.mark
+    monkeypatch.setattr(tc_rewrite, "mark", lambda plan, kind="tf32": mark(plan, "f16"))

@@ -7,7 +7,12 @@ registers and spills, and where cuobjdump (and nvdisasm) is found, the k loop's 
     python benchmarks/experiments/mma_sass.py mm:4096:4096:4096 cv:16:128:28:128:3 --variants w64,w32
         [--cuobjdump /path/to/cuobjdump] [--keep DIR]
 
-mm:M:K:N is a MatMul by a constant B (no batch axis: the plan knows the grid); cv:n:C:H:K:k[:s[:p]] a k x k
+mm:M:K:N is a MatMul by a constant B (no batch axis: the plan knows the grid), f16:M:K:N the same on the tile's
+FP16 kind (m16n8k16, operands rounded to half where copied), mlp16:W:L stage L of precision="fp16"'s MLP
+63-Wx4-4 on the FP16 tile (a sample-row Gemm: 0 the first layer, reading the half input; 1-3 W -> W; the
+activations in half buffers, luisaml/rewrites/mlp.py FP16_HALF_ACTIVATIONS, as the module's default), mlp32:W:L
+the same layer of the fp32 MLP compiled unfused (fuse=False: the sample-row Gemms on the TF32 tile);
+cv:n:C:H:K:k[:s[:p]] a k x k
 Conv (stride s, default 1; padding p, default k // 2) of C -> K channels on H x H (c1:C:L:K:k:s a 1-d one,
 no padding: wav2vec2's encoder), compiled with a batch axis as the zoo's (n unused by the
 plan). The translation covers what these stages use (lets, reads, writes, shared and local arrays, for
@@ -31,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "tests"))  # the tests' model builders
 
 PRELUDE = r"""
+#include <cuda_fp16.h>
 struct alignas(16) lc_float4 { float x, y, z, w; };
 __device__ inline lc_float4 lc_splat4(float v) { return lc_float4{v, v, v, v}; }
 template<typename T, unsigned long N> struct lc_array {
@@ -46,6 +52,13 @@ __device__ __forceinline__ lc_float4 mma_tf32_m16n8k8_rounded(const lc_array<flo
 }
 __device__ __forceinline__ float tf32_round(float x) {@ROUND@
 }
+__device__ __forceinline__ lc_float4 mma_f16_m16n8k16(const lc_array<float, 32> &a, const lc_array<float, 48> &b,
+                                                      lc_float4 c) {@F16@
+}
+__device__ __forceinline__ float f16_round(float x) {@F16ROUND@
+}
+// the DSL's float(half(x)) (the FP16 kind's copies before f16_round)
+__device__ __forceinline__ float lc_f16_round(float x) { return __half2float(__float2half_rn(x)); }
 """
 
 
@@ -97,9 +110,14 @@ def translate(src: str, stage: str) -> str:
     params = re.match(r"def \w+\((.*)\):", lines[i]).group(1).split(", ")
     shared = dict(re.findall(r"^(Shared_float_\d+) = luisa.SharedArrayType\((\d+), float\)", src, re.M))
     out, declared, stack, threads = [], set(), [4], 256
+    body = []
     for line in lines[i + 1:]:
         if line.strip() and not line.startswith(" "):
             break
+        pad = line[:len(line) - len(line.lstrip())]  # (an epilogue's `e = ...; buf.write(...)`: two statements)
+        split = "; " in line and not line.lstrip().startswith(("#", "\"\"\""))
+        body += [pad + part for part in line.strip().split("; ")] if split else [line]
+    for line in body:
         s, ind = line.strip(), len(line) - len(line.lstrip())
         if not s or s.startswith(("#", '"""')):
             continue
@@ -112,8 +130,11 @@ def translate(src: str, stage: str) -> str:
         s = s.replace("int(thread_id().x)", "(int)threadIdx.x").replace("int(block_id().x)", "(int)blockIdx.x")
         s = re.sub(r"(?<![\w.])0\.0(?![\w.])", "0.0f", _ternaries(_reads(s)))
         s = s.replace("//", "/").replace(" and ", " && ").replace("float4(0.0f)", "lc_splat4(0.0f)")
+        s = s.replace("float(half(", "(lc_f16_round(").replace("half(", "__float2half_rn(")
+        s = s.replace("float(x_", "__half2float(x_")
+        s = s.replace("float(buf_half_", "__half2float(buf_half_")
         pad = " " * ind
-        if m := re.match(r"(\w+)\.write\((.*), (\w+)\)$", s):
+        if m := re.match(r"(\w+)\.write\((.*), (\w+|__float2half_rn\(\w+\))\)$", s):
             out.append(f"{pad}{m.group(1)}[{m.group(2)}] = {m.group(3)};")
         elif m := re.match(r"for (\w+) in range\((\d+)\):", s):
             out.append(f"{pad}for (int {m.group(1)} = 0; {m.group(1)} < {m.group(2)}; ++{m.group(1)}) {{")
@@ -137,10 +158,15 @@ def translate(src: str, stage: str) -> str:
         else:
             raise ValueError(f"not translated: {s}")
     out += ["  }"] * (len(stack) - 1)
-    args = ", ".join(f"int {p.split(':')[0]}" if p.endswith(": int") else f"float *__restrict__ {p}"
-                     if p.startswith("y_") else f"const float *__restrict__ {p}" for p in params)
+    half_io = "__half2float(x_" in "\n".join(out) or "__float2half_rn(" in "\n".join(out)  # (Plan.half_io)
+    io = "__half" if half_io else "float"
+    args = ", ".join(f"int {p.split(':')[0]}" if p.endswith(": int") else f"{io} *__restrict__ {p}"
+                     if p.startswith("y_") else f"const {io} *__restrict__ {p}" if p.startswith("x_")
+                     else f"const float *__restrict__ {p}" if not p.startswith("buf_")
+                     else f"{'__half' if p.startswith('buf_half_') else 'float'} *__restrict__ {p}" for p in params)
     head = "" if "sample" in declared else "  int sample = 0;\n"
-    bodies = {"@TF32@": tensor_cores.BODY_TF32, "@TF32R@": tensor_cores.BODY_TF32R, "@ROUND@": tensor_cores.BODY_ROUND}
+    bodies = {"@TF32@": tensor_cores.BODY_TF32, "@TF32R@": tensor_cores.BODY_TF32R, "@ROUND@": tensor_cores.BODY_ROUND,
+              "@F16@": tensor_cores.BODY_F16, "@F16ROUND@": tensor_cores.BODY_F16ROUND}
     prelude = PRELUDE
     for key, body in bodies.items():
         body = body.replace("@A@", "a").replace("@B@", "b").replace("@C@", "c").replace("@X@", "x")
@@ -153,11 +179,27 @@ def plan_stage(shape: str, variant: str):
     """(plan, stage name, tiling) of a shape under a variant."""
     os.environ["LUISAML_MMA_TILE"] = variant
     kind, *dims = shape.split(":")
-    if kind == "mm":
+    if kind in ("mm", "f16"):
         from test_tiled_mma import _model, _plan
 
         M, K, N = map(int, dims)
-        plan = _plan(_model("MatMul", M, K, N)[0])
+        mark = _f16_marks() if kind == "f16" else None
+        try:
+            plan = _plan(_model("MatMul", M, K, N)[0])
+        finally:
+            if mark is not None:
+                mark()
+    elif kind in ("mlp16", "mlp32"):  # (precision="fp16"'s MLP: its layer L's stage, a sample-row Gemm on the FP16
+        # tile; mlp32: the fp32 MLP unfused, its layers on the TF32 tile)
+        import onnx
+        from util import export_batched, plan_of, torch_mlp
+
+        W, L = map(int, dims)
+        path = export_batched(torch_mlp([63, W, W, W, W, 4]), 63, Path(tempfile.mkdtemp()) / "mlp.onnx")
+        precision, fuse = ("fp16", "auto") if kind == "mlp16" else ("fp32", False)
+        plan = plan_of(onnx.load(path), "cuda", precision=precision, tensor_cores=True, fuse=fuse)
+        st = plan.schedule.stages[L]
+        return plan, f"stage_{L}", st.nodes[0][1].block_tiling()
     elif kind == "c1":  # (c1:C:L:K:k:stride, a 1-d Conv without pads over a batch axis: wav2vec2's encoder)
         import onnx
         from onnx import TensorProto, helper, numpy_helper
@@ -181,6 +223,15 @@ def plan_stage(shape: str, variant: str):
         plan = conv._plan(conv._conv_model(n, C, H, H, K, k=k, strides=s, pads=p, batch="N")[0])
     st = next(s for s in plan.schedule.stages if s.domain == "blocks")
     return plan, f"stage_{plan.schedule.stages.index(st)}", st.nodes[0][1].block_tiling()
+
+
+def _f16_marks():
+    """Make compile mark products with the FP16 kind (as precision="fp16" marks an MLP's layers); return the undo."""
+    import luisaml.rewrites.tensor_cores as tc_rewrite
+
+    mark = tc_rewrite.mark
+    tc_rewrite.mark = lambda plan, kind="tf32": mark(plan, "f16")
+    return lambda: setattr(tc_rewrite, "mark", mark)
 
 
 INTEGER = ("IMAD", "IADD3", "LEA", "LOP3", "SHF", "ISETP", "VIMNMX", "IABS", "SEL", "MOV", "PLOP3", "I2F", "F2I")
@@ -251,7 +302,8 @@ def main() -> int:
                                   if (m := re.search(r"/\*[0-9a-f]+\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_.]+)", s)))
                     total, hmma = sum(ops.values()), ops["HMMA"]
                     line += (f"; loop {total} instructions / {hmma} HMMA = {total / max(hmma, 1):.1f} (LDS {ops['LDS']}, "
-                             f"LDG {ops['LDG']}, STS {ops['STS']}, FSETP {ops['FSETP']})")
+                             f"LDG {ops['LDG']}, STS {ops['STS']}, FSETP {ops['FSETP']}, F2F {ops['F2F']}, "
+                             f"F2FP {ops['F2FP']}, HADD2 {ops['HADD2']})")
                 body = k_loop(sass)
                 if body:  # (the k loop alone: the range above also takes the epilogue's stores where it is short)
                     ops = Counter(body)

@@ -2,7 +2,13 @@
 bias) from the batched graph input to the batched graph output, each layer followed by any
 elementwise nodes (its activation: Relu, Softplus, SiLU's Sigmoid and Mul, Sin, GELU's pieces...),
 is replaced by one FusedMLP node (operators/mlp.py), which plans and emits the cooperative kernel.
-`fuse` says why a graph is not such a chain (inspect prints it; precision="fp16" needs it)."""
+`fuse` says why a graph is not such a chain (inspect prints it; precision="fp16" needs it).
+
+precision="fp16" with the FP16 tensor-core tile (tensor cores on, CUDA's blocks stages: `f16_stages`) declines
+the fused kernel: the chain's layers run as stages, their products on operators/tiled_mma.py's "f16" kind, the
+graph's float input and output half in their buffers (Plan.half_io), as the fused kernel's are. The fused
+kernel is FP32 arithmetic on half inputs (0.29-0.51x torch fp16 on the H200), an HMMA does a TF32 mma's work
+twice over (benchmarks/NOTES.md, "The fp16 MLPs against torch fp16")."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,6 +23,19 @@ from luisaml.plan import Plan
 from luisaml.storage import Tensor
 
 DENSE = ("Gemm", "MatMul")
+
+# precision="fp16" with tensor cores: the layers as stages on the FP16 mma tile (True), or the fused kernel as
+# before (False: an A/B switch for the GPU session, read when a plan is built)
+FP16_STAGES = True
+# and the activations between those stages in half buffers (True; Plan.half_activations): half the bytes a hidden
+# layer moves (63-256x4-4 at 1M samples: 2 GB -> 1 GB a layer), no product changed (the next tile rounds its A to
+# half where it copies it); False: float buffers (an A/B switch)
+FP16_HALF_ACTIVATIONS = True
+
+
+def f16_stages(precision: str, tensor_cores: bool, blocks: bool, stages: bool) -> bool:
+    """Whether a plan built under these options runs precision="fp16"'s layers as stages on the FP16 mma tile."""
+    return FP16_STAGES and precision == "fp16" and tensor_cores and blocks and stages
 
 
 def _const(t: Tensor | None, what: str) -> np.ndarray:
@@ -176,12 +195,22 @@ def _activation(h: Tensor, users, tensors, y: str) -> tuple[Activation, str]:
     return Activation(h, tensors[end], nodes), end
 
 
-def fuse(plan: Plan, fuse_mode: str, precision: str, config: MLPConfig | None = None) -> tuple[FusedMLP | None, str]:
+def fuse(plan: Plan, fuse_mode: str, precision: str, config: MLPConfig | None = None,
+         on_f16_tile: bool = False) -> tuple[FusedMLP | None, str]:
     """Return (the FusedMLP now standing for the plan's chain, a note for inspect) and rewrite the
     plan's main graph to that one node; or (None, why not) for fuse_mode "off" or a graph that is
-    no MLP chain. fuse_mode: "off", "gpu" or "emulated"."""
+    no MLP chain. fuse_mode: "off", "gpu" or "emulated"; on_f16_tile (f16_stages): precision="fp16"'s chain
+    stays as stages, its input and output half (plan.half_io)."""
     if precision not in PRECISIONS:
         raise CompileError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+    if on_f16_tile and precision == "fp16":
+        try:  # (fp16 stays an MLP chain's precision, whichever form runs it)
+            layers, _, _ = find_chain(plan)
+        except NotFusable as e:
+            raise CompileError(f"precision='{precision}' needs an MLP chain, and this graph is not one: {e}") from None
+        plan.half_io, plan.half_activations = True, FP16_HALF_ACTIVATIONS
+        return None, (f"not fused: precision='fp16' with tensor cores runs the {len(layers)} layers as stages on the "
+                      "FP16 mma tile (half input and output)")
     try:
         layers, chain, inter = find_chain(plan)
         mode = fuse_mode if fuse_mode in ("gpu", "emulated") else "gpu"

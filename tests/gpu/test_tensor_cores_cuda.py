@@ -2,7 +2,9 @@
 the front's runtime directory, the start-up self-test finds TF32 and FP16 mma live, and Gemm and
 MatMul compiled with tensor_cores="auto" run as mma tiles within TF32's tolerance of float64 numpy
 (1e-2 of the norm, torch's; typically ~1e-3), while tensor_cores=False keeps the FP32 tile's 2e-5;
-so does a ResNet-style stack of Conv (and Winograd products) against onnxruntime.
+so does a ResNet-style stack of Conv (and Winograd products) against onnxruntime. The FP16 kind: a product
+within the FP32 accumulation bound of its half-rounded operands' product, and precision="fp16"'s MLPs as
+stages on it (half in and out) within twice torch fp16's error.
 
     LUISAML_BACKEND=cuda python -m pytest tests/gpu/test_tensor_cores_cuda.py -q"""
 from __future__ import annotations
@@ -11,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from util import cuda_only
+from util import cuda_only, mark_products_f16
 
 import luisaml
 from luisaml import tensor_cores
@@ -223,3 +225,87 @@ def test_mma_sample_rows_mlp_matches_numpy(n):
     assert e_fp32 <= FP32_TOL, e_fp32
     assert e_tc <= TF32_TOL, e_tc
     assert e_tc > 10 * e_fp32, (e_tc, e_fp32)
+
+
+# ---- the FP16 kind (operators/tiled_mma.py "f16") and precision="fp16"'s layers as stages on it ----------
+
+# the HMMA's sum of a k16 step's exact products is not IEEE round to nearest (it truncates: Fasi, Higham,
+# Mikaitis, Pranesh, "Numerical behavior of NVIDIA tensor cores", 2021), so a sum of K FP32 terms is bounded
+# with FP32's unit roundoff for truncation, 2^-23, not 2^-24
+U32_TRUNC, U16 = 2.0 ** -23, 2.0 ** -11
+
+
+@pytest.mark.parametrize("name,make", CASES[:3], ids=[c[0] for c in CASES[:3]])
+def test_f16_tile_matches_half_rounded_numpy(name, make, monkeypatch):
+    """A Gemm whose product is marked with the FP16 kind (as precision="fp16" marks an MLP's layers): within
+    the FP32 accumulation bound of the product of its operands rounded to half, elementwise, and outside it
+    of the unrounded operands' product (the operands were rounded: tests/test_tiled_mma_f16.py's emulated twin)."""
+    mark_products_f16(monkeypatch)
+    model, feeds, _ = make()
+    net = luisaml.compile(model, batch_axis=None, tensor_cores="auto")
+    assert "mma_f16_m16n8k16(" in net.plan.source and "mma_tf32" not in net.plan.source
+    (node,) = model.graph.node
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    a = feeds["A"].T if attrs.get("transA") else feeds["A"]
+    b = numpy_helper.to_array(model.graph.initializer[0])
+    b = b.T if attrs.get("transB") else b
+    inits = model.graph.initializer
+    c = numpy_helper.to_array(inits[1]).astype(np.float64) if len(inits) > 1 else 0.0
+    a16, b16 = a.astype(np.float16).astype(np.float64), b.astype(np.float16).astype(np.float64)
+    want = 0.5 * (a16 @ b16) + c
+    bound = 0.5 * a.shape[1] * U32_TRUNC * (np.abs(a16) @ np.abs(b16)) + np.spacing(np.abs(want).astype(np.float32))
+    got = net.run(feeds)["Y"].astype(np.float64)
+    assert (np.abs(got - want) <= bound).all(), float(np.abs(got - want).max())
+    exact = 0.5 * (a.astype(np.float64) @ b.astype(np.float64)) + c
+    assert (np.abs(got - exact) > bound).any()
+
+
+def _fp16_mlp(width: int, tmp_path):
+    from util import export_batched, torch_mlp
+
+    module = torch_mlp([63, width, width, width, width, 4])
+    return module, export_batched(module, 63, tmp_path / f"mlp{width}.onnx")
+
+
+@pytest.mark.parametrize("width,half_activations", [(128, True), (256, True), (128, False)])
+@pytest.mark.parametrize("n", [100, 4097])
+def test_fp16_mlp_on_f16_stages_matches_torch_fp16(width, half_activations, n, tmp_path, monkeypatch):
+    """RESULTS.md's fp16 MLPs (63-128x4-4, 63-256x4-4) under precision="fp16" with tensor cores: four stages on
+    the FP16 mma tile, half in and out (luisaml/rewrites/mlp.py f16_stages), the activations between them in
+    half buffers or float ones (FP16_HALF_ACTIVATIONS); their error against the float64 model within twice
+    torch fp16's on this GPU plus half's unit roundoff (of the output's largest magnitude); a torch half
+    tensor on the device runs zero-copy and comes back half."""
+    import torch
+
+    import luisaml.rewrites.mlp as mlp_rewrite
+
+    monkeypatch.setattr(mlp_rewrite, "FP16_HALF_ACTIVATIONS", half_activations)
+    module, path = _fp16_mlp(width, tmp_path)
+    net = luisaml.compile(path, precision="fp16", tensor_cores="auto")
+    assert net.plan.fused is None and net.plan.half_io, net.plan.fusion_note
+    assert net.plan.half_activations == half_activations
+    mma = [op.block_tiling() for st in net.plan.schedule.stages if st.domain == "blocks" for _, op in st.nodes[:1]]
+    assert sum(type(t).__name__ == "MmaTiling" and t.kind == "f16" for t in mma) == 4
+    x16 = (np.random.default_rng(n).standard_normal((n, 63)) * 2).astype(np.float16)
+    got = net.run({"x": x16})["y"]
+    assert got.dtype == np.float16 and got.shape == (n, 4)
+    with torch.no_grad():
+        exact = module.double()(torch.from_numpy(x16).double()).numpy()
+        theirs = module.half().cuda()(torch.from_numpy(x16).cuda()).double().cpu().numpy()
+        on_device = net.run({"x": torch.from_numpy(x16).cuda()})["y"]
+    scale = np.abs(exact).max()
+    ours, torch_err = np.abs(got.astype(np.float64) - exact).max() / scale, np.abs(theirs - exact).max() / scale
+    assert ours <= 2 * torch_err + U16, (ours, torch_err)
+    assert on_device.dtype == torch.float16 and on_device.is_cuda
+    np.testing.assert_array_equal(on_device.cpu().numpy(), got)
+
+
+def test_fp16_mlp_fused_when_the_switch_is_off(tmp_path, monkeypatch):
+    """FP16_STAGES off (the A/B switch): the fused FP32 kernel with half inputs and outputs, as before."""
+    import luisaml.rewrites.mlp as mlp_rewrite
+
+    monkeypatch.setattr(mlp_rewrite, "FP16_STAGES", False)
+    _, path = _fp16_mlp(128, tmp_path)
+    net = luisaml.compile(path, precision="fp16", tensor_cores="auto")
+    assert net.plan.fused is not None and not net.plan.half_io
+    assert net.run({"x": np.ones((300, 63), np.float16)})["y"].dtype == np.float16
