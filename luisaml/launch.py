@@ -2,7 +2,8 @@
 split only where a host step must read words back mid-run (luisaml/dynamic.py HostRead), the
 counts that size run-time sized outputs kept on the device and read with the outputs at the end
 (one host synchronisation a run, a re-run where a count passed its capacity), the run-time error
-flag raised as RunError naming the node, and the first launch's kernel build (under a lock, or by
+flag raised as RunError naming the node, the end-of-run host steps' patches written over the
+downloaded outputs (dynamic.HostRead.at_end), and the first launch's kernel build (under a lock, or by
 workers)."""
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from . import cache, device
 from .dispatch import Launcher
-from .dynamic import Capacity, StateLayout, copy_word, download, upload_words
+from .dynamic import Capacity, StateLayout, bucket, copy_word, download, upload_bytes, upload_words
 from .errors import LimitError, RunError
 from .feeds import io_dtype
 from .log import SLOW_BUILD_S, note, phase
@@ -60,7 +61,11 @@ class KernelLauncher:
         # at the first launch; None: that launch starts them if there are enough kernels; False: none
         self.build_workers: Any = None
         self.built = False  # whether the kernels were launched once (and so built)
-        self.capacity = Capacity()  # the rows each counted output's buffer is allocated with
+        # the rows each counted output's buffer is allocated with; a total's own first capacity (a grid's
+        # blob: its lower bound) where it has one and the limits allow it
+        firsts = {name: rb.first for rb in plan.readbacks if rb.counted and rb.first for name in rb.outputs}
+        self.capacity = Capacity({name: bucket(rows) if self._fits(name, bucket(rows)) else rows
+                                  for name, rows in firsts.items()})
         self.layout = StateLayout(tuple(plan.counted), sum(1 for rb in plan.readbacks if rb.counted))
         self.reruns = 0  # runs repeated because a count passed its capacity (nothing is ever cut)
         # stages the next runs leave out, set by their caller, who knows they would do nothing: a device
@@ -127,7 +132,7 @@ class KernelLauncher:
         ran = Ran()
         start, launched = 0, n > 0 and self.kernel is not None
         for rb in self.plan.readbacks:
-            if rb.counted:
+            if rb.counted or rb.at_end:
                 continue
             if launched:
                 self.launch(args, scratch, n, state, span=(start, rb.after_stage + 1), after=after)
@@ -139,6 +144,10 @@ class KernelLauncher:
             self.launch(args, scratch, n, state, span=(start, None) if start else None, after=after)
         words = np.zeros(self.layout.size, np.int32)
         reads = [(state, 0, words)] if state is not None and launched else []
+        # the end-of-run host steps' words (dynamic.HostRead.at_end): in the same wait
+        ends = [(rb, np.zeros(rb.count, np.int32)) for rb in self.plan.readbacks if rb.at_end] if launched else []
+        for rb, got in ends:
+            reads.append((scratch[sorted(self.plan.kernel_scratch).index("int")], rb.index * 4, got))
         for s, buf, count in out_bufs:
             if s.name in read and count:
                 ran.arrays[s.name] = np.empty(count, io_dtype(self.plan, s).kernel_numpy)
@@ -150,6 +159,8 @@ class KernelLauncher:
         else:
             globalvars.vars.stream.execute()  # (nothing to wait for: the bound inputs' uploads committed)
         self._raise_flagged(int(words[0]))
+        # before the totals: a step names what its node's device flagged (which may have left them wrong)
+        patches = [p for rb, got in ends for p in rb.step(got).patches]
         overflowed = []
         for k, rb in enumerate(counted):
             total = int(words[self.layout.total_word(k)]) if launched else 0
@@ -165,10 +176,31 @@ class KernelLauncher:
                 if self.capacity.settle(name, total, lambda rows: self._fits(name, rows)):
                     overflowed.append(f"output '{name}' of {rb.node} has {total:,} rows, more than the {room:,} "
                                       f"its buffer held (now {self.capacity[name]:,})")
+        if patches and not overflowed:  # (a run to repeat wrote nothing the patches would finish)
+            self._patch(patches, ran, out_bufs, make_output is not None)
         for name in self.layout.outputs:
             if name in ran.arrays:
                 ran.arrays[name] = ran.arrays[name][:ran.rows[name] * self._spec(name).numel_per_row]
         return ran, overflowed
+
+    def _patch(self, patches: list, ran: Ran, out_bufs: list, shared: bool) -> None:
+        """Write the end-of-run steps' patches (output, byte offset, bytes) over the downloaded outputs;
+        into the device buffer of an output not downloaded (shared: a torch tensor, whose reader must
+        not see it before the upload has run: one wait more)."""
+        from luisa import globalvars
+
+        uploaded = False
+        for name, at, data in patches:
+            data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+            if name in ran.arrays:
+                ran.arrays[name].reshape(-1).view(np.uint8)[at:at + data.size] = data
+                continue
+            buf = next((b for s, b, count in out_bufs if s.name == name and count), None)
+            if buf is not None:
+                upload_bytes(buf, at, data)
+                uploaded = True
+        if uploaded and shared:
+            globalvars.vars.stream.synchronize()
 
     def _total_copy(self, rb, k: int, state, out_bufs: list, n: int, scratch: list):
         """Return what enqueues the copy of counted read-back rb's total (k-th) into the state buffer,
