@@ -28,8 +28,9 @@ offset, bytes) that the launcher writes over the downloaded output (an output no
 them uploaded; over torch tensors, zero_copy.py, a wait more, as a mid-run read-back costs). The
 step may raise RunError for what the device flagged; its outputs' rows are counted totals.
 
-**Read back mid-run.** A node that needs more than one total (a grid builder: how many bytes each
-new grid takes, how many leaves it has) marks its read-back phase with a `HostRead`: the runtime
+**Read back mid-run.** A node whose host must act before its later phases (a grid builder laid out by
+the host: how many bytes each new grid takes, where it goes; operators/fvdb/build_layout.py, the
+switch's older form) marks its read-back phase with a `HostRead`: the runtime
 reads `count` int32 words of the node's own int scratch (`Operator.scratch`, device memory that
 persists from its first phase to its last) and gives them to the node's host step, which returns
 the rows of each run-time sized output and small arrays to write into that scratch before the
