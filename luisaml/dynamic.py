@@ -245,6 +245,7 @@ class Capacity:
     def __init__(self, floor: dict[str, int] | None = None) -> None:
         self.rows: dict[str, int] = {}
         self.floor = dict(floor or {})
+        self.last: dict[str, int] = {}  # each output's rows at the last run (launch.KernelLauncher._expected)
 
     def __getitem__(self, name: str) -> int:
         if name not in self.rows:
@@ -258,6 +259,7 @@ class Capacity:
         """Record a run's total for output `name`; return True when it overflowed the capacity (which
         then grows to total's bucket, or to total itself where the bucket would pass the limits: fits)."""
         cap = self[name]
+        self.last[name] = int(total)
         if total > cap:
             grown = bucket(total)
             self.rows[name] = grown if fits(grown) else total

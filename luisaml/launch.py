@@ -34,6 +34,13 @@ if TYPE_CHECKING:
 # time"). The CPU backend keeps one commit (not measured there).
 FLUSH_LAUNCHES: int | None = None
 BACKEND_FLUSH = {"cuda": 4}
+# A counted output is downloaded at the run's end before its rows are known: its whole capacity (up to 4x
+# its rows: dynamic.Capacity), unless that passes the last run's rows and an eighth by more than this
+# many bytes; then only those, and where the run has more, the rest after a second wait (the detector's
+# grid blobs at a power-of-two capacity: 8.4 MB downloaded a frame for 4.9 MB of results, CPU backend;
+# a wait costs about what ~0.5 MB of download does: benchmarks/NOTES.md "The grid's layout on the device,
+# built")
+SPARE_BYTES = 1 << 20
 
 
 @dataclass
@@ -68,6 +75,7 @@ class KernelLauncher:
                                   for name, rows in firsts.items()})
         self.layout = StateLayout(tuple(plan.counted), sum(1 for rb in plan.readbacks if rb.counted))
         self.reruns = 0  # runs repeated because a count passed its capacity (nothing is ever cut)
+        self.late_reads = 0  # runs whose counted outputs passed what was downloaded before the wait (SPARE_BYTES)
         # stages the next runs leave out, set by their caller, who knows they would do nothing: a device
         # grid build's idle radix passes (fvdb/radix_passes.py); never at the first run (it builds them)
         self.skipped: frozenset[int] = frozenset()
@@ -148,10 +156,14 @@ class KernelLauncher:
         ends = [(rb, np.zeros(rb.count, np.int32)) for rb in self.plan.readbacks if rb.at_end] if launched else []
         for rb, got in ends:
             reads.append((scratch[sorted(self.plan.kernel_scratch).index("int")], rb.index * 4, got))
+        parts = {}  # counted output -> (its buffer, the elements downloaded before the wait)
         for s, buf, count in out_bufs:
             if s.name in read and count:
                 ran.arrays[s.name] = np.empty(count, io_dtype(self.plan, s).kernel_numpy)
-                reads.append((buf, 0, ran.arrays[s.name]))
+                part = self._expected(s, count)
+                reads.append((buf, 0, ran.arrays[s.name][:part]))
+                if s.name in self.layout.outputs:
+                    parts[s.name] = (buf, part)
         for buf, offset, out in reads:
             download(buf, offset, out)
         if launched or reads:
@@ -176,12 +188,42 @@ class KernelLauncher:
                 if self.capacity.settle(name, total, lambda rows: self._fits(name, rows)):
                     overflowed.append(f"output '{name}' of {rb.node} has {total:,} rows, more than the {room:,} "
                                       f"its buffer held (now {self.capacity[name]:,})")
+        if not overflowed:
+            self._read_late(parts, ran)
         if patches and not overflowed:  # (a run to repeat wrote nothing the patches would finish)
             self._patch(patches, ran, out_bufs, make_output is not None)
         for name in self.layout.outputs:
             if name in ran.arrays:
                 ran.arrays[name] = ran.arrays[name][:ran.rows[name] * self._spec(name).numel_per_row]
         return ran, overflowed
+
+    def _expected(self, s, count: int) -> int:
+        """The elements of output s (count in its buffer) to download before the run's wait: all of them,
+        or for a counted output whose capacity passes its last run's rows and an eighth by more than
+        SPARE_BYTES, those (_read_late reads what more the run has)."""
+        last = self.capacity.last.get(s.name)
+        if last is None:
+            return count
+        per_row, size = self._spec(s.name).numel_per_row, io_dtype(self.plan, s).itemsize
+        part = min(count, (last + last // 8 + 1) * per_row)
+        return part if (count - part) * size > SPARE_BYTES else count
+
+    def _read_late(self, parts: dict, ran: Ran) -> None:
+        """Download the counted outputs' elements past the part read before the wait, where this run has
+        more rows than that part held, and wait for them (one wait for all)."""
+        from luisa import globalvars
+
+        late = []
+        for name, (buf, part) in parts.items():
+            need = ran.rows[name] * self._spec(name).numel_per_row
+            if need > part:
+                arr = ran.arrays[name]
+                late.append((buf, part * arr.itemsize, arr[part:need]))
+        if late:
+            for buf, offset, out in late:
+                download(buf, offset, out)
+            globalvars.vars.stream.synchronize()
+            self.late_reads += 1
 
     def _patch(self, patches: list, ran: Ran, out_bufs: list, shared: bool) -> None:
         """Write the end-of-run steps' patches (output, byte offset, bytes) over the downloaded outputs;

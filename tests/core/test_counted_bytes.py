@@ -80,7 +80,7 @@ class PackWords(luisaml.Operator):
 
 @luisaml.register("PackPatched", domain="test.counted", since=1)
 class PackPatched(PackWords):
-    """PackWords finished by its host at the run's end: the blob's first word and the rows' first element
+    """PackWords finished by its host at the run's end: the blob's last word and the rows' last element
     replaced by the totals the scratch holds (words 0 and 1), where there are rows."""
 
     def phases(self):
@@ -91,7 +91,8 @@ class PackPatched(PackWords):
     def _end(words):
         if words[1] <= 0:
             return HostResult()
-        return HostResult(patches=[(0, 0, np.array([words[0]], np.uint32)), (1, 0, np.array([words[1]], np.int32))])
+        return HostResult(patches=[(0, int(words[0]) - 4, np.array([words[0]], np.uint32)),
+                                   (1, 4 * (int(words[1]) - 1), np.array([words[1]], np.int32))])
 
 
 def _model(n: int, op: str = "PackWords", outputs=("blob", "rows")):
@@ -147,9 +148,9 @@ def _patched(x: np.ndarray) -> dict[str, np.ndarray]:
     want = _reference(x)
     if want["rows"].size:
         want["blob"] = want["blob"].copy()
-        want["blob"][:4] = np.array([want["blob"].size], np.uint32).view(np.uint8)
+        want["blob"][-4:] = np.array([want["blob"].size], np.uint32).view(np.uint8)
         want["rows"] = want["rows"].copy()
-        want["rows"][0] = want["rows"].size
+        want["rows"][-1] = want["rows"].size
     return want
 
 
@@ -185,3 +186,23 @@ def test_an_end_of_run_step_patches_torch_outputs_on_the_device(one_row, monkeyp
         got = net.run({"x": torch.from_numpy(x.copy())})
     assert isinstance(got["rows"], torch.Tensor) and c.syncs == 2  # the run's end, the patch's upload
     assert got["rows"].numpy().tobytes() == _patched(x)["rows"].tobytes()
+
+
+def test_past_what_the_last_run_downloaded_a_second_wait_reads_the_rest(monkeypatch):
+    """A counted output whose capacity passes its last run's rows (and an eighth) by more than SPARE_BYTES
+    (0 here) is downloaded up to those before the wait; a run with more rows reads the rest after it (a
+    wait more, no re-run), and the end-of-run patches land after that read."""
+    from luisaml import launch
+
+    monkeypatch.setattr(launch, "SPARE_BYTES", 0)
+    n = 40
+    net = luisaml.compile(_model(n, "PackPatched"), batch_axis=None)  # (first capacities: 256 rows each)
+    small, large = np.zeros(n, np.int32), np.zeros(n, np.int32)
+    small[:3], large[:30] = 1, 2  # 12 bytes and 3 rows, then 240 bytes and 30 rows: both within 256
+    for x, waits in ((small, 1), (small, 1), (large, 2), (large, 1), (small, 1)):
+        before = net.launcher.late_reads
+        with counts.measure() as c:
+            got = net.run({"x": x})
+        assert c.syncs == waits and net.launcher.late_reads == before + waits - 1 and net.launcher.reruns == 0
+        for name, value in _patched(x).items():
+            assert got[name].tobytes() == value.tobytes(), name
