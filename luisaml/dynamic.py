@@ -109,7 +109,8 @@ class ScratchTotal:
     on the device: copied into the run's state after the phase, read at the run's end); the rows of
     its run-time sized outputs, or of output `output` (by index) alone. first: the rows its outputs'
     first capacity holds at least (0: FIRST_CAPACITY_ROWS), and below which runs never shrink it (a
-    grid's blob: a lower bound of a non-empty grid's bytes, so that a typical first run is not repeated)."""
+    grid's blob: a one-voxel grid's bytes a grid, the least a non-empty grid takes, where 256 bytes
+    would repeat every first run)."""
 
     index: int
     output: int | None = None

@@ -38,8 +38,8 @@ BACKEND_FLUSH = {"cuda": 4}
 # its rows: dynamic.Capacity), unless that passes the last run's rows and an eighth by more than this
 # many bytes; then only those, and where the run has more, the rest after a second wait (the detector's
 # grid blobs at a power-of-two capacity: 8.4 MB downloaded a frame for 4.9 MB of results, CPU backend;
-# a wait costs about what ~0.5 MB of download does: benchmarks/NOTES.md "The grid's layout on the device,
-# built")
+# 1 MiB: a wait on the H200's host estimated at what ~0.5 MB of pageable download costs, not measured:
+# benchmarks/NOTES.md "The grid's layout on the device, built")
 SPARE_BYTES = 1 << 20
 
 
