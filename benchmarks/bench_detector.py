@@ -178,8 +178,10 @@ def run_luisaml(data: dict, a) -> dict:
     """Compile once, check every frame, then time frames points-to-boxes with counts and profiles."""
     import luisaml
     from luisaml import counts
+    from luisaml.operators.fvdb.topology import DeviceGridBuild
 
     backend = luisaml.device.init(a.device)
+    DeviceGridBuild.LAYOUT_ON_DEVICE = not getattr(a, "host_layout", False)  # (before any network is compiled)
     ex = example()
     cfg, backbone, head = modules(ex, data)
     cfg = dataclasses.replace(cfg, voxelize=a.voxelize)
@@ -447,6 +449,8 @@ def main(argv=None) -> int:
     ap.add_argument("--grid-build", choices=("device", "host"),
                     help="luisaml side: where the grid steps build (default: the backend's, device on CUDA, host on "
                          "the CPU; device on the CPU backend runs CUDA's path: device builds and their read-backs)")
+    ap.add_argument("--host-layout", action="store_true", help="luisaml side: device builds laid out by the host "
+                    "mid-run (two waits a build: DeviceGridBuild.LAYOUT_ON_DEVICE = False, operators/fvdb/build_layout.py)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out-dir", help="where the JSON goes (default benchmarks/results)")
     ap.add_argument("--results-md", action="store_true", help="append the run's section to benchmarks/RESULTS.md")
@@ -472,6 +476,7 @@ def main(argv=None) -> int:
            "points": [len(p) for p in data["points"]], "reps": a.reps}
     rec.update(run_luisaml(data, a) if a.side == "luisaml" else run_torch(data, a))
     if a.side == "luisaml":
+        rec["layout"] = "host" if a.host_layout else "device"  # (the device builds' layout: --host-layout)
         import luisaml
 
         rec["backend"] = luisaml.device.current()

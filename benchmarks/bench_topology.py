@@ -105,14 +105,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cpu", action="store_true", help="the CPU backend (a smaller shell by default)")
     ap.add_argument("--radius", type=float, help=f"shell radius in voxels (default {GPU_RADIUS:g}; {CPU_RADIUS:g} on the CPU)")
+    ap.add_argument("--host-layout", action="store_true", help="device builds laid out by the host mid-run (two "
+                    "waits a build: DeviceGridBuild.LAYOUT_ON_DEVICE = False, the A/B of operators/fvdb/build_layout.py)")
     started = start(ap, argv, (20, 3))
     if started is None:
         return 2
     a, backend, name, tag, reps = started
     import luisaml
     from luisaml.fvdb import GridBatch
+    from luisaml.operators.fvdb.topology import DeviceGridBuild
     from luisaml.opsets import fvdb as schema
 
+    DeviceGridBuild.LAYOUT_ON_DEVICE = not a.host_layout  # (before any network is compiled)
     cuda = not a.cpu
     radius = a.radius or (GPU_RADIUS if cuda else CPU_RADIUS)
     shells = [GridBatch.from_ijk([shell_voxels(radius)], 1.0 / 256, 0.0),
@@ -123,7 +127,7 @@ def main(argv=None) -> int:
     print(f"{name}: shells of {voxels[0]:,} and {voxels[1]:,} voxels", flush=True)
     rec: dict = {**record(backend, name, "bench_topology.py", argv),
                  "grids": f"one-voxel sphere shells of radius {radius:g} and {radius - 3:g} voxels (a 512^3 extent)",
-                 "voxels": voxels, "ops": []}
+                 "voxels": voxels, "layout": "host" if a.host_layout else "device", "ops": []}
     failed = False
     for op_type, attrs in OPS:
         model = op_model(op_type, attrs, bundles[0])

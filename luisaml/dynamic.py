@@ -21,8 +21,16 @@ scan puts the total into that state buffer, and the host reads it at the run's e
 and the outputs, in one synchronisation (launch.py). A total above the capacity re-runs the whole
 invocation with the next bucket (the inputs are still on the device): a result is never cut.
 
-**Read back mid-run.** A node that needs more than one total (a grid builder: how many bytes each
-new grid takes, how many leaves it has) marks its read-back phase with a `HostRead`: the runtime
+**At the run's end.** A node whose host must finish what the kernels wrote (a grid builder's headers:
+doubles the DSL has not) marks a phase with a `HostRead` flagged `at_end`: its words are downloaded
+with the state and the outputs in the run's one wait, and its step returns patches, (output, byte
+offset, bytes) that the launcher writes over the downloaded output (an output not downloaded gets
+them uploaded; over torch tensors, zero_copy.py, a wait more, as a mid-run read-back costs). The
+step may raise RunError for what the device flagged; its outputs' rows are counted totals.
+
+**Read back mid-run.** A node whose host must act before its later phases (a grid builder laid out by
+the host: how many bytes each new grid takes, where it goes; operators/fvdb/build_layout.py, the
+switch's older form) marks its read-back phase with a `HostRead`: the runtime
 reads `count` int32 words of the node's own int scratch (`Operator.scratch`, device memory that
 persists from its first phase to its last) and gives them to the node's host step, which returns
 the rows of each run-time sized output and small arrays to write into that scratch before the
@@ -62,20 +70,26 @@ SCAN_CHUNK = 256
 @dataclass
 class HostResult:
     """What a node's host step returns: rows of its run-time sized outputs (by output index) and
-    (word index, int32 words) to write into the node's int scratch before its next phase runs."""
+    (word index, int32 words) to write into the node's int scratch before its next phase runs; an
+    end-of-run step (HostRead.at_end) returns patches instead: (output index, byte offset, bytes)
+    written over that output's downloaded elements (its rows come from counted totals)."""
 
-    rows: dict[int, int]
+    rows: dict[int, int] = field(default_factory=dict)
     writes: list[tuple[int, np.ndarray]] = field(default_factory=list)
+    patches: list[tuple[int, int, np.ndarray]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class HostRead:
     """A read-back of `count` int32 words from word `index` of the node's int scratch, handed to
-    step(words) -> HostResult (which may raise RunError)."""
+    step(words) -> HostResult (which may raise RunError). at_end: the words are downloaded with the
+    state and the outputs in the run's one wait, and the step runs after it (no split of the launch;
+    it returns patches, not rows or writes)."""
 
     index: int
     count: int
     step: Callable[[np.ndarray], HostResult]
+    at_end: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,10 +107,14 @@ class TotalRead:
 class ScratchTotal:
     """A total of a node whose counts and offsets live in its own int scratch: word `index` (counted
     on the device: copied into the run's state after the phase, read at the run's end); the rows of
-    its run-time sized outputs, or of output `output` (by index) alone."""
+    its run-time sized outputs, or of output `output` (by index) alone. first: the rows its outputs'
+    first capacity holds at least (0: FIRST_CAPACITY_ROWS), and below which runs never shrink it (a
+    grid's blob: a one-voxel grid's bytes a grid, the least a non-empty grid takes, where 256 bytes
+    would repeat every first run)."""
 
     index: int
     output: int | None = None
+    first: int = 0
 
 
 @dataclass(frozen=True)
@@ -132,6 +150,8 @@ class Readback:
     count: int = 1
     step: Callable[[np.ndarray], HostResult] | None = None
     counted: bool = False
+    at_end: bool = False  # a HostRead whose words come with the run's end (its step's patches by output name)
+    first: int = 0  # a counted total's first capacity in rows (ScratchTotal.first)
 
 
 def sized_by(node, op, total) -> list[str]:
@@ -148,15 +168,20 @@ def readback_of(stage: int, node, op, phase: Phase) -> Readback:
     if isinstance(phase.readback, HostRead):
         hr = phase.readback
 
+        def named(j: int) -> str | None:
+            return node.outputs[j] if j < len(node.outputs) and node.outputs[j] else None
+
         def step(words: np.ndarray) -> HostResult:
             res = hr.step(words)
-            rows = {node.outputs[j]: int(r) for j, r in res.rows.items() if j < len(node.outputs) and node.outputs[j]}
-            return HostResult(rows, res.writes)
+            rows = {named(j): int(r) for j, r in res.rows.items() if named(j)}
+            return HostResult(rows, res.writes, [(named(j), int(at), data) for j, at, data in res.patches if named(j)])
 
-        return Readback(stage, "", hr.index, node.describe(), sized, hr.count, step)
+        return Readback(stage, "", hr.index, node.describe(), [] if hr.at_end else sized, hr.count, step,
+                        at_end=hr.at_end)
     counted = counted_on_device(op, phase)
     if isinstance(phase.readback, ScratchTotal):
-        return Readback(stage, "", int(phase.readback.index), node.describe(), sized, counted=counted)
+        return Readback(stage, "", int(phase.readback.index), node.describe(), sized, counted=counted,
+                        first=int(phase.readback.first))
     total = phase.readback
     return Readback(stage, total.offsets.name, int(total.index), node.describe(), sized, counted=counted)
 
@@ -215,14 +240,17 @@ def bucket(rows: int) -> int:
 class Capacity:
     """The rows a network's counted outputs are allocated with, per output: a bucket, grown past a
     run's total when that run overflowed (the run is repeated), shrunk when runs use under a quarter of
-    it (the buffers are downloaded whole at the run's end)."""
+    it (the buffers are downloaded whole at the run's end), never below its first (`floor`: an output's
+    own first capacity, ScratchTotal.first)."""
 
-    def __init__(self) -> None:
+    def __init__(self, floor: dict[str, int] | None = None) -> None:
         self.rows: dict[str, int] = {}
+        self.floor = dict(floor or {})
+        self.last: dict[str, int] = {}  # each output's rows at the last run (launch.KernelLauncher._expected)
 
     def __getitem__(self, name: str) -> int:
         if name not in self.rows:
-            self.rows[name] = bucket(0)
+            self.rows[name] = self.floor.get(name, bucket(0))
         return self.rows[name]
 
     def __setitem__(self, name: str, rows: int) -> None:
@@ -232,12 +260,14 @@ class Capacity:
         """Record a run's total for output `name`; return True when it overflowed the capacity (which
         then grows to total's bucket, or to total itself where the bucket would pass the limits: fits)."""
         cap = self[name]
+        self.last[name] = int(total)
         if total > cap:
             grown = bucket(total)
             self.rows[name] = grown if fits(grown) else total
             return True
-        if total * 4 < cap and cap > bucket(0):
-            self.rows[name] = bucket(2 * total)
+        least = self.floor.get(name, bucket(0))
+        if total * 4 < cap and cap > least:
+            self.rows[name] = max(bucket(2 * total), least)
         return False
 
 
@@ -256,6 +286,18 @@ def copy_word(src, src_index: int, dst, dst_index: int) -> None:
 
     globalvars.vars.stream.add(lcapi.BufferCopyCommand.create(src.handle, dst.handle, int(src_index) * 4,
                                                               int(dst_index) * 4, 4))
+
+
+def upload_bytes(buf, byte_offset: int, data: np.ndarray) -> None:
+    """Enqueue the copy of data's bytes into a device buffer from byte_offset (no wait; the stream keeps
+    the array until it has run)."""
+    from luisa import globalvars, lcapi
+
+    data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    if data.size:
+        stream = globalvars.vars.stream
+        stream.add(lcapi.BufferUploadCommand.create(buf.handle, int(byte_offset), data.size, data))
+        stream.add_upload_buffer(data)
 
 
 def upload_words(buf, index: int, words: np.ndarray) -> None:

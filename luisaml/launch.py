@@ -2,7 +2,8 @@
 split only where a host step must read words back mid-run (luisaml/dynamic.py HostRead), the
 counts that size run-time sized outputs kept on the device and read with the outputs at the end
 (one host synchronisation a run, a re-run where a count passed its capacity), the run-time error
-flag raised as RunError naming the node, and the first launch's kernel build (under a lock, or by
+flag raised as RunError naming the node, the end-of-run host steps' patches written over the
+downloaded outputs (dynamic.HostRead.at_end), and the first launch's kernel build (under a lock, or by
 workers)."""
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from . import cache, device
 from .dispatch import Launcher
-from .dynamic import Capacity, StateLayout, copy_word, download, upload_words
+from .dynamic import Capacity, StateLayout, bucket, copy_word, download, upload_bytes, upload_words
 from .errors import LimitError, RunError
 from .feeds import io_dtype
 from .log import SLOW_BUILD_S, note, phase
@@ -33,6 +34,13 @@ if TYPE_CHECKING:
 # time"). The CPU backend keeps one commit (not measured there).
 FLUSH_LAUNCHES: int | None = None
 BACKEND_FLUSH = {"cuda": 4}
+# A counted output is downloaded at the run's end before its rows are known: its whole capacity (up to 4x
+# its rows: dynamic.Capacity), unless that passes the last run's rows and an eighth by more than this
+# many bytes; then only those, and where the run has more, the rest after a second wait (the detector's
+# grid blobs at a power-of-two capacity: 8.4 MB downloaded a frame for 4.9 MB of results, CPU backend;
+# 1 MiB: a wait on the H200's host estimated at what ~0.5 MB of pageable download costs, not measured:
+# benchmarks/NOTES.md "The grid's layout on the device, built")
+SPARE_BYTES = 1 << 20
 
 
 @dataclass
@@ -60,9 +68,14 @@ class KernelLauncher:
         # at the first launch; None: that launch starts them if there are enough kernels; False: none
         self.build_workers: Any = None
         self.built = False  # whether the kernels were launched once (and so built)
-        self.capacity = Capacity()  # the rows each counted output's buffer is allocated with
+        # the rows each counted output's buffer is allocated with; a total's own first capacity (a grid's
+        # blob: its lower bound) where it has one and the limits allow it
+        firsts = {name: rb.first for rb in plan.readbacks if rb.counted and rb.first for name in rb.outputs}
+        self.capacity = Capacity({name: bucket(rows) if self._fits(name, bucket(rows)) else rows
+                                  for name, rows in firsts.items()})
         self.layout = StateLayout(tuple(plan.counted), sum(1 for rb in plan.readbacks if rb.counted))
         self.reruns = 0  # runs repeated because a count passed its capacity (nothing is ever cut)
+        self.late_reads = 0  # runs whose counted outputs passed what was downloaded before the wait (SPARE_BYTES)
         # stages the next runs leave out, set by their caller, who knows they would do nothing: a device
         # grid build's idle radix passes (fvdb/radix_passes.py); never at the first run (it builds them)
         self.skipped: frozenset[int] = frozenset()
@@ -127,7 +140,7 @@ class KernelLauncher:
         ran = Ran()
         start, launched = 0, n > 0 and self.kernel is not None
         for rb in self.plan.readbacks:
-            if rb.counted:
+            if rb.counted or rb.at_end:
                 continue
             if launched:
                 self.launch(args, scratch, n, state, span=(start, rb.after_stage + 1), after=after)
@@ -139,10 +152,18 @@ class KernelLauncher:
             self.launch(args, scratch, n, state, span=(start, None) if start else None, after=after)
         words = np.zeros(self.layout.size, np.int32)
         reads = [(state, 0, words)] if state is not None and launched else []
+        # the end-of-run host steps' words (dynamic.HostRead.at_end): in the same wait
+        ends = [(rb, np.zeros(rb.count, np.int32)) for rb in self.plan.readbacks if rb.at_end] if launched else []
+        for rb, got in ends:
+            reads.append((scratch[sorted(self.plan.kernel_scratch).index("int")], rb.index * 4, got))
+        parts = {}  # counted output -> (its buffer, the elements downloaded before the wait)
         for s, buf, count in out_bufs:
             if s.name in read and count:
                 ran.arrays[s.name] = np.empty(count, io_dtype(self.plan, s).kernel_numpy)
-                reads.append((buf, 0, ran.arrays[s.name]))
+                part = self._expected(s, count)
+                reads.append((buf, 0, ran.arrays[s.name][:part]))
+                if s.name in self.layout.outputs:
+                    parts[s.name] = (buf, part)
         for buf, offset, out in reads:
             download(buf, offset, out)
         if launched or reads:
@@ -150,6 +171,8 @@ class KernelLauncher:
         else:
             globalvars.vars.stream.execute()  # (nothing to wait for: the bound inputs' uploads committed)
         self._raise_flagged(int(words[0]))
+        # before the totals: a step names what its node's device flagged (which may have left them wrong)
+        patches = [p for rb, got in ends for p in rb.step(got).patches]
         overflowed = []
         for k, rb in enumerate(counted):
             total = int(words[self.layout.total_word(k)]) if launched else 0
@@ -165,10 +188,61 @@ class KernelLauncher:
                 if self.capacity.settle(name, total, lambda rows: self._fits(name, rows)):
                     overflowed.append(f"output '{name}' of {rb.node} has {total:,} rows, more than the {room:,} "
                                       f"its buffer held (now {self.capacity[name]:,})")
+        if not overflowed:
+            self._read_late(parts, ran)
+        if patches and not overflowed:  # (a run to repeat wrote nothing the patches would finish)
+            self._patch(patches, ran, out_bufs, make_output is not None)
         for name in self.layout.outputs:
             if name in ran.arrays:
                 ran.arrays[name] = ran.arrays[name][:ran.rows[name] * self._spec(name).numel_per_row]
         return ran, overflowed
+
+    def _expected(self, s, count: int) -> int:
+        """The elements of output s (count in its buffer) to download before the run's wait: all of them,
+        or for a counted output whose capacity passes its last run's rows and an eighth by more than
+        SPARE_BYTES, those (_read_late reads what more the run has)."""
+        last = self.capacity.last.get(s.name)
+        if last is None:
+            return count
+        per_row, size = self._spec(s.name).numel_per_row, io_dtype(self.plan, s).itemsize
+        part = min(count, (last + last // 8 + 1) * per_row)
+        return part if (count - part) * size > SPARE_BYTES else count
+
+    def _read_late(self, parts: dict, ran: Ran) -> None:
+        """Download the counted outputs' elements past the part read before the wait, where this run has
+        more rows than that part held, and wait for them (one wait for all)."""
+        from luisa import globalvars
+
+        late = []
+        for name, (buf, part) in parts.items():
+            need = ran.rows[name] * self._spec(name).numel_per_row
+            if need > part:
+                arr = ran.arrays[name]
+                late.append((buf, part * arr.itemsize, arr[part:need]))
+        if late:
+            for buf, offset, out in late:
+                download(buf, offset, out)
+            globalvars.vars.stream.synchronize()
+            self.late_reads += 1
+
+    def _patch(self, patches: list, ran: Ran, out_bufs: list, shared: bool) -> None:
+        """Write the end-of-run steps' patches (output, byte offset, bytes) over the downloaded outputs;
+        into the device buffer of an output not downloaded (shared: a torch tensor, whose reader must
+        not see it before the upload has run: one wait more)."""
+        from luisa import globalvars
+
+        uploaded = False
+        for name, at, data in patches:
+            data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+            if name in ran.arrays:
+                ran.arrays[name].reshape(-1).view(np.uint8)[at:at + data.size] = data
+                continue
+            buf = next((b for s, b, count in out_bufs if s.name == name and count), None)
+            if buf is not None:
+                upload_bytes(buf, at, data)
+                uploaded = True
+        if uploaded and shared:
+            globalvars.vars.stream.synchronize()
 
     def _total_copy(self, rb, k: int, state, out_bufs: list, n: int, scratch: list):
         """Return what enqueues the copy of counted read-back rb's total (k-th) into the state buffer,

@@ -184,7 +184,7 @@ class Schedule:
 def _after(readback) -> str:
     """How a phase's description ends where it completes a total (luisaml/dynamic.py)."""
     if isinstance(readback, HostRead):
-        return ", then the host reads its words back"
+        return ", the host reading its words at the run's end" if readback.at_end else ", then the host reads its words back"
     return ", its total kept on the device"
 
 

@@ -42,7 +42,7 @@ from luisa.types import uint  # noqa: F401
 from .grid_layout import (C_ERROR, C_LEAVES, C_LOWERS, C_MAX, C_MIN, C_UPPERS, C_WORDS, C_ZERO, CHUNK, ERR_COORDS,
                           HASH_EMPTY, S_BBOX, S_LEAVES, S_LOWERS, S_TRANSFORM, S_UPPERS, S_VOXELS, S_WORDS, SCAN)
 # (a generated module imports every stage's function from here: use_helper(name, "grid_build"))
-from .grid_write import (gb_child_words, gb_header_word, gb_write_leaf, gb_write_lower,  # noqa: F401
+from .grid_write import (gb_child_words, gb_header_word, gb_layout, gb_write_leaf, gb_write_lower,  # noqa: F401
                          gb_write_upper, gb_zero_blob)
 
 

@@ -1,5 +1,6 @@
 """The words a grid built on the device and its operators agree on: the scratch's counter words
-(`ctr`), the error codes, the per-grid layout row the host uploads, the summary row it reads back,
+(`ctr`), the error codes, the layout region's head words and per-grid rows (laid out by the host or
+on the device), the summary row the layout reads,
 the radix sort's passes, the chunk sizes the operators size scratch by, and NanoVDB's struct sizes.
 The stages are grid_build.py and grid_write.py; operators/fvdb/topology.py and topology_device.py
 emit their calls."""
@@ -22,15 +23,27 @@ C_WORDS = 16
 
 ERR_OFFSETS = 1  # joffsets do not rise from 0 to N
 ERR_COORDS = 2  # a point maps to a voxel that is not finite or outside int32
+ERR_BYTES = 3  # the grids take 2 GiB or more (the device's layout: 32-bit byte offsets)
 
 # NanoVDB struct sizes (luisaml/fvdb/layout.py; the tests check they agree); the readers' offsets
 # are the reading library's (shaders/nanovdb.py)
+GRID_DATA_SIZE = 672
+TREE_DATA_SIZE = 64
 UPPER_NODE_SIZE = 270400
 LOWER_NODE_SIZE = 33856
 LEAF_NODE_SIZE = 96
 LEAF_FLAGS_WORD = 2 << 24  # mFlags (byte 15) = has-bbox, above the three bbox-dif bytes
 
-# per-grid layout row the host uploads (words)
+# the layout region's head (words; its rows from H_ROWS): the blob's words the zeroing stage clears, all
+# voxels, and, laid out on the device (grid_write.gb_layout), the blob's bytes (its counted total) and
+# whether they fit the blob's capacity (else the write stages write nothing: the run is repeated)
+H_WORDS = 0
+H_VOXELS = 1
+H_BYTES = 2
+H_ROOM = 3
+H_ROWS = 16
+
+# per-grid layout row the host uploads or gb_layout writes (words)
 G_OFFSET = 0  # the grid's GridData in the blob (bytes)
 G_ROOT = 1  # its RootData
 G_TILES = 2  # its first root tile

@@ -1,17 +1,82 @@
-"""The last stage of a grid built on the device (grid_build.py's pipeline, step 5): after the
-host's read-back and layout, the blob is zeroed, the host's headers copied in, and every leaf,
-lower node and upper node writes its own bytes and the table entry its parent holds; a thread per
+"""The last stage of a grid built on the device (grid_build.py's pipeline, step 5): the grids laid
+out back to back (by the host's read-back step, or on the device by one thread: gb_layout), the blob
+zeroed, the host's headers copied in (or patched over the downloaded blob at the run's end), and every
+leaf, lower node and upper node writes its own bytes and the table entry its parent holds; a thread per
 child-mask word writes the masks (a node's children are a run sorted by slot, so a word's are found
 by a binary search and are at most 32)."""
 import luisa
 from luisa.types import uint  # noqa: F401
 
-from .grid_layout import (C_LEAVES, C_LOWERS, C_UPPERS, G_LEAF, G_LEAF_START, G_LOWER, G_LOWER_START, G_OFFSET,
-                          G_ROOT, G_TILES, G_UPPER, G_UPPER_START, G_VOXEL_START, G_WORDS, LEAF_FLAGS_WORD,
-                          LEAF_NODE_SIZE, LOWER_NODE_SIZE, UPPER_NODE_SIZE)
+from .grid_layout import (C_ERROR, C_LEAVES, C_LOWERS, C_UPPERS, ERR_BYTES, G_LEAF, G_LEAF_START, G_LOWER,
+                          G_LOWER_START, G_OFFSET, G_ROOT, G_TILES, G_UPPER, G_UPPER_START, G_VOXEL_START, G_WORDS,
+                          GRID_DATA_SIZE, H_BYTES, H_ROOM, H_ROWS, H_VOXELS, H_WORDS, LEAF_FLAGS_WORD, LEAF_NODE_SIZE,
+                          LOWER_NODE_SIZE, S_LEAVES, S_LOWERS, S_UPPERS, S_VOXELS, S_WORDS, TREE_DATA_SIZE,
+                          UPPER_NODE_SIZE)
 # the readers' offsets, from the reading library
 from .nanovdb import (LEAF_OFF_OFFSET, LEAF_OFF_PREFIX_SUM, LEAF_OFF_VALUE_MASK, LOWER_OFF_CHILD_MASK, LOWER_OFF_TABLE,
-                      UPPER_OFF_CHILD_MASK, UPPER_OFF_TABLE)
+                      ROOT_DATA_SIZE, ROOT_TILE_SIZE, UPPER_OFF_CHILD_MASK, UPPER_OFF_TABLE)
+
+INT32_MAX = 2147483647
+
+
+@luisa.func
+def gb_add_nodes(at, count, size):
+    """at + count * size, or -1 where that passes INT32_MAX (at, count >= 0): checked before the
+    product, which would wrap first."""
+    out = -1
+    if at >= 0 and count <= (INT32_MAX - at) // size:
+        out = at + count * size
+    return out
+
+
+@luisa.func
+def gb_layout(s, ctr, summary, layout, grids, limit):
+    """One thread: the grids back to back from the summaries (builder.grid_layout's offsets, as the
+    host's read-back step lays them out), their rows at layout + H_ROWS, the head words (the blob's
+    words, all voxels, its bytes, whether they fit `limit`, the blob's capacity in bytes). Bytes past
+    INT32_MAX raise ERR_BYTES and leave the blob empty: the write stages read H_ROOM and write nothing."""
+    offset = 0
+    leaf = 0
+    lower = 0
+    upper = 0
+    voxel = 0
+    for b in range(0, grids):
+        row = summary + S_WORDS * b
+        nl = s.read(row + S_LEAVES)
+        nlo = s.read(row + S_LOWERS)
+        nup = s.read(row + S_UPPERS)
+        tree = gb_add_nodes(offset, 1, GRID_DATA_SIZE)
+        up = gb_add_nodes(gb_add_nodes(tree, 1, TREE_DATA_SIZE + ROOT_DATA_SIZE), nup, ROOT_TILE_SIZE)
+        lo = gb_add_nodes(up, nup, UPPER_NODE_SIZE)
+        lf = gb_add_nodes(lo, nlo, LOWER_NODE_SIZE)
+        end = gb_add_nodes(lf, nl, LEAF_NODE_SIZE)
+        g = layout + H_ROWS + G_WORDS * b
+        if offset >= 0:
+            s.write(g + G_OFFSET, offset)
+            s.write(g + G_ROOT, tree + TREE_DATA_SIZE)
+            s.write(g + G_TILES, tree + TREE_DATA_SIZE + ROOT_DATA_SIZE)
+            s.write(g + G_UPPER, up)
+            s.write(g + G_LOWER, lo)
+            s.write(g + G_LEAF, lf)
+            s.write(g + G_LEAF_START, leaf)
+            s.write(g + G_LOWER_START, lower)
+            s.write(g + G_UPPER_START, upper)
+            s.write(g + G_VOXEL_START, voxel)
+        offset = end  # (-1 once past INT32_MAX: it stays so)
+        leaf += nl
+        lower += nlo
+        upper += nup
+        voxel += s.read(row + S_VOXELS)
+    room = 0
+    if offset < 0:
+        _old = s.atomic_compare_exchange(ctr + C_ERROR, 0, ERR_BYTES)  # (grid_build.gb_error's, which imports us)
+        offset = 0
+    elif offset <= limit:
+        room = 1
+    s.write(layout + H_WORDS, (offset // 4) * room)
+    s.write(layout + H_VOXELS, voxel)
+    s.write(layout + H_BYTES, offset)
+    s.write(layout + H_ROOM, room)
 
 
 @luisa.func

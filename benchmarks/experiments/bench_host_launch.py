@@ -27,7 +27,7 @@ never answer) with the kernel launches stubbed: each launch's command is still c
 Python, luisa-python's per-command work and the uploads, downloads and waits (reported apart: `waits`)
 of what remains. A device build's mid-run read-back then reads the words the last real run left, so a
 stubbed run lays out and reads back that run's grid. Per case: us a run (median, min; without the
-waits) and the launches a run; --cprofile prints each case's functions by internal time.
+waits), the launches and host synchronisations a run; --cprofile prints each case's functions by internal time.
 
     python3 -P benchmarks/experiments/bench_host_launch.py topology [--radius 12] [--points 4096] [--reps 100] [--cprofile fixed]
     python3 -P benchmarks/experiments/bench_host_launch.py detector [--reps 30] [--only CoarsenedGrid,points]"""
@@ -165,7 +165,7 @@ def grids(a) -> int:
         waited[0] += time.perf_counter() - t
 
     dumped: list[str] = []
-    print(f"{'case':<44} {'us a run':>9} {'min':>8} {'cpu':>8} {'less waits':>10} {'min':>8} {'launches':>8}")
+    print(f"{'case':<44} {'us a run':>9} {'min':>8} {'cpu':>8} {'less waits':>10} {'min':>8} {'launches':>8} {'syncs':>6}")
     for label, run, inputs in cases:
         for x in inputs * 2:  # (real runs: every kernel built, every bucket compiled)
             run(x)
@@ -195,7 +195,7 @@ def grids(a) -> int:
             counts.CountingStream.synchronize = sync
         us = lambda v: np.median(v) * 1e6  # noqa: E731
         print(f"{label:<44} {us(wall):9.0f} {np.min(wall) * 1e6:8.0f} {us(cpu):8.0f} {us(own):10.0f} "
-              f"{np.min(own) * 1e6:8.0f} {c.launches / a.reps:8.0f}", flush=True)
+              f"{np.min(own) * 1e6:8.0f} {c.launches / a.reps:8.0f} {c.syncs / a.reps:6.2f}", flush=True)
         if pr is not None:
             pstats.Stats(pr).sort_stats("tottime").print_stats(a.top)
             if a.dump:

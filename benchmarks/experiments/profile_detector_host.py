@@ -31,7 +31,10 @@ REGIONS = [
     ("luisaml.fvdb.host_steps", "on_host"),
     ("luisaml.fvdb.checked", "built"),
     ("luisaml.fvdb.checked", "freeze"),
-    ("operators.fvdb.topology", "DeviceGridBuild._host_step"),  # a device build's read-back parsed: sizes, the blob's layout
+    ("operators.fvdb.topology", "DeviceGridBuild._host_step"),  # a device build's read-back parsed (before layout2)
+    ("operators.fvdb.build_layout", "GridLayout._host_step"),  # the same, the host's layout (LAYOUT_ON_DEVICE False)
+    ("operators.fvdb.build_layout", "GridLayout._end_step"),  # the device's layout: the headers at the run's end
+    ("luisaml.launch", "KernelLauncher._patch"),  # their patches over the downloaded blob
     ("luisaml.network", "CompiledNetwork.check_feeds"),
     ("luisaml.network", "CompiledNetwork._voxel_batch"),
     ("luisaml.network", "CompiledNetwork._bind"),

@@ -5,54 +5,50 @@ a new GridBatch bundle.
 Over constant inputs every one of them folds on the host when the model is compiled, with the
 project's builder (luisaml/fvdb/topology.py, builder.py), as GridFromNanoVDB does.
 
-GridBatchFromIJK, GridBatchFromPoints and GridBatchFromNearestVoxelsToPoints (8 voxel keys a point)
-also build on the device, over ijk or points bound at run time (`DeviceGridBuild`): the new
-bundle's sizes depend on the data, so the node runs as phases (luisaml/dynamic.py) over its own
-int scratch: voxel keys, leaves deduplicated by a hash table,
-leaf masks, a radix sort of the distinct leaves into NanoVDB's order, lower and upper nodes as runs
-of that order, a summary per grid that the host reads back (one HostRead); the host step lays the
-grids out and writes their 832-byte headers with builder.grid_header (the same code build_grid
-runs, so the headers' doubles are exact), and the device writes every node (shaders/grid_build.py
-owns the stages' DSL, grid_write.py the last, grid_layout.py the words they share). The bytes equal the host builder's. Voxel sizes and origins may be
-constants or graph inputs: they reach the kernels as a table derived on the host (grid_transforms:
-float32 for the arithmetic and the voxel_sizes / origins outputs, float64 bits that the first stage
-copies into the summaries, so the host step writes the headers' exact doubles). Float64 points are
-refused (the kernels compute in float32, fVDB in double for them). Over grids bound at run time the
-topology ops, and the constructors whose input has a dynamic size or whose grid other nodes read,
-are steps that run when a run binds their inputs (luisaml/fvdb/host_steps.py cuts them out of the graph):
-the topology ops and the constructors build on the device with these phases (a network of the
-node alone with the attribute voxel_capacity: topology_device.py for the topology ops; here the
-constructors' points are then counted by joffsets[B], jdata's rows bound at run time) or on the host.
+GridBatchFromIJK, GridBatchFromPoints and GridBatchFromNearestVoxelsToPoints (8 voxel keys a point) also
+build on the device, over ijk or points bound at run time (`DeviceGridBuild`): the new bundle's sizes
+depend on the data, so the node runs as phases (luisaml/dynamic.py) over its own int scratch: voxel
+keys, leaves deduplicated by a hash table, leaf masks, a radix sort of the distinct leaves into
+NanoVDB's order, lower and upper nodes as runs of that order, a summary per grid; one thread lays the
+grids out from the summaries and the host writes their 832-byte headers with builder.grid_header at the
+run's end (the same code build_grid runs, so the headers' doubles are exact: build_layout.py, which
+keeps the older form too, the host's layout between two phases), and the device writes every node
+(shaders/grid_build.py owns the stages' DSL, grid_write.py the last, grid_layout.py the words they
+share). The bytes equal the host builder's. Voxel sizes and origins may be constants or graph inputs:
+they reach the kernels as a table derived on the host (grid_transforms: float32 for the arithmetic and
+the voxel_sizes / origins outputs, float64 bits that the first stage copies into the summaries, so the
+host step writes the headers' exact doubles). Float64 points are refused (the kernels compute in
+float32, fVDB in double for them). Over grids bound at run time the topology ops, and the constructors
+whose input has a dynamic size or whose grid other nodes read, are steps that run when a run binds their
+inputs (luisaml/fvdb/host_steps.py cuts them out of the graph): the topology ops and the constructors
+build on the device with these phases (a network of the node alone with the attribute voxel_capacity:
+topology_device.py for the topology ops; here the constructors' points are then counted by joffsets[B],
+jdata's rows bound at run time) or on the host.
 
-The device build in detail: voxel keys (8 a point for the nearest voxels); leaves deduplicated by a
-hash table (a slot claimed by a compare-and-swap of the point's index, a key compared with the owner
-point's, which an earlier stage wrote, so nothing waits on another thread); leaf masks by atomic OR;
-leaf ids by a prefix sum over the owners; the distinct leaves sorted into NanoVDB's order by an LSD
-radix sort (a chunk of leaves per thread: histograms, a prefix sum over (digit, chunk), a stable
-scatter; the slot key's bytes, then root tile k, j, i and the grid, relative to their minimum, a
-pass whose digit is 0 everywhere doing nothing); lower and upper nodes as runs of that order, their
-bboxes by atomic min/max from the leaves; after the host writes the headers, every leaf, node and
-root tile writes its own bytes and its parent's table entry, and a thread per child-mask word its
-word. The stages read their regions' offsets from a layout table at the scratch's start (the first
-stage writes it) and the radix pass number from a counter, so the ~200 stages of a 1M-point build
-are ~44 distinct kernels, the same text in every network of the op: the CUDA backend compiles each
-once (its compile cache is keyed by the source's hash). The bundle equals the host builder's, the
-blob byte for byte; its voxel_sizes / origins outputs are their float32 values (the blob's map holds
-the doubles).
-"""
+The device build in detail: voxel keys (8 a point for the nearest voxels); leaves deduplicated by a hash
+table (a slot claimed by a compare-and-swap of the point's index, a key compared with the owner point's,
+which an earlier stage wrote, so nothing waits on another thread); leaf masks by atomic OR; leaf ids by
+a prefix sum over the owners; the distinct leaves sorted into NanoVDB's order by an LSD radix sort (a
+chunk of leaves per thread: histograms, a prefix sum over (digit, chunk), a stable scatter; the slot
+key's bytes, then root tile k, j, i and the grid, relative to their minimum, a pass whose digit is 0
+everywhere doing nothing); lower and upper nodes as runs of that order, their bboxes by atomic min/max
+from the leaves; the grids laid out (the blob's bytes and the leaves are counted totals: the blob at a
+capacity, a run past it repeated); every leaf, node and root tile writes its own bytes and its parent's
+table entry, and a thread per child-mask word its word; the host patches the headers over the downloaded
+blob. The stages read their regions' offsets from a layout table at the scratch's start (the first stage
+writes it) and the radix pass number from a counter, so the ~200 stages of a 1M-point build are ~44
+distinct kernels, the same text in every network of the op: the CUDA backend compiles each once (its
+compile cache is keyed by the source's hash). The bundle equals the host builder's, the blob byte for
+byte; its voxel_sizes / origins outputs are their float32 values (the blob's map holds the doubles)."""
 from __future__ import annotations
-
-import struct
 
 import numpy as np
 from onnx import TensorProto
 
 from luisaml import dtypes
-from luisaml.dynamic import HostRead, HostResult, Phase
+from luisaml.dynamic import Phase
 from luisaml.errors import LimitError
-from luisaml.fvdb import layout as L
 from luisaml.fvdb import topology as T
-from luisaml.fvdb.builder import HEADER_SIZE, grid_header, grid_layout
 from luisaml.fvdb.grid_batch import MAX_GRIDS_PER_BATCH
 from luisaml.fvdb.layout import NanoVDBError
 from luisaml.fvdb.op_mixins import BoundRows
@@ -65,6 +61,7 @@ from luisaml.opsets import fvdb_grids as grid_schema
 from luisaml.registry import register
 from luisaml.shaders import grid_layout as G
 
+from .build_layout import GridLayout
 from .build_scratch import Scratch, scan_levels
 from .common import bundle_grids
 
@@ -207,7 +204,7 @@ def grid_transforms(*arrays, grids: int = 1, has: tuple = (False, False)) -> np.
     return out
 
 
-class DeviceGridBuild(BoundRows, GridOp):
+class DeviceGridBuild(BoundRows, GridLayout, GridOp):
     """GridBatchFromIJK / GridBatchFromPoints / GridBatchFromNearestVoxelsToPoints: fold on the host over
     constants (GridOp), build on the device over ijk or points bound at run time (the phases below;
     module docstring)."""
@@ -216,8 +213,8 @@ class DeviceGridBuild(BoundRows, GridOp):
     runtime_sized = (0, 4)  # grid_blob (bytes), leaf_batch_indices (leaves)
     counted = False  # the points are counted at run time (joffsets[B]; CAPACITY: at most that many)
     MAX_KEYS = MAX_KEYS
-    HEADER_WORDS = HEADER_SIZE // 4
     ZERO_THREADS = 16384  # threads zeroing the blob, writing child masks (each every ZERO_THREADS-th word)
+    # LAYOUT_ON_DEVICE (GridLayout): the grids laid out on the device, headers patched at the run's end
 
     @classmethod
     def keys_for(cls, op_type: str, attrs: dict, capacity: int) -> int:
@@ -322,7 +319,7 @@ class DeviceGridBuild(BoundRows, GridOp):
     def describe(self):
         return (f"grids built on the device from {self.N:,} {'points' if self.points else 'ijk'} ({self.K:,} voxel "
                 f"keys) into {self.B} "
-                "grid(s): hash, radix sort, nodes, host read-back of the layout, write")
+                f"grid(s): hash, radix sort, nodes, {self.layout_said}, write")
 
     # ---- phases -----------------------------------------------------------------------------
     def _call(self, ctx, helper: str, *args) -> None:
@@ -422,12 +419,9 @@ class DeviceGridBuild(BoundRows, GridOp):
                 Phase("node bboxes", items, lambda ctx, r: self._call(
                     ctx, "gb_node_boxes", S.ctr, S.skey, S.new_lower, S.new_upper, S.leaf_box, S.lower_box, S.upper_box,
                     S.grid_box, r)),
-                Phase("grid summaries", B, lambda ctx, b: self._call(
+                *self.layout_phases(lambda ctx, b: self._call(
                     ctx, "gb_summary", S.ctr, S.new_lower, S.new_upper, S.counts, S.grid_first, S.grid_box,
-                    S.summary, b), readback=HostRead(S.ctr, G.C_WORDS + G.S_WORDS * B, self._host_step)),
-                Phase("zero the blob", self.ZERO_THREADS, self._emit_zero),
-                Phase("grid headers", self.HEADER_WORDS * B, lambda ctx, t: self._emit_blob_call(
-                    ctx, "gb_header_word", S.layout + 16, S.headers, S.grids, t)),
+                    S.summary, b)),  # (then the grids laid out, the blob zeroed: build_layout.py)
                 Phase("leaves", items, self._emit_leaves),
                 Phase("lower nodes", items, lambda ctx, l: self._emit_blob_call(
                     ctx, "gb_write_lower", S.ctr, S.layout + 16, S.skey, S.lower_first, S.new_upper, S.lower_box, l)),
@@ -436,7 +430,7 @@ class DeviceGridBuild(BoundRows, GridOp):
                 Phase("child masks", self.ZERO_THREADS, lambda ctx, t: self._emit_blob_call(
                     ctx, "gb_child_words", S.ctr, S.layout + 16, S.skey, S.lower_first, S.upper_lower,
                     self.ZERO_THREADS, t)),
-                Phase("offsets and transforms", B, self._emit_statics)]
+                Phase("offsets and transforms", B, self._emit_statics, readback=self.end_read())]
         return out
 
     def _emit_clear(self, ctx, t) -> None:
@@ -470,7 +464,13 @@ class DeviceGridBuild(BoundRows, GridOp):
 
     def _emit_blob_call(self, ctx, helper: str, *args) -> None:
         name = ctx.use_helper(helper, "grid_build")
-        ctx.line(f"{name}(scratch_int, {self._blob()}, {', '.join(str(a) for a in args)})")
+        call = f"{name}(scratch_int, {self._blob()}, {', '.join(str(a) for a in args)})"
+        if not self.LAYOUT_ON_DEVICE:
+            ctx.line(call)
+            return
+        self.room_guard(ctx)  # (a blob past its capacity: nothing written, the run repeated)
+        with ctx.indent():
+            ctx.line(call)
 
     def _emit_zero(self, ctx, t) -> None:
         name = ctx.use_helper("gb_zero_blob", "grid_build")
@@ -569,55 +569,6 @@ class DeviceGridBuild(BoundRows, GridOp):
             if outs[k] is not None:
                 for a in range(3):
                     ctx.store(outs[k], f"{b} * 3 + {a}", f"{f}({table.load(f'{b} * {TRANSFORM_WORDS} + {col + a}')})")
-
-    # ---- the host step ----------------------------------------------------------------------
-    def _host_step(self, words: np.ndarray) -> HostResult:
-        """From the counters and the per-grid summaries: raise what the device flagged, lay the grids
-        out back to back, write their headers (builder.grid_header, numbered b of B like concat_grids),
-        and return the blob's bytes and the leaves as the rows of grid_blob and leaf_batch_indices."""
-        from luisaml.errors import RunError
-
-        S, B = self.S, self.B
-        ctr = words[:G.C_WORDS]
-        rows = np.ascontiguousarray(words[G.C_WORDS:].reshape(B, G.S_WORDS))
-        summary = rows.astype(np.int64)
-        h = rows[:, G.S_TRANSFORM:G.S_TRANSFORM + 6].copy().view(np.float64)  # (the clear stage copied them)
-        o = rows[:, G.S_TRANSFORM + 6:G.S_TRANSFORM + 12].copy().view(np.float64)
-        err = int(ctr[G.C_ERROR])
-        what = self.node.describe()
-        if err == G.ERR_OFFSETS:
-            raise RunError(f"{what}: joffsets must rise from 0 to " + (f"at most {self.N}" if self.counted else
-                                                                        f"{self.N} (the rows of jdata)"))
-        if err == G.ERR_COORDS:
-            raise RunError(f"{what}: {self.coords_error()}")
-        layout = np.zeros((B, G.G_WORDS), np.int64)
-        headers = np.zeros((B, HEADER_SIZE), np.uint8)
-        offset = leaf = lower = upper = voxel = 0
-        for b in range(B):
-            nl, nlo, nup, nv = (int(v) for v in summary[b, :4])
-            head, size = grid_header(nv, nl, nlo, nup, summary[b, 4:7], summary[b, 7:10], h[b], o[b])
-            head = bytearray(head)
-            struct.pack_into("<II", head, L.GRID_OFF_GRID_INDEX, b, B)  # (concat_grids' numbering)
-            headers[b] = np.frombuffer(bytes(head), np.uint8)
-            off_root, off_upper, off_lower, off_leaf, _ = grid_layout(nl, nlo, nup)
-            tree = offset + L.GRID_DATA_SIZE
-            layout[b, [G.G_OFFSET, G.G_ROOT, G.G_TILES, G.G_UPPER, G.G_LOWER, G.G_LEAF]] = (
-                offset, tree + off_root, tree + off_root + L.ROOT_DATA_SIZE, tree + off_upper, tree + off_lower,
-                tree + off_leaf)
-            layout[b, [G.G_LEAF_START, G.G_LOWER_START, G.G_UPPER_START, G.G_VOXEL_START]] = leaf, lower, upper, voxel
-            offset += size
-            leaf, lower, upper, voxel = leaf + nl, lower + nlo, upper + nup, voxel + nv
-        if leaf != int(ctr[G.C_LEAVES]):
-            raise RunError(f"{what}: the device's grid summaries count {leaf} leaves, its hash {int(ctr[G.C_LEAVES])}")
-        if offset >= 2**31:
-            raise RunError(f"{what}: the new grids take {offset} bytes; the device builder writes at most 2 GiB "
-                           "(32-bit offsets)")
-        head = np.zeros(16, np.int64)
-        head[0], head[1] = offset // 4, voxel
-        writes = [(S.layout.value, np.concatenate([head, layout.reshape(-1)]).astype(np.int32)),
-                  (S.headers.value, headers.reshape(-1).view(np.int32))]
-        return HostResult({0: offset, 4: leaf}, writes)
-
 
 
 for _name in DeviceGridBuild.OPS:  # (the topology ops register in topology_device.py)

@@ -180,8 +180,8 @@ class DeviceTopology(DeviceGridBuild):
 
     def describe(self):
         return (f"{self.node.op_type} built on the device over a grid bound at run time (up to {self.V:,} voxels, "
-                f"{self.cand.count} candidate voxel(s) each) into {self.B} grid(s): hash, radix sort, nodes, host "
-                "read-back of the layout, write")
+                f"{self.cand.count} candidate voxel(s) each) into {self.B} grid(s): hash, radix sort, nodes, "
+                f"{self.layout_said}, write")
 
     def coords_error(self) -> str:
         return "a new voxel's coordinates do not fit int32"

@@ -3,7 +3,8 @@ luisaml/fvdb/host_steps.py DeviceBuilds, operators/fvdb/topology_device.py): one
 each op's grid from whatever grid a run binds, and the new bundle equals, byte for byte in all seven
 arrays, the builder's bundle of fvdb_reference's voxel sets (loops over voxel sets, fVDB's
 section-3 conventions): over two grids with negative coordinates and a far voxel, an empty grid, a
-single voxel, masks that keep nothing, and grids past the first capacity bucket. On CUDA
+single voxel, masks that keep nothing, grids past the first capacity bucket, and four grids a batch
+whose blob passes its first capacity (one wait a build; two with the host's layout). On CUDA
 (LUISAML_BACKEND=cuda) the same tests run there: the arrays are integers, bytes and the host's
 doubles on either backend."""
 import numpy as np
@@ -80,6 +81,39 @@ def test_the_geometries_equal_the_reference(op_type, attrs):
         sets, h, o = R.dilated_grid(gb, 0), gb.voxel_sizes, gb.origins
     got = net.run(dict(zip(schema.BUNDLE, gb.bundle())))
     assert_same_bundle([got[n] for n in NEW], expected_batch(sets, h, o), sets)
+
+
+def test_four_grids_two_empty_one_wide_wait_once_a_build(monkeypatch):
+    """ConvGrid 2/2 over batches of four grids, two of them empty, one spread over 8 upper nodes (a blob
+    past its first capacity: the first build runs again): the reference's bundle, and one wait a build
+    with the grids laid out on the device where the host's layout waited twice (the switch's A/B)."""
+    from luisaml import counts
+    from luisaml.operators.fvdb.topology import DeviceGridBuild
+
+    rng = np.random.default_rng(8)
+
+    def batch(k):
+        near = rng.integers(-20, 20, (300 + 50 * k, 3)).astype(np.int32)
+        wide = np.concatenate([near[:40], rng.choice([-5000, 5000], (16, 3)).astype(np.int32) + k])
+        empty = np.zeros((0, 3), np.int32)
+        return GridBatch.from_ijk([near, empty, wide, empty], voxel_sizes=[(0.5, 0.5, 0.5)] * 4,
+                                  origins=[(1, 2, 3)] * 4)
+
+    attrs = {"kernel_size": [2, 2, 2], "stride": [2, 2, 2]}
+    for on_device, waits in ((True, 1), (False, 2)):
+        monkeypatch.setattr(DeviceGridBuild, "LAYOUT_ON_DEVICE", on_device)
+        monkeypatch.setattr(host_steps.DeviceBuilds, "_shared", {})  # (the switch changes the bucket's kernels)
+        first = batch(0)
+        net = luisaml.compile(op_model("ConvGrid", attrs, first, False), batch_axis=None, grid_build="device")
+        for k in range(3):
+            gb = batch(k)
+            with counts.measure() as c:
+                got = net.run(dict(zip(schema.BUNDLE, gb.bundle())))
+            sets = R.conv_grid(gb, attrs["kernel_size"], attrs["stride"])
+            assert_same_bundle([got[n] for n in NEW], expected_batch(sets, gb.voxel_sizes * 2, gb.origins), sets)
+            build = next(iter(net.plan.host_steps.device.networks.values()))
+            assert c.syncs == waits + (build.launcher.reruns if k == 0 else 0), (on_device, k, c)
+        assert build.launcher.reruns == (1 if on_device else 0)
 
 
 def test_a_chain_feeds_a_query_as_the_host_does():
