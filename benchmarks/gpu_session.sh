@@ -6,7 +6,7 @@
 #
 #     bash benchmarks/gpu_session.sh tests1 tests2 fvdb zoo-a        # the first call of a session (~8 min)
 #     bash benchmarks/gpu_session.sh zoo-b zoo-c                     # the zoo's other 16 rows (~9 min)
-#     bash benchmarks/gpu_session.sh detector topology topk rnn      # issue 28's rows, the recurrent forms
+#     bash benchmarks/gpu_session.sh detector topology topk fp16 rnn # issue 28's rows, fp16 MLPs, the recurrent forms
 #
 # A step is NAME or NAME=SECONDS (its limit; the defaults below). Results and logs go to $OUT (they come
 # back with the reply): a step's log is $OUT/NAME.log, the zoo's records $OUT/zoo.json (merged by name
@@ -48,8 +48,10 @@ run() {
               tests/gpu/test_gemm_heads_cuda.py tests/gpu/test_across_cuda.py tests/gpu/test_topk_cuda.py ;;
     tests2) step "$name" "${limit:-120}" env LUISAML_BACKEND=cuda "${PYTEST[@]}" -n 12 tests/gpu/test_tensor_cores_cuda.py \
               tests/gpu/test_sparse_conv_mma_cuda.py tests/gpu/test_winograd_cuda.py ;;
-    tests3) step "$name" "${limit:-150}" env LUISAML_BACKEND=cuda "${PYTEST[@]}" -n 8 tests/fvdb/test_radix_passes.py \
-              tests/fvdb/test_topology_device.py tests/core/test_same_uploads.py tests/gpu/test_cuda.py ;;
+    tests3) step "$name" "${limit:-200}" env LUISAML_BACKEND=cuda "${PYTEST[@]}" -n 12 tests/fvdb/test_radix_passes.py \
+              tests/fvdb/test_topology_device.py tests/fvdb/test_build_layout.py tests/fvdb/test_grid_build_device.py \
+              tests/fvdb/test_counted_runs.py tests/core/test_counted_bytes.py tests/core/test_same_uploads.py \
+              tests/gpu/test_cuda.py ;;
     fvdb) step "$name" "${limit:-70}" python3 -P benchmarks/bench_fvdb.py --tensor-cores --only-layers --reps 20 --out-dir "$O" ;;
     zoo-a) step "$name" "${limit:-240}" "${ZOO[@]}" "$ZOO_A" ;;
     zoo-b) step "$name" "${limit:-300}" "${ZOO[@]}" "$ZOO_B" ;;
@@ -57,8 +59,9 @@ run() {
     detector) step "$name" "${limit:-200}" python3 -P benchmarks/bench_detector.py --device cuda --reps 5 --out-dir "$O" ;;
     topology) step "$name" "${limit:-150}" python3 -P benchmarks/bench_topology.py --reps 20 ;;
     topk) step "$name" "${limit:-60}" python3 -P benchmarks/experiments/micro_topk.py ;;
+    fp16) step "$name" "${limit:-150}" env LUISAML_BACKEND=cuda python3 -P benchmarks/experiments/fp16_mlp.py --tiles w64,w32 ;;
     rnn) step "$name" "${limit:-120}" python3 -P benchmarks/experiments/rnn_forms.py --forms block,steps,auto --reps 15 ;;
-    *) echo "unknown step $name (tests1 tests2 tests3 fvdb zoo-a zoo-b zoo-c detector topology topk rnn)"; return 2 ;;
+    *) echo "unknown step $name (tests1 tests2 tests3 fvdb zoo-a zoo-b zoo-c detector topology topk fp16 rnn)"; return 2 ;;
   esac
 }
 
