@@ -118,6 +118,9 @@ class TopK(Lines):
         tiling = self.chunk_tiling()
         return tiling.describe() if tiling is not None else ""
 
+    def describe_block(self) -> str:  # (inspect's note of a blocks stage's root: the phases are blocks too)
+        return self.describe() or super().describe_block()
+
     def emit_block(self, ctx, item, thread):
         from . import topk_block
 
