@@ -5,7 +5,7 @@ per line (the CPU's source the same under either switch), and the kernels run in
 (tests/gpu_emulator.py: a block's threads one at a time between barriers and warp reductions, in
 thread order or reversed) give onnxruntime's values and indices: largest and smallest, many equal
 values (the lower index first), NaN, +-inf, -0 and subnormals, k from 1 to the whole line, ragged
-lines and chunks, several lines along a middle axis, int64, batched samples."""
+lines and chunks, several lines along a middle axis, int64, float16, batched samples."""
 from __future__ import annotations
 
 import numpy as np
@@ -22,7 +22,7 @@ FORMS = ("chunks", "block")
 
 
 def _model(shape, axis: int, k: int, largest: int, dtype=np.float32):
-    elem = TensorProto.FLOAT if dtype == np.float32 else TensorProto.INT64
+    elem = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16, np.int64: TensorProto.INT64}[dtype]
     out = list(shape)
     out[axis] = k
     node = helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=axis, largest=largest)
@@ -157,6 +157,21 @@ def test_chunks_from_one_pick_to_the_whole_line(n, k, largest, dtype, reverse, m
     assert chunks == -(-n // (32 if n <= 1024 else 64))
     assert [(st.domain, st.items) for st in plan.schedule.stages] == [("blocks", 2 * chunks), ("blocks", 2)]
     got = run_plan(plan, {"x": x}, reverse=reverse)
+    want_v, want_i = _ort(model, x)
+    np.testing.assert_array_equal(got["i"], want_i)
+    np.testing.assert_array_equal(got["v"], want_v.astype(np.float64))
+
+
+def test_chunks_of_half_values():
+    """float16 values ranked through float (exact), stored back as half: NaN, -0 and half's
+    subnormals among the smallest picks."""
+    model = _model((1, 1100), -1, 12, 0, np.float16)
+    x = np.random.default_rng(1).integers(1, 7, (1, 1100)).astype(np.float16)
+    x[0, [5, 9, 700]] = [np.nan, -0.0, 0.0]
+    x[0, [11, 400, 1090]] = np.float16(6e-8), np.float16(-6e-8), np.float16(-1e-5)
+    plan = _plan(model, "cuda")
+    assert [st.domain for st in plan.schedule.stages] == ["blocks", "blocks"]
+    got = run_plan(plan, {"x": x}, extra={"half": lambda v: float(np.float16(v))})  # (the emulator computes in float64)
     want_v, want_i = _ort(model, x)
     np.testing.assert_array_equal(got["i"], want_i)
     np.testing.assert_array_equal(got["v"], want_v.astype(np.float64))
