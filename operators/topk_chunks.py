@@ -155,15 +155,16 @@ def _emit_chunks(op, tiling: ChunkTiling, ctx, item: str, thread: str) -> None:
     at = ctx.let(f"({line} * {C} + {c}) * {K1}", "at")  # the chunk's first pick in scratch
     bq, bi, bv, pm, pw, mine0, j, s, t, v, q = (ctx.fresh(p) for p in ("bq", "bi", "bv", "pm", "pw", "scan", "j", "s",
                                                                       "t", "x", "q"))
-    # the lane's best after its last pick (pm, pw; none while pw < 0), rescanned while `scan`
-    _put(ctx, [f"{bq} = {INT_MIN}", f"{bi} = {n}", f"{bv} = {literal(0, value)}", f"{pm} = 0", f"{pw} = -1",
+    # the lane's best after its last pick (pm, pw), rescanned while `scan`; before the first pick
+    # (INT_MAX, -1), which every element comes after
+    _put(ctx, [f"{bq} = {INT_MIN}", f"{bi} = {n}", f"{bv} = {literal(0, value)}", f"{pm} = {-1 - INT_MIN}", f"{pw} = -1",
                f"{mine0} = True", f"for {j} in range({picks}):"])
     with ctx.indent():
         _put(ctx, [f"if {mine0}:", f"    {bq} = {INT_MIN}", f"    {bi} = {n}", f"    for {s} in range({tiling.share}):",
                    f"        {t} = {c0} + {s} * {WARP} + {thread}"])
         scan = [f"{v} = {convert(x.load(ix.add(base, ix.mul(t, stride))), x.dtype, value)}", f"{q} = {rank(v)}",
                 # after the last pick, and (the share walked upwards) above the best so far
-                f"if ({pw} < 0 or {q} < {pm} or ({q} == {pm} and {t} > {pw})) and ({bi} == {n} or {q} > {bq}):",
+                f"if ({q} < {pm} or ({q} == {pm} and {t} > {pw})) and ({bi} == {n} or {q} > {bq}):",
                 f"    {bq} = {q}", f"    {bi} = {t}", f"    {bv} = {v}"]
         if n % L:  # the last chunk's lanes past the end
             scan = [f"if {t} < {n}:"] + ["    " + ln for ln in scan]
