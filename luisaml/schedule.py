@@ -25,8 +25,9 @@ contiguous run, a block of warps for a long one (operators/rows.py: lanes stride
 reductions combine their sums); the CPU backend cannot compile shared memory, and a product that
 would leave most of a tile empty, or a row shorter than 16, keeps its items (a reduction its element)
 form; **fused** -- a kernel of its own (`Operator.own_kernel`, `kernel_counters`, `dispatch_size`,
-`emit_kernel`: the FusedMLP's cooperative kernel); **phased** -- a node with outputs sized at run time or a recurrence, one items
-stage per phase, or a blocks stage where the phase asks for blocks (luisaml/dynamic.py). An items stage may also run a register tile of a Gemm or Conv; on the CPU
+`emit_kernel`: the FusedMLP's cooperative kernel); **phased** -- a node with outputs sized at run time, a recurrence or
+(CUDA) a long TopK line (operators/topk_chunks.py), one items stage per phase, or a blocks stage where the phase asks
+for blocks (luisaml/dynamic.py). An items stage may also run a register tile of a Gemm or Conv; on the CPU
 backend a per-sample layer of one row computes two samples an item (`Operator.samples_per_item`), so
 each weight it loads serves both. `whole` is the fallback every operator has (control flow,
 recurrences, user plugins).

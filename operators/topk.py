@@ -4,12 +4,16 @@ values in index order (the lower index first, as ONNX says).
 Each line is selected in k passes without scratch memory: pass j takes the best element that
 comes after pick j-1 in the order (value descending, index ascending) — or value ascending for
 the smallest. O(k n) per line, which suits the small k of real models. A stage runs one work
-item per line (reduce.Lines); on GPUs a line of at least topk_block.MIN_LENGTH runs a block of
-threads that share each pass (operators/topk_block.py).
+item per line (reduce.Lines); on GPUs a line of at least topk_block.MIN_LENGTH runs as two phases,
+chunks of it a warp each over the SMs, then a warp a line merging the chunks' picks
+(operators/topk_chunks.py; `long_lines = "block"` or LUISAML_TOPK=block: a block of threads a line
+sharing each pass, operators/topk_block.py).
 
 NaN sorts above every number, +inf included, and NaNs among themselves by index (numpy's sort,
 and what onnxruntime returns): the first picks of largest=1, the last of largest=0."""
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -48,6 +52,12 @@ class Order:
 class TopK(Lines):
     """TopK with K as a constant input (opset 10), largest and sorted attributes (opset 11)."""
 
+    # a long line's GPU form: "chunks" (operators/topk_chunks.py) or "block", the block per line
+    # before it (operators/topk_block.py); LUISAML_TOPK where set (read at plan time: the A/B switch
+    # of benchmarks/experiments/micro_topk.py and bench_detector.py, one process, one form)
+    long_lines = "chunks"
+    no_blocks = False  # set on the CPU backend's plans (luisaml/compiler.py): the item per line there
+
     def k(self) -> int:
         k = np.asarray(self.const(1, "K")).reshape(-1)
         self.expect(k.size == 1, f"K must hold one value, it has {k.size}")
@@ -79,6 +89,37 @@ class TopK(Lines):
             return None
         shape, axis = self.lines()
         return topk_block.choose(self.work_items(), shape[axis])
+
+    def chunk_tiling(self):
+        """The chunks and merge of lines of at least topk_block.MIN_LENGTH on GPUs (operators/topk_chunks.py)."""
+        from . import topk_chunks
+
+        form = os.environ.get("LUISAML_TOPK") or self.long_lines
+        if self.no_blocks or form != "chunks" or self.block_tiling() is None:
+            return None
+        shape, axis = self.lines()
+        return topk_chunks.choose(self.work_items(), shape[axis], self.kk, self.input(0).dtype)
+
+    @property
+    def phased(self) -> bool:  # (schedule.kind: the chunked form's two phases)
+        return self.chunk_tiling() is not None
+
+    def phases(self):
+        from . import topk_chunks
+
+        return topk_chunks.phases(self, self.chunk_tiling())
+
+    def scratch(self):
+        from . import topk_chunks
+
+        return topk_chunks.scratch(self, self.chunk_tiling())
+
+    def describe(self) -> str:
+        tiling = self.chunk_tiling()
+        return tiling.describe() if tiling is not None else ""
+
+    def describe_block(self) -> str:  # (inspect's note of a blocks stage's root: the phases are blocks too)
+        return self.describe() or super().describe_block()
 
     def emit_block(self, ctx, item, thread):
         from . import topk_block

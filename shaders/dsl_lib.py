@@ -1,6 +1,7 @@
 """DSL functions shared by operators; a generated module imports the ones it uses."""
 # ruff: noqa: F821  (exp, copysign, isnan, ... are DSL builtins the luisa compiler resolves)
 import luisa
+from luisa.builtin import bitwise_cast
 from luisa.types import half  # noqa: F401
 
 # erf_f32: piecewise polynomial fits by tests/operators/fit_erf.py (which reproduces them and
@@ -96,6 +97,23 @@ def min_nan(a, b):
 def clamp_nan(x, lo, hi):
     """x clamped to [lo, hi] (float or half); NaN stays NaN."""
     return x if isnan(x) else clamp(x, lo, hi)
+
+
+@luisa.func
+def order_key(x):
+    """An int that orders float x as TopK does (operators/topk.py's Order): -0 equal to +0, every NaN
+    above +inf; taken from x's bits (integer comparisons, which fast math cannot flush to zero, and
+    one warp reduction: operators/topk_chunks.py). A negative's bits b give b ^ 0x7fffffff = -1 - |b|."""
+    b = bitwise_cast(int, x)
+    m = b & 2147483647
+    k = b
+    if b < 0:
+        k = b ^ 2147483647
+    if m == 0:
+        k = 0
+    if m > 2139095040:  # above +inf's bits: a NaN
+        k = 2147483647
+    return k
 
 
 @luisa.func

@@ -10,7 +10,7 @@ missing barrier reads what another thread has not written yet, or has overwritte
 runs its work items one after another. A warp reduction (warp_active_sum / max / min / any) is such a
 stop too: each lane leaves its value and waits for its turn, when every lane of its warp has left
 one; a warp whose lanes do not all reach it is an error (the forms here keep a warp whole), and
-warp_active_max / min drop NaN (as CUDA's fmaxf / fminf do), so a form must find a NaN
+warp_active_max / min drop NaN (as CUDA's fmaxf / fminf do; over ints they give an int), so a form must find a NaN
 another way. `run_plan` runs every stage of a plan in launch order over its own buffers and returns
 the graph's outputs."""
 from __future__ import annotations
@@ -74,6 +74,13 @@ def _bitwise_cast(dtype, v):
         return struct.unpack("<f", word)[0]
     u = int.from_bytes(word, "little")
     return u - (1 << 32) if dtype is int and u >= 1 << 31 else u
+
+
+def _warp_extreme(values: list, fold):
+    """A warp's max or min: an int for ints (TopK's ranks, operators/topk_chunks.py), a float else."""
+    if all(isinstance(v, int) for v in values):
+        return int(fold.reduce(np.asarray(values, np.int64)))
+    return float(fold.reduce(values))
 
 
 class Id:
@@ -147,8 +154,8 @@ class Emulator:
             dispatch_id=lambda: Id(local.tid), dispatch_size=lambda: Id(local.size),
             sync_block=lambda: local.barrier.wait(),
             warp_active_sum=lambda v: sum(local.warp(v)),
-            warp_active_max=lambda v: float(np.fmax.reduce(local.warp(v))),
-            warp_active_min=lambda v: float(np.fmin.reduce(local.warp(v))),
+            warp_active_max=lambda v: _warp_extreme(local.warp(v), np.fmax),
+            warp_active_min=lambda v: _warp_extreme(local.warp(v), np.fmin),
             warp_active_any=lambda v: any(local.warp(v)),
             quiet_nan=lambda: float("nan"),  # (math_lib's: a NaN the CUDA codegen cannot fold into a literal)
             # 32-bit unsigned words (SparseConv3d's tap masks): wrapped as CUDA's, and their bit counts
