@@ -53,6 +53,8 @@ run() {
               tests/fvdb/test_counted_runs.py tests/core/test_counted_bytes.py tests/core/test_same_uploads.py \
               tests/gpu/test_cuda.py ;;
     fvdb) step "$name" "${limit:-70}" python3 -P benchmarks/bench_fvdb.py --tensor-cores --only-layers --reps 20 --out-dir "$O" ;;
+    fvdb-w32) mkdir -p "$O/w32"; step "$name" "${limit:-70}" env LUISAML_MMA_TILE=w32-first python3 -P benchmarks/bench_fvdb.py \
+                --tensor-cores --only-layers --reps 20 --out-dir "$O/w32" ;;  # (the sparse mma tile with 4x the warps)
     zoo-a) step "$name" "${limit:-240}" "${ZOO[@]}" "$ZOO_A" ;;
     zoo-b) step "$name" "${limit:-300}" "${ZOO[@]}" "$ZOO_B" ;;
     zoo-c) step "$name" "${limit:-300}" "${ZOO[@]}" "$ZOO_C" ;;
@@ -61,7 +63,7 @@ run() {
     topk) step "$name" "${limit:-60}" python3 -P benchmarks/experiments/micro_topk.py ;;
     fp16) step "$name" "${limit:-150}" env LUISAML_BACKEND=cuda python3 -P benchmarks/experiments/fp16_mlp.py --tiles w64,w32 ;;
     rnn) step "$name" "${limit:-120}" python3 -P benchmarks/experiments/rnn_forms.py --forms block,steps,auto --reps 15 ;;
-    *) echo "unknown step $name (tests1 tests2 tests3 fvdb zoo-a zoo-b zoo-c detector topology topk fp16 rnn)"; return 2 ;;
+    *) echo "unknown step $name (tests1 tests2 tests3 fvdb fvdb-w32 zoo-a zoo-b zoo-c detector topology topk fp16 rnn)"; return 2 ;;
   esac
 }
 
