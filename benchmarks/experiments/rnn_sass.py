@@ -5,7 +5,7 @@ and in the step's k loop the loads of R (LDG / LD / LDL) against the FMAs: how m
 the first FMA that uses one, and the instructions a k.
 
     python benchmarks/experiments/rnn_sass.py bilstm1 bilstm2 gru lstm [--forms block,auto] [--dialects lc,plain]
-        [--cuobjdump /path/to/cuobjdump] [--ptxas /path/to/ptxas] [--keep DIR]
+        [--cuobjdump /path/to/cuobjdump] [--ptxas /path/to/ptxas] [--nvrtc] [--keep DIR]
 
 Shapes: bilstm1 / bilstm2 the zoo's BiLSTM tagger's layers (64 rows, 128 -> 256 and 512 -> 256 units a
 direction, 64 steps, bidirectional); gru / lstm the zoo's (1,024 rows, 64 -> 128, 32 steps; torch's export
@@ -17,7 +17,11 @@ liblc-backend-cuda.so's strings): the kernel's arguments one `Params` struct by 
 `lc_byte_buffer_read<T>` (the address an integer turned back into a pointer), NVRTC's options
 (--use_fast_math -restrict -extra-device-vectorization) to PTX, then ptxas at -O3 as the driver's JIT
 (--ptxas: another one, e.g. CUDA 12.1's from the nvidia-cuda-nvcc-cu12==12.1.105 wheel, the release of the
-wheel's NVRTC; the PTX's .version is then lowered to 8.1 as LuisaCompute retries a load).
+wheel's NVRTC; the PTX's .version is then lowered to 8.1 as LuisaCompute retries a load). --nvrtc: the PTX
+from the wheel's own compiler, luisa/dylibs/luisa_nvrtc (NVRTC 12.1, through the protocol of luisaml/
+nvrtc_front.py) in place of nvcc's; it names libcuda.so.1 but calls nothing in it, so on a machine without a
+driver an empty library of that name on LD_LIBRARY_PATH lets it start
+(`echo 'int x;' | gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o DIR/libcuda.so.1 -x c -`).
 "plain": mma_sass.py's dialect (bare __restrict__ pointers, the blob indexed as floats from its base).
 Compare the dialects and forms with each other, not with a measured kernel."""
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
@@ -169,6 +174,26 @@ def translate(src: str, stage: str, dialect: str) -> str:
     return PRELUDE + head + body + "\n}\n"
 
 
+def wheel_nvrtc(cu: Path, ptx: Path):
+    """Compile cu to ptx with the luisa-python wheel's luisa_nvrtc and LuisaCompute's options (the strings of
+    liblc-backend-cuda.so): on stdin the file name and the source, each an 8-byte little-endian size (NUL
+    included) and its bytes; PTX on stdout."""
+    import luisa
+
+    exe = Path(luisa.__file__).parent / "dylibs" / "luisa_nvrtc"
+
+    def blob(text: str) -> bytes:
+        data = text.encode() + b"\0"
+        return struct.pack("<Q", len(data)) + data
+
+    opts = ["-arch=compute_90", "--std=c++17", "--use_fast_math", "-default-device", "-restrict",
+            "-extra-device-vectorization", "-dw", "-ewp"]
+    r = subprocess.run([str(exe), *opts], input=blob(cu.name) + blob(cu.read_text()), capture_output=True, timeout=600)
+    ptx.write_bytes(r.stdout)
+    ok = r.returncode == 0 and b".target" in r.stdout
+    return subprocess.CompletedProcess(r.args, 0 if ok else 1, "", r.stderr.decode(errors="replace"))
+
+
 def plan_stage(shape: str, form: str):
     """(plan, the steps' stage name, its BlockLoop) of a shape under compile's recurrent form."""
     from test_rnn import case, merge
@@ -270,6 +295,7 @@ def main() -> int:
     ap.add_argument("--dialects", default="lc,plain")
     ap.add_argument("--cuobjdump", default=None)
     ap.add_argument("--ptxas", default=None, help="the lc dialect's ptxas (default nvcc's)")
+    ap.add_argument("--nvrtc", action="store_true", help="the lc dialect's PTX from the wheel's luisa_nvrtc")
     ap.add_argument("--keep", type=Path, default=None, help="a folder for the .cu, .ptx, .cubin and .sass files")
     args = ap.parse_args()
     nvcc, cuobjdump = tool("nvcc", None), tool("cuobjdump", args.cuobjdump)
@@ -288,9 +314,10 @@ def main() -> int:
                 cubin = cu.with_suffix(".cubin")
                 if dialect == "lc":  # NVRTC's options to PTX, then ptxas as the driver's JIT (-O3)
                     ptx = cu.with_suffix(".ptx")
-                    r = subprocess.run([nvcc, "-arch=compute_90", "-ptx", "-std=c++17", "--use_fast_math", "-restrict",
-                                        "-extra-device-vectorization", "-o", str(ptx), str(cu)],
-                                       capture_output=True, text=True, timeout=600)
+                    r = (wheel_nvrtc(cu, ptx) if args.nvrtc else
+                         subprocess.run([nvcc, "-arch=compute_90", "-ptx", "-std=c++17", "--use_fast_math", "-restrict",
+                                         "-extra-device-vectorization", "-o", str(ptx), str(cu)],
+                                        capture_output=True, text=True, timeout=600))
                     if not r.returncode and args.ptxas:
                         ptx.write_text(re.sub(r"^\.version .*$", ".version 8.1", ptx.read_text(), count=1, flags=re.M))
                     if not r.returncode:
