@@ -4,7 +4,7 @@ the plan's DSL to CUDA C++ in two dialects and compiled for sm_90: ptxas -v's re
 and in the step's k loop the loads of R (LDG / LD / LDL) against the FMAs: how many loads are issued before
 the first FMA that uses one, and the instructions a k.
 
-    python benchmarks/experiments/rnn_sass.py bilstm1 bilstm2 gru lstm [--forms block,auto] [--dialects lc,plain]
+    python benchmarks/experiments/rnn_sass.py bilstm1 bilstm2 gru lstm [--forms block,unrolled,auto] [--dialects lc,plain]
         [--cuobjdump /path/to/cuobjdump] [--ptxas /path/to/ptxas] [--nvrtc] [--keep DIR]
 
 Shapes: bilstm1 / bilstm2 the zoo's BiLSTM tagger's layers (64 rows, 128 -> 256 and 512 -> 256 units a
@@ -291,7 +291,7 @@ def loop_report(body: list[str]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("shapes", nargs="+")
-    ap.add_argument("--forms", default="block,auto")
+    ap.add_argument("--forms", default="block,unrolled,auto")
     ap.add_argument("--dialects", default="lc,plain")
     ap.add_argument("--cuobjdump", default=None)
     ap.add_argument("--ptxas", default=None, help="the lc dialect's ptxas (default nvcc's)")
