@@ -82,7 +82,8 @@ class BuildOptions:
     not stored in a .lml: a loaded network runs the FP32 tiles); schedules: tuned schedules, ((node name, ((knob, value), ...)), ...),
     each set as the node's Operator.schedule (luisaml/tune.py; not stored in a .lml yet: a loaded
     network runs the rules' choices); recurrent: CUDA's recurrent steps (operators/rnn_block.py FORMS:
-    "auto", "unfused", "block" the block loop as first built, "steps" a phase a step; not stored in a .lml)."""
+    "auto", "unfused", "unrolled" auto without the loads a k loop iteration ahead, "block" the block loop as first
+    built, "steps" a phase a step; not stored in a .lml)."""
 
     fuse: str = "off"
     precision: str = "fp32"

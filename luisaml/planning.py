@@ -32,7 +32,7 @@ Winograd = Literal["auto", False, 2, 4]
 GridBuild = Literal["auto", "device", "host"]
 TensorCores = Literal["auto", False]
 Tune = Literal["fast", "full", False]
-Recurrent = Literal["auto", "unfused", "block", "steps"]
+Recurrent = Literal["auto", "unfused", "unrolled", "block", "steps"]
 
 # the Winograd tile "auto" takes on CUDA (benchmarks/NOTES.md, "Winograd convolutions"); the CPU
 # backend keeps the direct form unless asked
@@ -75,8 +75,8 @@ class CompileOptions:
     # the tuned schedules build_plan sets (compiler.BuildOptions.schedules); tune.py fills them
     schedules: tuple = ()
     # CUDA's recurrent steps (operators/rnn_block.py FORMS): "auto", "unfused" (the input projection
-    # always a GEMM stage), "block" (the block loop as first built), "steps" (a phase a step); the CPU
-    # backend's loop form either way
+    # always a GEMM stage), "unrolled" ("auto" without the loads of R a k loop iteration ahead), "block"
+    # (the block loop as first built), "steps" (a phase a step); the CPU backend's loop form either way
     recurrent: Recurrent = "auto"
 
     def check(self) -> None:
@@ -92,8 +92,8 @@ class CompileOptions:
             raise UsageError(f"winograd must be 'auto', False, 2 or 4, not {self.winograd!r}")
         if self.tune not in ("fast", "full", False):
             raise UsageError(f"tune must be 'fast', 'full' or False, not {self.tune!r}")
-        if self.recurrent not in ("auto", "unfused", "block", "steps"):
-            raise UsageError(f"recurrent must be 'auto', 'unfused', 'block' or 'steps', not {self.recurrent!r}")
+        if self.recurrent not in ("auto", "unfused", "unrolled", "block", "steps"):
+            raise UsageError(f"recurrent must be 'auto', 'unfused', 'unrolled', 'block' or 'steps', not {self.recurrent!r}")
         if self.grid_build not in ("auto", "device", "host"):
             raise UsageError(f"grid_build must be 'auto', 'device' or 'host', not {self.grid_build!r}")
 

@@ -152,8 +152,9 @@ def compile(
     plan's `tuning` says what was chosen (inspect shows it).
     recurrent: on CUDA, how RNN, GRU and LSTM run their steps (operators/rnn_block.py): "auto" (one
     launch of every step where it fits, the input projection inside it where that is estimated cheaper,
-    else a launch a step), "unfused" (the projection always a GEMM stage of its own), "block" (that
-    launch as first built, for comparisons) or "steps" (a launch a step); the CPU backend ignores it.
+    else a launch a step), "unfused" (the projection always a GEMM stage of its own), "unrolled" ("auto"
+    without its loads of R a k loop iteration ahead), "block" (that launch as first built; these two for
+    comparisons) or "steps" (a launch a step); the CPU backend ignores it.
     A saved .lml runs "auto".
     verbose: log the compile's phases at INFO (same as logging.getLogger("luisaml").setLevel)."""
     t0 = time.perf_counter()

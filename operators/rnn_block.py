@@ -18,7 +18,11 @@ GRU's z stay in the registers of the thread that owns the unit. R is the per-ste
 [D][k][gate * H + unit], read from global memory (L1 and L2) every step: a block reads all of its
 direction's R once a step, each value for SB rows. The k loop takes U k's an iteration, all their
 loads of R first (`unroll`): a k an iteration waited one L2 round trip a k, which made the zoo's steps
-5x slower than their bytes (the BiLSTM tagger 44 us a step, the GRU 18: benchmarks/NOTES.md).
+5x slower than their bytes (the BiLSTM tagger 44 us a step, the GRU 18: benchmarks/NOTES.md). Written
+first in one iteration, the loads did not stay first: the compiler sinks each to its multiply-adds
+(NVVM's PTX already interleaves them; ptxas then keeps ~6 in flight), so the unroll alone bought
+nothing on the H100. With `prefetch` each iteration loads the NEXT iteration's U k's into registers
+carried round the loop: nothing in the iteration uses them, so all of them are in flight at once.
 
 Where the estimate says so (`BlockLoop.fused`), the input projection X W^T runs inside the step too:
 each thread computes P of its rows and units from X's row (read in P's row order, the exporter's
@@ -82,10 +86,12 @@ PROJ_OUTPUTS_CLOCK = 32
 PROJ_FLOP_CLOCK = 19_000
 HBM_CLOCK = 1700
 STAGE_CLOCKS = 40_000
-# compile(recurrent=...): "auto" (this estimate, the k loops unrolled, the projection fused where
-# cheaper), "unfused" (the same, the projection always its own GEMM stage), "block" (the block loop as
-# first built: a k an iteration, rows by the first estimate; for A/B runs), "steps" (the phase-a-step form)
-FORMS = ("auto", "unfused", "block", "steps")
+# compile(recurrent=...): "auto" (this estimate, the k loops unrolled with their loads an iteration
+# ahead, the projection fused where cheaper), "unfused" (the same, the projection always its own GEMM
+# stage), "unrolled" ("auto" with each iteration's loads in that iteration, as merged in rnngpu: the
+# compiler sinks them to their multiply-adds; for A/B runs), "block" (the block loop as first built: a k
+# an iteration, rows by the first estimate; for A/B runs), "steps" (the phase-a-step form)
+FORMS = ("auto", "unfused", "unrolled", "block", "steps")
 
 
 def unroll(G: int, H: int, UB: int) -> int:
@@ -136,6 +142,8 @@ class BlockLoop:
     # the input projection X W^T inside the step (no projection stage), its k loop UI k's an iteration
     fused: bool = False
     UI: int = 1
+    # the k loops' loads of R (and W) one iteration ahead (Step.gemv_unrolled)
+    prefetch: bool = False
 
     @property
     def quad(self) -> bool:
@@ -144,7 +152,8 @@ class BlockLoop:
 
     def describe(self) -> str:
         units = f"{self.UB} units" if self.UB > 1 else "a unit"
-        ks = f", {self.U} k's an iteration (R's loads first)" if self.U > 1 else ""
+        ks = (f", {self.U} k's an iteration (R's loads {'an iteration ahead' if self.prefetch else 'first'})"
+              if self.U > 1 else "")
         if self.fused:
             ks += f", X W^T inside the step ({self.UI} k's an iteration)"
         return (f"one launch for every step: {self.blocks} block(s) of {self.TU} threads, a block {self.SB} row(s) of a "
@@ -159,6 +168,8 @@ def choose(cell, split: bool, batched: bool, form: str = "auto") -> BlockLoop | 
     estimated slower than a phase of that form."""
     if form == "steps":
         return None
+    prefetch = form in ("auto", "unfused")
+    form = "auto" if form == "unrolled" else form  # (the same choices, the loads where written)
     G, H, D, B, S, I = cell.gates, cell.H, cell.D, cell.B, cell.S, cell.I
     UB = -(-H // MAX_THREADS)
     TU = -(-H // UB)
@@ -191,7 +202,7 @@ def choose(cell, split: bool, batched: bool, form: str = "auto") -> BlockLoop | 
         FB = min(sides, key=lambda sb: (clocks(sb, True), sb))
         if S * clocks(FB, True) < S * clocks(SB) + projection_clocks(G, H, D, B, S, I):
             SB, fused = FB, True
-    return BlockLoop(SB, TU, UB, D * -(-B // SB), shared(SB), U, fused, UI if fused else 1)
+    return BlockLoop(SB, TU, UB, D * -(-B // SB), shared(SB), U, fused, UI if fused else 1, prefetch)
 
 
 class SharedState(State):
@@ -314,7 +325,8 @@ def emit(op, ctx, item: str, thread: str) -> None:
     ctx.line("sync_block()")
     with ctx.loop(S, "s") as s:
         st.step(s)
-        step = Step(op, ctx, d, rows, ok, s, units, consecutive=False, unit_ok=unit_ok, lens=lens, unroll=bl.U)
+        step = Step(op, ctx, d, rows, ok, s, units, consecutive=False, unit_ok=unit_ok, lens=lens, unroll=bl.U,
+                    prefetch=bl.prefetch)
         if bl.fused:
             step.project(bl.UI)
         if op.split:

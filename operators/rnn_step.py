@@ -111,12 +111,14 @@ class Step:
 
     def __init__(self, op, ctx, d: str, rows: list[str], ok: list[str | None], s: str, units: list[str],
                  consecutive: bool = True, unit_ok: list[str | None] | None = None, lens: list[str] | None = None,
-                 unroll: int = 1):
+                 unroll: int = 1, prefetch: bool = False):
         self.op, self.ctx, self.d, self.rows, self.ok, self.s, self.units = op, ctx, d, rows, ok, s, units
         self.consecutive = consecutive
         # the scalar gemv's k's a loop iteration, R's loads of all of them first (the block loop's:
         # rnn_block.unroll); 1: a k an iteration
         self.unroll = unroll
+        # gemv_unrolled's loads one iteration ahead (the block loop's BlockLoop.prefetch)
+        self.prefetch = prefetch
         # False: a step known not to be the last (no Y_h / Y_c stores: clang's loop vectoriser does not
         # take gate_acts' loop with them)
         self.last = None
@@ -233,19 +235,57 @@ class Step:
         in k order (each accumulator sums in the same order as a k an iteration: the same bits). A k an
         iteration waited one L2 round trip per k (~300 clocks: the zoo's steps on the H100/H200,
         benchmarks/NOTES.md); U k's put U times the loads in flight before the first wait. K, loads:
-        another matrix's k's and loads (`project`'s W; default H and R)."""
+        another matrix's k's and loads (`project`'s W; default H and R).
+
+        The loads written first do not stay first: NVVM sinks each to its multiply-adds and ptxas keeps
+        ~6 in flight a warp (benchmarks/experiments/rnn_sass.py), so on the H100 the unrolled loop ran as
+        slowly as a k an iteration. With self.prefetch the loads are an iteration ahead: the loop runs
+        n + 1 times; iteration kq loads k's kq U .. kq U + U - 1 into named registers (rn, carried round
+        the loop; the last iteration reloads the last k's: no read past the matrix) and, from the second
+        on, multiplies the previous iteration's (rc, copies taken at its top). Nothing in an iteration
+        uses what it loads, so neither compiler can sink a load to its use: all G x units x U are issued
+        together and in flight across the multiply-adds. The registers start at 0.0, not with loads
+        before the loop: where every value entering a loop-carried register is a load, LLVM's InstCombine
+        folds them into one load at the loop's top (a phi of loads into a load of a phi), which ptxas
+        interleaves again. The same sums in the same order: the same bits."""
         ctx = self.ctx
         K, loads = K or self.op.cell.H, loads or self.r_loads
         SB, UB = len(self.rows), len(self.units)
-        with ctx.loop(K // U, "kq") as kq:
-            ks = [ctx.let(ix.add(ix.mul(kq, U), str(e)), "k") for e in range(U)]
-            vals = [loads(gates, k) for k in ks]
-            for e, k in enumerate(ks):
-                hv = [ctx.let(src(j, k), "hv") for j in range(SB)]
-                for g in gates:
-                    for j in range(SB):
-                        for i in range(UB):
-                            ctx.line(f"{acc[g, j, i]} = fma({hv[j]}, {vals[e][g, i]}, {acc[g, j, i]})")
+        n = K // U
+        if not self.prefetch:
+            with ctx.loop(n, "kq") as kq:
+                ks = [ctx.let(ix.add(ix.mul(kq, U), str(e)), "k") for e in range(U)]
+                self._fmas(gates, src, acc, ks, [loads(gates, k) for k in ks])
+            return
+        ahead = {}
+        for e in range(U):
+            for g in gates:
+                for i in range(UB):
+                    ahead[e, (g, i)] = ctx.fresh("rn")
+                    ctx.line(f"{ahead[e, (g, i)]} = 0.0")
+        with ctx.loop(n + 1, "kq") as kq:
+            vals = [{} for _ in range(U)]
+            for (e, key), r in ahead.items():  # (a copy: let returns a bare name as it is)
+                vals[e][key] = ctx.fresh("rc")
+                ctx.line(f"{vals[e][key]} = {r}")
+            kn = ctx.let(ix.mul(f"min({kq}, {n - 1})", U), "kn")
+            for e in range(U):
+                for key, v in loads(gates, ix.add(kn, str(e))).items():
+                    ctx.line(f"{ahead[e, key]} = {v}")
+            ctx.line(f"if {kq} > 0:")
+            with ctx.indent():
+                kp = ctx.let(ix.mul(f"{kq} - 1", U), "kp")
+                self._fmas(gates, src, acc, [ctx.let(ix.add(kp, str(e)), "k") for e in range(U)], vals)
+
+    def _fmas(self, gates: list[int], src, acc: dict, ks: list[str], vals: list[dict]) -> None:
+        """The multiply-adds of k's ks in k order (vals[e][g, i]: R's value of ks[e], gate g, unit i)."""
+        ctx, SB, UB = self.ctx, len(self.rows), len(self.units)
+        for e, k in enumerate(ks):
+            hv = [ctx.let(src(j, k), "hv") for j in range(SB)]
+            for g in gates:
+                for j in range(SB):
+                    for i in range(UB):
+                        ctx.line(f"{acc[g, j, i]} = fma({hv[j]}, {vals[e][g, i]}, {acc[g, j, i]})")
 
     def gemv4(self, gates: list[int], init, src) -> dict:
         ctx, c = self.ctx, self.op.cell

@@ -67,7 +67,7 @@ def test_layout0_fixed_batch(op, extra, form, monkeypatch):
         np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
-@pytest.mark.parametrize("recurrent", ["auto", "unfused", "block"])
+@pytest.mark.parametrize("recurrent", ["auto", "unfused", "unrolled", "block"])
 @pytest.mark.parametrize("op,extra", [("GRU", {}), ("GRU", {"linear_before_reset": 1}), ("LSTM", {})])
 def test_zoo_shapes(op, extra, recurrent):
     """1,024 rows of 64 -> 128 units over 32 steps (the zoo's GRU and LSTM): 8 rows a block, 128 blocks
@@ -79,7 +79,8 @@ def test_zoo_shapes(op, extra, recurrent):
     (st,) = [st for st in net.plan.schedule.stages if st.root[0].op_type.endswith("Steps")]
     bl = st.root[1].block  # auto: the input projection inside the steps, one launch in all
     assert st.domain == "blocks" and bl.SB == 8 and bl.U == (1 if recurrent == "block" else 8)
-    assert bl.fused == (recurrent == "auto") and len(net.plan.schedule.stages) == (1 if bl.fused else 2)
+    assert bl.fused == (recurrent in ("auto", "unrolled")) and len(net.plan.schedule.stages) == (1 if bl.fused else 2)
+    assert bl.prefetch == (recurrent in ("auto", "unfused"))  # (the loads of R an iteration ahead)
     got = net.run(feeds)
     # 32 steps of 128-term sums in float32 drift apart in the order of operations: at these shapes the
     # CPU backend (another form and order) is 1.5e-4 from onnxruntime at most, this form measured
@@ -105,7 +106,7 @@ def test_layout1_per_sample(op):
             np.testing.assert_allclose(got[name], from_layout0(name, w), rtol=1e-4, atol=1e-4, err_msg=name)
 
 
-@pytest.mark.parametrize("recurrent", ["auto", "block"])
+@pytest.mark.parametrize("recurrent", ["auto", "unrolled", "block"])
 def test_bilstm_tagger_shape(recurrent):
     """The zoo's BiLSTM tagger's layer: 64 rows, 128 -> 256 units a direction, 64 steps: 4 rows a block
     and 8 k's an iteration (32 blocks of 256 threads), or as first built (2 rows, a k an iteration)."""
@@ -114,7 +115,25 @@ def test_bilstm_tagger_shape(recurrent):
     net = luisaml.compile(_model(nodes, feeds, inits), batch_axis=None, backend="cuda", recurrent=recurrent)
     (st,) = [st for st in net.plan.schedule.stages if st.root[0].op_type.endswith("Steps")]
     bl = st.root[1].block
-    assert (bl.SB, bl.U, bl.fused) == ((4, 8, False) if recurrent == "auto" else (2, 1, False))
+    assert (bl.SB, bl.U, bl.fused, bl.prefetch) == ((2, 1, False, False) if recurrent == "block" else
+                                                    (4, 8, False, recurrent == "auto"))
     got = net.run(feeds)
     for name, w in ort_run(_model(nodes, feeds, inits), feeds).items():  # (64 steps of 256-term sums)
         np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=3e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("op,extra", [("GRU", {"linear_before_reset": 1}), ("LSTM", {})])
+def test_loads_ahead_change_no_bit(op, extra):
+    """The k loops' loads an iteration ahead ("auto") against the same kernel with the loads where written
+    ("unrolled"): each accumulator sums the same terms in the same order, so the same bits on the device
+    too (the emulator's check: tests/operators/test_rnn_block_loop.py)."""
+    nodes, feeds = merge(case(op, 0, S=32, B=1024, I=64, H=128, use=EVERY, seed=7, direction="bidirectional", **extra))
+    feeds, inits = split_rnn_feeds(feeds)
+    got = {}
+    for recurrent in ("auto", "unrolled"):
+        net = luisaml.compile(_model(nodes, feeds, inits), batch_axis=None, backend="cuda", recurrent=recurrent)
+        (st,) = [st for st in net.plan.schedule.stages if st.root[0].op_type.endswith("Steps")]
+        assert st.root[1].block.prefetch == (recurrent == "auto")
+        got[recurrent] = net.run(feeds)
+    for name in got["auto"]:
+        np.testing.assert_array_equal(np.asarray(got["auto"][name]), np.asarray(got["unrolled"][name]), err_msg=name)

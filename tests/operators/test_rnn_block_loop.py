@@ -71,18 +71,22 @@ def test_block_loop_matches_onnxruntime(monkeypatch, op, extra, geometry):
     model = graph_model(nodes, feeds, inits, opset=22)
     want = ort_run(model, feeds)
     got = {}
-    # the k loop unrolled (8 or 4 k's an iteration) with the projection inside the step (no projection
-    # stage) and without, and the form as first built
-    for form in ("auto", "unfused", "block"):
+    # the k loop unrolled (8 or 4 k's an iteration, the loads an iteration ahead) with the projection
+    # inside the step (no projection stage) and without, "auto" with the loads where they are used
+    # ("unrolled"), and the form as first built
+    for form in ("auto", "unfused", "unrolled", "block"):
         for reverse in (False, True):
             plan, steps = _check(model, feeds, want, reverse, form=form)
         got[form] = run_plan(plan, feeds)
         us = {st.root[1].block.U for st in steps}
         assert us == {1} if form == "block" else us <= {4, 8} and len(us) >= 1
-        assert all(st.root[1].block.fused == (form == "auto") for st in steps)
-        assert sum(st.root[0].op_type == "RecurrentProjection" for st in plan.schedule.stages) == (0 if form == "auto" else 3)
+        assert all(st.root[1].block.fused == (form in ("auto", "unrolled")) for st in steps)
+        assert all(st.root[1].block.prefetch == (form in ("auto", "unfused")) for st in steps)
+        inside = form in ("auto", "unrolled")
+        assert sum(st.root[0].op_type == "RecurrentProjection" for st in plan.schedule.stages) == (0 if inside else 3)
     for name in want:  # each accumulator sums in the same order either way: the same bits
         np.testing.assert_array_equal(got["unfused"][name], got["block"][name], err_msg=name)
+        np.testing.assert_array_equal(got["auto"][name], got["unrolled"][name], err_msg=name)
     sb = {st.root[1].block.SB for st in steps}
     ub = {st.root[1].block.UB for st in steps}
     assert sb == ({8} if geometry == "units" and op == "RNN" else ROWS[geometry])  # (RNN: 1 gate, room for 8 rows)
@@ -225,6 +229,11 @@ def test_torch_export_projection_inside(cell, tmp_path):
         want = module(x).numpy()
     got = run_plan(plan, {"x": x.numpy()}, reverse=True)["y"]
     np.testing.assert_allclose(np.asarray(got).reshape(want.shape), want, rtol=2e-5, atol=2e-5)
+    # the loads an iteration ahead (both k loops: R's and the projection's W) move no sum: the same bits
+    assert all(st.root[1].block.prefetch for st in steps)
+    unrolled = analyze(export_torch(module, x, tmp_path / "rnn.onnx"), batch_axis=None, target="cuda", recurrent="unrolled")
+    assert not any(st.root[1].block.prefetch for st in _block_stages(unrolled))
+    np.testing.assert_array_equal(np.asarray(run_plan(unrolled, {"x": x.numpy()})["y"]), np.asarray(got))
 
 
 def test_recurrent_option_is_checked():
@@ -234,3 +243,4 @@ def test_recurrent_option_is_checked():
     with pytest.raises(UsageError, match="recurrent must be"):
         CompileOptions(recurrent="fused").resolve("cuda")
     assert CompileOptions(recurrent="block").resolve("cuda").build_options().recurrent == "block"
+    assert CompileOptions(recurrent="unrolled").resolve("cuda").build_options().recurrent == "unrolled"

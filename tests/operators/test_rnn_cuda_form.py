@@ -69,16 +69,18 @@ def _zoo(cell: str, torch_export: bool, extra: dict):
 @pytest.mark.parametrize("cell,torch_export,extra,shared", [
     ("gru", True, {}, 8192), ("lstm", True, {}, 8192),  # torch's GRU: linear_before_reset
     ("gru", False, {}, 12288), ("lstm", False, {}, 8192)])  # GRU without it: r . h in shared memory too
-@pytest.mark.parametrize("form", ["auto", "unfused"])
+@pytest.mark.parametrize("form", ["auto", "unfused", "unrolled"])
 def test_zoo_shapes_run_the_steps_in_one_launch(cell, torch_export, extra, shared, form, monkeypatch):
     plan = analyze(_zoo(cell, torch_export, extra), batch_axis=None, target="cuda", recurrent=form)
     steps = [st for st in plan.schedule.stages if st.root[0].op_type.endswith("Steps")]
-    # unfused: the projection, then every step; auto: the projection inside the steps (one launch)
-    assert len(steps) == 1 and len(plan.schedule.stages) == (1 if form == "auto" else 2)
+    # unfused: the projection, then every step; auto and unrolled: the projection inside the steps (one launch)
+    inside = form != "unfused"
+    assert len(steps) == 1 and len(plan.schedule.stages) == (1 if inside else 2)
     (st,) = steps
     bl = st.root[1].block
     assert st.domain == "blocks" and (st.items, st.threads, st.dispatch(1)) == (128, 128, 128 * 128)
-    assert (bl.SB, bl.TU, bl.UB, bl.shared_bytes, bl.U, bl.fused) == (8, 128, 1, shared, 8, form == "auto")
+    assert (bl.SB, bl.TU, bl.UB, bl.shared_bytes, bl.U, bl.fused) == (8, 128, 1, shared, 8, inside)
+    assert bl.prefetch == (form != "unrolled")  # (loads an iteration ahead: benchmarks/experiments/rnn_sass.py)
     assert "one launch for every step" in st.root[1].describe()
     luisaml.device.current() or luisaml.device.init("cpu")
     assert len(build_dsl(plan, kernel_name(plan, st), monkeypatch)) == 1
