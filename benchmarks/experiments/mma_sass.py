@@ -5,7 +5,12 @@ bodies, luisaml/tensor_cores.py, in place of the marked callables), compiled by 
 registers and spills, and where cuobjdump (and nvdisasm) is found, the k loop's instructions by opcode.
 
     python benchmarks/experiments/mma_sass.py mm:4096:4096:4096 cv:16:128:28:128:3 --variants w64,w32
-        [--cuobjdump /path/to/cuobjdump] [--keep DIR]
+        [--cuobjdump /path/to/cuobjdump] [--keep DIR] [--nvrtc [--ptxas /path/to/ptxas-12.1]]
+
+--nvrtc compiles the translation as LuisaCompute does (rnn_sass.py's wheel_nvrtc: the wheel's NVRTC 12.1 with its
+options, no __launch_bounds__; then ptxas -O3, --ptxas e.g. CUDA 12.1's); with cuobjdump each k loop's line adds
+where its global loads sit against its HMMAs (`schedule`: issued before the first, in flight, HMMA before their
+stores).
 
 mm:M:K:N is a MatMul by a constant B (no batch axis: the plan knows the grid), f16:M:K:N the same on the tile's
 FP16 kind (m16n8k16, operands rounded to half where copied), mlp16:W:L stage L of precision="fp16"'s MLP
