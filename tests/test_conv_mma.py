@@ -143,6 +143,22 @@ def test_gathers_match_numpy(n, C, H, W, K, kw, gather, monkeypatch):
     np.testing.assert_allclose(run_plan(plan, feeds)["Y"], want, rtol=0, atol=1e-9 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("gather", ["step", "reuse"])
+def test_samples_sharing_a_tile_under_the_gathers(gather, monkeypatch):
+    """A batched 3 x 3 over 7 x 7 positions (ResNet-50's layer4 at a small width): 64 samples share a block's
+    rows (block_samples), 5 in the batch, so the group is partial; "reuse" orders its 9 taps inside each
+    16-channel block, and every row still reads its own sample."""
+    from luisaml.operators import conv_tiles
+
+    monkeypatch.setenv("LUISAML_CONV_GATHER", gather)
+    model, feeds, want = _conv_model(5, 32, 7, 7, 64, k=3, pads=1, batch="N")
+    plan = _plan(model)
+    (st,) = [s for s in plan.schedule.stages if s.domain == "blocks"]
+    op = st.nodes[0][1]
+    assert conv_tiles.block_samples(op) > 5 and conv_tiles.taps_inner(op) == (gather == "reuse")
+    np.testing.assert_allclose(run_plan(plan, feeds)["Y"], want, rtol=0, atol=1e-9 * np.abs(want).max())
+
+
 @pytest.mark.parametrize("gather", ["step", "first", "reuse"])
 @pytest.mark.parametrize("C,L,k,stride", [(1, 400, 10, 5), (32, 160, 3, 2)],
                          ids=["1 channel, k 10 / 5", "32 channels, k 3 / 2"])
