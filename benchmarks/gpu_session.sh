@@ -66,7 +66,14 @@ run() {
     # "Why the unrolled k loop bought nothing")
     rnn) step "$name" "${limit:-180}" python3 -P benchmarks/experiments/rnn_forms.py \
       --forms unrolled,auto,block,steps --reps 15 ;;
-    *) echo "unknown step $name (tests1 tests2 tests3 fvdb fvdb-w32 zoo-a zoo-b zoo-c detector topology topk fp16 rnn)"; return 2 ;;
+    # (the mma tile's A/B's: the conv gather's step order "step" against "reuse" (NOTES.md, "The mma tile's loads
+    # are in flight"), each under w64 and w64r; one process a gather, so two sweeps; then the zoo's two rows)
+    mma) step "$name" "${limit:-420}" bash -c 'for g in step reuse; do LUISAML_CONV_GATHER=$g python3 -P \
+           benchmarks/experiments/sweep_mma.py --variants w64,w64r --shapes w2v-3,w2v-2,r50-3x3-s2,r50-3x3,gemm4k \
+           --budget 200 --out "$0/sweep-mma-$g.json"; done' "$O" ;;
+    zoo-reuse) step "$name" "${limit:-200}" env LUISAML_CONV_GATHER=reuse "${ZOO[@]}" \
+                 "resnet-50,wav2vec2 conv encoder" --out "$O/zoo-reuse.json" ;;
+    *) echo "unknown step $name (tests1 tests2 tests3 fvdb fvdb-w32 zoo-a zoo-b zoo-c detector topology topk fp16 rnn mma zoo-reuse)"; return 2 ;;
   esac
 }
 

@@ -42,8 +42,14 @@ DOT_MAX_WEIGHTS = 1 << 17
 # one tap: the tap, its bounds tests and clamps and the row's address are worked out once a row a step
 # (StepLoader.at_step) and each element is that address plus its channel's stride; "first" decomposes each
 # k into (channel, taps) by divisions and tests its bounds, the gather as first merged (kept to measure
-# against). LUISAML_CONV_GATHER where set, else GATHER (read at plan time: one process, one gather).
-GATHERS = ("step", "first")
+# against). "reuse" is "step" with the steps in another order: a block of BK channels through every tap in
+# turn, then the next block (k = (channel block, tap, channel)), so the input lines a step reads (its 16
+# channels' rows, and the halo a stride or the next tap shares) are read again from L1 by the next taps'
+# steps instead of from L2 a whole pass over the channels later (benchmarks/NOTES.md, "The mma tile's loads
+# are in flight"); the same products summed in another order, so not bit-identical to "step". Where a group's
+# channels are fewer than BK or its taps one, "reuse" is "step". LUISAML_CONV_GATHER where set, else GATHER
+# (read at plan time: one process, one gather).
+GATHERS = ("step", "first", "reuse")
 GATHER = "step"
 
 
@@ -63,16 +69,28 @@ def k_layout(conv, BK: int = 16) -> tuple[int, int] | None:
     k zero on both sides): a group's channels where they are a multiple of the k step BK (no padding), else
     for fewer channels than BK their next power of two and the taps padded to whole steps (a stem's 3
     channels: 4 a tap, 4 taps a step, 7 x 7 taps as 52); None under the "first" gather or for other counts."""
-    gather = os.environ.get("LUISAML_CONV_GATHER") or GATHER
-    if gather not in GATHERS:
-        raise ValueError(f"conv_tiles: unknown gather {gather!r} (one of {GATHERS})")
+    gather = _gather()
     cg, taps = conv.input(0).shape[1] // conv.group, int(np.prod(conv.kernel, dtype=np.int64))
-    if gather != "step" or (cg % BK and cg > BK):
+    if gather == "first" or (cg % BK and cg > BK):
         return None
     if cg % BK == 0:
         return cg, taps
     cpad = 1 << (cg - 1).bit_length()
     return cpad, -(-taps // (BK // cpad)) * (BK // cpad)
+
+
+def _gather() -> str:
+    gather = os.environ.get("LUISAML_CONV_GATHER") or GATHER
+    if gather not in GATHERS:
+        raise ValueError(f"conv_tiles: unknown gather {gather!r} (one of {GATHERS})")
+    return gather
+
+
+def taps_inner(conv, BK: int = 16) -> bool:
+    """Whether the "reuse" gather orders conv's steps (channel block, tap): k_layout's channels a multiple of BK
+    and more than one tap (else its order is "step"'s)."""
+    layout = k_layout(conv, BK)
+    return _gather() == "reuse" and layout is not None and layout[0] % BK == 0 and layout[1] > 1
 
 
 def tap_major(conv, tl) -> bool:
@@ -201,15 +219,26 @@ def emit_block(conv, ctx, item: str, thread: str) -> None:
 
     by_tap = tap_major(conv, tl)
     cpad, tpad = k_layout(conv, tl.BK) if by_tap else (cg, taps)
+    inner = by_tap and taps_inner(conv, tl.BK)  # ("reuse": step s is channel block s // tpad at tap s % tpad)
     steps = {}
 
     def step_of(k0):
-        """(first tap, first channel) of step k0 (a multiple of the step), tap-major: once a step for every
-        row and column of the thread."""
+        """(first tap, first channel) of step k0 (a multiple of the step), tap-major ("reuse": taps inner): once
+        a step for every row and column of the thread."""
+        if k0 not in steps and inner:
+            s = ix.div(k0, tl.BK)
+            steps[k0] = (ctx.let(ix.mod(s, tpad), "tp"), ctx.let(ix.mul(ix.div(s, tpad), tl.BK), "kc"))
         if k0 not in steps:
             steps[k0] = (ctx.let(ix.div(k0, cpad), "tp") if tpad > 1 else "0",
                          k0 if tpad == 1 else ctx.let(ix.mod(k0, cpad), "kc") if cpad > tl.BK else "0")
         return steps[k0]
+
+    def tap_channel(k):
+        """(tap, channel) of a whole k (the loaders' k -> element, where tiled_mma does not ask at_step)."""
+        if inner:
+            s = ctx.let(ix.div(k, tl.BK), "ks")
+            return ix.mod(s, tpad), ix.add(ix.mul(ix.div(s, tpad), tl.BK), ix.mod(k, tl.BK))
+        return ix.div(k, cpad), ix.mod(k, cpad)
 
     def split(kk):
         """(tap, channel) offsets of k offset kk from its step's first: a step within one tap (cpad a multiple
@@ -286,7 +315,8 @@ def emit_block(conv, ctx, item: str, thread: str) -> None:
             return f"({v} if {' and '.join(conds + cc)} else 0.0)" if conds + cc else v
 
         def load(k):
-            return element(ctx.let(ix.div(k, cpad), "tp") if tpad > 1 else "0", "0", ctx.let(ix.mod(k, cpad), "kc"))
+            tap, c = tap_channel(k)
+            return element(ctx.let(tap, "tp") if tpad > 1 else "0", "0", ctx.let(c, "kc"))
 
         def at_step(k0, kk):
             (t0, c0), (j, c) = step_of(k0), split(kk)
@@ -310,7 +340,7 @@ def emit_block(conv, ctx, item: str, thread: str) -> None:
                 return f"({v} if {' and '.join(conds)} else 0.0)" if conds else v
 
             def load(k):
-                return element(ix.div(k, cpad), ix.mod(k, cpad))
+                return element(*tap_channel(k))
 
             def at_step(k0, kk):
                 (t0, c0), (j, c) = step_of(k0), split(kk)

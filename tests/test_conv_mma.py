@@ -124,12 +124,13 @@ GATHER_CASES = [  # (id, n, C, H, W, K, kw): a group's channels a multiple of th
 ]
 
 
-@pytest.mark.parametrize("gather", ["step", "first"])
+@pytest.mark.parametrize("gather", ["step", "first", "reuse"])
 @pytest.mark.parametrize("n,C,H,W,K,kw", [c[1:] for c in GATHER_CASES], ids=[c[0] for c in GATHER_CASES])
 def test_gathers_match_numpy(n, C, H, W, K, kw, gather, monkeypatch):
-    """operators/conv_tiles.py's two gathers: "step" orders k as (tap, channel) (a step's 16 k's one tap's
+    """operators/conv_tiles.py's gathers: "step" orders k as (tap, channel) (a step's 16 k's one tap's
     channels, or whole taps of padded channels; W's rows read in its (channel, tap) order), "first" as
-    (channel, tap), each k decomposed."""
+    (channel, tap), each k decomposed, "reuse" as (channel block, tap, channel) where a group's channels are
+    a multiple of the step and the taps more than one (else as "step")."""
     from luisaml.operators import conv_tiles
 
     monkeypatch.setenv("LUISAML_CONV_GATHER", gather)
@@ -137,11 +138,28 @@ def test_gathers_match_numpy(n, C, H, W, K, kw, gather, monkeypatch):
     plan = _plan(model)
     (st,) = [s for s in plan.schedule.stages if s.domain == "blocks"]
     op = st.nodes[0][1]
-    assert conv_tiles.tap_major(op, op.block_tiling()) == (gather == "step")
+    assert conv_tiles.tap_major(op, op.block_tiling()) == (gather != "first")
+    assert conv_tiles.taps_inner(op) == (gather == "reuse" and C // kw.get("group", 1) % 16 == 0 and kw["k"] > 1)
     np.testing.assert_allclose(run_plan(plan, feeds)["Y"], want, rtol=0, atol=1e-9 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("gather", ["step", "first"])
+@pytest.mark.parametrize("gather", ["step", "reuse"])
+def test_samples_sharing_a_tile_under_the_gathers(gather, monkeypatch):
+    """A batched 3 x 3 over 7 x 7 positions (ResNet-50's layer4 at a small width): 64 samples share a block's
+    rows (block_samples), 5 in the batch, so the group is partial; "reuse" orders its 9 taps inside each
+    16-channel block, and every row still reads its own sample."""
+    from luisaml.operators import conv_tiles
+
+    monkeypatch.setenv("LUISAML_CONV_GATHER", gather)
+    model, feeds, want = _conv_model(5, 32, 7, 7, 64, k=3, pads=1, batch="N")
+    plan = _plan(model)
+    (st,) = [s for s in plan.schedule.stages if s.domain == "blocks"]
+    op = st.nodes[0][1]
+    assert conv_tiles.block_samples(op) > 5 and conv_tiles.taps_inner(op) == (gather == "reuse")
+    np.testing.assert_allclose(run_plan(plan, feeds)["Y"], want, rtol=0, atol=1e-9 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("gather", ["step", "first", "reuse"])
 @pytest.mark.parametrize("C,L,k,stride", [(1, 400, 10, 5), (32, 160, 3, 2)],
                          ids=["1 channel, k 10 / 5", "32 channels, k 3 / 2"])
 def test_conv1d_gathers_match_numpy(C, L, k, stride, gather, monkeypatch):

@@ -5,7 +5,12 @@ bodies, luisaml/tensor_cores.py, in place of the marked callables), compiled by 
 registers and spills, and where cuobjdump (and nvdisasm) is found, the k loop's instructions by opcode.
 
     python benchmarks/experiments/mma_sass.py mm:4096:4096:4096 cv:16:128:28:128:3 --variants w64,w32
-        [--cuobjdump /path/to/cuobjdump] [--keep DIR]
+        [--cuobjdump /path/to/cuobjdump] [--keep DIR] [--nvrtc [--ptxas /path/to/ptxas-12.1]]
+
+--nvrtc compiles the translation as LuisaCompute does (rnn_sass.py's wheel_nvrtc: the wheel's NVRTC 12.1 with its
+options, no __launch_bounds__; then ptxas -O3, --ptxas e.g. CUDA 12.1's); with cuobjdump each k loop's line adds
+where its global loads sit against its HMMAs (`schedule`: issued before the first, in flight, HMMA before their
+stores).
 
 mm:M:K:N is a MatMul by a constant B (no batch axis: the plan knows the grid), f16:M:K:N the same on the tile's
 FP16 kind (m16n8k16, operands rounded to half where copied), mlp16:W:L stage L of precision="fp16"'s MLP
@@ -208,7 +213,8 @@ def plan_stage(shape: str, variant: str):
         import numpy as np
 
         C, L, K, k, s = map(int, dims)
-        w = numpy_helper.from_array(np.zeros((K, C, k), np.float32), "Wt")
+        # (not zeros: an all-zero W's loads fold away, and the count missed B's copies)
+        w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((K, C, k)).astype(np.float32), "Wt")
         g = helper.make_graph([helper.make_node("Conv", ["X", "Wt"], ["Y"], kernel_shape=[k], strides=[s])], "g",
                               [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", C, L])],
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", K, (L - k) // s + 1])], [w])
@@ -237,18 +243,59 @@ def _f16_marks():
 INTEGER = ("IMAD", "IADD3", "LEA", "LOP3", "SHF", "ISETP", "VIMNMX", "IABS", "SEL", "MOV", "PLOP3", "I2F", "F2I")
 
 
-def k_loop(sass: list[str]) -> list[str]:
-    """The opcodes of the k loop: the backward branch's range (from its target to it) with the most HMMA."""
+def k_loop_lines(sass: list[str]) -> list[str]:
+    """The SASS lines of the k loop: the backward branch's range (from its target to it) with the most HMMA."""
     ops = [(int(m.group(1), 16), m.group(2).split(".")[0], s) for s in sass
            if (m := re.search(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_.]+)", s))]
-    best: list[str] = []
+    best: list[tuple[str, str]] = []
     for i, (addr, _, s) in enumerate(ops):
         b = re.search(r"BRA 0x([0-9a-f]+)", s)
         if b and int(b.group(1), 16) < addr:
-            body = [op for a, op, _ in ops[:i + 1] if a >= int(b.group(1), 16)]
-            if body.count("HMMA") > best.count("HMMA"):
+            body = [(op, line) for a, op, line in ops[:i + 1] if a >= int(b.group(1), 16)]
+            if sum(op == "HMMA" for op, _ in body) > sum(op == "HMMA" for op, _ in best):
                 best = body
-    return best
+    return [line for _, line in best]
+
+
+def k_loop(sass: list[str]) -> list[str]:
+    """The opcodes of the k loop (k_loop_lines)."""
+    return [m.group(1).split(".")[0] for s in k_loop_lines(sass)
+            if (m := re.search(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_.]+)", s))]
+
+
+def schedule(lines: list[str]) -> dict:
+    """Where the k loop's global loads sit against its HMMAs (NOTES.md, "Why the unrolled k loop bought nothing":
+    loads written first may be sunk next to their uses). In address order: each LDG's destination register and
+    the first later instruction that reads it (for the tile's prefetch registers, the STS into the other
+    buffer). ldg: global loads; before_hmma: issued before the loop's first HMMA; in_flight: the most loads
+    issued and not yet read at any point (a warp's loads in flight, as the schedule allows); cover: the fewest
+    HMMA between a load and its first reader (the mma work hiding its latency); sts_before_last_hmma: shared
+    stores placed before the loop's last HMMA."""
+    ins = []
+    for s in lines:
+        m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P[0-9T] )?([A-Z0-9_.]+)\s*([^;]*);", s)
+        if m:
+            ins.append((m.group(2).split(".")[0], m.group(3)))
+    hmma = [i for i, (op, _) in enumerate(ins) if op == "HMMA"]
+    if not hmma:
+        return {}
+    pending, most, cover, ldg = {}, 0, None, 0
+    for i, (op, args) in enumerate(ins):
+        parts = args.split(",", 1)
+        sources = args if op.startswith("ST") or len(parts) < 2 else parts[1]
+        for reg, at in list(pending.items()):
+            if re.search(rf"\b{reg}\b", sources):
+                n = sum(at < h < i for h in hmma)
+                cover = n if cover is None else min(cover, n)
+                del pending[reg]
+        if op == "LDG":
+            ldg += 1
+            pending[parts[0].strip()] = i
+        most = max(most, len(pending))
+    sts = [i for i, (op, _) in enumerate(ins) if op == "STS"]
+    return {"ldg": ldg, "before_hmma": sum(1 for i, (op, _) in enumerate(ins) if op == "LDG" and i < hmma[0]),
+            "in_flight": most, "cover": cover, "hmma": len(hmma),
+            "sts_before_last_hmma": sum(1 for i in sts if i < hmma[-1])}
 
 
 def tool(name: str, given: str | None) -> str | None:
@@ -270,8 +317,12 @@ def main() -> int:
     ap.add_argument("--variants", default="w32-first,w32,w64,w64r")
     ap.add_argument("--cuobjdump", default=None)
     ap.add_argument("--keep", type=Path, default=None, help="a folder for the .cu and .cubin files")
+    ap.add_argument("--ptxas", default=None, help="the --nvrtc PTX's ptxas (default nvcc's), e.g. CUDA 12.1's")
+    ap.add_argument("--nvrtc", action="store_true", help="PTX from the wheel's luisa_nvrtc with LuisaCompute's options "
+                    "(rnn_sass.py: it needs an empty libcuda.so.1 on LD_LIBRARY_PATH where no driver is)")
     args = ap.parse_args()
     nvcc, cuobjdump = tool("nvcc", None), tool("cuobjdump", args.cuobjdump)
+    ptxas = tool("ptxas", args.ptxas)
     if not nvcc:
         print("nvcc not found")
         return 1
@@ -282,8 +333,24 @@ def main() -> int:
             plan, stage, tl = plan_stage(shape, v)
             cu = folder / f"{shape.replace(':', '_')}-{v}.cu"
             cu.write_text(translate(plan.source, stage))
-            r = subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-O3", "-std=c++17", "-Xptxas", "-v", "-o",
-                                str(cu.with_suffix(".cubin")), str(cu)], capture_output=True, text=True, timeout=600)
+            if args.nvrtc:  # (the real tool chain: rnn_sass.py's wheel_nvrtc, then ptxas as the driver's JIT)
+                from rnn_sass import wheel_nvrtc
+
+                # (LuisaCompute's kernels carry no __launch_bounds__: python's create_shader passes no options)
+                text = re.sub(r"__launch_bounds__\(\d+\) ", "", cu.read_text())
+                if "__float2half_rn(" not in text.split("kernel_main", 1)[1]:  # (NVRTC finds no cuda_fp16.h here)
+                    text = re.sub(r"#include <cuda_fp16.h>\n|.*lc_f16_round.*\n", "", text)
+                cu.write_text(text)
+                ptx = cu.with_suffix(".ptx")
+                r = wheel_nvrtc(cu, ptx)
+                if not r.returncode:
+                    if args.ptxas:  # (an older ptxas: the .version LuisaCompute retries a load with)
+                        ptx.write_text(re.sub(r"^\.version .*$", ".version 8.1", ptx.read_text(), count=1, flags=re.M))
+                    r = subprocess.run([ptxas, "-arch=sm_90", "-O3", "-v", "-o", str(cu.with_suffix(".cubin")), str(ptx)],
+                                       capture_output=True, text=True, timeout=600)
+            else:
+                r = subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-O3", "-std=c++17", "-Xptxas", "-v", "-o",
+                                    str(cu.with_suffix(".cubin")), str(cu)], capture_output=True, text=True, timeout=600)
             if r.returncode:
                 print(f"{shape} {v}: nvcc failed\n{r.stderr[-2000:]}")
                 return 1
@@ -294,7 +361,13 @@ def main() -> int:
             if cuobjdump:
                 env = dict(os.environ, PATH=os.path.dirname(cuobjdump) + os.pathsep + os.environ.get("PATH", ""))
                 sass = subprocess.run([cuobjdump, "-sass", str(cu.with_suffix(".cubin"))], capture_output=True,
-                                      text=True, env=env, timeout=300).stdout.splitlines()
+                                      text=True, env=env, timeout=300).stdout
+                if not re.search(r"HMMA|FFMA", sass):  # (cuobjdump 13 reads no cubin of an older ptxas: nvdisasm does)
+                    from rnn_sass import nvdisasm
+
+                    sass = nvdisasm(os.path.join(os.path.dirname(cuobjdump), "nvdisasm"), cu.with_suffix(".cubin"))
+                cu.with_suffix(".sass").write_text(sass)
+                sass = sass.splitlines()
                 bar = [i for i, s in enumerate(sass) if "BAR.SYNC" in s]
                 back = [i for i, s in enumerate(sass) if re.search(r"BRA 0x", s)]
                 if bar and len(back) >= 2:
@@ -308,7 +381,12 @@ def main() -> int:
                 if body:  # (the k loop alone: the range above also takes the epilogue's stores where it is short)
                     ops = Counter(body)
                     line += (f"; k loop {len(body)} / {ops['HMMA']} HMMA = {len(body) / max(ops['HMMA'], 1):.1f} "
-                             f"(LDG {ops['LDG']}, integer {sum(ops[o] for o in INTEGER)})")
+                             f"(LDG {ops['LDG']}, integer {sum(ops[o] for o in INTEGER)}, LDS {ops['LDS']}, "
+                             f"STS {ops['STS']}, BAR {ops['BAR']}, LDL {ops['LDL']})")
+                    sc = schedule(k_loop_lines(sass))
+                    line += (f"\n    loads: {sc['ldg']} LDG, {sc['before_hmma']} before the first HMMA, {sc['in_flight']} in "
+                             f"flight at most, >= {sc['cover']} HMMA between a load and its reader; "
+                             f"{sc['sts_before_last_hmma']} STS before the last HMMA")
             print(line, flush=True)
     return 0
 

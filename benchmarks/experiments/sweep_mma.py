@@ -12,7 +12,9 @@ median), and the tile each variant chose.
 Shapes: the 4096^3 GEMM; BERT's MLP up-projection at 16 x 128 tokens; ConvNeXt-T's stage-1 MLP at batch 16
 (3136 x 16 rows, 96 -> 384 and back); ResNet-50's 1 x 1 (56 x 56, 64 -> 256), 3 x 3 (28 x 28, 128 -> 128,
 the direct implicit GEMM: winograd=0) and last 1 x 1 (7 x 7, 512 -> 2048: rows of several samples a tile)
-Convs at batch 16. The batched shapes are compiled with a batch axis, as the zoo compiles them (the
+Convs at batch 16, its stride-2 3 x 3 (56 -> 28, 128 channels), wav2vec2's 512-channel 1-d Convs (3 taps stride 2
+over 3,199 positions, 2 taps over 199) at batch 8. The conv gather is LUISAML_CONV_GATHER's (one process, one
+gather: run twice for its A/B). The batched shapes are compiled with a batch axis, as the zoo compiles them (the
 products do not know the batch: no SM fill)."""
 from __future__ import annotations
 
@@ -42,6 +44,12 @@ SHAPES = {
     "r50-1x1": ("conv", 64, 256, 56, 1),
     "r50-3x3": ("conv", 128, 128, 28, 3),
     "r50-1x1-7": ("conv", 512, 2048, 7, 1),
+    # (the im2col gathers' A/B, LUISAML_CONV_GATHER "step" / "reuse": NOTES.md "The mma tile's loads are in
+    # flight") ResNet-50's stride-2 3 x 3 (56 -> 28, 128 channels: direct on CUDA); wav2vec2's encoder at the
+    # zoo's batch 8: ("conv1d", C, K, length, taps, stride, batch)
+    "r50-3x3-s2": ("conv", 128, 128, 56, 3, 2),
+    "w2v-3": ("conv1d", 512, 512, 3199, 3, 2, 8),
+    "w2v-2": ("conv1d", 512, 512, 199, 2, 2, 8),
 }
 
 
@@ -54,11 +62,18 @@ def model(spec, w: np.ndarray):
         shape = (["N"] if batched else []) + list(dims[1:] if batched else dims) + [K]
         node = helper.make_node("MatMul", ["A", "W"], ["Y"])
         out_shape = shape[:-1] + [w.shape[1]]
+    elif spec[0] == "conv1d":
+        _, C, K, L, k, s, _ = spec
+        shape = ["N", C, L]
+        node = helper.make_node("Conv", ["A", "W"], ["Y"], kernel_shape=[k], strides=[s])
+        out_shape = ["N", K, (L - k) // s + 1]
     else:
-        _, C, K, side, k = spec
+        _, C, K, side, k, *stride = spec
+        s = (stride or [1])[0]
         shape = ["N", C, side, side]
-        node = helper.make_node("Conv", ["A", "W"], ["Y"], kernel_shape=[k, k], pads=[k // 2] * 4)
-        out_shape = ["N", K, side, side]
+        node = helper.make_node("Conv", ["A", "W"], ["Y"], kernel_shape=[k, k], pads=[k // 2] * 4, strides=[s, s])
+        out = (side + 2 * (k // 2) - k) // s + 1
+        out_shape = ["N", K, out, out]
     g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, shape)],
                           [helper.make_tensor_value_info("Y", TensorProto.FLOAT, out_shape)],
                           [numpy_helper.from_array(w, "W")])
@@ -77,10 +92,17 @@ def operands(spec, gen):
         a = torch.randn(*dims, K, device="cuda", generator=gen)
         w = torch.randn(K, N, device="cuda", generator=gen) / K ** 0.5
         return a, w, lambda x, ww: torch.matmul(x, ww), 2.0 * np.prod(dims) * K * N
-    _, C, K, side, k = spec
+    if spec[0] == "conv1d":
+        _, C, K, L, k, s, n = spec
+        a = torch.randn(n, C, L, device="cuda", generator=gen)
+        w = torch.randn(K, C, k, device="cuda", generator=gen) / (C * k) ** 0.5
+        return a, w, lambda x, ww: F.conv1d(x, ww, stride=s), 2.0 * n * ((L - k) // s + 1) * K * C * k
+    _, C, K, side, k, *stride = spec
+    s = (stride or [1])[0]
+    out = (side + 2 * (k // 2) - k) // s + 1
     a = torch.randn(BATCH, C, side, side, device="cuda", generator=gen)
     w = torch.randn(K, C, k, k, device="cuda", generator=gen) / (C * k * k) ** 0.5
-    return a, w, lambda x, ww: F.conv2d(x, ww, padding=k // 2), 2.0 * BATCH * side * side * K * C * k * k
+    return a, w, lambda x, ww: F.conv2d(x, ww, padding=k // 2, stride=s), 2.0 * BATCH * out * out * K * C * k * k
 
 
 def tiling_of(net) -> str:
@@ -183,8 +205,9 @@ def main() -> int:
         for v in variants:
             os.environ["LUISAML_MMA_TILE"] = v
             t0, t_wall = time.perf_counter(), time.time() - 1.0
-            net = luisaml.compile(model(spec, w.cpu().numpy()), backend="cuda", batch_axis=0 if spec[0] == "conv" or spec[4]
-                                  else None, tensor_cores="auto", **({"winograd": 0} if spec[0] == "conv" else {}))
+            conv = spec[0] in ("conv", "conv1d")
+            net = luisaml.compile(model(spec, w.cpu().numpy()), backend="cuda", batch_axis=0 if conv or spec[4]
+                                  else None, tensor_cores="auto", **({"winograd": 0} if conv else {}))
             y = torch.as_tensor(net.run({"A": a})["Y"], device="cuda")
             torch.cuda.synchronize()
             row["compile_s"][v] = round(time.perf_counter() - t0, 2)

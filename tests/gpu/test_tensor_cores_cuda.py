@@ -146,14 +146,15 @@ def _resnet_stack(n, seed=0):
     return model, {"X": rng.standard_normal((n, 3, 56, 56)).astype(np.float32)}
 
 
-@pytest.mark.parametrize("gather", ["step", "first"])
+@pytest.mark.parametrize("gather", ["step", "first", "reuse"])
 @pytest.mark.parametrize("winograd", ["auto", 0])
 def test_mma_conv_stack_matches_onnxruntime(winograd, gather, monkeypatch):
     """Every Conv (and Winograd product) of the stack on the mma tile, within TF32's tolerance of
     onnxruntime's float32 (F(4x4)'s transforms add to TF32's rounding: ~3e-3 a layer in a float64
     numpy model of it, ~3e-4 direct); tensor_cores=False keeps the FP32 tiles' 2e-5. A batch of 5: the
-    7 x 7 layer's group of samples is partial. Under both of operators/conv_tiles.py's gathers
-    (LUISAML_CONV_GATHER: k as (tap, channel) where the channels allow, or (channel, tap))."""
+    7 x 7 layer's group of samples is partial. Under each of operators/conv_tiles.py's gathers
+    (LUISAML_CONV_GATHER: k as (tap, channel) where the channels allow, or (channel, tap), or "reuse"'s
+    (channel block, tap, channel))."""
     from util import ort_run
 
     monkeypatch.setenv("LUISAML_CONV_GATHER", gather)
