@@ -77,12 +77,12 @@ FUNCS = {"fma": "fmaf", "exp": "__expf", "tanh": "tanhf", "min": "min", "max": "
 
 
 def _calls(s: str, name: str, fn) -> str:
-    """Rewrite every call name(args) in s as fn(args) (innermost first is not needed: args are kept as text)."""
+    """Rewrite every call name(args) in s as fn(args), the calls inside args first."""
     out = ""
     while m := re.search(rf"(?<![\w.]){re.escape(name)}\(", s):
         o = m.end() - 1
         c = _close(s, o)
-        out += s[:m.start()] + fn(s[o + 1:c])
+        out += s[:m.start()] + fn(_calls(s[o + 1:c], name, fn))  # (a call inside the arguments: a read's address)
         s = s[c + 1:]
     return out + s
 

@@ -6,10 +6,11 @@ rnn_sass.py (its "lc" dialect: LuisaCompute's buffers and NVRTC's options) and c
 Reported a k step (the tile's `kt` loop): registers, stack and spills; the global loads and where
 they sit against the step's FFMAs (issued before the first FFMA, between, after the last); the
 dependent pairs (a load whose address needs another load of the same step: the gather's map
-lookup then its feature row); instructions a FFMA.
+lookup then its feature row); instructions a FFMA. (The layer's loop is the same at radius 40 and
+126, the benchmark's: only constants move.)
 
     LD_LIBRARY_PATH=<stub> python benchmarks/experiments/tile_sass.py sparse conv [--nvrtc]
-        [--ptxas /path/to/ptxas-12.1] [--cuobjdump /path/to/cuobjdump] [--radius 40] [--keep DIR]
+        [--ptxas /path/to/ptxas-12.1] [--cuobjdump /path/to/cuobjdump] [--radius 126] [--keep DIR]
 
 --forms: SparseConv3d.fp32_form's values (operators/fvdb/conv.py: "early" the tile as it was, "rows"
 its own rows' taps and B in 16-byte loads, "ahead" also the map's entries a step ahead of the features);
@@ -149,7 +150,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("shapes", nargs="+", choices=("sparse", "conv"))
     ap.add_argument("--forms", default="early,rows,ahead")
-    ap.add_argument("--radius", type=float, default=40.0)
+    ap.add_argument("--radius", type=float, default=126.0)  # (bench_fvdb.GPU_RADIUS)
     ap.add_argument("--cuobjdump", default=None)
     ap.add_argument("--ptxas", default=None, help="ptxas (default nvcc's)")
     ap.add_argument("--nvrtc", action="store_true", help="the PTX from the wheel's luisa_nvrtc")
