@@ -214,6 +214,9 @@ def main(argv=None) -> int:
     ap.add_argument("--mma-tiles", nargs="*", metavar="BM,BN[,V]", help="with --tensor-cores: also time the layer "
                     "on mma tiles of these sides (64,64 128,64 128,128; whole warps of 64 x 32) and V K variants a "
                     "tile (SparseConv3d.mma_buckets, default 1), each checked first")
+    ap.add_argument("--fp32-forms", nargs="*", metavar="FORM", help="CUDA: also time the layer on the FP32 tile "
+                    "in each SparseConv3d.fp32_form (early rows ahead: the A/B of benchmarks/NOTES.md, \"The FP32 "
+                    "tile's next step in flight\"), each checked and compared bit for bit with the first")
     ap.add_argument("--only-layers", action="store_true", help="only the layer rows (and their mma twins): no "
                     "kernel_map, map_and_layer or wall rows")
     started = start(ap, argv, (50, 10), "timed runs per measurement")
@@ -340,6 +343,8 @@ def main(argv=None) -> int:
         times.update(walls)
     if cuda and a.tilings:
         times["tilings"] = _other_tilings(a.tilings, layer_m, backend, x, want, reps)
+    if cuda and a.fp32_forms:
+        times["fp32_forms"] = _fp32_forms(a.fp32_forms, layer_m, backend, x, want, reps)
     if mma and a.mma_tiles:
         times["mma_tiles"] = _other_mma_tiles(a.mma_tiles, layer_m, backend, x, want, reps)
     rec = {**record(backend, name, "bench_fvdb.py", argv), "torch": torch.__version__,
@@ -417,6 +422,35 @@ def _other_tilings(tilings: list[str], layer_m, backend: str, x, want, reps: int
                                                          " FAILED correctness"), flush=True)
     finally:
         SparseConv3d.block_tiling = chosen
+    return out
+
+
+def _fp32_forms(forms: list[str], layer_m, backend: str, x, want, reps: int) -> dict:
+    """Return {form: {rel_err, luisaml_ms, same_bits}} of the layer compiled with each SparseConv3d.fp32_form
+    (operators/fvdb/conv.py: "early" the FP32 tile as it was, "rows", "ahead"), each checked, and its
+    output against the first form's bit for bit (the forms change loads, never sums)."""
+    import torch
+
+    import luisaml
+    from bench_mlp import device_times
+    from luisaml.operators.fvdb.conv import SparseConv3d
+
+    default, out, first = SparseConv3d.fp32_form, {}, None
+    try:
+        for f in forms:
+            SparseConv3d.fp32_form = f
+            net = luisaml.compile(layer_m, backend=backend, batch_axis=None)
+            with torch.no_grad():
+                y = _np(net.run({"x": x})["y"])
+                err = rel_err(y, _np(want))
+                ms, how = device_times(lambda: net.run({"x": x}), torch.cuda.synchronize, reps) if err <= REL_TOL else ([], "")
+            first = y if first is None else first
+            out[f] = {"rel_err": err, "luisaml_ms": percentiles(ms) if ms else None, "timing": how,
+                      "same_bits": bool(np.array_equal(y, first))}
+            print(f"fp32_form {f}: rel err {err:.1e}, bits {'equal to' if out[f]['same_bits'] else 'DIFFER from'} "
+                  f"{forms[0]}'s" + (f", {out[f]['luisaml_ms']['p50']:.3f} ms" if ms else " FAILED correctness"), flush=True)
+    finally:
+        SparseConv3d.fp32_form = default
     return out
 
 

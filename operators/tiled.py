@@ -16,7 +16,9 @@ while tile kt's multiply-adds run. A product of few tiles (DEEP_TILES) and 64 x 
 shared buffers (tile kt + 1 stored into the other while kt is read: one barrier a step instead of
 two) and load B as float4s where the operator offers them (Conv's prepacked weights); Conv and
 fvdb's SparseConv3d ask for them (choose's `pipelined`). A product may also skip whole k steps
-(emit's k_steps: SparseConv3d runs only the taps its tile's voxels read).
+(emit's k_steps: SparseConv3d runs only the taps its tile's voxels read), and load an operand read
+through an index (`gathered`: SparseConv3d's map entry, then the features it names) with the index a
+step ahead of the value, so that no load of a step waits for another.
 
 Tiles of samples. A blocks stage may cover several samples a block (`Operator.block_samples`,
 `Stage.grouped`: ceil(n / samples) groups, the batch an argument `n` of the kernel,
@@ -240,6 +242,27 @@ def at_group_sample(ctx, u: str, name: bool = True):
     return ctx.at_sample(ctx.let(s, "rs") if name else s)
 
 
+# A gathered operand (a RowLoader's function made by `gathered`: fvdb's SparseConv3d, whose A row is
+# read through the kernel map) may be loaded a step apart: the index (the map's entry) of step kt + 2
+# during step kt, into registers that step does not use, so that step kt + 1's value loads read an
+# index already there. Loaded together (a plain loader), the value's load waits for the index's round
+# trip, and every k step each warp stalls a lookup's latency before its first FFMA (ptxas keeps the
+# loads before the FFMAs, but cannot issue the second before the first returns: benchmarks/NOTES.md,
+# "The FP32 tile's next step in flight"). The same loads of the same elements, the same sums: the
+# results are bit-identical; it costs the index registers (SparseConv3d: 72 -> 79 a thread).
+
+
+def gathered(load: Callable[[str], str], index: Callable[[str], str], value: Callable[[str, str], str],
+             period: int | None = None):
+    """Return `load` (k -> the element of a row read through an index) marked as a gather: index(k) the
+    index's expression (an int; it may emit lets), value(k, i) the element at index i. load(k) must be
+    value(k, index(k)) (what a tile that does not split the loads emits).
+    period (optional): index(k) depends on k // period only (SparseConv3d: a tap's C_in channels read
+    one map entry), so the tile loads it again only where a step starts a new period."""
+    load.index, load.value, load.period = index, value, period
+    return load
+
+
 # a(bi, m) emits what row m of A needs once (before the k loop) and returns k -> A[bi, m, k];
 # b(bi, n) the same for column n of B; finish(bi, m, n, acc) the value of a finished sum (bias,
 # scale) and store(bi, m, n, value) the line storing it
@@ -308,15 +331,34 @@ def emit(ctx, tl: Tiling, item: str, thread: str, a: RowLoader, b: RowLoader, fi
     ahead = [(a_sh, a_size, *c) for c in copies(BM, a_m_contiguous, m0, m_limit or M, a, None)] + \
             [(b_sh, b_size, *c) for c in copies(BN, True, n0, N, b, b_quad)]
     regs = [[ctx.fresh("pf") for _ in lanes] for (_, _, _, _, lanes) in ahead]
+    steps = -(-K // BK) if k_steps is None else k_steps
+    many = k_steps is not None or steps > 1  # (with k_steps: a tile may have 0 or 1 steps as well)
+    # the gathered lanes' indices of the step after the one the registers hold next
+    split = many and any(hasattr(ld, "index") for c in ahead for _, ld in c[4])
+    index_regs = [[ctx.fresh("pi") if split and hasattr(ld, "index") else None for _, ld in lanes]
+                  for (_, _, _, _, lanes) in ahead]
 
-    def fetch(k0: str, ragged: bool) -> None:
-        """Load the step at k0 into the registers (ragged: k may pass K)."""
-        for (_, _, _, kk, lanes), names in zip(ahead, regs):
+    def fetch(k0: str, ragged: bool, indexed: bool = False) -> None:
+        """Load the step at k0 into the registers (ragged: k may pass K); indexed: the gathered lanes'
+        values at the indices already in their index registers."""
+        for (_, _, _, kk, lanes), names, inames in zip(ahead, regs, index_regs):
             k = ctx.let(ix.add(k0, kk), "k")
-            for (cond, load), name in zip(lanes, names):
+            for (cond, load), name, iname in zip(lanes, names, inames):
                 conds = [c for c in (cond, f"{k} < {K}" if ragged else None) if c]
-                value = load(f"min({k}, {K - 1})" if ragged else k)
+                kc = f"min({k}, {K - 1})" if ragged else k
+                value = load.value(kc, iname) if indexed and iname else load(kc)
                 ctx.line(f"{name} = " + (f"({value} if {' and '.join(conds)} else 0.0)" if conds else value))
+
+    def fetch_index(k0: str, ragged: bool) -> None:
+        """Load the gathered lanes' indices of the step at k0 into their index registers (the same
+        clamped k as its values will read: an index past K or past the rows is read, never used)."""
+        for (_, _, _, kk, lanes), inames in zip(ahead, index_regs):
+            if not any(inames):
+                continue
+            k = ctx.let(ix.add(k0, kk), "k")
+            for (_, load), iname in zip(lanes, inames):
+                if iname:
+                    ctx.line(f"{iname} = {load.index(f'min({k}, {K - 1})' if ragged else k)}")
 
     def put(buf: str | None) -> None:
         """Store the registers into shared buffer `buf` (0 or 1; None: the only one)."""
@@ -328,9 +370,15 @@ def emit(ctx, tl: Tiling, item: str, thread: str, a: RowLoader, b: RowLoader, fi
     for row in acc:
         for name in row:
             ctx.line(f"{name} = 0.0")
-    steps = -(-K // BK) if k_steps is None else k_steps
-    many = k_steps is not None or steps > 1  # (with k_steps: a tile may have 0 or 1 steps as well)
     fetch("0", K < BK)
+    if split:  # step 1's indices (0 where there is no step 1: started by no load, which LLVM would
+        # fold with the loop's into one load at the loop's top, where it waits again: NOTES, "Why the
+        # unrolled k loop bought nothing")
+        for iname in (i for names in index_regs for i in names if i):
+            ctx.line(f"{iname} = 0")
+        ctx.line(f"if {steps} > 1:")
+        with ctx.indent():
+            fetch_index(str(BK), K % BK != 0)
     if double:
         put(None)
         ctx.line("sync_block()")
@@ -345,7 +393,15 @@ def emit(ctx, tl: Tiling, item: str, thread: str, a: RowLoader, b: RowLoader, fi
         if many:  # the next step's operands, in flight during this step's multiply-adds
             ctx.line(f"if {kt} + 1 < {steps}:")
             with ctx.indent():
-                fetch(ctx.let(ix.mul(ix.add(kt, "1"), BK), "k0"), K % BK != 0)
+                fetch(ctx.let(ix.mul(ix.add(kt, "1"), BK), "k0"), K % BK != 0, split)
+                if split:  # (after the values: they read the index registers these loads replace)
+                    periods = {ld.period for c in ahead for _, ld in c[4] if hasattr(ld, "index")}
+                    period = periods.pop() if len(periods) == 1 else None
+                    new = (f" and ({ix.mul(ix.add(kt, '2'), BK)}) % {period} == 0"
+                           if period and period % BK == 0 and K % BK == 0 and period > BK else "")
+                    ctx.line(f"if {kt} + 2 < {steps}{new}:")
+                    with ctx.indent():
+                        fetch_index(ctx.let(ix.mul(ix.add(kt, "2"), BK), "k0"), K % BK != 0)
         for kk in range(BK):
             av = [ctx.let(f"{a_sh}[{ix.add(tr, a_off, str(kk * BM // 4 + g * rows))}]", "a") for g in range(TM // 4)]
             bv = [ctx.let(f"{b_sh}[{ix.add(tc, b_off, str(kk * BN // 4 + g * cols))}]", "b") for g in range(TN // 4)]

@@ -45,6 +45,7 @@ from mma_sass import INTEGER, _close, _ternaries, tool  # noqa: E402
 PRELUDE = r"""
 typedef unsigned long long lc_ulong;
 typedef unsigned char lc_ubyte;
+typedef unsigned int uint;
 struct alignas(16) lc_float4 { float x, y, z, w; };
 __device__ __forceinline__ lc_float4 lc_make_float4(float x, float y, float z, float w) { return lc_float4{x, y, z, w}; }
 __device__ __forceinline__ lc_float4 lc_make_float4(float x) { return lc_float4{x, x, x, x}; }
@@ -72,16 +73,16 @@ template<typename T> __device__ inline T lc_byte_buffer_read(LCBuffer<const lc_u
 """
 
 FUNCS = {"fma": "fmaf", "exp": "__expf", "tanh": "tanhf", "min": "min", "max": "max", "clamp": "lc_clamp",
-         "isnan": "isnan", "select": "lc_select", "abs": "fabsf"}
+         "isnan": "isnan", "select": "lc_select", "abs": "fabsf", "popcount": "__popc"}
 
 
 def _calls(s: str, name: str, fn) -> str:
-    """Rewrite every call name(args) in s as fn(args) (innermost first is not needed: args are kept as text)."""
+    """Rewrite every call name(args) in s as fn(args), the calls inside args first."""
     out = ""
     while m := re.search(rf"(?<![\w.]){re.escape(name)}\(", s):
         o = m.end() - 1
         c = _close(s, o)
-        out += s[:m.start()] + fn(s[o + 1:c])
+        out += s[:m.start()] + fn(_calls(s[o + 1:c], name, fn))  # (a call inside the arguments: a read's address)
         s = s[c + 1:]
     return out + s
 
@@ -113,7 +114,7 @@ def translate(src: str, stage: str, dialect: str) -> str:
             continue
         s = s.replace("int(thread_id().x)", "(int)threadIdx.x").replace("int(block_id().x)", "(int)blockIdx.x")
         # the blob: a byte offset
-        s = _calls(s, "weights.read", lambda a: (f"lc_byte_buffer_read<float>(weights, (lc_ulong)({a.split(', ', 1)[1]}))"
+        s = _calls(s, "weights.read", lambda a: (f"lc_byte_buffer_read<{a.split(', ', 1)[0].replace('float4', 'lc_float4')}>(weights, (lc_ulong)({a.split(', ', 1)[1]}))"
                                                  if dialect == "lc" else
                                                  f"(*(const float *)((const char *)weights + ({a.split(', ', 1)[1]})))"))
         for b in bufs - {"weights"}:
@@ -121,6 +122,8 @@ def translate(src: str, stage: str, dialect: str) -> str:
         for name, fn in FUNCS.items():
             s = _calls(s, name, lambda a, fn=fn: f"{fn}({a})")
         s = _calls(s, "float4", lambda a: f"lc_make_float4({a})")
+        for cast, ctype in (("uint", "unsigned"), ("int", "int")):  # (SparseConv3d's tap masks: tile_sass.py)
+            s = _calls(s, cast, lambda a, ctype=ctype: f"(({ctype})({a}))")
         s = re.sub(r"(?<![\w.])(\d+\.\d*(?:e-?\d+)?)(?![\w.])", r"\1f", s)  # (python floats: the DSL's float)
         s = s.replace("//", "/").replace(" and ", " && ").replace(" or ", " || ").replace("not ", "!")
         if m := re.match(r"(\w+)\.write\((.*)\)$", s):
@@ -133,7 +136,7 @@ def translate(src: str, stage: str, dialect: str) -> str:
                         at, value = body[:j], body[j + 2:]
             out.append(f"{pad}lc_buffer_write({m.group(1)}, {at}, {value});" if dialect == "lc"
                        else f"{pad}{m.group(1)}[{at}] = {value};")
-        elif m := re.match(r"for (\w+) in range\((\d+)\):", s):
+        elif m := re.match(r"for (\w+) in range\((\w+)\):", s):
             out.append(f"{pad}for (int {m.group(1)} = 0; {m.group(1)} < {m.group(2)}; ++{m.group(1)}) {{")
             stack.append(ind + 4)
         elif m := re.match(r"if (.*):$", s):

@@ -12,8 +12,8 @@ words and a warp reads whole rows of them. A tap no voxel of the block has is sk
 A surface's voxel reads few of the 27 taps, so work is cut to the taps read: a GPU tile ORs its
 voxels' tap masks and walks k over that list (operators/tiled.py emit's `k_steps`), a CPU item skips
 a tap none of its voxels read, and a map known at compile time orders the voxels by tap set (a
-derived input, `rows_by_taps`) so that neighbours in a tile share taps (27 -> 13 taps a tile on the
-benchmark's shell). On CUDA the layer is a blocks stage, an implicit GEMM over k = (tap, input
+derived input, `rows_by_taps`) so that neighbours in a tile share taps (27 -> 12.0 taps a 64-row tile
+on the benchmark's shell, 10.5 a voxel). On CUDA the layer is a blocks stage, an implicit GEMM over k = (tap, input
 channel), A gathered through the map; over grids bound at run time a grouped one
 (operators/tiled.py: a block's tile rows are 64 consecutive samples): 4.53 -> 1.54 ms for the
 benchmark's map and layer over 198k voxels. With compile(tensor_cores="auto") the same product runs
@@ -275,6 +275,18 @@ class SparseConv3d(VoxelBatch, Operator):
             col = ix.add(n0, str(j))
             ctx.line_if(None if j < safe else f"{col} < {C_out}", y.store(col, acc[j]))
 
+    # The FP32 tile's form (the A/B of benchmarks/NOTES.md, "The FP32 tile's next step in flight"; the
+    # results bit-identical in all three):
+    # "early": as before: the tile's list of taps ORed over the rows of all its 128 threads (its 64 and
+    #   the next tile's: a superset, 13.0 taps a tile where its own rows read 12.0 on bench_fvdb's
+    #   shell), B as 4 loads of a word a thread and k, the gather's map entry and features loaded
+    #   together (the features' load waits for the entry's round trip every k step).
+    # "rows": the taps of the tile's own rows (8% fewer k steps there), B as one 16-byte load (Conv's
+    #   b_quad: 3 fewer loads a step); the gather as early (72 registers, as before).
+    # "ahead": as rows, and the map's entries loaded a step ahead of the features (tiled.gathered),
+    #   once a tap: no load waits on another within a step, at 79 registers (6 blocks an SM, not 7).
+    fp32_form = "rows"
+
     # over voxels as the batch, the tiling is chosen as for a grid of this many voxels; a block then
     # covers BM consecutive samples (block_samples)
     NOMINAL_VOXELS = 1 << 16
@@ -398,7 +410,12 @@ class SparseConv3d(VoxelBatch, Operator):
         for e in range(-(-BM // NT)):  # this thread's rows of the tile
             r = ctx.let(ix.add(m0, ix.add(thread, str(e * NT)) if e else thread), "tr")
             at_row, rr = self._at_row(ctx, r)
-            ctx.line(f"if {r} < {limit}:")
+            # (a block of more threads than rows: the threads past the tile's rows read none, else
+            # their rows, the next tile's, add its taps to this one's: 13.0 -> 12.0 taps a 64-row tile
+            # on bench_fvdb's shell; the taps dropped are zeros to every row of the tile)
+            past = (f"{ix.add(thread, str(e * NT)) if e else thread} < {BM} and "
+                    if (e + 1) * NT > BM and self.fp32_form != "early" else "")
+            ctx.line(f"if {past}{r} < {limit}:")
             with ctx.indent(), at_row:
                 kr = ctx.let(ix.mul(rr, T), "kr")
                 for w, name in enumerate(bits):
@@ -467,26 +484,42 @@ class SparseConv3d(VoxelBatch, Operator):
             at = ctx.let(ix.div(k, C_in), "kt")
             return (ctx.let(f"{taps}[{at}]", "tap") if taps else at), ctx.let(ix.mod(k, C_in), "c")
 
+        # A's element at k: the map's entry for k's tap (the index), then the features' row it names;
+        # tiled.gathered hands the tile the two halves, which it loads a step apart (fp32_form "ahead")
         def a_row(_, o):
             if self.voxel_batch:  # the map's row at sample + o; the features at the sample it names
                 s = ctx.let(ix.add(ctx.sample, o), "rs")
 
-                def load(k):
-                    tap, c = tap_of(k)
+                def index(k):
+                    tap, _ = tap_of(k)
                     with ctx.at_sample(s):  # (s named once: entered at every k step)
-                        v = map_index(ctx, kmap.load(tap), rows_in, flag, checked)
+                        return map_index(ctx, kmap.load(tap), rows_in, flag, checked)
+
+                def value(k, v, c=None):
+                    c = c or ctx.let(ix.mod(k, C_in), "c")
                     with ctx.at_sample(f"max({v}, 0)"):
                         return f"({x.load(c)} if {v} >= 0 else 0.0)"
+            else:
+                row = ctx.let(ix.mul(self.row(o), T), "kr")
 
-                return load
-            row = ctx.let(ix.mul(self.row(o), T), "kr")
+                def index(k):
+                    tap, _ = tap_of(k)
+                    return map_index(ctx, kmap.load(ix.add(row, tap)), rows_in, flag, checked)
 
-            def load(k):
+                def value(k, v, c=None):
+                    c = c or ctx.let(ix.mod(k, C_in), "c")
+                    return f"({x.load(ix.add(ix.mul(f'max({v}, 0)', C_in), c))} if {v} >= 0 else 0.0)"
+
+            def load(k):  # (the early fetch's text, as before the split: tap_of's c reused)
                 tap, c = tap_of(k)
-                v = map_index(ctx, kmap.load(ix.add(row, tap)), rows_in, flag, checked)
-                return f"({x.load(ix.add(ix.mul(f'max({v}, 0)', C_in), c))} if {v} >= 0 else 0.0)"
+                if self.voxel_batch:
+                    with ctx.at_sample(s):
+                        v = map_index(ctx, kmap.load(tap), rows_in, flag, checked)
+                else:
+                    v = map_index(ctx, kmap.load(ix.add(row, tap)), rows_in, flag, checked)
+                return value(k, v, c)
 
-            return load
+            return tiled.gathered(load, index, value, period=C_in) if self.fp32_form == "ahead" else load
 
         def store(_, o, n, v):
             at_row, rr = self._at_row(ctx, o)
@@ -513,10 +546,17 @@ class SparseConv3d(VoxelBatch, Operator):
 
             return load
 
+        b_quad = None
+        if self.fp32_form != "early" and packed is not None and packed % 16 == 0 and (cblocks * O) % 4 == 0:
+            def b_quad(_, n):  # n a multiple of 4: 4 consecutive packed columns, one 16-byte load
+                base = ctx.let(ix.add(str(packed), ix.mul(n, 4)), "wq")
+                return lambda k: (f"weights.read(float4, "
+                                  f"{ix.add(base, ix.mul(ix.add(ix.mul(tap_of(k)[0], C_in), ix.mod(k, C_in)), cblocks * O * 4))})")
+
         bias = self.input(3) if self.has_input(3) else None
         tiled.emit(ctx, tl, item, thread, a_row, b_column,
                    lambda _, o, n, acc: f"{acc} + {bias.load(n)}" if bias is not None else acc,
-                   store, a_m_contiguous=False,
+                   store, a_m_contiguous=False, b_quad=b_quad,
                    k_steps=k_steps, m_limit=group_rows)
 
     def _emit_mma_block(self, ctx, tl, item: str, thread: str) -> None:

@@ -174,12 +174,13 @@ def test_grids_bound_at_run_time_take_groups_of_voxels():
     _close(run_plan(plan, {**grid, "x": x})["y"], want)
 
 
-def _voxel_batch_plan(gb: GridBatch | None = None, with_data: bool = False):
+def _voxel_batch_plan(gb: GridBatch | None = None, with_data: bool = False, c_out: int = 32,
+                      tensor_cores: bool = True):
     """The CUDA plan (tensor cores) of KernelMap -> SparseConv3d -> Relu over grids bound at run time (the
-    voxels the batch), 16 -> 32 channels; with_data: also (grid feeds, x, w, b)."""
+    voxels the batch), 16 -> c_out channels; with_data: also (grid feeds, x, w, b)."""
     gb = gb or _grid(3)
     rng = np.random.default_rng(4)
-    c_in, c_out = 16, 32
+    c_in = 16
     w = (rng.standard_normal((c_out, c_in, 3, 3, 3)) / np.sqrt(c_in * 27)).astype(np.float32)
     b = rng.standard_normal(c_out).astype(np.float32)
     x = rng.standard_normal((gb.total_voxels, c_in)).astype(np.float32)
@@ -197,7 +198,7 @@ def _voxel_batch_plan(gb: GridBatch | None = None, with_data: bool = False):
     g = helper.make_graph(nodes, "g", ins, [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["V", c_out])],
                           [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, 1)])
-    plan = _plan(m, batch_axis="auto")
+    plan = _plan(m, tensor_cores=tensor_cores, batch_axis="auto")
     return (plan, (grid, x, w, b)) if with_data else plan
 
 

@@ -1,0 +1,96 @@
+"""fvdb.SparseConv3d on tiled.py's FP32 tile without a GPU, in each of its forms (SparseConv3d.fp32_form,
+benchmarks/NOTES.md "The FP32 tile's next step in flight"): "early" (the tile as it was), "rows" (a tile's
+taps from its own rows only, B in 16-byte loads) and "ahead" (also the kernel map's entries loaded a k
+step ahead of the features they name, tiled.gathered). The stage kernels run in Python
+(tests/gpu_emulator.py: a thread per GPU thread, both thread orders, buffers float64) against tests/fvdb's
+float64 reference of fVDB's semantics (fvdb_reference.sparse_conv3d), and every form gives the bits of
+"early": the same loads of the same elements in the same sums. The shapes: 64 output channels (the
+64 x 64 tiles of 128 threads, more threads than a tile's rows: the case whose tap list took the next
+tile's rows), a folded map and one built on the device (its entries checked), input channels that are
+not whole k steps (no tap list, a ragged last step: the index loaded every step), and grids bound at
+run time (a block's rows 64 consecutive voxels). luisa-python builds each form's kernel (build_dsl)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gpu_emulator import build_dsl, kernel_name, run_plan
+from test_sparse_conv_mma import _close, _conv_tiling, _grid, _layer, _plan, _voxel_batch_plan
+
+from fvdb_reference import sparse_conv3d
+
+FORMS = ("early", "rows", "ahead")
+
+
+@pytest.fixture
+def form(monkeypatch):
+    """Set SparseConv3d.fp32_form for one plan."""
+    from luisaml.operators.fvdb.conv import SparseConv3d
+
+    return lambda f: monkeypatch.setattr(SparseConv3d, "fp32_form", f)
+
+
+@pytest.mark.parametrize("c_in,K,constant", [
+    (16, 3, True),  # a folded map (rows_by_taps' order): each tile's tap list, 2 k steps a tap
+    (16, 3, False),  # the map built on the device: its entries checked where the features are read
+    (12, 2, True),  # 12 input channels: k steps that cross taps, no tap list, a ragged last step
+])
+def test_forms_match_the_reference_and_each_other(c_in, K, constant, form):
+    gb = _grid()
+    m, feeds, want = _layer(gb, c_in, 64, K, constant)
+    got = {}
+    for f in FORMS:
+        form(f)
+        plan = _plan(m, tensor_cores=False)
+        st, op, tl = _conv_tiling(plan)
+        assert type(tl).__name__ == "Tiling" and (tl.BM, tl.BN, tl.threads) == (64, 64, 128) and tl.double
+        assert ("pi" in plan.source.split("def stage_")[-1]) == (f == "ahead")  # (the index registers)
+        # (threads run in reverse order too: a barrier missing around the tap list or a shared buffer shows)
+        got[f] = run_plan(plan, feeds, reverse=f == "ahead")["y"]
+        _close(got[f], want)
+    for f in FORMS[1:]:
+        np.testing.assert_array_equal(got[f], got["early"])
+
+
+def test_a_tile_takes_its_taps_from_its_own_rows(form):
+    """With more threads than a tile's rows, the threads past them read no row's taps ("rows", "ahead":
+    the early tile ORed the next tile's rows' taps into its list, a superset: more k steps on zeros,
+    the same sums, which is why the outputs cannot show it and the source is read here)."""
+    gb = _grid(2)
+    m, feeds, want = _layer(gb, 16, 64, 3, constant=True, bias=False)
+    for f in ("rows", "ahead"):
+        form(f)
+        plan = _plan(m, tensor_cores=False)
+        assert "if thread < 64 and " in plan.source  # (the tile's mask loop)
+        _close(run_plan(plan, feeds)["y"], want)
+    form("early")
+    assert "if thread < 64 and " not in _plan(m, tensor_cores=False).source
+
+
+def test_voxels_the_batch(form):
+    """Grids bound at run time: a block's rows 64 consecutive voxels (the last group partial), each tap
+    read at the sample its map entry names, the entries a step ahead."""
+    gb = _grid(3)
+    got = {}
+    for f in FORMS:
+        form(f)
+        plan, (grid, x, w, b) = _voxel_batch_plan(gb, with_data=True, c_out=64, tensor_cores=False)
+        st, op, tl = _conv_tiling(plan)
+        assert st.samples == tl.BM == tl.M == 64 and tl.threads == 128
+        got[f] = run_plan(plan, {**grid, "x": x})["y"]
+        want = np.maximum(sparse_conv3d(gb, x.astype(np.float64), gb, w.astype(np.float64), b.astype(np.float64)), 0)
+        _close(got[f], want)
+    for f in FORMS[1:]:
+        np.testing.assert_array_equal(got[f], got["early"])
+
+
+@pytest.mark.parametrize("case", ["folded", "device map", "12 input channels", "voxels the batch"])
+def test_ahead_kernels_build_as_dsl(case, form, monkeypatch):
+    """luisa-python builds the ahead form's kernel (the index registers' scope and type)."""
+    form("ahead")
+    if case == "voxels the batch":
+        plan = _voxel_batch_plan(c_out=64, tensor_cores=False)
+    else:
+        c_in, K = (12, 2) if case == "12 input channels" else (16, 3)
+        plan = _plan(_layer(_grid(), c_in, 64, K, constant=case != "device map")[0], tensor_cores=False)
+    st, _, tl = _conv_tiling(plan)
+    assert len(build_dsl(plan, kernel_name(plan, st), monkeypatch)) >= 1
