@@ -37,7 +37,7 @@ def heads_case(op: str, K: int, N: int) -> tuple[onnx.ModelProto, np.random.Gene
     """The model of a case and the generator its inputs come from (tests/test_gemm_heads.py plans these
     models without a GPU). W is made float32 after the scaling: a float32 array divided by np.sqrt(K), a
     float64 scalar, is float64 under NumPy 2's promotion rules, and a double W beside a float input is a
-    CompileError (every case of this file failed so on the H100, NumPy 2.4)."""
+    CompileError before any kernel runs: all three cases failed on the H100 (benchmarks/NOTES.md)."""
     rng = np.random.default_rng(K + N)
     scale = np.float32(1 / np.sqrt(K))
     if op == "Gemm":
