@@ -14,9 +14,11 @@ column's loads are contiguous across the lanes too. Each lane keeps SAMPLES x CO
 warp_active_sum (shaders/warp.py) combines each, lane 0 applies the epilogue once to the full sum
 and stores. A block's warps share its columns, so W's rows a block reads come from L2 once and from
 L1 for the other warps (they run in step); W is read from L2 once per WARPS x SAMPLES samples. The k
-loop issues UNROLL steps' loads before their multiply-adds: with a few warps an SM (the small
-batches this form is for) each k step would otherwise wait one round trip to L2 or HBM (the
-recurrent block loop measured ~300 clocks a k that way, benchmarks/NOTES.md). A warp whose first
+loop has UNROLL steps' loads in flight at once: with a few warps an SM (the small batches this form
+is for) each k step would otherwise wait one round trip to L2 or HBM (the recurrent block loop
+measured ~300 clocks a k that way, benchmarks/NOTES.md). Written as "the steps' loads first, then
+their multiply-adds", the compilers sank the loads to one step's (_loop_ahead), so they are loaded
+an iteration ahead (Heads.AHEAD; False: as written, the A/B's baseline). A warp whose first
 sample is past the batch skips the whole (warp-uniform) body, so a live warp's lanes all reach the
 reductions; a live warp's samples past the batch read the last live sample again and store nothing,
 and the last column block's columns past N read column N - 1 again and store nothing."""
@@ -41,6 +43,9 @@ class Heads:
     N: int
     K: int
     rows_b = True  # reads B as [N][K] (operators/gemm_blocks.py's _b_rows)
+    # The k loop's loads an iteration ahead (_loop_ahead); False: the loads written first as main had them,
+    # which NVVM and ptxas sink to one step's 12 a warp (benchmarks/NOTES.md, "The warp forms' loads"). The A/B.
+    AHEAD = True
 
     @property
     def M(self) -> int:
@@ -94,17 +99,22 @@ def emit(ctx, tl: Heads, item: str, thread: str, a_row, b_value, finish_row, sto
             for name in row:
                 ctx.line(f"{name} = 0.0")
 
-        def products(ks: list[str]) -> None:
-            # every load of the steps first, then their multiply-adds in k order (each sum's order as one step a time)
-            xs = [[ctx.let(load(k), "x") for load in loads] for k in ks]
-            ws = [[ctx.let(b_value(k, c), "w") for c in cols] for k in ks]
-            for u in range(len(ks)):
+        def fmas(xs: list[list[str]], ws: list[list[str]]) -> None:
+            # the steps' multiply-adds in k order (each sum's order as one step a time)
+            for u in range(len(xs)):
                 for s, row in enumerate(acc):
                     for j, name in enumerate(row):
                         ctx.line(f"{name} = fma({xs[u][s]}, {ws[u][j]}, {name})")
 
+        def products(ks: list[str]) -> None:
+            # every load of the steps first, then their multiply-adds
+            fmas([[ctx.let(load(k), "x") for load in loads] for k in ks],
+                 [[ctx.let(b_value(k, c), "w") for c in cols] for k in ks])
+
         full = K // (WARP * UNROLL)
-        if full:
+        if full and tl.AHEAD:
+            _loop_ahead(ctx, lane, full, loads, b_value, cols, fmas)
+        elif full:
             it = ctx.fresh("it")
             ctx.line(f"for {it} in range({full}):")
             with ctx.indent():
@@ -131,3 +141,40 @@ def emit(ctx, tl: Heads, item: str, thread: str, a_row, b_value, finish_row, sto
                     ctx.line_if(cond, store_row("0", m, c, ctx.let(finish_row("0", m, c, sums[s][j]), "f")))
                 if s:
                     ctx.level -= 1
+
+
+def _loop_ahead(ctx, lane: str, full: int, loads, b_value, cols: list[str], fmas) -> None:
+    """The k loop's `full` iterations of UNROLL steps with their loads an iteration ahead (operators/
+    rnn_step.py's gemv_unrolled does the same for R): the loop runs full + 1 times; iteration it loads
+    the steps of iteration min(it, full - 1) into named registers carried round the loop (the last
+    iteration reloads the last steps: no read past A or W) and, from the second on, multiplies copies of
+    the previous iteration's. Written as "all loads first, then the multiply-adds", NVVM sinks each load
+    to its first use and ptxas hoists a few back: 12 of the 48 an iteration were in flight at the first
+    FFMA, one step's, so a lane waited a round trip a step (benchmarks/experiments/heads_sass.py). Here
+    nothing in an iteration uses what it loads, so all 48 are issued before its multiply-adds wait. The
+    registers start at 0.0, not with loads before the loop (LLVM folds a phi of loads into a load of a
+    phi at the loop's top, and ptxas interleaves it again). The same sums in the same order: the same bits."""
+    nx, nw = len(loads), len(cols)
+    xn = [[ctx.fresh("xn") for _ in range(nx)] for _ in range(UNROLL)]
+    wn = [[ctx.fresh("wn") for _ in range(nw)] for _ in range(UNROLL)]
+    for name in [v for rows in xn + wn for v in rows]:
+        ctx.line(f"{name} = 0.0")
+    it = ctx.fresh("it")
+    ctx.line(f"for {it} in range({full + 1}):")
+    with ctx.indent():
+        xc = [[ctx.fresh("xc") for _ in row] for row in xn]  # (copies: let returns a bare name as it is)
+        wc = [[ctx.fresh("wc") for _ in row] for row in wn]
+        for cs, ns in ((xc, xn), (wc, wn)):
+            for crow, nrow in zip(cs, ns):
+                for c, n in zip(crow, nrow):
+                    ctx.line(f"{c} = {n}")
+        base = ctx.let(ix.add(lane, ix.mul(f"min({it}, {full - 1})", WARP * UNROLL)), "k")
+        for u in range(UNROLL):
+            k = ix.add(base, str(WARP * u))
+            for s, load in enumerate(loads):
+                ctx.line(f"{xn[u][s]} = {load(k)}")
+            for j, c in enumerate(cols):
+                ctx.line(f"{wn[u][j]} = {b_value(k, c)}")
+        ctx.line(f"if {it} > 0:")
+        with ctx.indent():
+            fmas(xc, wc)

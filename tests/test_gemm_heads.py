@@ -102,6 +102,47 @@ def test_heads_last_group_in_both_thread_orders(small_heads, K, N, kw):
     _check(K, N, kw, (34,))
 
 
+@pytest.mark.parametrize("K,N,kw", [CASES[0], CASES[2]])
+def test_loads_ahead_change_no_bit(small_heads, monkeypatch, K, N, kw):
+    """Heads.AHEAD (the k loop's loads an iteration ahead) against the loads where written (the A/B's
+    baseline): another kernel, the same sums in the same order, so the same float64 bits in the
+    emulator, both in thread order and reversed (the numpy check above runs the default, AHEAD)."""
+    from luisaml.operators.gemm_heads import Heads
+
+    model, numpy, out = _head(K, N, seed=K + N, **kw)
+    x = rand((5, K), seed=7)
+    got = {}
+    for ahead in (False, True):
+        monkeypatch.setattr(Heads, "AHEAD", ahead)
+        plan = _plan(model)
+        assert ("xn" in plan.source) == ahead
+        got[ahead] = [run_plan(plan, {"x": x}, reverse=r)[out] for r in (False, True)]
+    for a, b in zip(got[False], got[True]):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(got[True][0], numpy(x), rtol=0, atol=1e-9 * max(1.0, np.abs(numpy(x)).max()))
+
+
+def test_the_cuda_tests_models_plan_as_heads():
+    """tests/gpu/test_gemm_heads_cuda.py's models, planned for CUDA without a GPU as its test compiles
+    them (fuse off; with and without tensor cores): float32 weights (NumPy 2 made W float64 there, a
+    CompileError on the H100) and the head form's one stage of 16 samples and 128 threads."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent / "gpu" / "test_gemm_heads_cuda.py"
+    spec = importlib.util.spec_from_file_location("heads_cuda", path)
+    gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu)
+    for op, K, N in gpu.CASES:
+        model = gpu.heads_case(op, K, N)[0]
+        assert {i.name: i.data_type for i in model.graph.initializer} == dict.fromkeys(
+            ["W", "C"] if op == "Gemm" else ["W"], 1)  # (TensorProto.FLOAT)
+        for tc in (False, True):
+            plan = plan_of(model, "cuda", fuse="off", tensor_cores=tc)
+            assert [(st.samples, st.threads, st.items) for st in plan.schedule.stages if st.domain == "blocks"] == [
+                (16, 128, -(-N // 8))]
+
+
 def test_the_zoo_heads_take_the_form_and_small_layers_keep_the_tiles():
     """At the shipped bound: ResNet-50's 2,048 -> 1,000 and ResNet-18's 512 -> 1,000 are heads; NeRF's
     256 -> 256 (and its 319 -> 256) keep the mma tile, or the FP32 tile without tensor cores."""
@@ -128,9 +169,13 @@ def test_cpu_plans_are_untouched(monkeypatch):
     """The CPU backend has no blocks stages: its plan's source is the same with the form off."""
     from luisaml.operators.gemm import Dense
 
+    from luisaml.operators.gemm_heads import Heads
+
     model = _head(2048, 1000)[0]
     on = hashlib.sha256(_plan(model, backend="cpu").source.encode()).hexdigest()
     monkeypatch.setattr(Dense, "HEAD_MIN_WEIGHTS", 0)
+    assert hashlib.sha256(_plan(model, backend="cpu").source.encode()).hexdigest() == on
+    monkeypatch.setattr(Heads, "AHEAD", False)  # (nor with the loads where written)
     assert hashlib.sha256(_plan(model, backend="cpu").source.encode()).hexdigest() == on
 
 

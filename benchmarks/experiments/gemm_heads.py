@@ -3,7 +3,9 @@ against operators/gemm_heads.py's form, over batches from 1 to 4,096, in one pro
 Gemm (transB, bias: nn.Linear's export) compiled once per side with tensor_cores="auto", its run's
 kernel span timed (CUPTI, bench_mlp.device_times as bench_zoo's; inputs as CUDA tensors, no copy; median
 of 20), checked against numpy (float64) within what TF32 allows, beside torch's nn.Linear (fp32, shipped
-TF32 settings, the same timing).
+TF32 settings, the same timing). The heads form twice: with its k loop's loads an iteration ahead
+(gemm_heads.Heads.AHEAD, the default) and where written ("written", the A/B's baseline); the two must
+give the same bits.
 
     LUISAML_BACKEND=cuda python -P benchmarks/experiments/gemm_heads.py [--batches 1 16 4096]
 
@@ -51,22 +53,25 @@ def main() -> int:
     import luisaml
     from bench_mlp import device_times
     from luisaml.operators.gemm import Dense
+    from luisaml.operators.gemm_heads import Heads
 
     luisaml.device.init("cuda", tensor_cores=True)
     print(torch.cuda.get_device_name(), flush=True)
     rng, bad, shipped = np.random.default_rng(0), [], Dense.HEAD_MIN_WEIGHTS
-    print("| K -> N | batch | tiles ms | heads ms | torch ms | tiles form | heads form |\n|---|---|---|---|---|---|---|")
+    print("| K -> N | batch | tiles ms | heads, loads written ms | heads, loads ahead ms | torch ms | tiles form "
+          "| heads form |\n"
+          "|---|---|---|---|---|---|---|---|")
     for K, N in HEADS:
         model, w, c = _model(K, N, rng)
         nets = {}
-        for side, bound in (("tiles", 0), ("heads", shipped)):
-            Dense.HEAD_MIN_WEIGHTS = bound
+        for side, bound, ahead in (("tiles", 0, True), ("written", shipped, False), ("heads", shipped, True)):
+            Dense.HEAD_MIN_WEIGHTS, Heads.AHEAD = bound, ahead
             try:
                 nets[side] = luisaml.compile(model, backend="cuda", tensor_cores="auto", fuse="off")
                 st = next(s for s in nets[side].plan.schedule.stages if s.root[0].op_type == "Gemm")
                 nets[side + " form"] = f"{type(st.root[1].block_tiling()).__name__}/{st.samples}"
             finally:
-                Dense.HEAD_MIN_WEIGHTS = shipped
+                Dense.HEAD_MIN_WEIGHTS, Heads.AHEAD = shipped, True
         lin = torch.nn.Linear(K, N).cuda()
         with torch.no_grad():
             lin.weight.copy_(torch.from_numpy(w))
@@ -74,19 +79,21 @@ def main() -> int:
         for n in a.batches:
             x = rng.standard_normal((n, K)).astype(np.float32)
             want = x.astype(np.float64) @ w.T.astype(np.float64) + c
-            row, xt, sync = [], torch.from_numpy(x).cuda(), torch.cuda.synchronize
-            for side in ("tiles", "heads"):
+            row, xt, sync, outs = [], torch.from_numpy(x).cuda(), torch.cuda.synchronize, {}
+            for side in ("tiles", "written", "heads"):
                 net = nets[side]
                 y = net.run({"X": xt})["Y"]
                 sync()
-                y = y.cpu().numpy() if hasattr(y, "cpu") else y
+                y = outs[side] = y.cpu().numpy() if hasattr(y, "cpu") else y
                 err = float(np.abs(y - want).max() / np.abs(want).max())
                 if err > 1e-2:  # (TF32's 10 bits on the tile: ~1e-3; FP32 ~1e-6)
                     bad.append(f"{K}->{N} batch {n} {side}: relative error {err:.1e}")
                 row.append(float(np.median(device_times(lambda: net.run({"X": xt}), sync, 20)[0])))
+            if not np.array_equal(outs["written"], outs["heads"]):
+                bad.append(f"{K}->{N} batch {n}: the loads ahead changed bits")
             with torch.no_grad():
                 times = device_times(lambda: lin(xt), sync, 20)[0]
-            print(f"| {K} -> {N} | {n} | {row[0]:.4f} | {row[1]:.4f} | {float(np.median(times)):.4f} | "
+            print(f"| {K} -> {N} | {n} | {row[0]:.4f} | {row[1]:.4f} | {row[2]:.4f} | {float(np.median(times)):.4f} | "
                   f"{nets['tiles form']} | {nets['heads form']} |", flush=True)
     if bad:
         print("MISMATCH:\n  " + "\n  ".join(bad))
