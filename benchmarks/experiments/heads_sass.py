@@ -13,9 +13,7 @@ the first FFMA (loads a warp has in flight when it first waits on one).
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -24,7 +22,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from rnn_sass import k_loops, loop_report, nvdisasm, opcode_lines, tool, translate, wheel_nvrtc  # noqa: E402
+from rnn_sass import k_loops, lc_cubin, loop_report, ptxas_usage, sass_of, tool, translate  # noqa: E402
 
 # luisa's warp_active_sum as the wheel's device library writes it (liblc-backend-cuda.so's strings:
 # lc_warp_active_reduce_impl over __activemask(); the k loop ends before it, its own code is not measured)
@@ -143,30 +141,14 @@ def main() -> int:
             src = translate(split_statements(plan.source), stage, "lc")
             src = src.replace("typedef unsigned int uint;\n", "typedef unsigned int uint;\n" + WARP_SUM, 1)
             cu.write_text(src)
-            ptx, cubin = cu.with_suffix(".ptx"), cu.with_suffix(".cubin")
-            r = (wheel_nvrtc(cu, ptx) if args.nvrtc else
-                 subprocess.run([nvcc, "-arch=compute_90", "-ptx", "-std=c++17", "--use_fast_math", "-restrict",
-                                 "-extra-device-vectorization", "-o", str(ptx), str(cu)], capture_output=True, text=True))
-            if not r.returncode and args.ptxas:
-                ptx.write_text(re.sub(r"^\.version .*$", ".version 8.1", ptx.read_text(), count=1, flags=re.M))
-            if not r.returncode:
-                r = subprocess.run([ptxas or nvcc.replace("nvcc", "ptxas"), "-arch=sm_90", "-O3", "-v", "-o", str(cubin),
-                                    str(ptx)], capture_output=True, text=True)
+            r = lc_cubin(cu, nvcc, ptxas, args.nvrtc, bool(args.ptxas))
             if r.returncode:
                 print(f"{shape}: build failed\n{r.stderr[-3000:]}")
                 return 1
-            regs = re.search(r"Used (\d+) registers", r.stderr)
-            stack = re.search(r"(\d+) bytes stack frame", r.stderr)
-            spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
             line = (f"{shape:9s} ahead={ahead} ({st.tiling.describe() if getattr(st, 'tiling', None) else st.domain}): "
-                    f"{regs.group(1) if regs else '?'} registers, stack {stack.group(1) if stack else '?'} B, "
-                    f"spill {spill.group(1) + '/' + spill.group(2) if spill else '?'} B")
+                    f"{ptxas_usage(r.stderr)}")
             if cuobjdump:
-                env = dict(os.environ, PATH=os.path.dirname(cuobjdump) + os.pathsep + os.environ.get("PATH", ""))
-                sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, env=env).stdout
-                if not opcode_lines(sass):
-                    sass = nvdisasm(os.path.join(os.path.dirname(cuobjdump), "nvdisasm"), cubin)
-                cu.with_suffix(".sass").write_text(sass)
+                sass = sass_of(cu.with_suffix(".cubin"), cuobjdump)
                 for body in k_loops(sass.splitlines()):
                     line += f"\n    {loop_report(body)}"
                 w = in_flight_at_waits(sass)

@@ -334,20 +334,14 @@ def main() -> int:
             cu = folder / f"{shape.replace(':', '_')}-{v}.cu"
             cu.write_text(translate(plan.source, stage))
             if args.nvrtc:  # (the real tool chain: rnn_sass.py's wheel_nvrtc, then ptxas as the driver's JIT)
-                from rnn_sass import wheel_nvrtc
+                from rnn_sass import lc_cubin
 
                 # (LuisaCompute's kernels carry no __launch_bounds__: python's create_shader passes no options)
                 text = re.sub(r"__launch_bounds__\(\d+\) ", "", cu.read_text())
                 if "__float2half_rn(" not in text.split("kernel_main", 1)[1]:  # (NVRTC finds no cuda_fp16.h here)
                     text = re.sub(r"#include <cuda_fp16.h>\n|.*lc_f16_round.*\n", "", text)
                 cu.write_text(text)
-                ptx = cu.with_suffix(".ptx")
-                r = wheel_nvrtc(cu, ptx)
-                if not r.returncode:
-                    if args.ptxas:  # (an older ptxas: the .version LuisaCompute retries a load with)
-                        ptx.write_text(re.sub(r"^\.version .*$", ".version 8.1", ptx.read_text(), count=1, flags=re.M))
-                    r = subprocess.run([ptxas, "-arch=sm_90", "-O3", "-v", "-o", str(cu.with_suffix(".cubin")), str(ptx)],
-                                       capture_output=True, text=True, timeout=600)
+                r = lc_cubin(cu, nvcc, ptxas, True, bool(args.ptxas))
             else:
                 r = subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-O3", "-std=c++17", "-Xptxas", "-v", "-o",
                                     str(cu.with_suffix(".cubin")), str(cu)], capture_output=True, text=True, timeout=600)
@@ -359,15 +353,9 @@ def main() -> int:
             line = (f"{shape:22s} {v:9s} {tl.BM}x{tl.BN}, {tl.threads // 32} warps of {tl.WM}x{tl.WN}: "
                     f"{regs.group(1) if regs else '?'} registers, {spill.group(1) if spill else '?'} B spilled")
             if cuobjdump:
-                env = dict(os.environ, PATH=os.path.dirname(cuobjdump) + os.pathsep + os.environ.get("PATH", ""))
-                sass = subprocess.run([cuobjdump, "-sass", str(cu.with_suffix(".cubin"))], capture_output=True,
-                                      text=True, env=env, timeout=300).stdout
-                if not re.search(r"HMMA|FFMA", sass):  # (cuobjdump 13 reads no cubin of an older ptxas: nvdisasm does)
-                    from rnn_sass import nvdisasm
+                from rnn_sass import sass_of
 
-                    sass = nvdisasm(os.path.join(os.path.dirname(cuobjdump), "nvdisasm"), cu.with_suffix(".cubin"))
-                cu.with_suffix(".sass").write_text(sass)
-                sass = sass.splitlines()
+                sass = sass_of(cu.with_suffix(".cubin"), cuobjdump).splitlines()
                 bar = [i for i, s in enumerate(sass) if "BAR.SYNC" in s]
                 back = [i for i, s in enumerate(sass) if re.search(r"BRA 0x", s)]
                 if bar and len(back) >= 2:

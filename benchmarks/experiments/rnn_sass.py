@@ -197,6 +197,42 @@ def wheel_nvrtc(cu: Path, ptx: Path):
     return subprocess.CompletedProcess(r.args, 0 if ok else 1, "", r.stderr.decode(errors="replace"))
 
 
+def lc_cubin(cu: Path, nvcc: str, ptxas: str | None, nvrtc: bool, old_ptxas: bool):
+    """Build cu (LuisaCompute's dialect) as the driver would: PTX from the wheel's NVRTC (nvrtc) or from nvcc
+    with NVRTC's options, then ptxas -O3 -v (ptxas, default nvcc's; old_ptxas: an older one, given the
+    .version LuisaCompute retries a load with) into cu's .cubin; ptxas -v's report in the result's stderr."""
+    ptx, cubin = cu.with_suffix(".ptx"), cu.with_suffix(".cubin")
+    r = (wheel_nvrtc(cu, ptx) if nvrtc else
+         subprocess.run([nvcc, "-arch=compute_90", "-ptx", "-std=c++17", "--use_fast_math", "-restrict",
+                         "-extra-device-vectorization", "-o", str(ptx), str(cu)], capture_output=True, text=True, timeout=600))
+    if not r.returncode and old_ptxas:
+        ptx.write_text(re.sub(r"^\.version .*$", ".version 8.1", ptx.read_text(), count=1, flags=re.M))
+    if not r.returncode:
+        r = subprocess.run([ptxas or nvcc.replace("nvcc", "ptxas"), "-arch=sm_90", "-O3", "-v", "-o", str(cubin), str(ptx)],
+                           capture_output=True, text=True, timeout=600)
+    return r
+
+
+def ptxas_usage(report: str) -> str:
+    """ptxas -v's registers, stack frame and spills: "N registers, stack S B, spill stores/loads B"."""
+    regs = re.search(r"Used (\d+) registers", report)
+    stack = re.search(r"(\d+) bytes stack frame", report)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    return (f"{regs.group(1) if regs else '?'} registers, stack {stack.group(1) if stack else '?'} B, "
+            f"spill {spill.group(1) + '/' + spill.group(2) if spill else '?'} B")
+
+
+def sass_of(cubin: Path, cuobjdump: str) -> str:
+    """cubin's machine code (cuobjdump -sass; nvdisasm beside it where cuobjdump 13 reads no cubin of an
+    older ptxas), also written beside it as .sass."""
+    env = dict(os.environ, PATH=os.path.dirname(cuobjdump) + os.pathsep + os.environ.get("PATH", ""))
+    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, env=env, timeout=300).stdout
+    if not opcode_lines(sass):
+        sass = nvdisasm(os.path.join(os.path.dirname(cuobjdump), "nvdisasm"), cubin)
+    cubin.with_suffix(".sass").write_text(sass)
+    return sass
+
+
 def plan_stage(shape: str, form: str):
     """(plan, the steps' stage name, its BlockLoop) of a shape under compile's recurrent form."""
     from test_rnn import case, merge
@@ -316,36 +352,18 @@ def main() -> int:
                 cu.write_text(translate(plan.source, stage, dialect))
                 cubin = cu.with_suffix(".cubin")
                 if dialect == "lc":  # NVRTC's options to PTX, then ptxas as the driver's JIT (-O3)
-                    ptx = cu.with_suffix(".ptx")
-                    r = (wheel_nvrtc(cu, ptx) if args.nvrtc else
-                         subprocess.run([nvcc, "-arch=compute_90", "-ptx", "-std=c++17", "--use_fast_math", "-restrict",
-                                         "-extra-device-vectorization", "-o", str(ptx), str(cu)],
-                                        capture_output=True, text=True, timeout=600))
-                    if not r.returncode and args.ptxas:
-                        ptx.write_text(re.sub(r"^\.version .*$", ".version 8.1", ptx.read_text(), count=1, flags=re.M))
-                    if not r.returncode:
-                        r = subprocess.run([ptxas or nvcc.replace("nvcc", "ptxas"), "-arch=sm_90", "-O3", "-v", "-o",
-                                            str(cubin), str(ptx)], capture_output=True, text=True, timeout=600)
+                    r = lc_cubin(cu, nvcc, ptxas, args.nvrtc, bool(args.ptxas))
                 else:
                     r = subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-O3", "-std=c++17", "-Xptxas", "-v", "-o",
                                         str(cubin), str(cu)], capture_output=True, text=True, timeout=600)
                 if r.returncode:
                     print(f"{shape} {form} {dialect}: build failed\n{r.stderr[-3000:]}")
                     return 1
-                regs = re.search(r"Used (\d+) registers", r.stderr)
-                stack = re.search(r"(\d+) bytes stack frame", r.stderr)
-                spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
                 proj = f" +proj {bl.UI}k" if bl.fused else ""
-                spilled = f"{spill.group(1)}/{spill.group(2)}" if spill else "?"
                 line = (f"{shape:8s} {form:8s} {dialect:5s} {bl.SB}r x {bl.U}k{proj}, {bl.blocks} blocks of {bl.TU}: "
-                        f"{regs.group(1) if regs else '?'} registers, stack {stack.group(1) if stack else '?'} B, spill {spilled} B")
+                        f"{ptxas_usage(r.stderr)}")
                 if cuobjdump:
-                    env = dict(os.environ, PATH=os.path.dirname(cuobjdump) + os.pathsep + os.environ.get("PATH", ""))
-                    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, env=env,
-                                          timeout=300).stdout
-                    if not opcode_lines(sass):  # (cuobjdump 13 reads no cubin of an older ptxas: nvdisasm does)
-                        sass = nvdisasm(os.path.join(os.path.dirname(cuobjdump), "nvdisasm"), cubin)
-                    cu.with_suffix(".sass").write_text(sass)
+                    sass = sass_of(cubin, cuobjdump)
                     # (a k: the gates x rows x units multiply-adds of one k; GRU's split parts use fewer gates)
                     for body in k_loops(sass.splitlines()):
                         ks = sum(o.startswith("FFMA") for o in body) / (plan_gates(plan, stage) * bl.SB * bl.UB)

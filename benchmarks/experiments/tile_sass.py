@@ -19,9 +19,7 @@ Compare the forms with each other, not with a measured kernel."""
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import subprocess
 import sys
 import tempfile
 from collections import Counter
@@ -32,7 +30,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1] / "tests" / "fvdb"))
 from mma_sass import INTEGER, tool  # noqa: E402
-from rnn_sass import nvdisasm, opcode, opcode_lines, translate, wheel_nvrtc  # noqa: E402
+from rnn_sass import lc_cubin, opcode, ptxas_usage, sass_of, translate  # noqa: E402
 
 
 def sparse_model(radius: float):
@@ -164,31 +162,13 @@ def main() -> int:
             plan, stage, tl = plan_stage(shape, form, args.radius)
             cu = folder / f"{shape}-{form}.cu"
             cu.write_text(translate(plan.source, stage, "lc"))
-            ptx, cubin = cu.with_suffix(".ptx"), cu.with_suffix(".cubin")
-            r = (wheel_nvrtc(cu, ptx) if args.nvrtc else
-                 subprocess.run([nvcc, "-arch=compute_90", "-ptx", "-std=c++17", "--use_fast_math", "-restrict",
-                                 "-extra-device-vectorization", "-o", str(ptx), str(cu)],
-                                capture_output=True, text=True, timeout=600))
-            if not r.returncode and args.ptxas:
-                ptx.write_text(re.sub(r"^\.version .*$", ".version 8.1", ptx.read_text(), count=1, flags=re.M))
-            if not r.returncode:
-                r = subprocess.run([ptxas or nvcc.replace("nvcc", "ptxas"), "-arch=sm_90", "-O3", "-v", "-o",
-                                    str(cubin), str(ptx)], capture_output=True, text=True, timeout=600)
+            r = lc_cubin(cu, nvcc, ptxas, args.nvrtc, bool(args.ptxas))
             if r.returncode:
                 print(f"{shape} {form}: build failed\n{r.stderr[-3000:]}")
                 return 1
-            regs = re.search(r"Used (\d+) registers", r.stderr)
-            stack = re.search(r"(\d+) bytes stack frame", r.stderr)
-            spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
-            line = (f"{shape:6s} {form:6s} {tl.describe()}: {regs.group(1) if regs else '?'} registers, stack "
-                    f"{stack.group(1) if stack else '?'} B, spill {spill.group(1) + '/' + spill.group(2) if spill else '?'} B")
+            line = f"{shape:6s} {form:6s} {tl.describe()}: {ptxas_usage(r.stderr)}"
             if cuobjdump:
-                env = dict(os.environ, PATH=os.path.dirname(cuobjdump) + os.pathsep + os.environ.get("PATH", ""))
-                sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, env=env,
-                                      timeout=300).stdout
-                if not opcode_lines(sass):  # (cuobjdump 13 reads no cubin of an older ptxas: nvdisasm does)
-                    sass = nvdisasm(os.path.join(os.path.dirname(cuobjdump), "nvdisasm"), cubin)
-                cu.with_suffix(".sass").write_text(sass)
+                sass = sass_of(cu.with_suffix(".cubin"), cuobjdump)
                 line += "\n    " + report(kt_loop(sass.splitlines()))
             print(line, flush=True)
     return 0
