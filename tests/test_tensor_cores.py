@@ -376,26 +376,37 @@ def test_half_ulp_then_truncation_is_cvt_rna():
     assert np.isinf(kept[:2].view(np.float32)).all() and np.isnan(kept[2:].view(np.float32)).all()
 
 
+
+def _loads_through(src: str, name: str, marker: int) -> tuple[str, int]:
+    """src with a marked rounding callable `name` (LuisaCompute's shape: its body the marker's product) and
+    the tile's fragment loads of A and B passed through it; and the count of loads so passed."""
+    rnd = (f"__forceinline__ __device__ lc_float {name}(\n    lc_float v0) noexcept {{\n"
+           f"  return (v0 * static_cast<lc_float>(({marker} >> 30)));\n}}\n\n")
+    src = src.replace("struct alignas(16) Params", rnd + "struct alignas(16) Params")
+    return re.subn(r"(v2[34]\[[^\]]+\]) = (b1[01]\.ptr\[[^;]+\]);", rf"\1 = {name}(\2);", src)
+
+
+def _nvcc_ptx(tmp_path, source: str) -> str:
+    """nvcc's PTX of a CUDA source for sm_90 (the test skips where nvcc is not found)."""
+    nvcc = _tool("nvcc")
+    if not nvcc:
+        pytest.skip("nvcc not found")
+    cu = tmp_path / "k.cu"
+    cu.write_text(source)
+    r = subprocess.run([nvcc, "-arch=sm_90", "-ptx", "-O3", "-std=c++17", "-o", str(tmp_path / "k.ptx"), str(cu)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return (tmp_path / "k.ptx").read_text()
+
 def test_rounded_emission_rewrites_and_compiles_without_cvt(tmp_path):
     """A LuisaCompute-shaped emission of tf32_round and mma_tf32_m16n8k8_rounded: the front replaces both bodies;
     nvcc compiles the result to PTX with one mma.sync, tf32_round's guarded add and no cvt.rna (the
     conversion moved out of the mma)."""
     src = _emission("tf32", marker=str(tc.MARK_TF32R))
-    rnd = ("__forceinline__ __device__ lc_float custom_1D2C3B4A59687706(\n    lc_float v0) noexcept {\n"
-           f"  return (v0 * static_cast<lc_float>(({tc.MARK_ROUND} >> 30)));\n}}\n\n")
-    src = src.replace("struct alignas(16) Params", rnd + "struct alignas(16) Params")
-    src = re.sub(r"(v2[34]\[[^\]]+\]) = (b1[01]\.ptr\[[^;]+\]);", r"\1 = custom_1D2C3B4A59687706(\2);", src)
+    src, _ = _loads_through(src, "custom_1D2C3B4A59687706", tc.MARK_ROUND)
     new, notes = nvrtc_front.rewrite(src, tensor_cores.rules())
     assert not notes and str(tc.MARK_TF32R) not in new and str(tc.MARK_ROUND) not in new
-    nvcc = _tool("nvcc")
-    if not nvcc:
-        pytest.skip("nvcc not found")
-    cu = tmp_path / "k.cu"
-    cu.write_text(new)
-    r = subprocess.run([nvcc, "-arch=sm_90", "-ptx", "-O3", "-std=c++17", "-o", str(tmp_path / "k.ptx"), str(cu)],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    ptx = (tmp_path / "k.ptx").read_text()
+    ptx = _nvcc_ptx(tmp_path, new)
     assert ptx.count("mma.sync.aligned.m16n8k8") == 1 and "cvt.rna.tf32" not in ptx and "add.u32" in ptx
 
 
@@ -407,23 +418,12 @@ def test_f16_round_emission_rewrites_to_the_operand_and_compiles_without_scalar_
     FP16 copies do): the front replaces its body by the operand itself, so nvcc's PTX has the mma and its six
     cvt.rn.f16x2 packs and no scalar conversion (the mma's own packs round to half as float(half(x)) does)."""
     src = _emission("f16")
-    rnd = ("__forceinline__ __device__ lc_float custom_2E3D4C5B6A798817(\n    lc_float v0) noexcept {\n"
-           f"  return (v0 * static_cast<lc_float>(({tc.MARK_F16ROUND} >> 30)));\n}}\n\n")
-    src = src.replace("struct alignas(16) Params", rnd + "struct alignas(16) Params")
-    src, count = re.subn(r"(v2[34]\[[^\]]+\]) = (b1[01]\.ptr\[[^;]+\]);", r"\1 = custom_2E3D4C5B6A798817(\2);", src)
+    src, count = _loads_through(src, "custom_2E3D4C5B6A798817", tc.MARK_F16ROUND)
     assert count == 5  # (the contract's five loads of A and B)
     new, notes = nvrtc_front.rewrite(src, tensor_cores.rules())
     assert not notes and str(tc.MARK_F16) not in new and str(tc.MARK_F16ROUND) not in new
     assert re.search(r"lc_float custom_2E3D4C5B6A798817\(\n    lc_float v0\) noexcept \{\n  return v0;\n\}", new)
-    nvcc = _tool("nvcc")
-    if not nvcc:
-        pytest.skip("nvcc not found")
-    cu = tmp_path / "k.cu"
-    cu.write_text(new)
-    r = subprocess.run([nvcc, "-arch=sm_90", "-ptx", "-O3", "-std=c++17", "-o", str(tmp_path / "k.ptx"), str(cu)],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    ptx = (tmp_path / "k.ptx").read_text()
+    ptx = _nvcc_ptx(tmp_path, new)
     assert ptx.count("mma.sync.aligned.m16n8k16") == 1 and ptx.count("cvt.rn.f16x2.f32") == 6
     assert "cvt.rn.f16.f32" not in ptx
 
