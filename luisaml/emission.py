@@ -323,6 +323,12 @@ def batch_spanning_node(plan: Plan) -> str | None:
     return None
 
 
+def _half_held(in_half: bool, dtype) -> str:
+    """The `held` of a float tensor kept in a half buffer (Plan.half_io's inputs and outputs, a half slot of
+    Plan.half_activations): "half", the Buffer converting on load and store; "" for anything else."""
+    return "half" if in_half and dtype.dsl == "float" else ""
+
+
 def _io_bindings(plan: Plan, shared_out: bool, sample: str = "sample") -> tuple[dict[str, Storage], list[IOSpec]]:
     """Return the storage of every graph input and output in a launched kernel (a batched one is a
     region `sample * numel` of its buffer, `sample` the variable holding the sample), and, with
@@ -331,19 +337,18 @@ def _io_bindings(plan: Plan, shared_out: bool, sample: str = "sample") -> tuple[
     io: dict[str, Storage] = {}
     shared: list[IOSpec] = []
 
-    def held(s: IOSpec) -> str:  # (Plan.half_io: float inputs and outputs in half buffers)
-        return "half" if plan.half_io and s.dtype.dsl == "float" else ""
-
     for s in plan.inputs:
         base = f"{sample} * {s.numel}" if s.batched and s.numel else "0"
-        io[s.name] = Bytes(s.ident, base) if s.dtype.is_byte else Buffer(s.ident, base, held=held(s))
+        held = _half_held(plan.half_io, s.dtype)
+        io[s.name] = Bytes(s.ident, base) if s.dtype.is_byte else Buffer(s.ident, base, held=held)
     for s in plan.outputs:
         if s.accumulated:  # every thread adds into the zeroed output buffer itself
             io[s.name] = Buffer(s.ident)
         elif s.dtype.is_byte:  # (only sized at run time: compiler.py) a ByteBuffer its node writes word-wise
             io[s.name] = Bytes(s.ident)
         elif s.batched or plan.symbol is None or not shared_out:
-            io[s.name] = Buffer(s.ident, f"{sample} * {s.numel}" if s.batched and s.numel else "0", held=held(s))
+            base = f"{sample} * {s.numel}" if s.batched and s.numel else "0"
+            io[s.name] = Buffer(s.ident, base, held=_half_held(plan.half_io, s.dtype))
         else:
             shared.append(s)
     return io, shared
@@ -442,18 +447,16 @@ def stage_bindings(plan: Plan, st: Stage, ctx: KernelContext, sample: str = "sam
     io, _ = _io_bindings(plan, shared_out=False, sample=sample)
     table: dict[Tensor, Storage] = {tensors[name]: storage for name, storage in io.items()}
 
-    def held(slot, t: Tensor) -> str:  # (a float tensor in a half slot: Plan.half_activations)
-        return "half" if slot.dtype == "half" and t.dtype.dsl == "float" else ""
-
     for slot in sched.buffers.slots:
         for m in slot.members:
             t = tensors[m]
-            table[t] = Buffer(buffer_ident(slot), f"{sample} * {slot.size}" if t.batched else "0", held=held(slot, t))
+            base = f"{sample} * {slot.size}" if t.batched else "0"
+            table[t] = Buffer(buffer_ident(slot), base, held=_half_held(slot.dtype == "half", t.dtype))
     for name, (root, offset) in sched.aliases.items():  # (inside another's region: schedule._in_place)
         slot = sched.buffers.slots[sched.buffers.slot_of[root]]
         base = f"{sample} * {slot.size}" if tensors[name].batched else "0"
         table[tensors[name]] = Buffer(buffer_ident(slot), f"{base} + {offset}" if offset else base,
-                                      held=held(slot, tensors[name]))
+                                      held=_half_held(slot.dtype == "half", tensors[name].dtype))
     for name, (_, op, k) in sched.virtual.items():
         table[tensors[name]] = Inline(op, k, ctx.module)
     for t in tensors.values():
