@@ -416,6 +416,8 @@ class KernelLauncher:
                         pending = 0
                 if after and k in after:
                     after[k]()
+            if flush and pending:  # (the tail too: committed launches are what torch.cuda.synchronize and
+                stream.execute()   # CUPTI see; left pending, a caller of net.launch on shared tensors read stale outputs)
         finally:
             done(launched)  # (counts.CountingStream: the launches counted at once)
 

@@ -76,7 +76,15 @@ def main() -> int:
 
     print(f"{torch.cuda.get_device_name()}; mma self-tests live: tf32 {tensor_cores.live('tf32')}, "
           f"f16 {tensor_cores.live('f16')}", flush=True)
-    sync, bad, lines = torch.cuda.synchronize, [], []
+    import luisa
+
+    def sync():  # (torch's and LuisaCompute's work: net.launch leaves its last launches uncommitted, so
+        # torch.cuda.synchronize alone neither waits for them nor lets CUPTI see them: what this script
+        # read on 2026-12-07, luisaml outputs of another form and 0.02 ms "kernels")
+        luisa.synchronize()
+        torch.cuda.synchronize()
+
+    bad, lines = [], []
     for name, k0, width, layers, out, _, _, _ in MODELS:
         if name not in a.models:
             continue

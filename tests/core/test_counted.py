@@ -136,3 +136,53 @@ def test_commits_every_launch_change_nothing_but_when_the_device_starts(monkeypa
     assert c.syncs == 1
     for name in want:
         assert got[name].tobytes() == want[name].tobytes(), name
+
+
+def test_net_launch_commits_its_last_launches(monkeypatch):
+    """Under launch.FLUSH_LAUNCHES (CUDA's 4) net.launch commits its tail too: a caller that waits on the
+    device some other way (torch.cuda.synchronize on DLPack-shared tensors) sees every stage's output, not
+    a command list still pending. The stream recorded here: every launch is followed by a commit before
+    the run's downloads."""
+    from luisa import globalvars
+
+    from luisaml import launch
+
+    class Recorder:
+        def __init__(self, stream):
+            self._stream, self.events = stream, []
+
+        def add(self, command):
+            self.events.append(type(command).__name__)
+            self._stream.add(command)
+
+        def execute(self):
+            self.events.append("execute")
+            self._stream.execute()
+
+        def __getattr__(self, name):
+            if name == "add_launches":  # (launch.py then enqueues through add)
+                raise AttributeError(name)
+            return getattr(self._stream, name)
+
+    model, feeds = _nonzero_model(), _nonzero_feeds(np.random.default_rng(5), 0.5)
+    want = luisaml.compile(model, batch_axis=None).run(feeds)
+    net = luisaml.compile(model, batch_axis=None)
+    net.run(feeds)
+
+    def recorded_run(flush: int):
+        monkeypatch.setattr(launch, "FLUSH_LAUNCHES", flush)
+        rec = Recorder(globalvars.vars.stream)
+        monkeypatch.setattr(globalvars.vars, "stream", rec)
+        try:
+            got = net.run(feeds)
+        finally:
+            monkeypatch.setattr(globalvars.vars, "stream", rec._stream)
+        return got, rec.events, [i for i, e in enumerate(rec.events) if e == "ShaderDispatchCommand"]
+
+    _, _, launches = recorded_run(1 << 20)
+    assert len(launches) >= 3
+    got, events, launches = recorded_run(len(launches) - 1)  # (one launch past the last commit of the loop)
+    assert events[launches[-2] + 1:launches[-1]].count("execute") == 1, events
+    assert "execute" in events[launches[-1]:], events
+    for name in want:
+        assert got[name].tobytes() == want[name].tobytes(), name
