@@ -43,13 +43,13 @@ run() {
   local name=${1%%=*} limit=${1#*=}
   [[ $limit == "$1" ]] && limit=""
   case $name in
-    tests1) step "$name" "${limit:-200}" env LUISAML_BACKEND=cuda "${PYTEST[@]}" -n 16 tests/gpu/test_rows_cuda.py \
+    tests1) step "$name" "${limit:-400}" env LUISAML_BACKEND=cuda "${PYTEST[@]}" -n 16 tests/gpu/test_rows_cuda.py \
               tests/gpu/test_blocks_cuda.py tests/gpu/test_rnn_cuda.py tests/gpu/test_stages_cuda.py \
               tests/gpu/test_gemm_heads_cuda.py tests/gpu/test_across_cuda.py tests/gpu/test_topk_cuda.py \
               tests/gpu/test_sparse_conv_fp32_cuda.py ;;
     tests2) step "$name" "${limit:-120}" env LUISAML_BACKEND=cuda "${PYTEST[@]}" -n 12 tests/gpu/test_tensor_cores_cuda.py \
               tests/gpu/test_sparse_conv_mma_cuda.py tests/gpu/test_winograd_cuda.py ;;
-    tests3) step "$name" "${limit:-200}" env LUISAML_BACKEND=cuda "${PYTEST[@]}" -n 12 tests/fvdb/test_radix_passes.py \
+    tests3) step "$name" "${limit:-260}" env LUISAML_BACKEND=cuda "${PYTEST[@]}" -n 12 tests/fvdb/test_radix_passes.py \
               tests/fvdb/test_topology_device.py tests/fvdb/test_build_layout.py tests/fvdb/test_grid_build_device.py \
               tests/fvdb/test_counted_runs.py tests/core/test_counted_bytes.py tests/core/test_same_uploads.py \
               tests/gpu/test_cuda.py ;;
