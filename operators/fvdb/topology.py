@@ -38,8 +38,8 @@ capacity, a run past it repeated); every leaf, node and root tile writes its own
 table entry, and a thread per child-mask word its word (one stage); the host patches the headers over
 the downloaded blob. The stages read their regions' offsets from a layout table at the scratch's start
 (the first stage writes it) and the radix pass number from a counter, so the ~160 stages of a 1M-point
-build are ~40 distinct kernels, the same text in every network of the op: the CUDA backend compiles each once (its
-compile cache is keyed by the source's hash). The bundle equals the host builder's, the blob byte for
+build are ~40 distinct kernels, the same text in every network of the op: the CUDA backend compiles
+each once (its compile cache is keyed by the source's hash). The bundle equals the host builder's, the blob byte for
 byte; its voxel_sizes / origins outputs are their float32 values (the blob's map holds the doubles)."""
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ from .common import bundle_grids
 BUNDLE = len(schema.BUNDLE)
 GRID_BYTES, GRID_LEAVES = "grid_bytes", "grid_leaves"  # the symbolic rows of the outputs sized at run time
 CAPACITY = grid_schema.CAPACITY  # (a node built on the device as a network of its own: its capacity)
-MAX_KEYS = 1 << 24  # voxel keys a device build holds (~76 int32 words each: 5 GB of scratch, below 2^31 words)
+MAX_KEYS = 1 << 24  # voxel keys a device build holds (~79 int32 words each: 5.3 GB of scratch, below 2^31 words)
 
 
 def runtime_bundle(grids: int) -> list[tuple]:
