@@ -88,6 +88,15 @@ class KernelLauncher:
         self._launcher: Launcher | None = None
         self._prepared: list = [None] * len(stages)
         self._counts: tuple[int | None, list[int]] = (None, [])
+        self._int_at: tuple | None = None  # (the schedule, its int scratch's index among a run's: _int_scratch)
+
+    def _int_scratch(self, scratch):
+        """The int scratch buffer of a run's (the kernels take them sorted by DSL type), its index worked
+        out once a schedule: the end-of-run reads ask every run."""
+        at = self._int_at
+        if at is None or at[0] is not self.plan.schedule:
+            at = self._int_at = (self.plan.schedule, sorted(self.plan.kernel_scratch).index("int"))
+        return scratch[at[1]]
 
     @property
     def takes_state(self) -> bool:
@@ -155,7 +164,7 @@ class KernelLauncher:
         # the end-of-run host steps' words (dynamic.HostRead.at_end): in the same wait
         ends = [(rb, np.zeros(rb.count, np.int32)) for rb in self.plan.readbacks if rb.at_end] if launched else []
         for rb, got in ends:
-            reads.append((scratch[sorted(self.plan.kernel_scratch).index("int")], rb.index * 4, got))
+            reads.append((self._int_scratch(scratch), rb.index * 4, got))
         parts = {}  # counted output -> (its buffer, the elements downloaded before the wait)
         for s, buf, count in out_bufs:
             if s.name in read and count:
@@ -250,7 +259,7 @@ class KernelLauncher:
         if rb.tensor:
             buf = self._tensor_buffer(rb.tensor, out_bufs, n)
         else:
-            buf = scratch[sorted(self.plan.kernel_scratch).index("int")]
+            buf = self._int_scratch(scratch)
         word = self.layout.total_word(k)
         return lambda: copy_word(buf, rb.index, state, word)
 
@@ -304,7 +313,7 @@ class KernelLauncher:
         if rb.tensor:  # (a total in a tensor: its element; else words of the int scratch)
             buf, words = self._tensor_buffer(rb.tensor, out_bufs, n), np.zeros(1, np.int32)
         else:
-            buf, words = scratch[sorted(self.plan.kernel_scratch).index("int")], np.zeros(rb.count, np.int32)
+            buf, words = self._int_scratch(scratch), np.zeros(rb.count, np.int32)
         download(buf, rb.index * 4, words)
         globalvars.vars.stream.synchronize()
         self._raise_flagged(int(flag[0]))

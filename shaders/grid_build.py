@@ -17,9 +17,9 @@ The pipeline, for N voxel keys (b, i, j, k) of B grids:
    leaf ids are the owners' ranks (a prefix sum over points), so the id order is deterministic;
 2. the distinct leaves sorted into NanoVDB's order by an LSD radix sort of 8-bit digits (a chunk
    of CHUNK leaves per thread: a digit histogram per chunk, a prefix sum over (digit, chunk), a
-   stable scatter per chunk): first the 27 bits upper slot << 12 | lower slot, then root tile k,
-   j, i and the grid, each relative to its minimum over the leaves (a pass whose digit is 0 for
-   every leaf does nothing: see PASSES);
+   stable scatter per chunk) of a key packed from the 27 bits upper slot << 12 | lower slot, then root
+   tile k, j, i and the grid, each relative to its minimum over the leaves in the bits its span takes
+   (only the key's bytes are sorted: see PASSES);
 3. in that order, runs of leaves with the same lower (upper) node key are the lower (upper) nodes:
    flags and prefix sums give every leaf its lower and upper id and its first voxel index;
 4. every leaf folds its bbox into its lower node's, upper node's and grid's (atomic min / max);
@@ -40,7 +40,8 @@ from luisa.builtin import bitwise_cast
 from luisa.types import uint  # noqa: F401
 
 from .grid_layout import (C_ERROR, C_LEAVES, C_LOWERS, C_MAX, C_MIN, C_UPPERS, C_WORDS, C_ZERO, CHUNK, ERR_COORDS,
-                          HASH_EMPTY, S_BBOX, S_LEAVES, S_LOWERS, S_TRANSFORM, S_UPPERS, S_VOXELS, S_WORDS, SCAN)
+                          HASH_EMPTY, KEY_WORDS, S_BBOX, S_LEAVES, S_LOWERS, S_TRANSFORM, S_UPPERS, S_VOXELS, S_WORDS,
+                          SCAN, SLOT_BITS)
 # (a generated module imports every stage's function from here: use_helper(name, "grid_build"))
 from .grid_write import (gb_child_words, gb_header_word, gb_layout, gb_write_leaf, gb_write_lower,  # noqa: F401
                          gb_write_upper, gb_zero_blob)
@@ -286,75 +287,75 @@ def gb_ranges(s, lkey, ctr, c):
 
 
 @luisa.func
+def gb_key_bits(s, ctr, f):
+    """The bits field f (1..4: root tile k, j, i, the grid) takes relative to its minimum over the leaves."""
+    return 32 - int(clz(bitwise_cast(uint, s.read(ctr + C_MAX + f - 1) - s.read(ctr + C_MIN + f - 1))))
+
+
+@luisa.func
+def gb_passes(s, ctr):
+    """The radix passes the leaves' keys take: a byte each of the slot key and the fields' bits."""
+    bits = SLOT_BITS
+    for f in range(1, 5):
+        bits += gb_key_bits(s, ctr, f)
+    return (bits + 7) // 8
+
+
+@luisa.func
+def gb_put_bits(s, key, v, at):
+    """OR the bits of v (uint, below 2^21) into the key's words at bit `at` (< 96: a spill stays inside)."""
+    q = at >> 5
+    r = at & 31
+    s.write(key + q, bitwise_cast(int, bitwise_cast(uint, s.read(key + q)) | (v << uint(r))))
+    if r > 0:
+        s.write(key + q + 1, bitwise_cast(int, bitwise_cast(uint, s.read(key + q + 1)) | (v >> uint(32 - r))))
+
+
+@luisa.func
 def gb_sort_keys(s, lkey, key2, ctr, id):
-    """Leaf id's slot key: upper slot << 12 | lower slot (27 bits, the order inside a root tile)."""
+    """Leaf id's sort key (grid_layout.PASSES): the slot key, then root tile k, j, i and the grid, each
+    relative to its minimum in its span's bits: the order of the key is NanoVDB's, its length the passes'."""
     if id < s.read(ctr + C_LEAVES):
         li = s.read(lkey + 4 * id + 1)
         lj = s.read(lkey + 4 * id + 2)
         lk = s.read(lkey + 4 * id + 3)
         upper = (((li >> 4) & 31) << 10) | (((lj >> 4) & 31) << 5) | ((lk >> 4) & 31)
         lower = ((li & 15) << 8) | ((lj & 15) << 4) | (lk & 15)
-        s.write(key2 + id, (upper << 12) | lower)
+        key = key2 + KEY_WORDS * id
+        s.write(key, (upper << 12) | lower)
+        for w in range(1, KEY_WORDS):
+            s.write(key + w, 0)
+        at = SLOT_BITS
+        for f in range(1, 5):
+            v = s.read(lkey + 4 * id) - s.read(ctr + C_MIN + 3)
+            if f < 4:
+                v = (s.read(lkey + 4 * id + 4 - f) >> 9) - s.read(ctr + C_MIN + f - 1)  # f 1, 2, 3: tile k, j, i
+            gb_put_bits(s, key, bitwise_cast(uint, v), at)
+            at += gb_key_bits(s, ctr, f)
 
 
 # ---- radix sort -------------------------------------------------------------------------------
-# (its passes and key fields: grid_layout.PASSES)
-
-
-@luisa.func
-def gb_pass_field(p):
-    f = 4
-    if p < 4:
-        f = 0
-    elif p < 13:
-        f = 1 + (p - 4) // 3
-    return f
-
-
-@luisa.func
-def gb_pass_shift(p):
-    sh = 8 * (p - 13)
-    if p < 4:
-        sh = 8 * p
-    elif p < 13:
-        sh = 8 * ((p - 4) % 3)
-    return sh
+# (its passes and keys: grid_layout.PASSES)
 
 
 @luisa.func
 def gb_pass_active(s, ctr, p):
-    """Whether radix pass p has a digit that is not 0 for some leaf."""
-    f = gb_pass_field(p)
-    active = f == 0
-    if f > 0:
-        active = ((s.read(ctr + C_MAX + f - 1) - s.read(ctr + C_MIN + f - 1)) >> gb_pass_shift(p)) > 0
-    return active
+    """Whether radix pass p sorts a byte of the keys (the passes that do nothing are the last ones)."""
+    return p < gb_passes(s, ctr)
 
 
 @luisa.func
 def gb_pass_source(s, ctr, order_a, order_b, p):
     """The permutation buffer pass p reads: the active passes before it alternate A and B."""
-    flips = 0
-    for q in range(0, p):
-        if gb_pass_active(s, ctr, q):
-            flips += 1
     src = order_a
-    if (flips & 1) == 1:
+    if (min(p, gb_passes(s, ctr)) & 1) == 1:
         src = order_b
     return src
 
 
 @luisa.func
-def gb_digit(s, ctr, lkey, key2, id, p):
-    f = gb_pass_field(p)
-    v = 0
-    if f == 0:
-        v = s.read(key2 + id)
-    elif f == 4:
-        v = s.read(lkey + 4 * id) - s.read(ctr + C_MIN + 3)
-    else:
-        v = (s.read(lkey + 4 * id + 4 - f) >> 9) - s.read(ctr + C_MIN + f - 1)  # f 1, 2, 3: tile k, j, i
-    return (v >> gb_pass_shift(p)) & 255
+def gb_digit(s, key2, id, p):
+    return (s.read(key2 + KEY_WORDS * id + p // 4) >> (8 * (p % 4))) & 255
 
 
 @luisa.func
@@ -367,7 +368,7 @@ def gb_hist_words(s, ctr, p):
 
 
 @luisa.func
-def gb_hist(s, ctr, lkey, key2, src, hist, p, c):
+def gb_hist(s, ctr, key2, src, hist, p, c):
     """Chunk c's digit counts of pass p into hist[digit * chunks + c] (chunks = ceil(L / CHUNK))."""
     n = s.read(ctr + C_LEAVES)
     chunks = (n + CHUNK - 1) // CHUNK
@@ -375,22 +376,24 @@ def gb_hist(s, ctr, lkey, key2, src, hist, p, c):
         for d in range(0, 256):
             s.write(hist + d * chunks + c, 0)
         for e in range(c * CHUNK, min(c * CHUNK + CHUNK, n)):
-            at = hist + gb_digit(s, ctr, lkey, key2, s.read(src + e), p) * chunks + c
+            at = hist + gb_digit(s, key2, s.read(src + e), p) * chunks + c
             s.write(at, s.read(at) + 1)
 
 
 @luisa.func
-def gb_scatter(s, ctr, lkey, key2, src, dst, hist, p, c):
-    """Chunk c moves its leaves, in order, to their digit's next place (a stable counting sort)."""
+def gb_scatter(s, ctr, key2, src, dst, hist, sums, p, c):
+    """Chunk c moves its leaves, in order, to their digit's next place (a stable counting sort). Counter
+    k holds its sum within its SCAN-word chunk, sums[k // SCAN] the chunk's base: the prefix sum's last
+    additions are made here (topology.py _scan's reader_adds)."""
     n = s.read(ctr + C_LEAVES)
     chunks = (n + CHUNK - 1) // CHUNK
     if c < chunks and gb_pass_active(s, ctr, p):
         for e in range(c * CHUNK, min(c * CHUNK + CHUNK, n)):
             id = s.read(src + e)
-            at = hist + gb_digit(s, ctr, lkey, key2, id, p) * chunks + c
-            pos = s.read(at)
-            s.write(at, pos + 1)
-            s.write(dst + pos, id)
+            k = gb_digit(s, key2, id, p) * chunks + c
+            pos = s.read(hist + k)
+            s.write(hist + k, pos + 1)
+            s.write(dst + pos + s.read(sums + k // SCAN), id)
 
 
 # ---- nodes in order ---------------------------------------------------------------------------

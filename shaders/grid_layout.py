@@ -65,8 +65,12 @@ S_BBOX = 4  # 4..9: min i, j, k, max i, j, k
 S_TRANSFORM = 16  # 16..27: the grid's voxel size and origin, float64 bits (copied by the first stage)
 S_WORDS = 32
 
-# radix sort: PASSES passes, least significant first: the slot key's bytes (field 0), then root tile k, j, i
-# (fields 1..3, 20 bits each, taken relative to their minimum over the leaves) and the grid (field
-# 4, 10 bits). A pass whose digit is 0 for every leaf (the field's range is below its shift) does
-# nothing, so a cloud inside one root tile sorts in 4 passes, one spanning two tiles per axis in 7.
-PASSES = 15
+# radix sort: a leaf's key is KEY_WORDS words (little-endian) of NanoVDB's order, least significant first: the
+# slot key (SLOT_BITS: upper slot << 12 | lower slot), then root tile k, j, i (up to 20 bits each) and the
+# grid (up to 10 bits), each taken relative to its minimum over the leaves in as many bits as its span
+# takes. The passes sort a byte each: the key's first ceil(bits / 8) bytes are the passes that run (a cloud
+# inside one root tile sorts in 4, one spanning two tiles an axis in 4 too: 27 + 3 bits), the others do
+# nothing; PASSES covers the widest key (27 + 3 x 20 + 10 = 97 bits).
+SLOT_BITS = 27
+KEY_WORDS = 4
+PASSES = 13

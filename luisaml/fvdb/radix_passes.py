@@ -1,25 +1,25 @@
 """The radix passes a device grid build can leave out, known on the host before it launches.
 
-A device build (operators/fvdb/topology.py DeviceGridBuild) sorts its leaves in shaders/grid_layout.PASSES
-(15) radix passes of a byte each: the slot key (passes 0-3), the root tile's k, j and i taken relative
-to their minimum over the leaves (4-6, 7-9, 10-12) and the grid (13-14). A pass whose byte is 0 for
-every leaf does nothing on the device (gb_pass_active), but its stages are still launched: its
-histograms, a prefix sum of 3-9 stages and its scatter, 7 launches at the smallest capacity, 11 at
-100k points. A root tile spans 4096 voxels, so a LiDAR frame (a few hundred voxels across) spans at
-most two tiles an axis: 8 of its 15 passes do nothing, ~90 of a GridBatchFromPoints build's ~210
-launches on CUDA, and as many of its ConvGrid's.
+A device build (operators/fvdb/topology.py DeviceGridBuild) sorts its leaves in radix passes of a byte
+each over a key packed from the slot key (27 bits) and the root tile's k, j and i and the grid, each taken
+relative to its minimum over the leaves in the bits its span takes (shaders/grid_layout.PASSES): the passes
+past the key's bytes do nothing on the device (gb_pass_active), but their stages are still launched: the
+histograms, a prefix sum of 3-9 stages and the scatter, 5-11 launches at the smallest capacity to 100k
+points. A root tile spans 4096 voxels, so a LiDAR frame (a few hundred voxels across) spans at most two
+tiles an axis: a key of 27 + 3 bits, 4 passes of PASSES (13).
 
 `idle_passes` bounds, on the host, the root tiles the new grid's voxels can lie in: from the points of
 a GridBatchFromPoints (or ijk, or the nearest voxels), or, for a topology op, from the leaves of a
 source bundle luisaml built or checked in full (fvdb/checked.py: their origins are what the kernels
-read) through the op's candidate voxels (topology_device.candidates). A pass is idle when that bound's
-span has a zero byte there, so the device's span (its leaves', within the bound) has too. The bound
-is wide where it must be (a point's voxel within 2 voxels and a float32 rounding of its float64
-position; an unknown source grid, a non-finite point or an op without candidates: no pass left out):
-a pass left out wrongly would sort the leaves wrongly. `idle_stages` names a network's stages of
-those passes but their "next" stage, which counts the passes the later stages read; the launcher
-leaves them out of that run (launch.KernelLauncher.skipped). The bytes built are the same
-(tests/fvdb/test_topology_device.py against the host's builder).
+read) through the op's candidate voxels (topology_device.candidates). A pass is idle when it lies past
+the key that bound's spans make, so past the device's key too (its leaves' spans lie within the bound).
+The bound is wide where it must be (a point's voxel within 2 voxels and a float32 rounding of its
+float64 position; an unknown source grid, a non-finite point or an op without candidates: no pass left
+out): a pass left out wrongly would sort the leaves wrongly. The idle passes are always the last ones:
+`idle_stages` names a network's stages of those passes, and the launcher leaves them out of that run
+(launch.KernelLauncher.skipped); the pass counter that a pass's prefix sum moves on is then read by no
+stage launched after them. The bytes built are the same (tests/fvdb/test_topology_device.py against
+the host's builder).
 """
 from __future__ import annotations
 
@@ -31,29 +31,21 @@ from . import checked
 from .nanovdb import record_field, records
 from . import layout as L
 
-PASSES = 15  # shaders/grid_layout.PASSES (a test checks they agree)
+PASSES = 13  # shaders/grid_layout.PASSES and SLOT_BITS (a test checks they agree)
+SLOT_BITS = 27
 _TILE_SHIFT = 12  # a root tile is 4096 voxels an axis: leaf key (voxel >> 3) >> 9
 _LIMIT = 2 ** 30  # voxel coordinates past this: no bound (int32 overflow is the build's own error)
-_STAGE = re.compile(r"radix pass (\d+): (?!next$)")
+_STAGE = re.compile(r"radix pass (\d+): ")
 
 
-def _field_shift(p: int) -> tuple[int, int]:
-    """(field, shift) of pass p, as gb_pass_field and gb_pass_shift."""
-    if p < 4:
-        return 0, 8 * p
-    if p < 13:
-        return 1 + (p - 4) // 3, 8 * ((p - 4) % 3)
-    return 4, 8 * (p - 13)
+def passes(spans: tuple[int, int, int, int]) -> int:
+    """The passes a key takes whose fields (tile k, j, i, grid) span at most these (gb_passes)."""
+    return -(-(SLOT_BITS + sum(int(x).bit_length() for x in spans)) // 8)
 
 
 def _idle(spans: tuple[int, int, int, int]) -> frozenset[int]:
-    """The passes idle for these upper bounds of the leaves' spans of tile k, j, i and grid (fields 1-4)."""
-    out = set()
-    for p in range(PASSES):
-        f, shift = _field_shift(p)
-        if f > 0 and spans[f - 1] >> shift == 0:
-            out.add(p)
-    return frozenset(out)
+    """The passes idle for these upper bounds of the leaves' spans of tile k, j, i and grid."""
+    return frozenset(range(passes(spans), PASSES))
 
 
 def _spans(lo: np.ndarray, hi: np.ndarray, grids: int) -> tuple[int, int, int, int]:
@@ -159,7 +151,7 @@ def idle_passes(op_type: str, attrs: dict, arrays: list, from_grid: bool) -> fro
 
 def idle_stages(net, passes: frozenset[int]) -> frozenset[int]:
     """The indices of the stages of a device build's network (its plan's schedule) that run those
-    radix passes' histograms, prefix sums and scatters (not their "next", which counts passes)."""
+    radix passes (histograms, prefix sums, scatters)."""
     if not passes or net.plan.schedule is None:
         return frozenset()
     cache = net.__dict__.setdefault("_radix_stages", {})

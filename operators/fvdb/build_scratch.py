@@ -57,7 +57,7 @@ class Scratch:
             cap *= 2
         self.raw = {"keys": n, "grids": grids, "cap": cap}
         self.chunks = max(-(-n // G.CHUNK), 1)
-        sizes = {"vox": 4 * n, "owner": cap, "slot": n, "ids": n + 1, "lkey": 4 * n, "mask": 16 * n, "key2": n,
+        sizes = {"vox": 4 * n, "owner": cap, "slot": n, "ids": n + 1, "lkey": 4 * n, "mask": 16 * n, "key2": G.KEY_WORDS * n,
                  "order_a": n, "order_b": n, "hist": 256 * self.chunks + 1, "skey": 4 * n, "counts": n + 1,
                  "new_lower": n + 1, "new_upper": n + 1, "leaf_box": 6 * n, "lower_first": n + 1,
                  "upper_first": n + 1, "upper_lower": n + 1, "lower_box": 6 * n, "upper_box": 6 * n,

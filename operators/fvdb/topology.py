@@ -29,16 +29,17 @@ The device build in detail: voxel keys (8 a point for the nearest voxels); leave
 table (a slot claimed by a compare-and-swap of the point's index, a key compared with the owner point's,
 which an earlier stage wrote, so nothing waits on another thread); leaf masks by atomic OR; leaf ids by
 a prefix sum over the owners; the distinct leaves sorted into NanoVDB's order by an LSD radix sort (a
-chunk of leaves per thread: histograms, a prefix sum over (digit, chunk), a stable scatter; the slot
-key's bytes, then root tile k, j, i and the grid, relative to their minimum, a pass whose digit is 0
-everywhere doing nothing); lower and upper nodes as runs of that order, their bboxes by atomic min/max
+chunk of leaves per thread: histograms, a prefix sum over (digit, chunk), a stable scatter that makes
+its last level's additions; a byte a pass of a key packed from the slot key, then root tile k, j, i and
+the grid, each relative to its minimum in the bits its span takes, the passes past the key doing
+nothing); lower and upper nodes as runs of that order, their bboxes by atomic min/max
 from the leaves; the grids laid out (the blob's bytes and the leaves are counted totals: the blob at a
 capacity, a run past it repeated); every leaf, node and root tile writes its own bytes and its parent's
-table entry, and a thread per child-mask word its word; the host patches the headers over the downloaded
-blob. The stages read their regions' offsets from a layout table at the scratch's start (the first stage
-writes it) and the radix pass number from a counter, so the ~200 stages of a 1M-point build are ~44
-distinct kernels, the same text in every network of the op: the CUDA backend compiles each once (its
-compile cache is keyed by the source's hash). The bundle equals the host builder's, the blob byte for
+table entry, and a thread per child-mask word its word (one stage); the host patches the headers over
+the downloaded blob. The stages read their regions' offsets from a layout table at the scratch's start
+(the first stage writes it) and the radix pass number from a counter, so the ~160 stages of a 1M-point
+build are ~40 distinct kernels, the same text in every network of the op: the CUDA backend compiles
+each once (its compile cache is keyed by the source's hash). The bundle equals the host builder's, the blob byte for
 byte; its voxel_sizes / origins outputs are their float32 values (the blob's map holds the doubles)."""
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ from .common import bundle_grids
 BUNDLE = len(schema.BUNDLE)
 GRID_BYTES, GRID_LEAVES = "grid_bytes", "grid_leaves"  # the symbolic rows of the outputs sized at run time
 CAPACITY = grid_schema.CAPACITY  # (a node built on the device as a network of its own: its capacity)
-MAX_KEYS = 1 << 24  # voxel keys a device build holds (~76 int32 words each: 5 GB of scratch, below 2^31 words)
+MAX_KEYS = 1 << 24  # voxel keys a device build holds (~79 int32 words each: 5.3 GB of scratch, below 2^31 words)
 
 
 def runtime_bundle(grids: int) -> list[tuple]:
@@ -329,16 +330,20 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
     def _ctr(self, word: int) -> str:
         return f"scratch_int.read({self.S.ctr + word})"
 
-    def _scan(self, name: str, bases: list[int], size: int, n_expr, total_at) -> list[Phase]:
+    def _scan(self, name: str, bases: list[int], size: int, n_expr, total_at, then=None,
+              reader_adds: bool = False) -> list[Phase]:
         """Phases of an exclusive prefix sum in place over the first n (a DSL expression, or a function of
-        the emission's context returning one; at most size) words at each base (the same length), the
-        total of each written at total_at(n, base)."""
+        the emission's context and whether the top level has run, returning one; at most size) words at
+        each base (the same length), the total of each written at total_at(n, base); then(ctx), if given,
+        emitted in the top level's one thread after its sums. reader_adds: the last phase, which adds each
+        SCAN-word chunk's base (level 1's word e // SCAN) to its words e, left to the one stage that reads
+        them (a launch fewer)."""
         sizes = scan_levels(size)
         levels = [self.S.levels(b) for b in bases]
         out = []
 
-        def n_at(ctx, k: int) -> str:
-            n = n_expr(ctx) if callable(n_expr) else str(n_expr)
+        def n_at(ctx, k: int, late: bool = False) -> str:
+            n = n_expr(ctx, late) if callable(n_expr) else str(n_expr)
             return n if k == 0 else f"(({n}) + {G.SCAN ** k - 1}) // {G.SCAN ** k}"
 
         for k in range(len(sizes) - 1):
@@ -353,10 +358,12 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
             nk = ctx.let(n_at(ctx, len(sizes) - 1), "n")
             for lv in levels:
                 self._call(ctx, "gb_scan_top", lv[-1], nk, total_at(n, lv[0]))
+            if then is not None:
+                then(ctx)
         out.append(Phase(f"{name}: top level", 1, top))
-        for k in reversed(range(len(sizes) - 1)):
+        for k in reversed(range(1 if reader_adds else 0, len(sizes) - 1)):
             def down(ctx, item, k=k):
-                nk = ctx.let(n_at(ctx, k), "n")
+                nk = ctx.let(n_at(ctx, k, True), "n")
                 for lv in levels:
                     self._call(ctx, "gb_scan_down", lv[k], lv[k + 1], nk, item)
             out.append(Phase(f"{name}: add chunk bases, level {k}", sizes[k], down))
@@ -378,32 +385,35 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
                 Phase("tile ranges", max(-(-N // 64), 1),
                       lambda ctx, c: self._call(ctx, "gb_ranges", S.lkey, S.ctr, c)),
                 Phase("sort keys", items, lambda ctx, i: self._call(ctx, "gb_sort_keys", S.lkey, S.key2, S.ctr, i))]
-        # the pass number is a counter in ctr (the last stage of a pass adds 1), not a literal: the
-        # PASSES passes are then the same kernels
-        pass_no = f"scratch_int.read({S.ctr + G.C_PASS})"
+        # the pass number is a counter in ctr, not a literal: the PASSES passes are then the same kernels.
+        # The prefix sum's top level (one thread, after its own reads) moves it on, so the stages after it
+        # in the pass read it less 1, and no stage of its own is launched for it; the host leaves out only
+        # the last passes (fvdb/radix_passes.py), whose counter no stage launched after them reads
+        def pass_no(late: bool) -> str:
+            return f"(scratch_int.read({S.ctr + G.C_PASS}){' - 1' if late else ''})"
 
-        def hist_n(ctx):
-            return f"{ctx.use_helper('gb_hist_words', 'grid_build')}(scratch_int, {S.ctr}, {pass_no})"
+        def hist_n(ctx, late):
+            return f"{ctx.use_helper('gb_hist_words', 'grid_build')}(scratch_int, {S.ctr}, {pass_no(late)})"
 
-        def source(ctx) -> str:
+        def source(ctx, late) -> str:
             return ctx.let(f"{ctx.use_helper('gb_pass_source', 'grid_build')}(scratch_int, {S.ctr}, {S.order[0]}, "
-                           f"{S.order[1]}, {pass_no})", "src")
+                           f"{S.order[1]}, {pass_no(late)})", "src")
 
         def hist(ctx, c):
-            self._call(ctx, "gb_hist", S.ctr, S.lkey, S.key2, source(ctx), S.hist, pass_no, c)
+            self._call(ctx, "gb_hist", S.ctr, S.key2, source(ctx, False), S.hist, pass_no(False), c)
 
         def scatter(ctx, c):
-            src = source(ctx)
+            src = source(ctx, True)
             dst = ctx.let(f"{S.order[0] + S.order[1]} - {src}", "dst")
-            self._call(ctx, "gb_scatter", S.ctr, S.lkey, S.key2, src, dst, S.hist, pass_no, c)
+            self._call(ctx, "gb_scatter", S.ctr, S.key2, src, dst, S.hist, S.levels("hist")[1], pass_no(True), c)
 
-        def next_pass(ctx, t):
-            ctx.line(f"scratch_int.write({S.ctr + G.C_PASS}, {pass_no} + 1)")
+        def next_pass(ctx):
+            ctx.line(f"scratch_int.write({S.ctr + G.C_PASS}, {pass_no(False)} + 1)")
         for p in range(G.PASSES):
             out.append(Phase(f"radix pass {p}: histograms", S.chunks, hist))
-            out += self._scan(f"radix pass {p}", ["hist"], 256 * S.chunks, hist_n, lambda n, b: S.ctr + G.C_DUMMY)
+            out += self._scan(f"radix pass {p}", ["hist"], 256 * S.chunks, hist_n, lambda n, b: S.ctr + G.C_DUMMY,
+                              then=next_pass, reader_adds=True)
             out.append(Phase(f"radix pass {p}: scatter", S.chunks, scatter))
-            out.append(Phase(f"radix pass {p}: next", 1, next_pass))
 
         def rank(ctx, r):
             order = ctx.let(f"{ctx.use_helper('gb_pass_source', 'grid_build')}(scratch_int, {S.ctr}, {S.order[0]}, "
@@ -422,15 +432,8 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
                 *self.layout_phases(lambda ctx, b: self._call(
                     ctx, "gb_summary", S.ctr, S.new_lower, S.new_upper, S.counts, S.grid_first, S.grid_box,
                     S.summary, b)),  # (then the grids laid out, the blob zeroed: build_layout.py)
-                Phase("leaves", items, self._emit_leaves),
-                Phase("lower nodes", items, lambda ctx, l: self._emit_blob_call(
-                    ctx, "gb_write_lower", S.ctr, S.layout + 16, S.skey, S.lower_first, S.new_upper, S.lower_box, l)),
-                Phase("upper nodes and root tiles", items, lambda ctx, u: self._emit_blob_call(
-                    ctx, "gb_write_upper", S.ctr, S.layout + 16, S.skey, S.upper_first, S.upper_box, u)),
-                Phase("child masks", self.ZERO_THREADS, lambda ctx, t: self._emit_blob_call(
-                    ctx, "gb_child_words", S.ctr, S.layout + 16, S.skey, S.lower_first, S.upper_lower,
-                    self.ZERO_THREADS, t)),
-                Phase("offsets and transforms", B, self._emit_statics, readback=self.end_read())]
+                Phase("leaves, nodes, child masks, offsets", max(items, self.ZERO_THREADS, B), self._emit_writes,
+                      readback=self.end_read())]
         return out
 
     def _emit_clear(self, ctx, t) -> None:
@@ -471,6 +474,24 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
         self.room_guard(ctx)  # (a blob past its capacity: nothing written, the run repeated)
         with ctx.indent():
             ctx.line(call)
+
+    def _emit_writes(self, ctx, t) -> None:
+        """Thread t writes leaf t, lower node t, upper node t and its root tile, child-mask words t, t +
+        ZERO_THREADS, ... and grid t's offsets and transforms: one stage, not five (five launches a
+        build), since each writes its own words of the blob and the outputs and reads only what earlier
+        stages wrote."""
+        S = self.S
+        self._emit_leaves(ctx, t)
+        self._emit_blob_call(ctx, "gb_write_lower", S.ctr, S.layout + 16, S.skey, S.lower_first, S.new_upper,
+                             S.lower_box, t)
+        self._emit_blob_call(ctx, "gb_write_upper", S.ctr, S.layout + 16, S.skey, S.upper_first, S.upper_box, t)
+        ctx.line(f"if {t} < {self.ZERO_THREADS}:")
+        with ctx.indent():
+            self._emit_blob_call(ctx, "gb_child_words", S.ctr, S.layout + 16, S.skey, S.lower_first, S.upper_lower,
+                                 self.ZERO_THREADS, t)
+        ctx.line(f"if {t} < {self.B}:")
+        with ctx.indent():
+            self._emit_statics(ctx, t)
 
     def _emit_zero(self, ctx, t) -> None:
         name = ctx.use_helper("gb_zero_blob", "grid_build")

@@ -53,13 +53,15 @@ def true_idle(bundle) -> frozenset[int]:
     return RP._idle((int(span[2]), int(span[1]), int(span[0]), int(used[-1] - used[0])))
 
 
-def test_passes_and_fields_are_the_shaders():
+def test_passes_and_key_bits_are_the_shaders():
     from luisaml.shaders import grid_layout as G
 
-    assert RP.PASSES == G.PASSES
-    # passes 0-3 the slot key's bytes, then 3 a tile axis (k, j, i), then 2 of the grid
-    assert [RP._field_shift(p) for p in range(RP.PASSES)] == [(0, 0), (0, 8), (0, 16), (0, 24)] + [
-        (f, s) for f in (1, 2, 3) for s in (0, 8, 16)] + [(4, 0), (4, 8)]
+    assert (RP.PASSES, RP.SLOT_BITS) == (G.PASSES, G.SLOT_BITS)
+    # the widest key: 27 slot bits, 20 bits a tile axis (int32 voxels >> 12), 10 of the grid (1,024 grids)
+    assert RP.passes((2 ** 20 - 1,) * 3 + (1023,)) == G.PASSES and 32 * G.KEY_WORDS >= 27 + 3 * 20 + 10
+    assert RP.passes((0, 0, 0, 0)) == 4 and RP.passes((1, 1, 1, 0)) == 4 and RP.passes((1, 1, 1, 1)) == 4
+    assert RP.passes((1, 1, 3, 1)) == 4 and RP.passes((1, 1, 4, 1)) == 5  # (32 bits, then 33)
+    assert RP._idle((0, 0, 0, 0)) == set(range(4, G.PASSES))
 
 
 @pytest.mark.parametrize("op_type", ["GridBatchFromPoints", "GridBatchFromNearestVoxelsToPoints", "GridBatchFromIJK"])
@@ -71,15 +73,13 @@ def test_the_passes_called_idle_are_idle_in_the_grid_built(op_type):
         idle = RP.idle_passes(op_type, {}, arrays, False)
         assert idle <= true_idle(host_bundle(op_type, jdata, offsets, h, o)), name
         seen.add(idle)
-        if name == "inside one tile":
-            assert idle == {4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14}
-        if name == "across the origin":
-            assert idle == {5, 6, 8, 9, 11, 12, 13, 14}
-        if name == "far, across 300 tiles in x":
-            assert 11 not in idle and 12 in idle  # (the i tile's second byte sorted)
-        if name == "two grids":
-            assert 13 not in idle and 14 in idle
-    assert len(seen) >= 4
+        if name in ("inside one tile", "across the origin"):  # (27 + 0 and 27 + 3 bits)
+            assert idle == set(range(4, RP.PASSES))
+        if name == "far, across 300 tiles in x":  # (27 + 1 + 1 + 9 or 10 bits: a fifth byte)
+            assert idle == set(range(5, RP.PASSES))
+        if name == "two grids":  # (27 + 1 + 1 + 1 + 1 bits)
+            assert idle == set(range(4, RP.PASSES))
+    assert len(seen) >= 2
     # no bound: nothing left out
     bad = np.array([[0, 0, np.nan]], np.float32)
     if op_type != "GridBatchFromIJK":
@@ -224,3 +224,94 @@ def test_a_users_grid_is_walked_once_its_idle_passes_left_out_and_the_walk_forgo
     bundle[0][pos:pos + 8] = np.frombuffer(np.uint64(int(bundle[0][pos:pos + 8].view(np.uint64)[0]) + 1).tobytes(), np.uint8)
     with pytest.raises(InputError, match="voxel count"):
         device.run(dict(zip(schema.BUNDLE, bundle)))
+
+
+def _forget_steps(net) -> None:
+    """The network's host steps forget their last results: the next run builds again."""
+    for step in net.plan.host_steps.steps:
+        step._last = None
+        for latest in step._latest.values():
+            latest.value = None
+
+
+def _leaf_keys(bundle) -> tuple[np.ndarray, int]:
+    """Each leaf's sort key of a built bundle as the device packs it (grid_layout.PASSES), written here
+    from the leaves' origins with numpy: [L, KEY_WORDS] uint32, and the passes it takes."""
+    from luisaml.fvdb.nanovdb_read import read_built_grids
+    from luisaml.shaders import grid_layout as G
+
+    grids = {g.offset: g for g in read_built_grids(bundle[0])}
+    rows = [np.column_stack([np.full(g.leaf_count, b), record_field(
+        records(g.buffer, g.leaf_offset, g.leaf_count, L.LEAF_NODE_SIZE), L.LEAF_OFF_BBOX_MIN, np.dtype("<i4"), 3)])
+        for b, g in enumerate(grids[int(o)] for o in bundle[1]) if g.leaf_count]
+    leaf = np.concatenate(rows).astype(np.int64)
+    li, lj, lk = (leaf[:, 1 + a] >> 3 for a in range(3))
+    slot = ((((li >> 4) & 31) << 10 | ((lj >> 4) & 31) << 5 | ((lk >> 4) & 31)) << 12
+            | (li & 15) << 8 | (lj & 15) << 4 | (lk & 15))
+    key, at = slot.astype(object), G.SLOT_BITS  # (Python ints: up to 97 bits)
+    for v in (lk >> 9, lj >> 9, li >> 9, leaf[:, 0]):
+        v = v - v.min()
+        key = key + (v.astype(object) << at)
+        at += int(v.max()).bit_length()
+    words = np.array([[(int(k) >> (32 * w)) & 0xFFFFFFFF for w in range(G.KEY_WORDS)] for k in key], np.uint32)
+    return words, -(-at // 8)
+
+
+@pytest.mark.parametrize("case", ["every pass", "no pass"])
+def test_keys_whose_digits_vary_in_every_pass_or_in_none_build_the_host_bytes(case):
+    """Clouds at the key's two ends: spread over +-10^9 voxels an axis in two grids (a key of 27 + 3 x 19
+    + 1 bits: 11 passes, each byte of the keys taking several values, so each pass moves leaves; a field
+    straddling the key's words, cut, fails it), and points inside one leaf (one key: every pass's digit
+    the same). The device's bytes are the host builder's; the host's bound leaves out exactly the passes
+    past the key."""
+    from luisaml.shaders import grid_layout as G
+
+    rng = np.random.default_rng(11)
+    if case == "every pass":
+        # grid 0: every point's i, j and k one of 3 spread values (each field decides the order of leaves
+        # equal in the fields above it); grid 1: one i and j, k spread (tile k decides, its bits in two
+        # of the key's words); shuffled: the points' order is not the leaves' (47 upper nodes: 13 MB)
+        one = np.stack([a.reshape(-1) for a in np.meshgrid(*rng.uniform(-1.0e9, 1.0e9, (3, 3)), indexing="ij")], 1)
+        line = np.column_stack([np.full((20, 2), 5.0e8), rng.uniform(-1.0e9, 1.0e9, 20)])
+        pts = np.concatenate([rng.permutation(one), line]).astype(np.float32)
+        offsets = np.array([0, 27, 47], np.int64)
+    else:
+        pts = (rng.uniform(0, 3.4, (50, 3)) + 8 * 1000).astype(np.float32)  # (voxels 8000..8003: one leaf)
+        offsets = np.array([0, 50], np.int64)
+    h, o = np.ones((len(offsets) - 1, 3)), np.zeros((len(offsets) - 1, 3))
+    want = host_bundle("GridBatchFromPoints", pts, offsets, h, o)
+    words, passes = _leaf_keys(want)
+    digits = [len(np.unique((words[:, p // 4] >> (8 * (p % 4))) & 255)) for p in range(passes)]
+    if case == "every pass":
+        assert passes == 11 and min(digits) > 1, digits
+    else:
+        assert len(words) == 1 and passes == 4 and max(digits) == 1
+    arrays = [pts, offsets, None, None, h, o]
+    assert RP.idle_passes("GridBatchFromPoints", {}, arrays, False) == set(range(passes, G.PASSES))
+    net = luisaml.compile(points_model("GridBatchFromPoints", False), batch_axis=None, grid_build="device")
+    feeds = {"jdata": pts, "joffsets": offsets, "voxel_sizes": h, "origins": o}
+    for _ in range(2):  # (the first run launches every pass; the second leaves the idle ones out)
+        got = net.run(feeds)
+        _forget_steps(net)
+        for n, w in zip(FINE, want):
+            np.testing.assert_array_equal(got[n], w, err_msg=n)
+
+
+def test_a_build_across_the_origin_launches_4_passes_and_one_write_stage():
+    """A LiDAR-like cloud (two root tiles an axis: a key of 27 + 3 bits) sorts in 4 passes, each its
+    histograms, its prefix sum less the last level's additions (its scatter makes them: no stage of the
+    pass counter either) and its scatter; the blob's writers are one stage. 44 launches at this
+    capacity, where 7 passes of a stage more each, 5 write stages and a "next" stage a pass took 88."""
+    net = luisaml.compile(points_model("GridBatchFromPoints", False), batch_axis=None, grid_build="device")
+    name, pts, offsets, h, o = clouds()[1]
+    assert name == "across the origin"
+    feeds = {"jdata": pts, "joffsets": offsets, "voxel_sizes": h, "origins": o}
+    net.run(feeds)
+    _forget_steps(net)
+    with counts.measure() as c:
+        net.run(feeds)
+    build = next(iter(net.plan.host_steps.device.networks.values()))
+    names = [st.phase_name for st in build.plan.schedule.stages]
+    per_pass = sum(1 for n in names if n.startswith("radix pass 0: "))
+    assert not any(n.endswith(": next") for n in names) and names[-1].startswith("leaves, nodes")
+    assert c.launches == len(names) - (RP.PASSES - 4) * per_pass <= 44, (c.launches, per_pass)
