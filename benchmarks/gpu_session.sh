@@ -20,7 +20,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 O=${OUT:-/tmp/gpu-session}
 mkdir -p "$O"
 export LUISAML_FAILURE_LOG="$O/failures.log"
-PYTEST=(python3 -P -m pytest -q -p no:cacheprovider -rf --tb=short)
+PYTEST=(python3 -P -m pytest -v -p no:cacheprovider -rf --tb=short)  # (-v: a step cut by its limit still names what passed)
 ZOO=(python3 -P benchmarks/bench_zoo.py --device cuda --skip torch_compile,torch_fp16,torch_fp32_notf32
      --option tensor_cores=auto --profile 3 --reps 15 --out "$O/zoo.json" --only)
 
@@ -36,7 +36,7 @@ step() {  # step NAME SECONDS COMMAND...: the command under a limit (timeout sig
   local rc=$?
   pkill -9 -f "pytest|bench_" 2>/dev/null  # (anything the step left: an xdist worker keeps the host busy)
   echo "== $name rc=$rc $((SECONDS - t0)) s"
-  grep -E "passed|failed|error|^FAILED|geometric mean|of [0-9]+ networks pass|^\| layer" "$O/$name.log" | tail -12
+  grep -E "passed|failed|error|^FAILED|geometric mean|of [0-9]+ networks pass|^\| layer" "$O/$name.log" | grep -v " PASSED" | tail -12
 }
 
 run() {
