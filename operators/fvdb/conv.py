@@ -276,7 +276,7 @@ class SparseConv3d(VoxelBatch, Operator):
             ctx.line_if(None if j < safe else f"{col} < {C_out}", y.store(col, acc[j]))
 
     # The FP32 tile's form (the A/B of benchmarks/NOTES.md, "The FP32 tile's next step in flight"; the
-    # results bit-identical in all three):
+    # results bit-identical in all four):
     # "early": as before: the tile's list of taps ORed over the rows of all its 128 threads (its 64 and
     #   the next tile's: a superset, 13.0 taps a tile where its own rows read 12.0 on bench_fvdb's
     #   shell), B as 4 loads of a word a thread and k, the gather's map entry and features loaded
@@ -285,7 +285,10 @@ class SparseConv3d(VoxelBatch, Operator):
     #   b_quad: 3 fewer loads a step); the gather as early (72 registers, as before).
     # "ahead": as rows, and the map's entries loaded a step ahead of the features (tiled.gathered),
     #   once a tap: no load waits on another within a step, at 79 registers (6 blocks an SM, not 7).
-    fp32_form = "rows"
+    # "uniform" (default): as rows, a step's tap and channel from its first k (tiled.StepK), the same for
+    #   the whole block: 375 -> 367 instructions a step, 66 -> 49 integer, 72 registers (NOTES, "addresses
+    #   a tap, not a step"; keeping the rows' addresses a tap and bumping them cost 77-89 registers).
+    fp32_form = "uniform"
 
     # over voxels as the batch, the tiling is chosen as for a grid of this many voxels; a block then
     # covers BM consecutive samples (block_samples)
@@ -480,9 +483,12 @@ class SparseConv3d(VoxelBatch, Operator):
             k_steps = ctx.let(ix.mul(count, C_in // tl.BK), "ksteps")
 
         def tap_of(k: str) -> tuple[str, str]:
-            """(tap, input channel) of k: the compacted k's tap is the tile's list's entry."""
-            at = ctx.let(ix.div(k, C_in), "kt")
-            return (ctx.let(f"{taps}[{at}]", "tap") if taps else at), ctx.let(ix.mod(k, C_in), "c")
+            """(tap, input channel) of k: the compacted k's tap is the tile's list's entry ("uniform":
+            from the step's first k where the step lies within one tap, the same for the whole block)."""
+            split = k.divmod(C_in) if self.fp32_form == "uniform" and isinstance(k, tiled.StepK) else None
+            at, c = split or (ix.div(k, C_in), None)
+            at = ctx.let(at, "kt")
+            return (ctx.let(f"{taps}[{at}]", "tap") if taps else at), ctx.let(c or ix.mod(k, C_in), "c")
 
         # A's element at k: the map's entry for k's tap (the index), then the features' row it names;
         # tiled.gathered hands the tile the two halves, which it loads a step apart (fp32_form "ahead")
@@ -550,6 +556,12 @@ class SparseConv3d(VoxelBatch, Operator):
         if self.fp32_form != "early" and packed is not None and packed % 16 == 0 and (cblocks * O) % 4 == 0:
             def b_quad(_, n):  # n a multiple of 4: 4 consecutive packed columns, one 16-byte load
                 base = ctx.let(ix.add(str(packed), ix.mul(n, 4)), "wq")
+                if self.fp32_form == "uniform":
+                    def quad(k):
+                        tap, c = tap_of(k)
+                        return f"weights.read(float4, {ix.add(base, ix.mul(ix.add(ix.mul(tap, C_in), c), cblocks * O * 4))})"
+
+                    return quad
                 return lambda k: (f"weights.read(float4, "
                                   f"{ix.add(base, ix.mul(ix.add(ix.mul(tap_of(k)[0], C_in), ix.mod(k, C_in)), cblocks * O * 4))})")
 
