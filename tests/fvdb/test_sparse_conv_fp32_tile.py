@@ -11,7 +11,8 @@ not whole k steps (no tap list, a ragged last step: the index loaded every step)
 run time (a block's rows 64 consecutive voxels). luisa-python builds each form's kernel (build_dsl).
 "uniform" (the default: as rows, a k step's tap and channel from the step's first k, tiled.StepK) is
 asserted bit-equal to "rows" on its own, on a smaller grid in CI's run (the emulator's threads are
-its cost: benchmarks/NOTES.md, "addresses a tap, not a step")."""
+its cost: benchmarks/NOTES.md, "addresses a tap, not a step"). A folded map's rows packed into 64-row
+tiles (rows_by_taps' `tile`, the default) run fewer taps, never more, and move no bit."""
 from __future__ import annotations
 
 import re
@@ -144,3 +145,49 @@ def test_uniform_is_rows_bit_for_bit(case, form, monkeypatch):
     np.testing.assert_array_equal(got["uniform"], got["rows"])
     if case == "folded":
         assert len(build_dsl(plan, kernel_name(plan, st), monkeypatch)) >= 1
+
+
+def _kernel_map(gb: GridBatch) -> np.ndarray:
+    from luisaml.fvdb import torch_ops as F
+
+    return F.sparse_conv_kernel_map(F.bundle_tensors(gb), F.bundle_tensors(gb), 3).numpy()
+
+
+def test_packed_rows_never_run_more_taps():
+    """rows_by_taps packed for 64-row tiles: a permutation whose tiles run fewer taps in all than the
+    lexsorted order's on a shell of ~480 voxels (201 -> 196), and the lexsorted order where the greedy
+    packing would run more (_grid(): 105 against 104)."""
+    from luisaml.operators.fvdb.conv import _packed, rows_by_taps, tile_taps
+
+    shell = GridBatch.from_ijk([_shell((20, 20, 20), 6.0, np.random.default_rng(0))])
+    for gb, fewer in ((shell, True), (_grid(), False)):
+        kmap = _kernel_map(gb)
+        active, order, lexsorted = kmap >= 0, rows_by_taps(kmap, 64), rows_by_taps(kmap)
+        np.testing.assert_array_equal(np.sort(order), np.arange(len(kmap)))
+        steps = {k: tile_taps(active[o], 64).sum() for k, o in
+                 (("order", order), ("lexsorted", lexsorted), ("packed", _packed(active, 64)))}
+        assert steps["order"] == min(steps.values())
+        assert (steps["order"] < steps["lexsorted"]) == fewer and (steps["packed"] > steps["lexsorted"]) != fewer
+
+
+@pytest.mark.full  # (two runs of ~200 voxels' threads in Python: ~50 s here)
+def test_packed_rows_move_no_bit(monkeypatch):
+    """The packing (SparseConv3d.PACKED_ROWS, the default) puts voxels in other tiles than the
+    lexsorted order (0), which then run other taps: each voxel's sum is the same (its missing taps add
+    zeros), so are the bits."""
+    from luisaml.operators.fvdb.conv import SparseConv3d, rows_by_taps, tile_taps
+
+    gb = _grid(2)  # (packed: 102 taps over its 4 tiles against 103)
+    m, feeds, want = _layer(gb, 16, 64, 3, constant=True)
+    got = {}
+    for rows in (0, 64):
+        monkeypatch.setattr(SparseConv3d, "PACKED_ROWS", rows)
+        plan = _plan(m, tensor_cores=False)
+        _, op, tl = _conv_tiling(plan)
+        assert tl.BM == 64
+        got[rows] = run_plan(plan, feeds)["y"]
+        _close(got[rows], want)
+    kmap = _kernel_map(gb)
+    active = kmap >= 0
+    assert tile_taps(active[rows_by_taps(kmap, 64)], 64).sum() < tile_taps(active[rows_by_taps(kmap)], 64).sum()
+    np.testing.assert_array_equal(got[64], got[0])
