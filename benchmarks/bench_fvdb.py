@@ -215,8 +215,9 @@ def main(argv=None) -> int:
                     "on mma tiles of these sides (64,64 128,64 128,128; whole warps of 64 x 32) and V K variants a "
                     "tile (SparseConv3d.mma_buckets, default 1), each checked first")
     ap.add_argument("--fp32-forms", nargs="*", metavar="FORM", help="CUDA: also time the layer on the FP32 tile "
-                    "in each SparseConv3d.fp32_form (early rows ahead: the A/B of benchmarks/NOTES.md, \"The FP32 "
-                    "tile's next step in flight\"), each checked and compared bit for bit with the first")
+                    "in each SparseConv3d.fp32_form (early rows ahead uniform: the A/B of benchmarks/NOTES.md, \"The "
+                    "FP32 tile's next step in flight\" and \"addresses a tap, not a step\"), each checked and compared "
+                    "bit for bit with the first", choices=("early", "rows", "ahead", "uniform"))
     ap.add_argument("--only-layers", action="store_true", help="only the layer rows (and their mma twins): no "
                     "kernel_map, map_and_layer or wall rows")
     started = start(ap, argv, (50, 10), "timed runs per measurement")
@@ -427,7 +428,7 @@ def _other_tilings(tilings: list[str], layer_m, backend: str, x, want, reps: int
 
 def _fp32_forms(forms: list[str], layer_m, backend: str, x, want, reps: int) -> dict:
     """Return {form: {rel_err, luisaml_ms, same_bits}} of the layer compiled with each SparseConv3d.fp32_form
-    (operators/fvdb/conv.py: "early" the FP32 tile as it was, "rows", "ahead"), each checked, and its
+    (operators/fvdb/conv.py: "early" the FP32 tile as it was, "rows", "ahead", "uniform"), each checked, and its
     output against the first form's bit for bit (the forms change loads, never sums)."""
     import torch
 

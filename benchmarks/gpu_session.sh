@@ -53,8 +53,8 @@ run() {
               tests/fvdb/test_topology_device.py tests/fvdb/test_build_layout.py tests/fvdb/test_grid_build_device.py \
               tests/fvdb/test_counted_runs.py tests/core/test_counted_bytes.py tests/core/test_same_uploads.py \
               tests/gpu/test_cuda.py ;;
-    fvdb) step "$name" "${limit:-110}" python3 -P benchmarks/bench_fvdb.py --tensor-cores --only-layers --reps 20 \
-              --fp32-forms early rows ahead --out-dir "$O" ;;
+    fvdb) step "$name" "${limit:-135}" python3 -P benchmarks/bench_fvdb.py --tensor-cores --only-layers --reps 20 \
+              --fp32-forms early rows ahead uniform --out-dir "$O" ;;
     fvdb-w32) mkdir -p "$O/w32"; step "$name" "${limit:-70}" env LUISAML_MMA_TILE=w32-first python3 -P benchmarks/bench_fvdb.py \
                 --tensor-cores --only-layers --reps 20 --out-dir "$O/w32" ;;  # (the sparse mma tile with 4x the warps)
     zoo-a) step "$name" "${limit:-240}" "${ZOO[@]}" "$ZOO_A" ;;

@@ -13,7 +13,8 @@ lookup then its feature row); instructions a FFMA. (The layer's loop is the same
         [--ptxas /path/to/ptxas-12.1] [--cuobjdump /path/to/cuobjdump] [--radius 126] [--keep DIR]
 
 --forms: SparseConv3d.fp32_form's values (operators/fvdb/conv.py: "early" the tile as it was, "rows"
-its own rows' taps and B in 16-byte loads, "ahead" also the map's entries a step ahead of the features);
+its own rows' taps and B in 16-byte loads, "ahead" also the map's entries a step ahead of the features,
+"uniform" rows with each step's tap and channel from its first k);
 a Conv has no gather (its kernel is the same in all three).
 Compare the forms with each other, not with a measured kernel."""
 from __future__ import annotations
@@ -147,7 +148,7 @@ def report(body: list[tuple[int, str]]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("shapes", nargs="+", choices=("sparse", "conv"))
-    ap.add_argument("--forms", default="early,rows,ahead")
+    ap.add_argument("--forms", default="early,rows,ahead,uniform")
     ap.add_argument("--radius", type=float, default=126.0)  # (bench_fvdb.GPU_RADIUS)
     ap.add_argument("--cuobjdump", default=None)
     ap.add_argument("--ptxas", default=None, help="ptxas (default nvcc's)")

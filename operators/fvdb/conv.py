@@ -13,7 +13,8 @@ A surface's voxel reads few of the 27 taps, so work is cut to the taps read: a G
 voxels' tap masks and walks k over that list (operators/tiled.py emit's `k_steps`), a CPU item skips
 a tap none of its voxels read, and a map known at compile time orders the voxels by tap set (a
 derived input, `rows_by_taps`) so that neighbours in a tile share taps (27 -> 12.0 taps a 64-row tile
-on the benchmark's shell, 10.5 a voxel). On CUDA the layer is a blocks stage, an implicit GEMM over k = (tap, input
+on the benchmark's shell, 10.5 a voxel), packed into the FP32 tile's 64-row tiles where that runs fewer
+(each tap set's whole tiles, then the rest greedily: 11.1). On CUDA the layer is a blocks stage, an implicit GEMM over k = (tap, input
 channel), A gathered through the map; over grids bound at run time a grouped one
 (operators/tiled.py: a block's tile rows are 64 consecutive samples): 4.53 -> 1.54 ms for the
 benchmark's map and layer over 198k voxels. With compile(tensor_cores="auto") the same product runs
@@ -40,18 +41,71 @@ from luisaml.registry import register
 from .common import rule_types
 from .kernel_map import gather_links, map_index
 
-def rows_by_taps(kernel_map) -> np.ndarray:
+def rows_by_taps(kernel_map, tile: int = 0) -> np.ndarray:
     """Return the output voxels (int32 [N_out]) ordered by the set of taps each reads (stable).
 
     Why: a work item (CPU) or a tile (GPU) runs only the taps one of its voxels reads, and voxels
     that read the same taps are scattered over a grid. On a one-voxel sphere shell (~200k voxels,
     10.5 of 27 taps a voxel) a 128-voxel tile in index order reads 20.7 taps, in this order 13.0;
-    two voxels 14.1 against 10.5."""
+    two voxels 14.1 against 10.5.
+    tile (rows, a map of at most 28 taps): packed for tiles of that many rows (`_packed`) where its
+    tiles then run fewer taps in all: 12.04 -> 11.06 taps a 64-row tile on bench_fvdb's shell
+    (benchmarks/NOTES.md, "addresses a tap, not a step")."""
     active = np.asarray(kernel_map) >= 0
     taps = active.shape[1]
     words = [(active[:, w:w + 32].astype(np.uint64) << np.arange(min(32, taps - w), dtype=np.uint64)).sum(1)
              for w in range(0, taps, 32)]
-    return np.lexsort(words[::-1]).astype(np.int32) if len(active) else np.zeros(0, np.int32)
+    order = np.lexsort(words[::-1]).astype(np.int32) if len(active) else np.zeros(0, np.int32)
+    if not tile or not 0 < taps <= 28 or not len(active):
+        return order
+    packed = _packed(active, tile)  # (greedy: on a small grid it may run more taps, 105 against 104)
+    return packed if tile_taps(active[packed], tile).sum() < tile_taps(active[order], tile).sum() else order
+
+
+def tile_taps(active: np.ndarray, tile: int) -> np.ndarray:
+    """The taps each `tile`-row tile of rows whose taps are `active` (bool [rows, taps]) reads (the
+    last tile padded with rows of none)."""
+    a = np.concatenate([active, np.zeros((-len(active) % tile, active.shape[1]), bool)])
+    return a.reshape(-1, tile, active.shape[1]).any(1).sum(1)
+
+
+def _packed(active: np.ndarray, tile: int) -> np.ndarray:
+    """The rows in tiles of `tile`: each tap set's whole tiles first (a tile of one set runs its taps
+    only), then tiles filled greedily, the largest remainder of a set first, then the remainders whose
+    sets add the fewest taps to the tile's (ties: the larger). Tiles in the lexsorted order cut sets
+    at arbitrary rows and mix their neighbours' taps in; a row's sum is the same in any tile (the taps
+    its voxel lacks add zeros), so the order moves no value."""
+    taps = active.shape[1]
+    masks = (active.astype(np.int64) << np.arange(taps)).sum(1)
+    order = np.argsort(masks, kind="stable")
+    m = masks[order]
+    starts = np.flatnonzero(np.r_[True, m[1:] != m[:-1]])
+    lens = np.diff(np.r_[starts, len(m)])
+    whole = lens // tile * tile
+    head = [order[s:s + w] for s, w in zip(starts, whole) if w]
+    rest = [(s + w, n - w) for s, w, n in zip(starts, whole, lens) if n > w]
+    rmask = np.array([m[s] for s, _ in rest], np.int64)
+    left = np.array([n for _, n in rest], np.int64)
+    taken = np.zeros(len(rest), np.int64)
+    half = np.array([bin(v).count("1") for v in range(1 << 14)], np.int64)  # (popcount of 14 bits)
+    out, union, space = [], 0, tile
+    while left.any():
+        if space == tile:
+            i = int(np.argmax(left))
+        else:
+            fresh = rmask & ~union
+            new = np.where(left > 0, half[fresh & 0x3FFF] + half[fresh >> 14], taps + 1)
+            i = int(np.lexsort((-left, new))[0])
+        n = int(min(space, left[i]))
+        at = rest[i][0] + taken[i]
+        out.append(order[at:at + n])
+        taken[i] += n
+        left[i] -= n
+        union |= int(rmask[i])
+        space -= n
+        if space == 0:
+            union, space = 0, tile
+    return np.concatenate(head + out).astype(np.int32)
 
 
 # Accumulators per thread: R voxels x O channels within 32 (operators/gemm.py: 32 floats keep the
@@ -130,9 +184,11 @@ class SparseConv3d(VoxelBatch, Operator):
         return gather_links(self)
 
     def derived_inputs(self):
-        # a kernel map known at compile time: its voxels run in rows_by_taps' order
+        # a kernel map known at compile time: its voxels run in rows_by_taps' order, packed for the FP32
+        # tile's rows (the CUDA default; the CPU's items of a few voxels run as many taps either way)
         kmap = self.input(1)
-        return [Derived(rows_by_taps, (1,), dtypes.INT32, (self.n_out,))] if kmap.value is not None else []
+        return ([Derived(rows_by_taps, (1,), dtypes.INT32, (self.n_out,), params=(("tile", self.PACKED_ROWS),))]
+                if kmap.value is not None else [])
 
     def row(self, o: str) -> str:
         """Output voxel of the node's o-th row of work (rows_by_taps' order, when known)."""
@@ -276,7 +332,7 @@ class SparseConv3d(VoxelBatch, Operator):
             ctx.line_if(None if j < safe else f"{col} < {C_out}", y.store(col, acc[j]))
 
     # The FP32 tile's form (the A/B of benchmarks/NOTES.md, "The FP32 tile's next step in flight"; the
-    # results bit-identical in all three):
+    # results bit-identical in all four):
     # "early": as before: the tile's list of taps ORed over the rows of all its 128 threads (its 64 and
     #   the next tile's: a superset, 13.0 taps a tile where its own rows read 12.0 on bench_fvdb's
     #   shell), B as 4 loads of a word a thread and k, the gather's map entry and features loaded
@@ -285,7 +341,14 @@ class SparseConv3d(VoxelBatch, Operator):
     #   b_quad: 3 fewer loads a step); the gather as early (72 registers, as before).
     # "ahead": as rows, and the map's entries loaded a step ahead of the features (tiled.gathered),
     #   once a tap: no load waits on another within a step, at 79 registers (6 blocks an SM, not 7).
-    fp32_form = "rows"
+    # "uniform" (default): as rows, a step's tap and channel from its first k (tiled.StepK), the same for
+    #   the whole block: 375 -> 367 instructions a step, 66 -> 49 integer, 72 registers (NOTES, "addresses
+    #   a tap, not a step"; keeping the rows' addresses a tap and bumping them cost 77-89 registers).
+    fp32_form = "uniform"
+
+    # the tile rows_by_taps packs a folded map's voxels for: the FP32 tile's 64 (the mma tile's 128 then
+    # read 14.2 taps, most 27, against 13.0 and 24 lexsorted; its route is off by default). 0: lexsorted.
+    PACKED_ROWS = 64
 
     # over voxels as the batch, the tiling is chosen as for a grid of this many voxels; a block then
     # covers BM consecutive samples (block_samples)
@@ -315,7 +378,8 @@ class SparseConv3d(VoxelBatch, Operator):
         batch a block's rows are BM consecutive samples. A map known at compile time whose tiles skip
         taps has K cut to the most taps any tile's voxels read (times C_in): the steps past a tile's
         own count run on zeros, so fewer steps in all is less of that waste (24 of 27 taps on the
-        benchmark's shell, 128-voxel tiles in rows_by_taps' order; 13.0 on average). sides: (BM, BN)
+        benchmark's shell, 128-voxel tiles in rows_by_taps' lexsorted order, PACKED_ROWS = 0; 13.0 on
+        average; packed for the FP32 tile's 64 rows, the default: 27, 14.2). sides: (BM, BN)
         in place of choose's (benchmarks/bench_fvdb.py --mma-tiles measures them)."""
         from luisaml.operators import tiled_mma
 
@@ -340,11 +404,7 @@ class SparseConv3d(VoxelBatch, Operator):
         cache = self.__dict__.setdefault("_tile_taps_cache", {})
         if BM not in cache:
             kmap = np.asarray(self.input(1).value)
-            active = (kmap >= 0)[rows_by_taps(kmap)]
-            pad = -len(active) % BM
-            if pad:
-                active = np.concatenate([active, np.zeros((pad, self.taps), bool)])
-            cache[BM] = active.reshape(-1, BM, self.taps).any(1).sum(1)
+            cache[BM] = tile_taps((kmap >= 0)[rows_by_taps(kmap, self.PACKED_ROWS)], BM)
         return cache[BM]
 
     def _most_taps_a_tile(self, BM: int) -> int:
@@ -480,9 +540,12 @@ class SparseConv3d(VoxelBatch, Operator):
             k_steps = ctx.let(ix.mul(count, C_in // tl.BK), "ksteps")
 
         def tap_of(k: str) -> tuple[str, str]:
-            """(tap, input channel) of k: the compacted k's tap is the tile's list's entry."""
-            at = ctx.let(ix.div(k, C_in), "kt")
-            return (ctx.let(f"{taps}[{at}]", "tap") if taps else at), ctx.let(ix.mod(k, C_in), "c")
+            """(tap, input channel) of k: the compacted k's tap is the tile's list's entry ("uniform":
+            from the step's first k where the step lies within one tap, the same for the whole block)."""
+            split = k.divmod(C_in) if self.fp32_form == "uniform" and isinstance(k, tiled.StepK) else None
+            at, c = split or (ix.div(k, C_in), None)
+            at = ctx.let(at, "kt")
+            return (ctx.let(f"{taps}[{at}]", "tap") if taps else at), ctx.let(c or ix.mod(k, C_in), "c")
 
         # A's element at k: the map's entry for k's tap (the index), then the features' row it names;
         # tiled.gathered hands the tile the two halves, which it loads a step apart (fp32_form "ahead")
@@ -550,6 +613,12 @@ class SparseConv3d(VoxelBatch, Operator):
         if self.fp32_form != "early" and packed is not None and packed % 16 == 0 and (cblocks * O) % 4 == 0:
             def b_quad(_, n):  # n a multiple of 4: 4 consecutive packed columns, one 16-byte load
                 base = ctx.let(ix.add(str(packed), ix.mul(n, 4)), "wq")
+                if self.fp32_form == "uniform":
+                    def quad(k):
+                        tap, c = tap_of(k)
+                        return f"weights.read(float4, {ix.add(base, ix.mul(ix.add(ix.mul(tap, C_in), c), cblocks * O * 4))})"
+
+                    return quad
                 return lambda k: (f"weights.read(float4, "
                                   f"{ix.add(base, ix.mul(ix.add(ix.mul(tap_of(k)[0], C_in), ix.mod(k, C_in)), cblocks * O * 4))})")
 

@@ -8,13 +8,21 @@ float64 reference of fVDB's semantics (fvdb_reference.sparse_conv3d), and every 
 64 x 64 tiles of 128 threads, more threads than a tile's rows: the case whose tap list took the next
 tile's rows), a folded map and one built on the device (its entries checked), input channels that are
 not whole k steps (no tap list, a ragged last step: the index loaded every step), and grids bound at
-run time (a block's rows 64 consecutive voxels). luisa-python builds each form's kernel (build_dsl)."""
+run time (a block's rows 64 consecutive voxels). luisa-python builds each form's kernel (build_dsl).
+"uniform" (the default: as rows, a k step's tap and channel from the step's first k, tiled.StepK) is
+asserted bit-equal to "rows" on its own, on a smaller grid in CI's run (the emulator's threads are
+its cost: benchmarks/NOTES.md, "addresses a tap, not a step"). A folded map's rows packed into 64-row
+tiles (rows_by_taps' `tile`, the default) run fewer taps, never more, and move no bit."""
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
 from gpu_emulator import build_dsl, kernel_name, run_plan
-from test_sparse_conv_mma import _close, _conv_tiling, _grid, _layer, _plan, _voxel_batch_plan
+from test_sparse_conv_mma import _close, _conv_tiling, _grid, _layer, _plan, _shell, _voxel_batch_plan
+
+from luisaml.fvdb import GridBatch
 
 from fvdb_reference import sparse_conv3d
 
@@ -58,10 +66,12 @@ def test_a_tile_takes_its_taps_from_its_own_rows(form):
     the same sums, which is why the outputs cannot show it and the source is read here)."""
     gb = _grid(2)
     m, feeds, want = _layer(gb, 16, 64, 3, constant=True, bias=False)
-    for f in ("rows", "ahead"):
+    for f in ("rows", "ahead", "uniform"):
         form(f)
         plan = _plan(m, tensor_cores=False)
         assert "if thread < 64 and " in plan.source  # (the tile's mask loop)
+        if f == "uniform":  # (its tap list is rows': emulated in test_uniform_is_rows_bit_for_bit)
+            continue
         _close(run_plan(plan, feeds)["y"], want)
     form("early")
     assert "if thread < 64 and " not in _plan(m, tensor_cores=False).source
@@ -95,3 +105,89 @@ def test_ahead_kernels_build_as_dsl(case, form, monkeypatch):
         plan = _plan(_layer(_grid(), c_in, 64, K, constant=case != "device map")[0], tensor_cores=False)
     st, _, tl = _conv_tiling(plan)
     assert len(build_dsl(plan, kernel_name(plan, st), monkeypatch)) >= 1
+
+
+def _small_grid() -> GridBatch:
+    """One shell of ~60 voxels and a few isolated ones (one 64-row tile, ragged)."""
+    rng = np.random.default_rng(5)
+    return GridBatch.from_ijk([np.concatenate([_shell((6, 6, 4), 2.2, rng), rng.integers(0, 14, (4, 3))]).astype(np.int32)])
+
+
+@pytest.mark.parametrize("case", [
+    "folded",  # 32 input channels, 2 x 2 x 2 taps: 2 k steps of 16 a tap (one tile: choose's deep steps), each step's
+    # tap and channel from its first k
+    # (the full run only: ~200 voxels, two forms' threads in Python)
+    pytest.param("device map", marks=pytest.mark.full),  # its entries checked
+    pytest.param("12 input channels", marks=pytest.mark.full),  # steps across taps: each lane's k, as rows
+    pytest.param("voxels the batch", marks=pytest.mark.full),
+])
+def test_uniform_is_rows_bit_for_bit(case, form, monkeypatch):
+    """The default form's steps read the same elements as rows' into the same sums: the same bits, and
+    the float64 reference's values; its tap comes from the step's first k exactly where a step lies
+    within one tap; luisa-python builds it."""
+    got = {}
+    for f in ("rows", "uniform"):
+        form(f)
+        if case == "voxels the batch":
+            gb = _grid(3)
+            plan, (grid, x, w, b) = _voxel_batch_plan(gb, with_data=True, c_out=64, tensor_cores=False)
+            feeds, c_in = {**grid, "x": x}, 16
+            want = np.maximum(sparse_conv3d(gb, x.astype(np.float64), gb, w.astype(np.float64), b.astype(np.float64)), 0)
+        else:
+            c_in, K = {"folded": (32, 2), "12 input channels": (12, 2)}.get(case, (16, 3))
+            m, feeds, want = _layer(_small_grid() if case == "folded" else _grid(), c_in, 64, K, case != "device map")
+            plan = _plan(m, tensor_cores=False)
+        st, _, tl = _conv_tiling(plan)
+        assert (tl.BM, tl.BN, tl.threads) == (64, 64, 128) and tl.double
+        assert bool(re.search(rf"= k0_\d+ // {c_in}\b", plan.source)) == (f == "uniform" and c_in % tl.BK == 0)
+        got[f] = run_plan(plan, feeds, reverse=f == "uniform")["y"]
+        _close(got[f], want)
+    np.testing.assert_array_equal(got["uniform"], got["rows"])
+    if case == "folded":
+        assert len(build_dsl(plan, kernel_name(plan, st), monkeypatch)) >= 1
+
+
+def _kernel_map(gb: GridBatch) -> np.ndarray:
+    from luisaml.fvdb import torch_ops as F
+
+    return F.sparse_conv_kernel_map(F.bundle_tensors(gb), F.bundle_tensors(gb), 3).numpy()
+
+
+def test_packed_rows_never_run_more_taps():
+    """rows_by_taps packed for 64-row tiles: a permutation whose tiles run fewer taps in all than the
+    lexsorted order's on a shell of ~480 voxels (201 -> 196), and the lexsorted order where the greedy
+    packing would run more (_grid(): 105 against 104)."""
+    from luisaml.operators.fvdb.conv import _packed, rows_by_taps, tile_taps
+
+    shell = GridBatch.from_ijk([_shell((20, 20, 20), 6.0, np.random.default_rng(0))])
+    for gb, fewer in ((shell, True), (_grid(), False)):
+        kmap = _kernel_map(gb)
+        active, order, lexsorted = kmap >= 0, rows_by_taps(kmap, 64), rows_by_taps(kmap)
+        np.testing.assert_array_equal(np.sort(order), np.arange(len(kmap)))
+        steps = {k: tile_taps(active[o], 64).sum() for k, o in
+                 (("order", order), ("lexsorted", lexsorted), ("packed", _packed(active, 64)))}
+        assert steps["order"] == min(steps.values())
+        assert (steps["order"] < steps["lexsorted"]) == fewer and (steps["packed"] > steps["lexsorted"]) != fewer
+
+
+@pytest.mark.full  # (two runs of ~200 voxels' threads in Python: ~50 s here)
+def test_packed_rows_move_no_bit(monkeypatch):
+    """The packing (SparseConv3d.PACKED_ROWS, the default) puts voxels in other tiles than the
+    lexsorted order (0), which then run other taps: each voxel's sum is the same (its missing taps add
+    zeros), so are the bits."""
+    from luisaml.operators.fvdb.conv import SparseConv3d, rows_by_taps, tile_taps
+
+    gb = _grid(2)  # (packed: 102 taps over its 4 tiles against 103)
+    m, feeds, want = _layer(gb, 16, 64, 3, constant=True)
+    got = {}
+    for rows in (0, 64):
+        monkeypatch.setattr(SparseConv3d, "PACKED_ROWS", rows)
+        plan = _plan(m, tensor_cores=False)
+        _, op, tl = _conv_tiling(plan)
+        assert tl.BM == 64
+        got[rows] = run_plan(plan, feeds)["y"]
+        _close(got[rows], want)
+    kmap = _kernel_map(gb)
+    active = kmap >= 0
+    assert tile_taps(active[rows_by_taps(kmap, 64)], 64).sum() < tile_taps(active[rows_by_taps(kmap)], 64).sum()
+    np.testing.assert_array_equal(got[64], got[0])

@@ -1,5 +1,6 @@
 """fvdb.SparseConv3d on tiled.py's FP32 tile on CUDA in each SparseConv3d.fp32_form ("early" the tile as
-it was, "rows", "ahead": benchmarks/NOTES.md, "The FP32 tile's next step in flight"): the output within
+it was, "rows", "ahead": benchmarks/NOTES.md, "The FP32 tile's next step in flight"; "uniform", the default:
+"addresses a tap, not a step"): the output within
 FP32's tolerance of tests/fvdb's float64 reference, and the same bits in every form (they change which
 loads run when, never a sum). A folded map and one built on the device, 64 output channels (the 64 x 64
 tiles of 128 threads). The emulated run (no GPU): tests/fvdb/test_sparse_conv_fp32_tile.py.
@@ -32,11 +33,11 @@ def test_forms_give_the_same_bits(constant, monkeypatch):
 
     m, feeds, want = _layer(_grid(), 16, 64, 3, constant)
     got = {}
-    for form in ("early", "rows", "ahead"):
+    for form in ("early", "rows", "ahead", "uniform"):
         monkeypatch.setattr(SparseConv3d, "fp32_form", form)
         net = luisaml.compile(m, backend="cuda", batch_axis=None, tensor_cores=False)
         got[form] = np.asarray(net.run(feeds)["y"])
         err = np.abs(got[form] - want).max() / np.abs(want).max()
         assert err <= FP32_TOL, (form, err)
-    for form in ("rows", "ahead"):
+    for form in ("rows", "ahead", "uniform"):
         np.testing.assert_array_equal(got[form], got["early"])
