@@ -339,12 +339,14 @@ class SparseConv3d(VoxelBatch, Operator):
     #   together (the features' load waits for the entry's round trip every k step).
     # "rows": the taps of the tile's own rows (8% fewer k steps there), B as one 16-byte load (Conv's
     #   b_quad: 3 fewer loads a step); the gather as early (72 registers, as before).
-    # "ahead": as rows, and the map's entries loaded a step ahead of the features (tiled.gathered),
-    #   once a tap: no load waits on another within a step, at 79 registers (6 blocks an SM, not 7).
-    # "uniform" (default): as rows, a step's tap and channel from its first k (tiled.StepK), the same for
-    #   the whole block: 375 -> 367 instructions a step, 66 -> 49 integer, 72 registers (NOTES, "addresses
-    #   a tap, not a step"; keeping the rows' addresses a tap and bumping them cost 77-89 registers).
-    fp32_form = "uniform"
+    # "ahead" (default): as rows, and the map's entries loaded a step ahead of the features
+    #   (tiled.gathered), once a tap: no load waits on another within a step, at 79 registers (6 blocks an
+    #   SM, not 7). The fastest on an H100 (2026-12-07, bench_fvdb's layer, lexsorted rows): early 0.927 ms,
+    #   rows 0.812, ahead 0.746 (NOTES, "The fifth session's GPU run").
+    # "uniform": as rows, a step's tap and channel from its first k (tiled.StepK), the same for the whole
+    #   block: 375 -> 367 instructions a step, 66 -> 49 integer, 72 registers (NOTES, "addresses a tap, not
+    #   a step"; keeping the rows' addresses a tap and bumping them cost 77-89 registers). Not yet on a GPU.
+    fp32_form = "ahead"
 
     # the tile rows_by_taps packs a folded map's voxels for: the FP32 tile's 64 (the mma tile's 128 then
     # read 14.2 taps, most 27, against 13.0 and 24 lexsorted; its route is off by default). 0: lexsorted.
