@@ -46,7 +46,7 @@ run() {
     tests1) step "$name" "${limit:-400}" env LUISAML_BACKEND=cuda "${PYTEST[@]}" -n 16 tests/gpu/test_rows_cuda.py \
               tests/gpu/test_blocks_cuda.py tests/gpu/test_rnn_cuda.py tests/gpu/test_stages_cuda.py \
               tests/gpu/test_gemm_heads_cuda.py tests/gpu/test_across_cuda.py tests/gpu/test_topk_cuda.py \
-              tests/gpu/test_sparse_conv_fp32_cuda.py ;;
+              tests/gpu/test_sparse_conv_fp32_cuda.py tests/gpu/test_w2v_first_cuda.py ;;
     tests2) step "$name" "${limit:-120}" env LUISAML_BACKEND=cuda "${PYTEST[@]}" -n 12 tests/gpu/test_tensor_cores_cuda.py \
               tests/gpu/test_sparse_conv_mma_cuda.py tests/gpu/test_winograd_cuda.py ;;
     tests3) step "$name" "${limit:-260}" env LUISAML_BACKEND=cuda "${PYTEST[@]}" -n 12 tests/fvdb/test_radix_passes.py \

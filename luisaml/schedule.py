@@ -233,7 +233,9 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
     epilogue_of: dict[str, list[tuple[Node, Operator]]] = {}
     end_of: dict[str, str] = {}
     if fuse:
-        order = {o: k for k, (n, _) in enumerate(ops) for o in n.outputs if o}  # tensor -> its producer's place
+        # tensor -> its producer's place in graph order (views' too: an epilogue may take one in)
+        order = {o: k for k, (n, _) in enumerate(code.ops) for o in n.outputs if o}
+        view_nodes = {n.outputs[0]: (n, op) for n, op in code.ops if op.view and n.outputs[0] in views}
         for n, op in ops:
             if kinds[n.name] not in ("element", "items") or (kinds[n.name] == "items" and not op.stores_once):
                 continue
@@ -241,7 +243,7 @@ def build(code: GraphCode, graph_outputs: set[str], per_sample: bool, fuse: bool
             # (TopK's indices) placed before that end would run before the root has written it
             if any(o and o in readers for o in n.outputs[1:]):
                 continue
-            chain, end = _epilogue(n.outputs[0], code, kinds, readers, pinned, claimed, order, views)
+            chain, end = _epilogue(n.outputs[0], code, kinds, readers, pinned, claimed, order, views, view_nodes)
             if chain:
                 claimed.update(c.name for c, _ in chain)
                 for t in [n.outputs[0]] + [c.outputs[0] for c, _ in chain]:
@@ -422,18 +424,23 @@ def _in_place(ops, code: GraphCode, kinds: dict[str, str], virtual: dict, chaine
 
 
 def _epilogue(start: str, code: GraphCode, kinds: dict[str, str], readers: dict, pinned: set[str],
-              claimed: set[str], order: dict[str, int],
-              views: dict[str, str]) -> tuple[list[tuple[Node, Operator]], str]:
+              claimed: set[str], order: dict[str, int], views: dict[str, str],
+              view_nodes: dict[str, tuple[Node, Operator]]) -> tuple[list[tuple[Node, Operator]], str]:
     """Return (the epilogue of a root whose output is `start`, in graph order; the tensor it ends
     at): the largest region of elementwise inline nodes, grown from `start` by taking in every
     reader of a tensor at once, of which exactly one tensor is read outside (or is a graph
     output). A chain (Conv -> BatchNorm -> Relu) is such a region; so is `x * f(x)` of one x
     (SiLU's Sigmoid and Mul, GELU's Div, Erf, Add and two Muls, HardSwish), which would
     otherwise leave x two readers and the root no epilogue. Every region tensor has the root's
-    output shape and is read at the element the root stores (never through a view), so emission
-    can hold each in one variable. The end's producer is the last region node in graph order:
-    an outside tensor a region node reads is then computed before the end, never from it."""
-    shape = tuple(code.tensors[start].shape)
+    element count and is read at the element the root stores, so emission can hold each in one
+    variable: directly, or through views (Reshape, Flatten, Squeeze, Unsqueeze, Identity: element i
+    of a view is element i of what it views), which then join the region as nodes whose element()
+    names the variable. An exported GroupNorm is Reshape, InstanceNormalization, Reshape, then its
+    affine Mul and Add: through the views the affine (and a GELU after it) is the norm's epilogue,
+    not an element stage re-reading the norm's output (wav2vec2's first layer: benchmarks/NOTES.md,
+    issue 27). The end's producer is the last region node in graph order: an outside tensor a
+    region node reads is then computed before the end, never from it."""
+    numel = code.tensors[start].numel
     region, taken = {start}, set()
     nodes: list[tuple[Node, Operator]] = []  # in the order taken in
     best = (0, start)  # (how many of `nodes`, the end) at the last state with one open tensor
@@ -445,9 +452,18 @@ def _epilogue(start: str, code: GraphCode, kinds: dict[str, str], readers: dict,
     def joins(r: Node, r_op: Operator) -> bool:
         out = r_op.outputs[0] if r_op.outputs else None
         return (kinds[r.name] == "inline" and r_op.elementwise and out is not None and len(r.outputs) == 1
-                and tuple(out.shape) == shape and r.name not in claimed  # (a node joins one epilogue)
-                # it reads region tensors directly, never through a view (another index space)
-                and not any(i and i not in region and _root(i, views) in region for i in r.inputs))
+                and out.numel == numel and r.name not in claimed  # (a node joins one epilogue)
+                and all(v in view_nodes and view_nodes[v][0].name not in claimed for v in through(r)))
+
+    def through(r: Node) -> list[str]:
+        """The views between the region and r's inputs that read a region tensor through them."""
+        out = []
+        for i in dict.fromkeys(i for i in r.inputs if i):
+            if i not in region and _root(i, views) in region:
+                while i not in region and i not in out:
+                    out.append(i)
+                    i = views[i]
+        return out
 
     frontier = [start]  # the open region tensors
     while True:
@@ -460,6 +476,10 @@ def _epilogue(start: str, code: GraphCode, kinds: dict[str, str], readers: dict,
         if step is None:
             break
         for r, r_op in step:
+            for v in reversed(through(r)):  # (the views it reads through, outermost first)
+                taken.add(view_nodes[v][0].name)
+                nodes.append(view_nodes[v])
+                region.add(v)
             taken.add(r.name)
             nodes.append((r, r_op))
             region.add(r.outputs[0])

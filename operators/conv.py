@@ -328,6 +328,8 @@ class Conv(ConvBase):
         if tuned is not None:  # (a ragged last strip runs the masked copy of the loop nest)
             P, O = tuned
             return P, O, -(-row // P), -(-mg // O)
+        from . import conv_tiles
+
         if self.whole_rows(mg):
             P = row
             O = min(mg, 16 if row <= 4 else 8)
@@ -335,6 +337,8 @@ class Conv(ConvBase):
         # a strip that divides the row: a ragged last strip runs the masked copy of the loop nest,
         # slower than narrower strips (LeNet: 8.6 ms with P = 8 on 28-wide rows, 3.0 ms with 4)
         P = next(p for p in (8, 4, 2, 1) if row % p == 0)
+        if conv_tiles.direct(self):  # (a GPU's direct form: a position a thread, a warp's stores consecutive positions)
+            P = 1
         if P == 1 and row > 1 and self.kernel[-1] > 1 and self.cpu():
             # an odd row on the CPU: strips of 2, the last overlapping the one before (emit_item);
             # not for one tap along the row, where the 16 channels' weights a load are the vector

@@ -37,6 +37,15 @@ MMA_ROWS = 128
 # bounded so that W stays in L2 and a large batch's re-reads stay small against a tile's (EfficientNet-B0's
 # largest fc, 1,152 x 48, is 55,296 weights; a 1,000-class head over 2,048 channels keeps its tile)
 DOT_MAX_WEIGHTS = 1 << 17
+# a product of fewer k than this (input channels a group x taps), under one k step of the mma tile, runs direct
+# (`direct`): Conv's items form, a thread per output position x 16 channels (conv.tiles: P = 1), each output's
+# k multiply-adds from L1 and a warp's stores 32 consecutive positions of a channel, rather than a tile whose
+# fixed work -- A's and B's copies into shared memory, the barriers, a thread's 64 or 128 stores with their
+# index arithmetic -- buys one k step, most of it padding (wav2vec2's first layer, 1 channel x 10 taps: the mma
+# tile's one step of 16, 0.169 ms on the H100 for an output of 52 MB; benchmarks/NOTES.md, "wav2vec2's first
+# layer on CUDA"). 16 k (a 1 x 1 over 16 channels: MobileNet-V3's, EfficientNet's, SqueezeNet's) fill the step
+# and keep their tile.
+DIRECT_K = 16
 # The mma tile's im2col gather (benchmarks/NOTES.md, "Conv's gather on the tensor-core tile"): "step" orders
 # k as (tap, channel) where a group's channels are a multiple of the k step, so a step's k's are channels of
 # one tap: the tap, its bounds tests and clamps and the row's address are worked out once a row a step
@@ -152,10 +161,20 @@ def samples_a_tile(conv) -> int:
     return min(64 // math.gcd(positions, 64), 64)
 
 
+def direct(conv) -> bool:
+    """Whether conv runs direct on the GPU (DIRECT_K): a float Conv of one group in a blocks plan (not the
+    CPU's) whose product has fewer than DIRECT_K k and that the dot form does not take. (A grouped or
+    depthwise Conv keeps its items form's strips: a row window's loads shared by P outputs.)"""
+    x, w, y = conv.input(0), conv.input(1), conv.output()
+    if conv.no_blocks or conv.group != 1 or any(t.dtype.dsl != "float" for t in (x, w, y)):
+        return False
+    return x.shape[1] * int(np.prod(conv.kernel, dtype=np.int64)) < DIRECT_K and dot_tiling(conv) is None
+
+
 def block_tiling(conv):
-    """Conv.block_tiling: the dot form where dot_tiling takes the Conv; the mma tiling where
-    conv.tensor_cores and tiled_mma.choose takes the product (over samples_a_tile samples), else
-    tiled.py's FP32 tiling (None: no block form)."""
+    """Conv.block_tiling: the dot form where dot_tiling takes the Conv; None (the items form, direct) for a
+    product of fewer than DIRECT_K k (`direct`); the mma tiling where conv.tensor_cores and tiled_mma.choose takes the
+    product (over samples_a_tile samples), else tiled.py's FP32 tiling (None: no block form)."""
     from . import tiled
 
     x, w, y = conv.input(0), conv.input(1), conv.output()
@@ -167,6 +186,8 @@ def block_tiling(conv):
     taps = int(np.prod(conv.kernel, dtype=np.int64))
     rows = y.shape[0] * int(np.prod(conv.geo.out, dtype=np.int64))
     K = x.shape[1] // conv.group * taps
+    if direct(conv):
+        return None
     if conv.tensor_cores:  # (luisaml/rewrites/tensor_cores.py; None: too few channels a group, as a depthwise conv's)
         from luisaml.device import sm_count
 

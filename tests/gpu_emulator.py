@@ -134,7 +134,7 @@ class Blob:
 WARP = 32
 
 MATH = ("exp", "log", "tanh", "sqrt", "abs", "floor", "ceil", "sin", "cos", "tan", "isnan", "isinf", "exp2", "log2",
-        "sign", "round", "trunc")
+        "sign", "round", "trunc", "copysign")
 
 
 class Emulator:
