@@ -56,7 +56,7 @@ def test_forms_match_the_reference_and_each_other(c_in, K, constant, form):
         # (threads run in reverse order too: a barrier missing around the tap list or a shared buffer shows)
         got[f] = run_plan(plan, feeds, reverse=f == "ahead")["y"]
         _close(got[f], want)
-    for f in FORMS[1:]:
+    for f in forms[1:]:
         np.testing.assert_array_equal(got[f], got["early"])
 
 
@@ -77,12 +77,16 @@ def test_a_tile_takes_its_taps_from_its_own_rows(form):
     assert "if thread < 64 and " not in _plan(m, tensor_cores=False).source
 
 
-def test_voxels_the_batch(form):
+@pytest.mark.parametrize("forms", [
+    ("early", "ahead"),  # the tile as it was and the default
+    pytest.param(FORMS, marks=pytest.mark.full),  # (rows too: each form ~1 min of emulated threads on CI's 2 cores)
+])
+def test_voxels_the_batch(forms, form):
     """Grids bound at run time: a block's rows 64 consecutive voxels (the last group partial), each tap
     read at the sample its map entry names, the entries a step ahead."""
     gb = _grid(3)
     got = {}
-    for f in FORMS:
+    for f in forms:
         form(f)
         plan, (grid, x, w, b) = _voxel_batch_plan(gb, with_data=True, c_out=64, tensor_cores=False)
         st, op, tl = _conv_tiling(plan)
@@ -90,7 +94,7 @@ def test_voxels_the_batch(form):
         got[f] = run_plan(plan, {**grid, "x": x})["y"]
         want = np.maximum(sparse_conv3d(gb, x.astype(np.float64), gb, w.astype(np.float64), b.astype(np.float64)), 0)
         _close(got[f], want)
-    for f in FORMS[1:]:
+    for f in forms[1:]:
         np.testing.assert_array_equal(got[f], got["early"])
 
 
