@@ -56,7 +56,7 @@ def test_forms_match_the_reference_and_each_other(c_in, K, constant, form):
         # (threads run in reverse order too: a barrier missing around the tap list or a shared buffer shows)
         got[f] = run_plan(plan, feeds, reverse=f == "ahead")["y"]
         _close(got[f], want)
-    for f in forms[1:]:
+    for f in FORMS[1:]:
         np.testing.assert_array_equal(got[f], got["early"])
 
 
