@@ -15,14 +15,14 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from rnn_sass import k_loops, lc_cubin, loop_report, ptxas_usage, sass_of, tool, translate  # noqa: E402
+from mma_sass import compiler_args, compilers  # noqa: E402
+from rnn_sass import k_loops, lc_cubin, loop_report, ptxas_usage, sass_of, translate  # noqa: E402
 
 # luisa's warp_active_sum as the wheel's device library writes it (liblc-backend-cuda.so's strings:
 # lc_warp_active_reduce_impl over __activemask(); the k loop ends before it, its own code is not measured)
@@ -121,16 +121,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("shapes", nargs="*", default=["heads50", "heads_eff", "rows", "se1", "se2"])
     ap.add_argument("--ahead", default="0,1")
-    ap.add_argument("--cuobjdump", default=None)
-    ap.add_argument("--ptxas", default=None)
-    ap.add_argument("--nvrtc", action="store_true")
-    ap.add_argument("--keep", type=Path, default=None)
+    compiler_args(ap)
     args = ap.parse_args()
+    tools = compilers(args, "heads-sass-")
+    if tools is None:
+        return 1
+    nvcc, cuobjdump, ptxas, folder = tools
     from luisaml.operators import gemm_heads
 
-    nvcc, cuobjdump, ptxas = tool("nvcc", None), tool("cuobjdump", args.cuobjdump), tool("ptxas", args.ptxas)
-    folder = args.keep or Path(tempfile.mkdtemp(prefix="heads-sass-"))
-    folder.mkdir(parents=True, exist_ok=True)
     for shape in args.shapes:
         for ahead in args.ahead.split(","):
             if ahead != "0" and not shape.startswith(("heads", "ragged")):

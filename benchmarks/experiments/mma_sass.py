@@ -310,24 +310,38 @@ def tool(name: str, given: str | None) -> str | None:
             return hits[0]
     return None
 
+def compiler_args(ap) -> None:
+    """The options every *_sass.py script takes: the tools (default: found by `tool`), the wheel's NVRTC
+    route and a folder to keep what was built."""
+    ap.add_argument("--cuobjdump", default=None)
+    ap.add_argument("--ptxas", default=None, help="the lc (--nvrtc) PTX's ptxas (default nvcc's), e.g. CUDA 12.1's")
+    ap.add_argument("--nvrtc", action="store_true", help="PTX from the wheel's luisa_nvrtc with LuisaCompute's options "
+                    "(rnn_sass.py: it needs an empty libcuda.so.1 on LD_LIBRARY_PATH where no driver is)")
+    ap.add_argument("--keep", type=Path, default=None, help="a folder for the .cu, .ptx, .cubin and .sass files")
+
+
+def compilers(args, prefix: str):
+    """(nvcc, cuobjdump, ptxas, the folder to build in) for compiler_args' options, or None (said why) without nvcc."""
+    nvcc = tool("nvcc", None)
+    if not nvcc:
+        print("nvcc not found")
+        return None
+    folder = args.keep or Path(tempfile.mkdtemp(prefix=prefix))
+    folder.mkdir(parents=True, exist_ok=True)
+    return nvcc, tool("cuobjdump", args.cuobjdump), tool("ptxas", args.ptxas), folder
+
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("shapes", nargs="+")
     ap.add_argument("--variants", default="w32-first,w32,w64,w64r")
-    ap.add_argument("--cuobjdump", default=None)
-    ap.add_argument("--keep", type=Path, default=None, help="a folder for the .cu and .cubin files")
-    ap.add_argument("--ptxas", default=None, help="the --nvrtc PTX's ptxas (default nvcc's), e.g. CUDA 12.1's")
-    ap.add_argument("--nvrtc", action="store_true", help="PTX from the wheel's luisa_nvrtc with LuisaCompute's options "
-                    "(rnn_sass.py: it needs an empty libcuda.so.1 on LD_LIBRARY_PATH where no driver is)")
+    compiler_args(ap)
     args = ap.parse_args()
-    nvcc, cuobjdump = tool("nvcc", None), tool("cuobjdump", args.cuobjdump)
-    ptxas = tool("ptxas", args.ptxas)
-    if not nvcc:
-        print("nvcc not found")
+    tools = compilers(args, "mma-sass-")
+    if tools is None:
         return 1
-    folder = args.keep or Path(tempfile.mkdtemp(prefix="mma-sass-"))
-    folder.mkdir(parents=True, exist_ok=True)
+    nvcc, cuobjdump, ptxas, folder = tools
     for shape in args.shapes:
         for v in args.variants.split(","):
             plan, stage, tl = plan_stage(shape, v)

@@ -32,7 +32,6 @@ import re
 import struct
 import subprocess
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -40,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1] / "tests"))
 sys.path.insert(0, str(HERE.parents[1] / "tests" / "operators"))
-from mma_sass import INTEGER, _close, _ternaries, tool  # noqa: E402
+from mma_sass import INTEGER, _close, _ternaries, compiler_args, compilers  # noqa: E402
 
 PRELUDE = r"""
 typedef unsigned long long lc_ulong;
@@ -332,18 +331,12 @@ def main() -> int:
     ap.add_argument("shapes", nargs="+")
     ap.add_argument("--forms", default="block,unrolled,auto")
     ap.add_argument("--dialects", default="lc,plain")
-    ap.add_argument("--cuobjdump", default=None)
-    ap.add_argument("--ptxas", default=None, help="the lc dialect's ptxas (default nvcc's)")
-    ap.add_argument("--nvrtc", action="store_true", help="the lc dialect's PTX from the wheel's luisa_nvrtc")
-    ap.add_argument("--keep", type=Path, default=None, help="a folder for the .cu, .ptx, .cubin and .sass files")
+    compiler_args(ap)
     args = ap.parse_args()
-    nvcc, cuobjdump = tool("nvcc", None), tool("cuobjdump", args.cuobjdump)
-    ptxas = tool("ptxas", args.ptxas)
-    if not nvcc:
-        print("nvcc not found")
+    tools = compilers(args, "rnn-sass-")
+    if tools is None:
         return 1
-    folder = args.keep or Path(tempfile.mkdtemp(prefix="rnn-sass-"))
-    folder.mkdir(parents=True, exist_ok=True)
+    nvcc, cuobjdump, ptxas, folder = tools
     for shape in args.shapes:
         for form in args.forms.split(","):
             plan, stage, bl = plan_stage(shape, form)

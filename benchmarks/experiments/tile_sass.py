@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -30,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1] / "tests" / "fvdb"))
-from mma_sass import INTEGER, tool  # noqa: E402
+from mma_sass import INTEGER, compiler_args, compilers  # noqa: E402
 from rnn_sass import lc_cubin, opcode, ptxas_usage, sass_of, translate  # noqa: E402
 
 
@@ -150,14 +149,12 @@ def main() -> int:
     ap.add_argument("shapes", nargs="+", choices=("sparse", "conv"))
     ap.add_argument("--forms", default="early,rows,ahead,uniform")
     ap.add_argument("--radius", type=float, default=126.0)  # (bench_fvdb.GPU_RADIUS)
-    ap.add_argument("--cuobjdump", default=None)
-    ap.add_argument("--ptxas", default=None, help="ptxas (default nvcc's)")
-    ap.add_argument("--nvrtc", action="store_true", help="the PTX from the wheel's luisa_nvrtc")
-    ap.add_argument("--keep", type=Path, default=None, help="a folder for the .cu, .ptx, .cubin and .sass files")
+    compiler_args(ap)
     args = ap.parse_args()
-    nvcc, cuobjdump, ptxas = tool("nvcc", None), tool("cuobjdump", args.cuobjdump), tool("ptxas", args.ptxas)
-    folder = args.keep or Path(tempfile.mkdtemp(prefix="tile-sass-"))
-    folder.mkdir(parents=True, exist_ok=True)
+    tools = compilers(args, "tile-sass-")
+    if tools is None:
+        return 1
+    nvcc, cuobjdump, ptxas, folder = tools
     for shape in args.shapes:
         for form in args.forms.split(","):
             plan, stage, tl = plan_stage(shape, form, args.radius)
