@@ -228,11 +228,22 @@ def gb_insert(s, vox, owner, slot_of, flag, cap, p):
 
 
 @luisa.func
-def gb_leaf_init(s, vox, owner, slot_of, ids, lkey, mask, order, p):
+def gb_leaf_id(s, ids, aux, q):
+    """Owner point q's leaf id after the prefix sum over ids: its word plus, where the sum has upper levels
+    (aux >= 0), its SCAN-word chunk's base, which the sum's last phase leaves to its readers (topology.py
+    _scan's reader_adds: these two stages)."""
+    id = s.read(ids + q)
+    if aux >= 0:
+        id += s.read(aux + q // SCAN)
+    return id
+
+
+@luisa.func
+def gb_leaf_init(s, vox, owner, slot_of, ids, aux, lkey, mask, order, p):
     """An owner point writes its leaf's key (b, i >> 3, j >> 3, k >> 3) at the leaf's id (its rank
     among owners, ids[p] after the prefix sum), zeroes its mask and starts the sort permutation."""
     if s.read(owner + s.read(slot_of + p)) == p + 1:
-        id = s.read(ids + p)
+        id = gb_leaf_id(s, ids, aux, p)
         s.write(lkey + 4 * id, s.read(vox + 4 * p))
         for a in range(1, 4):
             s.write(lkey + 4 * id + a, s.read(vox + 4 * p + a) >> 3)
@@ -242,9 +253,9 @@ def gb_leaf_init(s, vox, owner, slot_of, ids, lkey, mask, order, p):
 
 
 @luisa.func
-def gb_leaf_bit(s, vox, owner, slot_of, ids, mask, p):
+def gb_leaf_bit(s, vox, owner, slot_of, ids, aux, mask, p):
     """Point p sets its voxel's bit, x-major n = (i&7)<<6 | (j&7)<<3 | (k&7), in its leaf's mask."""
-    id = s.read(ids + s.read(owner + s.read(slot_of + p)) - 1)
+    id = gb_leaf_id(s, ids, aux, s.read(owner + s.read(slot_of + p)) - 1)
     n = ((s.read(vox + 4 * p + 1) & 7) << 6) | ((s.read(vox + 4 * p + 2) & 7) << 3) | (s.read(vox + 4 * p + 3) & 7)
     _old = s.atomic_fetch_or(mask + 16 * id + (n >> 5), 1 << (n & 31))
 

@@ -377,11 +377,14 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
                Phase("voxel keys", items, self._emit_voxels),
                Phase("hash leaves", items, lambda ctx, p: self._guarded(ctx, p, "gb_insert", S.vox, S.owner, S.slot,
                                                                           S.ids, S.cap, p))]
-        out += self._scan("leaf ids", ["ids"], N, S.keys, lambda n, b: S.ctr + G.C_LEAVES)
+        # (the leaf ids' last phase, each chunk's base added to its words, left to the two stages that read
+        # them: gb_leaf_id; a sum of one level has none, aux -1)
+        out += self._scan("leaf ids", ["ids"], N, S.keys, lambda n, b: S.ctr + G.C_LEAVES, reader_adds=True)
+        aux = S.levels("ids")[1] if len(S.levels("ids")) > 1 else -1
         out += [Phase("leaf keys", items, lambda ctx, p: self._guarded(ctx, p, "gb_leaf_init", S.vox, S.owner, S.slot,
-                                                                         S.ids, S.lkey, S.mask, S.order[0], p)),
+                                                                         S.ids, aux, S.lkey, S.mask, S.order[0], p)),
                 Phase("leaf masks", items, lambda ctx, p: self._guarded(ctx, p, "gb_leaf_bit", S.vox, S.owner, S.slot,
-                                                                          S.ids, S.mask, p)),
+                                                                          S.ids, aux, S.mask, p)),
                 Phase("tile ranges", max(-(-N // 64), 1),
                       lambda ctx, c: self._call(ctx, "gb_ranges", S.lkey, S.ctr, c)),
                 Phase("sort keys", items, lambda ctx, i: self._call(ctx, "gb_sort_keys", S.lkey, S.key2, S.ctr, i))]
