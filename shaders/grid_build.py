@@ -33,7 +33,9 @@ The pipeline, for N voxel keys (b, i, j, k) of B grids:
 
 Prefix sums are exclusive, in place, over chunks of SCAN words per thread, level by level (a
 chunk's total goes one level up; the top level fits one chunk), so no thread runs more than SCAN
-sequential steps.
+sequential steps. Their last level, each chunk's base added to its words, is left to the stages that
+read the sum (a launch fewer a sum): gb_scatter for the radix histograms, gb_leaf_id for the leaf ids,
+gb_sum_at (grid_write.py) for the voxel, lower and upper ids.
 """
 import luisa
 from luisa.builtin import bitwise_cast
@@ -43,8 +45,8 @@ from .grid_layout import (C_ERROR, C_LEAVES, C_LOWERS, C_MAX, C_MIN, C_UPPERS, C
                           HASH_EMPTY, KEY_WORDS, S_BBOX, S_LEAVES, S_LOWERS, S_TRANSFORM, S_UPPERS, S_VOXELS, S_WORDS,
                           SCAN, SLOT_BITS)
 # (a generated module imports every stage's function from here: use_helper(name, "grid_build"))
-from .grid_write import (gb_child_words, gb_header_word, gb_layout, gb_write_leaf, gb_write_lower,  # noqa: F401
-                         gb_write_upper, gb_zero_blob)
+from .grid_write import (gb_child_words, gb_header_word, gb_layout, gb_sum_at, gb_write_leaf,  # noqa: F401
+                         gb_write_lower, gb_write_upper, gb_zero_blob)
 
 
 @luisa.func
@@ -479,19 +481,19 @@ def gb_rank(s, ctr, lkey, mask, order, skey, counts, new_lower, new_upper, leaf_
 
 
 @luisa.func
-def gb_firsts(s, ctr, skey, new_lower, new_upper, lower_first, upper_first, upper_lower, grid_first, lower_box,
-              upper_box, r):
+def gb_firsts(s, ctr, skey, new_lower, new_upper, lower_aux, upper_aux, lower_first, upper_first, upper_lower,
+              grid_first, lower_box, upper_box, r):
     """After the prefix sums (new_lower[r] = lower nodes before leaf r, new_lower[L] = all of them):
     each node's first leaf (and its bbox reset), each upper node's first lower node, each grid's leaf
     range [first, end); the last leaf writes the sentinels (one past the last node)."""
     n = s.read(ctr + C_LEAVES)
     if r < n:
-        low = s.read(new_lower + r)
-        up = s.read(new_upper + r)
-        if r == 0 or s.read(new_lower + r + 1) != low:
+        low = gb_sum_at(s, new_lower, lower_aux, n, r)
+        up = gb_sum_at(s, new_upper, upper_aux, n, r)
+        if r == 0 or gb_sum_at(s, new_lower, lower_aux, n, r + 1) != low:
             s.write(lower_first + low, r)
             gb_box_init(s, lower_box + 6 * low)
-        if r == 0 or s.read(new_upper + r + 1) != up:
+        if r == 0 or gb_sum_at(s, new_upper, upper_aux, n, r + 1) != up:
             s.write(upper_first + up, r)
             s.write(upper_lower + up, low)
             gb_box_init(s, upper_box + 6 * up)
@@ -526,16 +528,19 @@ def gb_box_add(s, box, leaf_box, r):
 
 
 @luisa.func
-def gb_node_boxes(s, ctr, skey, new_lower, new_upper, leaf_box, lower_box, upper_box, grid_box, r):
+def gb_node_boxes(s, ctr, skey, new_lower, new_upper, lower_aux, upper_aux, leaf_box, lower_box, upper_box, grid_box,
+                  r):
     """Leaf r's bbox folds into its lower node's, its upper node's and its grid's."""
-    if r < s.read(ctr + C_LEAVES):
-        gb_box_add(s, lower_box + 6 * (s.read(new_lower + r + 1) - 1), leaf_box, r)
-        gb_box_add(s, upper_box + 6 * (s.read(new_upper + r + 1) - 1), leaf_box, r)
+    n = s.read(ctr + C_LEAVES)
+    if r < n:
+        gb_box_add(s, lower_box + 6 * (gb_sum_at(s, new_lower, lower_aux, n, r + 1) - 1), leaf_box, r)
+        gb_box_add(s, upper_box + 6 * (gb_sum_at(s, new_upper, upper_aux, n, r + 1) - 1), leaf_box, r)
         gb_box_add(s, grid_box + 6 * s.read(skey + 4 * r), leaf_box, r)
 
 
 @luisa.func
-def gb_summary(s, ctr, new_lower, new_upper, counts, grid_first, grid_box, summary, b):
+def gb_summary(s, ctr, new_lower, new_upper, counts, lower_aux, upper_aux, counts_aux, grid_first, grid_box, summary,
+               b):
     """Grid b's row for the host: leaves, lower and upper nodes, voxels, bbox (zeros when empty)."""
     first = s.read(grid_first + 2 * b)
     end = s.read(grid_first + 2 * b + 1)
@@ -545,8 +550,9 @@ def gb_summary(s, ctr, new_lower, new_upper, counts, grid_first, grid_box, summa
     if end > first:
         # a grid's first leaf starts a lower and an upper node (its grid differs from the leaf before)
         s.write(row + S_LEAVES, end - first)
-        s.write(row + S_LOWERS, s.read(new_lower + end) - s.read(new_lower + first))
-        s.write(row + S_UPPERS, s.read(new_upper + end) - s.read(new_upper + first))
-        s.write(row + S_VOXELS, s.read(counts + end) - s.read(counts + first))
+        n = s.read(ctr + C_LEAVES)
+        s.write(row + S_LOWERS, gb_sum_at(s, new_lower, lower_aux, n, end) - gb_sum_at(s, new_lower, lower_aux, n, first))
+        s.write(row + S_UPPERS, gb_sum_at(s, new_upper, upper_aux, n, end) - gb_sum_at(s, new_upper, upper_aux, n, first))
+        s.write(row + S_VOXELS, gb_sum_at(s, counts, counts_aux, n, end) - gb_sum_at(s, counts, counts_aux, n, first))
         for w in range(0, 6):
             s.write(row + S_BBOX + w, s.read(grid_box + 6 * b + w))
