@@ -482,21 +482,20 @@ def gb_rank(s, ctr, lkey, mask, order, skey, counts, new_lower, new_upper, leaf_
 
 @luisa.func
 def gb_firsts(s, ctr, skey, new_lower, new_upper, lower_aux, upper_aux, lower_first, upper_first, upper_lower,
-              grid_first, lower_box, upper_box, r):
+              grid_first, r):
     """After the prefix sums (new_lower[r] = lower nodes before leaf r, new_lower[L] = all of them):
-    each node's first leaf (and its bbox reset), each upper node's first lower node, each grid's leaf
-    range [first, end); the last leaf writes the sentinels (one past the last node)."""
+    each node's first leaf, each upper node's first lower node, each grid's leaf range [first, end); the
+    last leaf writes the sentinels (one past the last node). (The nodes' boxes start empty from the
+    clear stage: gb_node_boxes_init.)"""
     n = s.read(ctr + C_LEAVES)
     if r < n:
         low = gb_sum_at(s, new_lower, lower_aux, n, r)
         up = gb_sum_at(s, new_upper, upper_aux, n, r)
         if r == 0 or gb_sum_at(s, new_lower, lower_aux, n, r + 1) != low:
             s.write(lower_first + low, r)
-            gb_box_init(s, lower_box + 6 * low)
         if r == 0 or gb_sum_at(s, new_upper, upper_aux, n, r + 1) != up:
             s.write(upper_first + up, r)
             s.write(upper_lower + up, low)
-            gb_box_init(s, upper_box + 6 * up)
         b = s.read(skey + 4 * r)
         if r == 0 or s.read(skey + 4 * (r - 1)) != b:
             s.write(grid_first + 2 * b, r)
@@ -510,6 +509,14 @@ def gb_firsts(s, ctr, skey, new_lower, new_upper, lower_aux, upper_aux, lower_fi
             s.write(upper_lower + uppers, lowers)
             s.write(ctr + C_LOWERS, lowers)
             s.write(ctr + C_UPPERS, uppers)
+
+
+@luisa.func
+def gb_node_boxes_init(s, lower_box, upper_box, keys, t):
+    """Lower and upper node t's boxes empty (t < keys: no more nodes than keys), before any leaf folds in."""
+    if t < keys:
+        gb_box_init(s, lower_box + 6 * t)
+        gb_box_init(s, upper_box + 6 * t)
 
 
 @luisa.func

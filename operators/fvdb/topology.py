@@ -434,17 +434,18 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
         out += self._scan("voxel, lower and upper ids", ["counts", "new_lower", "new_upper"], N, leaves,
                           lambda n, b: f"{b} + {n}", reader_adds=True)
         c_aux, lo_aux, up_aux = (self._aux(name) for name in ("counts", "new_lower", "new_upper"))
-        out += [Phase("node ranges", items, lambda ctx, r: self._call(
-                    ctx, "gb_firsts", S.ctr, S.skey, S.new_lower, S.new_upper, lo_aux, up_aux, S.lower_first, S.upper_first,
-                    S.upper_lower, S.grid_first, S.lower_box, S.upper_box, r)),
-                Phase("node bboxes", items, lambda ctx, r: self._call(
-                    ctx, "gb_node_boxes", S.ctr, S.skey, S.new_lower, S.new_upper, lo_aux, up_aux, S.leaf_box,
-                    S.lower_box, S.upper_box,
-                    S.grid_box, r)),
+
+        def ranges_and_boxes(ctx, r):
+            # (one stage: the nodes' boxes start empty from "clear", so leaf r folds its box into its nodes'
+            # whatever thread starts them; the grids' boxes too)
+            self._call(ctx, "gb_firsts", S.ctr, S.skey, S.new_lower, S.new_upper, lo_aux, up_aux, S.lower_first,
+                       S.upper_first, S.upper_lower, S.grid_first, r)
+            self._call(ctx, "gb_node_boxes", S.ctr, S.skey, S.new_lower, S.new_upper, lo_aux, up_aux, S.leaf_box,
+                       S.lower_box, S.upper_box, S.grid_box, r)
+        out += [Phase("node ranges and bboxes", items, ranges_and_boxes),
                 *self.layout_phases(lambda ctx, b: self._call(
                     ctx, "gb_summary", S.ctr, S.new_lower, S.new_upper, S.counts, lo_aux, up_aux, c_aux, S.grid_first,
-                    S.grid_box,
-                    S.summary, b)),  # (then the grids laid out, the blob zeroed: build_layout.py)
+                    S.grid_box, S.summary, b)),  # (then the grids laid out, the blob zeroed: build_layout.py)
                 Phase("leaves, nodes, child masks, offsets", max(items, self.ZERO_THREADS, B), self._emit_writes,
                       readback=self.end_read())]
         return out
@@ -458,6 +459,9 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
                 ctx.line(f"scratch_int.write({k}, {value})")
         self._call(ctx, "gb_clear", S.raw["owner"], S.raw["cap"], S.ctr, S.raw["grid_first"], S.raw["grid_box"],
                    self.B, t)
+        # node t's boxes empty (there are at most as many nodes as keys, and this stage has at least as many
+        # threads): "node ranges and bboxes" folds leaves into them with no stage between
+        self._call(ctx, "gb_node_boxes_init", S.raw["lower_box"], S.raw["upper_box"], S.raw["keys"], t)
         # grid t's voxel size and origin, float64 bits, into its summary row: the host step reads them back
         table = self.derived[0]
         ctx.line(f"if {t} < {self.B}:")
