@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from . import dtypes
+from . import dtypes, resident
 from .fvdb import voxel_rows
 from .fvdb.checked import frozen
 from .dtypes import shape_str
@@ -271,6 +271,7 @@ class BoundInputs:
         self.derived: dict[str, tuple[tuple, Any, np.ndarray]] = {}  # ident -> (its computation's key, buffer, values)
         self.byte_inputs: dict[str, tuple[tuple, Any]] = {}  # byte input's ident -> (its bytes' key, ByteBuffer)
         self.spare_bytes: list = []  # ByteBuffers no byte input holds any more, newest first (byte_input)
+        self.device_copies = 0  # byte inputs filled from a device buffer, not uploaded (byte_input, resident.py)
         # input -> (device tensor's clone, host copy, its digest, its bytes' digest): zero_copy._host_arrays
         self.host_copies: dict[str, tuple] = {}
         # input -> (the device tensor the last zero-copy run bound, its luisa Buffer): zero_copy._input_buffer
@@ -317,7 +318,7 @@ class BoundInputs:
         its bytes change (no kernel writes an input), and one buffer for inputs of the same bytes (a
         fine and a coarse map's bundles of one grid: two inputs, one upload). seen: the run's memo
         of digests, for a k that is the caller's own array (alive for the whole run)."""
-        from .luisa_compat import byte_buffer, byte_size, refill_byte_buffer
+        from .luisa_compat import byte_buffer, byte_size, empty_byte_buffer, refill_byte_buffer
 
         whole = np.ascontiguousarray(k)
         key = (whole.dtype.str, whole.shape, bytes_digest(whole, seen if whole is k else None))
@@ -325,12 +326,18 @@ class BoundInputs:
         if buf is None:
             size = byte_size(whole)
             spare = next((b for b in self.spare_bytes if size <= b.bytesize <= 2 * size), None)
+            # bytes a device buffer still holds (a grid built on the device: resident.py): copied there
+            held = resident.source(whole) if whole.nbytes else None
             if spare is not None:  # a blob no input holds any more, of about this size: written over
                 self.spare_bytes.remove(spare)
-                refill_byte_buffer(spare, whole)
                 buf = spare
             else:
-                buf = byte_buffer(whole)
+                buf = empty_byte_buffer(size) if held is not None else byte_buffer(whole)
+            if held is not None:
+                self.device_copies += 1
+                resident.copy_bytes(held[0], held[1], buf, 0, whole.nbytes)
+            elif spare is not None:
+                refill_byte_buffer(spare, whole)
         old = self.byte_inputs.get(s.ident)
         self.byte_inputs[s.ident] = (key, buf)
         if old is not None and all(b is not old[1] for _, b in self.byte_inputs.values()):

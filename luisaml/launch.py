@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +76,12 @@ class KernelLauncher:
                                   for name, rows in firsts.items()})
         self.layout = StateLayout(tuple(plan.counted), sum(1 for rb in plan.readbacks if rb.counted))
         self.reruns = 0  # runs repeated because a count passed its capacity (nothing is ever cut)
+        # launches enqueued so far: each may write the outputs' buffers, so a host array's bytes that the last
+        # run downloaded are still in its buffer only while this stays (luisaml/resident.py's fresh())
+        self.writes = 0
+        # output -> (a weak reference to the array the last run downloaded it into, whole, and the buffer it
+        # came from, byte for byte from 0, its end-of-run patches written there too): `resident_copy`
+        self.downloaded: dict[str, tuple[Any, Any]] = {}
         self.late_reads = 0  # runs whose counted outputs passed what was downloaded before the wait (SPARE_BYTES)
         # stages the next runs leave out, set by their caller, who knows they would do nothing: a device
         # grid build's idle radix passes (fvdb/radix_passes.py); never at the first run (it builds them)
@@ -147,6 +154,7 @@ class KernelLauncher:
         counted = [rb for rb in self.plan.readbacks if rb.counted]
         after = {rb.after_stage: self._total_copy(rb, k, state, out_bufs, n, scratch) for k, rb in enumerate(counted)}
         ran = Ran()
+        self.downloaded = {}
         start, launched = 0, n > 0 and self.kernel is not None
         for rb in self.plan.readbacks:
             if rb.counted or rb.at_end:
@@ -201,10 +209,29 @@ class KernelLauncher:
             self._read_late(parts, ran)
         if patches and not overflowed:  # (a run to repeat wrote nothing the patches would finish)
             self._patch(patches, ran, out_bufs, make_output is not None)
+        if not overflowed:
+            self.downloaded = {s.name: (weakref.ref(ran.arrays[s.name]), buf) for s, buf, count in out_bufs
+                               if s.name in ran.arrays and count}
         for name in self.layout.outputs:
             if name in ran.arrays:
                 ran.arrays[name] = ran.arrays[name][:ran.rows[name] * self._spec(name).numel_per_row]
         return ran, overflowed
+
+    def resident_copy(self, name: str, a: np.ndarray, fresh: bool = True) -> tuple[Any, int, Any] | None:
+        """Return (the device buffer, a's byte offset there, fresh()) where a's bytes are a contiguous part of
+        what the last run downloaded of output `name` (its buffer holds them while no launch of these kernels
+        follows: fresh() says so; luisaml/resident.py); None otherwise."""
+        held = self.downloaded.get(name)
+        if held is None or not isinstance(a, np.ndarray) or not a.flags.c_contiguous:
+            return None
+        whole, buf = held[0](), held[1]
+        if whole is None:
+            return None
+        at = a.__array_interface__["data"][0] - whole.__array_interface__["data"][0]
+        if at < 0 or at + a.nbytes > whole.nbytes:  # (an address within whole's bytes: whole's memory)
+            return None
+        writes, me = self.writes, weakref.ref(self)
+        return buf, at, (lambda: (k := me()) is not None and k.writes == writes)
 
     def _expected(self, s, count: int) -> int:
         """The elements of output s (count in its buffer) to download before the run's wait: all of them,
@@ -243,10 +270,12 @@ class KernelLauncher:
         uploaded = False
         for name, at, data in patches:
             data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+            buf = next((b for s, b, count in out_bufs if s.name == name and count), None)
             if name in ran.arrays:
                 ran.arrays[name].reshape(-1).view(np.uint8)[at:at + data.size] = data
+                if buf is not None:  # (and on the device, ordered after the kernels: the buffer then holds the
+                    upload_bytes(buf, at, data)  # downloaded bytes, which resident_copy binds elsewhere unsent)
                 continue
-            buf = next((b for s, b, count in out_bufs if s.name == name and count), None)
             if buf is not None:
                 upload_bytes(buf, at, data)
                 uploaded = True
@@ -355,6 +384,7 @@ class KernelLauncher:
         end), the segments between mid-run read-backs; after: {stage: enqueue()} what to enqueue
         right after a stage (a counted total's copy), whether or not it had threads to launch."""
         first = not self.built
+        self.writes += 1  # (the outputs' buffers may change: what the last run downloaded is only on the host)
         if first:
             cache.check_kernel_cache()  # a truncated cached kernel or an unwritable folder would abort
         build = (phase("kernel build", model=os.path.basename(self.path), backend=self.backend, kernels=len(self.kernels),

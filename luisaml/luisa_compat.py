@@ -136,6 +136,18 @@ def byte_buffer(data: bytes | np.ndarray):
     return buf
 
 
+def empty_byte_buffer(size: int):
+    """Return a luisa.ByteBuffer of size bytes (whole words, at least one), its bytes not written: the
+    caller fills it (a copy on the device: feeds.BoundInputs.byte_input)."""
+    import luisa
+
+    from . import counts
+
+    buf = counts.allocated(luisa.ByteBuffer(max(-(-int(size) // 4) * 4, 4)))
+    fix_byte_buffer(buf)
+    return buf
+
+
 def _byte_words(data: bytes | np.ndarray, copy: bool = True) -> np.ndarray:
     """Return data as uint8, padded with zeros to a whole number of 4-byte words (at least one), a
     copy; copy False: a contiguous array of whole words as a view of it (a grid blob of megabytes,

@@ -33,7 +33,9 @@ The pipeline, for N voxel keys (b, i, j, k) of B grids:
 
 Prefix sums are exclusive, in place, over chunks of SCAN words per thread, level by level (a
 chunk's total goes one level up; the top level fits one chunk), so no thread runs more than SCAN
-sequential steps.
+sequential steps. Their last level, each chunk's base added to its words, is left to the stages that
+read the sum (a launch fewer a sum): gb_scatter for the radix histograms, gb_leaf_id for the leaf ids,
+gb_sum_at (grid_write.py) for the voxel, lower and upper ids.
 """
 import luisa
 from luisa.builtin import bitwise_cast
@@ -43,8 +45,8 @@ from .grid_layout import (C_ERROR, C_LEAVES, C_LOWERS, C_MAX, C_MIN, C_UPPERS, C
                           HASH_EMPTY, KEY_WORDS, S_BBOX, S_LEAVES, S_LOWERS, S_TRANSFORM, S_UPPERS, S_VOXELS, S_WORDS,
                           SCAN, SLOT_BITS)
 # (a generated module imports every stage's function from here: use_helper(name, "grid_build"))
-from .grid_write import (gb_child_words, gb_header_word, gb_layout, gb_write_leaf, gb_write_lower,  # noqa: F401
-                         gb_write_upper, gb_zero_blob)
+from .grid_write import (gb_child_words, gb_header_word, gb_layout, gb_sum_at, gb_write_leaf,  # noqa: F401
+                         gb_write_lower, gb_write_upper, gb_zero_blob)
 
 
 @luisa.func
@@ -228,11 +230,22 @@ def gb_insert(s, vox, owner, slot_of, flag, cap, p):
 
 
 @luisa.func
-def gb_leaf_init(s, vox, owner, slot_of, ids, lkey, mask, order, p):
+def gb_leaf_id(s, ids, aux, q):
+    """Owner point q's leaf id after the prefix sum over ids: its word plus, where the sum has upper levels
+    (aux >= 0), its SCAN-word chunk's base, which the sum's last phase leaves to its readers (topology.py
+    _scan's reader_adds: these two stages)."""
+    id = s.read(ids + q)
+    if aux >= 0:
+        id += s.read(aux + q // SCAN)
+    return id
+
+
+@luisa.func
+def gb_leaf_init(s, vox, owner, slot_of, ids, aux, lkey, mask, order, p):
     """An owner point writes its leaf's key (b, i >> 3, j >> 3, k >> 3) at the leaf's id (its rank
     among owners, ids[p] after the prefix sum), zeroes its mask and starts the sort permutation."""
     if s.read(owner + s.read(slot_of + p)) == p + 1:
-        id = s.read(ids + p)
+        id = gb_leaf_id(s, ids, aux, p)
         s.write(lkey + 4 * id, s.read(vox + 4 * p))
         for a in range(1, 4):
             s.write(lkey + 4 * id + a, s.read(vox + 4 * p + a) >> 3)
@@ -242,9 +255,9 @@ def gb_leaf_init(s, vox, owner, slot_of, ids, lkey, mask, order, p):
 
 
 @luisa.func
-def gb_leaf_bit(s, vox, owner, slot_of, ids, mask, p):
+def gb_leaf_bit(s, vox, owner, slot_of, ids, aux, mask, p):
     """Point p sets its voxel's bit, x-major n = (i&7)<<6 | (j&7)<<3 | (k&7), in its leaf's mask."""
-    id = s.read(ids + s.read(owner + s.read(slot_of + p)) - 1)
+    id = gb_leaf_id(s, ids, aux, s.read(owner + s.read(slot_of + p)) - 1)
     n = ((s.read(vox + 4 * p + 1) & 7) << 6) | ((s.read(vox + 4 * p + 2) & 7) << 3) | (s.read(vox + 4 * p + 3) & 7)
     _old = s.atomic_fetch_or(mask + 16 * id + (n >> 5), 1 << (n & 31))
 
@@ -468,22 +481,21 @@ def gb_rank(s, ctr, lkey, mask, order, skey, counts, new_lower, new_upper, leaf_
 
 
 @luisa.func
-def gb_firsts(s, ctr, skey, new_lower, new_upper, lower_first, upper_first, upper_lower, grid_first, lower_box,
-              upper_box, r):
+def gb_firsts(s, ctr, skey, new_lower, new_upper, lower_aux, upper_aux, lower_first, upper_first, upper_lower,
+              grid_first, r):
     """After the prefix sums (new_lower[r] = lower nodes before leaf r, new_lower[L] = all of them):
-    each node's first leaf (and its bbox reset), each upper node's first lower node, each grid's leaf
-    range [first, end); the last leaf writes the sentinels (one past the last node)."""
+    each node's first leaf, each upper node's first lower node, each grid's leaf range [first, end); the
+    last leaf writes the sentinels (one past the last node). (The nodes' boxes start empty from the
+    clear stage: gb_node_boxes_init.)"""
     n = s.read(ctr + C_LEAVES)
     if r < n:
-        low = s.read(new_lower + r)
-        up = s.read(new_upper + r)
-        if r == 0 or s.read(new_lower + r + 1) != low:
+        low = gb_sum_at(s, new_lower, lower_aux, n, r)
+        up = gb_sum_at(s, new_upper, upper_aux, n, r)
+        if r == 0 or gb_sum_at(s, new_lower, lower_aux, n, r + 1) != low:
             s.write(lower_first + low, r)
-            gb_box_init(s, lower_box + 6 * low)
-        if r == 0 or s.read(new_upper + r + 1) != up:
+        if r == 0 or gb_sum_at(s, new_upper, upper_aux, n, r + 1) != up:
             s.write(upper_first + up, r)
             s.write(upper_lower + up, low)
-            gb_box_init(s, upper_box + 6 * up)
         b = s.read(skey + 4 * r)
         if r == 0 or s.read(skey + 4 * (r - 1)) != b:
             s.write(grid_first + 2 * b, r)
@@ -497,6 +509,14 @@ def gb_firsts(s, ctr, skey, new_lower, new_upper, lower_first, upper_first, uppe
             s.write(upper_lower + uppers, lowers)
             s.write(ctr + C_LOWERS, lowers)
             s.write(ctr + C_UPPERS, uppers)
+
+
+@luisa.func
+def gb_node_boxes_init(s, lower_box, upper_box, keys, t):
+    """Lower and upper node t's boxes empty (t < keys: no more nodes than keys), before any leaf folds in."""
+    if t < keys:
+        gb_box_init(s, lower_box + 6 * t)
+        gb_box_init(s, upper_box + 6 * t)
 
 
 @luisa.func
@@ -515,16 +535,19 @@ def gb_box_add(s, box, leaf_box, r):
 
 
 @luisa.func
-def gb_node_boxes(s, ctr, skey, new_lower, new_upper, leaf_box, lower_box, upper_box, grid_box, r):
+def gb_node_boxes(s, ctr, skey, new_lower, new_upper, lower_aux, upper_aux, leaf_box, lower_box, upper_box, grid_box,
+                  r):
     """Leaf r's bbox folds into its lower node's, its upper node's and its grid's."""
-    if r < s.read(ctr + C_LEAVES):
-        gb_box_add(s, lower_box + 6 * (s.read(new_lower + r + 1) - 1), leaf_box, r)
-        gb_box_add(s, upper_box + 6 * (s.read(new_upper + r + 1) - 1), leaf_box, r)
+    n = s.read(ctr + C_LEAVES)
+    if r < n:
+        gb_box_add(s, lower_box + 6 * (gb_sum_at(s, new_lower, lower_aux, n, r + 1) - 1), leaf_box, r)
+        gb_box_add(s, upper_box + 6 * (gb_sum_at(s, new_upper, upper_aux, n, r + 1) - 1), leaf_box, r)
         gb_box_add(s, grid_box + 6 * s.read(skey + 4 * r), leaf_box, r)
 
 
 @luisa.func
-def gb_summary(s, ctr, new_lower, new_upper, counts, grid_first, grid_box, summary, b):
+def gb_summary(s, ctr, new_lower, new_upper, counts, lower_aux, upper_aux, counts_aux, grid_first, grid_box, summary,
+               b):
     """Grid b's row for the host: leaves, lower and upper nodes, voxels, bbox (zeros when empty)."""
     first = s.read(grid_first + 2 * b)
     end = s.read(grid_first + 2 * b + 1)
@@ -534,8 +557,9 @@ def gb_summary(s, ctr, new_lower, new_upper, counts, grid_first, grid_box, summa
     if end > first:
         # a grid's first leaf starts a lower and an upper node (its grid differs from the leaf before)
         s.write(row + S_LEAVES, end - first)
-        s.write(row + S_LOWERS, s.read(new_lower + end) - s.read(new_lower + first))
-        s.write(row + S_UPPERS, s.read(new_upper + end) - s.read(new_upper + first))
-        s.write(row + S_VOXELS, s.read(counts + end) - s.read(counts + first))
+        n = s.read(ctr + C_LEAVES)
+        s.write(row + S_LOWERS, gb_sum_at(s, new_lower, lower_aux, n, end) - gb_sum_at(s, new_lower, lower_aux, n, first))
+        s.write(row + S_UPPERS, gb_sum_at(s, new_upper, upper_aux, n, end) - gb_sum_at(s, new_upper, upper_aux, n, first))
+        s.write(row + S_VOXELS, gb_sum_at(s, counts, counts_aux, n, end) - gb_sum_at(s, counts, counts_aux, n, first))
         for w in range(0, 6):
             s.write(row + S_BBOX + w, s.read(grid_box + 6 * b + w))

@@ -10,7 +10,7 @@ from luisa.types import uint  # noqa: F401
 from .grid_layout import (C_ERROR, C_LEAVES, C_LOWERS, C_UPPERS, ERR_BYTES, G_LEAF, G_LEAF_START, G_LOWER,
                           G_LOWER_START, G_OFFSET, G_ROOT, G_TILES, G_UPPER, G_UPPER_START, G_VOXEL_START, G_WORDS,
                           GRID_DATA_SIZE, H_BYTES, H_ROOM, H_ROWS, H_VOXELS, H_WORDS, LEAF_FLAGS_WORD, LEAF_NODE_SIZE,
-                          LOWER_NODE_SIZE, S_LEAVES, S_LOWERS, S_UPPERS, S_VOXELS, S_WORDS, TREE_DATA_SIZE,
+                          LOWER_NODE_SIZE, SCAN, S_LEAVES, S_LOWERS, S_UPPERS, S_VOXELS, S_WORDS, TREE_DATA_SIZE,
                           UPPER_NODE_SIZE)
 # the readers' offsets, from the reading library
 from .nanovdb import (LEAF_OFF_OFFSET, LEAF_OFF_PREFIX_SUM, LEAF_OFF_VALUE_MASK, LOWER_OFF_CHILD_MASK, LOWER_OFF_TABLE,
@@ -104,9 +104,21 @@ def gb_write_u64(blob, at, lo):
 
 
 @luisa.func
-def gb_write_leaf(s, blob, ctr, layout, skey, mask, order, counts, new_lower, leaf_box, r):
+def gb_sum_at(s, words, aux, n, i):
+    """Word i of an exclusive prefix sum over n words whose last additions its readers make (topology.py
+    _scan's reader_adds): the word plus, below n and where the sum has upper levels (aux >= 0: level 1),
+    its SCAN-word chunk's base; word n, the total the top level wrote, as it is."""
+    v = s.read(words + i)
+    if aux >= 0 and i < n:
+        v += s.read(aux + i // SCAN)
+    return v
+
+
+@luisa.func
+def gb_write_leaf(s, blob, ctr, layout, skey, mask, order, counts, counts_aux, new_lower, lower_aux, leaf_box, r):
     """Sorted leaf r: its 96 bytes and its parent's table entry."""
-    if r < s.read(ctr + C_LEAVES):
+    n = s.read(ctr + C_LEAVES)
+    if r < n:
         b = s.read(skey + 4 * r)
         g = layout + G_WORDS * b
         pos = s.read(g + G_LEAF) + LEAF_NODE_SIZE * (r - s.read(g + G_LEAF_START))
@@ -134,10 +146,10 @@ def gb_write_leaf(s, blob, ctr, layout, skey, mask, order, counts, new_lower, le
                 else:
                     lo = lo | (acc << uint(sh))
                     hi = hi | (acc >> uint(32 - sh))
-        gb_write_u64(blob, pos + LEAF_OFF_OFFSET, 1 + s.read(counts + r) - s.read(g + G_VOXEL_START))
+        gb_write_u64(blob, pos + LEAF_OFF_OFFSET, 1 + gb_sum_at(s, counts, counts_aux, n, r) - s.read(g + G_VOXEL_START))
         blob.write(pos + LEAF_OFF_PREFIX_SUM, lo)
         blob.write(pos + LEAF_OFF_PREFIX_SUM + 4, hi)
-        low = s.read(new_lower + r + 1) - 1
+        low = gb_sum_at(s, new_lower, lower_aux, n, r + 1) - 1
         lower_pos = s.read(g + G_LOWER) + LOWER_NODE_SIZE * (low - s.read(g + G_LOWER_START))
         slot = ((s.read(skey + 4 * r + 1) & 15) << 8) | ((s.read(skey + 4 * r + 2) & 15) << 4) | (
             s.read(skey + 4 * r + 3) & 15)
@@ -145,7 +157,7 @@ def gb_write_leaf(s, blob, ctr, layout, skey, mask, order, counts, new_lower, le
 
 
 @luisa.func
-def gb_write_lower(s, blob, ctr, layout, skey, lower_first, new_upper, lower_box, l):
+def gb_write_lower(s, blob, ctr, layout, skey, lower_first, new_upper, upper_aux, lower_box, l):
     """Lower node l: bbox and its parent's table entry (gb_child_words writes its child mask)."""
     if l < s.read(ctr + C_LOWERS):
         first = s.read(lower_first + l)
@@ -154,7 +166,7 @@ def gb_write_lower(s, blob, ctr, layout, skey, lower_first, new_upper, lower_box
         pos = s.read(g + G_LOWER) + LOWER_NODE_SIZE * (l - s.read(g + G_LOWER_START))
         for a in range(0, 6):
             blob.write(pos + 4 * a, s.read(lower_box + 6 * l + a))
-        up = s.read(new_upper + first + 1) - 1
+        up = gb_sum_at(s, new_upper, upper_aux, s.read(ctr + C_LEAVES), first + 1) - 1
         upper_pos = s.read(g + G_UPPER) + UPPER_NODE_SIZE * (up - s.read(g + G_UPPER_START))
         li = s.read(skey + 4 * first + 1)
         lj = s.read(skey + 4 * first + 2)

@@ -44,7 +44,9 @@ them): the device builder's scratch is sized when a network is compiled, and the
 compiles to ~20 ever, each the same kernel text as the others (compiled once). A build's radix
 passes that the host knows do nothing (from the points' or the source grid's root tiles:
 fvdb/radix_passes.py) are not launched. Their outputs come back to the host, the voxel sizes and
-origins as the host's doubles. grid_build="device" is the
+origins as the host's doubles; the blob also stays in the build's output buffer (its headers patched
+there too), and a network binding it next copies it from there on the device instead of uploading it
+(luisaml/resident.py: a detector frame's 9.8 MB of uploads). grid_build="device" is the
 default on CUDA, "host" on the CPU backend, where numpy is 2-9x faster than the CPU backend's
 kernels (benchmarks/bench_topology.py). Rejected: the device grid as an input of the main network's
 later stages in one launch (no copies): a node would have to read a tensor sized at run time, which
@@ -63,7 +65,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .. import dtypes
+from .. import dtypes, resident
 from ..errors import InputError, InputNameError, InputTypeError, LimitError, LuisamlError
 from ..interop import is_torch, same_tensor, to_numpy
 from ..model import ModelError, Node, _attr_value, shape_str
@@ -324,7 +326,13 @@ class DeviceBuilds:
             raise InputError(f"{node.describe()}: {e} (built on the device: its grid is bound at run time)") from None
         finally:
             net.launcher.skipped = frozenset()
-        return [np.ascontiguousarray(got[f"out_{k}"]) for k in range(BUNDLE)]
+        out = [np.ascontiguousarray(got[f"out_{k}"]) for k in range(BUNDLE)]
+        # the blob frozen here, before anyone sees it, and known to be in the build's output buffer: a network
+        # binding it copies it there on the device, not from the host (luisaml/resident.py)
+        held = net.launcher.resident_copy("out_0", out[0])
+        if held is not None and checked.freeze(out[0]) is out[0]:  # (not a copy: its memory the download's)
+            resident.remember(out[0], *held)
+        return out
 
     @staticmethod
     def _too_large(node: Node, operator: type, attrs: dict, capacity: int) -> bool:

@@ -3,7 +3,8 @@ last phases, operators/fvdb/topology.py): the host's step over the grid summarie
 layout stage that lays the grids out on the device.
 
 Two forms, chosen by `GridLayout.LAYOUT_ON_DEVICE` (kept for an A/B on a GPU):
-- **on the device** (True): a "grid layout" phase, one thread (shaders/grid_write.py gb_layout), lays
+- **on the device** (True): a "grid layout" phase, one thread (shaders/grid_write.py gb_layout; up to
+  ONE_THREAD_SUMMARIES grids it writes their summary rows first, in the same stage), lays
   the grids out back to back from the summaries in int32 (an offset past INT32_MAX: ERR_BYTES, the
   blob left empty), writes the rows the write stages read, the blob's bytes (a counted total naming
   output 0, first capacity a lower bound of the grids' bytes) and whether they fit the blob's
@@ -41,6 +42,10 @@ class GridLayout:
     grid count B, node, outputs, and its _call / _emit_zero / _emit_blob_call)."""
 
     LAYOUT_ON_DEVICE = True  # False: the host lays the grids out mid-run (module docstring)
+    # on the device's layout, up to this many grids: their summaries written by the layout's one thread
+    # before it lays them out (one stage, not two); more: a thread a grid, then the layout (gb_layout's loop
+    # over the grids is already sequential; a summary adds ~20 words of reads and writes a grid to it)
+    ONE_THREAD_SUMMARIES = 16
     HEADER_WORDS = HEADER_SIZE // 4
 
     @property
@@ -57,9 +62,19 @@ class GridLayout:
                     Phase("zero the blob", self.ZERO_THREADS, self._emit_zero),
                     Phase("grid headers", self.HEADER_WORDS * B, lambda ctx, t: self._emit_blob_call(
                         ctx, "gb_header_word", S.layout + G.H_ROWS, S.headers, S.grids, t))]
-        return [Phase("grid summaries", B, summaries, readback=ScratchTotal(S.ctr + G.C_LEAVES, output=4)),
-                Phase("grid layout", 1, self._emit_layout,
-                      readback=ScratchTotal(S.layout.value + G.H_BYTES, output=0, first=B * ONE_VOXEL_BYTES)),
+        leaves = ScratchTotal(S.ctr + G.C_LEAVES, output=4)
+        blob = ScratchTotal(S.layout.value + G.H_BYTES, output=0, first=B * ONE_VOXEL_BYTES)
+        if B <= self.ONE_THREAD_SUMMARIES:  # (the layout's one thread writes the few summaries first: a launch fewer)
+            def both(ctx, t):
+                with ctx.loop(B, "b") as b:
+                    summaries(ctx, b)
+                self._emit_layout(ctx, t)
+            # (the leaves' total copied after this stage, the blob's bytes after the next: the same words, in
+            # the order the counted outputs had)
+            return [Phase("grid summaries and layout", 1, both, readback=leaves),
+                    Phase("zero the blob", self.ZERO_THREADS, self._emit_zero, readback=blob)]
+        return [Phase("grid summaries", B, summaries, readback=leaves),
+                Phase("grid layout", 1, self._emit_layout, readback=blob),
                 Phase("zero the blob", self.ZERO_THREADS, self._emit_zero)]
 
     def end_read(self) -> HostRead | None:

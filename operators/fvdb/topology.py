@@ -330,6 +330,12 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
     def _ctr(self, word: int) -> str:
         return f"scratch_int.read({self.S.ctr + word})"
 
+    def _aux(self, name: str):
+        """Level 1 of the prefix sum over region `name`, whose words its readers add (the sum's reader_adds);
+        -1 for a sum of one level (none to add)."""
+        levels = self.S.levels(name)
+        return levels[1] if len(levels) > 1 else -1
+
     def _scan(self, name: str, bases: list[int], size: int, n_expr, total_at, then=None,
               reader_adds: bool = False) -> list[Phase]:
         """Phases of an exclusive prefix sum in place over the first n (a DSL expression, or a function of
@@ -377,11 +383,14 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
                Phase("voxel keys", items, self._emit_voxels),
                Phase("hash leaves", items, lambda ctx, p: self._guarded(ctx, p, "gb_insert", S.vox, S.owner, S.slot,
                                                                           S.ids, S.cap, p))]
-        out += self._scan("leaf ids", ["ids"], N, S.keys, lambda n, b: S.ctr + G.C_LEAVES)
+        # (the leaf ids' last phase, each chunk's base added to its words, left to the two stages that read
+        # them: gb_leaf_id; a sum of one level has none, aux -1)
+        out += self._scan("leaf ids", ["ids"], N, S.keys, lambda n, b: S.ctr + G.C_LEAVES, reader_adds=True)
+        aux = self._aux("ids")
         out += [Phase("leaf keys", items, lambda ctx, p: self._guarded(ctx, p, "gb_leaf_init", S.vox, S.owner, S.slot,
-                                                                         S.ids, S.lkey, S.mask, S.order[0], p)),
+                                                                         S.ids, aux, S.lkey, S.mask, S.order[0], p)),
                 Phase("leaf masks", items, lambda ctx, p: self._guarded(ctx, p, "gb_leaf_bit", S.vox, S.owner, S.slot,
-                                                                          S.ids, S.mask, p)),
+                                                                          S.ids, aux, S.mask, p)),
                 Phase("tile ranges", max(-(-N // 64), 1),
                       lambda ctx, c: self._call(ctx, "gb_ranges", S.lkey, S.ctr, c)),
                 Phase("sort keys", items, lambda ctx, i: self._call(ctx, "gb_sort_keys", S.lkey, S.key2, S.ctr, i))]
@@ -421,17 +430,22 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
             self._call(ctx, "gb_rank", S.ctr, S.lkey, S.mask, order, S.skey, S.counts, S.new_lower, S.new_upper,
                        S.leaf_box, r)
         out.append(Phase("leaves in order", items, rank))
+        # (its last phase, each chunk's base added to its words, left to the stages that read them: gb_sum_at)
         out += self._scan("voxel, lower and upper ids", ["counts", "new_lower", "new_upper"], N, leaves,
-                          lambda n, b: f"{b} + {n}")
-        out += [Phase("node ranges", items, lambda ctx, r: self._call(
-                    ctx, "gb_firsts", S.ctr, S.skey, S.new_lower, S.new_upper, S.lower_first, S.upper_first,
-                    S.upper_lower, S.grid_first, S.lower_box, S.upper_box, r)),
-                Phase("node bboxes", items, lambda ctx, r: self._call(
-                    ctx, "gb_node_boxes", S.ctr, S.skey, S.new_lower, S.new_upper, S.leaf_box, S.lower_box, S.upper_box,
-                    S.grid_box, r)),
+                          lambda n, b: f"{b} + {n}", reader_adds=True)
+        c_aux, lo_aux, up_aux = (self._aux(name) for name in ("counts", "new_lower", "new_upper"))
+
+        def ranges_and_boxes(ctx, r):
+            # (one stage: the nodes' boxes start empty from "clear", so leaf r folds its box into its nodes'
+            # whatever thread starts them; the grids' boxes too)
+            self._call(ctx, "gb_firsts", S.ctr, S.skey, S.new_lower, S.new_upper, lo_aux, up_aux, S.lower_first,
+                       S.upper_first, S.upper_lower, S.grid_first, r)
+            self._call(ctx, "gb_node_boxes", S.ctr, S.skey, S.new_lower, S.new_upper, lo_aux, up_aux, S.leaf_box,
+                       S.lower_box, S.upper_box, S.grid_box, r)
+        out += [Phase("node ranges and bboxes", items, ranges_and_boxes),
                 *self.layout_phases(lambda ctx, b: self._call(
-                    ctx, "gb_summary", S.ctr, S.new_lower, S.new_upper, S.counts, S.grid_first, S.grid_box,
-                    S.summary, b)),  # (then the grids laid out, the blob zeroed: build_layout.py)
+                    ctx, "gb_summary", S.ctr, S.new_lower, S.new_upper, S.counts, lo_aux, up_aux, c_aux, S.grid_first,
+                    S.grid_box, S.summary, b)),  # (then the grids laid out, the blob zeroed: build_layout.py)
                 Phase("leaves, nodes, child masks, offsets", max(items, self.ZERO_THREADS, B), self._emit_writes,
                       readback=self.end_read())]
         return out
@@ -445,6 +459,9 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
                 ctx.line(f"scratch_int.write({k}, {value})")
         self._call(ctx, "gb_clear", S.raw["owner"], S.raw["cap"], S.ctr, S.raw["grid_first"], S.raw["grid_box"],
                    self.B, t)
+        # node t's boxes empty (there are at most as many nodes as keys, and this stage has at least as many
+        # threads): "node ranges and bboxes" folds leaves into them with no stage between
+        self._call(ctx, "gb_node_boxes_init", S.raw["lower_box"], S.raw["upper_box"], S.raw["keys"], t)
         # grid t's voxel size and origin, float64 bits, into its summary row: the host step reads them back
         table = self.derived[0]
         ctx.line(f"if {t} < {self.B}:")
@@ -483,7 +500,7 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
         S = self.S
         self._emit_leaves(ctx, t)
         self._emit_blob_call(ctx, "gb_write_lower", S.ctr, S.layout + 16, S.skey, S.lower_first, S.new_upper,
-                             S.lower_box, t)
+                             self._aux("new_upper"), S.lower_box, t)
         self._emit_blob_call(ctx, "gb_write_upper", S.ctr, S.layout + 16, S.skey, S.upper_first, S.upper_box, t)
         ctx.line(f"if {t} < {self.ZERO_THREADS}:")
         with ctx.indent():
@@ -564,7 +581,7 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
         order = ctx.let(f"{ctx.use_helper('gb_pass_source', 'grid_build')}(scratch_int, {S.ctr}, {S.order[0]}, "
                         f"{S.order[1]}, {G.PASSES})", "order")
         self._emit_blob_call(ctx, "gb_write_leaf", S.ctr, S.layout + 16, S.skey, S.mask, order, S.counts,
-                             S.new_lower, S.leaf_box, r)
+                             self._aux("counts"), S.new_lower, self._aux("new_lower"), S.leaf_box, r)
         out = self.outputs[4] if len(self.outputs) > 4 else None
         if out is not None:
             ctx.line(f"if {r} < {self._ctr(G.C_LEAVES)}:")

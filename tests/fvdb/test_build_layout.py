@@ -117,15 +117,20 @@ def _spread(n: int, rng, far: float) -> np.ndarray:
     return pts.astype(np.float32)
 
 
-@pytest.mark.parametrize("on_device", [True, False])
-def test_both_layouts_equal_the_host_builder_one_wait_against_two(monkeypatch, on_device):
-    """Four grids, two empty, on either side of the switch: the same bundle, 1 or 2 waits a run."""
+@pytest.mark.parametrize("on_device, one_thread", [(True, 16), (True, 0), (False, 16)])
+def test_both_layouts_equal_the_host_builder_one_wait_against_two(monkeypatch, on_device, one_thread):
+    """Four grids, two empty, on either side of the switch: the same bundle, 1 or 2 waits a run; on the
+    device's layout, the summaries written by the layout's thread (up to ONE_THREAD_SUMMARIES grids: one
+    stage) or a thread a grid (two stages)."""
     monkeypatch.setattr(DeviceGridBuild, "LAYOUT_ON_DEVICE", on_device)
+    monkeypatch.setattr(DeviceGridBuild, "ONE_THREAD_SUMMARIES", one_thread)
     rng = np.random.default_rng(4)
     pts = _spread(600, rng, 30.0)
     offsets = [0, 0, 250, 250, 600]  # grids 0 and 2 empty
     m, feeds = model("GridBatchFromPoints", pts, offsets)
     net = luisaml.compile(m, batch_axis=None)
+    names = [st.phase_name for st in net.plan.schedule.stages]
+    assert ("grid summaries and layout" in names) == (on_device and one_thread >= 4), names
     assert bool(net.plan.counted) == on_device
     assert [rb.at_end for rb in net.plan.readbacks if not rb.counted] == [on_device]
     net.run(feeds)  # (the first run: a blob past its first capacity runs again)
