@@ -1,6 +1,6 @@
 """The device buffers a network keeps between runs: its weight blob, inputs' and outputs' buffers kept
-while the run's size stays within them (a power of two, down to a quarter of it), the buffers only
-kernels use (the stages' pooled slots, scratch) kept while the batch moves by less than half, the
+while the run's size stays within them (a `bucket`: a quarter step of a power of two, down to 1/KEEP
+of it), the buffers only kernels use (the stages' pooled slots, scratch) kept likewise, the
 fused MLP's tile counter and the run's state (the run-time error flag, the counted outputs'
 capacities and totals). Networks that take turns (a device grid build's networks, one a node and
 power of two: luisaml/runtime.py) may draw their kernel-only buffers from one `SharedBuffers`, so
@@ -21,6 +21,19 @@ from . import counts
 # of host time a quick frame on the CPU backend (benchmarks/NOTES.md); the memory held is at most
 # KEEP times the run's need, never past the largest run's
 KEEP = 8
+
+
+def bucket(count: int) -> int:
+    """The elements of a buffer that grows to hold `count`: the next quarter step of its power of two
+    (4, 5, 6 or 7 times a power of two: at most 25% past count), not the next power of two (up to
+    100% past it: a detector frame of 150k points held its backbone's five 150k-row buffers at 262,144
+    rows, 64 MB more than 163,840 rows; issue 28). A count that moves from run to run makes a new one
+    only when it passes the largest bucket so far, as with powers of two."""
+    count = max(int(count), 1)
+    if count <= 8:
+        return 1 << (count - 1).bit_length()
+    step = 1 << ((count - 1).bit_length() - 3)
+    return -(-count // step) * step
 
 
 class SharedBuffers:
@@ -111,14 +124,14 @@ class BufferPool:
         """Return an input's or output's buffer `ident` of at least `count` elements (the host copies
         `count` of them each way: luisa_compat.upload_prefix, launch.download): the one it holds while
         count stays between 1/KEEP of it (any part of it: shrink False, a run-time sized output
-        within the run's bound buffer) and all of it, else one of the next power of two. A new frame's
+        within the run's bound buffer) and all of it, else one of the next `bucket`. A new frame's
         points or grid (a count that moves by tens of percent every run) then neither creates nor
         destroys a buffer: 18 a frame of the detector did, ~0.6 ms each on the CPU backend."""
         for (name, capacity), buf in self.held.items():
             # (a count of 0: a run-time sized output before its rows are known, or nothing to copy: any one)
             if name == ident and count <= capacity and (not shrink or not count or capacity <= KEEP * count):
                 return buf
-        return self.exact(ident, dsl, 1 << max(int(count) - 1, 0).bit_length())
+        return self.exact(ident, dsl, bucket(count))
 
     def exact(self, ident: str, dsl: str, count: int):
         """Return the buffer `ident` of exactly `count` elements of kernel type `dsl` ("ubyte": a
@@ -147,8 +160,8 @@ class BufferPool:
     def pooled(self, ident: str, dsl: str, count: int):
         """Return a buffer only kernels use (a pooled slot, a scratch region) of at least `count`
         elements: the one it has while runs need between 1/KEEP of it and all of it, else a new one:
-        of `count` the first time (a network whose batch stays holds no more than it needs), of the
-        next power of two once the count has moved (as `sized`), so that a voxel count moving from
+        of `count` the first time (a network whose batch stays holds no more than it needs), of its
+        `bucket` once the count has moved (as `sized`), so that a voxel count moving from
         frame to frame (the batch of a sparse network over grids bound at run time) does not
         reallocate such buffers every few runs. Kernels index within the run's count; the host never
         copies these whole. A pool that shares them (`share`) takes the shared one."""
@@ -159,7 +172,7 @@ class BufferPool:
             if name == ident and count <= capacity <= KEEP * max(count, 1):
                 return buf
             moved = moved or name == ident
-        return self.exact(ident, dsl, 1 << max(int(count) - 1, 0).bit_length() if moved else count)
+        return self.exact(ident, dsl, bucket(count) if moved else count)
 
     def stage_buffers(self, plan, n: int) -> list:
         """The stages' pooled buffers for n samples (a region per sample of each slot)."""
