@@ -1,6 +1,6 @@
 """Device bytes of the device grid builds (issue 28: the detector's peak memory, benchmarks/NOTES.md). A
 device build's network is compiled per node and power of two of its source (host_steps.DeviceBuilds)
-and kept for the process; their kernel-only buffers (the int scratch, 2,133 bytes a source voxel for
+and kept for the process; their kernel-only buffers (the int scratch, 8,534 bytes a source voxel for
 a 3/2 ConvGrid) come from one luisaml.pool.SharedBuffers, so the process holds the largest build's,
 not every capacity's: a detector's frames of 30k and 62k voxels held 280 and 559 MB side by side."""
 import gc
