@@ -1,11 +1,14 @@
 """The device buffers a network keeps between runs: its weight blob, inputs' and outputs' buffers kept
-while the run's size stays within them (a power of two, down to a quarter of it), the buffers only
-kernels use (the stages' pooled slots, scratch) kept while the batch moves by less than half, the
+while the run's size stays within them (a `bucket`: a quarter step of a power of two, down to 1/KEEP
+of it), the buffers only kernels use (the stages' pooled slots, scratch) kept likewise, the
 fused MLP's tile counter and the run's state (the run-time error flag, the counted outputs'
-capacities and totals)."""
+capacities and totals). Networks that take turns (a device grid build's networks, one a node and
+power of two: luisaml/runtime.py) may draw their kernel-only buffers from one `SharedBuffers`, so
+that the process holds the largest of them, not their sum (issue 28's detector, benchmarks/NOTES.md)."""
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any
 
 import numpy as np
@@ -20,11 +23,66 @@ from . import counts
 KEEP = 8
 
 
-class BufferPool:
-    """Buffers by (identifier, element count): one per identifier, replaced when its count changes
-    (`exact`), or kept while the count stays between half of it and all of it (`pooled`)."""
+def bucket(count: int) -> int:
+    """The elements of a buffer that grows to hold `count`: the next quarter step of its power of two
+    (4, 5, 6 or 7 times a power of two: at most 25% past count), not the next power of two (up to
+    100% past it: a detector frame of 150k points held its backbone's five 150k-row buffers at 262,144
+    rows, 64 MB more than 163,840 rows; issue 28). A count that moves from run to run makes a new one
+    only when it passes the largest bucket so far, as with powers of two."""
+    count = max(int(count), 1)
+    if count <= 8:
+        return 1 << (count - 1).bit_length()
+    step = 1 << ((count - 1).bit_length() - 3)
+    return -(-count // step) * step
+
+
+class SharedBuffers:
+    """Kernel-only buffers (stage slots, scratch: what `BufferPool.pooled` gives) that the pools of
+    several networks draw from by identifier, so that the process holds each identifier's largest
+    need among them, not the sum of their buffers. Only for networks whose runs take turns and keep
+    nothing in such a buffer from one run to the next: every run holds device.stream_lock from its
+    first upload to its last wait, and its stages write what they read; the networks of one device
+    grid build node, one a power of two of its source (host_steps.DeviceBuilds), of which a
+    detector's frames kept three of 280-559 MB each (issue 28). A buffer is never shrunk (networks
+    of different sizes take turns every frame: each would make the other's again) and grows to the
+    count asked, the one it replaces dropped first; the pools' kept lists of buffers are then
+    dropped, so that none keeps a replaced buffer alive."""
 
     def __init__(self) -> None:
+        self.held: dict[str, Any] = {}  # identifier -> buffer
+        self.generation = 0
+        self.pools: weakref.WeakSet = weakref.WeakSet()  # the pools drawing from it (their _regions)
+
+    def pooled(self, ident: str, dsl: str, count: int):
+        """The buffer `ident` (its elements of kernel type `dsl`, named in ident) of at least count elements."""
+        buf = self.held.get(ident)
+        if buf is not None and count <= buf.size:
+            return buf
+        size = max(int(count), 1, buf.size if buf is not None else 0)
+        self.held.pop(ident, None)
+        del buf
+        self.generation += 1
+        for pool in list(self.pools):
+            pool._regions = {}  # (their lists may name the buffer replaced: dropped with them)
+        import luisa
+        from luisa.types import half, uint
+
+        kind = {"float": float, "int": int, "uint": uint, "half": half, "bool": bool}[dsl]
+        self.held[ident] = counts.allocated(luisa.Buffer(size, kind))
+        return self.held[ident]
+
+    def nbytes(self) -> int:
+        """The bytes of the buffers it holds."""
+        return sum(int(b.bytesize) for b in self.held.values())
+
+
+class BufferPool:
+    """Buffers by (identifier, element count): one per identifier, replaced when its count changes
+    (`exact`), or kept while the count stays between half of it and all of it (`pooled`); kernel-only
+    ones from a `SharedBuffers` where the pool was given one (`share`)."""
+
+    def __init__(self) -> None:
+        self.shared: SharedBuffers | None = None
         self.held: dict[tuple[str, int], Any] = {}
         # counts the changes of `held` (exact), which drop _regions: stage_buffers' and scratch's lists kept
         # per (plan, n, kind) while `held` stays, not looked up again every run; so only lists of buffers
@@ -34,6 +92,13 @@ class BufferPool:
         self._weights = None
         self._tiles = None
         self._errors = None
+
+    def share(self, shared: SharedBuffers) -> None:
+        """Draw the kernel-only buffers (`pooled`) from `shared` from now on (before the first run)."""
+        assert not any(name.startswith(("buf_", "scratch_")) for name, _ in self.held), "share before the first run"
+        self.shared = shared
+        self._regions = {}
+        shared.pools.add(self)
 
     @contextlib.contextmanager
     def weights_swapped(self, buffer):
@@ -59,14 +124,14 @@ class BufferPool:
         """Return an input's or output's buffer `ident` of at least `count` elements (the host copies
         `count` of them each way: luisa_compat.upload_prefix, launch.download): the one it holds while
         count stays between 1/KEEP of it (any part of it: shrink False, a run-time sized output
-        within the run's bound buffer) and all of it, else one of the next power of two. A new frame's
+        within the run's bound buffer) and all of it, else one of the next `bucket`. A new frame's
         points or grid (a count that moves by tens of percent every run) then neither creates nor
         destroys a buffer: 18 a frame of the detector did, ~0.6 ms each on the CPU backend."""
         for (name, capacity), buf in self.held.items():
             # (a count of 0: a run-time sized output before its rows are known, or nothing to copy: any one)
             if name == ident and count <= capacity and (not shrink or not count or capacity <= KEEP * count):
                 return buf
-        return self.exact(ident, dsl, 1 << max(int(count) - 1, 0).bit_length())
+        return self.exact(ident, dsl, bucket(count))
 
     def exact(self, ident: str, dsl: str, count: int):
         """Return the buffer `ident` of exactly `count` elements of kernel type `dsl` ("ubyte": a
@@ -95,17 +160,19 @@ class BufferPool:
     def pooled(self, ident: str, dsl: str, count: int):
         """Return a buffer only kernels use (a pooled slot, a scratch region) of at least `count`
         elements: the one it has while runs need between 1/KEEP of it and all of it, else a new one:
-        of `count` the first time (a network whose batch stays holds no more than it needs), of the
-        next power of two once the count has moved (as `sized`), so that a voxel count moving from
+        of `count` the first time (a network whose batch stays holds no more than it needs), of its
+        `bucket` once the count has moved (as `sized`), so that a voxel count moving from
         frame to frame (the batch of a sparse network over grids bound at run time) does not
         reallocate such buffers every few runs. Kernels index within the run's count; the host never
-        copies these whole."""
+        copies these whole. A pool that shares them (`share`) takes the shared one."""
+        if self.shared is not None:
+            return self.shared.pooled(ident, dsl, count)
         moved = False
         for (name, capacity), buf in self.held.items():
             if name == ident and count <= capacity <= KEEP * max(count, 1):
                 return buf
             moved = moved or name == ident
-        return self.exact(ident, dsl, 1 << max(int(count) - 1, 0).bit_length() if moved else count)
+        return self.exact(ident, dsl, bucket(count) if moved else count)
 
     def stage_buffers(self, plan, n: int) -> list:
         """The stages' pooled buffers for n samples (a region per sample of each slot)."""
@@ -129,9 +196,10 @@ class BufferPool:
             return kept
         if len(self._regions) > 16:  # (batches come and go: the old lists are dropped)
             self._regions.clear()
-        at = self.generation
+        at = self.generation, self.shared.generation if self.shared is not None else 0
         buffers = make()
-        if at == self.generation:  # (make's pooled calls held no new buffer: else one it gave may be gone)
+        if at == (self.generation, self.shared.generation if self.shared is not None else 0):
+            # (make's pooled calls held no new buffer: else one it gave may be gone)
             self._regions[key] = buffers
         return buffers
 

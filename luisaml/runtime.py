@@ -26,6 +26,7 @@ from .passes.infer import input_shapes as declared_shapes
 from .per_batch import PerBatchNetwork
 from .per_shape import PerShapeNetwork
 from .plan import Plan
+from .pool import SharedBuffers
 from .planning import (Backend, BatchAxis, CompileOptions, Float64, Fuse, FuseMode, GridBuild, Precision, Recurrent,
                        Schedule, TensorCores, Tune, Winograd, build, fixed_batch, fixed_shapes, plan_for)
 
@@ -62,17 +63,27 @@ def analyze(model: ModelSource, weights: WeightsSource = None, *, batch_axis: Ba
     return plan
 
 
+# the kernel-only buffers (stage slots, scratch) of every device grid build's network: kept for the
+# process, one network a node and power of two, they run one at a time (each run under
+# device.stream_lock, before the kernels of the run that asked for it), so the process holds the
+# largest build's scratch, not every capacity's (issue 28: a detector's ConvGrid builds of 2^15 and
+# 2^16 voxels held 280 and 559 MB of int scratch side by side)
+GRID_BUILD_BUFFERS = SharedBuffers()
+
+
 def _compile_grid_step(model: onnx.ModelProto, limits: Limits, workers: bool) -> CompiledNetwork:
     """Return the network of a device grid build (luisaml/host_steps.py DeviceBuilds: the node alone,
-    no batch) on the process's backend. workers: build its kernels in worker processes; a later
-    capacity of the same node is the same kernels, cached on disk, which workers (2-3 s to start)
-    would only delay (on the H200: a new capacity's first run 4.65 s with them, 2.47 s without)."""
+    no batch) on the process's backend, its kernel-only buffers GRID_BUILD_BUFFERS'. workers: build its
+    kernels in worker processes; a later capacity of the same node is the same kernels, cached on disk,
+    which workers (2-3 s to start) would only delay (on the H200: a new capacity's first run 4.65 s
+    with them, 2.47 s without)."""
     backend = device.current() or device.init("auto")
     opts = CompileOptions(batch_axis=None, fuse=False, limits=limits, winograd=False, grid_build="host").resolve(backend)
     ahead = _WorkersAhead(backend) if workers else None
     proto = loaders.load_proto(model, None, limits=limits)
     plan, _, _ = plan_for(proto, model.graph.name, opts, ahead, _compile_grid_step)
     net = _network(plan, backend, ahead)
+    net.pool.share(GRID_BUILD_BUFFERS)
     if not workers:
         net.build_workers = False
     return net
