@@ -32,6 +32,7 @@ import numpy as np
 
 from luisaml import dtypes
 from luisaml import indexing as ix
+from luisaml.fvdb.nanovdb import popcount64
 from luisaml.fvdb.op_mixins import VoxelBatch
 from luisaml.model import shape_str
 from luisaml.operator import Derived, Operator
@@ -82,22 +83,21 @@ def _packed(active: np.ndarray, tile: int) -> np.ndarray:
     starts = np.flatnonzero(np.r_[True, m[1:] != m[:-1]])
     lens = np.diff(np.r_[starts, len(m)])
     whole = lens // tile * tile
-    head = [order[s:s + w] for s, w in zip(starts, whole) if w]
-    rest = [(s + w, n - w) for s, w, n in zip(starts, whole, lens) if n > w]
-    rmask = np.array([m[s] for s, _ in rest], np.int64)
-    left = np.array([n for _, n in rest], np.int64)
-    taken = np.zeros(len(rest), np.int64)
-    half = np.array([bin(v).count("1") for v in range(1 << 14)], np.int64)  # (popcount of 14 bits)
-    out, union, space = [], 0, tile
+    # each set's whole tiles: the rows of its group before its remainder, in the sorted order
+    head = order[np.arange(len(m)) - np.repeat(starts, lens) < np.repeat(whole, lens)]
+    cut = lens > whole  # (the sets with a remainder: where it starts, its rows, its taps)
+    at0, left = (starts + whole)[cut], (lens - whole)[cut]
+    rmask = m[at0]
+    taken = np.zeros(len(left), np.int64)
+    out, union, space = [head], 0, tile
     while left.any():
         if space == tile:
             i = int(np.argmax(left))
-        else:
-            fresh = rmask & ~union
-            new = np.where(left > 0, half[fresh & 0x3FFF] + half[fresh >> 14], taps + 1)
+        else:  # (the taps each remainder adds to the tile's; one used up: more than any)
+            new = np.where(left > 0, popcount64(rmask & ~union), taps + 1)
             i = int(np.lexsort((-left, new))[0])
         n = int(min(space, left[i]))
-        at = rest[i][0] + taken[i]
+        at = at0[i] + taken[i]
         out.append(order[at:at + n])
         taken[i] += n
         left[i] -= n
@@ -105,7 +105,7 @@ def _packed(active: np.ndarray, tile: int) -> np.ndarray:
         space -= n
         if space == 0:
             union, space = 0, tile
-    return np.concatenate(head + out).astype(np.int32)
+    return np.concatenate(out).astype(np.int32)
 
 
 # Accumulators per thread: R voxels x O channels within 32 (operators/gemm.py: 32 floats keep the

@@ -174,6 +174,56 @@ def test_packed_rows_never_run_more_taps():
         assert (steps["order"] < steps["lexsorted"]) == fewer and (steps["packed"] > steps["lexsorted"]) != fewer
 
 
+def _packed_loop(active: np.ndarray, tile: int) -> np.ndarray:
+    """conv._packed as it was before numpy took its loops (a popcount table of 14 bits, a list per set)."""
+    taps = active.shape[1]
+    masks = (active.astype(np.int64) << np.arange(taps)).sum(1)
+    order = np.argsort(masks, kind="stable")
+    m = masks[order]
+    starts = np.flatnonzero(np.r_[True, m[1:] != m[:-1]])
+    lens = np.diff(np.r_[starts, len(m)])
+    whole = lens // tile * tile
+    head = [order[s:s + w] for s, w in zip(starts, whole) if w]
+    rest = [(s + w, n - w) for s, w, n in zip(starts, whole, lens) if n > w]
+    rmask = np.array([m[s] for s, _ in rest], np.int64)
+    left = np.array([n for _, n in rest], np.int64)
+    taken = np.zeros(len(rest), np.int64)
+    half = np.array([bin(v).count("1") for v in range(1 << 14)], np.int64)
+    out, union, space = [], 0, tile
+    while left.any():
+        if space == tile:
+            i = int(np.argmax(left))
+        else:
+            fresh = rmask & ~union
+            new = np.where(left > 0, half[fresh & 0x3FFF] + half[fresh >> 14], taps + 1)
+            i = int(np.lexsort((-left, new))[0])
+        n = int(min(space, left[i]))
+        at = rest[i][0] + taken[i]
+        out.append(order[at:at + n])
+        taken[i] += n
+        left[i] -= n
+        union |= int(rmask[i])
+        space -= n
+        if space == 0:
+            union, space = 0, tile
+    return np.concatenate(head + out).astype(np.int32)
+
+
+@pytest.mark.parametrize("rows,taps,tile,sets", [
+    (500, 27, 64, 40), (3000, 28, 64, 300), (777, 8, 16, 30), (200, 27, 64, 3), (130, 27, 128, 400), (64, 5, 64, 1)])
+def test_packed_is_the_loop_it_replaced(rows, taps, tile, sets):
+    """_packed's numpy form orders the rows exactly as its loops did, on random tap masks: few sets
+    (whole tiles of one set), many (remainders only), one, and each row's own; a shell's map too."""
+    from luisaml.operators.fvdb.conv import _packed
+
+    rng = np.random.default_rng(rows + taps)
+    pool = rng.random((sets, taps)) < rng.uniform(0.1, 0.9, (sets, 1))
+    active = pool[rng.integers(0, sets, rows)]
+    np.testing.assert_array_equal(_packed(active, tile), _packed_loop(active, tile))
+    shell = _kernel_map(GridBatch.from_ijk([_shell((20, 20, 20), 6.0, np.random.default_rng(0))])) >= 0
+    np.testing.assert_array_equal(_packed(shell, tile), _packed_loop(shell, tile))
+
+
 @pytest.mark.full  # (two runs of ~200 voxels' threads in Python: ~50 s here)
 def test_packed_rows_move_no_bit(monkeypatch):
     """The packing (SparseConv3d.PACKED_ROWS, the default) puts voxels in other tiles than the
