@@ -343,7 +343,7 @@ class SparseConv3d(VoxelBatch, Operator):
     #   (tiled.gathered), once a tap: no load waits on another within a step, at 79 registers (6 blocks an
     #   SM, not 7). The fastest on an H100 (2026-12-07, bench_fvdb's layer, lexsorted rows): early 0.927 ms,
     #   rows 0.812, ahead 0.746 (NOTES, "The fifth session's GPU run").
-    # "uniform": as rows, a step's tap and channel from its first k (tiled.StepK), the same for the whole
+    # "uniform": as rows, a step's tap and channel from its first k (tiled.by_step), the same for the whole
     #   block: 375 -> 367 instructions a step, 66 -> 49 integer, 72 registers (NOTES, "addresses a tap, not
     #   a step"; keeping the rows' addresses a tap and bumping them cost 77-89 registers). Not yet on a GPU.
     fp32_form = "ahead"
@@ -541,10 +541,14 @@ class SparseConv3d(VoxelBatch, Operator):
             taps, count = self.emit_tile_taps(ctx, tl, item, thread, group_rows or self.n_out)
             k_steps = ctx.let(ix.mul(count, C_in // tl.BK), "ksteps")
 
-        def tap_of(k: str) -> tuple[str, str]:
-            """(tap, input channel) of k: the compacted k's tap is the tile's list's entry ("uniform":
-            from the step's first k where the step lies within one tap, the same for the whole block)."""
-            split = k.divmod(C_in) if self.fp32_form == "uniform" and isinstance(k, tiled.StepK) else None
+        # "uniform": the loaders take a whole step's first k beside k (tiled.by_step), for tap_of
+        stepped = tiled.by_step if self.fp32_form == "uniform" else (lambda load: load)
+
+        def tap_of(k: str, step: tiled.Step | None = None) -> tuple[str, str]:
+            """(tap, input channel) of k: the compacted k's tap is the tile's list's entry (with its
+            whole step, "uniform": from the step's first k where the step lies within one tap, the same
+            for the whole block)."""
+            split = step.divmod(C_in) if step is not None else None
             at, c = split or (ix.div(k, C_in), None)
             at = ctx.let(at, "kt")
             return (ctx.let(f"{taps}[{at}]", "tap") if taps else at), ctx.let(c or ix.mod(k, C_in), "c")
@@ -575,8 +579,8 @@ class SparseConv3d(VoxelBatch, Operator):
                     c = c or ctx.let(ix.mod(k, C_in), "c")
                     return f"({x.load(ix.add(ix.mul(f'max({v}, 0)', C_in), c))} if {v} >= 0 else 0.0)"
 
-            def load(k):  # (the early fetch's text, as before the split: tap_of's c reused)
-                tap, c = tap_of(k)
+            def load(k, step=None):  # (the early fetch's text, as before the split: tap_of's c reused)
+                tap, c = tap_of(k, step)
                 if self.voxel_batch:
                     with ctx.at_sample(s):
                         v = map_index(ctx, kmap.load(tap), rows_in, flag, checked)
@@ -584,7 +588,9 @@ class SparseConv3d(VoxelBatch, Operator):
                     v = map_index(ctx, kmap.load(ix.add(row, tap)), rows_in, flag, checked)
                 return value(k, v, c)
 
-            return tiled.gathered(load, index, value, period=C_in) if self.fp32_form == "ahead" else load
+            if self.fp32_form == "ahead":
+                return tiled.gathered(load, index, value, period=C_in)
+            return stepped(load)
 
         def store(_, o, n, v):
             at_row, rr = self._at_row(ctx, o)
@@ -598,29 +604,29 @@ class SparseConv3d(VoxelBatch, Operator):
             if packed is not None:  # [tap][C_in][channel blocks x O]: k = tap * C_in + c is its row
                 base = ctx.let(ix.add(str(packed), ix.mul(n, 4)), "wb")
 
-                def load(k):
-                    tap, c = tap_of(k)
+                def load(k, step=None):
+                    tap, c = tap_of(k, step)
                     return f"weights.read(float, {ix.add(base, ix.mul(ix.add(ix.mul(tap, C_in), c), cblocks * O * 4))})"
 
-                return load
+                return stepped(load)
             base = ctx.let(ix.mul(n, C_in * T), "wb")  # weight [C_out, C_in, taps]: element (n, c, tap)
 
-            def load(k):
-                tap, c = tap_of(k)
+            def load(k, step=None):
+                tap, c = tap_of(k, step)
                 return w.load(ix.add(base, ix.mul(c, T), tap))
 
-            return load
+            return stepped(load)
 
         b_quad = None
         if self.fp32_form != "early" and packed is not None and packed % 16 == 0 and (cblocks * O) % 4 == 0:
             def b_quad(_, n):  # n a multiple of 4: 4 consecutive packed columns, one 16-byte load
                 base = ctx.let(ix.add(str(packed), ix.mul(n, 4)), "wq")
                 if self.fp32_form == "uniform":
-                    def quad(k):
-                        tap, c = tap_of(k)
+                    def quad(k, step=None):
+                        tap, c = tap_of(k, step)
                         return f"weights.read(float4, {ix.add(base, ix.mul(ix.add(ix.mul(tap, C_in), c), cblocks * O * 4))})"
 
-                    return quad
+                    return tiled.by_step(quad)
                 return lambda k: (f"weights.read(float4, "
                                   f"{ix.add(base, ix.mul(ix.add(ix.mul(tap_of(k)[0], C_in), ix.mod(k, C_in)), cblocks * O * 4))})")
 

@@ -9,7 +9,7 @@ float64 reference of fVDB's semantics (fvdb_reference.sparse_conv3d), and every 
 tile's rows), a folded map and one built on the device (its entries checked), input channels that are
 not whole k steps (no tap list, a ragged last step: the index loaded every step), and grids bound at
 run time (a block's rows 64 consecutive voxels). luisa-python builds each form's kernel (build_dsl).
-"uniform" (as rows, a k step's tap and channel from the step's first k, tiled.StepK) is
+"uniform" (as rows, a k step's tap and channel from the step's first k, tiled.by_step) is
 asserted bit-equal to "rows" on its own, on a smaller grid in CI's run (the emulator's threads are
 its cost: benchmarks/NOTES.md, "addresses a tap, not a step"). A folded map's rows packed into 64-row
 tiles (rows_by_taps' `tile`, the default) run fewer taps, never more, and move no bit."""
