@@ -39,7 +39,7 @@ def form(monkeypatch):
 
 @pytest.mark.parametrize("c_in,K,constant", [
     (16, 3, True),  # a folded map (rows_by_taps' order): each tile's tap list, 2 k steps a tap
-    # (the full run only: each case emulates three forms' threads in Python, ~1.5 min on CI's 2 cores)
+    # (the full run only: each case emulates three forms' threads in Python, 10-22 s on a loaded 2-core host)
     pytest.param(16, 3, False, marks=pytest.mark.full),  # the map built on the device: its entries checked where the features are read
     pytest.param(12, 2, True, marks=pytest.mark.full),  # 12 input channels: k steps that cross taps, no tap list, a ragged last step
 ])
@@ -79,7 +79,7 @@ def test_a_tile_takes_its_taps_from_its_own_rows(form):
 
 @pytest.mark.parametrize("forms", [
     ("early", "ahead"),  # the tile as it was and the default
-    pytest.param(FORMS, marks=pytest.mark.full),  # (rows too: each form ~1 min of emulated threads on CI's 2 cores)
+    pytest.param(FORMS, marks=pytest.mark.full),  # (rows too: ~10 s of emulated threads a form on a loaded 2-core host)
 ])
 def test_voxels_the_batch(forms, form):
     """Grids bound at run time: a block's rows 64 consecutive voxels (the last group partial), each tap
