@@ -18,9 +18,9 @@ two) and load B as float4s where the operator offers them (Conv's prepacked weig
 fvdb's SparseConv3d ask for them (choose's `pipelined`). A product may also skip whole k steps
 (emit's k_steps: SparseConv3d runs only the taps its tile's voxels read), and load an operand read
 through an index (`gathered`: SparseConv3d's map entry, then the features it names) with the index a
-step ahead of the value, so that no load of a step waits for another. Inside a whole step a loader's k
-is a `StepK`, which also names the step's first k: what k // d and k % d need of it is then the same
-for the whole block.
+step ahead of the value, so that no load of a step waits for another. Inside a whole step a loader
+marked `by_step` also takes the step (a `Step`: its first k), from which k // d and k % d are then the
+same for the whole block.
 
 Tiles of samples. A blocks stage may cover several samples a block (`Operator.block_samples`,
 `Stage.grouped`: ceil(n / samples) groups, the batch an argument `n` of the kernel,
@@ -265,28 +265,30 @@ def gathered(load: Callable[[str], str], index: Callable[[str], str], value: Cal
     return load
 
 
-class StepK(str):
-    """A k the tile hands a loader inside a whole k step: its text is k's, and it carries the step's
-    first k, k0 (a multiple of BK), and kk = k - k0 (in [0, BK)). For a period d that BK divides,
-    k // d = k0 // d and k % d = k0 % d + kk (`divmod`): k0's part is the same for every thread of the
-    block, so the compilers compute it once a step (uniform registers, one shared read of
-    SparseConv3d's tap) rather than once a lane from each thread's k (benchmarks/NOTES.md, "addresses
-    a tap, not a step")."""
+@dataclass(frozen=True)
+class Step:
+    """A whole k step, as a loader marked `by_step` takes it beside its k: the step's first k, k0 (a
+    multiple of BK), and kk = k - k0 (in [0, BK)). For a period d that BK divides, k // d = k0 // d and
+    k % d = k0 % d + kk (`divmod`): k0's part is the same for every thread of the block, so the
+    compilers compute it once a step (uniform registers, one shared read of SparseConv3d's tap) rather
+    than once a lane from each thread's k (benchmarks/NOTES.md, "addresses a tap, not a step")."""
 
     k0: str
     kk: str
     BK: int
-
-    def __new__(cls, k: str, k0: str, kk: str, BK: int):
-        s = super().__new__(cls, k)
-        s.k0, s.kk, s.BK = k0, kk, BK
-        return s
 
     def divmod(self, d: int) -> tuple[str, str] | None:
         """(k // d, k % d) through k0, or None where BK does not divide d."""
         if d % self.BK:
             return None
         return ix.div(self.k0, d), ix.add(ix.mod(self.k0, d), self.kk)
+
+
+def by_step(load: Callable[..., str]):
+    """Return `load` (k -> an element) marked to take, inside a whole k step, the step too: load(k, step)
+    with step a `Step` there, load(k) in a ragged step (k may pass K)."""
+    load.by_step = True
+    return load
 
 
 # a(bi, m) emits what row m of A needs once (before the k loop) and returns k -> A[bi, m, k];
@@ -369,12 +371,14 @@ def emit(ctx, tl: Tiling, item: str, thread: str, a: RowLoader, b: RowLoader, fi
         values at the indices already in their index registers."""
         for (_, _, _, kk, lanes), names, inames in zip(ahead, regs, index_regs):
             k = ctx.let(ix.add(k0, kk), "k")
-            if not ragged:  # (a whole step: its loaders may take k's tap and channel from k0)
-                k = StepK(k, k0, kk, BK)
+            step = None if ragged else Step(k0, kk, BK)  # (a whole step: its loaders may take k's tap from k0)
             for (cond, load), name, iname in zip(lanes, names, inames):
                 conds = [c for c in (cond, f"{k} < {K}" if ragged else None) if c]
                 kc = f"min({k}, {K - 1})" if ragged else k
-                value = load.value(kc, iname) if indexed and iname else load(kc)
+                if indexed and iname:
+                    value = load.value(kc, iname)
+                else:
+                    value = load(kc, step) if step and getattr(load, "by_step", False) else load(kc)
                 ctx.line(f"{name} = " + (f"({value} if {' and '.join(conds)} else 0.0)" if conds else value))
 
     def fetch_index(k0: str, ragged: bool) -> None:

@@ -32,6 +32,7 @@ import numpy as np
 
 from luisaml import dtypes
 from luisaml import indexing as ix
+from luisaml.fvdb.nanovdb import popcount64
 from luisaml.fvdb.op_mixins import VoxelBatch
 from luisaml.model import shape_str
 from luisaml.operator import Derived, Operator
@@ -82,22 +83,21 @@ def _packed(active: np.ndarray, tile: int) -> np.ndarray:
     starts = np.flatnonzero(np.r_[True, m[1:] != m[:-1]])
     lens = np.diff(np.r_[starts, len(m)])
     whole = lens // tile * tile
-    head = [order[s:s + w] for s, w in zip(starts, whole) if w]
-    rest = [(s + w, n - w) for s, w, n in zip(starts, whole, lens) if n > w]
-    rmask = np.array([m[s] for s, _ in rest], np.int64)
-    left = np.array([n for _, n in rest], np.int64)
-    taken = np.zeros(len(rest), np.int64)
-    half = np.array([bin(v).count("1") for v in range(1 << 14)], np.int64)  # (popcount of 14 bits)
-    out, union, space = [], 0, tile
+    # each set's whole tiles: the rows of its group before its remainder, in the sorted order
+    head = order[np.arange(len(m)) - np.repeat(starts, lens) < np.repeat(whole, lens)]
+    cut = lens > whole  # (the sets with a remainder: where it starts, its rows, its taps)
+    at0, left = (starts + whole)[cut], (lens - whole)[cut]
+    rmask = m[at0]
+    taken = np.zeros(len(left), np.int64)
+    out, union, space = [head], 0, tile
     while left.any():
         if space == tile:
             i = int(np.argmax(left))
-        else:
-            fresh = rmask & ~union
-            new = np.where(left > 0, half[fresh & 0x3FFF] + half[fresh >> 14], taps + 1)
+        else:  # (the taps each remainder adds to the tile's; one used up: more than any)
+            new = np.where(left > 0, popcount64(rmask & ~union), taps + 1)
             i = int(np.lexsort((-left, new))[0])
         n = int(min(space, left[i]))
-        at = rest[i][0] + taken[i]
+        at = at0[i] + taken[i]
         out.append(order[at:at + n])
         taken[i] += n
         left[i] -= n
@@ -105,7 +105,7 @@ def _packed(active: np.ndarray, tile: int) -> np.ndarray:
         space -= n
         if space == 0:
             union, space = 0, tile
-    return np.concatenate(head + out).astype(np.int32)
+    return np.concatenate(out).astype(np.int32)
 
 
 # Accumulators per thread: R voxels x O channels within 32 (operators/gemm.py: 32 floats keep the
@@ -343,7 +343,7 @@ class SparseConv3d(VoxelBatch, Operator):
     #   (tiled.gathered), once a tap: no load waits on another within a step, at 79 registers (6 blocks an
     #   SM, not 7). The fastest on an H100 (2026-12-07, bench_fvdb's layer, lexsorted rows): early 0.927 ms,
     #   rows 0.812, ahead 0.746 (NOTES, "The fifth session's GPU run").
-    # "uniform": as rows, a step's tap and channel from its first k (tiled.StepK), the same for the whole
+    # "uniform": as rows, a step's tap and channel from its first k (tiled.by_step), the same for the whole
     #   block: 375 -> 367 instructions a step, 66 -> 49 integer, 72 registers (NOTES, "addresses a tap, not
     #   a step"; keeping the rows' addresses a tap and bumping them cost 77-89 registers). Not yet on a GPU.
     fp32_form = "ahead"
@@ -541,10 +541,14 @@ class SparseConv3d(VoxelBatch, Operator):
             taps, count = self.emit_tile_taps(ctx, tl, item, thread, group_rows or self.n_out)
             k_steps = ctx.let(ix.mul(count, C_in // tl.BK), "ksteps")
 
-        def tap_of(k: str) -> tuple[str, str]:
-            """(tap, input channel) of k: the compacted k's tap is the tile's list's entry ("uniform":
-            from the step's first k where the step lies within one tap, the same for the whole block)."""
-            split = k.divmod(C_in) if self.fp32_form == "uniform" and isinstance(k, tiled.StepK) else None
+        # "uniform": the loaders take a whole step's first k beside k (tiled.by_step), for tap_of
+        stepped = tiled.by_step if self.fp32_form == "uniform" else (lambda load: load)
+
+        def tap_of(k: str, step: tiled.Step | None = None) -> tuple[str, str]:
+            """(tap, input channel) of k: the compacted k's tap is the tile's list's entry (with its
+            whole step, "uniform": from the step's first k where the step lies within one tap, the same
+            for the whole block)."""
+            split = step.divmod(C_in) if step is not None else None
             at, c = split or (ix.div(k, C_in), None)
             at = ctx.let(at, "kt")
             return (ctx.let(f"{taps}[{at}]", "tap") if taps else at), ctx.let(c or ix.mod(k, C_in), "c")
@@ -575,8 +579,8 @@ class SparseConv3d(VoxelBatch, Operator):
                     c = c or ctx.let(ix.mod(k, C_in), "c")
                     return f"({x.load(ix.add(ix.mul(f'max({v}, 0)', C_in), c))} if {v} >= 0 else 0.0)"
 
-            def load(k):  # (the early fetch's text, as before the split: tap_of's c reused)
-                tap, c = tap_of(k)
+            def load(k, step=None):  # (the early fetch's text, as before the split: tap_of's c reused)
+                tap, c = tap_of(k, step)
                 if self.voxel_batch:
                     with ctx.at_sample(s):
                         v = map_index(ctx, kmap.load(tap), rows_in, flag, checked)
@@ -584,7 +588,9 @@ class SparseConv3d(VoxelBatch, Operator):
                     v = map_index(ctx, kmap.load(ix.add(row, tap)), rows_in, flag, checked)
                 return value(k, v, c)
 
-            return tiled.gathered(load, index, value, period=C_in) if self.fp32_form == "ahead" else load
+            if self.fp32_form == "ahead":
+                return tiled.gathered(load, index, value, period=C_in)
+            return stepped(load)
 
         def store(_, o, n, v):
             at_row, rr = self._at_row(ctx, o)
@@ -598,29 +604,29 @@ class SparseConv3d(VoxelBatch, Operator):
             if packed is not None:  # [tap][C_in][channel blocks x O]: k = tap * C_in + c is its row
                 base = ctx.let(ix.add(str(packed), ix.mul(n, 4)), "wb")
 
-                def load(k):
-                    tap, c = tap_of(k)
+                def load(k, step=None):
+                    tap, c = tap_of(k, step)
                     return f"weights.read(float, {ix.add(base, ix.mul(ix.add(ix.mul(tap, C_in), c), cblocks * O * 4))})"
 
-                return load
+                return stepped(load)
             base = ctx.let(ix.mul(n, C_in * T), "wb")  # weight [C_out, C_in, taps]: element (n, c, tap)
 
-            def load(k):
-                tap, c = tap_of(k)
+            def load(k, step=None):
+                tap, c = tap_of(k, step)
                 return w.load(ix.add(base, ix.mul(c, T), tap))
 
-            return load
+            return stepped(load)
 
         b_quad = None
         if self.fp32_form != "early" and packed is not None and packed % 16 == 0 and (cblocks * O) % 4 == 0:
             def b_quad(_, n):  # n a multiple of 4: 4 consecutive packed columns, one 16-byte load
                 base = ctx.let(ix.add(str(packed), ix.mul(n, 4)), "wq")
                 if self.fp32_form == "uniform":
-                    def quad(k):
-                        tap, c = tap_of(k)
+                    def quad(k, step=None):
+                        tap, c = tap_of(k, step)
                         return f"weights.read(float4, {ix.add(base, ix.mul(ix.add(ix.mul(tap, C_in), c), cblocks * O * 4))})"
 
-                    return quad
+                    return tiled.by_step(quad)
                 return lambda k: (f"weights.read(float4, "
                                   f"{ix.add(base, ix.mul(ix.add(ix.mul(tap_of(k)[0], C_in), ix.mod(k, C_in)), cblocks * O * 4))})")
 

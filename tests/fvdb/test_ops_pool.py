@@ -19,6 +19,7 @@ from luisaml.opsets import fvdb as schema
 from luisaml.opsets import fvdb_grids as grid_schema
 
 from fvdb_reference import fvdb_model, pool, refine
+from suite_mode import full_run
 
 
 def assert_close(got, want, what=""):
@@ -177,10 +178,26 @@ def test_torch_functions_equal_the_reference_and_their_gradients_the_adjoint(gri
     # gradients: the derivative of each output is its own formulation's (max: the argmax voxel; avg:
     # 1 / K^3 to every window voxel; refine: the sum over children), checked by torch's gradcheck
     xs = torch.from_numpy(rng.standard_normal((fine.total_voxels, 2))).requires_grad_()
-    assert torch.autograd.gradcheck(lambda v: F.avg_pool(ft, ct, v, 2, 0), (xs,))
-    assert torch.autograd.gradcheck(lambda v: F.max_pool(ft, ct, v, 2, 0), (xs,))
+    assert _gradcheck(lambda v: F.avg_pool(ft, ct, v, 2, 0), xs)
+    assert _gradcheck(lambda v: F.max_pool(ft, ct, v, 2, 0), xs)
     cs = torch.from_numpy(rng.standard_normal((coarse.total_voxels, 2))).requires_grad_()
-    assert torch.autograd.gradcheck(lambda v: F.refine(ct, ft, v, 2), (cs,))
+    assert _gradcheck(lambda v: F.refine(ct, ft, v, 2), cs)
+
+
+def _gradcheck(fn, x: torch.Tensor, rows: int = 32, sketch: int = 16) -> bool:
+    """torch's gradcheck of fn at x: in the full run the whole Jacobian (two runs of fn an input, a
+    backward an output: ~110 s for the three above on 2 cores); in CI's its columns of `rows` rows of x
+    drawn at random (the others held at x), each column seen through `sketch` random combinations of
+    the outputs (a wrong entry of a column moves its sketch: ~1 s). Not gradcheck's fast mode, one
+    random combination of the columns too: it let a backward 1% off on half the voxels through
+    (AvgPool, MaxPool, Refine), which this catches."""
+    if full_run():
+        return torch.autograd.gradcheck(fn, (x,))
+    rng = np.random.default_rng(len(x))
+    at = torch.from_numpy(rng.choice(len(x), min(rows, len(x)), replace=False))
+    held = x.detach()
+    mix = torch.from_numpy(rng.standard_normal((sketch, len(fn(held)))))
+    return torch.autograd.gradcheck(lambda v: mix @ fn(held.index_copy(0, at, v)), (held[at].clone().requires_grad_(),))
 
 
 class _PoolModule(torch.nn.Module):

@@ -9,7 +9,7 @@ float64 reference of fVDB's semantics (fvdb_reference.sparse_conv3d), and every 
 tile's rows), a folded map and one built on the device (its entries checked), input channels that are
 not whole k steps (no tap list, a ragged last step: the index loaded every step), and grids bound at
 run time (a block's rows 64 consecutive voxels). luisa-python builds each form's kernel (build_dsl).
-"uniform" (as rows, a k step's tap and channel from the step's first k, tiled.StepK) is
+"uniform" (as rows, a k step's tap and channel from the step's first k, tiled.by_step) is
 asserted bit-equal to "rows" on its own, on a smaller grid in CI's run (the emulator's threads are
 its cost: benchmarks/NOTES.md, "addresses a tap, not a step"). A folded map's rows packed into 64-row
 tiles (rows_by_taps' `tile`, the default) run fewer taps, never more, and move no bit."""
@@ -39,7 +39,7 @@ def form(monkeypatch):
 
 @pytest.mark.parametrize("c_in,K,constant", [
     (16, 3, True),  # a folded map (rows_by_taps' order): each tile's tap list, 2 k steps a tap
-    # (the full run only: each case emulates three forms' threads in Python, ~1.5 min on CI's 2 cores)
+    # (the full run only: each case emulates three forms' threads in Python, 10-22 s on a loaded 2-core host)
     pytest.param(16, 3, False, marks=pytest.mark.full),  # the map built on the device: its entries checked where the features are read
     pytest.param(12, 2, True, marks=pytest.mark.full),  # 12 input channels: k steps that cross taps, no tap list, a ragged last step
 ])
@@ -79,7 +79,7 @@ def test_a_tile_takes_its_taps_from_its_own_rows(form):
 
 @pytest.mark.parametrize("forms", [
     ("early", "ahead"),  # the tile as it was and the default
-    pytest.param(FORMS, marks=pytest.mark.full),  # (rows too: each form ~1 min of emulated threads on CI's 2 cores)
+    pytest.param(FORMS, marks=pytest.mark.full),  # (rows too: ~10 s of emulated threads a form on a loaded 2-core host)
 ])
 def test_voxels_the_batch(forms, form):
     """Grids bound at run time: a block's rows 64 consecutive voxels (the last group partial), each tap
@@ -172,6 +172,56 @@ def test_packed_rows_never_run_more_taps():
                  (("order", order), ("lexsorted", lexsorted), ("packed", _packed(active, 64)))}
         assert steps["order"] == min(steps.values())
         assert (steps["order"] < steps["lexsorted"]) == fewer and (steps["packed"] > steps["lexsorted"]) != fewer
+
+
+def _packed_loop(active: np.ndarray, tile: int) -> np.ndarray:
+    """conv._packed as it was before numpy took its loops (a popcount table of 14 bits, a list per set)."""
+    taps = active.shape[1]
+    masks = (active.astype(np.int64) << np.arange(taps)).sum(1)
+    order = np.argsort(masks, kind="stable")
+    m = masks[order]
+    starts = np.flatnonzero(np.r_[True, m[1:] != m[:-1]])
+    lens = np.diff(np.r_[starts, len(m)])
+    whole = lens // tile * tile
+    head = [order[s:s + w] for s, w in zip(starts, whole) if w]
+    rest = [(s + w, n - w) for s, w, n in zip(starts, whole, lens) if n > w]
+    rmask = np.array([m[s] for s, _ in rest], np.int64)
+    left = np.array([n for _, n in rest], np.int64)
+    taken = np.zeros(len(rest), np.int64)
+    half = np.array([bin(v).count("1") for v in range(1 << 14)], np.int64)
+    out, union, space = [], 0, tile
+    while left.any():
+        if space == tile:
+            i = int(np.argmax(left))
+        else:
+            fresh = rmask & ~union
+            new = np.where(left > 0, half[fresh & 0x3FFF] + half[fresh >> 14], taps + 1)
+            i = int(np.lexsort((-left, new))[0])
+        n = int(min(space, left[i]))
+        at = rest[i][0] + taken[i]
+        out.append(order[at:at + n])
+        taken[i] += n
+        left[i] -= n
+        union |= int(rmask[i])
+        space -= n
+        if space == 0:
+            union, space = 0, tile
+    return np.concatenate(head + out).astype(np.int32)
+
+
+@pytest.mark.parametrize("rows,taps,tile,sets", [
+    (500, 27, 64, 40), (3000, 28, 64, 300), (777, 8, 16, 30), (200, 27, 64, 3), (130, 27, 128, 400), (64, 5, 64, 1)])
+def test_packed_is_the_loop_it_replaced(rows, taps, tile, sets):
+    """_packed's numpy form orders the rows exactly as its loops did, on random tap masks: few sets
+    (whole tiles of one set), many (remainders only), one, and each row's own; a shell's map too."""
+    from luisaml.operators.fvdb.conv import _packed
+
+    rng = np.random.default_rng(rows + taps)
+    pool = rng.random((sets, taps)) < rng.uniform(0.1, 0.9, (sets, 1))
+    active = pool[rng.integers(0, sets, rows)]
+    np.testing.assert_array_equal(_packed(active, tile), _packed_loop(active, tile))
+    shell = _kernel_map(GridBatch.from_ijk([_shell((20, 20, 20), 6.0, np.random.default_rng(0))])) >= 0
+    np.testing.assert_array_equal(_packed(shell, tile), _packed_loop(shell, tile))
 
 
 @pytest.mark.full  # (two runs of ~200 voxels' threads in Python: ~50 s here)
