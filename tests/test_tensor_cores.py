@@ -329,7 +329,11 @@ def test_context_at_the_runtime_directory_loads_luisas_backends(tmp_path):
         "import sys\nfrom pathlib import Path\nfrom luisaml import tensor_cores\nfrom luisa import lcapi\n"
         "d = tensor_cores.make_runtime_dir(Path(sys.argv[1]), tensor_cores.luisa_dylibs())\n"
         "ctx = lcapi.Context(str(d))\nprint('BACKENDS', sorted(ctx.installed_backends()))\n"
-        "device = ctx.create_device('cpu')\nprint('DEVICE', str(d))\n")
+        "device = ctx.create_device('cpu')\nprint('DEVICE', str(d))\n"
+        # (leave without luisa's teardown: its CPU backend has segfaulted at a process's exit now and then,
+        # once in this test on a loaded CI host, after every line below was printed; the exit is not
+        # what this test is about)
+        "sys.stdout.flush(); sys.stderr.flush()\nimport os\nos._exit(0)\n")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "'cuda'" in r.stdout and "'cpu'" in r.stdout and "DEVICE " + str(tmp_path) in r.stdout, r.stdout
