@@ -1,8 +1,9 @@
 """Device bytes of the device grid builds (issue 28: the detector's peak memory, benchmarks/NOTES.md). A
 device build's network is compiled per node and power of two of its source (host_steps.DeviceBuilds)
-and kept for the process; their kernel-only buffers (the int scratch, 8,534 bytes a source voxel for
-a 3/2 ConvGrid) come from one luisaml.pool.SharedBuffers, so the process holds the largest build's,
-not every capacity's: a detector's frames of 30k and 62k voxels held 280 and 559 MB side by side."""
+and kept for the process; their kernel-only buffers (the int scratch, 2,518 bytes a source voxel for
+a 3/2 ConvGrid: 8 candidate keys, the taps that can divide, where all 27 taps took 8,535) come from one
+luisaml.pool.SharedBuffers, so the process holds the largest build's, not every capacity's: a
+detector's frames of 30k and 62k voxels held 280 and 559 MB side by side before the 8 keys."""
 import gc
 
 import numpy as np
@@ -103,3 +104,21 @@ def test_device_builds_of_two_capacities_hold_one_scratch():
         (grew, need, io, after_small - base)
     net.run(small)  # the small bucket again: nothing new
     assert _held() <= after_large
+
+
+def test_a_3_2_conv_grid_build_holds_8_keys_of_scratch_a_source_voxel():
+    """Issue 28: a 3/2 ConvGrid's source voxel can reach ceil(3/2)^3 = 8 new voxels, so its device build's
+    scratch holds 8 candidate keys a source voxel of capacity (2,518 bytes at 1,024), not the kernel's 27
+    taps (8,535 bytes); 2/2 one key, 5/2 27, 3/1 27. The bundle is the host builder's."""
+    from luisaml.operators.fvdb.build_scratch import Scratch
+    from luisaml.operators.fvdb.topology_device import DeviceTopology
+
+    for k, s, keys in ((3, 2, 8), (2, 2, 1), (5, 2, 27), (4, 2, 8), (3, 1, 27), (2, 3, 1)):
+        assert DeviceTopology.keys_for("ConvGrid", {"kernel_size": [k] * 3, "stride": [s] * 3}, 1024) == 1024 * keys
+    feeds = dict(zip(schema.BUNDLE, _grid(1, 600, 9.0).bundle()))
+    net = luisaml.compile(_conv_grid_model(feeds), batch_axis=None, grid_build="device")
+    got, want = net.run(feeds), luisaml.compile(_conv_grid_model(feeds), batch_axis=None, grid_build="host").run(feeds)
+    assert all(got[k].tobytes() == want[k].tobytes() for k in want)
+    (key, build), = net.plan.host_steps.device.networks.items()
+    assert key[1] == 1024 and build.plan.kernel_scratch == {"int": Scratch(8 * 1024, 1).words}
+    assert 2_500 <= _need(build) / 1024 <= 2_540, _need(build) / 1024  # (8 keys of ~79 words, and the table)
