@@ -34,8 +34,9 @@ The pipeline, for N voxel keys (b, i, j, k) of B grids:
 Prefix sums are exclusive, in place, over chunks of SCAN words per thread, level by level (a
 chunk's total goes one level up; the top level fits one chunk), so no thread runs more than SCAN
 sequential steps. Their last level, each chunk's base added to its words, is left to the stages that
-read the sum (a launch fewer a sum): gb_scatter for the radix histograms, gb_leaf_id for the leaf ids,
-gb_sum_at (grid_write.py) for the voxel, lower and upper ids.
+read the sum (a launch fewer a sum): gb_leaf_id for the leaf ids, gb_sum_at (grid_write.py) for the
+voxel, lower and upper ids; the radix histograms' scatter (gb_scatter, gb_upper_sums) makes every
+level's additions, so a radix pass has no "add chunk bases" stage at any size.
 """
 import luisa
 from luisa.builtin import bitwise_cast
@@ -394,10 +395,26 @@ def gb_hist(s, ctr, key2, src, hist, p, c):
 
 
 @luisa.func
-def gb_scatter(s, ctr, key2, src, dst, hist, sums, p, c):
+def gb_upper_sums(s, levels, k):
+    """What the upper levels of a prefix sum add to its word k when its readers make every level's
+    additions (topology.py _scan's reader_adds "all"): level j's word k // SCAN^j, its base at table word
+    levels + j - 1 (build_scratch.Scratch: 0 past the sum's top level), for j = 1 .. 7."""
+    v = 0
+    i = k
+    for j in range(0, 7):
+        i = i // SCAN
+        base = s.read(levels + j)
+        if base != 0:
+            v += s.read(base + i)
+    return v
+
+
+@luisa.func
+def gb_scatter(s, ctr, key2, src, dst, hist, levels, p, c):
     """Chunk c moves its leaves, in order, to their digit's next place (a stable counting sort). Counter
-    k holds its sum within its SCAN-word chunk, sums[k // SCAN] the chunk's base: the prefix sum's last
-    additions are made here (topology.py _scan's reader_adds)."""
+    k holds its sum within its SCAN-word chunk, and each upper level its chunk's sum within its own
+    (gb_upper_sums, the level bases from table word `levels`): every addition of the prefix sum's
+    down sweep is made here (topology.py _scan's reader_adds "all": no "add chunk bases" stage)."""
     n = s.read(ctr + C_LEAVES)
     chunks = (n + CHUNK - 1) // CHUNK
     if c < chunks and gb_pass_active(s, ctr, p):
@@ -406,7 +423,7 @@ def gb_scatter(s, ctr, key2, src, dst, hist, sums, p, c):
             k = gb_digit(s, key2, id, p) * chunks + c
             pos = s.read(hist + k)
             s.write(hist + k, pos + 1)
-            s.write(dst + pos + s.read(sums + k // SCAN), id)
+            s.write(dst + pos + gb_upper_sums(s, levels, k), id)
 
 
 # ---- nodes in order ---------------------------------------------------------------------------

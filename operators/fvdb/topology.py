@@ -337,13 +337,14 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
         return levels[1] if len(levels) > 1 else -1
 
     def _scan(self, name: str, bases: list[int], size: int, n_expr, total_at, then=None,
-              reader_adds: bool = False) -> list[Phase]:
+              reader_adds: bool | str = False) -> list[Phase]:
         """Phases of an exclusive prefix sum in place over the first n (a DSL expression, or a function of
         the emission's context and whether the top level has run, returning one; at most size) words at
         each base (the same length), the total of each written at total_at(n, base); then(ctx), if given,
         emitted in the top level's one thread after its sums. reader_adds: the last phase, which adds each
         SCAN-word chunk's base (level 1's word e // SCAN) to its words e, left to the one stage that reads
-        them (a launch fewer)."""
+        them (a launch fewer); "all": every level's additions left to the reader (no "add chunk bases"
+        stage at any size: gb_upper_sums sums the levels' words over a word)."""
         sizes = scan_levels(size)
         levels = [self.S.levels(b) for b in bases]
         out = []
@@ -367,7 +368,7 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
             if then is not None:
                 then(ctx)
         out.append(Phase(f"{name}: top level", 1, top))
-        for k in reversed(range(1 if reader_adds else 0, len(sizes) - 1)):
+        for k in reversed(range(len(sizes) - 1 if reader_adds == "all" else 1 if reader_adds else 0, len(sizes) - 1)):
             def down(ctx, item, k=k):
                 nk = ctx.let(n_at(ctx, k, True), "n")
                 for lv in levels:
@@ -414,14 +415,14 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
         def scatter(ctx, c):
             src = source(ctx, True)
             dst = ctx.let(f"{S.order[0] + S.order[1]} - {src}", "dst")
-            self._call(ctx, "gb_scatter", S.ctr, S.key2, src, dst, S.hist, S.levels("hist")[1], pass_no(True), c)
+            self._call(ctx, "gb_scatter", S.ctr, S.key2, src, dst, S.hist, S.levels_at("hist"), pass_no(True), c)
 
         def next_pass(ctx):
             ctx.line(f"scratch_int.write({S.ctr + G.C_PASS}, {pass_no(False)} + 1)")
         for p in range(G.PASSES):
             out.append(Phase(f"radix pass {p}: histograms", S.chunks, hist))
             out += self._scan(f"radix pass {p}", ["hist"], 256 * S.chunks, hist_n, lambda n, b: S.ctr + G.C_DUMMY,
-                              then=next_pass, reader_adds=True)
+                              then=next_pass, reader_adds="all")  # (the scatter adds every level: gb_upper_sums)
             out.append(Phase(f"radix pass {p}: scatter", S.chunks, scatter))
 
         def rank(ctx, r):
