@@ -330,11 +330,10 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
     def _ctr(self, word: int) -> str:
         return f"scratch_int.read({self.S.ctr + word})"
 
-    def _aux(self, name: str):
-        """Level 1 of the prefix sum over region `name`, whose words its readers add (the sum's reader_adds);
-        -1 for a sum of one level (none to add)."""
-        levels = self.S.levels(name)
-        return levels[1] if len(levels) > 1 else -1
+    def _aux(self, name: str) -> int:
+        """The table word of the upper levels' bases of the prefix sum over region `name`, whose words its
+        readers add (the sum's reader_adds "all": gb_upper_sums; 0 past the top level, none for one level)."""
+        return self.S.levels_at(name)
 
     def _scan(self, name: str, bases: list[int], size: int, n_expr, total_at, then=None,
               reader_adds: bool | str = False) -> list[Phase]:
@@ -384,9 +383,9 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
                Phase("voxel keys", items, self._emit_voxels),
                Phase("hash leaves", items, lambda ctx, p: self._guarded(ctx, p, "gb_insert", S.vox, S.owner, S.slot,
                                                                           S.ids, S.cap, p))]
-        # (the leaf ids' last phase, each chunk's base added to its words, left to the two stages that read
-        # them: gb_leaf_id; a sum of one level has none, aux -1)
-        out += self._scan("leaf ids", ["ids"], N, S.keys, lambda n, b: S.ctr + G.C_LEAVES, reader_adds=True)
+        # (the leaf ids' down sweep, each level's chunk bases added to its words, left to the two stages that
+        # read them: gb_leaf_id)
+        out += self._scan("leaf ids", ["ids"], N, S.keys, lambda n, b: S.ctr + G.C_LEAVES, reader_adds="all")
         aux = self._aux("ids")
         out += [Phase("leaf keys", items, lambda ctx, p: self._guarded(ctx, p, "gb_leaf_init", S.vox, S.owner, S.slot,
                                                                          S.ids, aux, S.lkey, S.mask, S.order[0], p)),
@@ -431,9 +430,10 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
             self._call(ctx, "gb_rank", S.ctr, S.lkey, S.mask, order, S.skey, S.counts, S.new_lower, S.new_upper,
                        S.leaf_box, r)
         out.append(Phase("leaves in order", items, rank))
-        # (its last phase, each chunk's base added to its words, left to the stages that read them: gb_sum_at)
+        # (its down sweep, each level's chunk bases added to its words, left to the stages that read them:
+        # gb_sum_at)
         out += self._scan("voxel, lower and upper ids", ["counts", "new_lower", "new_upper"], N, leaves,
-                          lambda n, b: f"{b} + {n}", reader_adds=True)
+                          lambda n, b: f"{b} + {n}", reader_adds="all")
         c_aux, lo_aux, up_aux = (self._aux(name) for name in ("counts", "new_lower", "new_upper"))
 
         def ranges_and_boxes(ctx, r):
