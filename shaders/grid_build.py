@@ -34,8 +34,10 @@ The pipeline, for N voxel keys (b, i, j, k) of B grids:
 Prefix sums are exclusive, in place, over chunks of SCAN words per thread, level by level (a
 chunk's total goes one level up; the top level fits one chunk), so no thread runs more than SCAN
 sequential steps. Their last level, each chunk's base added to its words, is left to the stages that
-read the sum (a launch fewer a sum): gb_scatter for the radix histograms, gb_leaf_id for the leaf ids,
-gb_sum_at (grid_write.py) for the voxel, lower and upper ids.
+read the sum, and so are the levels above it: each reader adds its word's chunk sums of every upper
+level (gb_upper_sums, grid_write.py), so no sum has an "add chunk bases" stage at any size: the radix
+histograms' scatter (gb_scatter), gb_leaf_id for the leaf ids, gb_sum_at (grid_write.py) for the voxel,
+lower and upper ids.
 """
 import luisa
 from luisa.builtin import bitwise_cast
@@ -45,7 +47,7 @@ from .grid_layout import (C_ERROR, C_LEAVES, C_LOWERS, C_MAX, C_MIN, C_UPPERS, C
                           HASH_EMPTY, KEY_WORDS, S_BBOX, S_LEAVES, S_LOWERS, S_TRANSFORM, S_UPPERS, S_VOXELS, S_WORDS,
                           SCAN, SLOT_BITS)
 # (a generated module imports every stage's function from here: use_helper(name, "grid_build"))
-from .grid_write import (gb_child_words, gb_header_word, gb_layout, gb_sum_at, gb_write_leaf,  # noqa: F401
+from .grid_write import (gb_child_words, gb_header_word, gb_layout, gb_sum_at, gb_upper_sums, gb_write_leaf,  # noqa: F401
                          gb_write_lower, gb_write_upper, gb_zero_blob)
 
 
@@ -231,13 +233,10 @@ def gb_insert(s, vox, owner, slot_of, flag, cap, p):
 
 @luisa.func
 def gb_leaf_id(s, ids, aux, q):
-    """Owner point q's leaf id after the prefix sum over ids: its word plus, where the sum has upper levels
-    (aux >= 0), its SCAN-word chunk's base, which the sum's last phase leaves to its readers (topology.py
-    _scan's reader_adds: these two stages)."""
-    id = s.read(ids + q)
-    if aux >= 0:
-        id += s.read(aux + q // SCAN)
-    return id
+    """Owner point q's leaf id after the prefix sum over ids: its word plus its upper levels' words
+    (gb_upper_sums, their bases from table word aux), the additions the sum leaves to its readers
+    (topology.py _scan's reader_adds "all": these two stages)."""
+    return s.read(ids + q) + gb_upper_sums(s, aux, q)
 
 
 @luisa.func
@@ -394,10 +393,11 @@ def gb_hist(s, ctr, key2, src, hist, p, c):
 
 
 @luisa.func
-def gb_scatter(s, ctr, key2, src, dst, hist, sums, p, c):
+def gb_scatter(s, ctr, key2, src, dst, hist, levels, p, c):
     """Chunk c moves its leaves, in order, to their digit's next place (a stable counting sort). Counter
-    k holds its sum within its SCAN-word chunk, sums[k // SCAN] the chunk's base: the prefix sum's last
-    additions are made here (topology.py _scan's reader_adds)."""
+    k holds its sum within its SCAN-word chunk, and each upper level its chunk's sum within its own
+    (gb_upper_sums, the level bases from table word `levels`): every addition of the prefix sum's
+    down sweep is made here (topology.py _scan's reader_adds "all": no "add chunk bases" stage)."""
     n = s.read(ctr + C_LEAVES)
     chunks = (n + CHUNK - 1) // CHUNK
     if c < chunks and gb_pass_active(s, ctr, p):
@@ -406,7 +406,7 @@ def gb_scatter(s, ctr, key2, src, dst, hist, sums, p, c):
             k = gb_digit(s, key2, id, p) * chunks + c
             pos = s.read(hist + k)
             s.write(hist + k, pos + 1)
-            s.write(dst + pos + s.read(sums + k // SCAN), id)
+            s.write(dst + pos + gb_upper_sums(s, levels, k), id)
 
 
 # ---- nodes in order ---------------------------------------------------------------------------

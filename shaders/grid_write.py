@@ -104,13 +104,28 @@ def gb_write_u64(blob, at, lo):
 
 
 @luisa.func
+def gb_upper_sums(s, levels, k):
+    """What the upper levels of a prefix sum add to its word k when its readers make every level's
+    additions (topology.py _scan's reader_adds "all"): level j's word k // SCAN^j, its base at table word
+    levels + j - 1 (build_scratch.Scratch: 0 past the sum's top level), for j = 1 .. 7."""
+    v = 0
+    i = k
+    for j in range(0, 7):
+        i = i // SCAN
+        base = s.read(levels + j)
+        if base != 0:
+            v += s.read(base + i)
+    return v
+
+
+@luisa.func
 def gb_sum_at(s, words, aux, n, i):
-    """Word i of an exclusive prefix sum over n words whose last additions its readers make (topology.py
-    _scan's reader_adds): the word plus, below n and where the sum has upper levels (aux >= 0: level 1),
-    its SCAN-word chunk's base; word n, the total the top level wrote, as it is."""
+    """Word i of an exclusive prefix sum over n words whose down sweep its readers make (topology.py
+    _scan's reader_adds "all"): the word plus, below n, its upper levels' words (gb_upper_sums, their
+    bases from table word aux); word n, the total the top level wrote, as it is."""
     v = s.read(words + i)
-    if aux >= 0 and i < n:
-        v += s.read(aux + i // SCAN)
+    if i < n:
+        v += gb_upper_sums(s, aux, i)
     return v
 
 

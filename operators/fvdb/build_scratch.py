@@ -91,6 +91,11 @@ class Scratch:
         self.words += max(int(words), 1)
         return base
 
+    def levels_at(self, name: str) -> int:
+        """The table word of the base of level 1 of the prefix sum over region `name` (level j's at this
+        + j - 1; a word past the sum's top level holds 0)."""
+        return self.LEVELS + 8 * list(self.aux).index(name)
+
     def levels(self, name: str) -> list:
         """Return the bases (ScratchWord) of the levels of the prefix sum over region `name`."""
         return self.aux[name]

@@ -330,20 +330,20 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
     def _ctr(self, word: int) -> str:
         return f"scratch_int.read({self.S.ctr + word})"
 
-    def _aux(self, name: str):
-        """Level 1 of the prefix sum over region `name`, whose words its readers add (the sum's reader_adds);
-        -1 for a sum of one level (none to add)."""
-        levels = self.S.levels(name)
-        return levels[1] if len(levels) > 1 else -1
+    def _aux(self, name: str) -> int:
+        """The table word of the upper levels' bases of the prefix sum over region `name`, whose words its
+        readers add (the sum's reader_adds "all": gb_upper_sums; 0 past the top level, none for one level)."""
+        return self.S.levels_at(name)
 
     def _scan(self, name: str, bases: list[int], size: int, n_expr, total_at, then=None,
-              reader_adds: bool = False) -> list[Phase]:
+              reader_adds: bool | str = False) -> list[Phase]:
         """Phases of an exclusive prefix sum in place over the first n (a DSL expression, or a function of
         the emission's context and whether the top level has run, returning one; at most size) words at
         each base (the same length), the total of each written at total_at(n, base); then(ctx), if given,
         emitted in the top level's one thread after its sums. reader_adds: the last phase, which adds each
         SCAN-word chunk's base (level 1's word e // SCAN) to its words e, left to the one stage that reads
-        them (a launch fewer)."""
+        them (a launch fewer); "all": every level's additions left to the reader (no "add chunk bases"
+        stage at any size: gb_upper_sums sums the levels' words over a word)."""
         sizes = scan_levels(size)
         levels = [self.S.levels(b) for b in bases]
         out = []
@@ -367,7 +367,7 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
             if then is not None:
                 then(ctx)
         out.append(Phase(f"{name}: top level", 1, top))
-        for k in reversed(range(1 if reader_adds else 0, len(sizes) - 1)):
+        for k in reversed(range(len(sizes) - 1 if reader_adds == "all" else 1 if reader_adds else 0, len(sizes) - 1)):
             def down(ctx, item, k=k):
                 nk = ctx.let(n_at(ctx, k, True), "n")
                 for lv in levels:
@@ -383,9 +383,9 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
                Phase("voxel keys", items, self._emit_voxels),
                Phase("hash leaves", items, lambda ctx, p: self._guarded(ctx, p, "gb_insert", S.vox, S.owner, S.slot,
                                                                           S.ids, S.cap, p))]
-        # (the leaf ids' last phase, each chunk's base added to its words, left to the two stages that read
-        # them: gb_leaf_id; a sum of one level has none, aux -1)
-        out += self._scan("leaf ids", ["ids"], N, S.keys, lambda n, b: S.ctr + G.C_LEAVES, reader_adds=True)
+        # (the leaf ids' down sweep, each level's chunk bases added to its words, left to the two stages that
+        # read them: gb_leaf_id)
+        out += self._scan("leaf ids", ["ids"], N, S.keys, lambda n, b: S.ctr + G.C_LEAVES, reader_adds="all")
         aux = self._aux("ids")
         out += [Phase("leaf keys", items, lambda ctx, p: self._guarded(ctx, p, "gb_leaf_init", S.vox, S.owner, S.slot,
                                                                          S.ids, aux, S.lkey, S.mask, S.order[0], p)),
@@ -414,14 +414,14 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
         def scatter(ctx, c):
             src = source(ctx, True)
             dst = ctx.let(f"{S.order[0] + S.order[1]} - {src}", "dst")
-            self._call(ctx, "gb_scatter", S.ctr, S.key2, src, dst, S.hist, S.levels("hist")[1], pass_no(True), c)
+            self._call(ctx, "gb_scatter", S.ctr, S.key2, src, dst, S.hist, S.levels_at("hist"), pass_no(True), c)
 
         def next_pass(ctx):
             ctx.line(f"scratch_int.write({S.ctr + G.C_PASS}, {pass_no(False)} + 1)")
         for p in range(G.PASSES):
             out.append(Phase(f"radix pass {p}: histograms", S.chunks, hist))
             out += self._scan(f"radix pass {p}", ["hist"], 256 * S.chunks, hist_n, lambda n, b: S.ctr + G.C_DUMMY,
-                              then=next_pass, reader_adds=True)
+                              then=next_pass, reader_adds="all")  # (the scatter adds every level: gb_upper_sums)
             out.append(Phase(f"radix pass {p}: scatter", S.chunks, scatter))
 
         def rank(ctx, r):
@@ -430,9 +430,10 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
             self._call(ctx, "gb_rank", S.ctr, S.lkey, S.mask, order, S.skey, S.counts, S.new_lower, S.new_upper,
                        S.leaf_box, r)
         out.append(Phase("leaves in order", items, rank))
-        # (its last phase, each chunk's base added to its words, left to the stages that read them: gb_sum_at)
+        # (its down sweep, each level's chunk bases added to its words, left to the stages that read them:
+        # gb_sum_at)
         out += self._scan("voxel, lower and upper ids", ["counts", "new_lower", "new_upper"], N, leaves,
-                          lambda n, b: f"{b} + {n}", reader_adds=True)
+                          lambda n, b: f"{b} + {n}", reader_adds="all")
         c_aux, lo_aux, up_aux = (self._aux(name) for name in ("counts", "new_lower", "new_upper"))
 
         def ranges_and_boxes(ctx, r):

@@ -14,8 +14,9 @@ to the key list with an atomic counter: the table word the later phases read as 
 candidates' order varies from run to run, the grids do not (leaves are deduplicated, then sorted).
 
 Scratch is sized for V times the candidates per voxel (coarsening and pruning 1, ConvGrid whose
-kernel fits its stride 1, refinement f^3, dilation 27 a pass, ConvGrid / ConvTransposeGrid the
-kernel's taps): about 60 int words a key.
+kernel fits its stride 1, refinement f^3, dilation 27 a pass, ConvTransposeGrid the kernel's taps,
+ConvGrid the taps that can divide: ceil(k_a / s_a) along each axis, 8 for a 3/2 kernel where every
+tap was a candidate before, issue 28): about 79 int words a key.
 """
 from __future__ import annotations
 
@@ -55,9 +56,25 @@ class Candidates:
     div: tuple[int, int, int] = (1, 1, 1)
     keep: tuple[int, int, int] = (1, 1, 1)
 
+    def __post_init__(self):
+        for a in range(3):  # the strided form (step -1, exact division) is the only one with div > 1 over n > 1
+            if self.n[a] > 1 and self.div[a] > 1 and (self.step[a] != -1 or self.keep[a] != 1):
+                raise ValueError(f"no candidate form for n {self.n}, step {self.step}, div {self.div}, keep {self.keep}")
+
+    def strided(self, a: int) -> bool:
+        """Whether axis a divides exactly over n > 1 taps: of the taps t, only those with
+        t = (c_a * scale_a + base_a) mod div_a + div_a * u can divide, at most ceil(n_a / div_a) of them."""
+        return self.n[a] > 1 and self.div[a] > 1
+
+    @property
+    def m(self) -> tuple[int, int, int]:
+        """The candidates a source voxel can have along each axis: n_a, or ceil(n_a / div_a) where strided."""
+        return tuple(-(-self.n[a] // self.div[a]) if self.strided(a) else self.n[a] for a in range(3))
+
     @property
     def count(self) -> int:
-        return int(np.prod(self.n))
+        """The candidate keys a source voxel emits at most (the scratch holds V times this)."""
+        return int(np.prod(self.m))
 
     def bounds(self, a: int) -> tuple[int, int]:
         """The source coordinates c_a for which every x_a fits int32."""
@@ -216,17 +233,28 @@ class DeviceTopology(DeviceGridBuild):
             self._emit_candidates(ctx, b, c)
 
     def _emit_candidates(self, ctx, b: str, c: list[str]) -> None:
+        """Candidate u = (u0 * m1 + u1) * m2 + u2 (Candidates.m). Along a strided axis (exact division,
+        step -1) it is the tap t = r + div * u_a, r = y mod div of y = c_a * scale + base, where t < n:
+        the voxel (y - t) / div = floor(y / div) - u_a; along any other axis the tap t = u_a as written."""
         cand, S = self.cand, self.S
         fdiv = ctx.use_helper("floor_div", "nanovdb")
         append = ctx.use_helper("gb_append_voxel", "grid_build")
-        n0, n1, n2 = cand.n
+        m0, m1, m2 = cand.m
         with ctx.loop(cand.count, "t") as t:
-            parts = [f"{t} // {n1 * n2}", f"({t} // {n2}) % {n1}", f"{t} % {n2}"]
+            parts = [f"{t} // {m1 * m2}", f"({t} // {m2}) % {m1}", f"{t} % {m2}"]
             q, keep = [], []
             for a in range(3):
                 x = c[a] if cand.scale[a] == 1 else f"{c[a]} * {cand.scale[a]}"
                 if cand.base[a]:
                     x = f"{x} + {cand.base[a]}"
+                if cand.strided(a):
+                    y = ctx.let(f"({x})", "y")
+                    q0 = ctx.let(f"{fdiv}({y}, {cand.div[a]})", "q")
+                    u = ctx.let(f"({parts[a]})", "u")
+                    q.append(ctx.let(f"({q0} - {u})", "q"))
+                    if cand.div[a] * cand.m[a] > cand.n[a]:  # some remainders leave the last u past the kernel
+                        keep.append(f"{y} - {q0} * {cand.div[a]} + {cand.div[a]} * {u} < {cand.n[a]}")
+                    continue
                 if cand.n[a] > 1 and cand.step[a]:
                     x = f"{x} + {cand.step[a]} * ({parts[a]})"
                 x = ctx.let(f"({x})", "x")
@@ -242,7 +270,6 @@ class DeviceTopology(DeviceGridBuild):
                     ctx.line(f"{append}(scratch_int, {S.vox}, {S.keys.at}, {b}, {q[0]}, {q[1]}, {q[2]})")
             else:
                 ctx.line(f"{append}(scratch_int, {S.vox}, {S.keys.at}, {b}, {q[0]}, {q[1]}, {q[2]})")
-
 
 for _name in OPS:
     register(_name, domain="fvdb", since=1)(type(_name, (DeviceTopology,), {"__doc__": grid_schema.GRID_OPS[_name].doc}))

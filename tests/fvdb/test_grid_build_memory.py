@@ -1,8 +1,9 @@
 """Device bytes of the device grid builds (issue 28: the detector's peak memory, benchmarks/NOTES.md). A
 device build's network is compiled per node and power of two of its source (host_steps.DeviceBuilds)
-and kept for the process; their kernel-only buffers (the int scratch, 8,534 bytes a source voxel for
-a 3/2 ConvGrid) come from one luisaml.pool.SharedBuffers, so the process holds the largest build's,
-not every capacity's: a detector's frames of 30k and 62k voxels held 280 and 559 MB side by side."""
+and kept for the process; their kernel-only buffers (the int scratch, 2,518 bytes a source voxel for
+a 3/2 ConvGrid: 8 candidate keys, the taps that can divide, where all 27 taps took 8,535) come from one
+luisaml.pool.SharedBuffers, so the process holds the largest build's, not every capacity's: a
+detector's frames of 30k and 62k voxels held 280 and 559 MB side by side before the 8 keys."""
 import gc
 
 import numpy as np
@@ -71,11 +72,17 @@ def _need(net) -> int:
     return sum(4 * size for size in plan.kernel_scratch.values()) + sum(s.size * s.itemsize for s in slots)
 
 
-def test_device_builds_of_two_capacities_hold_one_scratch():
+def test_device_builds_of_two_capacities_hold_one_scratch(monkeypatch):
     """A ConvGrid built on the device over a grid of 600 voxels (the 1,024 bucket), then one of 3,000 (the
     4,096 bucket): two networks, each bundle the host's; their kernel-only buffers are the same ones,
     as large as the larger build's need, and the bytes held past the first build grow by the larger
-    build's scratch less the smaller's (plus its inputs and outputs), not by all of it."""
+    build's scratch less the smaller's (plus its inputs and outputs), not by all of it. (A store of its
+    own: a larger build of an earlier test in the process, e.g. 27 keys at 2^16, would hold more.)"""
+    from luisaml import runtime
+    from luisaml.fvdb import host_steps
+
+    monkeypatch.setattr(runtime, "GRID_BUILD_BUFFERS", SharedBuffers())
+    monkeypatch.setattr(host_steps.DeviceBuilds, "_shared", {})
     small, large = (dict(zip(schema.BUNDLE, _grid(seed, n, r).bundle())) for seed, n, r in ((1, 600, 9.0), (2, 3000, 20.0)))
     net = luisaml.compile(_conv_grid_model(small), batch_axis=None, grid_build="device")
     host = luisaml.compile(_conv_grid_model(small), batch_axis=None, grid_build="host")
@@ -103,3 +110,24 @@ def test_device_builds_of_two_capacities_hold_one_scratch():
         (grew, need, io, after_small - base)
     net.run(small)  # the small bucket again: nothing new
     assert _held() <= after_large
+
+
+def test_a_3_2_conv_grid_build_holds_8_keys_of_scratch_a_source_voxel(monkeypatch):
+    """Issue 28: a 3/2 ConvGrid's source voxel can reach ceil(3/2)^3 = 8 new voxels, so its device build's
+    scratch holds 8 candidate keys a source voxel of capacity (2,518 bytes at 1,024), not the kernel's 27
+    taps (8,535 bytes); 2/2 one key, 5/2 27, 3/1 27. The bundle is the host builder's."""
+    from luisaml.operators.fvdb.build_scratch import Scratch
+    from luisaml.operators.fvdb.topology_device import DeviceTopology
+
+    for k, s, keys in ((3, 2, 8), (2, 2, 1), (5, 2, 27), (4, 2, 8), (3, 1, 27), (2, 3, 1)):
+        assert DeviceTopology.keys_for("ConvGrid", {"kernel_size": [k] * 3, "stride": [s] * 3}, 1024) == 1024 * keys
+    from luisaml.fvdb import host_steps
+
+    monkeypatch.setattr(host_steps.DeviceBuilds, "_shared", {})  # (its own network: its plan's scratch)
+    feeds = dict(zip(schema.BUNDLE, _grid(1, 600, 9.0).bundle()))
+    net = luisaml.compile(_conv_grid_model(feeds), batch_axis=None, grid_build="device")
+    got, want = net.run(feeds), luisaml.compile(_conv_grid_model(feeds), batch_axis=None, grid_build="host").run(feeds)
+    assert all(got[k].tobytes() == want[k].tobytes() for k in want)
+    (key, build), = net.plan.host_steps.device.networks.items()
+    assert key[1] == 1024 and build.plan.kernel_scratch == {"int": Scratch(8 * 1024, 1).words}
+    assert 2_500 <= _need(build) / 1024 <= 2_540, _need(build) / 1024  # (8 keys of ~79 words, and the table)

@@ -299,12 +299,13 @@ def test_keys_whose_digits_vary_in_every_pass_or_in_none_build_the_host_bytes(ca
 
 def test_a_build_across_the_origin_launches_4_passes_and_one_write_stage():
     """A LiDAR-like cloud (two root tiles an axis: a key of 27 + 3 bits) sorts in 4 passes, each its
-    histograms, its prefix sum less the last level's additions (its scatter makes them: no stage of the
-    pass counter either) and its scatter; the blob's writers are one stage; the leaf ids' and the voxel,
-    lower and upper ids' last additions are made by their readers; the nodes' ranges and boxes one stage;
-    the grid's summary and layout one. 40 launches at this capacity, where 7 passes of a stage more each,
-    5 write stages and a "next" stage a pass took 88 (and 44 with the two sums' last levels, two node
-    stages and two layout stages)."""
+    histograms, its prefix sum's up sweep and top level (its scatter makes every level's additions:
+    no "add chunk bases" stage at any level, nor a stage of the pass counter) and its scatter; the
+    blob's writers are one stage; the leaf ids' and the voxel, lower and upper ids' last additions are
+    made by their readers; the nodes' ranges and boxes one stage; the grid's summary and layout one. 36
+    launches at this capacity, 5 a pass, where 7 passes of a stage more each, 5 write stages and a "next"
+    stage a pass took 88 (44 with the two sums' last levels, two node stages and two layout stages;
+    40 with the histograms' level-1 additions a stage a pass)."""
     net = luisaml.compile(points_model("GridBatchFromPoints", False), batch_axis=None, grid_build="device")
     name, pts, offsets, h, o = clouds()[1]
     assert name == "across the origin"
@@ -320,4 +321,33 @@ def test_a_build_across_the_origin_launches_4_passes_and_one_write_stage():
     assert not any(n.endswith("ids: add chunk bases, level 0") for n in names), names
     assert "node ranges and bboxes" in names and "node bboxes" not in names, names
     assert "grid summaries and layout" in names and "grid layout" not in names, names
-    assert c.launches == len(names) - (RP.PASSES - 4) * per_pass <= 40, (c.launches, per_pass)
+    assert not any(n.startswith("radix pass") and "add chunk bases" in n for n in names), names
+    assert per_pass == 5 and c.launches == len(names) - (RP.PASSES - 4) * per_pass == 36, (c.launches, per_pass)
+
+
+def test_no_prefix_sum_has_a_down_sweep_stage_at_any_size():
+    """A ConvGrid 3/2 over 600 and 3,000 voxels (the 1,024 and 4,096 buckets: 8,192 and 32,768 keys, the
+    histograms' sums of 4 levels, the leaf ids' and the node ids' of 3) launches no "add chunk bases"
+    stage: every reader adds each upper level's word (gb_upper_sums), where such a build had 2 a radix
+    pass and 1 each for the leaf ids and the voxel, lower and upper ids; its bytes are the host builder's."""
+    from luisaml.operators.fvdb.build_scratch import scan_levels
+    from luisaml.shaders import grid_layout as G
+    from test_grid_build_memory import _conv_grid_model
+    from test_grids_bound_at_run_time import _grid
+
+    for n, r, bucket in ((600, 9.0, 1024), (3000, 20.0, 4096)):
+        feeds = dict(zip(schema.BUNDLE, _grid(n, n, r).bundle()))
+        dev = luisaml.compile(_conv_grid_model(feeds), batch_axis=None, grid_build="device")
+        got, want = dev.run(feeds), luisaml.compile(_conv_grid_model(feeds), batch_axis=None, grid_build="host").run(feeds)
+        for k in want:
+            assert got[k].tobytes() == want[k].tobytes(), (n, k)
+        (key, build), = dev.plan.host_steps.device.networks.items()
+        names = [st.phase_name for st in build.plan.schedule.stages]
+        assert key[1] == bucket and not any("add chunk bases" in m for m in names), names
+        keys = 8 * bucket
+        hist, ids = (len(scan_levels(w)) for w in (256 * -(-keys // G.CHUNK), keys))
+        assert (hist, ids) == (4, 3)  # (levels: 2 and 1 "add chunk bases" stages before, at both buckets)
+        # histograms, the up sweep's levels, the top level, the scatter; the leaf ids' up sweep and top level
+        assert sum(1 for m in names if m.startswith("radix pass 0: ")) == hist + 2, names
+        assert sum(1 for m in names if m.startswith("leaf ids: ")) == ids, names
+        assert sum(1 for m in names if m.startswith("voxel, lower and upper ids: ")) == ids, names

@@ -242,3 +242,79 @@ def test_a_model_compiled_again_compiles_no_bucket_twice(monkeypatch):
         got = net.run(dict(zip(schema.BUNDLE, gb.bundle())))
         assert_same_bundle([got[n] for n in NEW], expected_batch(sets, h, o), sets)
     assert len(compiled) == 2
+
+
+# (kernel, stride) of ConvGrid: odd and even kernels over strides 1, 2, 3 and past the kernel, anisotropic
+CONV_GEOMETRIES = [((3, 3, 3), (2, 2, 2)), ((4, 4, 4), (2, 2, 2)), ((5, 5, 5), (2, 2, 2)), ((5, 5, 5), (3, 3, 3)),
+                   ((3, 3, 3), (1, 1, 1)), ((2, 2, 2), (3, 3, 3)), ((1, 1, 1), (2, 2, 2)), ((3, 4, 1), (2, 3, 2)),
+                   ((5, 2, 3), (2, 1, 3)), ((4, 3, 2), (3, 2, 1))]
+
+
+def _taps_that_divide(cand, c: tuple[int, int, int]) -> set:
+    """The candidate voxels of source voxel c as the device kernel forms them (Candidates.m, the strided axes'
+    taps t = r + div * u), in numbers."""
+    axes = []
+    for a in range(3):
+        y = c[a] * cand.scale[a] + cand.base[a]
+        if cand.strided(a):
+            q0, r = divmod(y, cand.div[a])
+            axes.append([q0 - u for u in range(cand.m[a]) if r + cand.div[a] * u < cand.n[a]])
+        else:
+            xs = [y + cand.step[a] * u for u in range(cand.n[a])]
+            axes.append([x // cand.div[a] for x in xs if x % cand.div[a] < cand.keep[a]])
+    return {(i, j, k) for i in axes[0] for j in axes[1] for k in axes[2]}
+
+
+@pytest.mark.parametrize("op_type,attrs", [("ConvGrid", {"kernel_size": list(k), "stride": list(s)})
+                                           for k, s in CONV_GEOMETRIES]
+                         + [("ConvTransposeGrid", {"kernel_size": [3, 2, 3], "stride": [2, 1, 2]}),
+                            ("RefinedGrid", {"subdiv_factor": [2, 1, 3]}), ("DilatedGrid", {"dilation": 1}),
+                            ("CoarsenedGrid", {"coarsening_factor": [2, 3, 1]}), ("PrunedGrid", {})])
+def test_the_candidates_are_the_host_rules_voxels_and_no_more_keys(op_type, attrs):
+    """Every form's candidates of a source voxel, over coordinates of every parity (negative too), are the
+    voxels the host's rule gives (fvdb_reference), and a voxel emits at most Candidates.count keys: for
+    ConvGrid prod ceil(k_a / s_a) (8 for 3/2, not the 27 taps), issue 28's scratch."""
+    from luisaml.operators.fvdb.topology_device import candidates
+
+    cand = candidates(op_type, attrs)
+    rng = np.random.default_rng(11)
+    for c in [tuple(int(v) for v in row) for row in rng.integers(-9, 10, (300, 3))]:
+        gb = GridBatch.from_ijk([np.array([c], np.int32)])
+        if op_type in ("ConvGrid", "ConvTransposeGrid"):
+            want = R.conv_grid(gb, attrs["kernel_size"], attrs["stride"], transposed=op_type == "ConvTransposeGrid")[0]
+        elif op_type == "RefinedGrid":
+            want = R.refined_grid(gb, attrs["subdiv_factor"], None)[0][0]
+        elif op_type == "DilatedGrid":
+            want = R.dilated_grid(gb, 1)[0]
+        elif op_type == "CoarsenedGrid":
+            want = R.coarsened_grid(gb, attrs["coarsening_factor"])[0][0]
+        else:
+            want = {c}
+        got = _taps_that_divide(cand, c)
+        assert got == {tuple(int(v) for v in w) for w in want}, (c, cand)
+    if op_type == "ConvGrid":
+        k, s = attrs["kernel_size"], attrs["stride"]
+        assert cand.count == (1 if all(a <= b for a, b in zip(k, s)) else int(np.prod([-(-a // b) for a, b in zip(k, s)])))
+
+
+@pytest.mark.parametrize("kernel,stride", CONV_GEOMETRIES)
+def test_conv_grids_of_many_kernels_and_strides_build_the_host_builders_bytes(kernel, stride):
+    """ConvGrid built on the device over random clouds (dense enough that every parity of every axis has
+    voxels; two grids, negative coordinates) is, byte for byte, the host builder's bundle: a candidate
+    dropped (a tap left out of ceil(k / s)) loses voxels there."""
+    rng = np.random.default_rng(sum(kernel) * 7 + sum(stride))
+
+    def batch(k):
+        a = rng.integers(-12, 12, (500 + 200 * k, 3)).astype(np.int32)
+        b = rng.integers(-30, 5, (60, 3)).astype(np.int32)
+        return GridBatch.from_ijk([a, b], voxel_sizes=[(0.5, 0.5, 0.5), (1.0, 2.0, 1.0)], origins=[(0, 0, 0), (1, -2, 3)])
+
+    attrs = {"kernel_size": list(kernel), "stride": list(stride)}
+    first = batch(0)
+    dev = luisaml.compile(op_model("ConvGrid", attrs, first, False), batch_axis=None, grid_build="device")
+    host = luisaml.compile(op_model("ConvGrid", attrs, first, False), batch_axis=None, grid_build="host")
+    for k in range(2):
+        feeds = dict(zip(schema.BUNDLE, batch(k).bundle()))
+        got, want = dev.run(feeds), host.run(feeds)
+        for n in NEW:
+            assert got[n].dtype == want[n].dtype and got[n].tobytes() == want[n].tobytes(), (n, k)
