@@ -138,7 +138,7 @@ def byte_buffer(data: bytes | np.ndarray):
 
 def empty_byte_buffer(size: int):
     """Return a luisa.ByteBuffer of size bytes (whole words, at least one), its bytes not written: the
-    caller fills it (a copy on the device: feeds.BoundInputs.byte_input)."""
+    caller fills it (a copy on the device: feeds.BoundInputs.byte_input; a kernel: pool._new_buffer)."""
     import luisa
 
     from . import counts

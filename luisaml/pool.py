@@ -36,6 +36,20 @@ def bucket(count: int) -> int:
     return -(-count // step) * step
 
 
+def _new_buffer(dsl: str, count: int):
+    """A new device buffer of `count` elements (at least one) of kernel type `dsl`; "ubyte": a ByteBuffer
+    of `count` bytes in whole words (bytes sized at run time: a new grid's blob)."""
+    from .luisa_compat import empty_byte_buffer
+
+    if dsl == "ubyte":
+        return empty_byte_buffer(count)
+    import luisa
+    from luisa.types import half, uint
+
+    kind = {"float": float, "int": int, "uint": uint, "half": half, "bool": bool}[dsl]
+    return counts.allocated(luisa.Buffer(max(int(count), 1), kind))
+
+
 class SharedBuffers:
     """Kernel-only buffers (stage slots, scratch: what `BufferPool.pooled` gives) that the pools of
     several networks draw from by identifier, so that the process holds each identifier's largest
@@ -64,11 +78,7 @@ class SharedBuffers:
         self.generation += 1
         for pool in list(self.pools):
             pool._regions = {}  # (their lists may name the buffer replaced: dropped with them)
-        import luisa
-        from luisa.types import half, uint
-
-        kind = {"float": float, "int": int, "uint": uint, "half": half, "bool": bool}[dsl]
-        self.held[ident] = counts.allocated(luisa.Buffer(size, kind))
+        self.held[ident] = _new_buffer(dsl, size)
         return self.held[ident]
 
     def nbytes(self) -> int:
@@ -138,23 +148,10 @@ class BufferPool:
         ByteBuffer of `count` bytes in whole words), replacing one of another count."""
         key = (ident, count)
         if key not in self.held:
-            from .luisa_compat import buffer_type  # noqa: F401
-
-            import luisa
-            from luisa.types import half, uint
-
             self.held = {k: v for k, v in self.held.items() if k[0] != ident}
             self.generation += 1
             self._regions = {}  # (their lists may name the buffer replaced: not kept alive by them)
-            if dsl == "ubyte":  # bytes sized at run time (a new grid's blob): a ByteBuffer of whole words
-                from .luisa_compat import fix_byte_buffer
-
-                buf = counts.allocated(luisa.ByteBuffer(max(-(-count // 4) * 4, 4)))
-                fix_byte_buffer(buf)
-                self.held[key] = buf
-                return buf
-            kind = {"float": float, "int": int, "uint": uint, "half": half, "bool": bool}[dsl]
-            self.held[key] = counts.allocated(luisa.Buffer(max(count, 1), kind))
+            self.held[key] = _new_buffer(dsl, count)
         return self.held[key]
 
     def pooled(self, ident: str, dsl: str, count: int):
@@ -173,6 +170,10 @@ class BufferPool:
                 return buf
             moved = moved or name == ident
         return self.exact(ident, dsl, bucket(count) if moved else count)
+
+    def _generations(self) -> tuple[int, int]:
+        """Its buffers' changes and its shared store's: a list of buffers made under others may name one gone."""
+        return self.generation, self.shared.generation if self.shared is not None else 0
 
     def stage_buffers(self, plan, n: int) -> list:
         """The stages' pooled buffers for n samples (a region per sample of each slot)."""
@@ -196,9 +197,9 @@ class BufferPool:
             return kept
         if len(self._regions) > 16:  # (batches come and go: the old lists are dropped)
             self._regions.clear()
-        at = self.generation, self.shared.generation if self.shared is not None else 0
+        at = self._generations()
         buffers = make()
-        if at == (self.generation, self.shared.generation if self.shared is not None else 0):
+        if at == self._generations():
             # (make's pooled calls held no new buffer: else one it gave may be gone)
             self._regions[key] = buffers
         return buffers
