@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import cache, device
+from . import cache, device, resident
 from .dispatch import Launcher
 from .dynamic import Capacity, StateLayout, bucket, copy_word, download, upload_bytes, upload_words
 from .errors import LimitError, RunError
@@ -227,8 +227,8 @@ class KernelLauncher:
         whole, buf = held[0](), held[1]
         if whole is None:
             return None
-        at = a.__array_interface__["data"][0] - whole.__array_interface__["data"][0]
-        if at < 0 or at + a.nbytes > whole.nbytes:  # (an address within whole's bytes: whole's memory)
+        at = resident.byte_offset(a, whole)
+        if at is None:  # (an address within whole's bytes: whole's memory)
             return None
         writes, me = self.writes, weakref.ref(self)
         return buf, at, (lambda: (k := me()) is not None and k.writes == writes)

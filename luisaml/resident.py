@@ -40,8 +40,11 @@ def remember(a: np.ndarray, buf, byte_offset: int, fresh: Callable[[], bool]) ->
     _HELD[key] = (weakref.ref(a, forget), buf, int(byte_offset), fresh)
 
 
-def _address(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
+def byte_offset(a: np.ndarray, whole: np.ndarray) -> int | None:
+    """Return the offset of a's first byte in whole's bytes where all of a's bytes lie within whole's (a
+    view of it: a contiguous slice, a reshape); None otherwise. (Also launch.KernelLauncher.resident_copy's.)"""
+    at = a.__array_interface__["data"][0] - whole.__array_interface__["data"][0]
+    return at if 0 <= at and at + a.nbytes <= whole.nbytes else None
 
 
 def source(a: np.ndarray) -> tuple[Any, int] | None:
@@ -57,8 +60,8 @@ def source(a: np.ndarray) -> tuple[Any, int] | None:
             if ref() is not x or not fresh():
                 _HELD.pop(id(x), None)
                 return None
-            at = _address(a) - _address(x)
-            if at < 0 or at + a.nbytes > x.nbytes or at % 4:
+            at = byte_offset(a, x)
+            if at is None or at % 4:
                 return None
             return buf, offset + at
         x = x.base
