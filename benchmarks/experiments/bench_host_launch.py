@@ -31,10 +31,11 @@ other builds' (pool.SharedBuffers), so a stubbed build read another build's word
 magic" in checked.built). On the CPU backend their kernels run inside the waits, timed apart, so "less
 waits" stays the host's work; the main thread's CPU time (`cpu`) is the steadier figure on a loaded host.
 Per case: us a run (median, min; without the waits), the launches and host synchronisations a run;
---cprofile prints each case's functions by internal time.
+--cprofile prints each case's functions by internal time; --regions the main thread's CPU time in a fixed list
+of luisaml's functions (REGIONS; no profiler), a device build's apart.
 
     python3 -P benchmarks/experiments/bench_host_launch.py topology [--radius 12] [--points 4096] [--reps 100] [--cprofile fixed]
-    python3 -P benchmarks/experiments/bench_host_launch.py detector [--reps 30] [--only CoarsenedGrid,points]"""
+    python3 -P benchmarks/experiments/bench_host_launch.py detector [--reps 30] [--only CoarsenedGrid,points] [--regions]"""
 from __future__ import annotations
 
 import argparse
@@ -144,6 +145,55 @@ def _detector_case():
     return [(f"detector frame (quick, {'/'.join(str(len(p)) for p in data['points'])} points)", frame, data["points"])]
 
 
+# --regions: functions whose main-thread CPU time a stubbed run reports, a device build's apart (unprofiled: a
+# wrapper costs ~1 us, where cProfile inflated this call-heavy Python ~2.5x and unevenly)
+REGIONS = ["luisaml.network:CompiledNetwork.run", "luisaml.fvdb.host_steps:HostSteps.complete",
+           "luisaml.fvdb.host_steps:HostStep.run", "luisaml.fvdb.host_steps:DeviceBuilds._build",
+           "luisaml.network:CompiledNetwork.run_hashed", "luisaml.fvdb.radix_passes:idle_passes",
+           "luisaml.fvdb.checked:built", "luisaml.network:CompiledNetwork.check_feeds", "luisaml.network:CompiledNetwork._voxel_batch",
+           "luisaml.network:CompiledNetwork._bind", "luisaml.feeds:BoundInputs.derived_buffers",
+           "luisaml.feeds:BoundInputs.byte_input", "luisaml.launch:KernelLauncher._run_once",
+           "luisaml.launch:KernelLauncher.launch", "luisaml.dispatch:Launcher.enqueue",
+           "luisaml.operators.fvdb.build_layout:GridLayout._lay_out", "luisaml.launch:KernelLauncher._patch",
+           "luisaml.counts:CountingStream.synchronize"]
+
+
+def _regions(building: list):
+    """(install, remove, {label: [seconds, calls]}) of REGIONS' wrappers (counted while installed; a label
+    ends in [build] inside a device build)."""
+    import importlib
+
+    acc: dict = {}
+    saved = []
+    for spec in REGIONS:
+        module, path = spec.split(":")
+        *owner, name = path.split(".")
+        obj = importlib.import_module(module)
+        for part in owner:
+            obj = getattr(obj, part)
+        saved.append((obj, name, obj.__dict__[name] if isinstance(obj, type) else getattr(obj, name)))
+
+    def wrapped(f, label):
+        def w(*args, **kw):
+            t = time.thread_time()
+            try:
+                return f(*args, **kw)
+            finally:
+                row = acc.setdefault(label + (" [build]" if building[0] else ""), [0.0, 0])
+                row[0] += time.thread_time() - t
+                row[1] += 1
+        return w
+
+    def install():
+        for obj, name, f in saved:
+            setattr(obj, name, wrapped(f, f"{getattr(obj, '__name__', '')}.{name}"))
+
+    def remove():
+        for obj, name, f in saved:
+            setattr(obj, name, f)
+    return install, remove, acc
+
+
 def grids(a) -> int:
     """The `topology` and `detector` cases (module docstring): per-run host us with the launches stubbed."""
     import luisaml
@@ -193,10 +243,13 @@ def grids(a) -> int:
         host_steps.DeviceBuilds._build = real_build
         # (the thread's CPU time: a loaded host's preemptions are not charged to whatever function ran)
         pr = cProfile.Profile(time.thread_time) if a.cprofile else None
+        regions = _regions(building) if a.regions else None
         try:
             warm = 10
             for k in range(warm):
                 run(inputs[k % len(inputs)])
+            if regions is not None:
+                regions[0]()
             wall, cpu, own = [], [], []
             with counts.measure() as c:
                 for k in range(a.reps):
@@ -217,10 +270,15 @@ def grids(a) -> int:
             counts.CountingStream.add_launches = add_launches
             counts.CountingStream.synchronize = sync
             host_steps.DeviceBuilds._build = build
+            if regions is not None:
+                regions[1]()
         us = lambda v: np.median(v) * 1e6  # noqa: E731
         print(f"{label:<44} {us(wall):9.0f} {np.min(wall) * 1e6:8.0f} {us(cpu):8.0f} {us(own):10.0f} "
               f"{np.min(own) * 1e6:8.0f} {np.percentile(own, 10) * 1e6:8.0f} {c.launches / a.reps:8.0f} "
               f"{c.syncs / a.reps:6.2f}", flush=True)
+        if regions is not None:
+            for name, (sec, calls) in sorted(regions[2].items(), key=lambda kv: -kv[1][0]):
+                print(f"  {name:<48} {sec / a.reps * 1e6:8.0f} us a run (main thread CPU) {calls / a.reps:6.1f} calls")
         if pr is not None:
             pstats.Stats(pr).sort_stats("tottime").print_stats(a.top)
             if a.dump:
@@ -243,6 +301,8 @@ def main(argv=None) -> int:
     ap.add_argument("--radius", type=float, default=12.0, help="topology: the first shell's radius in voxels")
     ap.add_argument("--points", type=int, default=4096, help="topology: GridBatchFromPoints' first cloud")
     ap.add_argument("--only", help="topology, detector: the cases whose label holds one of these (comma-separated)")
+    ap.add_argument("--regions", action="store_true",
+                    help="topology, detector: main-thread CPU a run in REGIONS' functions (unprofiled)")
     ap.add_argument("--top", type=int, default=25, help="--cprofile: the functions printed")
     ap.add_argument("--dump", help="--cprofile, topology and detector: each case's stats written to DUMP.<k>")
     a = ap.parse_args(argv)
