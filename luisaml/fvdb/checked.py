@@ -27,8 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-# ids -> (weak refs, chosen grids, blob's grid count, values derived from the bundle's bytes alone: `memo`)
-_KNOWN: dict[tuple[int, ...], tuple[tuple, list, int, dict]] = {}
+_KNOWN: dict[tuple[int, ...], tuple[tuple, list, int]] = {}  # ids -> (weak refs, chosen grids, blob's grid count)
 # bundles of writeable arrays walked for the device build under way (`walked`): ids -> (the arrays, chosen
 # grids, blob's grid count), only while that build runs
 _WALKED: dict[tuple[int, ...], tuple[tuple, list, int]] = {}
@@ -73,40 +72,25 @@ def remember(parts: Sequence[np.ndarray], grids: list, blob_grids: int) -> None:
     def forget(_ref, key=key) -> None:
         _KNOWN.pop(key, None)
 
-    _KNOWN[key] = (tuple(weakref.ref(a, forget) for a in parts), list(grids), blob_grids, {})
+    _KNOWN[key] = (tuple(weakref.ref(a, forget) for a in parts), list(grids), blob_grids)
 
 
 def known(parts: Sequence) -> tuple[list, int] | None:
     """Return (the chosen grids, the blob's grid count) of a bundle remembered with these very arrays,
     still frozen; None otherwise."""
-    entry = _entry(parts)
+    entry = _KNOWN.get(tuple(id(a) for a in parts))
     if entry is None:
         walked_now = _WALKED.get(tuple(id(a) for a in parts)) if _WALKED else None
         if walked_now is not None and all(a is b for a, b in zip(walked_now[0], parts)):
             return walked_now[1], walked_now[2]
         return None
-    return entry[1], entry[2]
-
-
-def memo(parts: Sequence) -> dict | None:
-    """Return the dict of values derived from the bytes of the bundle remembered with these very arrays
-    (still frozen) alone, kept with it while it is known: operators/fvdb/common.grid_metadata's table and
-    its checks, worked out once a bundle where a detector frame asked four times (each grid bound to two
-    networks). None for any other bundle (a walked one too: its arrays are the user's, writeable)."""
-    entry = _entry(parts)
-    return None if entry is None else entry[3]
-
-
-def _entry(parts: Sequence) -> tuple | None:
-    """_KNOWN's entry of these very arrays, all still frozen; None otherwise (an entry whose array was made
-    writeable again is dropped: the bundle is checked as any other from now on)."""
-    entry = _KNOWN.get(tuple(id(a) for a in parts))
-    if entry is None or any(r() is not a for r, a in zip(entry[0], parts)):
+    refs, grids, count = entry
+    if any(r() is not a for r, a in zip(refs, parts)):
         return None
-    if not all(frozen(a) for a in parts):
+    if not all(frozen(a) for a in parts):  # (an array made writeable again: checked as any other from now on)
         del _KNOWN[tuple(id(a) for a in parts)]
         return None
-    return entry
+    return grids, count
 
 
 @contextlib.contextmanager

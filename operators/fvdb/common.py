@@ -119,15 +119,13 @@ def bundle_grids(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch_
             f"leaf_batch_indices do not match the grids' leaves: expected {len(leaves)} entries "
             f"repeat(arange(B), leaf counts {[g.leaf_count for g in chosen]}), got {len(got_leaves)}"
         )
-    _check_voxels(int(want[-1]), expect_voxels)
+    if expect_voxels is not None and int(want[-1]) != int(expect_voxels):
+        raise NanoVDBError(
+            f"the grids have {int(want[-1])} active voxels in all, but the voxel data has {expect_voxels} rows"
+        )
     if seen is None:
         checked.remember(parts, chosen, count)
     return chosen
-
-
-def _check_voxels(total: int, expect_voxels: int | None) -> None:
-    if expect_voxels is not None and total != int(expect_voxels):
-        raise NanoVDBError(f"the grids have {total} active voxels in all, but the voxel data has {expect_voxels} rows")
 
 
 def grid_metadata_for_data(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch_indices, batch_offsets,
@@ -140,19 +138,7 @@ def grid_metadata_for_data(grid_blob, grid_byte_offsets, voxel_sizes, origins, l
 
 def grid_metadata(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch_indices, batch_offsets,
                   expect_voxels: int | None = None, check_count=None) -> np.ndarray:
-    """Return the metadata table (int32 [B, META_FIELDS], read-only) of a checked GridBatch bundle
-    (bundle_grids). A bundle luisaml built or checked, its arrays frozen since (fvdb/checked.py), has its
-    table and checks worked out once (checked.memo): the same frozen arrays give the same table; the
-    count and voxel rows asked of this call are checked every time, in bundle_grids' order."""
-    parts = (grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch_indices, batch_offsets)
-    memo = checked.memo(parts)
-    held = None if memo is None else memo.get("grid_metadata")
-    if held is not None:
-        meta, count, total = held
-        if check_count is not None:
-            check_count(count)
-        _check_voxels(total, expect_voxels)
-        return meta
+    """Return the metadata table (int32 [B, META_FIELDS]) of a checked GridBatch bundle (bundle_grids)."""
     chosen = bundle_grids(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch_indices, batch_offsets,
                           expect_voxels, check_count)
     n = len(chosen)
@@ -170,10 +156,6 @@ def grid_metadata(grid_blob, grid_byte_offsets, voxel_sizes, origins, leaf_batch
     meta[:, Meta.TRANSLATE_X : Meta.TRANSLATE_Z + 1] = translate.view(np.int32)
     meta[:, Meta.LEAVES] = [g.leaf_offset for g in chosen]
     meta[:, Meta.LEAF_COUNT] = [g.leaf_count for g in chosen]
-    meta.flags.writeable = False  # (kept for the bundle's next binding: no reader may change it)
-    memo = checked.memo(parts)  # (after bundle_grids: a bundle it checked in full is known now)
-    if memo is not None:
-        memo["grid_metadata"] = (meta, checked.known(parts)[1], int(want[-1]))
     return meta
 
 

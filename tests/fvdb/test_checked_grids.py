@@ -76,53 +76,6 @@ def test_a_remembered_bundle_made_writeable_again_is_checked_again():
         common.bundle_grids(*parts)
 
 
-def _bundle_checks(monkeypatch) -> list:
-    """The bundles common.bundle_grids checks (its small arrays, and the blob unless remembered)."""
-    calls = []
-    real = common.bundle_grids
-    monkeypatch.setattr(common, "bundle_grids", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
-    return calls
-
-
-def test_a_remembered_bundles_metadata_is_worked_out_once_and_its_rows_checked_every_time(monkeypatch):
-    """A built bundle's table (checked.memo): the second grid_metadata of the same frozen arrays checks
-    nothing again and gives the table of writeable copies (walked in full); the voxel rows and the count
-    asked of each call are still checked; the user's writeable arrays are checked at every call."""
-    rng = np.random.default_rng(3)
-    parts = [checked.freeze(np.array(a)) for a in
-             GridBatch.from_ijk(_sets(rng), voxel_sizes=0.4, origins=(0.5, 1, -3)).bundle()[:6]]
-    checked.built(parts)
-    checks = _bundle_checks(monkeypatch)
-    first = common.grid_metadata(*parts)
-    counts = []
-    again = common.grid_metadata(*parts, expect_voxels=int(parts[5][-1]), check_count=counts.append)
-    assert len(checks) == 1 and again is first and not first.flags.writeable
-    assert counts == [len(_sets(rng))]
-    user = [np.array(a) for a in parts]
-    np.testing.assert_array_equal(first, common.grid_metadata(*user))
-    common.grid_metadata(*user)
-    assert len(checks) == 3  # (writeable: checked at every call)
-    with pytest.raises(LuisamlError, match="voxel data has 5 rows"):
-        common.grid_metadata(*parts, expect_voxels=5)
-    with pytest.raises(LuisamlError, match="voxel data has 5 rows"):
-        common.grid_metadata(*user, expect_voxels=5)
-
-
-def test_a_remembered_bundles_metadata_goes_when_an_array_is_written():
-    """A remembered bundle whose voxel sizes were made writeable and changed: its table is worked out
-    again from the new sizes (the memo goes with checked.known's entry)."""
-    rng = np.random.default_rng(4)
-    parts = [checked.freeze(np.array(a)) for a in GridBatch.from_ijk(_sets(rng), voxel_sizes=0.4).bundle()[:6]]
-    checked.built(parts)
-    before = common.grid_metadata(*parts)
-    sizes = parts[2]
-    sizes.flags.writeable = True
-    sizes[:] = 0.25
-    after = common.grid_metadata(*parts)
-    np.testing.assert_array_equal(after, common.grid_metadata(*[np.array(a) for a in parts]))
-    assert (after != before).any()
-
-
 @pytest.fixture
 def walks(monkeypatch):
     """The blobs common.bundle_grids walks in full (read_grids), by their arrays."""
