@@ -47,6 +47,8 @@ from luisaml.rewrites import new_tensor
 from luisaml.storage import Tensor
 
 ONNX = ("", "ai.onnx")
+# the settings build_plan gives an operator before this rewrite runs, which its copies keep (compiler.build_plan)
+FLAGS = ("no_blocks", "tensor_cores")
 
 
 @dataclass
@@ -163,7 +165,11 @@ def _copy(node: Node, op: Operator, name: str, ins: list, outs: list) -> tuple[N
     """A copy of (node, op) over other tensors (the same class, attributes and opset)."""
     n = Node(name, node.op_type, node.domain, [t.name if t is not None else "" for t in ins], [t.name for t in outs],
              dict(node.attrs))
-    return n, type(op)(n, ins, outs, op.opset)
+    new = type(op)(n, ins, outs, op.opset)
+    for flag in FLAGS:  # (what build_plan set on the node before this rewrite: the CPU's tiles, tensor cores)
+        if flag in vars(op):
+            setattr(new, flag, getattr(op, flag))
+    return n, new
 
 
 def rewrite(plan) -> list[str]:
@@ -319,14 +325,18 @@ def _one(plan, main, conv_node: Node, conv: Conv, outputs: set[str]) -> str:
             n = Node(snode.name, "Slice", "", [t_cur.name, st.name, en.name], list(snode.outputs))
             side.append((n, Slice(n, [t_cur, st, en], [sop.outputs[0]], 13)))
     # check the forms sum alike (the module docstring); where not, leave the graph as it was
-    forms = {_form(conv), _form(kept_conv[1])} | ({_form(side[0][1])} if side else set())
-    if len(forms) != 1 or None in forms:
+    forms = [_form(conv), _form(kept_conv[1])] + ([_form(side[0][1])] if side else [])
+    if len(set(forms)) != 1 or None in forms:
         for name in set(main.tensors) - before:
             main.tensors.pop(name)
             main.graph.vars.pop(name, None)
-        why = "the TF32 mma tile or the dot form" if None in forms else "different forms"
+        said = {None: "on the TF32 mma tile or the dot form (their own order)", "items": "in the items form (B first)",
+                "fp32": "on tiled.py's FP32 tile (B last)"}
+        why = f"every row's Conv sums {said[forms[0]]}, the kept rows' {said[forms[1]]}"
+        if len(forms) > 2 and forms[2] != forms[0]:
+            why += f", the side channels' {said[forms[2]]}"
         return (f"Conv '{conv_node.name}': {c1 - c0} of {M} output channels read only at {K} gathered rows; "
-                f"not rewritten: {why} would sum them in another order than every row's")
+                f"not rewritten: {why}")
     drop = {n.name for n, _ in path.nodes} | {conv_node.name} | {n.name for n, _, _ in sides}
     ops = []
     for node, op in main.ops:

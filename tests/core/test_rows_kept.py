@@ -1,0 +1,163 @@
+"""The rows-kept rewrite (luisaml/rewrites/rows_kept.py, issue 28 item 6): a 1 x 1 Conv whose regression channels
+a graph reads only through a Gather at TopK's cells computes them at those cells only, bit for bit what every
+cell gives (compile(rows_kept=False) on the same backend) and close to onnxruntime; a 3 x 3 Conv, a kept channel
+read elsewhere or a Gather of another axis is left as it was; a bad index behaves as the original graph's."""
+import numpy as np
+import pytest
+from onnx import helper
+
+import luisaml
+from util import assert_close_to_ort, assert_same_bits, graph_model, plan_of
+
+CLS, REG = 2, 8
+
+
+def head(C=32, H=20, W=24, K=16, kernel=1, pre=None, post=None, extra=None, gather_axis=1, seed=0,
+         idx_input=False, reg_first=False, CLS=CLS):
+    """A CenterPoint-like head: Conv (C -> CLS + REG channels) over x [1, C, H, W], the leading axis dropped
+    (Gather of index 0), the class channels' sigmoid TopK over every cell, the regression channels flattened
+    and gathered at the TopK cells (or at the indices input `idx` where idx_input). pre: elementwise nodes on
+    the Conv's output before the split ([op, scalar] pairs); post: on the regression channels after the slice;
+    extra: more nodes (they may read 'g' or 'reg'); reg_first: the regression channels first."""
+    rng = np.random.default_rng(seed)
+    M = CLS + REG
+    w = (rng.standard_normal((M, C, kernel, kernel)) / np.sqrt(C)).astype(np.float32)
+    b = rng.standard_normal(M).astype(np.float32)
+    inits = {"w": w, "b": b, "zero": np.array(0, np.int64), "k": np.array([K], np.int64),
+             "flat": np.array([-1], np.int64), "reg_shape": np.array([REG, H * W], np.int64),
+             "cls_lo": np.array([REG if reg_first else 0], np.int64),
+             "cls_hi": np.array([M if reg_first else CLS], np.int64),
+             "reg_lo": np.array([0 if reg_first else CLS], np.int64),
+             "reg_hi": np.array([REG if reg_first else M], np.int64), "ax0": np.array([0], np.int64)}
+    pad = (kernel - 1) // 2
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y0"], pads=[pad] * 4, name="conv")]
+    cur = "y0"
+    for k, (op, v) in enumerate(pre or []):
+        inits[f"pre{k}"] = np.array(v, np.float32)
+        nodes.append(helper.make_node(op, [cur, f"pre{k}"], [f"pre{k}_out"], name=f"pre{k}"))
+        cur = f"pre{k}_out"
+    nodes += [helper.make_node("Gather", [cur, "zero"], ["g"], axis=0, name="squeeze"),
+              helper.make_node("Slice", ["g", "cls_lo", "cls_hi", "ax0"], ["heat_maps"], name="cls"),
+              helper.make_node("Sigmoid", ["heat_maps"], ["heat"], name="sigmoid"),
+              helper.make_node("Reshape", ["heat", "flat"], ["heat_flat"], name="heat_flat"),
+              helper.make_node("TopK", ["heat_flat", "k"], ["scores", "index"], name="topk"),
+              helper.make_node("Mod", ["index", "cells"], ["cell"], name="cell"),
+              helper.make_node("Slice", ["g", "reg_lo", "reg_hi", "ax0"], ["reg"], name="reg")]
+    inits["cells"] = np.array(H * W, np.int64)
+    cur = "reg"
+    for k, (op, v) in enumerate(post or []):
+        if v is None:
+            nodes.append(helper.make_node(op, [cur], [f"post{k}_out"], name=f"post{k}"))
+        else:
+            inits[f"post{k}"] = np.array(v, np.float32)
+            nodes.append(helper.make_node(op, [cur, f"post{k}"], [f"post{k}_out"], name=f"post{k}"))
+        cur = f"post{k}_out"
+    nodes += [helper.make_node("Reshape", [cur, "reg_shape"], ["reg_flat"], name="reg_flat"),
+              helper.make_node("Gather", ["reg_flat", "idx" if idx_input else "cell"], ["boxes"], axis=gather_axis,
+                               name="at_cells")]
+    nodes += extra or []
+    inputs = {"x": rng.standard_normal((1, C, H, W)).astype(np.float32)}
+    if idx_input:
+        inputs["idx"] = np.arange(K, dtype=np.int64)
+    outputs = ["scores", "boxes"] + [o for n in extra or [] for o in n.output]
+    return graph_model(nodes, inputs, inits, outputs=outputs), inputs
+
+
+def both(model, feeds, **kw):
+    """Return (rewritten network, its outputs, the network compiled with rows_kept=False, its outputs)."""
+    on = luisaml.compile(model, batch_axis=None, backend="cpu", **kw)
+    off = luisaml.compile(model, batch_axis=None, backend="cpu", rows_kept=False, **kw)
+    return on, on.run(feeds), off, off.run(feeds)
+
+
+def convs(net) -> list[tuple[str, tuple]]:
+    """The plan's Conv nodes and their output shapes."""
+    return [(n.name, tuple(op.output().shape)) for n, op in net.plan.main.ops if n.op_type == "Conv"]
+
+
+@pytest.mark.parametrize("case", [
+    dict(),  # the detector's head
+    dict(post=[("Mul", 2.0), ("Add", 0.5)]),  # maps after the slice (x * 2 + 0.5)
+    dict(post=[("Exp", None)], pre=[("Mul", 0.75)]),  # a map before the split too (the side channels' as well)
+    dict(C=37, H=17, W=31, K=40, reg_first=True),  # odd sizes, the regression channels first
+])
+def test_regression_channels_are_computed_at_the_gathered_rows_only_bit_for_bit(case):
+    model, feeds = head(**case)
+    on, got, off, want = both(model, feeds)
+    K, H, W = case.get("K", 16), case.get("H", 20), case.get("W", 24)
+    assert on.plan.rows_kept == [f"Conv 'conv': {REG} of {CLS + REG} output channels evaluated at {K} gathered rows, "
+                                 f"not {H * W:,} (Gather 'at_cells'); the other {CLS} over every row"]
+    # the full Conv keeps the class channels; the regression channels' Conv runs over K rows
+    assert convs(on) == [("conv", (1, CLS, H, W)), ("conv/rows_kept", (1, REG, 1, K))]
+    assert convs(off) == [("conv", (1, CLS + REG, H, W))] and off.plan.rows_kept == []
+    assert_same_bits(got, want)
+    assert_close_to_ort(got, model, feeds)
+
+
+def test_inspect_names_the_rewrite_and_its_rows():
+    from luisaml.report import build, text
+
+    model, _ = head()
+    rep = build(model, batch_axis=None)
+    assert rep["rows_kept"] and any("rows kept: Conv 'conv': 8 of 10 output channels evaluated at 16 gathered rows, not 480" in line
+               for line in text(rep).splitlines())
+
+
+@pytest.mark.parametrize("name, case", [
+    ("3x3", dict(kernel=3)),  # a window: a row's output reads its neighbours
+    # a regression channel also read over every cell (an output of the regression maps' channel 0)
+    ("read elsewhere", dict(extra=[helper.make_node("Slice", ["g", "one_lo", "one_hi", "ax0"], ["also"], name="also")])),
+    ("path output", dict(extra=[helper.make_node("Identity", ["reg_flat"], ["reg_out"], name="reg_out")])),
+    ("channel axis", dict(gather_axis=0, idx_input=True, K=4)),  # the Gather picks channels, not rows
+])
+def test_no_rewrite_where_it_would_not_keep_the_result(name, case):
+    model, feeds = head(**case)
+    if name == "read elsewhere":
+        from onnx import numpy_helper
+
+        model.graph.initializer.extend([numpy_helper.from_array(np.array([CLS], np.int64), "one_lo"),
+                                        numpy_helper.from_array(np.array([CLS + 1], np.int64), "one_hi")])
+    on, got, off, want = both(model, feeds)
+    assert on.plan.rows_kept == [] and convs(on) == convs(off)
+    assert_same_bits(got, want)
+
+
+@pytest.mark.parametrize("idx", [[5, -1, -480, 479, 0, 7, 7, 100], [3, 480, 2, 1, 0, 9, 8, 4], [-481, 0, 1, 2, 3, 4, 5, 6]])
+def test_indices_out_of_range_or_negative_behave_as_the_original(idx):
+    model, feeds = head(idx_input=True, K=8)
+    feeds["idx"] = np.array(idx, np.int64)
+    on, off = (luisaml.compile(model, batch_axis=None, backend="cpu", rows_kept=r) for r in (True, False))
+    assert on.plan.rows_kept and not off.plan.rows_kept
+    bad = any(i < -480 or i >= 480 for i in idx)
+    if not bad:  # negative indices count from the end, as onnxruntime's
+        got = on.run(feeds)
+        assert_same_bits(got, off.run(feeds))
+        assert_close_to_ort(got, model, feeds)
+        return
+    errors = []
+    for net in (on, off):
+        with pytest.raises(luisaml.RunError) as e:
+            net.run(feeds)
+        errors.append(str(e.value))
+    assert errors[0] == errors[1] and "at_cells" in errors[0]  # the same node named, the same words
+    # check_indices=False: clamped into range, the same rows either way
+    on, off = (luisaml.compile(model, batch_axis=None, backend="cpu", rows_kept=r, check_indices=False)
+               for r in (True, False))
+    assert_same_bits(on.run(feeds), off.run(feeds))
+
+
+def test_cuda_plans_rewrite_only_where_the_forms_sum_alike():
+    """Planned for CUDA without a device. The detector's head (10 output channels, under tiled.MIN_SIDE) runs
+    the items form in every Conv, tensor cores or not: rewritten. A head of 32 channels takes tiled.py's FP32
+    tile (B added last) or the TF32 mma tile, and its 8 kept channels the items form (B first): not rewritten,
+    and the note says why."""
+    model, _ = head(C=32, H=32, W=32, K=64)
+    for tc in (False, True):
+        plan = plan_of(model, "cuda", batch_axis=None, tensor_cores=tc)
+        assert plan.rows_kept and "evaluated at 64 gathered rows, not 1,024" in plan.rows_kept[0]
+    model, _ = head(C=32, H=32, W=32, K=64, CLS=24)
+    for tc, said in ((False, "tiled.py's FP32 tile (B last)"), (True, "the TF32 mma tile")):
+        plan = plan_of(model, "cuda", batch_axis=None, tensor_cores=tc)
+        assert len(plan.rows_kept) == 1 and f"not rewritten: every row's Conv sums on {said}" in plan.rows_kept[0]
+        assert "the kept rows' in the items form (B first)" in plan.rows_kept[0]
+        assert [tuple(op.output().shape) for n, op in plan.main.ops if n.op_type == "Conv"] == [(1, 32, 32, 32)]
