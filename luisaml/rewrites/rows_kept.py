@@ -10,22 +10,23 @@ read along one path of single-reader nodes --
   - a view flattening the positions into one axis ([c, prod S]),
 -- to a Gather of that flattened axis at indices computed at run time (TopK's cells). Channels the path does
 not read may be read by Slices of channels outside [c0, c1) where the path branches (the heat map's classes).
-Then the Conv keeps the side Slices' channels over every position, and the channels [c0, c1) are computed at
-the gathered rows only: X's rows gathered (X as [C, prod S], the same Gather node, its name and indices: an
-index out of range or negative behaves as the original's, it is the same axis of the same length), the Conv
-over those K rows ([1, C, 1.., K]) with W[c0:c1] and B[c0:c1], the path's maps, a view to the Gather's output
-(the detector at 100k points: 8 of 10 channels at 64 rows, not 40,000).
+Then the Conv keeps the side Slices' channels over every position (the path's nodes before the branch and the
+Slices made again over it), and the channels [c0, c1) are computed at the gathered rows only, by one node that
+gathers X's rows and sums (operators/rows_kept.py RowsKeptConv: the Gather's index rules, a bad index naming
+that Gather node), then the path's maps (the detector at 100k points: 8 of 10 channels at 64 rows, not 41,209).
 
-Bit-identical to computing every row: the kept rows' Conv is the same operator over the same inputs, W and B
-rows, so each output is the same floating-point operations in the same order only if its form sums the same
-way. The forms (operators/conv.py, conv_tiles.py): the items form (the CPU backend's tiles, and CUDA's direct
-form and products under tiled.MIN_SIDE) starts at B[m] and does fma(x[c], W[m, c], acc) for c = 0..C-1 in
-order, whatever the tile's P and O; tiled.py's FP32 tile starts at 0, does the same fmas in k order (k = c
-for a 1 x 1, step after step, no split of k) and adds B[m] last. So the rewrite fires where the original
-Conv, the one over the side channels and the one over the kept rows all take the same of these two forms;
-where any would take the TF32 mma tile (tensor cores: its products round to TF32 and sum in the mma's own
-order; the tile's shape follows M and N) or the dot form (a 1 x 1 input: lanes split k), it does not (the
-note says why), nor for a plan without stages (schedule="per-sample": forward's window sum).
+Bit-identical to computing every row: each kept output must be the same floating-point operations in the same
+order as every row's Conv makes it. The Conv's forms (operators/conv.py, conv_tiles.py): the items form (the
+CPU backend's tiles, and CUDA's direct form and products under tiled.MIN_SIDE columns) starts at B[m] and does
+fma(x[c], W[m, c], acc) for c = 0..C-1 in order, whatever the tile's P and O; tiled.py's FP32 tile does the
+same fmas from 0 in k order (k = c for a 1 x 1, step after step, no split of k) and adds B[m] last.
+RowsKeptConv sums in the order of the form every row's Conv takes ("items" or "fp32"), and the Conv left over
+the side channels must take that form too. Where every row's Conv takes the TF32 mma tile (tensor cores: its
+products round A and B to TF32 and sum in the mma's own order) or the dot form (a 1 x 1 input: lanes split
+k), or the side channels' Conv another form, the rewrite does not fire (the note says why); nor in a plan
+without stages (schedule="per-sample"). The CPU backend is what the tests check bit for bit; on CUDA the same
+rule holds by the forms' code (tests/core/test_rows_kept.py plans them; tests/gpu/test_rows_kept_cuda.py runs
+them).
 
 A path with other readers, a graph output on it, a Slice of the side channels overlapping [c0, c1), a
 per-channel constant in a map (it would need slicing), a 3 x 3 Conv or a Gather of another axis: no rewrite."""
@@ -41,8 +42,8 @@ from luisaml.model import Node, Variable
 from luisaml.operator import Operator
 from luisaml.operators.conv import Conv
 from luisaml.operators.indexing import Gather, Slice
+from luisaml.operators.rows_kept import RowsKeptConv
 from luisaml.operators.shape import View
-from luisaml.registry import resolve
 from luisaml.rewrites import new_tensor
 from luisaml.storage import Tensor
 
@@ -264,35 +265,28 @@ def _one(plan, main, conv_node: Node, conv: Conv, outputs: set[str]) -> str:
     before = set(main.tensors)
     new_ops: dict[str, list] = {}  # the node name after which (or in place of which) the new nodes go
 
-    # the kept rows: X as [C, P], its rows gathered by the same Gather node (its name: a bad index names it)
-    shape_cp = _const(main, f"{base}/rows_kept/x_shape", np.array([C, P], np.int64))
-    x_cp = new_tensor(main, f"{base}/rows_kept/x_flat", x.dtype, (C, P), False)
-    n_flat = Node(f"{base}/rows_kept/x_flat", "Reshape", "", [x.name, shape_cp.name], [x_cp.name])
-    reshape_cls = resolve("Reshape", "", 14)
-    op_flat = reshape_cls(n_flat, [x, shape_cp], [x_cp], 14)
-    x_g = new_tensor(main, f"{base}/rows_kept/x_rows", x.dtype, (C,) + tuple(idx.shape), False)
-    n_g = Node(gnode.name, "Gather", gnode.domain, [x_cp.name, idx.name], [x_g.name], {"axis": 1})
-    op_g = type(gop)(n_g, [x_cp, idx], [x_g], gop.opset)
-    conv_shape = (1, C) + (1,) * (len(S) - 1) + (K,)
-    shape_k = _const(main, f"{base}/rows_kept/k_shape", np.array(conv_shape, np.int64))
-    x_k = new_tensor(main, f"{base}/rows_kept/x_k", x.dtype, conv_shape, False)
-    n_xk = Node(f"{base}/rows_kept/x_k", "Reshape", "", [x_g.name, shape_k.name], [x_k.name])
-    op_xk = reshape_cls(n_xk, [x_g, shape_k], [x_k], 14)
+    said = {None: "on the TF32 mma tile or the dot form (their own order)", "items": "in the items form (B first)",
+            "fp32": "on tiled.py's FP32 tile (B last)"}
+    form = _form(conv)
+    if form is None:
+        return (f"Conv '{conv_node.name}': {c1 - c0} of {M} output channels read only at {K} gathered rows; "
+                f"not rewritten: every row's Conv sums {said[form]}")
+    # the kept rows: one node gathers X's rows as the Gather did (its node named by a bad index) and sums each
+    # output in the order of every row's Conv (operators/rows_kept.py), then the path's maps
     w_k = _const(main, f"{base}/rows_kept/W", np.ascontiguousarray(w[c0:c1]))
     b_k = _const(main, f"{base}/rows_kept/B", np.ascontiguousarray(b[c0:c1])) if b is not None else None
-    y_k = new_tensor(main, f"{base}/rows_kept/y", dtypes.FLOAT, (1, c1 - c0) + conv_shape[2:], False)
-    kept_conv = _copy(conv_node, conv, f"{base}/rows_kept", [x_k, w_k, b_k] if b_k is not None else [x_k, w_k], [y_k])
-    kept = [(n_flat, op_flat), (n_g, op_g), (n_xk, op_xk), kept_conv]
+    y_k = out if not path.maps else new_tensor(main, f"{base}/rows_kept", dtypes.FLOAT, tuple(out.shape), False)
+    n_k = Node(f"{base}/rows_kept", "RowsKeptConv", "luisaml",
+               [x.name, idx.name, w_k.name] + ([b_k.name] if b_k is not None else []), [y_k.name])
+    kept = [(n_k, RowsKeptConv(n_k, [x, idx, w_k] + ([b_k] if b_k is not None else []), [y_k], gop, form))]
     t_cur = y_k
     for k, (mnode, mop) in enumerate(path.maps):
-        t_next = new_tensor(main, f"{base}/rows_kept/map{k}", dtypes.FLOAT, y_k.shape, False)
+        t_next = out if k == len(path.maps) - 1 else new_tensor(main, f"{base}/rows_kept/map{k}", dtypes.FLOAT,
+                                                                 tuple(out.shape), False)
         src = next(t for t in mop.inputs if t is not None and t.value is None)
         kept.append(_copy(mnode, mop, f"{mnode.name}/rows_kept", [t_cur if t is src else t for t in mop.inputs],
                           [t_next]))
         t_cur = t_next
-    shape_out = _const(main, f"{base}/rows_kept/out_shape", np.array(out.shape, np.int64))
-    n_out = Node(f"{base}/rows_kept/out", "Reshape", "", [t_cur.name, shape_out.name], [out.name])
-    kept.append((n_out, reshape_cls(n_out, [t_cur, shape_out], [out], 14)))
     new_ops[gnode.name] = kept
 
     # the side channels [p0, p1) over every position: the Conv, the path's nodes before the branch, the Slices
@@ -324,19 +318,14 @@ def _one(plan, main, conv_node: Node, conv: Conv, outputs: set[str]) -> str:
             en = _const(main, f"{snode.name}/side_ends", ends)
             n = Node(snode.name, "Slice", "", [t_cur.name, st.name, en.name], list(snode.outputs))
             side.append((n, Slice(n, [t_cur, st, en], [sop.outputs[0]], 13)))
-    # check the forms sum alike (the module docstring); where not, leave the graph as it was
-    forms = [_form(conv), _form(kept_conv[1])] + ([_form(side[0][1])] if side else [])
-    if len(set(forms)) != 1 or None in forms:
+    # the side channels' Conv must sum as every row's did (a narrower product may take another form)
+    if side and _form(side[0][1]) != form:
         for name in set(main.tensors) - before:
             main.tensors.pop(name)
             main.graph.vars.pop(name, None)
-        said = {None: "on the TF32 mma tile or the dot form (their own order)", "items": "in the items form (B first)",
-                "fp32": "on tiled.py's FP32 tile (B last)"}
-        why = f"every row's Conv sums {said[forms[0]]}, the kept rows' {said[forms[1]]}"
-        if len(forms) > 2 and forms[2] != forms[0]:
-            why += f", the side channels' {said[forms[2]]}"
         return (f"Conv '{conv_node.name}': {c1 - c0} of {M} output channels read only at {K} gathered rows; "
-                f"not rewritten: {why}")
+                f"not rewritten: every row's Conv sums {said[form]}, the side channels' would sum "
+                f"{said[_form(side[0][1])]}")
     drop = {n.name for n, _ in path.nodes} | {conv_node.name} | {n.name for n, _, _ in sides}
     ops = []
     for node, op in main.ops:

@@ -70,9 +70,10 @@ def both(model, feeds, **kw):
     return on, on.run(feeds), off, off.run(feeds)
 
 
-def convs(net) -> list[tuple[str, tuple]]:
-    """The plan's Conv nodes and their output shapes."""
-    return [(n.name, tuple(op.output().shape)) for n, op in net.plan.main.ops if n.op_type == "Conv"]
+def convs(net) -> list[tuple[str, str, tuple]]:
+    """The plan's Conv and RowsKeptConv nodes and their output shapes."""
+    return [(n.op_type, n.name, tuple(op.output().shape)) for n, op in net.plan.main.ops
+            if n.op_type in ("Conv", "RowsKeptConv")]
 
 
 @pytest.mark.parametrize("case", [
@@ -88,8 +89,8 @@ def test_regression_channels_are_computed_at_the_gathered_rows_only_bit_for_bit(
     assert on.plan.rows_kept == [f"Conv 'conv': {REG} of {CLS + REG} output channels evaluated at {K} gathered rows, "
                                  f"not {H * W:,} (Gather 'at_cells'); the other {CLS} over every row"]
     # the full Conv keeps the class channels; the regression channels' Conv runs over K rows
-    assert convs(on) == [("conv", (1, CLS, H, W)), ("conv/rows_kept", (1, REG, 1, K))]
-    assert convs(off) == [("conv", (1, CLS + REG, H, W))] and off.plan.rows_kept == []
+    assert convs(on) == [("Conv", "conv", (1, CLS, H, W)), ("RowsKeptConv", "conv/rows_kept", (REG, K))]
+    assert convs(off) == [("Conv", "conv", (1, CLS + REG, H, W))] and off.plan.rows_kept == []
     assert_same_bits(got, want)
     assert_close_to_ort(got, model, feeds)
 
@@ -148,16 +149,27 @@ def test_indices_out_of_range_or_negative_behave_as_the_original(idx):
 
 def test_cuda_plans_rewrite_only_where_the_forms_sum_alike():
     """Planned for CUDA without a device. The detector's head (10 output channels, under tiled.MIN_SIDE) runs
-    the items form in every Conv, tensor cores or not: rewritten. A head of 32 channels takes tiled.py's FP32
-    tile (B added last) or the TF32 mma tile, and its 8 kept channels the items form (B first): not rewritten,
-    and the note says why."""
+    the items form, tensor cores or not: rewritten, B first. A head of 32 channels (24 left over every row)
+    takes tiled.py's FP32 tile: rewritten, the kept rows summed with B last as that tile sums; on the TF32 mma
+    tile it is not. A head of 16 channels takes the FP32 tile, but its 8 side channels would take the items form
+    (under MIN_SIDE): not rewritten. Each note says why."""
+    def kept_order(plan):
+        return [op.order for n, op in plan.main.ops if n.op_type == "RowsKeptConv"]
+
     model, _ = head(C=32, H=32, W=32, K=64)
     for tc in (False, True):
         plan = plan_of(model, "cuda", batch_axis=None, tensor_cores=tc)
         assert plan.rows_kept and "evaluated at 64 gathered rows, not 1,024" in plan.rows_kept[0]
+        assert kept_order(plan) == ["items"]
     model, _ = head(C=32, H=32, W=32, K=64, CLS=24)
-    for tc, said in ((False, "tiled.py's FP32 tile (B last)"), (True, "the TF32 mma tile")):
-        plan = plan_of(model, "cuda", batch_axis=None, tensor_cores=tc)
-        assert len(plan.rows_kept) == 1 and f"not rewritten: every row's Conv sums on {said}" in plan.rows_kept[0]
-        assert "the kept rows' in the items form (B first)" in plan.rows_kept[0]
-        assert [tuple(op.output().shape) for n, op in plan.main.ops if n.op_type == "Conv"] == [(1, 32, 32, 32)]
+    plan = plan_of(model, "cuda", batch_axis=None)
+    assert "8 of 32 output channels evaluated at 64 gathered rows" in plan.rows_kept[0] and kept_order(plan) == ["fp32"]
+    plan = plan_of(model, "cuda", batch_axis=None, tensor_cores=True)
+    assert plan.rows_kept == ["Conv 'conv': 8 of 32 output channels read only at 64 gathered rows; not rewritten: "
+                              "every row's Conv sums on the TF32 mma tile or the dot form (their own order)"]
+    assert [tuple(op.output().shape) for n, op in plan.main.ops if n.op_type == "Conv"] == [(1, 32, 32, 32)]
+    model, _ = head(C=32, H=32, W=32, K=64, CLS=8)
+    plan = plan_of(model, "cuda", batch_axis=None)
+    assert plan.rows_kept == ["Conv 'conv': 8 of 16 output channels read only at 64 gathered rows; not rewritten: "
+                              "every row's Conv sums on tiled.py's FP32 tile (B last), the side channels' would sum "
+                              "in the items form (B first)"] and not kept_order(plan)
