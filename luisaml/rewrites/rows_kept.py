@@ -342,8 +342,9 @@ def _one(plan, main, conv_node: Node, conv: Conv, outputs: set[str]) -> str:
         if t not in read:  # (the full Conv's output, the path's tensors, W and B: nothing reads them now)
             main.tensors.pop(t, None)
     main.allocation, main.views = plan_storage(main.graph, main.tensors, main.ops, plan.blob)
+    rest = f"the other {p1 - p0} over every row" if sides else "no other channel is read"
     return (f"Conv '{conv_node.name}': {c1 - c0} of {M} output channels evaluated at {K} gathered rows, not "
-            f"{P:,} (Gather '{gnode.name}'); the other {p1 - p0} over every row")
+            f"{P:,} (Gather '{gnode.name}'); {rest}")
 
 
 def _reaches_gather(side, cur: str, path: Path, users, outputs) -> bool:

@@ -173,3 +173,25 @@ def test_cuda_plans_rewrite_only_where_the_forms_sum_alike():
     assert plan.rows_kept == ["Conv 'conv': 8 of 16 output channels read only at 64 gathered rows; not rewritten: "
                               "every row's Conv sums on tiled.py's FP32 tile (B last), the side channels' would sum "
                               "in the items form (B first)"] and not kept_order(plan)
+
+
+def test_every_channel_read_at_the_rows_only_leaves_no_full_conv():
+    """No Slice: every output channel is read only at the gathered rows; no Conv over every row is left."""
+    rng = np.random.default_rng(3)
+    C, M, H, W, K = 16, 6, 12, 10, 9
+    inits = {"w": rng.standard_normal((M, C, 1, 1)).astype(np.float32), "b": rng.standard_normal(M).astype(np.float32),
+             "zero": np.array(0, np.int64), "flat": np.array([M, H * W], np.int64)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv"),
+             helper.make_node("Gather", ["y", "zero"], ["g"], axis=0, name="squeeze"),
+             helper.make_node("Reshape", ["g", "flat"], ["f"], name="flat"),
+             helper.make_node("Sigmoid", ["f"], ["s"], name="sig"),
+             helper.make_node("Gather", ["s", "idx"], ["out"], axis=1, name="at")]
+    feeds = {"x": rng.standard_normal((1, C, H, W)).astype(np.float32),
+             "idx": rng.integers(-H * W, H * W, size=(3, 3)).astype(np.int64)}
+    model = graph_model(nodes, feeds, inits, outputs=["out"])
+    on, got, off, want = both(model, feeds)
+    assert on.plan.rows_kept == [f"Conv 'conv': {M} of {M} output channels evaluated at {K} gathered rows, not "
+                                 f"{H * W} (Gather 'at'); no other channel is read"]
+    assert convs(on) == [("RowsKeptConv", "conv/rows_kept", (M, 3, 3))]
+    assert_same_bits(got, want)
+    assert_close_to_ort(got, model, feeds)
