@@ -24,9 +24,8 @@ RowsKeptConv sums in the order of the form every row's Conv takes ("items" or "f
 the side channels must take that form too. Where every row's Conv takes the TF32 mma tile (tensor cores: its
 products round A and B to TF32 and sum in the mma's own order) or the dot form (a 1 x 1 input: lanes split
 k), or the side channels' Conv another form, the rewrite does not fire (the note says why); nor in a plan
-without stages (schedule="per-sample"). The CPU backend is what the tests check bit for bit; on CUDA the same
-rule holds by the forms' code (tests/core/test_rows_kept.py plans them; tests/gpu/test_rows_kept_cuda.py runs
-them).
+without stages (schedule="per-sample"). The tests check the CPU backend bit for bit, and both CUDA orders in
+tests/gpu_emulator.py (tests/core/test_rows_kept.py); tests/gpu/test_rows_kept_cuda.py runs them on a GPU.
 
 A path with other readers, a graph output on it, a Slice of the side channels overlapping [c0, c1), a
 per-channel constant in a map (it would need slicing), a 3 x 3 Conv or a Gather of another axis: no rewrite."""

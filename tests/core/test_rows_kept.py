@@ -195,3 +195,19 @@ def test_every_channel_read_at_the_rows_only_leaves_no_full_conv():
     assert convs(on) == [("RowsKeptConv", "conv/rows_kept", (M, 3, 3))]
     assert_same_bits(got, want)
     assert_close_to_ort(got, model, feeds)
+
+
+@pytest.mark.parametrize("cls, order", [(2, "items"), (24, "fp32")])
+def test_cuda_kernels_in_the_emulator_keep_every_rows_bits(cls, order):
+    """The CUDA plan's kernels run in Python (tests/gpu_emulator.py: float64, each fma a * b + c): the kept rows
+    summed in the order of the Conv's form -- items, B first; tiled.py's FP32 tile (32 channels), B last --
+    equal every row's to the last bit of the emulation (another order differs there)."""
+    from gpu_emulator import run_plan
+
+    model, feeds = head(C=16, H=16, W=16, K=8, CLS=cls)
+    on = plan_of(model, "cuda", batch_axis=None)
+    off = plan_of(model, "cuda", batch_axis=None, rows_kept=False)
+    assert [op.order for n, op in on.main.ops if n.op_type == "RowsKeptConv"] == [order]
+    got, want = run_plan(on, feeds), run_plan(off, feeds)
+    for k in want:
+        assert np.array_equal(got[k], want[k]), k
