@@ -211,3 +211,41 @@ def test_cuda_kernels_in_the_emulator_keep_every_rows_bits(cls, order):
     got, want = run_plan(on, feeds), run_plan(off, feeds)
     for k in want:
         assert np.array_equal(got[k], want[k]), k
+
+
+def test_the_detector_head_as_exported_is_rewritten_and_gives_torchs_boxes():
+    """examples/lidar_detector.py's Head exported as network B is (host voxelization, the test's tiny detector):
+    its 1 x 1 Conv's 8 regression channels at the 10 TopK cells only; every output bit for bit the network
+    without the rewrite's, the boxes, scores, labels and kept order torch's."""
+    import torch
+
+    from util import example_module
+
+    with example_module("lidar_detector.py") as ex:
+        cfg = ex.Settings(points=700, frames=2, channels=4, radius=5.0, candidates=10, voxelize="host")
+        rng = np.random.default_rng(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        backbone, head_module = ex.Backbone(cfg).eval(), ex.Head(cfg).eval()
+        frames = [ex.lidar_frame(n, rng, cfg.radius) for n in (700, 1050)]
+        fine, x = ex.voxelize(frames[0], cfg.voxel_size)
+        with torch.no_grad():
+            coarse = backbone(x, *fine)
+        model = ex.export(head_module, coarse, fine, "coarse_features", ex.OUTPUTS)
+        on = luisaml.compile(model, batch_axis=None, backend="cpu")
+        off = luisaml.compile(model, batch_axis=None, backend="cpu", rows_kept=False)
+        Y, X = head_module.size[1], head_module.size[0]
+        assert on.plan.rows_kept == [f"Conv '/out/Conv': 8 of 10 output channels evaluated at 10 gathered rows, not "
+                                     f"{X * Y} (Gather '/Gather_1'); the other 2 over every row"]
+        for points in frames:
+            fine, x = ex.voxelize(points, cfg.voxel_size)
+            with torch.no_grad():
+                feats = backbone(x, *fine)
+                want = [t.numpy() for t in head_module(feats, *fine)]
+            feeds = ex.feeds("coarse_features", feats, fine)
+            got = on.run(feeds)
+            assert_same_bits(got, off.run(feeds))
+            boxes, scores, labels = ex.detections(*(got[n] for n in ex.OUTPUTS))
+            want_boxes, want_scores, want_labels = ex.detections(*want)
+            assert np.array_equal(got["kept"], want[3]) and np.array_equal(labels, want_labels)
+            np.testing.assert_allclose(boxes, want_boxes, rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(scores, want_scores, rtol=0, atol=1e-6)
