@@ -37,7 +37,7 @@ import numpy as np
 
 from luisaml import dtypes
 from luisaml.lowering import plan_storage
-from luisaml.model import Node, Variable
+from luisaml.model import Node
 from luisaml.operator import Operator
 from luisaml.operators.conv import Conv
 from luisaml.operators.indexing import Gather, Slice
@@ -157,7 +157,6 @@ def _const(main, name: str, value: np.ndarray) -> Tensor:
     """A new constant tensor of main's (its storage placed when plan_storage runs again)."""
     t = new_tensor(main, name, dtypes.from_numpy(value.dtype), tuple(value.shape), False)
     t.value = value
-    main.graph.vars[t.name] = Variable(t.name, t.dtype, list(t.shape))
     return t
 
 
@@ -208,14 +207,14 @@ def _one(plan, main, conv_node: Node, conv: Conv, outputs: set[str]) -> str:
     y = conv.output()
     M = conv.M
     path = Path(lead=True, chan=(0, M), flat=len(y.shape) == 3)
-    cur, prefix, sides = y.name, 0, []
+    cur, prefix, sides, lead_at_branch = y.name, 0, [], True
     while True:
         if cur in outputs:
             return ""
         readers = users.get(cur, [])
         if len(readers) > 1 and not sides and path.chan == (0, M) and not path.flat:
             # the branch: one reader goes on, the others must be Slices of channels (the side channels)
-            prefix = len(path.nodes)
+            prefix, lead_at_branch = len(path.nodes), path.lead
             on = []
             for node, op in readers:
                 probe = Path(path.lead, path.chan, path.flat)
@@ -296,18 +295,18 @@ def _one(plan, main, conv_node: Node, conv: Conv, outputs: set[str]) -> str:
         y_s = new_tensor(main, f"{y.name}/side", dtypes.FLOAT, (1, p1 - p0) + tuple(S), False)
         side_conv = _copy(conv_node, conv, base, [x, w_s, b_s] if b_s is not None else [x, w_s], [y_s])
         side.append(side_conv)
-        t_cur, lead = y_s, True
+        t_cur = y_s
         for pnode, pop in path.nodes[:prefix]:
             src = pop.inputs[0] if not getattr(pop, "elementwise", False) else next(
                 t for t in pop.inputs if t is not None and t.value is None)
             shape = tuple(t_cur.shape if getattr(pop, "elementwise", False) else t_cur.shape[1:])
             t_next = new_tensor(main, f"{pop.outputs[0].name}/side", dtypes.FLOAT, shape, False)
             ins = [t_cur if t is src else t for t in pop.inputs]
-            if isinstance(pop, View):
+            if pnode.op_type == "Reshape":  # (a Squeeze's axes, a Flatten's axis stay as they were)
                 ins = [t_cur, _const(main, f"{pnode.name}/side_shape", np.array(shape, np.int64))]
             side.append(_copy(pnode, pop, f"{pnode.name}/side", ins, [t_next]))
             t_cur = t_next
-        ca = 1 if path.lead else 0
+        ca = 1 if lead_at_branch else 0
         for snode, sop, (s, e) in sides:
             rank = sop.inputs[0].rank
             starts = np.array([sop.first[a] - (p0 if a == ca else 0) for a in range(rank)], np.int64)

@@ -13,12 +13,13 @@ CLS, REG = 2, 8
 
 
 def head(C=32, H=20, W=24, K=16, kernel=1, pre=None, post=None, extra=None, gather_axis=1, seed=0,
-         idx_input=False, reg_first=False, CLS=CLS):
+         idx_input=False, reg_first=False, CLS=CLS, split_first=False):
     """A CenterPoint-like head: Conv (C -> CLS + REG channels) over x [1, C, H, W], the leading axis dropped
     (Gather of index 0), the class channels' sigmoid TopK over every cell, the regression channels flattened
     and gathered at the TopK cells (or at the indices input `idx` where idx_input). pre: elementwise nodes on
     the Conv's output before the split ([op, scalar] pairs); post: on the regression channels after the slice;
-    extra: more nodes (they may read 'g' or 'reg'); reg_first: the regression channels first."""
+    extra: more nodes (they may read 'g' or 'reg'); reg_first: the regression channels first; split_first: the
+    channels sliced along axis 1 of the Conv's output, each branch then dropping the leading axis (a Squeeze)."""
     rng = np.random.default_rng(seed)
     M = CLS + REG
     w = (rng.standard_normal((M, C, kernel, kernel)) / np.sqrt(C)).astype(np.float32)
@@ -36,13 +37,20 @@ def head(C=32, H=20, W=24, K=16, kernel=1, pre=None, post=None, extra=None, gath
         inits[f"pre{k}"] = np.array(v, np.float32)
         nodes.append(helper.make_node(op, [cur, f"pre{k}"], [f"pre{k}_out"], name=f"pre{k}"))
         cur = f"pre{k}_out"
-    nodes += [helper.make_node("Gather", [cur, "zero"], ["g"], axis=0, name="squeeze"),
-              helper.make_node("Slice", ["g", "cls_lo", "cls_hi", "ax0"], ["heat_maps"], name="cls"),
-              helper.make_node("Sigmoid", ["heat_maps"], ["heat"], name="sigmoid"),
+    if split_first:
+        inits["ax1"] = np.array([1], np.int64)
+        nodes += [helper.make_node("Slice", [cur, "cls_lo", "cls_hi", "ax1"], ["heat4"], name="cls"),
+                  helper.make_node("Squeeze", ["heat4", "ax0"], ["heat_maps"], name="cls_squeeze"),
+                  helper.make_node("Slice", [cur, "reg_lo", "reg_hi", "ax1"], ["reg4"], name="reg"),
+                  helper.make_node("Squeeze", ["reg4", "ax0"], ["reg"], name="reg_squeeze")]
+    else:
+        nodes += [helper.make_node("Gather", [cur, "zero"], ["g"], axis=0, name="squeeze"),
+                  helper.make_node("Slice", ["g", "cls_lo", "cls_hi", "ax0"], ["heat_maps"], name="cls"),
+                  helper.make_node("Slice", ["g", "reg_lo", "reg_hi", "ax0"], ["reg"], name="reg")]
+    nodes += [helper.make_node("Sigmoid", ["heat_maps"], ["heat"], name="sigmoid"),
               helper.make_node("Reshape", ["heat", "flat"], ["heat_flat"], name="heat_flat"),
               helper.make_node("TopK", ["heat_flat", "k"], ["scores", "index"], name="topk"),
-              helper.make_node("Mod", ["index", "cells"], ["cell"], name="cell"),
-              helper.make_node("Slice", ["g", "reg_lo", "reg_hi", "ax0"], ["reg"], name="reg")]
+              helper.make_node("Mod", ["index", "cells"], ["cell"], name="cell")]
     inits["cells"] = np.array(H * W, np.int64)
     cur = "reg"
     for k, (op, v) in enumerate(post or []):
@@ -81,6 +89,8 @@ def convs(net) -> list[tuple[str, str, tuple]]:
     dict(post=[("Mul", 2.0), ("Add", 0.5)]),  # maps after the slice (x * 2 + 0.5)
     dict(post=[("Exp", None)], pre=[("Mul", 0.75)]),  # a map before the split too (the side channels' as well)
     dict(C=37, H=17, W=31, K=40, reg_first=True),  # odd sizes, the regression channels first
+    # sliced on axis 1 of the Conv's output, squeezed after; the side channels after the kept ones
+    dict(split_first=True, reg_first=True, pre=[("Add", -0.25)], post=[("Sigmoid", None)]),
 ])
 def test_regression_channels_are_computed_at_the_gathered_rows_only_bit_for_bit(case):
     model, feeds = head(**case)
