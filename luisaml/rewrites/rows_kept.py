@@ -117,7 +117,7 @@ def _gather(op: Operator, path: Path) -> bool:
 
 def _step(node: Node, op: Operator, cur: str, path: Path) -> str | None:
     """Advance the path over one node reading `cur`: 'gather' at the end, 'ok' on, None where it leaves."""
-    if op.subgraphs or not node.outputs or op.inputs[0] is None:
+    if op.subgraphs or not op.outputs or op.outputs[0] is None or not op.inputs or op.inputs[0] is None:
         return None
     if _scalar_map(op, cur):
         path.maps.append((node, op))
