@@ -259,3 +259,44 @@ def test_the_detector_head_as_exported_is_rewritten_and_gives_torchs_boxes():
             assert np.array_equal(got["kept"], want[3]) and np.array_equal(labels, want_labels)
             np.testing.assert_allclose(boxes, want_boxes, rtol=1e-4, atol=1e-4)
             np.testing.assert_allclose(scores, want_scores, rtol=0, atol=1e-6)
+
+
+# the per-sample function a user kernel calls (RowsKeptConv.forward): set by the test before the kernel builds
+forward = X = SCORES = BOXES = None
+
+
+def _user_kernel():
+    import luisa
+
+    @luisa.func
+    def user_kernel(xs, scores, boxes, weights):
+        x = X()
+        for k in range(64):
+            x[k] = xs.read(k)
+        s = SCORES()
+        b = BOXES()
+        forward(x, s, b, weights)
+        for k in range(3):
+            scores.write(k, s[k])
+        for k in range(24):
+            boxes.write(k, b[k])
+
+    return user_kernel
+
+
+def test_forward_of_a_rewritten_network_in_a_user_kernel():
+    """`forward` (one thread runs the whole graph: RowsKeptConv.forward) called from a kernel gives net.run's
+    outputs (its Convs' window sums add in forward's own way: close, not bit for bit)."""
+    import luisa
+
+    global forward, X, SCORES, BOXES
+    model, feeds = head(C=4, H=4, W=4, K=3)
+    net = luisaml.compile(model, batch_axis=None, backend="cpu")
+    assert net.plan.rows_kept
+    forward, X, SCORES, BOXES = net.forward, net.input_type("x"), net.output_type("scores"), net.output_type("boxes")
+    bx = luisa.Buffer.from_array(feeds["x"].reshape(-1))
+    bs, bb = luisa.Buffer(3, float), luisa.Buffer(24, float)
+    _user_kernel()(bx, bs, bb, net.weights, dispatch_size=1)
+    want = net.run(feeds)
+    np.testing.assert_allclose(bs.numpy(), want["scores"], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(bb.numpy().reshape(8, 3), want["boxes"], rtol=1e-5, atol=1e-6)
