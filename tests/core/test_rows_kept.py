@@ -311,5 +311,5 @@ def test_forward_of_a_rewritten_network_in_a_user_kernel(tmp_path):
     script = tmp_path / "forward_in_kernel.py"  # (a file: luisa.func reads the kernel's source)
     script.write_text(FORWARD_SCRIPT)
     r = subprocess.run([sys.executable, str(script), str(here), str(here.parent)], capture_output=True, text=True,
-                       timeout=600)
+                       timeout=300)
     assert r.returncode == 0 and "forward ok" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
