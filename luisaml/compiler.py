@@ -19,6 +19,7 @@ from .log import phase
 from .operators.mlp import MLPConfig
 from .rewrites import mlp as mlp_rewrite
 from .rewrites import rnn as rnn_rewrite
+from .rewrites import rows_kept as rows_kept_rewrite
 from .rewrites import tensor_cores as tensor_cores_rewrite
 from .rewrites import winograd as winograd_rewrite
 from .lowering import bind_derived, build_graph_code, check_sizes, io_spec, mark_accumulated, unsupported_nodes
@@ -83,7 +84,9 @@ class BuildOptions:
     each set as the node's Operator.schedule (luisaml/tune.py; not stored in a .lml yet: a loaded
     network runs the rules' choices); recurrent: CUDA's recurrent steps (operators/rnn_block.py FORMS:
     "auto", "unfused", "unrolled" auto without the loads a k loop iteration ahead, "block" the block loop as first
-    built, "steps" a phase a step; not stored in a .lml)."""
+    built, "steps" a phase a step; not stored in a .lml); rows_kept: a 1 x 1 Conv's channels read only at
+    run-time gathered rows computed at those rows only (luisaml/rewrites/rows_kept.py; bit-identical, so not
+    stored in a .lml: a loaded network rewrites)."""
 
     fuse: str = "off"
     precision: str = "fp32"
@@ -97,6 +100,7 @@ class BuildOptions:
     tensor_cores: bool = False
     schedules: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
     recurrent: str = "auto"
+    rows_kept: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         """The options by name, values as they are (what luisaml/artifact_model.py encodes)."""
@@ -145,6 +149,8 @@ def build_plan(prep: Prepared, model_name: str = "model", options: BuildOptions 
         for node, op in plan.main.ops:
             if node.name in chosen:
                 op.schedule = dict(chosen[node.name])
+    if options.rows_kept and options.schedule == "stages":  # (after no_blocks and tensor cores: it reads the forms)
+        plan.rows_kept = rows_kept_rewrite.rewrite(plan)
     if options.schedule == "stages":  # RNN, GRU, LSTM: a GEMM and a phase per step (operators/rnn_stages.py)
         rnn_rewrite.rewrite(plan, gpu=options.blocks, form=options.recurrent)
     plan.fused, plan.fusion_note = mlp_rewrite.fuse(plan, options.fuse, options.precision, options.mlp, on_f16_tile)

@@ -193,6 +193,8 @@ class Plan:
     host_steps: Any = None
     # the Conv nodes that run as Winograd F(m x m, 3 x 3) stages (operators/winograd.py)
     winograd: list = field(default_factory=list)
+    # what the rows-kept rewrite did to each Conv it matched, or why not (luisaml/rewrites/rows_kept.py), for inspect
+    rows_kept: list = field(default_factory=list)
     # compile(tune=...)'s search: what it chose per node and whether it measured (luisaml/tune.py Tuning)
     tuning: Any = None
     # the kernel each stage launches when some stages share one (Operator.shared_kernel; every kernel

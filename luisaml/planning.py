@@ -78,6 +78,9 @@ class CompileOptions:
     # always a GEMM stage), "unrolled" ("auto" without the loads of R a k loop iteration ahead), "block"
     # (the block loop as first built), "steps" (a phase a step); the CPU backend's loop form either way
     recurrent: Recurrent = "auto"
+    # a 1 x 1 Conv's channels read only at run-time gathered rows computed at those rows only, bit-identical
+    # (luisaml/rewrites/rows_kept.py); False: every row
+    rows_kept: bool = True
 
     def check(self) -> None:
         """Raise UsageError for an option value luisaml does not know."""
@@ -94,6 +97,8 @@ class CompileOptions:
             raise UsageError(f"tune must be 'fast', 'full' or False, not {self.tune!r}")
         if self.recurrent not in ("auto", "unfused", "unrolled", "block", "steps"):
             raise UsageError(f"recurrent must be 'auto', 'unfused', 'unrolled', 'block' or 'steps', not {self.recurrent!r}")
+        if self.rows_kept not in (True, False):
+            raise UsageError(f"rows_kept must be True or False, not {self.rows_kept!r}")
         if self.grid_build not in ("auto", "device", "host"):
             raise UsageError(f"grid_build must be 'auto', 'device' or 'host', not {self.grid_build!r}")
 
@@ -123,7 +128,7 @@ class CompileOptions:
                             schedule="per-sample" if self.schedule == "per-sample" else "stages", mlp=self.mlp,
                             merge_stages=self.merge_stages is not False, blocks=self.blocks is True,
                             winograd=self.winograd, tensor_cores=self.tensor_cores is True,
-                            schedules=tuple(self.schedules), recurrent=self.recurrent)
+                            schedules=tuple(self.schedules), recurrent=self.recurrent, rows_kept=self.rows_kept)
 
 
 def tensor_cores_live(backend: str, kind: str = "tf32") -> bool:

@@ -57,6 +57,9 @@ these keep their names and meanings while "schema" is 1:
   `bytes_unpooled` (one array per tensor), `live_bytes` (per step: bytes of the slots holding a
   live tensor), `peak_bytes`, `inplace`, `views` ([output, input] pairs merged)}.
 - `batch_kernel`: what the fused-kernel pass decided, or "".
+- `rows_kept`: a line a Conv whose channels the graph reads only at run-time gathered rows (the rows-kept
+  rewrite, luisaml/rewrites/rows_kept.py): the channels computed at those rows only and how many rows, or why
+  not; [] when none matched.
 - `host_steps`: grid ops over grids bound at run time that run before the kernels when a run binds
   new grids, on the device (target "cuda") or the host (luisaml/host_steps.py), a line each; []
   when there are none.
@@ -149,7 +152,7 @@ def build(model, weights=None, *, batch_axis="auto", input_shapes: Mapping[str, 
     }
     if head["unsupported"]:
         return {**head, "neighbour_maps": [], "nodes": [], "totals": None, "stages": None, "registers": None,
-                "buffers": None, "batch_kernel": "", "host_steps": [], "profile": None, "tuning": None}
+                "buffers": None, "batch_kernel": "", "rows_kept": [], "host_steps": [], "profile": None, "tuning": None}
     with phase("plan"):
         plan, why, _ = plan_for(proto, name, options)
     rep = from_plan(plan, model_name=name, why=why)
@@ -238,6 +241,7 @@ def from_plan(plan, *, model_name: str = "model", why: str | None = None) -> dic
         "buffers": (allocation(sched.buffers, [f"stage {st.index}" for st in sched.stages], tensors)
                     if sched is not None else None),
         "batch_kernel": plan.fusion_note or "",
+        "rows_kept": list(getattr(plan, "rows_kept", [])),
         "host_steps": plan.host_steps.describe() if getattr(plan, "host_steps", None) is not None else [],
         "profile": None,
         "tuning": plan.tuning.as_dict() if getattr(plan, "tuning", None) is not None else None,
@@ -600,6 +604,7 @@ def text(rep: Mapping) -> str:
     lines.append(f"forward's register allocation: {_alloc_text(rep['registers'])}")
     if rep["batch_kernel"]:
         lines.append("batch kernel: " + rep["batch_kernel"])
+    lines += [f"rows kept: {line}" for line in rep.get("rows_kept", [])]
     lines.append(f"weight blob: {t['weight_blob_bytes']} bytes in {t['weight_tensors']} tensors")
     return "\n".join(lines)
 
@@ -661,6 +666,7 @@ def html(rep: Mapping) -> str:
             rows.append(("buffers across stages", alloc_summary(rep["buffers"])))
         if rep["batch_kernel"]:
             rows.append(("batch kernel", rep["batch_kernel"]))
+        rows += [("rows kept", line) for line in rep.get("rows_kept", [])]
         rows.append(("stage times", f"{time_text(prof['total_ms'])} in all, each stage launched alone (the median of "
                                     f"{prof['repeat']}) on {prof['backend']}, batch {prof['batch']} of random inputs"
                      if prof else "not measured (inspect --html FILE --profile runs the model once to time them)"))

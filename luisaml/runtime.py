@@ -44,7 +44,7 @@ def analyze(model: ModelSource, weights: WeightsSource = None, *, batch_axis: Ba
             input_shapes: Mapping[str, list] | None = None, fuse: FuseMode = "off", precision: Precision = "fp32",
             float64: Float64 = "reject", limits: Limits | None = None, check_indices: bool = True,
             schedule: Schedule = "auto", mlp: MLPConfig | None = None, target: str = "cpu",
-            winograd: Winograd = "auto", recurrent: Recurrent = "auto") -> Plan:
+            winograd: Winograd = "auto", recurrent: Recurrent = "auto", rows_kept: bool = True) -> Plan:
     """Return the compile plan of a model without starting a device (what `inspect` shows); a
     graph whose batch moves is planned at batch 2 (it compiles per batch size when it runs).
 
@@ -56,7 +56,8 @@ def analyze(model: ModelSource, weights: WeightsSource = None, *, batch_axis: Ba
     # (its fuse is the mode itself; its grid ops are shown as built on the host, as compile's "host")
     opts = replace(CompileOptions(batch_axis, input_shapes, precision, float64=float64, limits=limits or DEFAULT_LIMITS,
                                   check_indices=check_indices, schedule=schedule, mlp=mlp, winograd=winograd,
-                                  grid_build="host", recurrent=recurrent).resolve(target), fuse=fuse)
+                                  grid_build="host", recurrent=recurrent, rows_kept=rows_kept).resolve(target),
+                   fuse=fuse)
     with phase("load", model=_model_name(model)):
         proto = loaders.load_proto(model, weights, limits=opts.limits)
     plan, _, _ = plan_for(proto, _model_name(model), opts)
@@ -109,6 +110,7 @@ def compile(
     tensor_cores: TensorCores = False,
     tune: Tune = False,
     recurrent: Recurrent = "auto",
+    rows_kept: bool = True,
 ) -> CompiledNetwork:
     """Return the model compiled for the chosen backend (a PerBatchNetwork or PerShapeNetwork
     where it compiles per batch size or per shape: both are CompiledNetworks to isinstance).
@@ -167,6 +169,10 @@ def compile(
     without its loads of R a k loop iteration ahead), "block" (that launch as first built; these two for
     comparisons) or "steps" (a launch a step); the CPU backend ignores it.
     A saved .lml runs "auto".
+    rows_kept: True (a 1 x 1 Conv's output channels that the graph reads only through a Gather at run-time
+    rows of its positions, a CenterPoint head's regression maps at the TopK cells, are computed at those rows
+    only, bit-identical to every row; luisaml/rewrites/rows_kept.py says where it applies) or False (every row).
+    A saved .lml rewrites.
     verbose: log the compile's phases at INFO (same as logging.getLogger("luisaml").setLevel)."""
     t0 = time.perf_counter()
     if verbose and not logger.isEnabledFor(20):
@@ -177,7 +183,8 @@ def compile(
     name = device.init(backend, tensor_cores=tensor_cores is not False)
     opts = CompileOptions(batch_axis, input_shapes, precision, fuse, float64, limits or DEFAULT_LIMITS, check_indices,
                           schedule, mlp, winograd=winograd, grid_build=grid_build,
-                          tensor_cores=tensor_cores, tune=tune, recurrent=recurrent).resolve(name)
+                          tensor_cores=tensor_cores, tune=tune, recurrent=recurrent,
+                          rows_kept=rows_kept).resolve(name)
     with phase("load", model=_model_name(model)):
         proto = loaders.load_proto(model, weights, limits=opts.limits)
     net = _compile_loaded(proto, _model_name(model), opts, name)

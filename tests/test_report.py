@@ -139,7 +139,7 @@ def test_inspect_json_is_one_document_with_the_documented_keys(cnn_path, capsys)
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {"schema", "model", "opsets", "batch_symbol", "per_sample", "per_sample_impossible", "inputs",
                         "outputs", "op_counts", "neighbour_maps", "unsupported", "nodes", "totals", "stages", "registers",
-                        "buffers", "batch_kernel", "host_steps", "profile", "tuning"}
+                        "buffers", "batch_kernel", "rows_kept", "host_steps", "profile", "tuning"}
     assert doc["host_steps"] == [] and doc["profile"] is None  # no --profile: nothing ran, no times
     assert doc["neighbour_maps"] == []  # (no sparse convolution)
     assert all(st["time_ms"] is None for st in doc["stages"])

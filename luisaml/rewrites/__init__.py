@@ -1,5 +1,6 @@
 """Graph rewrites over a lowered plan: the fused MLP (mlp.py) and Winograd convolutions
-(winograd.py) and recurrent cells as a GEMM and phased steps (rnn.py); luisaml/compiler.py runs them before the schedule.
+(winograd.py) and recurrent cells as a GEMM and phased steps (rnn.py), a 1x1 Conv's channels read only at
+gathered rows computed at those rows (rows_kept.py); luisaml/compiler.py runs them before the schedule.
 `new_tensor`: a tensor of the graph's own that a rewrite adds (between the nodes it makes)."""
 from __future__ import annotations
 
