@@ -16,7 +16,7 @@ The pipeline, for N voxel keys (b, i, j, k) of B grids:
    an earlier stage wrote: no half-written key is ever read); leaf ids are the owners' ranks (a
    prefix sum over points, whose first stage also folds the points' root tiles and grids into their
    ranges: the leaves'), so the id order is deterministic; then one stage: voxel bits OR into the
-   leaf's mask (zeroed by the first stage), an owner writes its leaf's key and sort key;
+   leaf's mask (zeroed by the hash stage), an owner writes its leaf's key and sort key;
 2. the distinct leaves sorted into NanoVDB's order by an LSD radix sort of 8-bit digits (a chunk
    of CHUNK leaves per thread: a digit histogram per chunk, a prefix sum's up stages over (digit,
    chunk), a stable scatter per chunk) of a key packed from the 27 bits upper slot << 12 | lower slot, then root
@@ -189,10 +189,13 @@ def gb_same_leaf(s, vox, p, q):
 
 
 @luisa.func
-def gb_insert(s, vox, owner, slot_of, flag, cap, p):
+def gb_insert(s, vox, owner, slot_of, flag, mask, cap, p):
     """Find or claim point p's leaf in the hash table (open addressing, linear probing): slot_of[p]
     is the slot, flag[p] 1 where p claimed it (its owner), else 0. The table has at least twice as
-    many slots as points, so a free slot is always found."""
+    many slots as points, so a free slot is always found. Point p also zeroes leaf p's mask: the leaves
+    are fewer than the keys, so every leaf's mask is zeroed before gb_leaf ORs bits into it."""
+    for w in range(0, 16):
+        s.write(mask + 16 * p + w, 0)
     b = s.read(vox + 4 * p)
     li = s.read(vox + 4 * p + 1) >> 3
     lj = s.read(vox + 4 * p + 2) >> 3
@@ -226,7 +229,7 @@ def gb_leaf_id(s, ids, aux, q):
 @luisa.func
 def gb_leaf(s, vox, owner, slot_of, ids, aux, lkey, mask, order, key2, ctr, p):
     """Point p sets its voxel's bit, x-major n = (i&7)<<6 | (j&7)<<3 | (k&7), in its leaf's mask (zeroed
-    by the clear stage); an owner point also writes its leaf's key (b, i >> 3, j >> 3, k >> 3) and sort key
+    by the hash stage: gb_insert); an owner point also writes its leaf's key (b, i >> 3, j >> 3, k >> 3) and sort key
     at the leaf's id and starts the sort permutation. (One stage: the ranges the sort key reads were folded
     by the stage before, gb_point_ranges, and no thread reads what another writes here.)"""
     own = s.read(owner + s.read(slot_of + p)) - 1
@@ -244,14 +247,6 @@ def gb_leaf(s, vox, owner, slot_of, ids, aux, lkey, mask, order, key2, ctr, p):
         s.write(lkey + 4 * id + 3, lk)
         s.write(order + id, id)
         gb_sort_key(s, key2, ctr, id, b, li, lj, lk)
-
-
-@luisa.func
-def gb_clear_masks(s, mask, keys, t):
-    """Thread t (of at least 2 keys) zeroes mask words 8t .. 8t + 7: the 16 words a leaf of the keys' at most."""
-    if t < 2 * keys:
-        for w in range(0, 8):
-            s.write(mask + 8 * t + w, 0)
 
 
 @luisa.func

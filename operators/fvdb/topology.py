@@ -368,7 +368,7 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
         out = [Phase("clear", max(S.raw["cap"], B, 1), self._emit_clear),
                Phase("voxel keys", items, self._emit_voxels),
                Phase("hash leaves", items, lambda ctx, p: self._guarded(ctx, p, "gb_insert", S.vox, S.owner, S.slot,
-                                                                          S.ids, S.cap, p))]
+                                                                          S.ids, S.mask, S.cap, p))]
         # the voxel keys' root tiles and grids are the leaves' (a leaf's are its points'): their ranges, which
         # the sort keys read, fold in the leaf ids' first up stage (a stage of their own below SCAN keys)
         def ranges(ctx, c):
@@ -457,9 +457,6 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
         # node t's boxes empty (there are at most as many nodes as keys, and this stage has at least as many
         # threads): "node ranges and bboxes" folds leaves into them with no stage between
         self._call(ctx, "gb_node_boxes_init", S.raw["lower_box"], S.raw["upper_box"], S.raw["keys"], t)
-        # the leaves' masks zeroed (at most a leaf a key): "leaf keys, masks and sort keys" ORs bits into them
-        # whatever thread writes the leaf's key
-        self._call(ctx, "gb_clear_masks", S.raw["mask"], S.raw["keys"], t)
         # grid t's voxel size and origin, float64 bits, into its summary row: the host step reads them back
         table = self.derived[0]
         ctx.line(f"if {t} < {self.B}:")
