@@ -384,6 +384,23 @@ def test_a_build_of_at_most_scan_keys_has_no_prefix_sum_stage(n):
     assert sum(m.startswith("voxel, lower and upper ids") for m in names) == (0 if small else 1), names
 
 
+@pytest.mark.parametrize("lone", [0, 31, 32, 69])
+def test_a_tile_or_grid_held_by_one_point_is_in_the_ranges(lone):
+    """The root tiles' and grids' ranges (the sort key's fields) are folded from the voxel keys, SCAN a
+    thread, in the leaf ids' first up stage (gb_point_ranges): a grid of one point (the first, the last)
+    and a root tile of one point at each end of a thread's keys (point 31, 32, or 0 / 69) must be in them,
+    or the sort keys' fields go negative and the grid's bytes differ from the host builder's."""
+    rng = np.random.default_rng(lone)
+    pts = rng.normal(0, 6.0, (70, 3)).astype(np.float32)
+    pts[lone] = [-9000.0, 300.0, 9000.0] if lone % 2 else [9000.0, -9000.0, -300.0]  # (its own tiles)
+    offsets = [0, 1, 69, 70]  # (points 0 and 69 each a grid alone)
+    from test_grid_build_device import run_both
+
+    h = np.array([[0.5, 0.5, 0.5], [1.0, 0.25, 0.5], [2.0, 2.0, 2.0]])
+    net, _ = run_both("GridBatchFromPoints", pts, offsets, h, np.zeros((3, 3)))
+    assert any(st.phase_name == "leaf ids: sum chunks, level 0" for st in net.plan.schedule.stages)
+
+
 @pytest.mark.full
 def test_a_build_at_131072_keys_equals_the_host_builder():
     """The detector's size (100k points, the 131,072-key capacity): the histograms' sums of 5 levels (4 up
