@@ -382,20 +382,33 @@ def gb_hist(s, ctr, key2, src, hist, p, c):
 
 
 @luisa.func
-def gb_scatter(s, ctr, key2, src, dst, hist, levels, p, c):
+def gb_scatter(s, ctr, key2, src, dst, hist, nxt, levels, p, c):
     """Chunk c moves its leaves, in order, to their digit's next place (a stable counting sort). Counter
     k holds its sum within its SCAN-word chunk, and each upper level its chunk's sum within its own
-    (gb_upper_sums, the level bases from table word `levels`): every addition of the prefix sum's
-    down sweep is made here (topology.py _scan's reader_adds "all": no "add chunk bases" stage)."""
+    (gb_upper_sums, the level bases from table word `levels`): every addition of the prefix sum is made
+    here (topology.py _scan: no top-level or down-sweep stage). Where pass p + 1 sorts, each leaf also
+    counts its next digit into nxt at the chunk its new place falls in (the next pass's histograms, which
+    the up sweep of this pass zeroed: atomic adds, so the counts do not depend on the threads' order)."""
     n = s.read(ctr + C_LEAVES)
     chunks = (n + CHUNK - 1) // CHUNK
     if c < chunks and gb_pass_active(s, ctr, p):
+        more = gb_pass_active(s, ctr, p + 1)
         for e in range(c * CHUNK, min(c * CHUNK + CHUNK, n)):
             id = s.read(src + e)
             k = gb_digit(s, key2, id, p) * chunks + c
             pos = s.read(hist + k)
             s.write(hist + k, pos + 1)
-            s.write(dst + pos + gb_upper_sums(s, levels, k), id)
+            at = pos + gb_upper_sums(s, levels, k)
+            s.write(dst + at, id)
+            if more:
+                _old = s.atomic_fetch_add(nxt + gb_digit(s, key2, id, p + 1) * chunks + at // CHUNK, 1)
+
+
+@luisa.func
+def gb_zero_chunk(s, words, n, c):
+    """Words SCAN c .. SCAN c + SCAN - 1 (below n) zeroed."""
+    for e in range(c * SCAN, min(c * SCAN + SCAN, n)):
+        s.write(words + e, 0)
 
 
 # ---- nodes in order ---------------------------------------------------------------------------

@@ -335,14 +335,15 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
         readers add (_scan: gb_upper_sums; 0 past the last level, none for a sum of one level)."""
         return self.S.levels_at(name)
 
-    def _scan(self, name: str, bases: list[int], size: int, n_expr, level0=None) -> list[Phase]:
+    def _scan(self, name: str, bases: list[int], size: int, n_expr, level0=None, base0=None) -> list[Phase]:
         """Phases of an exclusive prefix sum in place over the first n (a DSL expression, or a function of
         the emission's context returning one; at most size) words at each base (the same length): its up
         sweep alone, each level's SCAN-word chunks scanned in place and their totals one level up, to a last
         level of at most SCAN words that no stage scans. Every addition is its readers' (gb_prefix and
         gb_upper_sums add a word's upper levels and sum the last level's words before its own; gb_total the
         total): no top-level or down-sweep stage at any size, and none at all for n <= SCAN. level0(ctx,
-        item), if given, is emitted in the first level's stage too (its item: SCAN words from item * SCAN)."""
+        item), if given, is emitted in the first level's stage too (its item: SCAN words from item * SCAN);
+        base0(ctx), if given, the DSL expression of the words' base (one base), in place of bases[0]'s."""
         sizes = scan_levels(size)
         levels = [self.S.levels(b) for b in bases]
         out = []
@@ -355,7 +356,8 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
             def up(ctx, item, k=k):
                 nk = ctx.let(n_at(ctx, k), "n")
                 for lv in levels:
-                    self._call(ctx, "gb_scan_up", lv[k], lv[k + 1], nk, item)
+                    src = base0(ctx) if k == 0 and base0 is not None else lv[k]
+                    self._call(ctx, "gb_scan_up", src, lv[k + 1], nk, item)
                 if k == 0 and level0 is not None:
                     level0(ctx, item)
             out.append(Phase(f"{name}: sum chunks, level {k}", sizes[k + 1], up))
@@ -388,9 +390,11 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
         out.append(Phase("leaf keys, masks and sort keys", items, leaves_of))
         # the pass number is a counter in ctr, not a literal: the PASSES passes are then the same kernels. Two
         # words, each written by thread 0 of a stage none of whose threads reads it: the histograms and the
-        # up sweep read C_PASS, the histograms' thread 0 sets C_LATE to it + 1, the scatter reads C_LATE - 1
-        # and its thread 0 sets C_PASS to C_LATE (no stage of their own). The host leaves out only the last
-        # passes (fvdb/radix_passes.py), whose counters no stage launched after them reads
+        # up sweep read C_PASS, the up sweep's first stage's thread 0 sets C_LATE to it + 1, the scatter reads
+        # C_LATE - 1 and its thread 0 sets C_PASS to C_LATE (no stage of their own). The host leaves out only
+        # the last passes (fvdb/radix_passes.py), whose counters no stage launched after them reads. Pass p's
+        # histograms are in buffer p % 2 (hist, hist2): pass 0's from a stage of their own, every later pass's
+        # counted by the scatter before it into the buffer that scatter's up sweep zeroed (gb_scatter)
         def pass_no(late: bool) -> str:
             return f"(scratch_int.read({S.ctr + G.C_LATE}) - 1)" if late else f"scratch_int.read({S.ctr + G.C_PASS})"
 
@@ -401,8 +405,15 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
             return ctx.let(f"{ctx.use_helper('gb_pass_source', 'grid_build')}(scratch_int, {S.ctr}, {S.order[0]}, "
                            f"{S.order[1]}, {pass_no(late)})", "src")
 
+        def buffer(ctx, late) -> str:  # this pass's histograms: hist or hist2 by its parity
+            return ctx.let(f"{S.hist} + ({pass_no(late)} & 1) * ({S.hist2} - {S.hist})", "hist")
+
         def hist(ctx, c):
             self._call(ctx, "gb_hist", S.ctr, S.key2, source(ctx, False), S.hist, pass_no(False), c)
+
+        def up_first(ctx, c):  # (the first up stage: the next pass's buffer zeroed, C_LATE set)
+            mine = buffer(ctx, False)
+            self._call(ctx, "gb_zero_chunk", f"{S.hist} + {S.hist2} - {mine}", hist_n(ctx), c)
             ctx.line(f"if {c} == 0:")
             with ctx.indent():
                 ctx.line(f"scratch_int.write({S.ctr + G.C_LATE}, {pass_no(False)} + 1)")
@@ -410,14 +421,19 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
         def scatter(ctx, c):
             src = source(ctx, True)
             dst = ctx.let(f"{S.order[0] + S.order[1]} - {src}", "dst")
-            self._call(ctx, "gb_scatter", S.ctr, S.key2, src, dst, S.hist, S.levels_at("hist"), pass_no(True), c)
+            mine = buffer(ctx, True)
+            self._call(ctx, "gb_scatter", S.ctr, S.key2, src, dst, mine, f"{S.hist} + {S.hist2} - {mine}",
+                       S.levels_at("hist"), pass_no(True), c)
             ctx.line(f"if {c} == 0:")
             with ctx.indent():
                 ctx.line(f"scratch_int.write({S.ctr + G.C_PASS}, {pass_no(True)} + 1)")
 
         for p in range(G.PASSES):
-            out.append(Phase(f"radix pass {p}: histograms", S.chunks, hist))
-            out += self._scan(f"radix pass {p}", ["hist"], 256 * S.chunks, hist_n)  # (the scatter adds every level)
+            if p == 0:
+                out.append(Phase(f"radix pass {p}: histograms", S.chunks, hist))
+            # (the scatter adds every level of the sum)
+            out += self._scan(f"radix pass {p}", ["hist"], 256 * S.chunks, hist_n, level0=up_first,
+                              base0=lambda ctx: buffer(ctx, False))
             out.append(Phase(f"radix pass {p}: scatter", S.chunks, scatter))
 
         def rank(ctx, r):
