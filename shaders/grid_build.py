@@ -18,8 +18,9 @@ The pipeline, for N voxel keys (b, i, j, k) of B grids:
    ranges: the leaves'), so the id order is deterministic; then one stage: voxel bits OR into the
    leaf's mask (zeroed by the hash stage), an owner writes its leaf's key and sort key;
 2. the distinct leaves sorted into NanoVDB's order by an LSD radix sort of 8-bit digits (a chunk
-   of CHUNK leaves per thread: a digit histogram per chunk, a prefix sum's up stages over (digit,
-   chunk), a stable scatter per chunk) of a key packed from the 27 bits upper slot << 12 | lower slot, then root
+   of CHUNK leaves per thread: a digit histogram per chunk (the first pass's from a stage of its own,
+   a later pass's counted by the scatter before it), a prefix sum's up stages over (digit, chunk), a
+   stable scatter per chunk) of a key packed from the 27 bits upper slot << 12 | lower slot, then root
    tile k, j, i and the grid, each relative to its minimum over the leaves in the bits its span takes
    (only the key's bytes are sorted: see PASSES);
 3. in that order, runs of leaves with the same lower (upper) node key are the lower (upper) nodes:

@@ -29,8 +29,9 @@ The device build in detail: voxel keys (8 a point for the nearest voxels); leave
 table (a slot claimed by a compare-and-swap of the point's index, a key compared with the owner point's,
 which an earlier stage wrote, so nothing waits on another thread); leaf ids by a prefix sum over the
 owners; leaf masks by atomic OR, in one stage with the leaves' keys and sort keys; the distinct leaves
-sorted into NanoVDB's order by an LSD radix sort (a chunk of leaves per thread: histograms, a prefix
-sum's up stages over (digit, chunk), a stable scatter that makes every addition of the sum; a byte a pass of a key packed from the slot key, then root tile k, j, i and
+sorted into NanoVDB's order by an LSD radix sort (a chunk of leaves per thread: histograms, the first
+pass's from a stage of their own and each later pass's counted by the scatter before it, a prefix sum's up
+stages over (digit, chunk), a stable scatter that makes every addition of the sum; a byte a pass of a key packed from the slot key, then root tile k, j, i and
 the grid, each relative to its minimum in the bits its span takes, the passes past the key doing
 nothing); lower and upper nodes as runs of that order, their bboxes by atomic min/max
 from the leaves; the grids laid out (the blob's bytes and the leaves are counted totals: the blob at a
