@@ -18,8 +18,8 @@ The pipeline, for N voxel keys (b, i, j, k) of B grids:
    ranges: the leaves'), so the id order is deterministic; then one stage: voxel bits OR into the
    leaf's mask (zeroed by the hash stage), an owner writes its leaf's key and sort key;
 2. the distinct leaves sorted into NanoVDB's order by an LSD radix sort of 8-bit digits (a chunk
-   of CHUNK leaves per thread: a digit histogram per chunk (the first pass's from a stage of its own,
-   a later pass's counted by the scatter before it), a prefix sum's up stages over (digit, chunk), a
+   of CHUNK leaves per thread: a digit histogram per chunk (the first pass's counted as the leaves'
+   keys are written, a later pass's by the scatter before it), a prefix sum's up stages over (digit, chunk), a
    stable scatter per chunk) of a key packed from the 27 bits upper slot << 12 | lower slot, then root
    tile k, j, i and the grid, each relative to its minimum over the leaves in the bits its span takes
    (only the key's bytes are sorted: see PASSES);
@@ -228,11 +228,14 @@ def gb_leaf_id(s, ids, aux, q):
 
 
 @luisa.func
-def gb_leaf(s, vox, owner, slot_of, ids, aux, lkey, mask, order, key2, ctr, p):
+def gb_leaf(s, vox, owner, slot_of, ids, aux, lkey, mask, order, key2, ctr, hist, keys, p):
     """Point p sets its voxel's bit, x-major n = (i&7)<<6 | (j&7)<<3 | (k&7), in its leaf's mask (zeroed
-    by the hash stage: gb_insert); an owner point also writes its leaf's key (b, i >> 3, j >> 3, k >> 3) and sort key
-    at the leaf's id and starts the sort permutation. (One stage: the ranges the sort key reads were folded
-    by the stage before, gb_point_ranges, and no thread reads what another writes here.)"""
+    by the hash stage: gb_insert); an owner point also writes its leaf's key (b, i >> 3, j >> 3, k >> 3) and
+    sort key at the leaf's id, starts the sort permutation (id at place id) and counts its key's first byte
+    into the first radix pass's histograms at its chunk (zeroed by the leaf ids' first up stage:
+    gb_zero_hist; the leaf count, the ids' total over the keys, from gb_total). (One stage: the ranges the
+    sort key reads were folded by the stage before, gb_point_ranges, and no thread reads what another writes
+    here but through atomics.)"""
     own = s.read(owner + s.read(slot_of + p)) - 1
     id = gb_leaf_id(s, ids, aux, own)
     n = ((s.read(vox + 4 * p + 1) & 7) << 6) | ((s.read(vox + 4 * p + 2) & 7) << 3) | (s.read(vox + 4 * p + 3) & 7)
@@ -248,6 +251,16 @@ def gb_leaf(s, vox, owner, slot_of, ids, aux, lkey, mask, order, key2, ctr, p):
         s.write(lkey + 4 * id + 3, lk)
         s.write(order + id, id)
         gb_sort_key(s, key2, ctr, id, b, li, lj, lk)
+        chunks = (gb_total(s, ids, aux, keys) + CHUNK - 1) // CHUNK
+        _n = s.atomic_fetch_add(hist + gb_digit(s, key2, id, 0) * chunks + id // CHUNK, 1)
+
+
+@luisa.func
+def gb_zero_hist(s, hist, keys, c):
+    """Thread c zeroes the first radix pass's histogram words 512c .. 512c + 511 below 256 ceil(keys /
+    CHUNK), the most a leaf count of at most `keys` takes."""
+    for e in range(c * 512, min(c * 512 + 512, 256 * ((keys + CHUNK - 1) // CHUNK))):
+        s.write(hist + e, 0)
 
 
 @luisa.func
@@ -367,19 +380,6 @@ def gb_hist_words(s, ctr, p):
     if gb_pass_active(s, ctr, p):
         words = 256 * ((s.read(ctr + C_LEAVES) + CHUNK - 1) // CHUNK)
     return words
-
-
-@luisa.func
-def gb_hist(s, ctr, key2, src, hist, p, c):
-    """Chunk c's digit counts of pass p into hist[digit * chunks + c] (chunks = ceil(L / CHUNK))."""
-    n = s.read(ctr + C_LEAVES)
-    chunks = (n + CHUNK - 1) // CHUNK
-    if c < chunks and gb_pass_active(s, ctr, p):
-        for d in range(0, 256):
-            s.write(hist + d * chunks + c, 0)
-        for e in range(c * CHUNK, min(c * CHUNK + CHUNK, n)):
-            at = hist + gb_digit(s, key2, s.read(src + e), p) * chunks + c
-            s.write(at, s.read(at) + 1)
 
 
 @luisa.func

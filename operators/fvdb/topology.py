@@ -30,7 +30,7 @@ table (a slot claimed by a compare-and-swap of the point's index, a key compared
 which an earlier stage wrote, so nothing waits on another thread); leaf ids by a prefix sum over the
 owners; leaf masks by atomic OR, in one stage with the leaves' keys and sort keys; the distinct leaves
 sorted into NanoVDB's order by an LSD radix sort (a chunk of leaves per thread: histograms, the first
-pass's from a stage of their own and each later pass's counted by the scatter before it, a prefix sum's up
+pass's counted as the leaves' keys are written and each later pass's by the scatter before it, a prefix sum's up
 stages over (digit, chunk), a stable scatter that makes every addition of the sum; a byte a pass of a key packed from the slot key, then root tile k, j, i and
 the grid, each relative to its minimum in the bits its span takes, the passes past the key doing
 nothing); lower and upper nodes as runs of that order, their bboxes by atomic min/max
@@ -374,8 +374,9 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
                                                                           S.ids, S.mask, S.cap, p))]
         # the voxel keys' root tiles and grids are the leaves' (a leaf's are its points'): their ranges, which
         # the sort keys read, fold in the leaf ids' first up stage (a stage of their own below SCAN keys)
-        def ranges(ctx, c):
+        def ranges(ctx, c):  # (and the first radix pass's histograms zeroed: 512 words a thread, 16 a key)
             self._call(ctx, "gb_point_ranges", S.vox, S.ctr, S.keys, c)
+            self._call(ctx, "gb_zero_hist", S.hist, S.keys, c)
         ids = self._scan("leaf ids", ["ids"], N, S.keys, level0=ranges)
         out += ids or [Phase("tile ranges", 1, ranges)]
         aux = self._aux("ids")
@@ -387,15 +388,16 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
                 total = ctx.use_helper("gb_total", "grid_build")
                 ctx.line(f"scratch_int.write({S.ctr + G.C_LEAVES}, {total}(scratch_int, {S.ids}, {aux}, {S.keys}))")
             self._guarded(ctx, p, "gb_leaf", S.vox, S.owner, S.slot, S.ids, aux, S.lkey, S.mask, S.order[0], S.key2,
-                          S.ctr, p)
+                          S.ctr, S.hist, S.keys, p)
         out.append(Phase("leaf keys, masks and sort keys", items, leaves_of))
         # the pass number is a counter in ctr, not a literal: the PASSES passes are then the same kernels. Two
         # words, each written by thread 0 of a stage none of whose threads reads it: the histograms and the
         # up sweep read C_PASS, the up sweep's first stage's thread 0 sets C_LATE to it + 1, the scatter reads
         # C_LATE - 1 and its thread 0 sets C_PASS to C_LATE (no stage of their own). The host leaves out only
         # the last passes (fvdb/radix_passes.py), whose counters no stage launched after them reads. Pass p's
-        # histograms are in buffer p % 2 (hist, hist2): pass 0's from a stage of their own, every later pass's
-        # counted by the scatter before it into the buffer that scatter's up sweep zeroed (gb_scatter)
+        # histograms are in buffer p % 2 (hist, hist2): pass 0's counted by the leaf stage (gb_leaf), every later
+        # pass's by the scatter before it into the buffer that scatter's up sweep zeroed (gb_scatter): no
+        # histograms stage
         def pass_no(late: bool) -> str:
             return f"(scratch_int.read({S.ctr + G.C_LATE}) - 1)" if late else f"scratch_int.read({S.ctr + G.C_PASS})"
 
@@ -408,9 +410,6 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
 
         def buffer(ctx, late) -> str:  # this pass's histograms: hist or hist2 by its parity
             return ctx.let(f"{S.hist} + ({pass_no(late)} & 1) * ({S.hist2} - {S.hist})", "hist")
-
-        def hist(ctx, c):
-            self._call(ctx, "gb_hist", S.ctr, S.key2, source(ctx, False), S.hist, pass_no(False), c)
 
         def up_first(ctx, c):  # (the first up stage: the next pass's buffer zeroed, C_LATE set)
             mine = buffer(ctx, False)
@@ -430,8 +429,6 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
                 ctx.line(f"scratch_int.write({S.ctr + G.C_PASS}, {pass_no(True)} + 1)")
 
         for p in range(G.PASSES):
-            if p == 0:
-                out.append(Phase(f"radix pass {p}: histograms", S.chunks, hist))
             # (the scatter adds every level of the sum)
             out += self._scan(f"radix pass {p}", ["hist"], 256 * S.chunks, hist_n, level0=up_first,
                               base0=lambda ctx: buffer(ctx, False))
