@@ -30,18 +30,19 @@ table (a slot claimed by a compare-and-swap of the point's index, a key compared
 which an earlier stage wrote, so nothing waits on another thread); leaf ids by a prefix sum over the
 owners; leaf masks by atomic OR, in one stage with the leaves' keys and sort keys; the distinct leaves
 sorted into NanoVDB's order by an LSD radix sort (a chunk of leaves per thread: histograms, the first
-pass's counted as the leaves' keys are written and each later pass's by the scatter before it, a prefix sum's up
-stages over (digit, chunk), a stable scatter that makes every addition of the sum; a byte a pass of a key packed from the slot key, then root tile k, j, i and
-the grid, each relative to its minimum in the bits its span takes, the passes past the key doing
-nothing); lower and upper nodes as runs of that order, their bboxes by atomic min/max
-from the leaves; the grids laid out (the blob's bytes and the leaves are counted totals: the blob at a
-capacity, a run past it repeated); every leaf, node and root tile writes its own bytes and its parent's
-table entry, and a thread per child-mask word its word (one stage); the host patches the headers over
-the downloaded blob. The stages read their regions' offsets from a layout table at the scratch's start
-(the first stage writes it) and the radix pass number from a counter, so the ~160 stages of a 1M-point
-build are ~40 distinct kernels, the same text in every network of the op: the CUDA backend compiles
-each once (its compile cache is keyed by the source's hash). The bundle equals the host builder's, the blob byte for
-byte; its voxel_sizes / origins outputs are their float32 values (the blob's map holds the doubles)."""
+pass's counted as the leaves' keys are written and each later pass's by the scatter before it, a prefix
+sum's up stages over (digit, chunk), a stable scatter that makes every addition of the sum; a byte a pass
+of a key packed from the slot key, then root tile k, j, i and the grid, each relative to its minimum in
+the bits its span takes, the passes past the key doing nothing); lower and upper nodes as runs of that
+order, their bboxes by atomic min/max from the leaves; the grids laid out (the blob's bytes and the leaves
+are counted totals: the blob at a capacity, a run past it repeated); every leaf, node and root tile writes
+its own bytes and its parent's table entry, and a thread per child-mask word its word (one stage); the
+host patches the headers over the downloaded blob. The stages read their regions' offsets from a layout
+table at the scratch's start (the first stage writes it) and the radix pass number from two counters, so
+the ~80 stages of a 1M-point build with every radix pass are ~20 distinct kernels, the same text in every
+network of the op: the CUDA backend compiles each once (its compile cache is keyed by the source's hash).
+The bundle equals the host builder's, the blob byte for byte; its voxel_sizes / origins outputs are their
+float32 values (the blob's map holds the doubles)."""
 from __future__ import annotations
 
 import numpy as np
@@ -391,8 +392,8 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
                           S.ctr, S.hist, S.keys, p)
         out.append(Phase("leaf keys, masks and sort keys", items, leaves_of))
         # the pass number is a counter in ctr, not a literal: the PASSES passes are then the same kernels. Two
-        # words, each written by thread 0 of a stage none of whose threads reads it: the histograms and the
-        # up sweep read C_PASS, the up sweep's first stage's thread 0 sets C_LATE to it + 1, the scatter reads
+        # words, each written by thread 0 of a stage none of whose threads reads it: the up sweep reads
+        # C_PASS and its first stage's thread 0 sets C_LATE to it + 1, the scatter reads
         # C_LATE - 1 and its thread 0 sets C_PASS to C_LATE (no stage of their own). The host leaves out only
         # the last passes (fvdb/radix_passes.py), whose counters no stage launched after them reads. Pass p's
         # histograms are in buffer p % 2 (hist, hist2): pass 0's counted by the leaf stage (gb_leaf), every later
