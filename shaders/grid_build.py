@@ -13,10 +13,13 @@ The pipeline, for N voxel keys (b, i, j, k) of B grids:
 
 1. leaves, deduplicated by a hash table: a point claims an empty slot with a compare-and-swap of
    its index + 1, or finds its leaf's slot by comparing its key with the owner point's (whose key
-   an earlier stage wrote: no half-written key is ever read); voxel bits OR into the leaf's mask;
-   leaf ids are the owners' ranks (a prefix sum over points), so the id order is deterministic;
+   an earlier stage wrote: no half-written key is ever read); leaf ids are the owners' ranks (a
+   prefix sum over points, whose first stage also folds the points' root tiles and grids into their
+   ranges: the leaves'), so the id order is deterministic; then one stage: voxel bits OR into the
+   leaf's mask (zeroed by the hash stage), an owner writes its leaf's key and sort key;
 2. the distinct leaves sorted into NanoVDB's order by an LSD radix sort of 8-bit digits (a chunk
-   of CHUNK leaves per thread: a digit histogram per chunk, a prefix sum over (digit, chunk), a
+   of CHUNK leaves per thread: a digit histogram per chunk (the first pass's counted as the leaves'
+   keys are written, a later pass's by the scatter before it), a prefix sum's up stages over (digit, chunk), a
    stable scatter per chunk) of a key packed from the 27 bits upper slot << 12 | lower slot, then root
    tile k, j, i and the grid, each relative to its minimum over the leaves in the bits its span takes
    (only the key's bytes are sorted: see PASSES);
@@ -32,12 +35,13 @@ The pipeline, for N voxel keys (b, i, j, k) of B grids:
    operators agree on (scratch counters, layout and summary rows, sizes) are grid_layout.py.
 
 Prefix sums are exclusive, in place, over chunks of SCAN words per thread, level by level (a
-chunk's total goes one level up; the top level fits one chunk), so no thread runs more than SCAN
-sequential steps. Their last level, each chunk's base added to its words, is left to the stages that
-read the sum, and so are the levels above it: each reader adds its word's chunk sums of every upper
-level (gb_upper_sums, grid_write.py), so no sum has an "add chunk bases" stage at any size: the radix
-histograms' scatter (gb_scatter), gb_leaf_id for the leaf ids, gb_sum_at (grid_write.py) for the voxel,
-lower and upper ids.
+chunk's total goes one level up, to a last level of at most SCAN words), so no thread runs more than
+SCAN sequential steps. A sum is its up stages alone: no stage scans its last level or adds chunk bases
+down. Each reader adds its word's chunk sums of every level above it and sums the last level's words
+before its own (gb_upper_sums, gb_prefix, grid_write.py; the total: gb_total), at most SCAN - 1 words
+the same for every thread: the radix histograms' scatter (gb_scatter), gb_leaf_id for the leaf ids,
+gb_sum_at for the voxel, lower and upper ids. The radix pass number that the shared pass kernels read
+is two counter words (topology.py), each written by a stage none of whose threads reads it.
 """
 import luisa
 from luisa.builtin import bitwise_cast
@@ -47,8 +51,8 @@ from .grid_layout import (C_ERROR, C_LEAVES, C_LOWERS, C_MAX, C_MIN, C_UPPERS, C
                           HASH_EMPTY, KEY_WORDS, S_BBOX, S_LEAVES, S_LOWERS, S_TRANSFORM, S_UPPERS, S_VOXELS, S_WORDS,
                           SCAN, SLOT_BITS)
 # (a generated module imports every stage's function from here: use_helper(name, "grid_build"))
-from .grid_write import (gb_child_words, gb_header_word, gb_layout, gb_sum_at, gb_upper_sums, gb_write_leaf,  # noqa: F401
-                         gb_write_lower, gb_write_upper, gb_zero_blob)
+from .grid_write import (gb_child_words, gb_header_word, gb_layout, gb_prefix, gb_sum_at, gb_total,  # noqa: F401
+                         gb_upper_sums, gb_write_leaf, gb_write_lower, gb_write_upper, gb_zero_blob)
 
 
 @luisa.func
@@ -72,24 +76,6 @@ def gb_scan_up(s, src, dst, n, c):
             s.write(src + e, acc)
             acc += v
         s.write(dst + c, acc)
-
-
-@luisa.func
-def gb_scan_top(s, src, n, total_at):
-    """The top level (n <= SCAN words at src), one thread: exclusive sums in place, the total to total_at."""
-    acc = 0
-    for e in range(0, n):
-        v = s.read(src + e)
-        s.write(src + e, acc)
-        acc += v
-    s.write(total_at, acc)
-
-
-@luisa.func
-def gb_scan_down(s, src, aux, n, e):
-    """Word e of the n at src adds the sum of the chunks before its own (aux[e // SCAN])."""
-    if e < n:
-        s.write(src + e, s.read(src + e) + s.read(aux + e // SCAN))
 
 
 # ---- keys, hash, leaves -----------------------------------------------------------------------
@@ -204,10 +190,13 @@ def gb_same_leaf(s, vox, p, q):
 
 
 @luisa.func
-def gb_insert(s, vox, owner, slot_of, flag, cap, p):
+def gb_insert(s, vox, owner, slot_of, flag, mask, cap, p):
     """Find or claim point p's leaf in the hash table (open addressing, linear probing): slot_of[p]
     is the slot, flag[p] 1 where p claimed it (its owner), else 0. The table has at least twice as
-    many slots as points, so a free slot is always found."""
+    many slots as points, so a free slot is always found. Point p also zeroes leaf p's mask: the leaves
+    are fewer than the keys, so every leaf's mask is zeroed before gb_leaf ORs bits into it."""
+    for w in range(0, 16):
+        s.write(mask + 16 * p + w, 0)
     b = s.read(vox + 4 * p)
     li = s.read(vox + 4 * p + 1) >> 3
     lj = s.read(vox + 4 * p + 2) >> 3
@@ -233,39 +222,52 @@ def gb_insert(s, vox, owner, slot_of, flag, cap, p):
 
 @luisa.func
 def gb_leaf_id(s, ids, aux, q):
-    """Owner point q's leaf id after the prefix sum over ids: its word plus its upper levels' words
-    (gb_upper_sums, their bases from table word aux), the additions the sum leaves to its readers
-    (topology.py _scan's reader_adds "all": these two stages)."""
-    return s.read(ids + q) + gb_upper_sums(s, aux, q)
+    """Owner point q's leaf id after the prefix sum over ids: its rank among the owners (gb_prefix, which
+    makes the additions the sum leaves to its readers: topology.py _scan)."""
+    return gb_prefix(s, ids, aux, q)
 
 
 @luisa.func
-def gb_leaf_init(s, vox, owner, slot_of, ids, aux, lkey, mask, order, p):
-    """An owner point writes its leaf's key (b, i >> 3, j >> 3, k >> 3) at the leaf's id (its rank
-    among owners, ids[p] after the prefix sum), zeroes its mask and starts the sort permutation."""
-    if s.read(owner + s.read(slot_of + p)) == p + 1:
-        id = gb_leaf_id(s, ids, aux, p)
-        s.write(lkey + 4 * id, s.read(vox + 4 * p))
-        for a in range(1, 4):
-            s.write(lkey + 4 * id + a, s.read(vox + 4 * p + a) >> 3)
-        for w in range(0, 16):
-            s.write(mask + 16 * id + w, 0)
-        s.write(order + id, id)
-
-
-@luisa.func
-def gb_leaf_bit(s, vox, owner, slot_of, ids, aux, mask, p):
-    """Point p sets its voxel's bit, x-major n = (i&7)<<6 | (j&7)<<3 | (k&7), in its leaf's mask."""
-    id = gb_leaf_id(s, ids, aux, s.read(owner + s.read(slot_of + p)) - 1)
+def gb_leaf(s, vox, owner, slot_of, ids, aux, lkey, mask, order, key2, ctr, hist, keys, p):
+    """Point p sets its voxel's bit, x-major n = (i&7)<<6 | (j&7)<<3 | (k&7), in its leaf's mask (zeroed
+    by the hash stage: gb_insert); an owner point also writes its leaf's key (b, i >> 3, j >> 3, k >> 3) and
+    sort key at the leaf's id, starts the sort permutation (id at place id) and counts its key's first byte
+    into the first radix pass's histograms at its chunk (zeroed by the leaf ids' first up stage:
+    gb_zero_hist; the leaf count, the ids' total over the keys, from gb_total). (One stage: the ranges the
+    sort key reads were folded by the stage before, gb_point_ranges, and no thread reads what another writes
+    here but through atomics.)"""
+    own = s.read(owner + s.read(slot_of + p)) - 1
+    id = gb_leaf_id(s, ids, aux, own)
     n = ((s.read(vox + 4 * p + 1) & 7) << 6) | ((s.read(vox + 4 * p + 2) & 7) << 3) | (s.read(vox + 4 * p + 3) & 7)
     _old = s.atomic_fetch_or(mask + 16 * id + (n >> 5), 1 << (n & 31))
+    if own == p:
+        b = s.read(vox + 4 * p)
+        li = s.read(vox + 4 * p + 1) >> 3
+        lj = s.read(vox + 4 * p + 2) >> 3
+        lk = s.read(vox + 4 * p + 3) >> 3
+        s.write(lkey + 4 * id, b)
+        s.write(lkey + 4 * id + 1, li)
+        s.write(lkey + 4 * id + 2, lj)
+        s.write(lkey + 4 * id + 3, lk)
+        s.write(order + id, id)
+        gb_sort_key(s, key2, ctr, id, b, li, lj, lk)
+        chunks = (gb_total(s, ids, aux, keys) + CHUNK - 1) // CHUNK
+        _n = s.atomic_fetch_add(hist + gb_digit(s, key2, id, 0) * chunks + id // CHUNK, 1)
 
 
 @luisa.func
-def gb_ranges(s, lkey, ctr, c):
-    """Leaves 64c.. fold their root tile (i, j, k >> 9 of the leaf key) and grid into the ranges."""
-    n = s.read(ctr + C_LEAVES)
-    first = c * 64
+def gb_zero_hist(s, hist, keys, c):
+    """Thread c zeroes the first radix pass's histogram words 512c .. 512c + 511 below 256 ceil(keys /
+    CHUNK), the most a leaf count of at most `keys` takes."""
+    for e in range(c * 512, min(c * 512 + 512, 256 * ((keys + CHUNK - 1) // CHUNK))):
+        s.write(hist + e, 0)
+
+
+@luisa.func
+def gb_point_ranges(s, vox, ctr, n, c):
+    """Voxel keys SCAN c.. (of n) fold their root tile (i, j, k >> 12) and grid into the ranges: the
+    leaves' (a leaf's tile and grid are its points'), folded before the leaves exist."""
+    first = c * SCAN
     if first < n:
         lo0 = 2147483647
         lo1 = 2147483647
@@ -275,11 +277,11 @@ def gb_ranges(s, lkey, ctr, c):
         hi1 = -2147483647 - 1
         hi2 = -2147483647 - 1
         hi3 = -2147483647 - 1
-        for id in range(first, min(first + 64, n)):
-            tk = s.read(lkey + 4 * id + 3) >> 9
-            tj = s.read(lkey + 4 * id + 2) >> 9
-            ti = s.read(lkey + 4 * id + 1) >> 9
-            b = s.read(lkey + 4 * id)
+        for q in range(first, min(first + SCAN, n)):
+            tk = s.read(vox + 4 * q + 3) >> 12
+            tj = s.read(vox + 4 * q + 2) >> 12
+            ti = s.read(vox + 4 * q + 1) >> 12
+            b = s.read(vox + 4 * q)
             lo0 = min(lo0, tk)
             lo1 = min(lo1, tj)
             lo2 = min(lo2, ti)
@@ -324,26 +326,27 @@ def gb_put_bits(s, key, v, at):
 
 
 @luisa.func
-def gb_sort_keys(s, lkey, key2, ctr, id):
-    """Leaf id's sort key (grid_layout.PASSES): the slot key, then root tile k, j, i and the grid, each
-    relative to its minimum in its span's bits: the order of the key is NanoVDB's, its length the passes'."""
-    if id < s.read(ctr + C_LEAVES):
-        li = s.read(lkey + 4 * id + 1)
-        lj = s.read(lkey + 4 * id + 2)
-        lk = s.read(lkey + 4 * id + 3)
-        upper = (((li >> 4) & 31) << 10) | (((lj >> 4) & 31) << 5) | ((lk >> 4) & 31)
-        lower = ((li & 15) << 8) | ((lj & 15) << 4) | (lk & 15)
-        key = key2 + KEY_WORDS * id
-        s.write(key, (upper << 12) | lower)
-        for w in range(1, KEY_WORDS):
-            s.write(key + w, 0)
-        at = SLOT_BITS
-        for f in range(1, 5):
-            v = s.read(lkey + 4 * id) - s.read(ctr + C_MIN + 3)
-            if f < 4:
-                v = (s.read(lkey + 4 * id + 4 - f) >> 9) - s.read(ctr + C_MIN + f - 1)  # f 1, 2, 3: tile k, j, i
-            gb_put_bits(s, key, bitwise_cast(uint, v), at)
-            at += gb_key_bits(s, ctr, f)
+def gb_sort_key(s, key2, ctr, id, b, li, lj, lk):
+    """Leaf id's sort key (grid_layout.PASSES) from its key (b, li, lj, lk): the slot key, then root tile k,
+    j, i and the grid, each relative to its minimum in its span's bits: the order of the key is NanoVDB's,
+    its length the passes'."""
+    upper = (((li >> 4) & 31) << 10) | (((lj >> 4) & 31) << 5) | ((lk >> 4) & 31)
+    lower = ((li & 15) << 8) | ((lj & 15) << 4) | (lk & 15)
+    key = key2 + KEY_WORDS * id
+    s.write(key, (upper << 12) | lower)
+    for w in range(1, KEY_WORDS):
+        s.write(key + w, 0)
+    at = SLOT_BITS
+    for f in range(1, 5):
+        v = b - s.read(ctr + C_MIN + 3)
+        if f == 1:
+            v = (lk >> 9) - s.read(ctr + C_MIN)
+        elif f == 2:
+            v = (lj >> 9) - s.read(ctr + C_MIN + 1)
+        elif f == 3:
+            v = (li >> 9) - s.read(ctr + C_MIN + 2)
+        gb_put_bits(s, key, bitwise_cast(uint, v), at)
+        at += gb_key_bits(s, ctr, f)
 
 
 # ---- radix sort -------------------------------------------------------------------------------
@@ -380,33 +383,33 @@ def gb_hist_words(s, ctr, p):
 
 
 @luisa.func
-def gb_hist(s, ctr, key2, src, hist, p, c):
-    """Chunk c's digit counts of pass p into hist[digit * chunks + c] (chunks = ceil(L / CHUNK))."""
-    n = s.read(ctr + C_LEAVES)
-    chunks = (n + CHUNK - 1) // CHUNK
-    if c < chunks and gb_pass_active(s, ctr, p):
-        for d in range(0, 256):
-            s.write(hist + d * chunks + c, 0)
-        for e in range(c * CHUNK, min(c * CHUNK + CHUNK, n)):
-            at = hist + gb_digit(s, key2, s.read(src + e), p) * chunks + c
-            s.write(at, s.read(at) + 1)
-
-
-@luisa.func
-def gb_scatter(s, ctr, key2, src, dst, hist, levels, p, c):
+def gb_scatter(s, ctr, key2, src, dst, hist, nxt, levels, p, c):
     """Chunk c moves its leaves, in order, to their digit's next place (a stable counting sort). Counter
     k holds its sum within its SCAN-word chunk, and each upper level its chunk's sum within its own
-    (gb_upper_sums, the level bases from table word `levels`): every addition of the prefix sum's
-    down sweep is made here (topology.py _scan's reader_adds "all": no "add chunk bases" stage)."""
+    (gb_upper_sums, the level bases from table word `levels`): every addition of the prefix sum is made
+    here (topology.py _scan: no top-level or down-sweep stage). Where pass p + 1 sorts, each leaf also
+    counts its next digit into nxt at the chunk its new place falls in (the next pass's histograms, which
+    the up sweep of this pass zeroed: atomic adds, so the counts do not depend on the threads' order)."""
     n = s.read(ctr + C_LEAVES)
     chunks = (n + CHUNK - 1) // CHUNK
     if c < chunks and gb_pass_active(s, ctr, p):
+        more = gb_pass_active(s, ctr, p + 1)
         for e in range(c * CHUNK, min(c * CHUNK + CHUNK, n)):
             id = s.read(src + e)
             k = gb_digit(s, key2, id, p) * chunks + c
             pos = s.read(hist + k)
             s.write(hist + k, pos + 1)
-            s.write(dst + pos + gb_upper_sums(s, levels, k), id)
+            at = pos + gb_upper_sums(s, levels, k)
+            s.write(dst + at, id)
+            if more:
+                _old = s.atomic_fetch_add(nxt + gb_digit(s, key2, id, p + 1) * chunks + at // CHUNK, 1)
+
+
+@luisa.func
+def gb_zero_chunk(s, words, n, c):
+    """Words SCAN c .. SCAN c + SCAN - 1 (below n) zeroed."""
+    for e in range(c * SCAN, min(c * SCAN + SCAN, n)):
+        s.write(words + e, 0)
 
 
 # ---- nodes in order ---------------------------------------------------------------------------
@@ -502,8 +505,8 @@ def gb_firsts(s, ctr, skey, new_lower, new_upper, lower_aux, upper_aux, lower_fi
         if r == n - 1 or s.read(skey + 4 * (r + 1)) != b:
             s.write(grid_first + 2 * b + 1, r + 1)
         if r == n - 1:
-            lowers = s.read(new_lower + n)
-            uppers = s.read(new_upper + n)
+            lowers = gb_total(s, new_lower, lower_aux, n)
+            uppers = gb_total(s, new_upper, upper_aux, n)
             s.write(lower_first + lowers, n)
             s.write(upper_first + uppers, n)
             s.write(upper_lower + uppers, lowers)

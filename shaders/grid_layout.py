@@ -17,8 +17,8 @@ C_MIN = 3  # 3..6: min of tile k, tile j, tile i, grid over the leaves
 C_MAX = 7  # 7..10: max of the same
 C_LOWERS = 11
 C_UPPERS = 12
-C_DUMMY = 14  # where a prefix sum whose total nobody reads writes it
-C_PASS = 15  # the radix pass running
+C_LATE = 14  # the radix pass running + 1, as its scatter reads it (topology.py: set by its histograms)
+C_PASS = 15  # the radix pass running, as its histograms and prefix sum read it (set by the last scatter)
 C_WORDS = 16
 
 ERR_OFFSETS = 1  # joffsets do not rise from 0 to N

@@ -105,27 +105,67 @@ def gb_write_u64(blob, at, lo):
 
 @luisa.func
 def gb_upper_sums(s, levels, k):
-    """What the upper levels of a prefix sum add to its word k when its readers make every level's
-    additions (topology.py _scan's reader_adds "all"): level j's word k // SCAN^j, its base at table word
-    levels + j - 1 (build_scratch.Scratch: 0 past the sum's top level), for j = 1 .. 7."""
+    """What the upper levels of a prefix sum add to its word k: the sum has no top-level or down-sweep
+    stage (topology.py _scan), so its readers make every addition. Level j's base is table word levels +
+    j - 1 (build_scratch.Scratch: 0 past the sum's last level), for j = 1 .. 7; each level below the last
+    holds exclusive sums within its SCAN-word chunks (its word k // SCAN^j added), the last (at most SCAN
+    words: its chunks' totals, as the last up stage wrote them) is summed here over its words before k's."""
     v = 0
     i = k
+    cur = 0
     for j in range(0, 7):
-        i = i // SCAN
         base = s.read(levels + j)
         if base != 0:
-            v += s.read(base + i)
+            if cur != 0:
+                v += s.read(cur + i)
+            cur = base
+            i = i // SCAN
+    if cur != 0:
+        for w in range(0, i):
+            v += s.read(cur + w)
+    return v
+
+
+@luisa.func
+def gb_prefix(s, words, aux, i):
+    """Word i (below the n words summed) of the exclusive prefix sum over the words at `words`: its
+    word plus its upper levels' (gb_upper_sums, their bases from table word aux); a sum of one level (at
+    most SCAN words, no up stage) is its words before i, summed here."""
+    v = 0
+    if s.read(aux) == 0:
+        for w in range(0, i):
+            v += s.read(words + w)
+    else:
+        v = s.read(words + i) + gb_upper_sums(s, aux, i)
+    return v
+
+
+@luisa.func
+def gb_total(s, words, aux, n):
+    """The total of the n words the prefix sum at `words` ran over: its last level's ceil(n / SCAN^levels)
+    words (at most SCAN), summed."""
+    cur = words
+    m = n
+    for j in range(0, 7):
+        base = s.read(aux + j)
+        if base != 0:
+            cur = base
+            m = (m + SCAN - 1) // SCAN
+    v = 0
+    for w in range(0, m):
+        v += s.read(cur + w)
     return v
 
 
 @luisa.func
 def gb_sum_at(s, words, aux, n, i):
-    """Word i of an exclusive prefix sum over n words whose down sweep its readers make (topology.py
-    _scan's reader_adds "all"): the word plus, below n, its upper levels' words (gb_upper_sums, their
-    bases from table word aux); word n, the total the top level wrote, as it is."""
-    v = s.read(words + i)
+    """Word i (0 <= i <= n) of an exclusive prefix sum over n words whose readers make its additions
+    (topology.py _scan): gb_prefix below n, the total (gb_total) at n."""
+    v = 0
     if i < n:
-        v += gb_upper_sums(s, aux, i)
+        v = gb_prefix(s, words, aux, i)
+    else:
+        v = gb_total(s, words, aux, n)
     return v
 
 

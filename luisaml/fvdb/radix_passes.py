@@ -4,8 +4,8 @@ A device build (operators/fvdb/topology.py DeviceGridBuild) sorts its leaves in 
 each over a key packed from the slot key (27 bits) and the root tile's k, j and i and the grid, each taken
 relative to its minimum over the leaves in the bits its span takes (shaders/grid_layout.PASSES): the passes
 past the key's bytes do nothing on the device (gb_pass_active), but their stages are still launched: the
-histograms, a prefix sum of 3-9 stages and the scatter, 5-11 launches at the smallest capacity to 100k
-points. A root tile spans 4096 voxels, so a LiDAR frame (a few hundred voxels across) spans at most two
+histograms (the first pass's; a later pass's are counted by the scatter before it), the prefix sum's up
+stages and the scatter, 3 launches a later pass at the smallest capacity (1,024 keys), 5 at 100k points. A root tile spans 4096 voxels, so a LiDAR frame (a few hundred voxels across) spans at most two
 tiles an axis: a key of 27 + 3 bits, 4 passes of PASSES (13).
 
 `idle_passes` bounds, on the host, the root tiles the new grid's voxels can lie in: from the points of
@@ -17,8 +17,8 @@ The bound is wide where it must be (a point's voxel within 2 voxels and a float3
 float64 position; an unknown source grid, a non-finite point or an op without candidates: no pass left
 out): a pass left out wrongly would sort the leaves wrongly. The idle passes are always the last ones:
 `idle_stages` names a network's stages of those passes, and the launcher leaves them out of that run
-(launch.KernelLauncher.skipped); the pass counter that a pass's prefix sum moves on is then read by no
-stage launched after them. The bytes built are the same (tests/fvdb/test_topology_device.py against
+(launch.KernelLauncher.skipped); the pass counters that a pass's up sweep and scatter set are then read
+by no stage launched after them. The bytes built are the same (tests/fvdb/test_topology_device.py against
 the host's builder).
 """
 from __future__ import annotations

@@ -66,6 +66,11 @@ class Scratch:
                  "headers": (HEADER_SIZE // 4) * grids}
         for name, size in sizes.items():
             self.raw[name] = self.take(size)
+        # the radix passes' second histogram buffer (a pass's scatter counts the next pass's digits into the
+        # buffer its own did not use): the regions from skey to upper_lower, which only stages after the sort
+        # write, where they hold it (a bucket's n, a multiple of 16, always); else a region of its own
+        dead = self.raw["upper_lower"] + n + 1 - self.raw["skey"]
+        self.raw["hist2"] = self.raw["skey"] if dead >= 256 * self.chunks else self.take(256 * self.chunks)
         for name, value in self.raw.items():
             setattr(self, name, self.word(value))
         self.order = (self.order_a, self.order_b)

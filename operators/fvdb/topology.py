@@ -27,20 +27,22 @@ jdata's rows bound at run time) or on the host.
 
 The device build in detail: voxel keys (8 a point for the nearest voxels); leaves deduplicated by a hash
 table (a slot claimed by a compare-and-swap of the point's index, a key compared with the owner point's,
-which an earlier stage wrote, so nothing waits on another thread); leaf masks by atomic OR; leaf ids by
-a prefix sum over the owners; the distinct leaves sorted into NanoVDB's order by an LSD radix sort (a
-chunk of leaves per thread: histograms, a prefix sum over (digit, chunk), a stable scatter that makes
-its last level's additions; a byte a pass of a key packed from the slot key, then root tile k, j, i and
-the grid, each relative to its minimum in the bits its span takes, the passes past the key doing
-nothing); lower and upper nodes as runs of that order, their bboxes by atomic min/max
-from the leaves; the grids laid out (the blob's bytes and the leaves are counted totals: the blob at a
-capacity, a run past it repeated); every leaf, node and root tile writes its own bytes and its parent's
-table entry, and a thread per child-mask word its word (one stage); the host patches the headers over
-the downloaded blob. The stages read their regions' offsets from a layout table at the scratch's start
-(the first stage writes it) and the radix pass number from a counter, so the ~160 stages of a 1M-point
-build are ~40 distinct kernels, the same text in every network of the op: the CUDA backend compiles
-each once (its compile cache is keyed by the source's hash). The bundle equals the host builder's, the blob byte for
-byte; its voxel_sizes / origins outputs are their float32 values (the blob's map holds the doubles)."""
+which an earlier stage wrote, so nothing waits on another thread); leaf ids by a prefix sum over the
+owners; leaf masks by atomic OR, in one stage with the leaves' keys and sort keys; the distinct leaves
+sorted into NanoVDB's order by an LSD radix sort (a chunk of leaves per thread: histograms, the first
+pass's counted as the leaves' keys are written and each later pass's by the scatter before it, a prefix
+sum's up stages over (digit, chunk), a stable scatter that makes every addition of the sum; a byte a pass
+of a key packed from the slot key, then root tile k, j, i and the grid, each relative to its minimum in
+the bits its span takes, the passes past the key doing nothing); lower and upper nodes as runs of that
+order, their bboxes by atomic min/max from the leaves; the grids laid out (the blob's bytes and the leaves
+are counted totals: the blob at a capacity, a run past it repeated); every leaf, node and root tile writes
+its own bytes and its parent's table entry, and a thread per child-mask word its word (one stage); the
+host patches the headers over the downloaded blob. The stages read their regions' offsets from a layout
+table at the scratch's start (the first stage writes it) and the radix pass number from two counters, so
+the ~80 stages of a 1M-point build with every radix pass are ~20 distinct kernels, the same text in every
+network of the op: the CUDA backend compiles each once (its compile cache is keyed by the source's hash).
+The bundle equals the host builder's, the blob byte for byte; its voxel_sizes / origins outputs are their
+float32 values (the blob's map holds the doubles)."""
 from __future__ import annotations
 
 import numpy as np
@@ -332,47 +334,35 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
 
     def _aux(self, name: str) -> int:
         """The table word of the upper levels' bases of the prefix sum over region `name`, whose words its
-        readers add (the sum's reader_adds "all": gb_upper_sums; 0 past the top level, none for one level)."""
+        readers add (_scan: gb_upper_sums; 0 past the last level, none for a sum of one level)."""
         return self.S.levels_at(name)
 
-    def _scan(self, name: str, bases: list[int], size: int, n_expr, total_at, then=None,
-              reader_adds: bool | str = False) -> list[Phase]:
+    def _scan(self, name: str, bases: list[int], size: int, n_expr, level0=None, base0=None) -> list[Phase]:
         """Phases of an exclusive prefix sum in place over the first n (a DSL expression, or a function of
-        the emission's context and whether the top level has run, returning one; at most size) words at
-        each base (the same length), the total of each written at total_at(n, base); then(ctx), if given,
-        emitted in the top level's one thread after its sums. reader_adds: the last phase, which adds each
-        SCAN-word chunk's base (level 1's word e // SCAN) to its words e, left to the one stage that reads
-        them (a launch fewer); "all": every level's additions left to the reader (no "add chunk bases"
-        stage at any size: gb_upper_sums sums the levels' words over a word)."""
+        the emission's context returning one; at most size) words at each base (the same length): its up
+        sweep alone, each level's SCAN-word chunks scanned in place and their totals one level up, to a last
+        level of at most SCAN words that no stage scans. Every addition is its readers' (gb_prefix and
+        gb_upper_sums add a word's upper levels and sum the last level's words before its own; gb_total the
+        total): no top-level or down-sweep stage at any size, and none at all for n <= SCAN. level0(ctx,
+        item), if given, is emitted in the first level's stage too (its item: SCAN words from item * SCAN);
+        base0(ctx), if given, the DSL expression of the words' base (one base), in place of bases[0]'s."""
         sizes = scan_levels(size)
         levels = [self.S.levels(b) for b in bases]
         out = []
 
-        def n_at(ctx, k: int, late: bool = False) -> str:
-            n = n_expr(ctx, late) if callable(n_expr) else str(n_expr)
+        def n_at(ctx, k: int) -> str:
+            n = n_expr(ctx) if callable(n_expr) else str(n_expr)
             return n if k == 0 else f"(({n}) + {G.SCAN ** k - 1}) // {G.SCAN ** k}"
 
         for k in range(len(sizes) - 1):
             def up(ctx, item, k=k):
                 nk = ctx.let(n_at(ctx, k), "n")
                 for lv in levels:
-                    self._call(ctx, "gb_scan_up", lv[k], lv[k + 1], nk, item)
+                    src = base0(ctx) if k == 0 and base0 is not None else lv[k]
+                    self._call(ctx, "gb_scan_up", src, lv[k + 1], nk, item)
+                if k == 0 and level0 is not None:
+                    level0(ctx, item)
             out.append(Phase(f"{name}: sum chunks, level {k}", sizes[k + 1], up))
-
-        def top(ctx, item):
-            n = ctx.let(n_at(ctx, 0), "n")
-            nk = ctx.let(n_at(ctx, len(sizes) - 1), "n")
-            for lv in levels:
-                self._call(ctx, "gb_scan_top", lv[-1], nk, total_at(n, lv[0]))
-            if then is not None:
-                then(ctx)
-        out.append(Phase(f"{name}: top level", 1, top))
-        for k in reversed(range(len(sizes) - 1 if reader_adds == "all" else 1 if reader_adds else 0, len(sizes) - 1)):
-            def down(ctx, item, k=k):
-                nk = ctx.let(n_at(ctx, k, True), "n")
-                for lv in levels:
-                    self._call(ctx, "gb_scan_down", lv[k], lv[k + 1], nk, item)
-            out.append(Phase(f"{name}: add chunk bases, level {k}", sizes[k], down))
         return out
 
     def phases(self):
@@ -382,46 +372,67 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
         out = [Phase("clear", max(S.raw["cap"], B, 1), self._emit_clear),
                Phase("voxel keys", items, self._emit_voxels),
                Phase("hash leaves", items, lambda ctx, p: self._guarded(ctx, p, "gb_insert", S.vox, S.owner, S.slot,
-                                                                          S.ids, S.cap, p))]
-        # (the leaf ids' down sweep, each level's chunk bases added to its words, left to the two stages that
-        # read them: gb_leaf_id)
-        out += self._scan("leaf ids", ["ids"], N, S.keys, lambda n, b: S.ctr + G.C_LEAVES, reader_adds="all")
+                                                                          S.ids, S.mask, S.cap, p))]
+        # the voxel keys' root tiles and grids are the leaves' (a leaf's are its points'): their ranges, which
+        # the sort keys read, fold in the leaf ids' first up stage (a stage of their own below SCAN keys)
+        def ranges(ctx, c):  # (and the first radix pass's histograms zeroed: 512 words a thread, 16 a key)
+            self._call(ctx, "gb_point_ranges", S.vox, S.ctr, S.keys, c)
+            self._call(ctx, "gb_zero_hist", S.hist, S.keys, c)
+        ids = self._scan("leaf ids", ["ids"], N, S.keys, level0=ranges)
+        out += ids or [Phase("tile ranges", 1, ranges)]
         aux = self._aux("ids")
-        out += [Phase("leaf keys", items, lambda ctx, p: self._guarded(ctx, p, "gb_leaf_init", S.vox, S.owner, S.slot,
-                                                                         S.ids, aux, S.lkey, S.mask, S.order[0], p)),
-                Phase("leaf masks", items, lambda ctx, p: self._guarded(ctx, p, "gb_leaf_bit", S.vox, S.owner, S.slot,
-                                                                          S.ids, aux, S.mask, p)),
-                Phase("tile ranges", max(-(-N // 64), 1),
-                      lambda ctx, c: self._call(ctx, "gb_ranges", S.lkey, S.ctr, c)),
-                Phase("sort keys", items, lambda ctx, i: self._call(ctx, "gb_sort_keys", S.lkey, S.key2, S.ctr, i))]
-        # the pass number is a counter in ctr, not a literal: the PASSES passes are then the same kernels.
-        # The prefix sum's top level (one thread, after its own reads) moves it on, so the stages after it
-        # in the pass read it less 1, and no stage of its own is launched for it; the host leaves out only
-        # the last passes (fvdb/radix_passes.py), whose counter no stage launched after them reads
-        def pass_no(late: bool) -> str:
-            return f"(scratch_int.read({S.ctr + G.C_PASS}){' - 1' if late else ''})"
 
-        def hist_n(ctx, late):
-            return f"{ctx.use_helper('gb_hist_words', 'grid_build')}(scratch_int, {S.ctr}, {pass_no(late)})"
+        def leaves_of(ctx, p):
+            # (thread 0: the leaves' count, the sum's total, which the stages after this one read)
+            ctx.line(f"if {p} == 0:")
+            with ctx.indent():
+                total = ctx.use_helper("gb_total", "grid_build")
+                ctx.line(f"scratch_int.write({S.ctr + G.C_LEAVES}, {total}(scratch_int, {S.ids}, {aux}, {S.keys}))")
+            self._guarded(ctx, p, "gb_leaf", S.vox, S.owner, S.slot, S.ids, aux, S.lkey, S.mask, S.order[0], S.key2,
+                          S.ctr, S.hist, S.keys, p)
+        out.append(Phase("leaf keys, masks and sort keys", items, leaves_of))
+        # the pass number is a counter in ctr, not a literal: the PASSES passes are then the same kernels. Two
+        # words, each written by thread 0 of a stage none of whose threads reads it: the up sweep reads
+        # C_PASS and its first stage's thread 0 sets C_LATE to it + 1, the scatter reads
+        # C_LATE - 1 and its thread 0 sets C_PASS to C_LATE (no stage of their own). The host leaves out only
+        # the last passes (fvdb/radix_passes.py), whose counters no stage launched after them reads. Pass p's
+        # histograms are in buffer p % 2 (hist, hist2): pass 0's counted by the leaf stage (gb_leaf), every later
+        # pass's by the scatter before it into the buffer that scatter's up sweep zeroed (gb_scatter): no
+        # histograms stage
+        def pass_no(late: bool) -> str:
+            return f"(scratch_int.read({S.ctr + G.C_LATE}) - 1)" if late else f"scratch_int.read({S.ctr + G.C_PASS})"
+
+        def hist_n(ctx):
+            return f"{ctx.use_helper('gb_hist_words', 'grid_build')}(scratch_int, {S.ctr}, {pass_no(False)})"
 
         def source(ctx, late) -> str:
             return ctx.let(f"{ctx.use_helper('gb_pass_source', 'grid_build')}(scratch_int, {S.ctr}, {S.order[0]}, "
                            f"{S.order[1]}, {pass_no(late)})", "src")
 
-        def hist(ctx, c):
-            self._call(ctx, "gb_hist", S.ctr, S.key2, source(ctx, False), S.hist, pass_no(False), c)
+        def buffer(ctx, late) -> str:  # this pass's histograms: hist or hist2 by its parity
+            return ctx.let(f"{S.hist} + ({pass_no(late)} & 1) * ({S.hist2} - {S.hist})", "hist")
+
+        def up_first(ctx, c):  # (the first up stage: the next pass's buffer zeroed, C_LATE set)
+            mine = buffer(ctx, False)
+            self._call(ctx, "gb_zero_chunk", f"{S.hist} + {S.hist2} - {mine}", hist_n(ctx), c)
+            ctx.line(f"if {c} == 0:")
+            with ctx.indent():
+                ctx.line(f"scratch_int.write({S.ctr + G.C_LATE}, {pass_no(False)} + 1)")
 
         def scatter(ctx, c):
             src = source(ctx, True)
             dst = ctx.let(f"{S.order[0] + S.order[1]} - {src}", "dst")
-            self._call(ctx, "gb_scatter", S.ctr, S.key2, src, dst, S.hist, S.levels_at("hist"), pass_no(True), c)
+            mine = buffer(ctx, True)
+            self._call(ctx, "gb_scatter", S.ctr, S.key2, src, dst, mine, f"{S.hist} + {S.hist2} - {mine}",
+                       S.levels_at("hist"), pass_no(True), c)
+            ctx.line(f"if {c} == 0:")
+            with ctx.indent():
+                ctx.line(f"scratch_int.write({S.ctr + G.C_PASS}, {pass_no(True)} + 1)")
 
-        def next_pass(ctx):
-            ctx.line(f"scratch_int.write({S.ctr + G.C_PASS}, {pass_no(False)} + 1)")
         for p in range(G.PASSES):
-            out.append(Phase(f"radix pass {p}: histograms", S.chunks, hist))
-            out += self._scan(f"radix pass {p}", ["hist"], 256 * S.chunks, hist_n, lambda n, b: S.ctr + G.C_DUMMY,
-                              then=next_pass, reader_adds="all")  # (the scatter adds every level: gb_upper_sums)
+            # (the scatter adds every level of the sum)
+            out += self._scan(f"radix pass {p}", ["hist"], 256 * S.chunks, hist_n, level0=up_first,
+                              base0=lambda ctx: buffer(ctx, False))
             out.append(Phase(f"radix pass {p}: scatter", S.chunks, scatter))
 
         def rank(ctx, r):
@@ -430,10 +441,8 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
             self._call(ctx, "gb_rank", S.ctr, S.lkey, S.mask, order, S.skey, S.counts, S.new_lower, S.new_upper,
                        S.leaf_box, r)
         out.append(Phase("leaves in order", items, rank))
-        # (its down sweep, each level's chunk bases added to its words, left to the stages that read them:
-        # gb_sum_at)
-        out += self._scan("voxel, lower and upper ids", ["counts", "new_lower", "new_upper"], N, leaves,
-                          lambda n, b: f"{b} + {n}", reader_adds="all")
+        # (its additions and totals made by the stages that read them: gb_sum_at)
+        out += self._scan("voxel, lower and upper ids", ["counts", "new_lower", "new_upper"], N, leaves)
         c_aux, lo_aux, up_aux = (self._aux(name) for name in ("counts", "new_lower", "new_upper"))
 
         def ranges_and_boxes(ctx, r):

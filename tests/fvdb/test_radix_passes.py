@@ -299,13 +299,15 @@ def test_keys_whose_digits_vary_in_every_pass_or_in_none_build_the_host_bytes(ca
 
 def test_a_build_across_the_origin_launches_4_passes_and_one_write_stage():
     """A LiDAR-like cloud (two root tiles an axis: a key of 27 + 3 bits) sorts in 4 passes, each its
-    histograms, its prefix sum's up sweep and top level (its scatter makes every level's additions:
-    no "add chunk bases" stage at any level, nor a stage of the pass counter) and its scatter; the
-    blob's writers are one stage; the leaf ids' and the voxel, lower and upper ids' last additions are
-    made by their readers; the nodes' ranges and boxes one stage; the grid's summary and layout one. 36
-    launches at this capacity, 5 a pass, where 7 passes of a stage more each, 5 write stages and a "next"
-    stage a pass took 88 (44 with the two sums' last levels, two node stages and two layout stages;
-    40 with the histograms' level-1 additions a stage a pass)."""
+    prefix sum's up sweep and its scatter (the first pass's histograms are counted by the leaf stage, a
+    later pass's by the scatter before it: no histograms stage): no top-level stage (the scatter sums the
+    last level's words itself), no "add chunk bases" stage, no stage of the pass counters; the leaf ids'
+    sum is its up stage alone (the tile ranges folded in), then one stage writes the leaves' keys, masks
+    and sort keys; the voxel, lower and upper ids' sum its up stage alone; the blob's writers one stage;
+    the nodes' ranges and boxes one; the grid's summary and layout one. 23 launches at this capacity, 3 a
+    pass, where the same build took 36 with histograms and a top-level stage to each pass, a top level to
+    each sum and leaf keys, leaf masks, tile ranges and sort keys four stages (88 with 7 passes of a stage
+    more each, 5 write stages and a "next" stage a pass)."""
     net = luisaml.compile(points_model("GridBatchFromPoints", False), batch_axis=None, grid_build="device")
     name, pts, offsets, h, o = clouds()[1]
     assert name == "across the origin"
@@ -316,20 +318,31 @@ def test_a_build_across_the_origin_launches_4_passes_and_one_write_stage():
         net.run(feeds)
     build = next(iter(net.plan.host_steps.device.networks.values()))
     names = [st.phase_name for st in build.plan.schedule.stages]
-    per_pass = sum(1 for n in names if n.startswith("radix pass 0: "))
-    assert not any(n.endswith(": next") for n in names) and names[-1].startswith("leaves, nodes")
-    assert not any(n.endswith("ids: add chunk bases, level 0") for n in names), names
-    assert "node ranges and bboxes" in names and "node bboxes" not in names, names
-    assert "grid summaries and layout" in names and "grid layout" not in names, names
-    assert not any(n.startswith("radix pass") and "add chunk bases" in n for n in names), names
-    assert per_pass == 5 and c.launches == len(names) - (RP.PASSES - 4) * per_pass == 36, (c.launches, per_pass)
+    per_pass = [n for n in names if n.startswith("radix pass 0: ")]
+    assert not any(n.endswith(": next") or "top level" in n or "add chunk bases" in n for n in names), names
+    assert names[-1].startswith("leaves, nodes")
+    assert [n for n in names if n.startswith("leaf")] == ["leaf ids: sum chunks, level 0",
+                                                          "leaf keys, masks and sort keys"], names
+    assert not any(n in ("tile ranges", "sort keys", "leaf masks", "leaf keys") for n in names), names
+    assert "node ranges and bboxes" in names and "grid summaries and layout" in names, names
+    assert per_pass == ["radix pass 0: sum chunks, level 0", "radix pass 0: sum chunks, level 1",
+                        "radix pass 0: scatter"], per_pass
+    later = [n.replace("radix pass 3: ", "radix pass 0: ") for n in names if n.startswith("radix pass 3: ")]
+    assert later == per_pass and not any("histograms" in n for n in names), names
+    assert c.launches == len(names) - (RP.PASSES - 4) * len(per_pass) == 23, (c.launches, per_pass)
 
 
-def test_no_prefix_sum_has_a_down_sweep_stage_at_any_size():
+def _stages(build) -> list[str]:
+    return [st.phase_name for st in build.plan.schedule.stages]
+
+
+def test_no_prefix_sum_has_a_top_level_or_down_sweep_stage_at_any_size():
     """A ConvGrid 3/2 over 600 and 3,000 voxels (the 1,024 and 4,096 buckets: 8,192 and 32,768 keys, the
-    histograms' sums of 4 levels, the leaf ids' and the node ids' of 3) launches no "add chunk bases"
-    stage: every reader adds each upper level's word (gb_upper_sums), where such a build had 2 a radix
-    pass and 1 each for the leaf ids and the voxel, lower and upper ids; its bytes are the host builder's."""
+    histograms' sums of 4 levels, the leaf ids' and the node ids' of 3, the last with 32 words at 32,768)
+    launches no "top level" and no "add chunk bases" stage: every reader adds each upper level's word and
+    sums the last level's words before its own (gb_upper_sums, gb_prefix, gb_total), where such a build had
+    a top level a sum (and before that 2 "add chunk bases" a radix pass, 1 each for the leaf ids and the
+    voxel, lower and upper ids); its bytes are the host builder's."""
     from luisaml.operators.fvdb.build_scratch import scan_levels
     from luisaml.shaders import grid_layout as G
     from test_grid_build_memory import _conv_grid_model
@@ -342,12 +355,75 @@ def test_no_prefix_sum_has_a_down_sweep_stage_at_any_size():
         for k in want:
             assert got[k].tobytes() == want[k].tobytes(), (n, k)
         (key, build), = dev.plan.host_steps.device.networks.items()
-        names = [st.phase_name for st in build.plan.schedule.stages]
-        assert key[1] == bucket and not any("add chunk bases" in m for m in names), names
+        names = _stages(build)
+        assert key[1] == bucket and not any("add chunk bases" in m or "top level" in m for m in names), names
         keys = 8 * bucket
-        hist, ids = (len(scan_levels(w)) for w in (256 * -(-keys // G.CHUNK), keys))
-        assert (hist, ids) == (4, 3)  # (levels: 2 and 1 "add chunk bases" stages before, at both buckets)
-        # histograms, the up sweep's levels, the top level, the scatter; the leaf ids' up sweep and top level
-        assert sum(1 for m in names if m.startswith("radix pass 0: ")) == hist + 2, names
-        assert sum(1 for m in names if m.startswith("leaf ids: ")) == ids, names
-        assert sum(1 for m in names if m.startswith("voxel, lower and upper ids: ")) == ids, names
+        hist, ids = (scan_levels(w) for w in (256 * -(-keys // G.CHUNK), keys))
+        assert (len(hist), len(ids)) == (4, 3)
+        assert ids[-1] == (8 if bucket == 1024 else 32)  # (the last level's words, summed by the readers)
+        # the up sweep's levels and the scatter (no histograms stage); the leaf ids' and node ids' up sweeps
+        assert sum(1 for m in names if m.startswith("radix pass 0: ")) == len(hist), names
+        assert sum(1 for m in names if m.startswith("radix pass 1: ")) == len(hist), names
+        assert sum(1 for m in names if m.startswith("leaf ids: ")) == len(ids) - 1, names
+        assert sum(1 for m in names if m.startswith("voxel, lower and upper ids: ")) == len(ids) - 1, names
+
+
+@pytest.mark.parametrize("n", [1, 20, 32, 33])
+def test_a_build_of_at_most_scan_keys_has_no_prefix_sum_stage(n):
+    """Up to SCAN (32) keys (a network of a static point count) a prefix sum is one level of at most 32
+    words that no stage scans: its readers sum the words before theirs (gb_prefix) and the total (gb_total);
+    the tile ranges are then a stage of their own. 33 keys: an up stage of two chunks, a last level of 2
+    words. Points in two grids across two root tiles, the host builder's bytes."""
+    from luisaml.shaders import grid_layout as G
+
+    from test_grid_build_device import model, run_both
+
+    rng = np.random.default_rng(n)
+    pts = (rng.normal(0, 8.0, (n, 3)) + [0.0, 0.0, 2048.0]).astype(np.float32)  # (two root tiles in k)
+    h, o = np.array([[0.5, 0.5, 0.5], [1.0, 0.25, 0.5]]), np.array([[0, 0, 0], [1.0, -2.0, 0.5]])
+    net, _ = run_both("GridBatchFromPoints", pts, [0, n // 2, n], h, o)
+    names = [st.phase_name for st in net.plan.schedule.stages]
+    small = n <= G.SCAN
+    assert ("tile ranges" in names) == small, names
+    assert sum(m.startswith("leaf ids") for m in names) == (0 if small else 1), names
+    assert sum(m.startswith("voxel, lower and upper ids") for m in names) == (0 if small else 1), names
+
+
+@pytest.mark.parametrize("lone", [0, 31, 32, 69])
+def test_a_tile_or_grid_held_by_one_point_is_in_the_ranges(lone):
+    """The root tiles' and grids' ranges (the sort key's fields) are folded from the voxel keys, SCAN a
+    thread, in the leaf ids' first up stage (gb_point_ranges): a grid of one point (the first, the last)
+    and a root tile of one point at each end of a thread's keys (point 31, 32, or 0 / 69) must be in them,
+    or the sort keys' fields go negative and the grid's bytes differ from the host builder's."""
+    rng = np.random.default_rng(lone)
+    pts = rng.normal(0, 6.0, (70, 3)).astype(np.float32)
+    pts[lone] = [-9000.0, 300.0, 9000.0] if lone % 2 else [9000.0, -9000.0, -300.0]  # (its own tiles)
+    offsets = [0, 1, 69, 70]  # (points 0 and 69 each a grid alone)
+    from test_grid_build_device import run_both
+
+    h = np.array([[0.5, 0.5, 0.5], [1.0, 0.25, 0.5], [2.0, 2.0, 2.0]])
+    net, _ = run_both("GridBatchFromPoints", pts, offsets, h, np.zeros((3, 3)))
+    assert any(st.phase_name == "leaf ids: sum chunks, level 0" for st in net.plan.schedule.stages)
+
+
+@pytest.mark.full
+def test_a_build_at_131072_keys_equals_the_host_builder():
+    """The detector's size (100k points, the 131,072-key capacity): the histograms' sums of 5 levels (4 up
+    stages, a last level of 2 words), the leaf ids' and node ids' of 4 (a last level of 4 words), 4 passes;
+    the host builder's bytes, and 35 launches (48 with histograms and a top-level stage to every pass, a top
+    level to each sum and the four leaf stages)."""
+    rng = np.random.default_rng(5)
+    n = 100_000
+    pts = (rng.normal(0, 1, (n, 3)) * [15.0, 15.0, 1.5] + [0.0, 0.0, -1.0]).astype(np.float32)
+    offsets, h, o = np.array([0, n], np.int64), np.full((1, 3), 0.2), np.zeros((1, 3))
+    want = host_bundle("GridBatchFromPoints", pts, offsets, h, o)
+    net = luisaml.compile(points_model("GridBatchFromPoints", False), batch_axis=None, grid_build="device")
+    feeds = {"jdata": pts, "joffsets": offsets, "voxel_sizes": h, "origins": o}
+    for first in (True, False):
+        with counts.measure() as c:
+            got = net.run(feeds)
+        _forget_steps(net)
+        for k, w in zip(FINE, want):
+            np.testing.assert_array_equal(got[k], w, err_msg=k)
+    (key, build), = net.plan.host_steps.device.networks.items()
+    assert key[1] == 131072 and c.launches == 35, (key, c.launches)
