@@ -49,8 +49,8 @@ run() {
               tests/gpu/test_sparse_conv_fp32_cuda.py tests/gpu/test_w2v_first_cuda.py ;;
     tests2) step "$name" "${limit:-120}" env LUISAML_BACKEND=cuda "${PYTEST[@]}" -n 12 tests/gpu/test_tensor_cores_cuda.py \
               tests/gpu/test_sparse_conv_mma_cuda.py tests/gpu/test_winograd_cuda.py ;;
-    tests3) step "$name" "${limit:-260}" env LUISAML_BACKEND=cuda "${PYTEST[@]}" -n 12 tests/fvdb/test_radix_passes.py tests/fvdb/test_resident_blobs.py \
-              tests/fvdb/test_topology_device.py tests/fvdb/test_build_layout.py tests/fvdb/test_grid_build_device.py \
+    tests3) step "$name" "${limit:-260}" env LUISAML_BACKEND=cuda "${PYTEST[@]}" -n 8 tests/fvdb/test_radix_passes.py tests/fvdb/test_resident_blobs.py \
+              tests/gpu/test_rows_kept_cuda.py tests/fvdb/test_topology_device.py tests/fvdb/test_build_layout.py tests/fvdb/test_grid_build_device.py \
               tests/fvdb/test_counted_runs.py tests/core/test_counted_bytes.py tests/core/test_same_uploads.py \
               tests/gpu/test_cuda.py ;;
     fvdb) step "$name" "${limit:-135}" python3 -P benchmarks/bench_fvdb.py --tensor-cores --only-layers --reps 20 \
