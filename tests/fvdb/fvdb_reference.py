@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from luisaml.fvdb import GridBatch, JaggedTensor, ijk_to_index
 from luisaml.opsets import fvdb as schema
-from luisaml.opsets import fvdb_dense, fvdb_rays
+from luisaml.opsets import fvdb_dense, fvdb_grids, fvdb_rays  # noqa: F401 (fvdb_grids: its schemas, for shape inference)
 
 F32 = np.float32
 
