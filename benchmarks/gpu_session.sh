@@ -6,7 +6,8 @@
 #
 #     bash benchmarks/gpu_session.sh tests1 tests2 fvdb zoo-a        # the first call of a session (~8 min)
 #     bash benchmarks/gpu_session.sh zoo-b zoo-c                     # the zoo's other 16 rows (~9 min)
-#     bash benchmarks/gpu_session.sh detector topology topk fp16 rnn # issue 28's rows, fp16 MLPs, the recurrent forms
+#     bash benchmarks/gpu_session.sh detector topology counted       # issue 28's rows (counted: net.run against the span)
+#     bash benchmarks/gpu_session.sh topk fp16 rnn                   # fp16 MLPs, the recurrent forms
 #
 # A step is NAME or NAME=SECONDS (its limit; the defaults below). Results and logs go to $OUT (they come
 # back with the reply): a step's log is $OUT/NAME.log, the zoo's records $OUT/zoo.json (merged by name
@@ -61,7 +62,9 @@ run() {
     zoo-b) step "$name" "${limit:-300}" "${ZOO[@]}" "$ZOO_B" ;;
     zoo-c) step "$name" "${limit:-300}" "${ZOO[@]}" "$ZOO_C" ;;
     detector) step "$name" "${limit:-200}" python3 -P benchmarks/bench_detector.py --device cuda --reps 5 --out-dir "$O" ;;
-    topology) step "$name" "${limit:-150}" python3 -P benchmarks/bench_topology.py --reps 20 ;;
+    topology) step "$name" "${limit:-150}" python3 -P benchmarks/bench_topology.py --reps 20 --out-dir "$O" ;;
+    # (issue 28's table: net.run's wall against the device span, each network over a new grid every call)
+    counted) step "$name" "${limit:-200}" python3 -P benchmarks/bench_counted.py --out-dir "$O" ;;
     topk) step "$name" "${limit:-60}" python3 -P benchmarks/experiments/micro_topk.py ;;
     fp16) step "$name" "${limit:-150}" env LUISAML_BACKEND=cuda python3 -P benchmarks/experiments/fp16_mlp.py --tiles w64,w32 ;;
     # (unrolled: the k loop's loads where written, as rnngpu merged it; auto: an iteration ahead, NOTES.md
@@ -75,7 +78,7 @@ run() {
            --budget 200 --out "$0/sweep-mma-$g.json"; done' "$O" ;;
     zoo-reuse) step "$name" "${limit:-200}" env LUISAML_CONV_GATHER=reuse "${ZOO[@]}" \
                  "resnet-50,wav2vec2 conv encoder" --out "$O/zoo-reuse.json" ;;
-    *) echo "unknown step $name (tests1 tests2 tests3 fvdb fvdb-w32 zoo-a zoo-b zoo-c detector topology topk fp16 rnn mma zoo-reuse)"; return 2 ;;
+    *) echo "unknown step $name (tests1 tests2 tests3 fvdb fvdb-w32 zoo-a zoo-b zoo-c detector topology counted topk fp16 rnn mma zoo-reuse)"; return 2 ;;
   esac
 }
 
