@@ -82,7 +82,7 @@ def f64_round_pack(sign, m, e):
             if rest > half or (rest == half and (q & ulong(1)) != ulong(0)):
                 q += ulong(1)  # (a carry to 2^53 moves into the exponent field: the next binade, or infinity)
         elif s == 64:
-            if m > f64_const(0, -2147483648):  # above half the quantum, 2^63
+            if m > f64_const(0, -2147483647 - 1):  # above half the quantum, 2^63
                 q = ulong(1)
         out = sign | ((ulong(base) << ulong(52)) + q)
     return out
@@ -92,7 +92,7 @@ def f64_round_pack(sign, m, e):
 def f64_mul_i32(i, x):
     """fl(i * x): an int32 times the double whose bits are x, correctly rounded (numpy's int32 array
     times a float64 array: i converted exactly, one product)."""
-    sign_bit = f64_const(0, -2147483648)
+    sign_bit = f64_const(0, -2147483647 - 1)
     frac_bits = f64_const(-1, 1048575)
     ex = int(uint(x >> ulong(52)) & uint(2047))
     frac = x & frac_bits
@@ -133,7 +133,7 @@ def f64_mul_i32(i, x):
 @luisa.func
 def f64_add(x, y):
     """fl(x + y) of the doubles whose bits are x and y, correctly rounded (numpy's float64 add)."""
-    sign_bit = f64_const(0, -2147483648)
+    sign_bit = f64_const(0, -2147483647 - 1)
     magnitude = f64_const(-1, 2147483647)
     frac_bits = f64_const(-1, 1048575)
     inf = f64_const(0, 2146435072)
