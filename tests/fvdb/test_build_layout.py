@@ -18,7 +18,7 @@ from luisaml.errors import RunError
 from luisaml.fvdb import layout as L
 from luisaml.fvdb.builder import HEADER_SIZE, grid_layout
 from luisaml.operators.fvdb.build_layout import ONE_VOXEL_BYTES, GridLayout
-from luisaml.operators.fvdb.topology import DeviceGridBuild
+from luisaml.operators.fvdb.topology import TRANSFORM_WORDS, DeviceGridBuild
 from luisaml.shaders import grid_layout as G
 from luisaml.shaders.grid_write import gb_layout
 
@@ -50,6 +50,16 @@ def test_layout_constants_match_the_host_layout():
     for name in ("GRID_DATA_SIZE", "TREE_DATA_SIZE", "UPPER_NODE_SIZE", "LOWER_NODE_SIZE", "LEAF_NODE_SIZE"):
         assert getattr(G, name) == getattr(L, name), name
     assert ONE_VOXEL_BYTES == grid_layout(1, 1, 1)[4] and HEADER_SIZE == GridLayout.HEADER_WORDS * 4
+    # the header's constant words and field offsets (grid_write.gb_write_header)
+    assert G.MAGIC_LO | (G.MAGIC_HI << 32) == L.MAGIC_GRID and G.VERSION == L.pack_version(*L.WRITE_VERSION)
+    for name in ("FLAG_HAS_BBOX", "FLAG_IS_BREADTH_FIRST", "GRID_CLASS_INDEX", "GRID_TYPE_ON_INDEX", "ROOT_OFF_TABLE_SIZE"):
+        assert getattr(G, name) == getattr(L, name), name
+    for name in ("GRID_SIZE", "MAP_MATF", "MAP_INVMATF", "MAP_VECF", "MAP_TAPERF", "MAP_MATD", "MAP_INVMATD", "MAP_VECD",
+                 "MAP_TAPERD", "WORLD_BBOX", "VOXEL_SIZE", "GRID_CLASS", "BLIND_METADATA_OFFSET", "DATA1"):
+        assert getattr(G, "OFF_" + name) == getattr(L, "GRID_OFF_" + name), name
+    assert L.GRID_OFF_GRID_TYPE == G.OFF_GRID_CLASS + 4
+    assert (G.FLOAT_ONE, G.DOUBLE_ONE_HI) == (int(np.float32(1).view(np.uint32)), int(np.float64(1).view(np.uint64)) >> 32)
+    assert G.T_WORDS == TRANSFORM_WORDS and G.S_TRANSFORM + G.T_WORDS <= G.S_WORDS
 
 
 def test_the_device_lays_the_grids_out_as_the_builder_does():
