@@ -8,6 +8,7 @@ import numpy as np
 def apply() -> None:
     """Install the process-wide shims (idempotent)."""
     _cheap_func_caller()
+    _wide_integer_arithmetic()
 
 
 def hook_luisa_import() -> None:
@@ -93,6 +94,37 @@ def _cheap_func_caller() -> None:
     __init__._luisaml_shim = True
     __init__._upstream = upstream
     func_class.__init__ = __init__
+
+
+def _wide_integer_arithmetic() -> None:
+    """Give a binary operation on 64-bit scalars a 64-bit type.
+
+    luisa-python's builtin.upper_scalar_dtype, which types every scalar binary operation, knows float,
+    int, half, short and ushort and answers uint for everything else: `a * b`, `a >> 7` or `a + a` on
+    two ulongs (or longs) is typed uint, computed in 32 bits and widened again (the product of
+    0x0123456789abcdef and 3 came back as 0x9d0369cd on the CPU backend). With this, the result takes
+    the wider of the two integer types, as C++ does (ulong over long over the 32-bit ones); every other
+    pair (a float or half operand among them) keeps upstream's answer, so no kernel without a 64-bit
+    operand changes. shaders/f64.py's binary64 arithmetic needs it."""
+    import sys
+
+    import luisa  # noqa: F401  (loads luisa.builtin)
+
+    builtin = sys.modules["luisa.builtin"]
+    if getattr(builtin.upper_scalar_dtype, "_luisaml_shim", False):
+        return
+    upstream = builtin.upper_scalar_dtype
+    from luisa.types import half, long, ulong
+
+    def upper_scalar_dtype(dtype0, dtype1):
+        pair = {dtype0, dtype1}
+        if float not in pair and half not in pair and (ulong in pair or long in pair):
+            return ulong if ulong in pair else long
+        return upstream(dtype0, dtype1)
+
+    upper_scalar_dtype._luisaml_shim = True
+    upper_scalar_dtype._upstream = upstream
+    builtin.upper_scalar_dtype = upper_scalar_dtype
 
 
 def settle_cpu_backend() -> None:

@@ -52,7 +52,7 @@ from .grid_layout import (C_ERROR, C_LEAVES, C_LOWERS, C_MAX, C_MIN, C_UPPERS, C
                           SCAN, SLOT_BITS)
 # (a generated module imports every stage's function from here: use_helper(name, "grid_build"))
 from .grid_write import (gb_child_words, gb_header_word, gb_layout, gb_prefix, gb_sum_at, gb_total,  # noqa: F401
-                         gb_upper_sums, gb_write_leaf, gb_write_lower, gb_write_upper, gb_zero_blob)
+                         gb_upper_sums, gb_write_header, gb_write_leaf, gb_write_lower, gb_write_upper, gb_zero_blob)
 
 
 @luisa.func

@@ -1,17 +1,24 @@
 """The last stage of a grid built on the device (grid_build.py's pipeline, step 5): the grids laid
 out back to back (by the host's read-back step, or on the device by one thread: gb_layout), the blob
-zeroed, the host's headers copied in (or patched over the downloaded blob at the run's end), and every
-leaf, lower node and upper node writes its own bytes and the table entry its parent holds; a thread per
+zeroed, the headers written (on the device's layout by a thread a grid, gb_write_header, the world
+bbox's doubles through f64.py; on the host's, copied from the host's upload), and every leaf, lower
+node and upper node writes its own bytes and the table entry its parent holds; a thread per
 child-mask word writes the masks (a node's children are a run sorted by slot, so a word's are found
 by a binary search and are at most 32)."""
 import luisa
 from luisa.types import uint  # noqa: F401
 
-from .grid_layout import (C_ERROR, C_LEAVES, C_LOWERS, C_UPPERS, ERR_BYTES, G_LEAF, G_LEAF_START, G_LOWER,
-                          G_LOWER_START, G_OFFSET, G_ROOT, G_TILES, G_UPPER, G_UPPER_START, G_VOXEL_START, G_WORDS,
-                          GRID_DATA_SIZE, H_BYTES, H_ROOM, H_ROWS, H_VOXELS, H_WORDS, LEAF_FLAGS_WORD, LEAF_NODE_SIZE,
-                          LOWER_NODE_SIZE, SCAN, S_LEAVES, S_LOWERS, S_UPPERS, S_VOXELS, S_WORDS, TREE_DATA_SIZE,
-                          UPPER_NODE_SIZE)
+from .f64 import f64_add, f64_bits, f64_const, f64_hi, f64_lo, f64_mul_i32
+from .grid_layout import (C_ERROR, C_LEAVES, C_LOWERS, C_UPPERS, DOUBLE_ONE_HI, ERR_BYTES, ERR_LEAVES, FLAG_HAS_BBOX,
+                          FLAG_IS_BREADTH_FIRST, FLOAT_ONE, G_LEAF, G_LEAF_START, G_LOWER, G_LOWER_START, G_OFFSET,
+                          G_ROOT, G_TILES, G_UPPER, G_UPPER_START, G_VOXEL_START, G_WORDS, GRID_CLASS_INDEX,
+                          GRID_DATA_SIZE, GRID_TYPE_ON_INDEX, H_BYTES, H_ROOM, H_ROWS, H_VOXELS, H_WORDS,
+                          LEAF_FLAGS_WORD, LEAF_NODE_SIZE, LOWER_NODE_SIZE, MAGIC_HI, MAGIC_LO, OFF_BLIND_METADATA_OFFSET,
+                          OFF_DATA1, OFF_GRID_CLASS, OFF_GRID_SIZE, OFF_MAP_INVMATD, OFF_MAP_INVMATF, OFF_MAP_MATD,
+                          OFF_MAP_MATF, OFF_MAP_TAPERD, OFF_MAP_TAPERF, OFF_MAP_VECD, OFF_MAP_VECF, OFF_VOXEL_SIZE,
+                          OFF_WORLD_BBOX, ROOT_OFF_TABLE_SIZE, SCAN, S_BBOX, S_LEAVES, S_LOWERS, S_TRANSFORM, S_UPPERS,
+                          S_VOXELS, S_WORDS, T_H, T_H_F, T_INV, T_INV_F, T_O, T_O_F, TREE_DATA_SIZE, UPPER_NODE_SIZE,
+                          VERSION)
 # the readers' offsets, from the reading library
 from .nanovdb import (LEAF_OFF_OFFSET, LEAF_OFF_PREFIX_SUM, LEAF_OFF_VALUE_MASK, LOWER_OFF_CHILD_MASK, LOWER_OFF_TABLE,
                       ROOT_DATA_SIZE, ROOT_TILE_SIZE, UPPER_OFF_CHILD_MASK, UPPER_OFF_TABLE)
@@ -34,7 +41,8 @@ def gb_layout(s, ctr, summary, layout, grids, limit):
     """One thread: the grids back to back from the summaries (builder.grid_layout's offsets, as the
     host's read-back step lays them out), their rows at layout + H_ROWS, the head words (the blob's
     words, all voxels, its bytes, whether they fit `limit`, the blob's capacity in bytes). Bytes past
-    INT32_MAX raise ERR_BYTES and leave the blob empty: the write stages read H_ROOM and write nothing."""
+    INT32_MAX raise ERR_BYTES and leave the blob empty: the write stages read H_ROOM and write nothing;
+    summaries whose leaves are not the hash's raise ERR_LEAVES (the host read them back to check)."""
     offset = 0
     leaf = 0
     lower = 0
@@ -67,6 +75,8 @@ def gb_layout(s, ctr, summary, layout, grids, limit):
         lower += nlo
         upper += nup
         voxel += s.read(row + S_VOXELS)
+    if leaf != s.read(ctr + C_LEAVES):
+        _old = s.atomic_compare_exchange(ctr + C_ERROR, 0, ERR_LEAVES)
     room = 0
     if offset < 0:
         _old = s.atomic_compare_exchange(ctr + C_ERROR, 0, ERR_BYTES)  # (grid_build.gb_error's, which imports us)
@@ -94,6 +104,103 @@ def gb_header_word(s, blob, layout, headers, grids, t):
     if t < grids * 208:
         b = t // 208
         blob.write(s.read(layout + G_WORDS * b + G_OFFSET) + 4 * (t % 208), s.read(headers + t))
+
+
+@luisa.func
+def gb_write_bits(blob, at, x):
+    """A 64-bit word (a ulong: a double's bits) at byte `at`."""
+    blob.write(at, f64_lo(x))
+    blob.write(at + 4, f64_hi(x))
+
+
+@luisa.func
+def gb_world_corner(s, t, i, a):
+    """numpy's fl(fl(i * h) + o) on axis a, the grid's voxel size h and origin o from its transforms row t."""
+    h = f64_bits(s.read(t + T_H + 2 * a), s.read(t + T_H + 2 * a + 1))
+    o = f64_bits(s.read(t + T_O + 2 * a), s.read(t + T_O + 2 * a + 1))
+    return f64_add(f64_mul_i32(i, h), o)
+
+
+@luisa.func
+def gb_write_header(s, blob, layout, summary, b, grids):
+    """Grid b of `grids`: its 832-byte header (GridData, TreeData, RootData less its tiles) as
+    builder._write_header writes it for the grid's summary row (counts, bbox), its layout row (offsets)
+    and its transforms row (the map's floats and doubles, copied from what the host derived from h and o;
+    the world bbox of the index bbox [min, max + 1], numpy's doubles through f64.py), numbered b of
+    `grids` as concat_grids numbers them, with no name. Over the zeroed blob: its zero bytes are not
+    written again. An empty grid has NanoVDB's empty bboxes and no HAS_BBOX flag."""
+    g = layout + G_WORDS * b
+    row = summary + S_WORDS * b
+    t = row + S_TRANSFORM
+    at = s.read(g + G_OFFSET)
+    tree = at + GRID_DATA_SIZE
+    root = tree + TREE_DATA_SIZE
+    nl = s.read(row + S_LEAVES)
+    nlo = s.read(row + S_LOWERS)
+    nup = s.read(row + S_UPPERS)
+    n = s.read(row + S_VOXELS)
+    size = s.read(g + G_LEAF) + LEAF_NODE_SIZE * nl - at
+    # GridData: magic, checksum disabled, version, flags, index and count, size
+    blob.write(at, MAGIC_LO)
+    blob.write(at + 4, MAGIC_HI)
+    blob.write(at + 8, -1)
+    blob.write(at + 12, -1)
+    blob.write(at + 16, VERSION)
+    flags = FLAG_IS_BREADTH_FIRST
+    if n > 0:
+        flags = flags | FLAG_HAS_BBOX
+    blob.write(at + 20, flags)
+    blob.write(at + 24, b)
+    blob.write(at + 28, grids)
+    blob.write(at + OFF_GRID_SIZE, size)
+    # the map: diag(h), diag(1/h), o as floats then doubles, tapers 1; the voxel size
+    for a in range(0, 3):
+        blob.write(at + OFF_MAP_MATF + 16 * a, s.read(t + T_H_F + a))
+        blob.write(at + OFF_MAP_INVMATF + 16 * a, s.read(t + T_INV_F + a))
+        blob.write(at + OFF_MAP_VECF + 4 * a, s.read(t + T_O_F + a))
+        for w in range(0, 2):
+            blob.write(at + OFF_MAP_MATD + 32 * a + 4 * w, s.read(t + T_H + 2 * a + w))
+            blob.write(at + OFF_MAP_INVMATD + 32 * a + 4 * w, s.read(t + T_INV + 2 * a + w))
+            blob.write(at + OFF_MAP_VECD + 8 * a + 4 * w, s.read(t + T_O + 2 * a + w))
+            blob.write(at + OFF_VOXEL_SIZE + 8 * a + 4 * w, s.read(t + T_H + 2 * a + w))
+    blob.write(at + OFF_MAP_TAPERF, FLOAT_ONE)
+    blob.write(at + OFF_MAP_TAPERD + 4, DOUBLE_ONE_HI)
+    # the world bbox of [min, max + 1]; NanoVDB's empty one (min +DBL_MAX, max -DBL_MAX) when empty
+    for a in range(0, 3):
+        lo = f64_const(-1, 2146435071)  # DBL_MAX, 0x7fefffffffffffff
+        hi = f64_const(-1, -1048577)  # -DBL_MAX, 0xffefffffffffffff
+        if n > 0:
+            lo = gb_world_corner(s, t, s.read(row + S_BBOX + a), a)
+            # (max + 1 in int32, wrapping at INT32_MAX as the builder's int32 array does)
+            hi = gb_world_corner(s, t, int(uint(s.read(row + S_BBOX + 3 + a)) + uint(1)), a)
+        gb_write_bits(blob, at + OFF_WORLD_BBOX + 8 * a, lo)
+        gb_write_bits(blob, at + OFF_WORLD_BBOX + 24 + 8 * a, hi)
+    blob.write(at + OFF_GRID_CLASS, GRID_CLASS_INDEX)
+    blob.write(at + OFF_GRID_CLASS + 4, GRID_TYPE_ON_INDEX)
+    blob.write(at + OFF_BLIND_METADATA_OFFSET, size)
+    blob.write(at + OFF_DATA1, n + 1)
+    # TreeData: node offsets from TreeData (0 for an empty level), counts, voxels
+    if nl > 0:
+        blob.write(tree, s.read(g + G_LEAF) - tree)
+    if nlo > 0:
+        blob.write(tree + 8, s.read(g + G_LOWER) - tree)
+    if nup > 0:
+        blob.write(tree + 16, s.read(g + G_UPPER) - tree)
+    blob.write(tree + 24, TREE_DATA_SIZE)
+    blob.write(tree + 32, nl)
+    blob.write(tree + 36, nlo)
+    blob.write(tree + 40, nup)
+    blob.write(tree + 56, n)
+    # RootData: the index bbox (NanoVDB's empty one: +INT32_MAX, INT32_MIN), its tiles
+    for a in range(0, 3):
+        lo_i = 2147483647
+        hi_i = -2147483647 - 1
+        if n > 0:
+            lo_i = s.read(row + S_BBOX + a)
+            hi_i = s.read(row + S_BBOX + 3 + a)
+        blob.write(root + 4 * a, lo_i)
+        blob.write(root + 12 + 4 * a, hi_i)
+    blob.write(root + ROOT_OFF_TABLE_SIZE, nup)
 
 
 @luisa.func

@@ -1,6 +1,6 @@
 """Where a device grid build's grids go in its blob, and who writes their headers (DeviceGridBuild's
-last phases, operators/fvdb/topology.py): the host's step over the grid summaries and the one-thread
-layout stage that lays the grids out on the device.
+last phases, operators/fvdb/topology.py): the one-thread layout stage that lays the grids out on the
+device and the header each grid's thread writes, or the host's step over the grid summaries.
 
 Two forms, chosen by `GridLayout.LAYOUT_ON_DEVICE` (kept for an A/B on a GPU):
 - **on the device** (True): a "grid layout" phase, one thread (shaders/grid_write.py gb_layout; up to
@@ -9,18 +9,23 @@ Two forms, chosen by `GridLayout.LAYOUT_ON_DEVICE` (kept for an A/B on a GPU):
   blob left empty), writes the rows the write stages read, the blob's bytes (a counted total naming
   output 0, first capacity a lower bound of the grids' bytes) and whether they fit the blob's
   capacity (a room word: past it the write stages write nothing and the run is repeated with room,
-  never cut); the leaves' count is output 4's counted total. The headers' 832 bytes a grid hold the
-  world bbox as doubles (numpy's fl(fl(i * h) + o)), which the DSL has not, so the host writes them:
-  an end-of-run HostRead (luisaml/dynamic.py, `at_end`) downloads the counters and summaries in the
-  run's one wait, and `_end_step` returns each grid's header from builder.grid_header as a patch over
-  the downloaded blob. One host synchronisation a build.
+  never cut); the leaves' count is output 4's counted total. In the last stage thread b < B writes
+  grid b's 832-byte header (`emit_header`, grid_write.gb_write_header): the integer fields from the
+  summary and layout rows, the map from the transforms row the host derived from h and o when they
+  were bound (topology.grid_transforms: its floats and doubles, 1/h among them, as numpy makes them),
+  and the world bbox, numpy's doubles fl(fl(i * h) + o), through shaders/f64.py's binary64 on 64-bit
+  words (the DSL has no double). Every byte of the blob is written on the device. What remains at the
+  end is an end-of-run HostRead (luisaml/dynamic.py, `at_end`) of the 16 counter words, in the run's
+  one wait, whose step raises what the device flagged (`_end_step`: bad offsets or coordinates, 2 GiB,
+  the summaries' leaves against the hash's) and patches nothing. One host synchronisation a build.
 - **by the host mid-run** (False): the summaries read back between the summaries and the write phases
   (a HostRead), `_host_step` lays the grids out, sizes the blob and the leaves, and uploads the rows
   and the headers, which a "grid headers" phase copies into the blob. Two synchronisations a build.
 
-Both share `_lay_out` (the host's arithmetic, its errors: what the device flagged, the summaries'
-leaves against the hash's, the 2 GiB limit), so the bytes are equal by construction and equal the host
-builder's (tests/fvdb/test_topology_device.py, test_build_layout.py).
+The host's form runs `_lay_out` (the host's arithmetic, its errors: what the device flagged, the
+summaries' leaves against the hash's, the 2 GiB limit); both forms' bytes equal the host builder's
+(tests/fvdb/test_topology_device.py, test_build_layout.py, which also checks the device's headers
+against builder.grid_header at awkward voxel sizes and origins).
 """
 from __future__ import annotations
 
@@ -51,7 +56,7 @@ class GridLayout:
     @property
     def layout_said(self) -> str:
         """The layout's part of the build's description."""
-        return "layout, headers from the host at the end" if self.LAYOUT_ON_DEVICE else "host read-back of the layout"
+        return "layout and headers" if self.LAYOUT_ON_DEVICE else "host read-back of the layout"
 
     def layout_phases(self, summaries) -> list[Phase]:
         """The phases from the grid summaries (emit: `summaries`) to the zeroed blob, in this form."""
@@ -78,10 +83,18 @@ class GridLayout:
                 Phase("zero the blob", self.ZERO_THREADS, self._emit_zero)]
 
     def end_read(self) -> HostRead | None:
-        """The last phase's read-back: the headers patched at the run's end (on the device's layout)."""
+        """The last phase's read-back, on the device's layout: the counters, for the errors the device
+        flagged (raised at the run's end; nothing patched)."""
         if not self.LAYOUT_ON_DEVICE:
             return None
-        return HostRead(self.S.ctr, G.C_WORDS + G.S_WORDS * self.B, self._end_step, at_end=True)
+        return HostRead(self.S.ctr, G.C_WORDS, self._end_step, at_end=True)
+
+    def emit_header(self, ctx, b) -> None:
+        """In the last stage, thread b < B: grid b's header (on the device's layout; the host's copies
+        the uploaded headers in its own phase), where the blob had room."""
+        if not self.LAYOUT_ON_DEVICE:
+            return
+        self._emit_blob_call(ctx, "gb_write_header", self.S.layout + G.H_ROWS, self.S.summary, b, self.B)
 
     def room_guard(self, ctx) -> None:
         """Open the block of a write stage's blob writes: on the device's layout, only where the blob had
@@ -105,15 +118,11 @@ class GridLayout:
         ctr = words[:G.C_WORDS]
         rows = np.ascontiguousarray(words[G.C_WORDS:].reshape(B, G.S_WORDS))
         summary = rows.astype(np.int64)
-        h = rows[:, G.S_TRANSFORM:G.S_TRANSFORM + 6].copy().view(np.float64)  # (the clear stage copied them)
-        o = rows[:, G.S_TRANSFORM + 6:G.S_TRANSFORM + 12].copy().view(np.float64)
-        err = int(ctr[G.C_ERROR])
+        t = G.S_TRANSFORM  # (the clear stage copied the transforms rows)
+        h = rows[:, t + G.T_H:t + G.T_H + 6].copy().view(np.float64)
+        o = rows[:, t + G.T_O:t + G.T_O + 6].copy().view(np.float64)
+        self._raise_flagged(ctr)
         what = self.node.describe()
-        if err == G.ERR_OFFSETS:
-            raise RunError(f"{what}: joffsets must rise from 0 to " + (f"at most {self.N}" if self.counted else
-                                                                        f"{self.N} (the rows of jdata)"))
-        if err == G.ERR_COORDS:
-            raise RunError(f"{what}: {self.coords_error()}")
         layout = np.zeros((B, G.G_WORDS), np.int64)
         headers = np.zeros((B, HEADER_SIZE), np.uint8)
         offset = leaf = lower = upper = voxel = 0
@@ -133,7 +142,7 @@ class GridLayout:
             leaf, lower, upper, voxel = leaf + nl, lower + nlo, upper + nup, voxel + nv
         if leaf != int(ctr[G.C_LEAVES]):
             raise RunError(f"{what}: the device's grid summaries count {leaf} leaves, its hash {int(ctr[G.C_LEAVES])}")
-        if offset > INT32_MAX or err == G.ERR_BYTES:
+        if offset > INT32_MAX:
             raise RunError(f"{what}: the new grids take {offset} bytes; the device builder writes at most 2 GiB "
                            "(32-bit offsets)")
         return layout, headers, offset, leaf, voxel
@@ -150,7 +159,24 @@ class GridLayout:
         return HostResult({0: offset, 4: leaf}, writes)
 
     def _end_step(self, words: np.ndarray) -> HostResult:
-        """At the run's end (the device's layout): each grid's header, patched over the blob at its offset
-        (the host's own sum of the sizes: the device's, unless it flagged an error, raised here)."""
-        layout, headers, *_ = self._lay_out(words)
-        return HostResult(patches=[(0, int(layout[b, G.G_OFFSET]), headers[b]) for b in range(self.B)])
+        """At the run's end (the device's layout): raise what the device flagged in its counters."""
+        self._raise_flagged(words)
+        return HostResult()
+
+    def _raise_flagged(self, ctr: np.ndarray) -> None:
+        """Raise the error the device's stages recorded in the counter words, if any (gb_error's codes)."""
+        from luisaml.errors import RunError
+
+        err = int(ctr[G.C_ERROR])
+        what = self.node.describe()
+        if err == G.ERR_OFFSETS:
+            raise RunError(f"{what}: joffsets must rise from 0 to " + (f"at most {self.N}" if self.counted else
+                                                                        f"{self.N} (the rows of jdata)"))
+        if err == G.ERR_COORDS:
+            raise RunError(f"{what}: {self.coords_error()}")
+        if err == G.ERR_BYTES:
+            raise RunError(f"{what}: the new grids take more than 2 GiB; the device builder writes at most 2 GiB "
+                           "(32-bit offsets)")
+        if err == G.ERR_LEAVES:
+            raise RunError(f"{what}: the device's grid summaries count other leaves than its hash "
+                           f"({int(ctr[G.C_LEAVES])})")

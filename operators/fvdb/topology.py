@@ -10,14 +10,14 @@ build on the device, over ijk or points bound at run time (`DeviceGridBuild`): t
 depend on the data, so the node runs as phases (luisaml/dynamic.py) over its own int scratch: voxel
 keys, leaves deduplicated by a hash table, leaf masks, a radix sort of the distinct leaves into
 NanoVDB's order, lower and upper nodes as runs of that order, a summary per grid; one thread lays the
-grids out from the summaries and the host writes their 832-byte headers with builder.grid_header at the
-run's end (the same code build_grid runs, so the headers' doubles are exact: build_layout.py, which
-keeps the older form too, the host's layout between two phases), and the device writes every node
+grids out from the summaries, a thread a grid writes its 832-byte header as builder.grid_header does (the
+world bbox's doubles numpy's, through shaders/f64.py: build_layout.py, which keeps the older form too, the
+host's layout and headers between two phases), and the device writes every node
 (shaders/grid_build.py owns the stages' DSL, grid_write.py the last, grid_layout.py the words they
 share). The bytes equal the host builder's. Voxel sizes and origins may be constants or graph inputs:
 they reach the kernels as a table derived on the host (grid_transforms: float32 for the arithmetic and
-the voxel_sizes / origins outputs, float64 bits that the first stage copies into the summaries, so the
-host step writes the headers' exact doubles). Float64 points are refused (the kernels compute in
+the voxel_sizes / origins outputs, float64 bits of h, o and 1/h: the first stage copies the row into the
+summaries, where the header stage reads the map's exact words). Float64 points are refused (the kernels compute in
 float32, fVDB in double for them). Over grids bound at run time the topology ops, and the constructors
 whose input has a dynamic size or whose grid other nodes read, are steps that run when a run binds their
 inputs (luisaml/fvdb/host_steps.py cuts them out of the graph): the topology ops and the constructors
@@ -36,8 +36,8 @@ of a key packed from the slot key, then root tile k, j, i and the grid, each rel
 the bits its span takes, the passes past the key doing nothing); lower and upper nodes as runs of that
 order, their bboxes by atomic min/max from the leaves; the grids laid out (the blob's bytes and the leaves
 are counted totals: the blob at a capacity, a run past it repeated); every leaf, node and root tile writes
-its own bytes and its parent's table entry, and a thread per child-mask word its word (one stage); the
-host patches the headers over the downloaded blob. The stages read their regions' offsets from a layout
+its own bytes and its parent's table entry, a thread per child-mask word its word, and a thread a grid
+its header (one stage). The stages read their regions' offsets from a layout
 table at the scratch's start (the first stage writes it) and the radix pass number from two counters, so
 the ~80 stages of a 1M-point build with every radix pass are ~20 distinct kernels, the same text in every
 network of the op: the CUDA backend compiles each once (its compile cache is keyed by the source's hash).
@@ -183,14 +183,15 @@ def _not_constant(names: list[str]) -> str:
 # ---- building on the device ------------------------------------------------------------------------
 
 
-TRANSFORM_WORDS = 24  # per grid: h, o as float64 bits (12), float32 bits of 1/h, -o/h, h, o (12)
+TRANSFORM_WORDS = G.T_WORDS  # per grid: h, o as float64 bits (12), float32 bits of 1/h, -o/h, h, o (12), 1/h as float64 bits (6)
 
 
 def grid_transforms(*arrays, grids: int = 1, has: tuple = (False, False)) -> np.ndarray:
     """Return int32 [B, TRANSFORM_WORDS] per grid: the voxel size and origin (the arrays given, in that
     order, where `has` says so; else 1 and 0) as float64 bits (what the host step writes into the
     headers, exact), then the float32 bits of fVDB's world-to-voxel float32(1/h), float32(-o/h)
-    (computed in double and cast) and of float32(h), float32(o) (the voxel_sizes / origins outputs)."""
+    (computed in double and cast) and of float32(h), float32(o) (the voxel_sizes / origins outputs), then
+    1/h as float64 bits (the headers' map, which the device writes: build_layout.py)."""
     from luisaml.errors import InputError
 
     it = iter(arrays)
@@ -204,6 +205,7 @@ def grid_transforms(*arrays, grids: int = 1, has: tuple = (False, False)) -> np.
     out[:, 6:12] = np.ascontiguousarray(o, np.float64).view(np.int32)
     for k, v in enumerate(((1.0 / h), (-o / h), h, o)):
         out[:, 12 + 3 * k:15 + 3 * k] = np.ascontiguousarray(v.astype(np.float32)).view(np.int32)
+    out[:, 24:30] = np.ascontiguousarray(1.0 / h, np.float64).view(np.int32)
     return out
 
 
@@ -472,12 +474,12 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
         # node t's boxes empty (there are at most as many nodes as keys, and this stage has at least as many
         # threads): "node ranges and bboxes" folds leaves into them with no stage between
         self._call(ctx, "gb_node_boxes_init", S.raw["lower_box"], S.raw["upper_box"], S.raw["keys"], t)
-        # grid t's voxel size and origin, float64 bits, into its summary row: the host step reads them back
+        # grid t's transforms row into its summary row: the header stage reads it (the host's layout: h and o)
         table = self.derived[0]
         ctx.line(f"if {t} < {self.B}:")
         with ctx.indent():
             k = ctx.fresh("w")
-            ctx.line(f"for {k} in range(0, 12):")
+            ctx.line(f"for {k} in range(0, {TRANSFORM_WORDS}):")
             with ctx.indent():
                 ctx.line(f"scratch_int.write({S.summary} + {G.S_WORDS} * {t} + {G.S_TRANSFORM} + {k}, "
                          f"{table.load(f'{t} * {TRANSFORM_WORDS} + {k}')})")
@@ -519,6 +521,7 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
         ctx.line(f"if {t} < {self.B}:")
         with ctx.indent():
             self._emit_statics(ctx, t)
+            self.emit_header(ctx, t)
 
     def _emit_zero(self, ctx, t) -> None:
         name = ctx.use_helper("gb_zero_blob", "grid_build")

@@ -18,7 +18,7 @@ from luisaml.errors import RunError
 from luisaml.fvdb import layout as L
 from luisaml.fvdb.builder import HEADER_SIZE, grid_layout
 from luisaml.operators.fvdb.build_layout import ONE_VOXEL_BYTES, GridLayout
-from luisaml.operators.fvdb.topology import DeviceGridBuild
+from luisaml.operators.fvdb.topology import TRANSFORM_WORDS, DeviceGridBuild
 from luisaml.shaders import grid_layout as G
 from luisaml.shaders.grid_write import gb_layout
 
@@ -32,11 +32,13 @@ def layout_kernel(s, layout: int, grids: int, limit: int):
     gb_layout(s, CTR, SUMMARY, layout, grids, limit)
 
 
-def device_layout(summary: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Run gb_layout over summaries [B, 4] (leaves, lower, upper nodes, voxels); return (ctr, head, rows)."""
+def device_layout(summary: np.ndarray, limit: int, leaves: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Run gb_layout over summaries [B, 4] (leaves, lower, upper nodes, voxels) and the hash's leaf count
+    (the summaries' unless given); return (ctr, head, rows)."""
     B = len(summary)
     layout = SUMMARY + G.S_WORDS * B
     words = np.zeros(layout + G.H_ROWS + G.G_WORDS * B, np.int32)
+    words[CTR + G.C_LEAVES] = summary[:, 0].sum() if leaves is None else leaves
     words[SUMMARY:layout].reshape(B, G.S_WORDS)[:, :4] = summary
     buf = luisa.Buffer.from_array(words)
     layout_kernel(buf, layout, B, limit, dispatch_size=1)
@@ -48,6 +50,16 @@ def test_layout_constants_match_the_host_layout():
     for name in ("GRID_DATA_SIZE", "TREE_DATA_SIZE", "UPPER_NODE_SIZE", "LOWER_NODE_SIZE", "LEAF_NODE_SIZE"):
         assert getattr(G, name) == getattr(L, name), name
     assert ONE_VOXEL_BYTES == grid_layout(1, 1, 1)[4] and HEADER_SIZE == GridLayout.HEADER_WORDS * 4
+    # the header's constant words and field offsets (grid_write.gb_write_header)
+    assert G.MAGIC_LO | (G.MAGIC_HI << 32) == L.MAGIC_GRID and G.VERSION == L.pack_version(*L.WRITE_VERSION)
+    for name in ("FLAG_HAS_BBOX", "FLAG_IS_BREADTH_FIRST", "GRID_CLASS_INDEX", "GRID_TYPE_ON_INDEX", "ROOT_OFF_TABLE_SIZE"):
+        assert getattr(G, name) == getattr(L, name), name
+    for name in ("GRID_SIZE", "MAP_MATF", "MAP_INVMATF", "MAP_VECF", "MAP_TAPERF", "MAP_MATD", "MAP_INVMATD", "MAP_VECD",
+                 "MAP_TAPERD", "WORLD_BBOX", "VOXEL_SIZE", "GRID_CLASS", "BLIND_METADATA_OFFSET", "DATA1"):
+        assert getattr(G, "OFF_" + name) == getattr(L, "GRID_OFF_" + name), name
+    assert L.GRID_OFF_GRID_TYPE == G.OFF_GRID_CLASS + 4
+    assert (G.FLOAT_ONE, G.DOUBLE_ONE_HI) == (int(np.float32(1).view(np.uint32)), int(np.float64(1).view(np.uint64)) >> 32)
+    assert G.T_WORDS == TRANSFORM_WORDS and G.S_TRANSFORM + G.T_WORDS <= G.S_WORDS
 
 
 def test_the_device_lays_the_grids_out_as_the_builder_does():
@@ -92,9 +104,18 @@ def test_grids_of_2_gib_or_more_are_flagged_and_write_nothing():
         assert head[G.H_BYTES] == (0 if flagged else total) and head[G.H_ROOM] == (0 if flagged else 1)
 
 
-def _stub(B: int):
-    node = SimpleNamespace(describe=lambda: "node 'build' (fvdb::GridBatchFromPoints)")
-    return SimpleNamespace(B=B, node=node, N=4, counted=False, coords_error=lambda: "coords")
+def test_summaries_whose_leaves_are_not_the_hashs_are_flagged():
+    summary = np.array([[3, 1, 1, 20], [2, 1, 1, 9]], np.int32)
+    assert device_layout(summary, 2**31 - 1)[0][G.C_ERROR] == 0
+    assert device_layout(summary, 2**31 - 1, leaves=6)[0][G.C_ERROR] == G.ERR_LEAVES
+
+
+def _stub(B: int) -> GridLayout:
+    stub = GridLayout()
+    stub.B, stub.N, stub.counted = B, 4, False
+    stub.node = SimpleNamespace(describe=lambda: "node 'build' (fvdb::GridBatchFromPoints)")
+    stub.coords_error = lambda: "coords"
+    return stub
 
 
 def test_the_host_step_raises_what_the_device_layout_flagged():
@@ -103,11 +124,11 @@ def test_the_host_step_raises_what_the_device_layout_flagged():
     words[row:row + 6] = np.ones(3).view(np.int32)  # (voxel size 1, origin 0: the clear stage's copy)
     words[G.C_ERROR] = G.ERR_BYTES
     with pytest.raises(RunError, match=r"node 'build' .*at most 2 GiB"):
-        GridLayout._lay_out(_stub(1), words)
+        _stub(1)._lay_out(words)
     words[G.C_ERROR] = 0
     words[G.C_WORDS + G.S_LEAVES] = 3  # the summaries' leaves against the hash's (0)
     with pytest.raises(RunError, match="summaries count 3 leaves, its hash 0"):
-        GridLayout._lay_out(_stub(1), words)
+        _stub(1)._lay_out(words)
 
 
 def _spread(n: int, rng, far: float) -> np.ndarray:
@@ -165,3 +186,44 @@ def test_a_blob_past_its_first_capacity_runs_again_and_is_not_cut():
             got = net.run({"jdata": jdata, "joffsets": feeds["joffsets"]})
         assert c.syncs == 1 and net.launcher.reruns == 1
         assert_same_bundle(got, host_bundle("GridBatchFromPoints", jdata, offsets))
+
+
+# voxel sizes and origins whose world bboxes round (0.1, 1/3, 1e-3: inexact products and sums), large and
+# negative origins (cancellation against the product), per-axis sizes, and the extremes the builder takes:
+# a subnormal size (subnormal products), a huge one (products past DBL_MAX: infinity), an origin of -0.0
+AWKWARD = [
+    ([0.1, 1 / 3, 1e-3], [1e6 + 0.1, -3e9, -0.0]),
+    ([1 / 3, 1 / 3, 1 / 3], [-12345.678, 0.3, 7.1e-5]),
+    ([1e-3, 0.1, 0.7], [-0.05, 0.05, 2.0 ** 40 + 0.5]),
+    ([5e-324, 1e-310, 2.5e-308], [0.0, -1e-320, 3e-310]),
+    ([1e308, 1.7e308, 0.75], [-1e308, 1e308, -1e300]),
+]
+
+
+def test_the_devices_headers_equal_the_builders_at_awkward_voxel_sizes_and_origins():
+    """Every header byte written on the device (the world bbox's doubles through shaders/f64.py, the map
+    from the host's derived words): the blob equals the host builder's byte for byte over five grids,
+    one empty, with coordinates at the int32 extremes (max + 1 wraps as the builder's int32 does), and
+    the run's only host read is the 16 counter words (nothing patched)."""
+    rng = np.random.default_rng(28)
+    parts = [rng.integers(-3000, 3000, (50, 3)), np.array([[2**31 - 1, -2**31, 5], [-2**31, 2**31 - 1, -7]]),
+             np.zeros((0, 3)), rng.integers(-2**31, 2**31, (20, 3)), np.array([[-1, 0, 1], [1, -1, 0]])]
+    ijk = np.concatenate(parts).astype(np.int32)
+    offsets = np.cumsum([0] + [len(p) for p in parts])
+    h, o = np.array([a for a, _ in AWKWARD]), np.array([b for _, b in AWKWARD])
+    m, feeds = model("GridBatchFromIJK", ijk, offsets, h, o)
+    with np.errstate(over="ignore", divide="ignore"):  # (1 / 5e-324 and the world bboxes of 1e308: inf, as the host's)
+        net = luisaml.compile(m, batch_axis=None)
+        want = host_bundle("GridBatchFromIJK", ijk, offsets, h, o)
+        got = net.run(feeds)
+    assert [(rb.count, rb.at_end) for rb in net.plan.readbacks if not rb.counted] == [(G.C_WORDS, True)]
+    blob, want_blob = got["new_grid_blob"], want[0]
+    assert len(blob) == len(want_blob)
+    heads = [(int(b), int(b) + HEADER_SIZE) for b in want[1]]
+    for b, (start, end) in enumerate(heads):  # (each header's first wrong byte named)
+        bad = np.flatnonzero(blob[start:end] != want_blob[start:end])
+        assert not len(bad), f"grid {b}: header bytes {bad.tolist()[:8]} differ"
+    with np.errstate(over="ignore"):
+        assert_same_bundle(got, want, float32_exact=False)
+    world = np.frombuffer(want_blob[heads[4][0] + L.GRID_OFF_WORLD_BBOX:][:48].tobytes(), np.float64)
+    assert np.isinf(world).any() and int(want[1][3]) - int(want[1][2]) == HEADER_SIZE  # (the edges are met: grid 2 empty)
