@@ -53,7 +53,7 @@ run() {
     tests3) step "$name" "${limit:-260}" env LUISAML_BACKEND=cuda "${PYTEST[@]}" -n 8 tests/fvdb/test_radix_passes.py tests/fvdb/test_resident_blobs.py \
               tests/gpu/test_rows_kept_cuda.py tests/fvdb/test_topology_device.py tests/fvdb/test_build_layout.py tests/fvdb/test_grid_build_device.py \
               tests/fvdb/test_counted_runs.py tests/core/test_counted_bytes.py tests/core/test_same_uploads.py \
-              tests/gpu/test_cuda.py ;;
+              tests/gpu/test_cuda.py tests/test_f64_lib.py ;;
     fvdb) step "$name" "${limit:-135}" python3 -P benchmarks/bench_fvdb.py --tensor-cores --only-layers --reps 20 \
               --fp32-forms early rows ahead uniform --out-dir "$O" ;;
     fvdb-w32) mkdir -p "$O/w32"; step "$name" "${limit:-70}" env LUISAML_MMA_TILE=w32-first python3 -P benchmarks/bench_fvdb.py \
