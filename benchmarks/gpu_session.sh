@@ -54,6 +54,9 @@ run() {
               tests/gpu/test_rows_kept_cuda.py tests/fvdb/test_topology_device.py tests/fvdb/test_build_layout.py tests/fvdb/test_grid_build_device.py \
               tests/fvdb/test_counted_runs.py tests/core/test_counted_bytes.py tests/core/test_same_uploads.py \
               tests/gpu/test_cuda.py tests/test_f64_lib.py ;;
+    # (the device-written headers: the f64 library and the builds' bytes against the host builder's)
+    headers) step "$name" "${limit:-150}" env LUISAML_BACKEND=cuda "${PYTEST[@]}" -n 8 tests/test_f64_lib.py \
+               tests/fvdb/test_build_layout.py tests/fvdb/test_grid_build_device.py ;;
     fvdb) step "$name" "${limit:-135}" python3 -P benchmarks/bench_fvdb.py --tensor-cores --only-layers --reps 20 \
               --fp32-forms early rows ahead uniform --out-dir "$O" ;;
     fvdb-w32) mkdir -p "$O/w32"; step "$name" "${limit:-70}" env LUISAML_MMA_TILE=w32-first python3 -P benchmarks/bench_fvdb.py \
@@ -78,7 +81,7 @@ run() {
            --budget 200 --out "$0/sweep-mma-$g.json"; done' "$O" ;;
     zoo-reuse) step "$name" "${limit:-200}" env LUISAML_CONV_GATHER=reuse "${ZOO[@]}" \
                  "resnet-50,wav2vec2 conv encoder" --out "$O/zoo-reuse.json" ;;
-    *) echo "unknown step $name (tests1 tests2 tests3 fvdb fvdb-w32 zoo-a zoo-b zoo-c detector topology counted topk fp16 rnn mma zoo-reuse)"; return 2 ;;
+    *) echo "unknown step $name (tests1 tests2 tests3 headers fvdb fvdb-w32 zoo-a zoo-b zoo-c detector topology counted topk fp16 rnn mma zoo-reuse)"; return 2 ;;
   esac
 }
 
