@@ -26,7 +26,9 @@ doubles the DSL has not) marks a phase with a `HostRead` flagged `at_end`: its w
 with the state and the outputs in the run's one wait, and its step returns patches, (output, byte
 offset, bytes) that the launcher writes over the downloaded output (an output not downloaded gets
 them uploaded; over torch tensors, zero_copy.py, a wait more, as a mid-run read-back costs). The
-step may raise RunError for what the device flagged; its outputs' rows are counted totals.
+step may raise RunError for what the device flagged; its outputs' rows are counted totals. Where a later
+phased node of the same network reuses the int scratch (a device build of two grids), the words are
+copied on the device right after the phase, then downloaded from that copy (launch.py `_end_sources`).
 
 **Read back mid-run.** A node whose host must act before its later phases (a grid builder laid out by
 the host: how many bytes each new grid takes, where it goes; operators/fvdb/build_layout.py, the
@@ -282,10 +284,16 @@ def download(buf, byte_offset: int, out: np.ndarray) -> None:
 
 def copy_word(src, src_index: int, dst, dst_index: int) -> None:
     """Enqueue the copy of int32 word src_index of buffer src into word dst_index of dst, on the device."""
+    copy_words(src, src_index, dst, dst_index, 1)
+
+
+def copy_words(src, src_index: int, dst, dst_index: int, count: int) -> None:
+    """Enqueue the copy of `count` int32 words of buffer src from word src_index into dst from word
+    dst_index, on the device."""
     from luisa import globalvars, lcapi
 
     globalvars.vars.stream.add(lcapi.BufferCopyCommand.create(src.handle, dst.handle, int(src_index) * 4,
-                                                              int(dst_index) * 4, 4))
+                                                              int(dst_index) * 4, int(count) * 4))
 
 
 def upload_bytes(buf, byte_offset: int, data: np.ndarray) -> None:

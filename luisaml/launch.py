@@ -18,7 +18,7 @@ import numpy as np
 
 from . import cache, device, resident
 from .dispatch import Launcher
-from .dynamic import Capacity, StateLayout, bucket, copy_word, download, upload_bytes, upload_words
+from .dynamic import Capacity, StateLayout, bucket, copy_word, copy_words, download, upload_bytes, upload_words
 from .errors import LimitError, RunError
 from .feeds import io_dtype
 from .log import SLOW_BUILD_S, note, phase
@@ -153,9 +153,13 @@ class KernelLauncher:
         scratch = self.pool.scratch(self.plan, n)
         counted = [rb for rb in self.plan.readbacks if rb.counted]
         after = {rb.after_stage: self._total_copy(rb, k, state, out_bufs, n, scratch) for k, rb in enumerate(counted)}
+        launched = n > 0 and self.kernel is not None
+        # the end-of-run host steps' words (dynamic.HostRead.at_end), read in the run's one wait
+        ends = [rb for rb in self.plan.readbacks if rb.at_end] if launched else []
+        end_words = self._end_sources(ends, scratch, after)
         ran = Ran()
         self.downloaded = {}
-        start, launched = 0, n > 0 and self.kernel is not None
+        start = 0
         for rb in self.plan.readbacks:
             if rb.counted or rb.at_end:
                 continue
@@ -169,10 +173,9 @@ class KernelLauncher:
             self.launch(args, scratch, n, state, span=(start, None) if start else None, after=after)
         words = np.zeros(self.layout.size, np.int32)
         reads = [(state, 0, words)] if state is not None and launched else []
-        # the end-of-run host steps' words (dynamic.HostRead.at_end): in the same wait
-        ends = [(rb, np.zeros(rb.count, np.int32)) for rb in self.plan.readbacks if rb.at_end] if launched else []
-        for rb, got in ends:
-            reads.append((self._int_scratch(scratch), rb.index * 4, got))
+        ends = [(rb, np.zeros(rb.count, np.int32)) for rb in ends]
+        for (rb, got), (buf, at) in zip(ends, end_words):
+            reads.append((buf, at, got))
         parts = {}  # counted output -> (its buffer, the elements downloaded before the wait)
         for s, buf, count in out_bufs:
             if s.name in read and count:
@@ -281,6 +284,32 @@ class KernelLauncher:
                 uploaded = True
         if uploaded and shared:
             globalvars.vars.stream.synchronize()
+
+    def _end_sources(self, ends: list, scratch: list, after: dict) -> list[tuple[Any, int]]:
+        """(buffer, byte offset) of each end-of-run read's words at the run's end: the int scratch where its
+        stage is the last; else (stages of another phased node follow, which reuse the scratch: a device build
+        of two grids, luisaml/fvdb/host_steps.py DeviceBuilds.run_pair) a copy on the device right after its
+        stage, into a buffer of the pool's (enqueued through `after`, beside a counted total's copy there)."""
+        if not ends:
+            return []
+        src, last = self._int_scratch(scratch), len(self.plan.schedule.stages) - 1
+        moved = [rb for rb in ends if rb.after_stage < last]
+        kept = self.pool.pooled("end_words", "int", sum(rb.count for rb in moved)) if moved else None
+        out, at = [], 0
+        for rb in ends:
+            if rb.after_stage >= last:
+                out.append((src, rb.index * 4))
+                continue
+            before = after.get(rb.after_stage)
+
+            def copy(before=before, rb=rb, at=at):
+                if before is not None:
+                    before()
+                copy_words(src, rb.index, kept, at, rb.count)
+            after[rb.after_stage] = copy
+            out.append((kept, at * 4))
+            at += rb.count
+        return out
 
     def _total_copy(self, rb, k: int, state, out_bufs: list, n: int, scratch: list):
         """Return what enqueues the copy of counted read-back rb's total (k-th) into the state buffer,

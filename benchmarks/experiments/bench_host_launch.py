@@ -25,11 +25,12 @@ built, results correct); then --reps runs alternate the inputs (a new grid every
 never answer) with the kernel launches stubbed: each launch's command is still created, encoded and built
 (luisa-python's per-command work) but dropped instead of added to the stream, so a run times luisaml's
 Python, luisa-python's per-command work and the uploads, downloads and waits (reported apart: `waits`)
-of what remains. The device grid builds' networks (host_steps.DeviceBuilds._build) launch for real: a
-build reads back counts and a blob its own kernels wrote, and its kernels share their scratch with the
-other builds' (pool.SharedBuffers), so a stubbed build read another build's words (until 2026-12-07: "bad
-magic" in checked.built). On the CPU backend their kernels run inside the waits, timed apart, so "less
-waits" stays the host's work; the main thread's CPU time (`cpu`) is the steadier figure on a loaded host.
+of what remains. The device grid builds' networks (host_steps.DeviceBuilds._run_net: a build's or a pair's
+run) launch for real: a build reads back counts and a blob its own kernels wrote, and its kernels share
+their scratch with the other builds' (pool.SharedBuffers), so a stubbed build read another build's words
+(until 2026-12-07: "bad magic" in checked.built). On the CPU backend their kernels run inside the waits,
+timed apart, so "less waits" stays the host's work; the main thread's CPU time (`cpu`) is the steadier
+figure on a loaded host.
 Per case: us a run (median, min; without the waits), the launches and host synchronisations a run;
 --cprofile prints each case's functions by internal time; --regions the main thread's CPU time in a fixed list
 of luisaml's functions (REGIONS; no profiler), a device build's apart.
@@ -149,6 +150,7 @@ def _detector_case():
 # wrapper costs ~1 us, where cProfile inflated this call-heavy Python ~2.5x and unevenly)
 REGIONS = ["luisaml.network:CompiledNetwork.run", "luisaml.fvdb.host_steps:HostSteps.complete",
            "luisaml.fvdb.host_steps:HostStep.run", "luisaml.fvdb.host_steps:DeviceBuilds._build",
+           "luisaml.fvdb.host_steps:DeviceBuilds.run_pair",
            "luisaml.network:CompiledNetwork.run_hashed", "luisaml.fvdb.radix_passes:idle_passes",
            "luisaml.fvdb.checked:built", "luisaml.network:CompiledNetwork.check_feeds", "luisaml.network:CompiledNetwork._voxel_batch",
            "luisaml.network:CompiledNetwork._bind", "luisaml.feeds:BoundInputs.derived_buffers",
@@ -208,7 +210,7 @@ def grids(a) -> int:
 
     add_launches = counts.CountingStream.add_launches
     sync = counts.CountingStream.synchronize
-    build = host_steps.DeviceBuilds._build
+    build = host_steps.DeviceBuilds._run_net
     building = [0]  # device builds under way: their launches run (module docstring)
 
     def stubbed(self):  # (each command still created, encoded and built: dropped, not enqueued)
@@ -240,7 +242,7 @@ def grids(a) -> int:
             run(x)
         counts.CountingStream.add_launches = stubbed
         counts.CountingStream.synchronize = timed_sync
-        host_steps.DeviceBuilds._build = real_build
+        host_steps.DeviceBuilds._run_net = real_build
         # (the thread's CPU time: a loaded host's preemptions are not charged to whatever function ran)
         pr = cProfile.Profile(time.thread_time) if a.cprofile else None
         regions = _regions(building) if a.regions else None
@@ -269,7 +271,7 @@ def grids(a) -> int:
         finally:
             counts.CountingStream.add_launches = add_launches
             counts.CountingStream.synchronize = sync
-            host_steps.DeviceBuilds._build = build
+            host_steps.DeviceBuilds._run_net = build
             if regions is not None:
                 regions[1]()
         us = lambda v: np.median(v) * 1e6  # noqa: E731

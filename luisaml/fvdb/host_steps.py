@@ -38,6 +38,12 @@ and no node may read a tensor sized at run time (its buffer cannot be pooled bef
 known). The host's builder is vectorised numpy: CoarsenedGrid and ConvGrid 2/2 take 11-170 ms for
 17k-200k voxels on this project's 2-core CI machine (DilatedGrid more: its output is 15x its input).
 
+A GridBatchFromPoints whose grid a ConvGrid step reads (a detector's fine grid and its coarse one)
+builds with that ConvGrid in one network run (`DeviceBuilds.run_pair`): the points' node and a second
+node over the same points that appends each point's voxel's ConvGrid candidates (operators/fvdb/topology.py,
+CONV_OF_POINTS), the same voxels as the candidates of the fine grid's voxels; one wait, one run and one
+binding for both grids, the ConvGrid's source metadata not derived, the fine blob not uploaded to it.
+
 Device builds are compiled per power of two of the source's voxels (at least 1024; a DilatedGrid of
 n is n passes of 1) and kept for the process (a model compiled again, or per batch size, shares
 them): the device builder's scratch is sized when a network is compiled, and the bucket bounds the
@@ -108,24 +114,37 @@ class HostStep:
     # step holds it, so the registry keeps an op's entry exactly while a step of that op lives
     _latest: dict = field(default_factory=dict, repr=False, compare=False)
     _ops: dict = field(default_factory=dict, repr=False, compare=False)  # where -> _op(where), made once
+    # built by the step before this one in the same network run (DeviceBuilds.run_pair): (the source arrays it
+    # was built from, by identity, and the arrays), taken by this step's next run over those very arrays
+    _given: tuple | None = field(default=None, repr=False, compare=False)
 
     def run(self, values: Mapping[str, np.ndarray], digests: Mapping[str, bytes],
-            device: "DeviceBuilds | None" = None) -> tuple[dict[str, np.ndarray], tuple]:
+            device: "DeviceBuilds | None" = None,
+            then: "HostStep | None" = None) -> tuple[dict[str, np.ndarray], tuple]:
         """Return ({output name: array}, the key of this computation) for the node's inputs in values
         (or its constants); digests: each input's bytes' digest (or a token standing for them);
-        device: where the grid ops build on the device (None: on the host)."""
+        device: where the grid ops build on the device (None: on the host); then: a later step, a ConvGrid
+        of this step's grid, that a device build makes in the same network run (HostSteps._pairs): its
+        arrays handed to it (`_given`), which its run takes when its source is this run's result."""
         arrays = [None if not name else self.constants.get(name, values.get(name)) for name in self.node.inputs]
         key = tuple(None if a is None or name in self.constants else (a.dtype.str, a.shape, digests[name])
                     for name, a in zip(self.node.inputs, arrays))
+        given, self._given = self._given, None
         if self._last is not None and self._last[0] == key:
             return self._last[1], key
         if self.counted is not None:
             self._check_count(arrays)
         latest = self._latest_of(None if device is None else (device.config,))
+        then_out = None
         if latest.value is not None and latest.value[0] == key:  # another network's step built it from these bytes
             out = latest.value[1]
         else:
-            if device is not None:
+            if given is not None and len(given[0]) == len(arrays) and all(a is b for a, b in zip(given[0], arrays)):
+                out = given[1]  # (built with the step before it, from these arrays)
+            elif device is not None and then is not None:
+                out, then_out = device.run_pair(self.node, self.operator, arrays,
+                                                [None if k is None else k[2] for k in key], then.node)
+            elif device is not None:
                 out = device.run(self.node, self.operator, arrays, [None if k is None else k[2] for k in key])
             else:
                 out = on_host(self.node, self.operator, arrays)
@@ -141,6 +160,9 @@ class HostStep:
         result = {name: a for name, a in zip(self.node.outputs, out) if name}
         latest.value = (key, [result.get(name) for name in self.node.outputs])
         self._last = (key, result)
+        if then_out is not None:  # (its source: this result, read by name as its run will read it)
+            source = [result.get(name) if name in result else then.constants.get(name) for name in then.node.inputs]
+            then._given = (source, then_out)
         return result, key
 
     def _latest_of(self, where: tuple | None) -> "_Latest":
@@ -218,6 +240,10 @@ class DeviceBuilds:
     model compiled again, or once per batch size, compiles no bucket twice."""
 
     _shared: dict[tuple, Any] = {}  # (config, the bucket model's bytes' digest) -> its network
+    # a GridBatchFromPoints and the ConvGrid of its grid built in one network run (run_pair; HostSteps._pairs);
+    # False: each its own run, as before (kept for an A/B on a GPU: the pair's scratch is sized by the points,
+    # the separate ConvGrid's by the fine voxels, benchmarks/NOTES.md "Both grids of a frame in one run")
+    PAIRS = True
 
     def __init__(self, compile_model, config: str = "") -> None:
         self.compile_model = compile_model
@@ -266,23 +292,59 @@ class DeviceBuilds:
     def _build_from_points(self, node: Node, operator: type, arrays: list, digests: list) -> list[np.ndarray]:
         """A GridBatchFrom* of any number of points: jdata's rows bound at run time, counted by
         joffsets (checked here first), jidx not read (the device reads the grids off joffsets)."""
-        jdata, offsets = np.asarray(arrays[0]), np.asarray(arrays[1]).reshape(-1)
-        n = len(jdata)
-        if offsets.dtype != np.int64 or len(offsets) < 2 or offsets[0] != 0 or offsets[-1] != n \
-                or (np.diff(offsets) < 0).any():
-            raise InputError(f"{node.describe()}: joffsets must be int64 [B + 1] rising from 0 to {n} (the rows of "
-                             f"jdata), got {offsets.tolist() if len(offsets) <= 8 else shape_str(offsets.shape)}")
-        arrays = list(arrays)
-        arrays[2], digests[2] = np.zeros(0, np.int32), None
+        arrays, n = _points_checked(node, arrays, digests)
         out = self._build(node, operator, dict(node.attrs), arrays, digests, n, (0,))
-        from . import topology as T
-
-        grids = len(offsets) - 1
-        sizes, origins = (arrays[k] if len(arrays) > k and arrays[k] is not None else None for k in (4, 5))
-        # the voxel sizes and origins as the host's doubles (the kernels compute in float32)
-        out[2] = T.per_grid(1.0 if sizes is None else sizes, grids, "voxel_sizes", True).astype(np.float64)
-        out[3] = T.per_grid(0.0 if origins is None else origins, grids, "origins", False).astype(np.float64)
+        out[2], out[3] = _points_transforms(arrays)
         return out
+
+    def run_pair(self, node: Node, operator: type, arrays: list, digests: list | None,
+                 conv: Node) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+        """Return (the seven bundle arrays of GridBatchFromPoints `node` over arrays, those of ConvGrid `conv`
+        over that grid) built in one network run: the grid's node and a second GridBatchFromPoints with
+        CONV_OF_POINTS (operators/fvdb/topology.py), which appends each point's voxel's ConvGrid candidates,
+        over the same points (one wait, no download and upload of the fine grid between the builds). Where the
+        pair cannot (its keys past what a build holds: the ConvGrid's candidates a point, not a voxel), the
+        grid alone and None."""
+        from ..operators.fvdb.topology import CONV_OF_POINTS
+
+        digests = list(digests or [None] * len(arrays))
+        if node.op_type != "GridBatchFromPoints" or conv.op_type != "ConvGrid":
+            return self.run(node, operator, arrays, digests), None
+        arrays, n = _points_checked(node, arrays, digests)
+        conv_attrs = {CONV_OF_POINTS[0]: conv.attrs.get("kernel_size", ()),
+                      CONV_OF_POINTS[1]: conv.attrs.get("stride", 1)}
+        attrs = dict(node.attrs)
+        capacity = _bucket(n)
+        try:
+            too_large = operator.keys_for(node.op_type, conv_attrs, capacity) > operator.MAX_KEYS
+        except ValueError:
+            too_large = True  # (attributes out of range: the ConvGrid's own build names them)
+        if too_large:
+            return self.run(node, operator, arrays, digests), None
+        key = (("pair", node.name, conv.name), capacity, tuple(sorted((k, repr(v)) for k, v in attrs.items())),
+               tuple(sorted((k, repr(v)) for k, v in conv_attrs.items())),
+               tuple((a.dtype.str, a.shape[1:] if k == 0 else a.shape) if a is not None else None
+                     for k, a in enumerate(arrays)))
+        net = self.networks.get(key)
+        if net is None:
+            model = _build_model(node, attrs, capacity, arrays, (0,), then=(conv.name, conv_attrs))
+            shared = (self.config, hashlib.blake2b(model.SerializeToString(), digest_size=16).digest())
+            net = self._shared.get(shared)
+            if net is None:
+                first = not any(k[0] == key[0] and k[2:] == key[2:] for k in self.networks)
+                net = self._shared[shared] = self.compile_model(model, first)
+            self.networks[key] = net
+        # the passes idle for both grids (the ConvGrid's bound: the points' through its candidates)
+        idle = radix_passes.idle_passes(node.op_type, {**attrs, **conv_attrs}, arrays, False, True)
+        got = self._run_net(node, net, arrays, digests, idle)
+        fine = self._outputs(net, got, 0)
+        coarse = self._outputs(net, got, BUNDLE)
+        fine[2], fine[3] = _points_transforms(arrays)
+        from .topology import new_transforms
+
+        h, o = new_transforms("ConvGrid", conv.attrs, fine[2], fine[3])
+        coarse[2], coarse[3] = np.ascontiguousarray(h, np.float64), np.ascontiguousarray(o, np.float64)
+        return fine, coarse
 
     def _build(self, node: Node, operator: type, attrs: dict, arrays: list, digests: list, count: int | None = None,
                bound: tuple = None) -> list[np.ndarray]:
@@ -292,9 +354,7 @@ class DeviceBuilds:
         if count is None:
             offsets = np.asarray(arrays[5]).reshape(-1)
             count = int(offsets[-1]) if len(offsets) else 0
-        capacity = MIN_CAPACITY
-        while capacity < count:
-            capacity *= 2
+        capacity = _bucket(count)
         key = (node.name, capacity, tuple(sorted((k, repr(v)) for k, v in attrs.items())),
                tuple((a.dtype.str, a.shape[1:] if k in bound else a.shape) if a is not None else None
                      for k, a in enumerate(arrays)))
@@ -309,27 +369,37 @@ class DeviceBuilds:
                 first = not any(k[0] == key[0] and k[2:] == key[2:] for k in self.networks)
                 net = self._shared[shared] = self.compile_model(model, first)
             self.networks[key] = net
-        feeds = {f"in_{k}": np.ascontiguousarray(a) for k, a in enumerate(arrays) if a is not None}
-        known = {f"in_{k}": d for k, (a, d) in enumerate(zip(arrays, digests)) if d is not None and feeds.get(f"in_{k}") is a}
         # the radix passes the host knows do nothing are not launched (~90 of ~210 launches at 100k points);
         # a source bundle of the user's (writeable, never remembered) walked here first, so that its
         # leaves bound them too, and known as checked to the network's metadata for this build only
         from_grid = _from_grid(node.op_type)
-        source = [feeds.get(f"in_{k}") for k in range(6)] if from_grid else arrays
+        source = [np.ascontiguousarray(a) if a is not None else None for a in arrays[:6]] if from_grid else arrays
         walk = _walked(source) if from_grid and checked.known(source) is None else contextlib.nullcontext()
+        with walk:
+            idle = radix_passes.idle_passes(node.op_type, attrs, source, from_grid)
+            got = self._run_net(node, net, arrays, digests, idle)
+        return self._outputs(net, got, 0)
+
+    def _run_net(self, node: Node, net, arrays: list, digests: list, idle: frozenset) -> dict:
+        """Run a build's network over arrays (in_k), its stages of the `idle` radix passes left out; return its
+        outputs."""
+        feeds = {f"in_{k}": np.ascontiguousarray(a) for k, a in enumerate(arrays) if a is not None}
+        known = {f"in_{k}": d for k, (a, d) in enumerate(zip(arrays, digests)) if d is not None and feeds.get(f"in_{k}") is a}
         try:
-            with walk:
-                net.launcher.skipped = radix_passes.idle_stages(
-                    net, radix_passes.idle_passes(node.op_type, attrs, source, from_grid))
-                got = net.run_hashed(feeds, known)
+            net.launcher.skipped = radix_passes.idle_stages(net, idle)
+            return net.run_hashed(feeds, known)
         except ModelError as e:  # (the bundle's checks when its metadata is derived: NanoVDBError)
             raise InputError(f"{node.describe()}: {e} (built on the device: its grid is bound at run time)") from None
         finally:
             net.launcher.skipped = frozenset()
-        out = [np.ascontiguousarray(got[f"out_{k}"]) for k in range(BUNDLE)]
-        # the blob frozen here, before anyone sees it, and known to be in the build's output buffer: a network
-        # binding it copies it there on the device, not from the host (luisaml/resident.py)
-        held = net.launcher.resident_copy("out_0", out[0])
+
+    @staticmethod
+    def _outputs(net, got: dict, first: int) -> list[np.ndarray]:
+        """The seven bundle arrays out_first.. of a build's run; the blob frozen here, before anyone sees it,
+        and known to be in the build's output buffer: a network binding it copies it there on the device,
+        not from the host (luisaml/resident.py)."""
+        out = [np.ascontiguousarray(got[f"out_{first + k}"]) for k in range(BUNDLE)]
+        held = net.launcher.resident_copy(f"out_{first}", out[0])
         if held is not None and checked.freeze(out[0]) is out[0]:  # (not a copy: its memory the download's)
             resident.remember(out[0], *held)
         return out
@@ -351,6 +421,41 @@ class DeviceBuilds:
         bare = Node(node.name, node.op_type, node.domain, node.inputs, node.outputs)
         bare.attrs = dict(attrs)  # (a dilation pass's)
         return on_host(bare, operator, arrays)
+
+
+def _bucket(count: int) -> int:
+    """The capacity of a device build's network for `count` voxels or points: a power of two, at least
+    MIN_CAPACITY."""
+    capacity = MIN_CAPACITY
+    while capacity < count:
+        capacity *= 2
+    return capacity
+
+
+def _points_checked(node: Node, arrays: list, digests: list) -> tuple[list, int]:
+    """Return (a GridBatchFrom*'s inputs as its device build takes them: jidx not read, the device reads the
+    grids off joffsets; the points' count), after checking joffsets against jdata (InputError naming the
+    node). digests' entry of jidx is dropped with it."""
+    jdata, offsets = np.asarray(arrays[0]), np.asarray(arrays[1]).reshape(-1)
+    n = len(jdata)
+    if offsets.dtype != np.int64 or len(offsets) < 2 or offsets[0] != 0 or offsets[-1] != n \
+            or (np.diff(offsets) < 0).any():
+        raise InputError(f"{node.describe()}: joffsets must be int64 [B + 1] rising from 0 to {n} (the rows of "
+                         f"jdata), got {offsets.tolist() if len(offsets) <= 8 else shape_str(offsets.shape)}")
+    arrays = list(arrays)
+    arrays[2], digests[2] = np.zeros(0, np.int32), None
+    return arrays, n
+
+
+def _points_transforms(arrays: list) -> tuple[np.ndarray, np.ndarray]:
+    """The voxel sizes and origins of a GridBatchFrom*'s grids as the host's doubles (the kernels compute in
+    float32)."""
+    from . import topology as T
+
+    grids = len(np.asarray(arrays[1]).reshape(-1)) - 1
+    sizes, origins = (arrays[k] if len(arrays) > k and arrays[k] is not None else None for k in (4, 5))
+    return (T.per_grid(1.0 if sizes is None else sizes, grids, "voxel_sizes", True).astype(np.float64),
+            T.per_grid(0.0 if origins is None else origins, grids, "origins", False).astype(np.float64))
 
 
 def _walked(source: list):
@@ -383,9 +488,11 @@ def on_host(node: Node, operator: type, arrays: list) -> list[np.ndarray]:
 _BOUND_ROWS = (0, 4, 6, 7)  # grid_blob, leaf_batch_indices, list_indices, mask: any number of rows
 
 
-def _build_model(node: Node, attrs: dict, capacity: int, arrays: list, bound: tuple) -> onnx.ModelProto:
+def _build_model(node: Node, attrs: dict, capacity: int, arrays: list, bound: tuple,
+                 then: tuple | None = None) -> onnx.ModelProto:
     """The model of node alone over inputs in_k (rows bound at run time where `bound` says) and
-    outputs out_k, with the attribute voxel_capacity."""
+    outputs out_k, with the attribute voxel_capacity; then: (a name, attributes) of a second node of node's
+    op over the same inputs, with those attributes too, its outputs out_{7 + k} (DeviceBuilds.run_pair)."""
     inputs = []
     for k, a in enumerate(arrays):
         if a is None:
@@ -394,8 +501,14 @@ def _build_model(node: Node, attrs: dict, capacity: int, arrays: list, bound: tu
         inputs.append(helper.make_tensor_value_info(f"in_{k}", dtypes.from_numpy(a.dtype).onnx, dims))
     names = [f"in_{k}" if a is not None else "" for k, a in enumerate(arrays)]
     outputs = [f"out_{k}" for k in range(BUNDLE)]
-    n = helper.make_node(node.op_type, names, outputs, name=node.name, domain=DOMAIN, **{**attrs, CAPACITY: capacity})
-    g = helper.make_graph([n], f"{node.name} on the device", inputs, [onnx.ValueInfoProto(name=o) for o in outputs])
+    nodes = [helper.make_node(node.op_type, names, outputs, name=node.name, domain=DOMAIN,
+                              **{**attrs, CAPACITY: capacity})]
+    if then is not None:
+        more = [f"out_{BUNDLE + k}" for k in range(BUNDLE)]
+        nodes.append(helper.make_node(node.op_type, names, more, name=then[0], domain=DOMAIN,
+                                      **{**attrs, **then[1], CAPACITY: capacity}))
+        outputs += more
+    g = helper.make_graph(nodes, f"{node.name} on the device", inputs, [onnx.ValueInfoProto(name=o) for o in outputs])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
 
 
@@ -409,6 +522,7 @@ class HostSteps:
     device: DeviceBuilds | None = None  # where the topology steps build on the device (else the host)
     _tensors: dict = field(default_factory=dict, repr=False)  # (output, torch device) -> (array, its tensor)
     _copies: dict = field(default_factory=dict, repr=False)  # torch input -> (its clone, host copy, token)
+    _paired: dict | None = field(default=None, repr=False)  # _pairs(), found once
 
     def inputs(self, compiled: list) -> list:
         """Return the network's inputs as a user feeds them (IOSpecs): the compiled network's inputs
@@ -457,7 +571,7 @@ class HostSteps:
                 elif name in specs:
                     _check_spec(specs[name], a)
                 values[name] = a
-            result, key = step.run(values, digests, self.device)
+            result, key = step.run(values, digests, self.device, self._pairs().get(id(step)))
             values.update(result)
             # (a later step reading these: they follow from this computation's key, never hashed; from
             # the op and its inputs' bytes, not the network's names, so that a step of another network
@@ -480,6 +594,26 @@ class HostSteps:
                 remember(a, digests[name])
             out[name] = a
         return out
+
+    def _pairs(self) -> dict[int, HostStep]:
+        """{id of a GridBatchFromPoints step: the ConvGrid step of its grid} where the steps build on the
+        device: the two built in one network run (DeviceBuilds.run_pair). A ConvGrid whose source bundle is
+        exactly the points step's seven outputs (no mask, no constant among them)."""
+        if self.device is None or not self.device.PAIRS:
+            return {}
+        pairs = self._paired
+        if pairs is None:
+            pairs = {}
+            for k, step in enumerate(self.steps):
+                outs = step.node.outputs[:BUNDLE]
+                if step.node.op_type != "GridBatchFromPoints" or len(outs) < BUNDLE or not all(outs):
+                    continue
+                conv = next((s for s in self.steps[k + 1:] if s.node.op_type == "ConvGrid"
+                             and list(s.node.inputs) == list(outs) and not s.constants), None)
+                if conv is not None:
+                    pairs[id(step)] = conv
+            self._paired = pairs
+        return pairs
 
     def _digest_of(self, digest, token):
         """digest, or where token is given, a function that gives a large frozen input (read-only: it keeps

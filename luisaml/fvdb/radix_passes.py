@@ -128,7 +128,13 @@ def _from_grids(op_type: str, attrs: dict, arrays: list) -> tuple | None:
     if not origins:
         return None
     o = np.concatenate(origins).astype(np.int64)
-    c_lo, c_hi = o.min(0), o.max(0) + 7  # (a leaf's voxels lie in its 8^3 block, its origin the one the walk checks)
+    # (a leaf's voxels lie in its 8^3 block, its origin the one the walk checks)
+    return _through(cand, o.min(0), o.max(0) + 7, len(grids))
+
+
+def _through(cand, c_lo: np.ndarray, c_hi: np.ndarray, grids: int) -> tuple | None:
+    """The bound of the candidate voxels (cand: topology_device.Candidates) of source voxels within
+    [c_lo, c_hi]; None past _LIMIT."""
     lo, hi = np.zeros(3, np.int64), np.zeros(3, np.int64)
     for a in range(3):
         ends = [c * cand.scale[a] + cand.base[a] + cand.step[a] * t
@@ -136,17 +142,31 @@ def _from_grids(op_type: str, attrs: dict, arrays: list) -> tuple | None:
         lo[a], hi[a] = min(ends) // cand.div[a], max(ends) // cand.div[a]  # (floor: monotone in x)
     if max(np.abs(lo).max(), np.abs(hi).max()) > _LIMIT:
         return None
-    return lo, hi, len(grids)
+    return lo, hi, grids
 
 
-def idle_passes(op_type: str, attrs: dict, arrays: list, from_grid: bool) -> frozenset[int]:
+def idle_passes(op_type: str, attrs: dict, arrays: list, from_grid: bool, both: bool = False) -> frozenset[int]:
     """The radix passes that do nothing in the device build of op_type over arrays (its inputs: points
-    or ijk, or a source bundle when from_grid); empty where the host cannot be sure."""
+    or ijk, or a source bundle when from_grid; a GridBatchFromPoints with topology.CONV_OF_POINTS: the
+    ConvGrid of its points' grid, and with `both` the passes idle in that grid and in the points' own, whose
+    builds one network runs: host_steps.DeviceBuilds.run_pair); empty where the host cannot be sure."""
+    from ..operators.fvdb.topology import conv_of_points
+    from ..operators.fvdb.topology_device import candidates
+
     bound = _from_grids(op_type, attrs, arrays) if from_grid else _from_points(op_type, arrays)
+    conv = None if from_grid else conv_of_points(attrs)
     if bound is None:
         return frozenset()
-    lo, hi, grids = bound
-    return _idle(_spans(lo, hi, grids))
+    idle = _idle(_spans(*bound))
+    if conv is not None:  # (the points' bound computed once, for both grids)
+        try:
+            through = _through(candidates("ConvGrid", conv), *bound)
+        except ValueError:
+            return frozenset()
+        if through is None:
+            return frozenset()
+        idle = _idle(_spans(*through)) & idle if both else _idle(_spans(*through))
+    return idle
 
 
 def idle_stages(net, passes: frozenset[int]) -> frozenset[int]:

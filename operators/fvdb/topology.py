@@ -23,7 +23,13 @@ whose input has a dynamic size or whose grid other nodes read, are steps that ru
 inputs (luisaml/fvdb/host_steps.py cuts them out of the graph): the topology ops and the constructors
 build on the device with these phases (a network of the node alone with the attribute voxel_capacity:
 topology_device.py for the topology ops; here the constructors' points are then counted by joffsets[B],
-jdata's rows bound at run time) or on the host.
+jdata's rows bound at run time) or on the host. A GridBatchFromPoints with the attributes CONV_OF_POINTS
+(the kernel_size and stride of a ConvGrid) builds the ConvGrid of the grid its points make instead: its
+keys phase a thread a point, the point's voxel rounded as gb_store_voxel rounds it, then that voxel's
+ConvGrid candidates appended (candidates.py, as topology_device.py appends a source grid's voxel's), its
+keys sized for the candidates of every point (8 a point for 3/2); host_steps.py runs it beside the
+points' own node in one network (DeviceBuilds.run_pair), the two nodes' phases one after the other over
+the one int scratch.
 
 The device build in detail: voxel keys (8 a point for the nearest voxels); leaves deduplicated by a hash
 table (a slot claimed by a compare-and-swap of the point's index, a key compared with the owner point's,
@@ -66,6 +72,7 @@ from luisaml.shaders import grid_layout as G
 
 from .build_layout import GridLayout
 from .build_scratch import Scratch, scan_levels
+from .candidates import candidates, emit_source_voxel
 from .common import bundle_grids
 
 BUNDLE = len(schema.BUNDLE)
@@ -184,6 +191,34 @@ def _not_constant(names: list[str]) -> str:
 
 
 TRANSFORM_WORDS = G.T_WORDS  # per grid: h, o as float64 bits (12), float32 bits of 1/h, -o/h, h, o (12), 1/h as float64 bits (6)
+# the attributes of a GridBatchFromPoints built on the device (with CAPACITY) that make it build the ConvGrid of
+# the grid its points make instead (that ConvGrid's kernel_size and stride): the second node of a device build of
+# both grids in one network (luisaml/fvdb/host_steps.py, DeviceBuilds.run_pair)
+CONV_OF_POINTS = ("conv_kernel_size", "conv_stride")
+
+
+def conv_of_points(attrs: dict) -> dict | None:
+    """The ConvGrid attributes (kernel_size, stride) a GridBatchFromPoints node's CONV_OF_POINTS give; None
+    where it has neither."""
+    if not any(k in attrs for k in CONV_OF_POINTS):
+        return None
+    return {"kernel_size": attrs.get(CONV_OF_POINTS[0], ()), "stride": attrs.get(CONV_OF_POINTS[1], 1)}
+
+
+def conv_transforms(*arrays, grids: int = 1, has: tuple = (False, False), conv: tuple = ()) -> np.ndarray:
+    """grid_transforms of the ConvGrid (attributes `conv`) of the grids the points' voxel sizes and origins
+    (as grid_transforms takes them) make: the host's doubles through new_transforms, as a ConvGrid step of
+    that grid gives them."""
+    from luisaml.errors import InputError
+
+    it = iter(arrays)
+    try:
+        h = T.per_grid(next(it) if has[0] else 1.0, grids, "voxel_sizes", True)
+        o = T.per_grid(next(it) if has[1] else 0.0, grids, "origins", False)
+    except ValueError as e:
+        raise InputError(f"the device grid build's {e}") from None
+    h, o = T.new_transforms("ConvGrid", dict(conv), h, o)
+    return grid_transforms(h, o, grids=grids, has=(True, True))
 
 
 def grid_transforms(*arrays, grids: int = 1, has: tuple = (False, False)) -> np.ndarray:
@@ -217,6 +252,7 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
     OPS = ("GridBatchFromIJK", "GridBatchFromPoints", "GridBatchFromNearestVoxelsToPoints")
     runtime_sized = (0, 4)  # grid_blob (bytes), leaf_batch_indices (leaves)
     counted = False  # the points are counted at run time (joffsets[B]; CAPACITY: at most that many)
+    conv = None  # a ConvGrid of the points' grid (CONV_OF_POINTS): its attributes
     MAX_KEYS = MAX_KEYS
     ZERO_THREADS = 16384  # threads zeroing the blob, writing child masks (each every ZERO_THREADS-th word)
     # LAYOUT_ON_DEVICE (GridLayout): the grids laid out on the device, headers patched at the run's end
@@ -224,6 +260,9 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
     @classmethod
     def keys_for(cls, op_type: str, attrs: dict, capacity: int) -> int:
         """The voxel keys a device build of `capacity` points (CAPACITY) holds: at most MAX_KEYS."""
+        conv = conv_of_points(attrs)
+        if conv is not None:  # (a ConvGrid of the points' grid: its candidates a point's voxel)
+            return capacity * candidates("ConvGrid", conv).count
         return capacity * (8 if op_type == "GridBatchFromNearestVoxelsToPoints" else 1)
 
     @classmethod
@@ -280,6 +319,14 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
                 raise self.error(str(e)) from None
         self.check_outputs()
         self.points = points
+        self.conv = conv_of_points(self.node.attrs)
+        if self.conv is not None:
+            self.expect(self.node.op_type == "GridBatchFromPoints" and self.counted,
+                        f"{', '.join(CONV_OF_POINTS)}: only a GridBatchFromPoints with {CAPACITY} builds a ConvGrid")
+            try:
+                self.cand = candidates("ConvGrid", self.conv)
+            except ValueError as e:
+                raise self.error(str(e)) from None
         self.K = self.keys_for(self.node.op_type, self.node.attrs, self.N)  # 8 a point for the nearest voxels
         self.expect(self.K <= self.MAX_KEYS, f"{self.K:,} voxel keys exceed the {self.MAX_KEYS:,} a device build "
                     "holds (its scratch is indexed with 32-bit integers)")
@@ -315,14 +362,22 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
         # the voxel sizes and origins as constants or graph inputs: derived on the host when bound
         has = (self.has_input(4), self.has_input(5))
         sources = tuple(k for k, h in zip((4, 5), has) if h)
-        return [Derived(grid_transforms, sources, dtypes.INT32, (self.B, TRANSFORM_WORDS),
-                        (("grids", self.B), ("has", has)))]
+        points = Derived(grid_transforms, sources, dtypes.INT32, (self.B, TRANSFORM_WORDS),
+                         (("grids", self.B), ("has", has)))
+        if self.conv is None:
+            return [points]
+        # the new grid's transforms first (the clear and write stages read derived[0]), the points' after
+        conv = tuple(sorted((k, tuple(int(x) for x in np.atleast_1d(v))) for k, v in self.conv.items()))
+        return [Derived(conv_transforms, sources, dtypes.INT32, (self.B, TRANSFORM_WORDS),
+                        (("grids", self.B), ("has", has), ("conv", conv))), points]
 
     def scratch(self):
         return {"int": self.S.words}
 
     def describe(self):
-        return (f"grids built on the device from {self.N:,} {'points' if self.points else 'ijk'} ({self.K:,} voxel "
+        what = "grids" if self.conv is None else "the ConvGrid ({}) of the grids".format(
+            ", ".join(f"{k} {list(np.atleast_1d(v))}" for k, v in self.conv.items()))
+        return (f"{what} built on the device from {self.N:,} {'points' if self.points else 'ijk'} ({self.K:,} voxel "
                 f"keys) into {self.B} "
                 f"grid(s): hash, radix sort, nodes, {self.layout_said}, write")
 
@@ -371,8 +426,9 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
         S, N, B = self.S, self.K, self.B  # (N: voxel keys)
         leaves = self._ctr(G.C_LEAVES)
         items = max(N, 1)
-        out = [Phase("clear", max(S.raw["cap"], B, 1), self._emit_clear),
-               Phase("voxel keys", items, self._emit_voxels),
+        keys = Phase("voxel keys", items, self._emit_voxels) if self.conv is None else \
+            Phase("voxel keys", max(self.N, 1), self._emit_conv_keys)  # (a thread a point, its candidates appended)
+        out = [Phase("clear", max(S.raw["cap"], B, 1), self._emit_clear), keys,
                Phase("hash leaves", items, lambda ctx, p: self._guarded(ctx, p, "gb_insert", S.vox, S.owner, S.slot,
                                                                           S.ids, S.mask, S.cap, p))]
         # the voxel keys' root tiles and grids are the leaves' (a leaf's are its points'): their ranges, which
@@ -483,6 +539,10 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
             with ctx.indent():
                 ctx.line(f"scratch_int.write({S.summary} + {G.S_WORDS} * {t} + {G.S_TRANSFORM} + {k}, "
                          f"{table.load(f'{t} * {TRANSFORM_WORDS} + {k}')})")
+        if self.conv is not None:  # the keys phase counts its keys up from 0 (after the table's write above)
+            ctx.line(f"if {t} == 0:")
+            with ctx.indent():
+                ctx.line(f"scratch_int.write({S.keys.at}, 0)")
 
     def _guarded(self, ctx, item: str, helper: str, *args) -> None:
         ctx.line(f"if {item} < {self.S.keys}:")
@@ -531,9 +591,57 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
         """Voxel key q: its point p (q, or q // 8 with the nearest voxels' corner q % 8), p's grid (the
         last b with joffsets[b] <= p, a binary search) and the voxel; thread 0 checks that joffsets
         rise from 0 to N."""
-        S, N, B = self.S, self.N, self.B
+        S, B = self.S, self.B
         jdata, joff = self.input(0), self.input(1)
         per = 8 if self.nearest else 1
+        self._emit_offsets_check(ctx, q, per)
+        keys = f"int({joff.load(str(B))}) * {per}" if self.counted else str(self.K)
+        ctx.line(f"if {q} < {keys}:")
+        with ctx.indent():
+            p = ctx.let(f"{q} // 8", "p") if self.nearest else q
+            lo = self._emit_grid_of(ctx, p)
+            if self.points:
+                xyz = self._emit_position(ctx, p, lo, self.derived[0])
+                if self.nearest:
+                    self._call(ctx, "gb_store_corner", S.vox, S.ctr, q, lo, *xyz, f"{q} % 8")
+                else:
+                    self._call(ctx, "gb_store_voxel", S.vox, S.ctr, p, lo, *xyz)
+            else:
+                ctx.line(f"scratch_int.write({S.vox} + 4 * {p}, {lo})")
+                for a in range(3):
+                    ctx.line(f"scratch_int.write({S.vox} + 4 * {p} + {1 + a}, {jdata.load(f'{p} * 3 + {a}')})")
+
+    def _emit_conv_keys(self, ctx, p) -> None:
+        """Point p (a ConvGrid of the points' grid, CONV_OF_POINTS): its voxel, as _emit_voxels finds it
+        (gb_store_voxel's rounding), then that voxel's ConvGrid candidates appended to the keys, as
+        topology_device.py appends a source grid's voxel's: the same voxels, for the fine grid's voxels are
+        its points' (duplicates are the hash's to fold)."""
+        S, B, joff = self.S, self.B, self.input(1)
+        self._emit_offsets_check(ctx, p, None)
+        ctx.line(f"if {p} < int({joff.load(str(B))}):")
+        with ctx.indent():
+            lo = self._emit_grid_of(ctx, p)
+            xyz = self._emit_position(ctx, p, lo, self.derived[1])
+            rnd = ctx.use_helper("gb_round", "grid_build")
+            r = [ctx.let(f"{rnd}({x})", "r") for x in xyz]
+            ok = ctx.let(" and ".join(f"({v} >= -2147483648.0) and ({v} < 2147483648.0)" for v in r), "ok")
+            c = [ctx.fresh("c") for _ in range(3)]
+            for v in c:
+                ctx.line(f"{v} = 0")
+            ctx.line(f"if {ok}:")  # (false for NaN)
+            with ctx.indent():
+                for v, x in zip(c, r):
+                    ctx.line(f"{v} = int({x})")
+                emit_source_voxel(ctx, self.cand, S, lo, c)
+            ctx.line("else:")
+            with ctx.indent():
+                ctx.line(f"{ctx.use_helper('gb_error', 'grid_build')}(scratch_int, {S.ctr}, {G.ERR_COORDS})")
+
+    def _emit_offsets_check(self, ctx, q, per: int | None) -> None:
+        """Thread 0: joffsets must rise from 0 to N (at most N where counted), else ERR_OFFSETS; where
+        counted, the key count the later phases read: the points bound times `per` (None: the keys are
+        appended, counted up from 0 by the clear stage)."""
+        S, N, B, joff = self.S, self.N, self.B, self.input(1)
         ctx.line(f"if {q} == 0:")
         with ctx.indent():
             bad = ctx.fresh("bad")
@@ -547,47 +655,43 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
             ctx.line(f"if {bad}:")
             with ctx.indent():
                 ctx.line(f"{ctx.use_helper('gb_error', 'grid_build')}(scratch_int, {S.ctr}, {G.ERR_OFFSETS})")
-            if self.counted:  # the key count the later phases read: the points bound, not the capacity
+            if self.counted and per is not None:  # the key count the later phases read: the points bound
                 ctx.line("else:")
                 with ctx.indent():
                     ctx.line(f"scratch_int.write({S.keys.at}, int({last}) * {per})")
-        keys = f"int({joff.load(str(B))}) * {per}" if self.counted else str(self.K)
-        ctx.line(f"if {q} < {keys}:")
+
+    def _emit_grid_of(self, ctx, p) -> str:
+        """Point p's grid: the last b with joffsets[b] <= p (a binary search); return its name."""
+        joff = self.input(1)
+        lo, hi = ctx.fresh("lo"), ctx.fresh("hi")
+        ctx.line(f"{lo} = 0")
+        ctx.line(f"{hi} = {self.B - 1}")
+        ctx.line(f"while {lo} < {hi}:")
         with ctx.indent():
-            p = ctx.let(f"{q} // 8", "p") if self.nearest else q
-            lo, hi = ctx.fresh("lo"), ctx.fresh("hi")
-            ctx.line(f"{lo} = 0")
-            ctx.line(f"{hi} = {B - 1}")
-            ctx.line(f"while {lo} < {hi}:")
+            mid = ctx.let(f"({lo} + {hi} + 1) // 2", "mid")
+            ctx.line(f"if {joff.load(mid)} <= {p}:")
             with ctx.indent():
-                mid = ctx.let(f"({lo} + {hi} + 1) // 2", "mid")
-                ctx.line(f"if {joff.load(mid)} <= {p}:")
-                with ctx.indent():
-                    ctx.line(f"{lo} = {mid}")
-                ctx.line("else:")
-                with ctx.indent():
-                    ctx.line(f"{hi} = {mid} - 1")
-            if self.points:
-                table = self.derived[0]
-                f = ctx.use_helper("gb_float", "grid_build")
-                z = ctx.let(f"{ctx.use_helper('gb_zero', 'grid_build')}(scratch_int, {S.ctr})", "z")
-                xyz = []
-                for a in range(3):
-                    v = jdata.load(f"{p} * 3 + {a}")
-                    if jdata.dtype.dsl != "float":
-                        v = f"float({v})"
-                    sc = ctx.let(f"{f}({table.load(f'{lo} * {TRANSFORM_WORDS} + {12 + a}')})", "sc")
-                    tr = ctx.let(f"{f}({table.load(f'{lo} * {TRANSFORM_WORDS} + {15 + a}')})", "tr")
-                    # numpy's float32 p * scale + translate: the product rounded before the sum
-                    xyz.append(ctx.let(f"({v} * {sc} + {z}) + {tr}", "x"))
-                if self.nearest:
-                    self._call(ctx, "gb_store_corner", S.vox, S.ctr, q, lo, *xyz, f"{q} % 8")
-                else:
-                    self._call(ctx, "gb_store_voxel", S.vox, S.ctr, p, lo, *xyz)
-            else:
-                ctx.line(f"scratch_int.write({S.vox} + 4 * {p}, {lo})")
-                for a in range(3):
-                    ctx.line(f"scratch_int.write({S.vox} + 4 * {p} + {1 + a}, {jdata.load(f'{p} * 3 + {a}')})")
+                ctx.line(f"{lo} = {mid}")
+            ctx.line("else:")
+            with ctx.indent():
+                ctx.line(f"{hi} = {mid} - 1")
+        return lo
+
+    def _emit_position(self, ctx, p, b: str, table) -> list[str]:
+        """Point p's voxel-space position in grid b (float32, from `table`: the points' grid_transforms)."""
+        jdata, S = self.input(0), self.S
+        f = ctx.use_helper("gb_float", "grid_build")
+        z = ctx.let(f"{ctx.use_helper('gb_zero', 'grid_build')}(scratch_int, {S.ctr})", "z")
+        xyz = []
+        for a in range(3):
+            v = jdata.load(f"{p} * 3 + {a}")
+            if jdata.dtype.dsl != "float":
+                v = f"float({v})"
+            sc = ctx.let(f"{f}({table.load(f'{b} * {TRANSFORM_WORDS} + {12 + a}')})", "sc")
+            tr = ctx.let(f"{f}({table.load(f'{b} * {TRANSFORM_WORDS} + {15 + a}')})", "tr")
+            # numpy's float32 p * scale + translate: the product rounded before the sum
+            xyz.append(ctx.let(f"({v} * {sc} + {z}) + {tr}", "x"))
+        return xyz
 
     def _emit_leaves(self, ctx, r) -> None:
         S = self.S

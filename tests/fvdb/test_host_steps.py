@@ -126,9 +126,9 @@ def test_a_chain_of_host_steps_and_the_cache(monkeypatch):
     runs = []
     real = host_steps.HostStep.run
 
-    def counted(self, values, digest, device=None):
+    def counted(self, values, digest, device=None, then=None):
         before = self._last
-        out = real(self, values, digest, device)
+        out = real(self, values, digest, device, then)
         runs.append(self._last is not before)
         return out
 

@@ -67,10 +67,16 @@ def uploads(monkeypatch):
     return seen
 
 
-def test_new_grids_built_on_the_device_are_copied_there_not_uploaded(uploads):
-    """Each run a new cloud: the fine blob bound to the ConvGrid build and to the query, the coarse blob to
-    the query, all three copied on the device from the builds' buffers (before: three uploads a run); the
-    answers and the coarse blob equal the host builder's network."""
+@pytest.mark.parametrize("pairs", [True, False])
+def test_new_grids_built_on_the_device_are_copied_there_not_uploaded(uploads, pairs, monkeypatch):
+    """Each run a new cloud: the fine blob bound to the query, the coarse blob to the query, and (the builds
+    apart, DeviceBuilds.PAIRS off) the fine blob to the ConvGrid build, all copied on the device from the
+    builds' buffers (before: three uploads a run); with the pair on, the ConvGrid builds beside the fine grid
+    from the points in one run and takes no blob. The answers and the coarse blob equal the host builder's
+    network."""
+    from luisaml.fvdb import host_steps
+
+    monkeypatch.setattr(host_steps.DeviceBuilds, "PAIRS", pairs)
     model = chain_model()
     device = luisaml.compile(model, grid_build="device")
     host = luisaml.compile(model, grid_build="host")
@@ -89,7 +95,8 @@ def test_new_grids_built_on_the_device_are_copied_there_not_uploaded(uploads):
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
         assert (got["fine_index"][:QUERY // 2] >= 0).mean() > 0.9  # (the cloud's own voxels: round(p))
         assert sent == [], sent  # no blob from the host
-        assert after - copies == 3, (after, copies)  # fine -> the coarse build, fine and coarse -> the query
+        # fine and coarse -> the query; apart, fine -> the coarse build too
+        assert after - copies == (2 if pairs else 3), (after, copies)
 
 
 def query_model(bundle: list[np.ndarray]):
