@@ -42,7 +42,11 @@ A GridBatchFromPoints whose grid a ConvGrid step reads (a detector's fine grid a
 builds with that ConvGrid in one network run (`DeviceBuilds.run_pair`): the points' node and a second
 node over the same points that appends each point's voxel's ConvGrid candidates (operators/fvdb/topology.py,
 CONV_OF_POINTS), the same voxels as the candidates of the fine grid's voxels; one wait, one run and one
-binding for both grids, the ConvGrid's source metadata not derived, the fine blob not uploaded to it.
+binding for both grids, the ConvGrid's source metadata not derived, the fine blob not uploaded to it. Its
+keys are sized by the points (8 a point for 3/2, where the separate build's were 8 a fine voxel), so the
+ConvGrid node holds half of that (CONV_ROOM: a point's voxel has 1 or 2 candidates an axis, 3.4 on average)
+until a run counts more (KeysPastRoom at that run's end: the pair runs again with room for every candidate,
+and keeps it; nothing is cut).
 
 Device builds are compiled per power of two of the source's voxels (at least 1024; a DilatedGrid of
 n is n passes of 1) and kept for the process (a model compiled again, or per batch size, shares
@@ -249,6 +253,7 @@ class DeviceBuilds:
         self.compile_model = compile_model
         self.config = config
         self.networks: dict[tuple, Any] = {}  # this network's buckets: (node, capacity, attrs, inputs) -> network
+        self._rooms: dict[tuple, int] = {}  # (points node, ConvGrid node, capacity) -> the pair's ConvGrid keys, grown
 
     def run(self, node: Node, operator: type, arrays: list, digests: list | None = None) -> list[np.ndarray]:
         """Return the seven bundle arrays node (of operator class `operator`) builds from arrays (its
@@ -302,10 +307,11 @@ class DeviceBuilds:
         """Return (the seven bundle arrays of GridBatchFromPoints `node` over arrays, those of ConvGrid `conv`
         over that grid) built in one network run: the grid's node and a second GridBatchFromPoints with
         CONV_OF_POINTS (operators/fvdb/topology.py), which appends each point's voxel's ConvGrid candidates,
-        over the same points (one wait, no download and upload of the fine grid between the builds). Where the
-        pair cannot (its keys past what a build holds: the ConvGrid's candidates a point, not a voxel), the
+        over the same points (one wait, no download and upload of the fine grid between the builds), its keys
+        at a room (CONV_ROOM; a run past it raises KeysPastRoom and runs again with every candidate's). Where
+        the pair cannot (its keys past what a build holds: the ConvGrid's candidates a point, not a voxel), the
         grid alone and None."""
-        from ..operators.fvdb.topology import CONV_OF_POINTS
+        from ..operators.fvdb.topology import CONV_OF_POINTS, CONV_ROOM, KeysPastRoom
 
         digests = list(digests or [None] * len(arrays))
         if node.op_type != "GridBatchFromPoints" or conv.op_type != "ConvGrid":
@@ -321,22 +327,22 @@ class DeviceBuilds:
             too_large = True  # (attributes out of range: the ConvGrid's own build names them)
         if too_large:
             return self.run(node, operator, arrays, digests), None
-        key = (("pair", node.name, conv.name), capacity, tuple(sorted((k, repr(v)) for k, v in attrs.items())),
-               tuple(sorted((k, repr(v)) for k, v in conv_attrs.items())),
-               tuple((a.dtype.str, a.shape[1:] if k == 0 else a.shape) if a is not None else None
-                     for k, a in enumerate(arrays)))
-        net = self.networks.get(key)
-        if net is None:
-            model = _build_model(node, attrs, capacity, arrays, (0,), then=(conv.name, conv_attrs))
-            shared = (self.config, hashlib.blake2b(model.SerializeToString(), digest_size=16).digest())
-            net = self._shared.get(shared)
-            if net is None:
-                first = not any(k[0] == key[0] and k[2:] == key[2:] for k in self.networks)
-                net = self._shared[shared] = self.compile_model(model, first)
-            self.networks[key] = net
+        # the ConvGrid's keys at half of every candidate's room (a point's voxel has 1 or 2 candidates an axis: 3.4
+        # a point on average), every candidate's once a run had more (KeysPastRoom: that run is repeated)
+        every = operator.keys_for(node.op_type, conv_attrs, capacity)
+        room = self._rooms.get((node.name, conv.name, capacity), max(every // 2, 1))
         # the passes idle for both grids (the ConvGrid's bound: the points' through its candidates)
         idle = radix_passes.idle_passes(node.op_type, {**attrs, **conv_attrs}, arrays, False, True)
-        got = self._run_net(node, net, arrays, digests, idle)
+        while True:
+            net = self._pair_network(node, conv, attrs, {**conv_attrs, CONV_ROOM: room} if room < every else conv_attrs,
+                                     capacity, arrays)
+            try:
+                got = self._run_net(node, net, arrays, digests, idle)
+                break
+            except KeysPastRoom:
+                if room >= every:
+                    raise
+                room = self._rooms[(node.name, conv.name, capacity)] = every
         fine = self._outputs(net, got, 0)
         coarse = self._outputs(net, got, BUNDLE)
         fine[2], fine[3] = _points_transforms(arrays)
@@ -403,6 +409,23 @@ class DeviceBuilds:
         if held is not None and checked.freeze(out[0]) is out[0]:  # (not a copy: its memory the download's)
             resident.remember(out[0], *held)
         return out
+
+    def _pair_network(self, node: Node, conv: Node, attrs: dict, conv_attrs: dict, capacity: int, arrays: list):
+        """The network of run_pair's two nodes at this capacity (and the ConvGrid's room), compiled once."""
+        key = (("pair", node.name, conv.name), capacity, tuple(sorted((k, repr(v)) for k, v in attrs.items())),
+               tuple(sorted((k, repr(v)) for k, v in conv_attrs.items())),
+               tuple((a.dtype.str, a.shape[1:] if k == 0 else a.shape) if a is not None else None
+                     for k, a in enumerate(arrays)))
+        net = self.networks.get(key)
+        if net is None:
+            model = _build_model(node, attrs, capacity, arrays, (0,), then=(conv.name, conv_attrs))
+            shared = (self.config, hashlib.blake2b(model.SerializeToString(), digest_size=16).digest())
+            net = self._shared.get(shared)
+            if net is None:
+                first = not any(k[0] == key[0] and k[2:] == key[2:] for k in self.networks)
+                net = self._shared[shared] = self.compile_model(model, first)
+            self.networks[key] = net
+        return net
 
     @staticmethod
     def _too_large(node: Node, operator: type, attrs: dict, capacity: int) -> bool:

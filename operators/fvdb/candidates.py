@@ -86,10 +86,12 @@ def candidates(op_type: str, attrs: dict) -> Candidates:
     return Candidates(_ints(K), scale=_ints(S), base=_ints(-p for p in P), step=one)  # f = S*c + t - P
 
 
-def emit_candidates(ctx, cand: "Candidates", S, b: str, c: list[str]) -> None:
+def emit_candidates(ctx, cand: "Candidates", S, b: str, c: list[str], room: int | None = None) -> None:
     """Candidate u = (u0 * m1 + u1) * m2 + u2 (Candidates.m). Along a strided axis (exact division,
     step -1) it is the tap t = r + div * u_a, r = y mod div of y = c_a * scale + base, where t < n:
-    the voxel (y - t) / div = floor(y / div) - u_a; along any other axis the tap t = u_a as written."""
+    the voxel (y - t) / div = floor(y / div) - u_a; along any other axis the tap t = u_a as written.
+    room: the keys the scratch holds where fewer than every candidate's (None): a key past it is counted,
+    not written (the build's host step reads the count and runs again with room)."""
     fdiv = ctx.use_helper("floor_div", "nanovdb")
     append = ctx.use_helper("gb_append_voxel", "grid_build")
     m0, m1, m2 = cand.m
@@ -120,14 +122,26 @@ def emit_candidates(ctx, cand: "Candidates", S, b: str, c: list[str]) -> None:
         if keep:
             ctx.line(f"if {' and '.join(keep)}:")
             with ctx.indent():
-                ctx.line(f"{append}(scratch_int, {S.vox}, {S.keys.at}, {b}, {q[0]}, {q[1]}, {q[2]})")
+                _append(ctx, append, S, b, q, room)
         else:
-            ctx.line(f"{append}(scratch_int, {S.vox}, {S.keys.at}, {b}, {q[0]}, {q[1]}, {q[2]})")
+            _append(ctx, append, S, b, q, room)
 
 
-def emit_source_voxel(ctx, cand: "Candidates", S, b: str, c: list[str]) -> None:
+def _append(ctx, append: str, S, b: str, q: list[str], room: int | None) -> None:
+    if room is None:
+        ctx.line(f"{append}(scratch_int, {S.vox}, {S.keys.at}, {b}, {q[0]}, {q[1]}, {q[2]})")
+        return
+    k = ctx.let(f"scratch_int.atomic_fetch_add({S.keys.at}, 1)", "k")
+    ctx.line(f"if {k} < {room}:")
+    with ctx.indent():
+        for a, v in enumerate([b] + list(q)):
+            ctx.line(f"scratch_int.write({S.vox} + 4 * {k} + {a}, {v})")
+
+
+def emit_source_voxel(ctx, cand: "Candidates", S, b: str, c: list[str], room: int | None = None) -> None:
     """Source voxel c (ijk names) of grid b: its candidates that exist appended to the keys (S: the build's
-    Scratch); a source voxel whose candidates' coordinates would pass int32 flags ERR_COORDS."""
+    Scratch; room: emit_candidates'); a source voxel whose candidates' coordinates would pass int32 flags
+    ERR_COORDS."""
     guards = [f"{c[a]} < {lo}" if lo > _I32_MIN else "" for a, (lo, _) in enumerate(map(cand.bounds, range(3)))]
     guards += [f"{c[a]} > {hi}" if hi < _I32_MAX else "" for a, (_, hi) in enumerate(map(cand.bounds, range(3)))]
     guards = [g for g in guards if g]
@@ -135,4 +149,4 @@ def emit_source_voxel(ctx, cand: "Candidates", S, b: str, c: list[str]) -> None:
         ctx.line(f"if {' or '.join(guards)}:")
         with ctx.indent():
             ctx.line(f"{ctx.use_helper('gb_error', 'grid_build')}(scratch_int, {S.ctr}, {G.ERR_COORDS})")
-    emit_candidates(ctx, cand, S, b, c)
+    emit_candidates(ctx, cand, S, b, c, room)

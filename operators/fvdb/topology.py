@@ -27,7 +27,9 @@ jdata's rows bound at run time) or on the host. A GridBatchFromPoints with the a
 (the kernel_size and stride of a ConvGrid) builds the ConvGrid of the grid its points make instead: its
 keys phase a thread a point, the point's voxel rounded as gb_store_voxel rounds it, then that voxel's
 ConvGrid candidates appended (candidates.py, as topology_device.py appends a source grid's voxel's), its
-keys sized for the candidates of every point (8 a point for 3/2); host_steps.py runs it beside the
+keys sized for the candidates of every point (8 a point for 3/2), or fewer (CONV_ROOM: a key past the room
+counted, not written, the key count clamped to it by the next phase's thread 0, and the run's end raising
+KeysPastRoom, so that the builder runs again with room); host_steps.py runs it beside the
 points' own node in one network (DeviceBuilds.run_pair), the two nodes' phases one after the other over
 the one int scratch.
 
@@ -55,8 +57,8 @@ import numpy as np
 from onnx import TensorProto
 
 from luisaml import dtypes
-from luisaml.dynamic import Phase
-from luisaml.errors import LimitError
+from luisaml.dynamic import HostRead, HostResult, Phase
+from luisaml.errors import LimitError, RunError
 from luisaml.fvdb import topology as T
 from luisaml.fvdb.grid_batch import MAX_GRIDS_PER_BATCH
 from luisaml.fvdb.layout import NanoVDBError
@@ -195,6 +197,19 @@ TRANSFORM_WORDS = G.T_WORDS  # per grid: h, o as float64 bits (12), float32 bits
 # the grid its points make instead (that ConvGrid's kernel_size and stride): the second node of a device build of
 # both grids in one network (luisaml/fvdb/host_steps.py, DeviceBuilds.run_pair)
 CONV_OF_POINTS = ("conv_kernel_size", "conv_stride")
+# with CONV_OF_POINTS: the candidate keys its scratch holds (default: every candidate of every point, 8 a point
+# for 3/2), fewer where a run's candidates are fewer (a point's voxel has 1 or 2 an axis): a key past it is
+# counted, not written, and the run raises KeysPastRoom (its builder runs again with every candidate's room)
+CONV_ROOM = "conv_keys"
+
+
+class KeysPastRoom(RunError):
+    """A ConvGrid of points (CONV_OF_POINTS) had more candidate keys than its CONV_ROOM: nothing it built is
+    whole; `keys` says how many (luisaml/fvdb/host_steps.py runs the build again with room for them)."""
+
+    def __init__(self, message: str, keys: int):
+        super().__init__(message)
+        self.keys = keys
 
 
 def conv_of_points(attrs: dict) -> dict | None:
@@ -261,8 +276,10 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
     def keys_for(cls, op_type: str, attrs: dict, capacity: int) -> int:
         """The voxel keys a device build of `capacity` points (CAPACITY) holds: at most MAX_KEYS."""
         conv = conv_of_points(attrs)
-        if conv is not None:  # (a ConvGrid of the points' grid: its candidates a point's voxel)
-            return capacity * candidates("ConvGrid", conv).count
+        if conv is not None:  # (a ConvGrid of the points' grid: its candidates a point's voxel, or its room)
+            every = capacity * candidates("ConvGrid", conv).count
+            room = attrs.get(CONV_ROOM)
+            return every if room is None else min(int(room), every)
         return capacity * (8 if op_type == "GridBatchFromNearestVoxelsToPoints" else 1)
 
     @classmethod
@@ -327,6 +344,9 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
                 self.cand = candidates("ConvGrid", self.conv)
             except ValueError as e:
                 raise self.error(str(e)) from None
+            room = self.node.attrs.get(CONV_ROOM)
+            self.expect(room is None or (isinstance(room, int) and room >= 1),
+                        f"{CONV_ROOM} must be a positive integer, got {room!r}")
         self.K = self.keys_for(self.node.op_type, self.node.attrs, self.N)  # 8 a point for the nearest voxels
         self.expect(self.K <= self.MAX_KEYS, f"{self.K:,} voxel keys exceed the {self.MAX_KEYS:,} a device build "
                     "holds (its scratch is indexed with 32-bit integers)")
@@ -426,11 +446,18 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
         S, N, B = self.S, self.K, self.B  # (N: voxel keys)
         leaves = self._ctr(G.C_LEAVES)
         items = max(N, 1)
-        keys = Phase("voxel keys", items, self._emit_voxels) if self.conv is None else \
-            Phase("voxel keys", max(self.N, 1), self._emit_conv_keys)  # (a thread a point, its candidates appended)
-        out = [Phase("clear", max(S.raw["cap"], B, 1), self._emit_clear), keys,
-               Phase("hash leaves", items, lambda ctx, p: self._guarded(ctx, p, "gb_insert", S.vox, S.owner, S.slot,
-                                                                          S.ids, S.mask, S.cap, p))]
+        keys = Phase("voxel keys", items, self._emit_voxels)
+        if self.conv is not None:  # (a thread a point, its candidates appended; where short of room, their count read)
+            keys = Phase("voxel keys", max(self.N, 1), self._emit_conv_keys, readback=HostRead(
+                S.keys.at, 1, self._keys_step, at_end=True) if self.short else None)
+
+        def insert(ctx, p):
+            if self.short:  # (thread 0 clamps the key count to the room: every thread here is below it anyway)
+                ctx.line(f"if {p} == 0 and {S.keys} > {self.K}:")
+                with ctx.indent():
+                    ctx.line(f"scratch_int.write({S.keys.at}, {self.K})")
+            self._guarded(ctx, p, "gb_insert", S.vox, S.owner, S.slot, S.ids, S.mask, S.cap, p)
+        out = [Phase("clear", max(S.raw["cap"], B, 1), self._emit_clear), keys, Phase("hash leaves", items, insert)]
         # the voxel keys' root tiles and grids are the leaves' (a leaf's are its points'): their ranges, which
         # the sort keys read, fold in the leaf ids' first up stage (a stage of their own below SCAN keys)
         def ranges(ctx, c):  # (and the first radix pass's histograms zeroed: 512 words a thread, 16 a key)
@@ -632,10 +659,22 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
             with ctx.indent():
                 for v, x in zip(c, r):
                     ctx.line(f"{v} = int({x})")
-                emit_source_voxel(ctx, self.cand, S, lo, c)
+                emit_source_voxel(ctx, self.cand, S, lo, c, self.K if self.short else None)
             ctx.line("else:")
             with ctx.indent():
                 ctx.line(f"{ctx.use_helper('gb_error', 'grid_build')}(scratch_int, {S.ctr}, {G.ERR_COORDS})")
+
+    @property
+    def short(self) -> bool:
+        """Whether a ConvGrid of points holds fewer keys than every candidate of every point (CONV_ROOM)."""
+        return self.conv is not None and self.K < self.N * self.cand.count
+
+    def _keys_step(self, words: np.ndarray) -> HostResult:
+        """At the run's end: raise KeysPastRoom where the candidates counted passed the room."""
+        if int(words[0]) > self.K:
+            raise KeysPastRoom(f"{self.node.describe()}: {int(words[0]):,} candidate keys, room for {self.K:,}",
+                               int(words[0]))
+        return HostResult()
 
     def _emit_offsets_check(self, ctx, q, per: int | None) -> None:
         """Thread 0: joffsets must rise from 0 to N (at most N where counted), else ERR_OFFSETS; where

@@ -179,3 +179,30 @@ def test_with_pairs_off_the_grids_build_apart_in_two_runs_and_two_waits(nets, mo
     assert runs == [["points"], ["conv"]] and c.syncs == 2, (runs, c)
     for n in FINE + NEW:
         np.testing.assert_array_equal(got[n], want[n], err_msg=n)
+
+
+def test_candidates_past_the_conv_room_run_the_pair_again_with_every_candidates_room(nets, monkeypatch):
+    """The pair's ConvGrid holds half of every candidate's keys (4 a point for 3/2) until a run has more: points
+    whose voxels are odd along every axis have 8 candidates each, so that run raises KeysPastRoom at its end and
+    the pair runs again with room for all (a second run and wait in that frame only), the host builder's bytes;
+    the next frame takes one run."""
+    device, host = nets
+    rng = np.random.default_rng(9)
+    h, o = np.full((1, 3), 0.5), np.zeros((1, 3))
+    idx = rng.permutation(20 * 20 * 20)[:2100]
+    odd = np.stack([idx // 400, idx // 20 % 20, idx % 20], 1) * 2 + 1  # distinct voxels, odd along every axis
+    pts = (odd * 0.5).astype(np.float32)  # (each at its voxel's centre: round(p / h) = its odd ijk)
+    assert len(np.unique(odd, axis=0)) == 2100 and (odd % 2 == 1).all()
+    runs = _runs(monkeypatch)
+    for k in range(2):
+        _forget(device)
+        feeds = _feeds(pts[:2100 - k], np.array([0, 2100 - k], np.int64), h, o)
+        with counts.measure() as c:
+            got = device.run(feeds)
+        want = host.run(feeds)
+        for n in FINE + NEW:
+            np.testing.assert_array_equal(got[n], want[n], err_msg=n)
+        assert (runs, c.syncs) == ([["points", "conv"]] * 2, 2) if k == 0 else ([["points", "conv"]] * 3, 1), (runs, c)
+    rooms = [net.plan.ops[1][0].attrs.get("conv_keys") for key, net in device.plan.host_steps.device.networks.items()
+             if isinstance(key[0], tuple) and key[1] == 4096]
+    assert sorted(rooms, key=str) == [16384, None], rooms  # (half of 8 x 4,096, then every candidate's)
