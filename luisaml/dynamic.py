@@ -21,12 +21,10 @@ scan puts the total into that state buffer, and the host reads it at the run's e
 and the outputs, in one synchronisation (launch.py). A total above the capacity re-runs the whole
 invocation with the next bucket (the inputs are still on the device): a result is never cut.
 
-**At the run's end.** A node whose host must finish what the kernels wrote (a grid builder's headers:
-doubles the DSL has not) marks a phase with a `HostRead` flagged `at_end`: its words are downloaded
-with the state and the outputs in the run's one wait, and its step returns patches, (output, byte
-offset, bytes) that the launcher writes over the downloaded output (an output not downloaded gets
-them uploaded; over torch tensors, zero_copy.py, a wait more, as a mid-run read-back costs). The
-step may raise RunError for what the device flagged; its outputs' rows are counted totals. Where a later
+**At the run's end.** A node whose host must check what the kernels counted (a device grid build's
+error codes, the keys past its room) marks a phase with a `HostRead` flagged `at_end`: its words are
+downloaded with the state and the outputs in the run's one wait, and its step runs after it: it may
+raise RunError for what the device flagged; its outputs' rows are counted totals. Where a later
 phased node of the same network reuses the int scratch (a device build of two grids), the words are
 copied on the device right after the phase, then downloaded from that copy (launch.py `_end_sources`).
 
@@ -73,12 +71,11 @@ SCAN_CHUNK = 256
 class HostResult:
     """What a node's host step returns: rows of its run-time sized outputs (by output index) and
     (word index, int32 words) to write into the node's int scratch before its next phase runs; an
-    end-of-run step (HostRead.at_end) returns patches instead: (output index, byte offset, bytes)
-    written over that output's downloaded elements (its rows come from counted totals)."""
+    end-of-run step (HostRead.at_end) returns neither (its node's rows come from counted totals): it
+    raises what its node flagged."""
 
     rows: dict[int, int] = field(default_factory=dict)
     writes: list[tuple[int, np.ndarray]] = field(default_factory=list)
-    patches: list[tuple[int, int, np.ndarray]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -86,7 +83,7 @@ class HostRead:
     """A read-back of `count` int32 words from word `index` of the node's int scratch, handed to
     step(words) -> HostResult (which may raise RunError). at_end: the words are downloaded with the
     state and the outputs in the run's one wait, and the step runs after it (no split of the launch;
-    it returns patches, not rows or writes)."""
+    it returns no rows or writes, it may raise)."""
 
     index: int
     count: int
@@ -152,7 +149,7 @@ class Readback:
     count: int = 1
     step: Callable[[np.ndarray], HostResult] | None = None
     counted: bool = False
-    at_end: bool = False  # a HostRead whose words come with the run's end (its step's patches by output name)
+    at_end: bool = False  # a HostRead whose words come with the run's end (its step checks them)
     first: int = 0  # a counted total's first capacity in rows (ScratchTotal.first)
 
 
@@ -176,7 +173,7 @@ def readback_of(stage: int, node, op, phase: Phase) -> Readback:
         def step(words: np.ndarray) -> HostResult:
             res = hr.step(words)
             rows = {named(j): int(r) for j, r in res.rows.items() if named(j)}
-            return HostResult(rows, res.writes, [(named(j), int(at), data) for j, at, data in res.patches if named(j)])
+            return HostResult(rows, res.writes)
 
         return Readback(stage, "", hr.index, node.describe(), [] if hr.at_end else sized, hr.count, step,
                         at_end=hr.at_end)
@@ -294,18 +291,6 @@ def copy_words(src, src_index: int, dst, dst_index: int, count: int) -> None:
 
     globalvars.vars.stream.add(lcapi.BufferCopyCommand.create(src.handle, dst.handle, int(src_index) * 4,
                                                               int(dst_index) * 4, int(count) * 4))
-
-
-def upload_bytes(buf, byte_offset: int, data: np.ndarray) -> None:
-    """Enqueue the copy of data's bytes into a device buffer from byte_offset (no wait; the stream keeps
-    the array until it has run)."""
-    from luisa import globalvars, lcapi
-
-    data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-    if data.size:
-        stream = globalvars.vars.stream
-        stream.add(lcapi.BufferUploadCommand.create(buf.handle, int(byte_offset), data.size, data))
-        stream.add_upload_buffer(data)
 
 
 def upload_words(buf, index: int, words: np.ndarray) -> None:

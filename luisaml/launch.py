@@ -2,9 +2,9 @@
 split only where a host step must read words back mid-run (luisaml/dynamic.py HostRead), the
 counts that size run-time sized outputs kept on the device and read with the outputs at the end
 (one host synchronisation a run, a re-run where a count passed its capacity), the run-time error
-flag raised as RunError naming the node, the end-of-run host steps' patches written over the
-downloaded outputs (dynamic.HostRead.at_end), and the first launch's kernel build (under a lock, or by
-workers)."""
+flag raised as RunError naming the node, the end-of-run host steps (dynamic.HostRead.at_end: their
+words read in the same wait, what their nodes flagged raised), and the first launch's kernel build (under a
+lock, or by workers)."""
 from __future__ import annotations
 
 import contextlib
@@ -18,7 +18,7 @@ import numpy as np
 
 from . import cache, device, resident
 from .dispatch import Launcher
-from .dynamic import Capacity, StateLayout, bucket, copy_word, copy_words, download, upload_bytes, upload_words
+from .dynamic import Capacity, StateLayout, bucket, copy_word, copy_words, download, upload_words
 from .errors import LimitError, RunError
 from .feeds import io_dtype
 from .log import SLOW_BUILD_S, note, phase
@@ -80,7 +80,7 @@ class KernelLauncher:
         # run downloaded are still in its buffer only while this stays (luisaml/resident.py's fresh())
         self.writes = 0
         # output -> (a weak reference to the array the last run downloaded it into, whole, and the buffer it
-        # came from, byte for byte from 0, its end-of-run patches written there too): `resident_copy`
+        # came from, byte for byte from 0): `resident_copy`
         self.downloaded: dict[str, tuple[Any, Any]] = {}
         self.late_reads = 0  # runs whose counted outputs passed what was downloaded before the wait (SPARE_BYTES)
         # stages the next runs leave out, set by their caller, who knows they would do nothing: a device
@@ -192,7 +192,8 @@ class KernelLauncher:
             globalvars.vars.stream.execute()  # (nothing to wait for: the bound inputs' uploads committed)
         self._raise_flagged(int(words[0]))
         # before the totals: a step names what its node's device flagged (which may have left them wrong)
-        patches = [p for rb, got in ends for p in rb.step(got).patches]
+        for rb, got in ends:
+            rb.step(got)
         overflowed = []
         for k, rb in enumerate(counted):
             total = int(words[self.layout.total_word(k)]) if launched else 0
@@ -210,8 +211,6 @@ class KernelLauncher:
                                       f"its buffer held (now {self.capacity[name]:,})")
         if not overflowed:
             self._read_late(parts, ran)
-        if patches and not overflowed:  # (a run to repeat wrote nothing the patches would finish)
-            self._patch(patches, ran, out_bufs, make_output is not None)
         if not overflowed:
             self.downloaded = {s.name: (weakref.ref(ran.arrays[s.name]), buf) for s, buf, count in out_bufs
                                if s.name in ran.arrays and count}
@@ -263,27 +262,6 @@ class KernelLauncher:
                 download(buf, offset, out)
             globalvars.vars.stream.synchronize()
             self.late_reads += 1
-
-    def _patch(self, patches: list, ran: Ran, out_bufs: list, shared: bool) -> None:
-        """Write the end-of-run steps' patches (output, byte offset, bytes) over the downloaded outputs;
-        into the device buffer of an output not downloaded (shared: a torch tensor, whose reader must
-        not see it before the upload has run: one wait more)."""
-        from luisa import globalvars
-
-        uploaded = False
-        for name, at, data in patches:
-            data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-            buf = next((b for s, b, count in out_bufs if s.name == name and count), None)
-            if name in ran.arrays:
-                ran.arrays[name].reshape(-1).view(np.uint8)[at:at + data.size] = data
-                if buf is not None:  # (and on the device, ordered after the kernels: the buffer then holds the
-                    upload_bytes(buf, at, data)  # downloaded bytes, which resident_copy binds elsewhere unsent)
-                continue
-            if buf is not None:
-                upload_bytes(buf, at, data)
-                uploaded = True
-        if uploaded and shared:
-            globalvars.vars.stream.synchronize()
 
     def _end_sources(self, ends: list, scratch: list, after: dict) -> list[tuple[Any, int]]:
         """(buffer, byte offset) of each end-of-run read's words at the run's end: the int scratch where its

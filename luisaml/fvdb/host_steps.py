@@ -54,8 +54,8 @@ them): the device builder's scratch is sized when a network is compiled, and the
 compiles to ~20 ever, each the same kernel text as the others (compiled once). A build's radix
 passes that the host knows do nothing (from the points' or the source grid's root tiles:
 fvdb/radix_passes.py) are not launched. Their outputs come back to the host, the voxel sizes and
-origins as the host's doubles; the blob also stays in the build's output buffer (its headers patched
-there too), and a network binding it next copies it from there on the device instead of uploading it
+origins as the host's doubles; the blob also stays in the build's output buffer (its headers written
+there by the device), and a network binding it next copies it from there on the device instead of uploading it
 (luisaml/resident.py: a detector frame's 9.8 MB of uploads). grid_build="device" is the
 default on CUDA, "host" on the CPU backend, where numpy is 2-9x faster than the CPU backend's
 kernels (benchmarks/bench_topology.py). Rejected: the device grid as an input of the main network's

@@ -5,13 +5,14 @@ start with room for one row, so the first run passes both capacities: the kernel
 writes past them, the true totals come back in the run's state, and the run is repeated with room for
 them; the bytes and rows equal a numpy reference, never cut. An end-of-run host step (HostRead at_end,
 benchmarks/NOTES.md "The grid's layout on the device" step (b)) reads its words in the run's one wait
-and patches the downloaded outputs, or the device's memory of torch outputs (a wait more)."""
+and raises what they say (a device grid build's flagged errors), naming its node."""
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
 import luisaml
 from luisaml import counts, dynamic
+from luisaml.errors import RunError
 from luisaml.dynamic import HostRead, HostResult, Phase, ScratchTotal
 from luisaml.storage import Buffer
 
@@ -78,21 +79,21 @@ class PackWords(luisaml.Operator):
         self._walk(ctx, put)
 
 
-@luisaml.register("PackPatched", domain="test.counted", since=1)
-class PackPatched(PackWords):
-    """PackWords finished by its host at the run's end: the blob's last word and the rows' last element
-    replaced by the totals the scratch holds (words 0 and 1), where there are rows."""
+@luisaml.register("PackChecked", domain="test.counted", since=1)
+class PackChecked(PackWords):
+    """PackWords checked by its host at the run's end: more than MOST rows (the total the scratch's word 1
+    holds) is a RunError naming the node."""
+
+    MOST = 20
 
     def phases(self):
         *counts_, fill = super().phases()
         return counts_ + [Phase(fill.name, 1, fill.emit, readback=HostRead(0, 2, self._end, at_end=True))]
 
-    @staticmethod
-    def _end(words):
-        if words[1] <= 0:
-            return HostResult()
-        return HostResult(patches=[(0, int(words[0]) - 4, np.array([words[0]], np.uint32)),
-                                   (1, 4 * (int(words[1]) - 1), np.array([words[1]], np.int32))])
+    def _end(self, words):
+        if words[1] > self.MOST:
+            raise RunError(f"{self.node.describe()}: {int(words[1])} rows, at most {self.MOST}")
+        return HostResult()
 
 
 def _model(n: int, op: str = "PackWords", outputs=("blob", "rows")):
@@ -144,59 +145,36 @@ def test_two_totals_one_of_bytes_run_again_past_their_capacities_and_cut_nothing
     assert got["blob"].size == 0 and got["rows"].size == 0
 
 
-def _patched(x: np.ndarray) -> dict[str, np.ndarray]:
-    want = _reference(x)
-    if want["rows"].size:
-        want["blob"] = want["blob"].copy()
-        want["blob"][-4:] = np.array([want["blob"].size], np.uint32).view(np.uint8)
-        want["rows"] = want["rows"].copy()
-        want["rows"][-1] = want["rows"].size
-    return want
-
-
-def test_an_end_of_run_step_patches_the_downloaded_outputs_in_the_one_wait(one_row):
+def test_an_end_of_run_step_reads_its_words_in_the_one_wait_and_raises_what_they_say(one_row):
     n = 40
-    net = luisaml.compile(_model(n, "PackPatched"), batch_axis=None)
+    net = luisaml.compile(_model(n, "PackChecked"), batch_axis=None)
     assert [(rb.counted, rb.at_end) for rb in net.plan.readbacks] == [(True, False), (True, False), (False, True)]
     rng = np.random.default_rng(1)
     for k, x in enumerate((rng.integers(-3, 6, n), rng.integers(-3, 9, n), np.zeros(n), rng.integers(-1, 3, n))):
-        x = x.astype(np.int32)
+        x = np.minimum(x, 1).astype(np.int32)
+        x[x > 0] = np.arange(1, int((x > 0).sum()) + 1)  # (words 1, 2, ...: the blob passes its capacity)
+        x[np.flatnonzero(x > 0)[PackChecked.MOST:]] = 0  # (at most MOST rows)
         before = net.launcher.reruns
         with counts.measure() as c:
             got = net.run({"x": x})
         assert c.syncs == 1 + net.launcher.reruns - before  # (a run past its capacities repeated first)
-        for name, value in _patched(x).items():
+        for name, value in _reference(x).items():
             assert got[name].tobytes() == value.tobytes(), (k, name)
     assert net.launcher.reruns >= 2
-
-
-def test_an_end_of_run_step_patches_torch_outputs_on_the_device(one_row, monkeypatch):
-    """Over torch tensors (zero_copy.py, the CPU backend mapped as the tests do) the outputs stay on the
-    device: the patch is uploaded into the tensor's memory, and waited for before the caller sees it."""
-    import torch
-
-    from luisaml import zero_copy
-
-    monkeypatch.setattr(zero_copy, "SHARED_DEVICES", {"cuda": "cuda", "cpu": "cpu"})
-    n = 40
-    net = luisaml.compile(_model(n, "PackPatched", ("", "rows")), batch_axis=None)  # (no byte output: shared)
-    x = np.random.default_rng(2).integers(-3, 6, n).astype(np.int32)
-    net.run({"x": torch.from_numpy(x.copy())})  # (room for its rows)
-    with counts.measure() as c:
-        got = net.run({"x": torch.from_numpy(x.copy())})
-    assert isinstance(got["rows"], torch.Tensor) and c.syncs == 2  # the run's end, the patch's upload
-    assert got["rows"].numpy().tobytes() == _patched(x)["rows"].tobytes()
+    x = np.ones(n, np.int32)  # (40 rows: the end step's words say so)
+    with pytest.raises(RunError, match="node 'Pack_0'.*40 rows, at most 20"):
+        net.run({"x": x})
 
 
 def test_past_what_the_last_run_downloaded_a_second_wait_reads_the_rest(monkeypatch):
     """A counted output whose capacity passes its last run's rows (and an eighth) by more than SPARE_BYTES
     (0 here) is downloaded up to those before the wait; a run with more rows reads the rest after it (a
-    wait more, no re-run), and the end-of-run patches land after that read."""
+    wait more, no re-run)."""
     from luisaml import launch
 
     monkeypatch.setattr(launch, "SPARE_BYTES", 0)
     n = 40
-    net = luisaml.compile(_model(n, "PackPatched"), batch_axis=None)  # (first capacities: 256 rows each)
+    net = luisaml.compile(_model(n), batch_axis=None)  # (first capacities: 256 rows each)
     small, large = np.zeros(n, np.int32), np.zeros(n, np.int32)
     small[:3], large[:30] = 1, 2  # 12 bytes and 3 rows, then 240 bytes and 30 rows: both within 256
     for x, waits in ((small, 1), (small, 1), (large, 2), (large, 1), (small, 1)):
@@ -204,5 +182,5 @@ def test_past_what_the_last_run_downloaded_a_second_wait_reads_the_rest(monkeypa
         with counts.measure() as c:
             got = net.run({"x": x})
         assert c.syncs == waits and net.launcher.late_reads == before + waits - 1 and net.launcher.reruns == 0
-        for name, value in _patched(x).items():
+        for name, value in _reference(x).items():
             assert got[name].tobytes() == value.tobytes(), name
