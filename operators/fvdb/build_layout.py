@@ -53,6 +53,10 @@ class GridLayout:
     ONE_THREAD_SUMMARIES = 16
     HEADER_WORDS = HEADER_SIZE // 4
 
+    def who(self) -> str:
+        """The node its run's errors name: "node 'name' (Domain::OpType)" as the user's model has it."""
+        return self.node.describe()
+
     @property
     def layout_said(self) -> str:
         """The layout's part of the build's description."""
@@ -122,7 +126,7 @@ class GridLayout:
         h = rows[:, t + G.T_H:t + G.T_H + 6].copy().view(np.float64)
         o = rows[:, t + G.T_O:t + G.T_O + 6].copy().view(np.float64)
         self._raise_flagged(ctr)
-        what = self.node.describe()
+        what = self.who()
         layout = np.zeros((B, G.G_WORDS), np.int64)
         headers = np.zeros((B, HEADER_SIZE), np.uint8)
         offset = leaf = lower = upper = voxel = 0
@@ -168,7 +172,7 @@ class GridLayout:
         from luisaml.errors import RunError
 
         err = int(ctr[G.C_ERROR])
-        what = self.node.describe()
+        what = self.who()
         if err == G.ERR_OFFSETS:
             raise RunError(f"{what}: joffsets must rise from 0 to " + (f"at most {self.N}" if self.counted else
                                                                         f"{self.N} (the rows of jdata)"))

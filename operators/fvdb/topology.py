@@ -65,7 +65,7 @@ from luisaml.fvdb.layout import NanoVDBError
 from luisaml.fvdb.op_mixins import BoundRows
 from luisaml.fvdb.jagged import JaggedTensor
 from luisaml.dtypes import from_numpy
-from luisaml.model import shape_str
+from luisaml.model import Node, shape_str
 from luisaml.operator import CompileError, Derived, Operator
 from luisaml.opsets import fvdb as schema
 from luisaml.opsets import fvdb_grids as grid_schema
@@ -201,6 +201,8 @@ CONV_OF_POINTS = ("conv_kernel_size", "conv_stride")
 # for 3/2), fewer where a run's candidates are fewer (a point's voxel has 1 or 2 an axis): a key past it is
 # counted, not written, and the run raises KeysPastRoom (its builder runs again with every candidate's room)
 CONV_ROOM = "conv_keys"
+# what ERR_COORDS means for a topology op built on the device (topology_device.py), a ConvGrid of points too
+NEW_COORDS_ERROR = "a new voxel's coordinates do not fit int32"
 
 
 class KeysPastRoom(RunError):
@@ -270,7 +272,7 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
     conv = None  # a ConvGrid of the points' grid (CONV_OF_POINTS): its attributes
     MAX_KEYS = MAX_KEYS
     ZERO_THREADS = 16384  # threads zeroing the blob, writing child masks (each every ZERO_THREADS-th word)
-    # LAYOUT_ON_DEVICE (GridLayout): the grids laid out on the device, headers patched at the run's end
+    # LAYOUT_ON_DEVICE (GridLayout): the grids laid out and their headers written on the device
 
     @classmethod
     def keys_for(cls, op_type: str, attrs: dict, capacity: int) -> int:
@@ -364,7 +366,16 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
 
     def coords_error(self) -> str:
         """What ERR_COORDS means for this op (the run's error)."""
+        if self.conv is not None:  # (a point's own voxel off int32 is the points' node's error, raised first)
+            return NEW_COORDS_ERROR
         return "points map to voxel coordinates that are not finite or do not fit int32"
+
+    def who(self) -> str:
+        # a ConvGrid of points (CONV_OF_POINTS) stands for the user's ConvGrid node, whose name it has
+        # (luisaml/fvdb/host_steps.py's pair): its errors name that node and op, not GridBatchFromPoints
+        if self.conv is None:
+            return super().who()
+        return Node(self.node.name, "ConvGrid", self.node.domain, [], []).describe()
 
     def expect(self, ok: bool, message: str) -> None:
         if not ok:
@@ -672,7 +683,7 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
     def _keys_step(self, words: np.ndarray) -> HostResult:
         """At the run's end: raise KeysPastRoom where the candidates counted passed the room."""
         if int(words[0]) > self.K:
-            raise KeysPastRoom(f"{self.node.describe()}: {int(words[0]):,} candidate keys, room for {self.K:,}",
+            raise KeysPastRoom(f"{self.who()}: {int(words[0]):,} candidate keys, room for {self.K:,}",
                                int(words[0]))
         return HostResult()
 

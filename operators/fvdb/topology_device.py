@@ -33,7 +33,7 @@ from luisaml.registry import register
 from .build_scratch import Scratch
 from .candidates import Candidates, candidates, emit_source_voxel  # (Candidates, candidates: read here by others)
 from .common import META_FIELDS, GridOp as BundleOp, Meta, grid_metadata, voxel_of_index
-from .topology import (BUNDLE, CAPACITY, TRANSFORM_WORDS, DeviceGridBuild, GridOp, grid_transforms,
+from .topology import (BUNDLE, CAPACITY, NEW_COORDS_ERROR, TRANSFORM_WORDS, DeviceGridBuild, GridOp, grid_transforms,
                        runtime_bundle)
 
 OPS = ("CoarsenedGrid", "RefinedGrid", "DilatedGrid", "PrunedGrid", "ConvGrid", "ConvTransposeGrid")
@@ -124,7 +124,7 @@ class DeviceTopology(DeviceGridBuild):
                 f"{self.layout_said}, write")
 
     def coords_error(self) -> str:
-        return "a new voxel's coordinates do not fit int32"
+        return NEW_COORDS_ERROR
 
     def phases(self):
         out = super().phases()

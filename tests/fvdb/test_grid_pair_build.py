@@ -124,6 +124,25 @@ def test_a_point_off_the_int32_voxels_is_an_error_naming_the_points_node(nets):
         device.run(_feeds(pts, np.array([0, 10], np.int64), np.full((1, 3), 0.5), np.zeros((1, 3))))
 
 
+def test_an_error_of_the_convgrid_alone_names_the_convgrid_node_as_its_build_apart_does(nets, monkeypatch):
+    """A point at voxel -2^31 fits int32 (the points' grid builds), but its ConvGrid 3/2 taps reach c + 1 - 2,
+    past int32: only the pair's ConvGrid node flags it. Its error names the model's ConvGrid node and op, word
+    for word as the ConvGrid built apart (PAIRS off) says."""
+    device, _ = nets
+    pts = np.zeros((10, 3), np.float32)
+    pts[3] = (-2.0**31, 0, 0)
+    feeds = _feeds(pts, np.array([0, 10], np.int64), np.full((1, 3), 1.0), np.zeros((1, 3)))
+    said = []
+    for pairs in (True, False):
+        monkeypatch.setattr(host_steps.DeviceBuilds, "PAIRS", pairs)
+        _forget(device)
+        with pytest.raises(RunError) as e:
+            device.run(feeds)
+        said.append(str(e.value))
+    assert said[0] == said[1], said
+    assert said[0].startswith("node 'conv' (fvdb::ConvGrid): "), said
+
+
 def test_a_conv_of_points_past_the_keys_a_build_holds_builds_the_grids_apart(nets, monkeypatch):
     """The pair's ConvGrid takes 8 keys a point (3/2: 2 candidates an axis) where a build of the grid's
     voxels takes 8 a voxel: past MAX_KEYS the two build apart, as before, with the same bytes."""
