@@ -43,10 +43,11 @@ builds with that ConvGrid in one network run (`DeviceBuilds.run_pair`): the poin
 node over the same points that appends each point's voxel's ConvGrid candidates (operators/fvdb/topology.py,
 CONV_OF_POINTS), the same voxels as the candidates of the fine grid's voxels; one wait, one run and one
 binding for both grids, the ConvGrid's source metadata not derived, the fine blob not uploaded to it. Its
-keys are sized by the points (8 a point for 3/2, where the separate build's were 8 a fine voxel), so the
-ConvGrid node holds half of that (CONV_ROOM: a point's voxel has 1 or 2 candidates an axis, 3.4 on average)
-until a run counts more (KeysPastRoom at that run's end: the pair runs again with room for every candidate,
-and keeps it; nothing is cut).
+keys are sized by the points (8 a point for 3/2, where the separate build's were 8 a fine voxel), at a
+quarter step of a power of two (pool.bucket: 163,840 for 150k points, not 262,144), so the ConvGrid node
+holds half of that (CONV_ROOM: a point's voxel has 1 or 2 candidates an axis, 3.4 on average) until a run
+counts more (KeysPastRoom at that run's end: the pair runs again at the quarter step above the keys it
+counted, kept until a frame counts an eighth under the half room again; nothing is cut).
 
 Device builds are compiled per power of two of the source's voxels (at least 1024; a DilatedGrid of
 n is n passes of 1) and kept for the process (a model compiled again, or per batch size, shares
@@ -75,7 +76,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .. import dtypes, resident
+from .. import dtypes, pool, resident
 from ..errors import InputError, InputNameError, InputTypeError, LimitError, LuisamlError
 from ..interop import is_torch, same_tensor, to_numpy
 from ..model import ModelError, Node, _attr_value, shape_str
@@ -254,6 +255,7 @@ class DeviceBuilds:
         self.config = config
         self.networks: dict[tuple, Any] = {}  # this network's buckets: (node, capacity, attrs, inputs) -> network
         self._rooms: dict[tuple, int] = {}  # (points node, ConvGrid node, capacity) -> the pair's ConvGrid keys, grown
+        # past the half room (run_pair)
 
     def run(self, node: Node, operator: type, arrays: list, digests: list | None = None) -> list[np.ndarray]:
         """Return the seven bundle arrays node (of operator class `operator`) builds from arrays (its
@@ -308,7 +310,8 @@ class DeviceBuilds:
         over that grid) built in one network run: the grid's node and a second GridBatchFromPoints with
         CONV_OF_POINTS (operators/fvdb/topology.py), which appends each point's voxel's ConvGrid candidates,
         over the same points (one wait, no download and upload of the fine grid between the builds), its keys
-        at a room (CONV_ROOM; a run past it raises KeysPastRoom and runs again with every candidate's). Where
+        at a room (CONV_ROOM; a run past it raises KeysPastRoom and runs again with room for the keys it
+        counted, a quarter step above them). Where
         the pair cannot (its keys past what a build holds: the ConvGrid's candidates a point, not a voxel), the
         grid alone and None."""
         from ..operators.fvdb.topology import CONV_OF_POINTS, CONV_ROOM, KeysPastRoom
@@ -320,7 +323,9 @@ class DeviceBuilds:
         conv_attrs = {CONV_OF_POINTS[0]: conv.attrs.get("kernel_size", ()),
                       CONV_OF_POINTS[1]: conv.attrs.get("stride", 1)}
         attrs = dict(node.attrs)
-        capacity = _bucket(n)
+        # (a quarter step of a power of two, not the next power: the ConvGrid node's scratch is sized by the points,
+        # ~80 words a key at 4 keys a point, 330 MB at 150k points in the power of two's 262,144, 206 MB at 163,840)
+        capacity = max(pool.bucket(n), MIN_CAPACITY)
         try:
             too_large = operator.keys_for(node.op_type, conv_attrs, capacity) > operator.MAX_KEYS
         except ValueError:
@@ -328,9 +333,11 @@ class DeviceBuilds:
         if too_large:
             return self.run(node, operator, arrays, digests), None
         # the ConvGrid's keys at half of every candidate's room (a point's voxel has 1 or 2 candidates an axis: 3.4
-        # a point on average), every candidate's once a run had more (KeysPastRoom: that run is repeated)
+        # a point on average); past it (KeysPastRoom: that run is repeated) at the quarter step above the keys the
+        # run counted, until a run counts an eighth under the half room again
         every = operator.keys_for(node.op_type, conv_attrs, capacity)
-        room = self._rooms.get((node.name, conv.name, capacity), max(every // 2, 1))
+        half, grown = max(every // 2, 1), (node.name, conv.name, capacity)
+        room = self._rooms.get(grown, half)
         # the passes idle for both grids (the ConvGrid's bound: the points' through its candidates)
         idle = radix_passes.idle_passes(node.op_type, {**attrs, **conv_attrs}, arrays, False, True)
         while True:
@@ -339,10 +346,13 @@ class DeviceBuilds:
             try:
                 got = self._run_net(node, net, arrays, digests, idle)
                 break
-            except KeysPastRoom:
+            except KeysPastRoom as e:
                 if room >= every:
                     raise
-                room = self._rooms[(node.name, conv.name, capacity)] = every
+                room = self._rooms[grown] = min(pool.bucket(e.keys), every)
+        counted = net.plan.ops[1][1].keys_counted
+        if room > half and counted is not None and counted <= half - half // 8:
+            del self._rooms[grown]  # (a frame that fits the half room again: the room is not kept for good)
         fine = self._outputs(net, got, 0)
         coarse = self._outputs(net, got, BUNDLE)
         fine[2], fine[3] = _points_transforms(arrays)

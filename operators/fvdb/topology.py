@@ -199,7 +199,7 @@ TRANSFORM_WORDS = G.T_WORDS  # per grid: h, o as float64 bits (12), float32 bits
 CONV_OF_POINTS = ("conv_kernel_size", "conv_stride")
 # with CONV_OF_POINTS: the candidate keys its scratch holds (default: every candidate of every point, 8 a point
 # for 3/2), fewer where a run's candidates are fewer (a point's voxel has 1 or 2 an axis): a key past it is
-# counted, not written, and the run raises KeysPastRoom (its builder runs again with every candidate's room)
+# counted, not written, and the run raises KeysPastRoom (its builder runs again with room)
 CONV_ROOM = "conv_keys"
 # what ERR_COORDS means for a topology op built on the device (topology_device.py), a ConvGrid of points too
 NEW_COORDS_ERROR = "a new voxel's coordinates do not fit int32"
@@ -270,6 +270,7 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
     runtime_sized = (0, 4)  # grid_blob (bytes), leaf_batch_indices (leaves)
     counted = False  # the points are counted at run time (joffsets[B]; CAPACITY: at most that many)
     conv = None  # a ConvGrid of the points' grid (CONV_OF_POINTS): its attributes
+    keys_counted: int | None = None  # with conv: the candidate keys its last run counted (at the run's end)
     MAX_KEYS = MAX_KEYS
     ZERO_THREADS = 16384  # threads zeroing the blob, writing child masks (each every ZERO_THREADS-th word)
     # LAYOUT_ON_DEVICE (GridLayout): the grids laid out and their headers written on the device
@@ -458,9 +459,9 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
         leaves = self._ctr(G.C_LEAVES)
         items = max(N, 1)
         keys = Phase("voxel keys", items, self._emit_voxels)
-        if self.conv is not None:  # (a thread a point, its candidates appended; where short of room, their count read)
+        if self.conv is not None:  # (a thread a point, its candidates appended, their count read: keys_counted)
             keys = Phase("voxel keys", max(self.N, 1), self._emit_conv_keys, readback=HostRead(
-                S.keys.at, 1, self._keys_step, at_end=True) if self.short else None)
+                S.keys.at, 1, self._keys_step, at_end=True))
 
         def insert(ctx, p):
             if self.short:  # (thread 0 clamps the key count to the room: every thread here is below it anyway)
@@ -681,7 +682,9 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
         return self.conv is not None and self.K < self.N * self.cand.count
 
     def _keys_step(self, words: np.ndarray) -> HostResult:
-        """At the run's end: raise KeysPastRoom where the candidates counted passed the room."""
+        """At the run's end: the candidates counted kept (keys_counted: its host sizes the next run's room by
+        them); KeysPastRoom raised where they passed the room."""
+        self.keys_counted = int(words[0])
         if int(words[0]) > self.K:
             raise KeysPastRoom(f"{self.who()}: {int(words[0]):,} candidate keys, room for {self.K:,}",
                                int(words[0]))

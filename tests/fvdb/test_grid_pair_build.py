@@ -91,12 +91,12 @@ def test_both_grids_build_in_one_run_and_one_wait_with_the_host_builders_bytes(n
 
 def test_a_blob_past_its_capacity_runs_again_with_room_and_is_never_cut(nets, monkeypatch):
     """A first cloud of one leaf settles the blobs' capacities low; a cloud of many leaves and nodes in the same
-    bucket (2,048 points, which no other test here takes) passes them: the pair's run is repeated
+    bucket (1,536 points, which no other test here takes) passes them: the pair's run is repeated
     (launcher.reruns), both grids whole."""
     device, host = nets
     rng = np.random.default_rng(5)
     h, o = np.full((1, 3), 0.5), np.zeros((1, 3))
-    small = rng.uniform(0.3, 3.7, (1100, 3)).astype(np.float32)  # one leaf, one node of each level
+    small = rng.uniform(0.3, 3.7, (1300, 3)).astype(np.float32)  # one leaf, one node of each level
     spread = rng.uniform(-100, 100, (1500, 3)).astype(np.float32)  # ~1,500 leaves, 8 upper nodes about the origin
     runs = _runs(monkeypatch)
     reruns = []
@@ -108,7 +108,7 @@ def test_a_blob_past_its_capacity_runs_again_with_room_and_is_never_cut(nets, mo
         for n in FINE + NEW:
             np.testing.assert_array_equal(got[n], want[n], err_msg=n)
         pair = [net for key, net in device.plan.host_steps.device.networks.items()
-                if isinstance(key[0], tuple) and key[1] == 2048]
+                if isinstance(key[0], tuple) and key[1] == 1536]
         assert len(pair) == 1
         reruns.append(pair[0].launcher.reruns)
     assert reruns[1] > reruns[0], reruns
@@ -223,5 +223,43 @@ def test_candidates_past_the_conv_room_run_the_pair_again_with_every_candidates_
             np.testing.assert_array_equal(got[n], want[n], err_msg=n)
         assert (runs, c.syncs) == ([["points", "conv"]] * 2, 2) if k == 0 else ([["points", "conv"]] * 3, 1), (runs, c)
     rooms = [net.plan.ops[1][0].attrs.get("conv_keys") for key, net in device.plan.host_steps.device.networks.items()
-             if isinstance(key[0], tuple) and key[1] == 4096]
-    assert sorted(rooms, key=str) == [16384, None], rooms  # (half of 8 x 4,096, then every candidate's)
+             if isinstance(key[0], tuple) and key[1] == 2560]
+    # (half of 8 x 2,560, the quarter-step bucket of 2,100 points; then the step above 16,800 keys, every one's)
+    assert sorted(rooms, key=str) == [10240, None], rooms
+
+
+def _voxel_points(odd: int, even: int, seed: int) -> np.ndarray:
+    """Points at the centres of distinct voxels (voxel size 0.5): `odd` odd along every axis (8 ConvGrid 3/2
+    candidates each), then `even` even along every axis (1 each)."""
+    idx = np.random.default_rng(seed).permutation(20 * 20 * 20)[:odd + even]
+    ijk = np.stack([idx // 400, idx // 20 % 20, idx % 20], 1) * 2
+    ijk[:odd] += 1
+    return (ijk * 0.5).astype(np.float32)
+
+
+def test_a_room_grown_past_the_half_is_a_quarter_step_above_the_keys_and_shrinks_back(nets, monkeypatch):
+    """Past the half room the pair runs again at the quarter step above the keys its run counted (not every
+    candidate's), keeps it while frames need it, and goes back to the half room after a frame that fits it
+    again: 3,000 points (the 3,072-point bucket: half room 12,288 keys), 1,600 odd and 1,400 even voxels,
+    14,200 keys -> room 14,336 (every: 24,576); all even -> 3,000 keys, then the half room's network."""
+    device, host = nets
+    h, o = np.full((1, 3), 0.5), np.zeros((1, 3))
+    rooms = []
+    real = host_steps.DeviceBuilds._run_net
+
+    def seen(self, node, net, *args):
+        rooms.append(net.plan.ops[1][0].attrs.get("conv_keys") if len(net.plan.ops) == 2 else "apart")
+        return real(self, node, net, *args)
+    monkeypatch.setattr(host_steps.DeviceBuilds, "_run_net", seen)
+    frames = [(_voxel_points(1600, 1400, 4), [12288, 14336]), (_voxel_points(1600, 1400, 5)[:2999], [14336]),
+              (_voxel_points(0, 3000, 6), [14336]), (_voxel_points(0, 3000, 7)[:2999], [12288])]
+    for k, (pts, want_rooms) in enumerate(frames):
+        _forget(device)
+        rooms.clear()
+        feeds = _feeds(pts, np.array([0, len(pts)], np.int64), h, o)
+        with counts.measure() as c:
+            got = device.run(feeds)
+        want = host.run(feeds)
+        for n in FINE + NEW:
+            np.testing.assert_array_equal(got[n], want[n], err_msg=f"frame {k}: {n}")
+        assert (rooms, c.syncs) == (want_rooms, len(want_rooms)), (k, rooms, c)
