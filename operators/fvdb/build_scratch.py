@@ -57,20 +57,28 @@ class Scratch:
             cap *= 2
         self.raw = {"keys": n, "grids": grids, "cap": cap}
         self.chunks = max(-(-n // G.CHUNK), 1)
-        sizes = {"vox": 4 * n, "owner": cap, "slot": n, "ids": n + 1, "lkey": 4 * n, "mask": 16 * n, "key2": G.KEY_WORDS * n,
-                 "order_a": n, "order_b": n, "hist": 256 * self.chunks + 1, "skey": 4 * n, "counts": n + 1,
-                 "new_lower": n + 1, "new_upper": n + 1, "leaf_box": 6 * n, "lower_first": n + 1,
-                 "upper_first": n + 1, "upper_lower": n + 1, "lower_box": 6 * n, "upper_box": 6 * n,
+        hist = 256 * self.chunks
+        # Regions by when the stages use them (topology.py's phases), so that those never live at once share
+        # words: `sorting` from the leaf stage through the last radix pass; `hashing` from the keys to the leaf
+        # stage, before the sort (so the radix passes' second histogram buffer, hist2, lives there: a pass's
+        # scatter counts the next pass's digits into the buffer its own did not use); `ranked` from the rank
+        # stage on, after the sort (the nodes' boxes too: the rank stage starts them empty), over both; the
+        # rest through the whole build. About 58 words a key where each its own were 78.
+        sorting = {"key2": G.KEY_WORDS * n, "hist": hist + 1}
+        hashing = {"vox": 4 * n, "owner": cap, "slot": n, "ids": n + 1}
+        ranked = {"skey": 4 * n, "counts": n + 1, "new_lower": n + 1, "new_upper": n + 1, "leaf_box": 6 * n,
+                  "lower_first": n + 1, "upper_first": n + 1, "upper_lower": n + 1, "lower_box": 6 * n,
+                  "upper_box": 6 * n}
+        base = self.words
+        after_hashing = self._place(hashing, self._place(sorting, base))
+        after_hist2 = self._place({"hist2": hist}, self.raw["vox"])
+        self.words = max(after_hashing, after_hist2, self._place(ranked, base))
+        whole = {"lkey": 4 * n, "mask": 16 * n, "order_a": n, "order_b": n,
                  "grid_first": 2 * grids, "grid_box": 6 * grids,
                  "layout": 16 + G.G_WORDS * grids,  # word 0: the blob's words, 1: all voxels; rows from 16
                  "headers": (HEADER_SIZE // 4) * grids}
-        for name, size in sizes.items():
+        for name, size in whole.items():
             self.raw[name] = self.take(size)
-        # the radix passes' second histogram buffer (a pass's scatter counts the next pass's digits into the
-        # buffer its own did not use): the regions from skey to upper_lower, which only stages after the sort
-        # write, where they hold it (a bucket's n, a multiple of 16, always); else a region of its own
-        dead = self.raw["upper_lower"] + n + 1 - self.raw["skey"]
-        self.raw["hist2"] = self.raw["skey"] if dead >= 256 * self.chunks else self.take(256 * self.chunks)
         for name, value in self.raw.items():
             setattr(self, name, self.word(value))
         self.order = (self.order_a, self.order_b)
@@ -90,6 +98,13 @@ class Scratch:
             self.table.append(0)
         self.table[at] = int(value)
         return ScratchWord(at, value)
+
+    def _place(self, sizes: dict, base: int) -> int:
+        """Place the regions `sizes` one after another from word `base` (raw); return the word after them."""
+        for name, size in sizes.items():
+            self.raw[name] = base
+            base += max(int(size), 1)
+        return base
 
     def take(self, words: int) -> int:
         base = self.words

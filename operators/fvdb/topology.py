@@ -80,7 +80,7 @@ from .common import bundle_grids
 BUNDLE = len(schema.BUNDLE)
 GRID_BYTES, GRID_LEAVES = "grid_bytes", "grid_leaves"  # the symbolic rows of the outputs sized at run time
 CAPACITY = grid_schema.CAPACITY  # (a node built on the device as a network of its own: its capacity)
-MAX_KEYS = 1 << 24  # voxel keys a device build holds (~79 int32 words each: 5.3 GB of scratch, below 2^31 words)
+MAX_KEYS = 1 << 24  # voxel keys a device build holds (~59 int32 words each: 3.9 GB of scratch, below 2^31 words)
 
 
 def runtime_bundle(grids: int) -> list[tuple]:
@@ -533,6 +533,9 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
             out.append(Phase(f"radix pass {p}: scatter", S.chunks, scatter))
 
         def rank(ctx, r):
+            # node r's boxes empty (at most as many nodes as keys, a thread a key here; not at "clear": their
+            # words are the sort's until now, build_scratch.py): "node ranges and bboxes" folds leaves into them
+            self._call(ctx, "gb_node_boxes_init", S.lower_box, S.upper_box, S.keys, r)
             order = ctx.let(f"{ctx.use_helper('gb_pass_source', 'grid_build')}(scratch_int, {S.ctr}, {S.order[0]}, "
                             f"{S.order[1]}, {G.PASSES})", "order")
             self._call(ctx, "gb_rank", S.ctr, S.lkey, S.mask, order, S.skey, S.counts, S.new_lower, S.new_upper,
@@ -543,7 +546,7 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
         c_aux, lo_aux, up_aux = (self._aux(name) for name in ("counts", "new_lower", "new_upper"))
 
         def ranges_and_boxes(ctx, r):
-            # (one stage: the nodes' boxes start empty from "clear", so leaf r folds its box into its nodes'
+            # (one stage: the nodes' boxes start empty from "leaves in order", so leaf r folds its box into its nodes'
             # whatever thread starts them; the grids' boxes too)
             self._call(ctx, "gb_firsts", S.ctr, S.skey, S.new_lower, S.new_upper, lo_aux, up_aux, S.lower_first,
                        S.upper_first, S.upper_lower, S.grid_first, r)
@@ -566,9 +569,6 @@ class DeviceGridBuild(BoundRows, GridLayout, GridOp):
                 ctx.line(f"scratch_int.write({k}, {value})")
         self._call(ctx, "gb_clear", S.raw["owner"], S.raw["cap"], S.ctr, S.raw["grid_first"], S.raw["grid_box"],
                    self.B, t)
-        # node t's boxes empty (there are at most as many nodes as keys, and this stage has at least as many
-        # threads): "node ranges and bboxes" folds leaves into them with no stage between
-        self._call(ctx, "gb_node_boxes_init", S.raw["lower_box"], S.raw["upper_box"], S.raw["keys"], t)
         # grid t's transforms row into its summary row: the header stage reads it (the host's layout: h and o)
         table = self.derived[0]
         ctx.line(f"if {t} < {self.B}:")
