@@ -374,17 +374,9 @@ class DeviceBuilds:
         key = (node.name, capacity, tuple(sorted((k, repr(v)) for k, v in attrs.items())),
                tuple((a.dtype.str, a.shape[1:] if k in bound else a.shape) if a is not None else None
                      for k, a in enumerate(arrays)))
-        net = self.networks.get(key)
-        if net is None and self._too_large(node, operator, attrs, capacity):
+        if key not in self.networks and self._too_large(node, operator, attrs, capacity):
             return self._on_host(node, operator, attrs, arrays, capacity)
-        if net is None:  # (a later capacity of the node: the same kernels, cached, so no build workers)
-            model = _build_model(node, attrs, capacity, arrays, bound)
-            shared = (self.config, hashlib.blake2b(model.SerializeToString(), digest_size=16).digest())
-            net = self._shared.get(shared)
-            if net is None:
-                first = not any(k[0] == key[0] and k[2:] == key[2:] for k in self.networks)
-                net = self._shared[shared] = self.compile_model(model, first)
-            self.networks[key] = net
+        net = self._network(key, lambda: _build_model(node, attrs, capacity, arrays, bound))
         # the radix passes the host knows do nothing are not launched (~90 of ~210 launches at 100k points);
         # a source bundle of the user's (writeable, never remembered) walked here first, so that its
         # leaves bound them too, and known as checked to the network's metadata for this build only
@@ -426,9 +418,15 @@ class DeviceBuilds:
                tuple(sorted((k, repr(v)) for k, v in conv_attrs.items())),
                tuple((a.dtype.str, a.shape[1:] if k == 0 else a.shape) if a is not None else None
                      for k, a in enumerate(arrays)))
+        return self._network(key, lambda: _build_model(node, attrs, capacity, arrays, (0,),
+                                                       then=(conv.name, conv_attrs)))
+
+    def _network(self, key: tuple, make_model):
+        """The build network under key, compiled once from make_model() (a later capacity of the same node:
+        the same kernels, cached, so no build workers; equal models' networks shared)."""
         net = self.networks.get(key)
         if net is None:
-            model = _build_model(node, attrs, capacity, arrays, (0,), then=(conv.name, conv_attrs))
+            model = make_model()
             shared = (self.config, hashlib.blake2b(model.SerializeToString(), digest_size=16).digest())
             net = self._shared.get(shared)
             if net is None:

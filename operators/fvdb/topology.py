@@ -222,10 +222,9 @@ def conv_of_points(attrs: dict) -> dict | None:
     return {"kernel_size": attrs.get(CONV_OF_POINTS[0], ()), "stride": attrs.get(CONV_OF_POINTS[1], 1)}
 
 
-def conv_transforms(*arrays, grids: int = 1, has: tuple = (False, False), conv: tuple = ()) -> np.ndarray:
-    """grid_transforms of the ConvGrid (attributes `conv`) of the grids the points' voxel sizes and origins
-    (as grid_transforms takes them) make: the host's doubles through new_transforms, as a ConvGrid step of
-    that grid gives them."""
+def _sizes_and_origins(arrays: tuple, grids: int, has: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """The per-grid voxel sizes and origins (float64 [grids, 3]) of a build's optional voxel_sizes / origins
+    inputs (`arrays` in that order, where `has` says each is given; else 1 and 0)."""
     from luisaml.errors import InputError
 
     it = iter(arrays)
@@ -234,7 +233,14 @@ def conv_transforms(*arrays, grids: int = 1, has: tuple = (False, False), conv: 
         o = T.per_grid(next(it) if has[1] else 0.0, grids, "origins", False)
     except ValueError as e:
         raise InputError(f"the device grid build's {e}") from None
-    h, o = T.new_transforms("ConvGrid", dict(conv), h, o)
+    return h, o
+
+
+def conv_transforms(*arrays, grids: int = 1, has: tuple = (False, False), conv: tuple = ()) -> np.ndarray:
+    """grid_transforms of the ConvGrid (attributes `conv`) of the grids the points' voxel sizes and origins
+    (as grid_transforms takes them) make: the host's doubles through new_transforms, as a ConvGrid step of
+    that grid gives them."""
+    h, o = T.new_transforms("ConvGrid", dict(conv), *_sizes_and_origins(arrays, grids, has))
     return grid_transforms(h, o, grids=grids, has=(True, True))
 
 
@@ -244,14 +250,7 @@ def grid_transforms(*arrays, grids: int = 1, has: tuple = (False, False)) -> np.
     headers, exact), then the float32 bits of fVDB's world-to-voxel float32(1/h), float32(-o/h)
     (computed in double and cast) and of float32(h), float32(o) (the voxel_sizes / origins outputs), then
     1/h as float64 bits (the headers' map, which the device writes: build_layout.py)."""
-    from luisaml.errors import InputError
-
-    it = iter(arrays)
-    try:
-        h = T.per_grid(next(it) if has[0] else 1.0, grids, "voxel_sizes", True)
-        o = T.per_grid(next(it) if has[1] else 0.0, grids, "origins", False)
-    except ValueError as e:
-        raise InputError(f"the device grid build's {e}") from None
+    h, o = _sizes_and_origins(arrays, grids, has)
     out = np.zeros((grids, TRANSFORM_WORDS), np.int32)
     out[:, 0:6] = np.ascontiguousarray(h, np.float64).view(np.int32)
     out[:, 6:12] = np.ascontiguousarray(o, np.float64).view(np.int32)
