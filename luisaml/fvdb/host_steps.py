@@ -327,15 +327,14 @@ class DeviceBuilds:
         # ~80 words a key at 4 keys a point, 330 MB at 150k points in the power of two's 262,144, 206 MB at 163,840)
         capacity = max(pool.bucket(n), MIN_CAPACITY)
         try:
-            too_large = operator.keys_for(node.op_type, conv_attrs, capacity) > operator.MAX_KEYS
+            every = operator.keys_for(node.op_type, conv_attrs, capacity)  # (every point's every candidate)
         except ValueError:
-            too_large = True  # (attributes out of range: the ConvGrid's own build names them)
-        if too_large:
+            every = None  # (attributes out of range: the ConvGrid's own build names them)
+        if every is None or every > operator.MAX_KEYS:
             return self.run(node, operator, arrays, digests), None
         # the ConvGrid's keys at half of every candidate's room (a point's voxel has 1 or 2 candidates an axis: 3.4
         # a point on average); past it (KeysPastRoom: that run is repeated) at the quarter step above the keys the
         # run counted, until a run counts an eighth under the half room again
-        every = operator.keys_for(node.op_type, conv_attrs, capacity)
         half, grown = max(every // 2, 1), (node.name, conv.name, capacity)
         room = self._rooms.get(grown, half)
         # the passes idle for both grids (the ConvGrid's bound: the points' through its candidates)
